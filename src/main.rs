@@ -1,0 +1,6 @@
+mod manifest;
+mod observed;
+mod plan;
+mod redact;
+mod unit;
+fn main() {}

@@ -1,0 +1,166 @@
+//! Manifests: what an operator wants running, one SGLang service per YAML file.
+//!
+//! `load` reads files and is the only place that touches the disk; `parse` (YAML to typed values) and
+//! `validate` (rules a YAML schema cannot express) are pure and report every problem they find, each with
+//! the file, line, column and field path, so a bad manifest is caught before any host is contacted.
+
+mod error;
+mod locate;
+mod parse;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use error::{ManifestError, ManifestErrors};
+pub use parse::parse;
+pub use validate::{validate, validate_fleet};
+
+/// One service (one systemd unit) deployed to one or more hosts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// Where the manifest came from, as shown to users and written into the unit's header.
+    pub source: String,
+    /// The unit name without `.service`.
+    pub service: String,
+    pub description: Option<String>,
+    pub hosts: Vec<HostSpec>,
+    pub sglang: SglangSpec,
+    pub env: BTreeMap<String, String>,
+    /// Extra unit settings (`User`, `Restart`, `LimitNOFILE`, `After`, ...).
+    pub systemd: BTreeMap<String, String>,
+    pub verify: VerifySpec,
+}
+
+/// A host entry, with what it overrides of the service-wide settings.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HostSpec {
+    /// An ssh destination (a `~/.ssh/config` name, `user@host`, `user@host:port`) or `local`.
+    pub name: String,
+    pub env: BTreeMap<String, String>,
+    pub flags: BTreeMap<String, FlagValue>,
+    pub systemd: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SglangSpec {
+    pub python: String,
+    pub version: String,
+    pub model_path: String,
+    pub served_model_name: Option<String>,
+    pub host: Option<String>,
+    pub port: u16,
+    /// `launch_server` flags by name, without the leading `--`.
+    pub flags: BTreeMap<String, FlagValue>,
+}
+
+/// A flag's value as written in the manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FlagValue {
+    /// `true` renders the bare flag, `false` leaves it out.
+    Switch(bool),
+    Value(String),
+    List(Vec<String>),
+}
+
+/// How `apply` judges a restarted server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerifySpec {
+    pub crash_window: Duration,
+    pub load_deadline: Duration,
+    pub stall_timeout: Duration,
+    pub sample_interval: Duration,
+}
+
+impl Default for VerifySpec {
+    fn default() -> Self {
+        VerifySpec {
+            crash_window: Duration::from_secs(10),
+            load_deadline: Duration::from_secs(30 * 60),
+            stall_timeout: Duration::from_secs(5 * 60),
+            sample_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+impl Manifest {
+    pub fn unit_name(&self) -> String {
+        format!("{}.service", self.service)
+    }
+
+    /// The name clients must ask for: SGLang serves the model path when no name is given.
+    pub fn model_id(&self) -> &str {
+        self.sglang.served_model_name.as_deref().unwrap_or(&self.sglang.model_path)
+    }
+}
+
+/// Reads, parses and validates every manifest under `paths` (files, or folders searched for `*.yaml`
+/// and `*.yml`). Returns all manifests, or every error found in any of them.
+pub fn load(paths: &[PathBuf]) -> Result<Vec<Manifest>, ManifestErrors> {
+    let mut errors = Vec::new();
+    let mut manifests = Vec::new();
+    for file in manifest_files(paths, &mut errors) {
+        let shown = display_path(&file);
+        match std::fs::read_to_string(&file) {
+            Ok(text) => match parse(&shown, &text).and_then(|m| validate(&m, &text).map(|()| m)) {
+                Ok(m) => manifests.push((m, text)),
+                Err(mut e) => errors.append(&mut e.0),
+            },
+            Err(source) => errors.push(ManifestError::Read { path: shown, source }),
+        }
+    }
+    if let Err(mut e) = validate_fleet(&manifests) {
+        errors.append(&mut e.0);
+    }
+    if errors.is_empty() {
+        Ok(manifests.into_iter().map(|(m, _)| m).collect())
+    } else {
+        Err(ManifestErrors(errors))
+    }
+}
+
+fn manifest_files(paths: &[PathBuf], errors: &mut Vec<ManifestError>) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            match std::fs::read_dir(path) {
+                Ok(entries) => {
+                    let mut found: Vec<PathBuf> = entries
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| p.is_file() && is_yaml(p))
+                        .collect();
+                    found.sort();
+                    files.extend(found);
+                }
+                Err(source) => errors.push(ManifestError::Read { path: display_path(path), source }),
+            }
+        } else if path.exists() {
+            files.push(path.clone());
+        } else {
+            let source = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder");
+            errors.push(ManifestError::Read { path: display_path(path), source });
+        }
+    }
+    files
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+}
+
+/// The path relative to the git work tree holding it, so the rendered header does not depend on
+/// where `reconcile` was started from; otherwise the path as given.
+fn display_path(path: &Path) -> String {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut dir = absolute.parent();
+    while let Some(d) = dir {
+        if d.join(".git").exists() {
+            if let Ok(rel) = absolute.strip_prefix(d) {
+                return rel.display().to_string();
+            }
+        }
+        dir = d.parent();
+    }
+    path.display().to_string()
+}

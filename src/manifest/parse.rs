@@ -1,0 +1,318 @@
+//! YAML to typed manifest. This is the only place that knows the YAML library; structural problems
+//! (syntax, types, unknown or missing fields) come back with serde_yaml's position and the field path.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+use super::error::{ManifestError, ManifestErrors, Position};
+use super::{FlagValue, HostSpec, Manifest, SglangSpec, VerifySpec};
+
+/// Parses one manifest. `source` is the name shown in errors and in the unit header.
+pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
+    let deserializer = serde_yaml::Deserializer::from_str(text);
+    let raw: RawManifest = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let position = e.inner().location().map(|l| Position { line: l.line(), column: l.column() });
+        let field = match e.path().to_string() {
+            p if p == "." => "(document)".to_string(),
+            p => p,
+        };
+        ManifestError::Invalid { file: source.to_string(), position, field, message: e.inner().to_string() }
+    })?;
+    Ok(raw.into_manifest(source))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    service: String,
+    description: Option<String>,
+    hosts: Vec<RawHost>,
+    sglang: RawSglang,
+    #[serde(default)]
+    env: BTreeMap<String, Scalar>,
+    #[serde(default)]
+    systemd: BTreeMap<String, Scalar>,
+    #[serde(default)]
+    verify: RawVerify,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSglang {
+    python: String,
+    version: Scalar,
+    model_path: String,
+    served_model_name: Option<String>,
+    host: Option<String>,
+    port: i64,
+    #[serde(default)]
+    flags: BTreeMap<String, RawFlag>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawVerify {
+    crash_window: Option<HumanDuration>,
+    load_deadline: Option<HumanDuration>,
+    stall_timeout: Option<HumanDuration>,
+    sample_interval: Option<HumanDuration>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHostEntry {
+    name: String,
+    #[serde(default)]
+    env: BTreeMap<String, Scalar>,
+    #[serde(default)]
+    flags: BTreeMap<String, RawFlag>,
+    #[serde(default)]
+    systemd: BTreeMap<String, Scalar>,
+}
+
+/// A host is either a bare destination or a map with overrides.
+struct RawHost(RawHostEntry);
+
+/// A string, number or bool, kept as the text the unit will hold.
+struct Scalar(String);
+
+struct RawFlag(FlagValue);
+
+struct HumanDuration(Duration);
+
+impl RawManifest {
+    fn into_manifest(self, source: &str) -> Manifest {
+        let service = self.service.strip_suffix(".service").unwrap_or(&self.service).to_string();
+        let defaults = VerifySpec::default();
+        let v = self.verify;
+        Manifest {
+            source: source.to_string(),
+            service,
+            description: self.description,
+            hosts: self.hosts.into_iter().map(|h| h.0.into_spec()).collect(),
+            sglang: SglangSpec {
+                python: self.sglang.python,
+                version: self.sglang.version.0,
+                model_path: self.sglang.model_path,
+                served_model_name: self.sglang.served_model_name,
+                host: self.sglang.host,
+                // Out-of-range ports are reported by `validate`, with their position; 0 never validates.
+                port: u16::try_from(self.sglang.port).unwrap_or(0),
+                flags: flags(self.sglang.flags),
+            },
+            env: strings(self.env),
+            systemd: strings(self.systemd),
+            verify: VerifySpec {
+                crash_window: v.crash_window.map_or(defaults.crash_window, |d| d.0),
+                load_deadline: v.load_deadline.map_or(defaults.load_deadline, |d| d.0),
+                stall_timeout: v.stall_timeout.map_or(defaults.stall_timeout, |d| d.0),
+                sample_interval: v.sample_interval.map_or(defaults.sample_interval, |d| d.0),
+            },
+        }
+    }
+}
+
+impl RawHostEntry {
+    fn into_spec(self) -> HostSpec {
+        HostSpec { name: self.name, env: strings(self.env), flags: flags(self.flags), systemd: strings(self.systemd) }
+    }
+}
+
+fn strings(map: BTreeMap<String, Scalar>) -> BTreeMap<String, String> {
+    map.into_iter().map(|(k, v)| (k, v.0)).collect()
+}
+
+fn flags(map: BTreeMap<String, RawFlag>) -> BTreeMap<String, FlagValue> {
+    map.into_iter().map(|(k, v)| (k, v.0)).collect()
+}
+
+impl<'de> Deserialize<'de> for RawHost {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct HostVisitor;
+        impl<'de> Visitor<'de> for HostVisitor {
+            type Value = RawHost;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a host name, or a map with `name` and optional `env`, `flags`, `systemd`")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawHost, E> {
+                let entry = RawHostEntry {
+                    name: v.to_string(),
+                    env: BTreeMap::new(),
+                    flags: BTreeMap::new(),
+                    systemd: BTreeMap::new(),
+                };
+                Ok(RawHost(entry))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawHost, A::Error> {
+                RawHostEntry::deserialize(de::value::MapAccessDeserializer::new(map)).map(RawHost)
+            }
+        }
+        d.deserialize_any(HostVisitor)
+    }
+}
+
+/// Accepts the YAML scalars a unit can hold as text; `1`, `"1"` and `1.5` all become their text.
+struct ScalarVisitor;
+
+impl<'de> Visitor<'de> for ScalarVisitor {
+    type Value = String;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a string, number or boolean")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<String, E> {
+        Ok(v.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(ScalarVisitor).map(Scalar)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawFlag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct FlagVisitor;
+        impl<'de> Visitor<'de> for FlagVisitor {
+            type Value = FlagValue;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("true or false (a switch), a string or number (a value), or a list of them")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<FlagValue, E> {
+                Ok(FlagValue::Switch(v))
+            }
+            /// `~`/`null`, typically in a host override, turns a service-wide flag off.
+            fn visit_unit<E: de::Error>(self) -> Result<FlagValue, E> {
+                Ok(FlagValue::Switch(false))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<FlagValue, E> {
+                ScalarVisitor.visit_str(v).map(FlagValue::Value)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<FlagValue, E> {
+                ScalarVisitor.visit_i64(v).map(FlagValue::Value)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<FlagValue, E> {
+                ScalarVisitor.visit_u64(v).map(FlagValue::Value)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<FlagValue, E> {
+                ScalarVisitor.visit_f64(v).map(FlagValue::Value)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FlagValue, A::Error> {
+                let mut items = Vec::new();
+                while let Some(Scalar(item)) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(FlagValue::List(items))
+            }
+        }
+        d.deserialize_any(FlagVisitor).map(RawFlag)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(|e| de::Error::custom(format!("`{text}` is not a duration like 10s, 90s or 30m ({e})")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "service: s\nhosts: [a]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n";
+
+    fn error_of(text: &str) -> (Option<Position>, String, String) {
+        match parse("m.yaml", text).unwrap_err().0.remove(0) {
+            ManifestError::Invalid { position, field, message, .. } => (position, field, message),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn minimal_manifest_gets_defaults() {
+        let m = parse("m.yaml", MINIMAL).unwrap();
+        assert_eq!(m.unit_name(), "s.service");
+        assert_eq!(m.sglang.version, "0.5.23");
+        assert_eq!(m.verify.crash_window, Duration::from_secs(10));
+        assert_eq!(m.hosts[0].name, "a");
+        assert_eq!(m.model_id(), "/m");
+    }
+
+    #[test]
+    fn scalars_become_text_and_flags_keep_their_kind() {
+        let text = format!(
+            "{MINIMAL}  flags: {{ tp-size: 4, mem-fraction-static: 0.85, enable-x: true, off: false, gone: ~, l: [a, 1] }}\nenv: {{ A: 1, B: \"x y\" }}\n"
+        );
+        let m = parse("m.yaml", &text).unwrap();
+        assert_eq!(m.sglang.flags["tp-size"], FlagValue::Value("4".into()));
+        assert_eq!(m.sglang.flags["mem-fraction-static"], FlagValue::Value("0.85".into()));
+        assert_eq!(m.sglang.flags["enable-x"], FlagValue::Switch(true));
+        assert_eq!(m.sglang.flags["off"], FlagValue::Switch(false));
+        assert_eq!(m.sglang.flags["gone"], FlagValue::Switch(false));
+        assert_eq!(m.sglang.flags["l"], FlagValue::List(vec!["a".into(), "1".into()]));
+        assert_eq!(m.env["A"], "1");
+    }
+
+    #[test]
+    fn host_entries_are_names_or_maps() {
+        let text = MINIMAL.replace("hosts: [a]", "hosts:\n  - a\n  - name: b\n    env: { X: \"1\" }");
+        let m = parse("m.yaml", &text).unwrap();
+        assert_eq!(m.hosts[1].name, "b");
+        assert_eq!(m.hosts[1].env["X"], "1");
+    }
+
+    #[test]
+    fn unknown_field_names_its_path_and_line() {
+        let text = format!("{MINIMAL}  flgs: {{}}\n");
+        let (position, field, message) = error_of(&text);
+        assert_eq!(position.unwrap().line, 8);
+        assert_eq!(field, "sglang.flgs");
+        assert!(message.contains("unknown field `flgs`"), "{message}");
+    }
+
+    #[test]
+    fn wrong_type_names_its_path_and_line() {
+        let (position, field, message) = error_of(&MINIMAL.replace("port: 30000", "port: high"));
+        assert_eq!(position.unwrap(), Position { line: 7, column: 9 });
+        assert_eq!(field, "sglang.port");
+        assert!(message.contains("invalid type"), "{message}");
+    }
+
+    #[test]
+    fn missing_field_is_named() {
+        let (_, _, message) = error_of(&MINIMAL.replace("  port: 30000\n", ""));
+        assert!(message.contains("missing field `port`"), "{message}");
+    }
+
+    #[test]
+    fn yaml_syntax_error_has_a_position() {
+        let (position, _, _) = error_of("service: [unclosed\nhosts: a\n");
+        assert!(position.is_some());
+    }
+
+    #[test]
+    fn bad_duration_says_what_is_expected() {
+        let (_, field, message) = error_of(&format!("{MINIMAL}verify: {{ crash_window: soon }}\n"));
+        assert_eq!(field, "verify.crash_window");
+        assert!(message.contains("not a duration"), "{message}");
+    }
+}

@@ -1,0 +1,81 @@
+//! Secrets never leave `reconcile`: values of env vars and flags whose names look secret are
+//! replaced before anything is printed, in every format.
+
+/// Name parts that mark a value as secret (`HF_TOKEN`, `OPENAI_API_KEY`, `--api-key`, ...).
+const SECRET_MARKERS: [&str; 8] = ["TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "PRIVATE"];
+
+pub const REDACTED: &str = "<redacted>";
+pub const REDACTED_CHANGED: &str = "<redacted, changed>";
+
+/// Whether an env var or flag name (`hf-token`, `HF_TOKEN`) holds a secret.
+pub fn is_secret(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase().replace('-', "_");
+    SECRET_MARKERS.iter().any(|m| upper.contains(m))
+}
+
+/// A secret to hide: its name, the value, and what to show instead.
+#[derive(Debug, Clone)]
+pub struct Secret {
+    pub name: String,
+    pub value: String,
+    pub placeholder: &'static str,
+}
+
+/// Replaces secret values in text. Short values are replaced only on lines naming the secret, so a
+/// token of `1` does not blank out every `1` in a unit; long ones everywhere they appear.
+pub fn redact_text(text: &str, secrets: &[Secret]) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let mut line = line.to_string();
+        for s in secrets.iter().filter(|s| !s.value.is_empty()) {
+            if s.value.len() >= 8 || line.contains(&s.name) {
+                for form in written_forms(&s.value) {
+                    line = line.replace(&form, s.placeholder);
+                }
+            }
+        }
+        out.push_str(&line);
+    }
+    out
+}
+
+/// The value as it may appear in a unit file: raw, and escaped inside quotes.
+fn written_forms(value: &str) -> Vec<String> {
+    let exec = crate::unit::quote_exec_arg(value);
+    let env = crate::unit::quote_env("", value);
+    let mut forms = vec![
+        exec.trim_matches('"').to_string(),
+        env.trim_start_matches("\"=").trim_end_matches('"').to_string(),
+        value.to_string(),
+    ];
+    forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
+    forms.dedup();
+    forms
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_names() {
+        assert!(is_secret("HF_TOKEN") && is_secret("api-key") && is_secret("OPENAI_API_KEY"));
+        assert!(!is_secret("CUDA_VISIBLE_DEVICES") && !is_secret("tp-size"));
+    }
+
+    #[test]
+    fn replaces_escaped_and_raw_forms() {
+        let secrets =
+            [Secret { name: "HF_TOKEN".into(), value: "hf_a%b\"c".into(), placeholder: REDACTED }];
+        let text = "Environment=\"HF_TOKEN=hf_a%%b\\\"c\"\nDescription=uses hf_a%b\"c\n";
+        let out = redact_text(text, &secrets);
+        assert_eq!(out, "Environment=\"HF_TOKEN=<redacted>\"\nDescription=uses <redacted>\n");
+    }
+
+    #[test]
+    fn short_values_only_on_their_own_lines() {
+        let secrets = [Secret { name: "PASSWORD".into(), value: "1".into(), placeholder: REDACTED }];
+        let out = redact_text("Environment=\"PASSWORD=1\"\nRestartSec=1\n", &secrets);
+        assert_eq!(out, "Environment=\"PASSWORD=<redacted>\"\nRestartSec=1\n");
+    }
+}

@@ -1,0 +1,68 @@
+//! systemd unit files: rendering a manifest into one, and reading one back.
+//!
+//! Both directions meet in [`UnitModel`], what a unit means rather than how it is written: the argv
+//! systemd will execute, the environment it will set, and every other setting. Comparing models
+//! (not text) is what lets a plan tell a reformatted unit from one that needs a restart.
+
+mod escape;
+mod read;
+mod render;
+
+use std::collections::BTreeMap;
+
+pub use escape::{quote_env, quote_exec_arg};
+pub use read::{parse_unit, split_exec};
+pub use render::{render, Desired};
+
+/// What a unit file means.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UnitModel {
+    /// `ExecStart=`'s argv, as systemd executes it (quotes, escapes, `%%` and `$$` resolved).
+    pub exec_start: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Every other setting as `Section.Key`; a key given several times keeps its values in order.
+    pub settings: BTreeMap<String, Vec<String>>,
+}
+
+/// Settings whose change takes effect with `daemon-reload` alone: metadata, ordering and dependency
+/// links, install targets, and policies systemd reads only when the process exits or is stopped.
+pub fn takes_effect_without_restart(setting: &str) -> bool {
+    let (section, key) = setting.split_once('.').unwrap_or(("", setting));
+    match section {
+        "Unit" | "Install" => true,
+        "Service" => matches!(
+            key,
+            "Restart"
+                | "RestartSec"
+                | "RestartSteps"
+                | "RestartMaxDelaySec"
+                | "RestartPreventExitStatus"
+                | "RestartForceExitStatus"
+                | "SuccessExitStatus"
+                | "TimeoutStopSec"
+                | "TimeoutAbortSec"
+                | "KillMode"
+                | "KillSignal"
+                | "FinalKillSignal"
+                | "SendSIGKILL"
+        ),
+        _ => false,
+    }
+}
+
+/// Which section a setting from the manifest's `systemd:` map belongs in.
+pub fn section_of(key: &str) -> &'static str {
+    const UNIT: [&str; 17] = [
+        "After", "Before", "Wants", "Requires", "Requisite", "BindsTo", "PartOf", "Conflicts", "Upholds",
+        "Documentation", "OnFailure", "OnSuccess", "StartLimitIntervalSec", "StartLimitBurst",
+        "StartLimitAction", "JobTimeoutSec", "ConditionPathExists",
+    ];
+    const INSTALL: [&str; 4] = ["WantedBy", "RequiredBy", "Alias", "Also"];
+    if UNIT.contains(&key) || key.starts_with("Condition") || key.starts_with("Assert") {
+        "Unit"
+    } else if INSTALL.contains(&key) {
+        "Install"
+    } else {
+        "Service"
+    }
+}

@@ -1,0 +1,175 @@
+//! Reading a unit file the way systemd does, far enough to know what it runs: sections, settings,
+//! line continuations, comments, and `ExecStart=`/`Environment=` word splitting.
+
+use super::UnitModel;
+
+/// Parses unit text into what it means. Units written by hand or by other tools read as well as
+/// rendered ones, so adopting an existing service shows only real differences.
+pub fn parse_unit(text: &str) -> UnitModel {
+    let mut model = UnitModel::default();
+    let mut section = String::new();
+    for line in logical_lines(text) {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_string();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else { continue };
+        let (key, value) = (key.trim(), value.trim());
+        match (section.as_str(), key) {
+            ("Service", "ExecStart") => model.exec_start = split_exec(value),
+            ("Service", "Environment") if value.is_empty() => model.env.clear(),
+            ("Service", "Environment") => {
+                for word in split_words(value) {
+                    let word = word.replace("%%", "%");
+                    if let Some((name, v)) = word.split_once('=') {
+                        model.env.insert(name.to_string(), v.to_string());
+                    }
+                }
+            }
+            _ => {
+                let values = model.settings.entry(format!("{section}.{key}")).or_default();
+                if value.is_empty() {
+                    values.clear();
+                } else {
+                    values.push(value.to_string());
+                }
+            }
+        }
+    }
+    model.settings.retain(|_, v| !v.is_empty());
+    model
+}
+
+/// The argv systemd executes for an `ExecStart=` value.
+pub fn split_exec(value: &str) -> Vec<String> {
+    let mut words: Vec<String> = split_words(value)
+        .into_iter()
+        .map(|w| w.replace("%%", "%").replace("$$", "$"))
+        .collect();
+    if let Some(first) = words.first_mut() {
+        // `-`, `@`, `:`, `+`, `!` prefixes change how systemd runs the binary, not what it runs.
+        *first = first.trim_start_matches(['-', '@', ':', '+', '!']).to_string();
+    }
+    words
+}
+
+/// Joins continuation lines and drops comments and blank lines.
+fn logical_lines(text: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut pending: Option<String> = None;
+    for raw in text.lines() {
+        let line = raw.trim();
+        if line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        let (body, continues) = match line.strip_suffix('\\') {
+            Some(body) => (body, true),
+            None => (line, false),
+        };
+        let joined = match pending.take() {
+            Some(mut acc) => {
+                acc.push(' ');
+                acc.push_str(body);
+                acc
+            }
+            None => body.to_string(),
+        };
+        if continues {
+            pending = Some(joined);
+        } else if !joined.trim().is_empty() {
+            lines.push(joined);
+        }
+    }
+    lines.extend(pending);
+    lines
+}
+
+/// systemd's `extract_first_word` with unquoting and C unescaping, over a whole value.
+fn split_words(value: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut chars = value.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek().is_none() {
+            return words;
+        }
+        let mut word = String::new();
+        let mut quote: Option<char> = None;
+        while let Some(c) = chars.next() {
+            match (c, quote) {
+                ('\\', _) => unescape(&mut chars, &mut word),
+                ('"' | '\'', None) => quote = Some(c),
+                (c, Some(q)) if c == q => quote = None,
+                (c, None) if c.is_whitespace() => break,
+                (c, _) => word.push(c),
+            }
+        }
+        words.push(word);
+    }
+}
+
+fn unescape(chars: &mut std::iter::Peekable<std::str::Chars>, word: &mut String) {
+    let Some(c) = chars.next() else { return };
+    let simple = match c {
+        'a' => Some('\x07'),
+        'b' => Some('\x08'),
+        'f' => Some('\x0c'),
+        'n' => Some('\n'),
+        'r' => Some('\r'),
+        't' => Some('\t'),
+        'v' => Some('\x0b'),
+        's' => Some(' '),
+        '\\' | '"' | '\'' | ';' => Some(c),
+        _ => None,
+    };
+    if let Some(s) = simple {
+        word.push(s);
+        return;
+    }
+    let digits = match c {
+        'x' => 2,
+        'u' => 4,
+        'U' => 8,
+        _ => {
+            word.push('\\');
+            word.push(c);
+            return;
+        }
+    };
+    let hex: String = (0..digits).filter_map(|_| chars.next()).collect();
+    match u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
+        Some(ch) => word.push(ch),
+        None => {
+            word.push('\\');
+            word.push(c);
+            word.push_str(&hex);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continuation_lines_join_and_comments_drop() {
+        let m = parse_unit("[Service]\n# note\nExecStart=/bin/py -m x \\\n\t--a 1 \\\n\t--b\nUser=root\n");
+        assert_eq!(m.exec_start, ["/bin/py", "-m", "x", "--a", "1", "--b"]);
+        assert_eq!(m.settings["Service.User"], ["root"]);
+    }
+
+    #[test]
+    fn quotes_escapes_and_specifiers_resolve() {
+        let argv = split_exec(r#"-/bin/echo "a b" 'c d' "say \"hi\"\\" "50%%" "$$HOME" \x41"#);
+        assert_eq!(argv, ["/bin/echo", "a b", "c d", "say \"hi\"\\", "50%", "$HOME", "A"]);
+    }
+
+    #[test]
+    fn environment_accumulates_and_an_empty_assignment_resets_it() {
+        let m = parse_unit("[Service]\nEnvironment=A=1 \"B=x y\"\nEnvironment=\nEnvironment=\"C=5%%\"\n");
+        assert_eq!(m.env.len(), 1);
+        assert_eq!(m.env["C"], "5%");
+    }
+}
