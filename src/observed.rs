@@ -36,7 +36,8 @@ pub struct UnitState {
 impl UnitState {
     /// Parses `systemctl show -p ...` output (`Key=Value` lines).
     pub fn from_show(output: &str) -> UnitState {
-        let props: BTreeMap<&str, &str> = output.lines().filter_map(|l| l.split_once('=')).collect();
+        let props: BTreeMap<&str, &str> =
+            output.lines().filter_map(|l| l.split_once('=')).collect();
         let text = |k: &str| props.get(k).copied().unwrap_or_default().to_string();
         fn number<T: std::str::FromStr>(props: &BTreeMap<&str, &str>, k: &str) -> Option<T> {
             props.get(k).and_then(|v| v.parse().ok())
@@ -90,7 +91,9 @@ mod tests {
 
     #[test]
     fn unknown_units_are_not_loaded() {
-        let s = UnitState::from_show("LoadState=not-found\nActiveState=inactive\nMemoryCurrent=[not set]\n");
+        let s = UnitState::from_show(
+            "LoadState=not-found\nActiveState=inactive\nMemoryCurrent=[not set]\n",
+        );
         assert!(!s.is_loaded());
         assert_eq!(s.summary(), "not-found");
     }

@@ -57,8 +57,12 @@ pub struct Summary {
 }
 
 impl Summary {
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
-        self.command.is_none() && self.flags.is_empty() && self.env.is_empty() && self.settings.is_empty()
+        self.command.is_none()
+            && self.flags.is_empty()
+            && self.env.is_empty()
+            && self.settings.is_empty()
     }
 }
 
@@ -89,7 +93,11 @@ pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) ->
         Some(_) if needs_restart(&old_model, &desired.model) => Verdict::Restart,
         Some(_) => Verdict::ReloadOnly,
     };
-    let summary = if verdict == Verdict::NoChange { Summary::default() } else { summarize(&old_model, &desired.model, &secrets) };
+    let summary = if verdict == Verdict::NoChange {
+        Summary::default()
+    } else {
+        summarize(&old_model, &desired.model, &secrets)
+    };
     let diff = if verdict == Verdict::NoChange {
         String::new()
     } else {
@@ -99,7 +107,14 @@ pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) ->
         TextDiff::from_lines(&old, &new)
             .unified_diff()
             .context_radius(3)
-            .header(if current.is_some() { &old_name } else { "/dev/null" }, source)
+            .header(
+                if current.is_some() {
+                    &old_name
+                } else {
+                    "/dev/null"
+                },
+                source,
+            )
             .to_string()
     };
     UnitPlan {
@@ -116,10 +131,16 @@ pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) ->
 
 fn needs_restart(old: &UnitModel, new: &UnitModel) -> bool {
     let runtime = |m: &UnitModel| -> BTreeMap<String, Vec<String>> {
-        m.settings.iter().filter(|(k, _)| !takes_effect_without_restart(k)).map(|(k, v)| (k.clone(), v.clone())).collect()
+        m.settings
+            .iter()
+            .filter(|(k, _)| !takes_effect_without_restart(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     };
     // argparse does not care about the order of distinct flags, so neither does the verdict.
-    flags(&old.exec_start) != flags(&new.exec_start) || old.env != new.env || runtime(old) != runtime(new)
+    flags(&old.exec_start) != flags(&new.exec_start)
+        || old.env != new.env
+        || runtime(old) != runtime(new)
 }
 
 fn notes(verdict: Verdict, observed: &Observed) -> Vec<String> {
@@ -131,7 +152,13 @@ fn notes(verdict: Verdict, observed: &Observed) -> Vec<String> {
     if state.need_daemon_reload {
         notes.push("the unit file on the host changed after systemd last loaded it (daemon-reload pending)".into());
     }
-    if observed.unit_text.is_some() && !observed.unit_text.as_deref().unwrap_or("").starts_with("# Managed by reconcile") {
+    if observed.unit_text.is_some()
+        && !observed
+            .unit_text
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("# Managed by reconcile")
+    {
         notes.push("the host's unit was not written by reconcile; apply will replace it (the old one is kept)".into());
     }
     notes
@@ -143,19 +170,31 @@ fn secrets(old: &UnitModel, new: &UnitModel) -> Vec<Secret> {
     let new_values = secret_values(new);
     let mut secrets: Vec<Secret> = old_values
         .iter()
-        .map(|(name, value)| Secret { name: name.clone(), value: value.clone(), placeholder: REDACTED })
+        .map(|(name, value)| Secret {
+            name: name.clone(),
+            value: value.clone(),
+            placeholder: REDACTED,
+        })
         .collect();
     for (name, value) in new_values {
         let changed = old_values.get(&name).is_some_and(|old| *old != value);
         let placeholder = if changed { REDACTED_CHANGED } else { REDACTED };
-        secrets.push(Secret { name, value, placeholder });
+        secrets.push(Secret {
+            name,
+            value,
+            placeholder,
+        });
     }
     secrets
 }
 
 fn secret_values(model: &UnitModel) -> BTreeMap<String, String> {
-    let mut values: BTreeMap<String, String> =
-        model.env.iter().filter(|(k, _)| is_secret(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut values: BTreeMap<String, String> = model
+        .env
+        .iter()
+        .filter(|(k, _)| is_secret(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     for (name, value) in flags(&model.exec_start).1 {
         if is_secret(&name) {
             values.insert(format!("--{name}"), value);
@@ -166,12 +205,17 @@ fn secret_values(model: &UnitModel) -> BTreeMap<String, String> {
 
 /// Splits an argv into the command before the first `--flag` and the flags with their values.
 fn flags(argv: &[String]) -> (Vec<String>, BTreeMap<String, String>) {
-    let start = argv.iter().position(|a| a.starts_with("--")).unwrap_or(argv.len());
+    let start = argv
+        .iter()
+        .position(|a| a.starts_with("--"))
+        .unwrap_or(argv.len());
     let mut flags: BTreeMap<String, String> = BTreeMap::new();
     let mut current: Option<String> = None;
     for arg in &argv[start..] {
         if let Some(flag) = arg.strip_prefix("--") {
-            let (name, value) = flag.split_once('=').map_or((flag, None), |(n, v)| (n, Some(v)));
+            let (name, value) = flag
+                .split_once('=')
+                .map_or((flag, None), |(n, v)| (n, Some(v)));
             flags.insert(name.to_string(), value.unwrap_or_default().to_string());
             current = Some(name.to_string());
         } else if let Some(name) = &current {
@@ -189,7 +233,10 @@ fn summarize(old: &UnitModel, new: &UnitModel, secrets: &[Secret]) -> Summary {
     let (old_cmd, old_flags) = flags(&old.exec_start);
     let (new_cmd, new_flags) = flags(&new.exec_start);
     let hide = |name: &str, value: &str| -> String {
-        let found = secrets.iter().rev().find(|s| (s.name == name || s.name == format!("--{name}")) && s.value == value);
+        let found = secrets
+            .iter()
+            .rev()
+            .find(|s| (s.name == name || s.name == format!("--{name}")) && s.value == value);
         found.map_or(value.to_string(), |s| s.placeholder.to_string())
     };
     let joined = |s: &BTreeMap<String, Vec<String>>| -> BTreeMap<String, String> {
@@ -203,7 +250,9 @@ fn summarize(old: &UnitModel, new: &UnitModel, secrets: &[Secret]) -> Summary {
         }),
         flags: deltas(&old_flags, &new_flags, hide),
         env: deltas(&old.env, &new.env, hide),
-        settings: deltas(&joined(&old.settings), &joined(&new.settings), |_, v| v.to_string()),
+        settings: deltas(&joined(&old.settings), &joined(&new.settings), |_, v| {
+            v.to_string()
+        }),
     }
 }
 
@@ -238,12 +287,24 @@ mod tests {
     }
 
     fn observed(text: Option<&str>) -> Observed {
-        let state = UnitState { load_state: "loaded".into(), active_state: "active".into(), ..Default::default() };
-        Observed { unit_text: text.map(str::to_string), state }
+        let state = UnitState {
+            load_state: "loaded".into(),
+            active_state: "active".into(),
+            ..Default::default()
+        };
+        Observed {
+            unit_text: text.map(str::to_string),
+            state,
+        }
     }
 
     fn plan_between(old: &str, new: &str) -> UnitPlan {
-        plan("h", "m.yaml", &desired(new), &observed(Some(&desired(old).text)))
+        plan(
+            "h",
+            "m.yaml",
+            &desired(new),
+            &observed(Some(&desired(old).text)),
+        )
     }
 
     #[test]
@@ -257,24 +318,59 @@ mod tests {
     fn a_missing_unit_is_installed() {
         let p = plan("h", "m.yaml", &desired(BASE), &observed(None));
         assert_eq!(p.verdict, Verdict::Install);
-        assert!(p.diff.starts_with("--- /dev/null\n+++ m.yaml\n"), "{}", p.diff);
+        assert!(
+            p.diff.starts_with("--- /dev/null\n+++ m.yaml\n"),
+            "{}",
+            p.diff
+        );
     }
 
     #[test]
     fn two_changed_flags_change_two_lines_and_restart() {
-        let new = BASE.replace("tp-size: 4", "tp-size: 8").replace("context-length: 8192", "context-length: 16384");
+        let new = BASE
+            .replace("tp-size: 4", "tp-size: 8")
+            .replace("context-length: 8192", "context-length: 16384");
         let p = plan_between(BASE, &new);
         assert_eq!(p.verdict, Verdict::Restart);
-        let changed: Vec<&str> =
-            p.diff.lines().filter(|l| (l.starts_with('+') || l.starts_with('-')) && !l.starts_with("+++") && !l.starts_with("---")).collect();
-        assert_eq!(changed, ["-\t--context-length 8192 \\", "-\t--tp-size 4 \\", "+\t--context-length 16384 \\", "+\t--tp-size 8 \\"]);
-        let flags: Vec<_> = p.summary.flags.iter().map(|d| (d.name.as_str(), d.old.as_deref(), d.new.as_deref())).collect();
-        assert_eq!(flags, [("context-length", Some("8192"), Some("16384")), ("tp-size", Some("4"), Some("8"))]);
+        let changed: Vec<&str> = p
+            .diff
+            .lines()
+            .filter(|l| {
+                (l.starts_with('+') || l.starts_with('-'))
+                    && !l.starts_with("+++")
+                    && !l.starts_with("---")
+            })
+            .collect();
+        assert_eq!(
+            changed,
+            [
+                "-\t--context-length 8192 \\",
+                "-\t--tp-size 4 \\",
+                "+\t--context-length 16384 \\",
+                "+\t--tp-size 8 \\"
+            ]
+        );
+        let flags: Vec<_> = p
+            .summary
+            .flags
+            .iter()
+            .map(|d| (d.name.as_str(), d.old.as_deref(), d.new.as_deref()))
+            .collect();
+        assert_eq!(
+            flags,
+            [
+                ("context-length", Some("8192"), Some("16384")),
+                ("tp-size", Some("4"), Some("8"))
+            ]
+        );
     }
 
     #[test]
     fn a_new_description_only_reloads() {
-        let p = plan_between(BASE, &BASE.replace("description: first", "description: second"));
+        let p = plan_between(
+            BASE,
+            &BASE.replace("description: first", "description: second"),
+        );
         assert_eq!(p.verdict, Verdict::ReloadOnly);
         assert_eq!(p.summary.settings[0].name, "Unit.Description");
     }
@@ -292,7 +388,10 @@ mod tests {
         let hand = "[Unit]\nDescription=first\nAfter=network-online.target\nWants=network-online.target\n[Service]\nType=simple\nEnvironment=A=1 HF_TOKEN=hf_supersecret_1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n[Install]\nWantedBy=multi-user.target\n";
         let p = plan("h", "m.yaml", &desired(BASE), &observed(Some(hand)));
         assert_eq!(p.verdict, Verdict::ReloadOnly, "{:#?}", p.summary);
-        assert!(p.notes.iter().any(|n| n.contains("not written by reconcile")));
+        assert!(p
+            .notes
+            .iter()
+            .any(|n| n.contains("not written by reconcile")));
     }
 
     #[test]
@@ -301,8 +400,17 @@ mod tests {
         assert_eq!(p.verdict, Verdict::Restart);
         let shown = format!("{}{:?}", p.diff, p.summary);
         assert!(!shown.contains("hf_supersecret"), "{shown}");
-        assert!(p.diff.contains("-Environment=\"HF_TOKEN=<redacted>\""), "{}", p.diff);
-        assert!(p.diff.contains("+Environment=\"HF_TOKEN=<redacted, changed>\""), "{}", p.diff);
+        assert!(
+            p.diff.contains("-Environment=\"HF_TOKEN=<redacted>\""),
+            "{}",
+            p.diff
+        );
+        assert!(
+            p.diff
+                .contains("+Environment=\"HF_TOKEN=<redacted, changed>\""),
+            "{}",
+            p.diff
+        );
         assert_eq!(p.summary.env[0].new.as_deref(), Some(REDACTED_CHANGED));
     }
 }

@@ -1,16 +1,31 @@
 //! Secrets never leave `reconcile`: values of env vars and flags whose names look secret are
 //! replaced before anything is printed, in every format.
 
-/// Name parts that mark a value as secret (`HF_TOKEN`, `OPENAI_API_KEY`, `--api-key`, ...).
-const SECRET_MARKERS: [&str; 8] = ["TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "PRIVATE"];
+/// Words that mark a value as secret (`HF_TOKEN`, `OPENAI_API_KEY`, `--api-key`, ...). Whole words
+/// only: `--speculative-num-draft-tokens` is a count, not a token.
+const SECRET_WORDS: [&str; 11] = [
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "KEY",
+    "APIKEY",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "AUTH",
+    "PRIVATE",
+    "PAT",
+];
 
 pub const REDACTED: &str = "<redacted>";
 pub const REDACTED_CHANGED: &str = "<redacted, changed>";
 
 /// Whether an env var or flag name (`hf-token`, `HF_TOKEN`) holds a secret.
 pub fn is_secret(name: &str) -> bool {
-    let upper = name.to_ascii_uppercase().replace('-', "_");
-    SECRET_MARKERS.iter().any(|m| upper.contains(m))
+    let upper = name.to_ascii_uppercase();
+    upper
+        .split(['_', '-', '.'])
+        .any(|word| SECRET_WORDS.contains(&word))
 }
 
 /// A secret to hide: its name, the value, and what to show instead.
@@ -45,7 +60,9 @@ fn written_forms(value: &str) -> Vec<String> {
     let env = crate::unit::quote_env("", value);
     let mut forms = vec![
         exec.trim_matches('"').to_string(),
-        env.trim_start_matches("\"=").trim_end_matches('"').to_string(),
+        env.trim_start_matches("\"=")
+            .trim_end_matches('"')
+            .to_string(),
         value.to_string(),
     ];
     forms.sort_by_key(|f| std::cmp::Reverse(f.len()));
@@ -60,21 +77,33 @@ mod tests {
     #[test]
     fn secret_names() {
         assert!(is_secret("HF_TOKEN") && is_secret("api-key") && is_secret("OPENAI_API_KEY"));
+        assert!(is_secret("HUGGING_FACE_HUB_TOKEN") && is_secret("AWS_SECRET_ACCESS_KEY"));
         assert!(!is_secret("CUDA_VISIBLE_DEVICES") && !is_secret("tp-size"));
+        assert!(!is_secret("speculative-num-draft-tokens") && !is_secret("max-total-tokens"));
     }
 
     #[test]
     fn replaces_escaped_and_raw_forms() {
-        let secrets =
-            [Secret { name: "HF_TOKEN".into(), value: "hf_a%b\"c".into(), placeholder: REDACTED }];
+        let secrets = [Secret {
+            name: "HF_TOKEN".into(),
+            value: "hf_a%b\"c".into(),
+            placeholder: REDACTED,
+        }];
         let text = "Environment=\"HF_TOKEN=hf_a%%b\\\"c\"\nDescription=uses hf_a%b\"c\n";
         let out = redact_text(text, &secrets);
-        assert_eq!(out, "Environment=\"HF_TOKEN=<redacted>\"\nDescription=uses <redacted>\n");
+        assert_eq!(
+            out,
+            "Environment=\"HF_TOKEN=<redacted>\"\nDescription=uses <redacted>\n"
+        );
     }
 
     #[test]
     fn short_values_only_on_their_own_lines() {
-        let secrets = [Secret { name: "PASSWORD".into(), value: "1".into(), placeholder: REDACTED }];
+        let secrets = [Secret {
+            name: "PASSWORD".into(),
+            value: "1".into(),
+            placeholder: REDACTED,
+        }];
         let out = redact_text("Environment=\"PASSWORD=1\"\nRestartSec=1\n", &secrets);
         assert_eq!(out, "Environment=\"PASSWORD=<redacted>\"\nRestartSec=1\n");
     }

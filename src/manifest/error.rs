@@ -21,7 +21,12 @@ pub enum ManifestError {
     },
     /// Syntax, type, unknown or missing fields, and every rule `validate` checks.
     #[error("{file}:{}: {field}: {message}", position_text(.position))]
-    Invalid { file: String, position: Option<Position>, field: String, message: String },
+    Invalid {
+        file: String,
+        position: Option<Position>,
+        field: String,
+        message: String,
+    },
 }
 
 fn position_text(position: &Option<Position>) -> String {

@@ -24,7 +24,11 @@ pub fn locate(text: &str, path: &[Seg]) -> Option<Position> {
         .enumerate()
         .map(|(i, l)| {
             let body = l.trim_start();
-            Line { number: i + 1, indent: l.len() - body.len(), text: body.trim_end() }
+            Line {
+                number: i + 1,
+                indent: l.len() - body.len(),
+                text: body.trim_end(),
+            }
         })
         .filter(|l| !l.text.is_empty() && !l.text.starts_with('#'))
         .collect();
@@ -33,7 +37,10 @@ pub fn locate(text: &str, path: &[Seg]) -> Option<Position> {
     for (depth, seg) in path.iter().enumerate() {
         match descend(&scope, *seg) {
             Step::Block(line, children) => {
-                found = Some(Position { line: line.number, column: line.indent + 1 });
+                found = Some(Position {
+                    line: line.number,
+                    column: line.indent + 1,
+                });
                 scope = children;
             }
             Step::Flow(position, rest) => {
@@ -53,7 +60,9 @@ enum Step<'t> {
 }
 
 fn descend<'t>(scope: &[Line<'t>], seg: Seg) -> Step<'t> {
-    let Some(indent) = scope.first().map(|l| l.indent) else { return Step::NotFound };
+    let Some(indent) = scope.first().map(|l| l.indent) else {
+        return Step::NotFound;
+    };
     let at_indent = scope.iter().enumerate().filter(|(_, l)| l.indent == indent);
     let hit = match seg {
         Seg::Key(key) => at_indent
@@ -65,30 +74,49 @@ fn descend<'t>(scope: &[Line<'t>], seg: Seg) -> Step<'t> {
             .nth(n)
             .map(|(i, l)| {
                 let item = l.text[1..].trim_start();
-                let item_line = Line { number: l.number, indent: l.indent + l.text.len() - item.len(), text: item };
+                let item_line = Line {
+                    number: l.number,
+                    indent: l.indent + l.text.len() - item.len(),
+                    text: item,
+                };
                 (i, item_line, "", l.indent)
             }),
     };
-    let Some((i, line, value, owner_indent)) = hit else { return Step::NotFound };
+    let Some((i, line, value, owner_indent)) = hit else {
+        return Step::NotFound;
+    };
     if value.starts_with('{') || value.starts_with('[') {
         let column = line.indent + line.text.len() - value.len() + 1;
-        return Step::Flow(Position { line: line.number, column }, value);
+        return Step::Flow(
+            Position {
+                line: line.number,
+                column,
+            },
+            value,
+        );
     }
     let mut children: Vec<Line> = Vec::new();
     if matches!(seg, Seg::Index(_)) && !line.text.is_empty() {
         children.push(line);
     }
-    children.extend(scope[i + 1..].iter().take_while(|l| l.indent > owner_indent).copied());
+    children.extend(
+        scope[i + 1..]
+            .iter()
+            .take_while(|l| l.indent > owner_indent)
+            .copied(),
+    );
     Step::Block(line, children)
 }
 
 /// If `text` is `key: value` (the key bare or quoted), the value part.
 fn key_value<'t>(text: &'t str, key: &str) -> Option<&'t str> {
-    [key.to_string(), format!("\"{key}\""), format!("'{key}'")].iter().find_map(|k| {
-        let rest = text.strip_prefix(k.as_str())?.trim_start();
-        let value = rest.strip_prefix(':')?;
-        (value.is_empty() || value.starts_with(' ')).then(|| value.trim_start())
-    })
+    [key.to_string(), format!("\"{key}\""), format!("'{key}'")]
+        .iter()
+        .find_map(|k| {
+            let rest = text.strip_prefix(k.as_str())?.trim_start();
+            let value = rest.strip_prefix(':')?;
+            (value.is_empty() || value.starts_with(' ')).then(|| value.trim_start())
+        })
 }
 
 /// Within a one-line flow collection, the position of the first remaining segment, or of the
@@ -99,7 +127,10 @@ fn flow_locate(flow: &str, start: Position, rest: &[Seg]) -> Position {
         Some(Seg::Index(n)) => flow_item_offset(flow, *n),
         None => None,
     };
-    Position { line: start.line, column: start.column + offset.unwrap_or(0) }
+    Position {
+        line: start.line,
+        column: start.column + offset.unwrap_or(0),
+    }
 }
 
 fn flow_key_offset(flow: &str, key: &str) -> Option<usize> {
@@ -155,20 +186,45 @@ list: [a, b, c]
     #[test]
     fn block_keys() {
         assert_eq!(at(&[Seg::Key("sglang"), Seg::Key("port")]), (8, 3));
-        assert_eq!(at(&[Seg::Key("sglang"), Seg::Key("flags"), Seg::Key("tp-size")]), (10, 5));
+        assert_eq!(
+            at(&[Seg::Key("sglang"), Seg::Key("flags"), Seg::Key("tp-size")]),
+            (10, 5)
+        );
     }
 
     #[test]
     fn sequence_items_and_their_keys() {
         assert_eq!(at(&[Seg::Key("hosts"), Seg::Index(0)]), (3, 5));
-        assert_eq!(at(&[Seg::Key("hosts"), Seg::Index(1), Seg::Key("name")]), (5, 5));
-        assert_eq!(at(&[Seg::Key("hosts"), Seg::Index(1), Seg::Key("env")]), (6, 10));
+        assert_eq!(
+            at(&[Seg::Key("hosts"), Seg::Index(1), Seg::Key("name")]),
+            (5, 5)
+        );
+        assert_eq!(
+            at(&[Seg::Key("hosts"), Seg::Index(1), Seg::Key("env")]),
+            (6, 10)
+        );
     }
 
     #[test]
     fn flow_maps_and_lists() {
-        assert_eq!(at(&[Seg::Key("hosts"), Seg::Index(1), Seg::Key("env"), Seg::Key("CUDA_VISIBLE_DEVICES")]), (6, 12));
-        assert_eq!(at(&[Seg::Key("hosts"), Seg::Index(1), Seg::Key("env"), Seg::Key("BAD NAME")]), (6, 41));
+        assert_eq!(
+            at(&[
+                Seg::Key("hosts"),
+                Seg::Index(1),
+                Seg::Key("env"),
+                Seg::Key("CUDA_VISIBLE_DEVICES")
+            ]),
+            (6, 12)
+        );
+        assert_eq!(
+            at(&[
+                Seg::Key("hosts"),
+                Seg::Index(1),
+                Seg::Key("env"),
+                Seg::Key("BAD NAME")
+            ]),
+            (6, 41)
+        );
         assert_eq!(at(&[Seg::Key("list"), Seg::Index(2)]), (11, 14));
     }
 

@@ -91,7 +91,10 @@ impl Manifest {
 
     /// The name clients must ask for: SGLang serves the model path when no name is given.
     pub fn model_id(&self) -> &str {
-        self.sglang.served_model_name.as_deref().unwrap_or(&self.sglang.model_path)
+        self.sglang
+            .served_model_name
+            .as_deref()
+            .unwrap_or(&self.sglang.model_path)
     }
 }
 
@@ -107,7 +110,10 @@ pub fn load(paths: &[PathBuf]) -> Result<Vec<Manifest>, ManifestErrors> {
                 Ok(m) => manifests.push((m, text)),
                 Err(mut e) => errors.append(&mut e.0),
             },
-            Err(source) => errors.push(ManifestError::Read { path: shown, source }),
+            Err(source) => errors.push(ManifestError::Read {
+                path: shown,
+                source,
+            }),
         }
     }
     if let Err(mut e) = validate_fleet(&manifests) {
@@ -133,20 +139,30 @@ fn manifest_files(paths: &[PathBuf], errors: &mut Vec<ManifestError>) -> Vec<Pat
                     found.sort();
                     files.extend(found);
                 }
-                Err(source) => errors.push(ManifestError::Read { path: display_path(path), source }),
+                Err(source) => errors.push(ManifestError::Read {
+                    path: display_path(path),
+                    source,
+                }),
             }
         } else if path.exists() {
             files.push(path.clone());
         } else {
-            let source = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder");
-            errors.push(ManifestError::Read { path: display_path(path), source });
+            let source =
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder");
+            errors.push(ManifestError::Read {
+                path: display_path(path),
+                source,
+            });
         }
     }
     files
 }
 
 fn is_yaml(path: &Path) -> bool {
-    matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml"))
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    )
 }
 
 /// The path relative to the git work tree holding it, so the rendered header does not depend on

@@ -15,12 +15,20 @@ use super::{FlagValue, HostSpec, Manifest, SglangSpec, VerifySpec};
 pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
     let deserializer = serde_yaml::Deserializer::from_str(text);
     let raw: RawManifest = serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let position = e.inner().location().map(|l| Position { line: l.line(), column: l.column() });
+        let position = e.inner().location().map(|l| Position {
+            line: l.line(),
+            column: l.column(),
+        });
         let field = match e.path().to_string() {
             p if p == "." => "(document)".to_string(),
             p => p,
         };
-        ManifestError::Invalid { file: source.to_string(), position, field, message: e.inner().to_string() }
+        ManifestError::Invalid {
+            file: source.to_string(),
+            position,
+            field,
+            message: e.inner().to_string(),
+        }
     })?;
     Ok(raw.into_manifest(source))
 }
@@ -86,7 +94,11 @@ struct HumanDuration(Duration);
 
 impl RawManifest {
     fn into_manifest(self, source: &str) -> Manifest {
-        let service = self.service.strip_suffix(".service").unwrap_or(&self.service).to_string();
+        let service = self
+            .service
+            .strip_suffix(".service")
+            .unwrap_or(&self.service)
+            .to_string();
         let defaults = VerifySpec::default();
         let v = self.verify;
         Manifest {
@@ -118,7 +130,12 @@ impl RawManifest {
 
 impl RawHostEntry {
     fn into_spec(self) -> HostSpec {
-        HostSpec { name: self.name, env: strings(self.env), flags: flags(self.flags), systemd: strings(self.systemd) }
+        HostSpec {
+            name: self.name,
+            env: strings(self.env),
+            flags: flags(self.flags),
+            systemd: strings(self.systemd),
+        }
     }
 }
 
@@ -136,7 +153,9 @@ impl<'de> Deserialize<'de> for RawHost {
         impl<'de> Visitor<'de> for HostVisitor {
             type Value = RawHost;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a host name, or a map with `name` and optional `env`, `flags`, `systemd`")
+                f.write_str(
+                    "a host name, or a map with `name` and optional `env`, `flags`, `systemd`",
+                )
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawHost, E> {
                 let entry = RawHostEntry {
@@ -192,7 +211,9 @@ impl<'de> Deserialize<'de> for RawFlag {
         impl<'de> Visitor<'de> for FlagVisitor {
             type Value = FlagValue;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("true or false (a switch), a string or number (a value), or a list of them")
+                f.write_str(
+                    "true or false (a switch), a string or number (a value), or a list of them",
+                )
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<FlagValue, E> {
                 Ok(FlagValue::Switch(v))
@@ -230,7 +251,11 @@ impl<'de> Deserialize<'de> for HumanDuration {
         let text = String::deserialize(d)?;
         humantime::parse_duration(&text)
             .map(HumanDuration)
-            .map_err(|e| de::Error::custom(format!("`{text}` is not a duration like 10s, 90s or 30m ({e})")))
+            .map_err(|e| {
+                de::Error::custom(format!(
+                    "`{text}` is not a duration like 10s, 90s or 30m ({e})"
+                ))
+            })
     }
 }
 
@@ -242,7 +267,12 @@ mod tests {
 
     fn error_of(text: &str) -> (Option<Position>, String, String) {
         match parse("m.yaml", text).unwrap_err().0.remove(0) {
-            ManifestError::Invalid { position, field, message, .. } => (position, field, message),
+            ManifestError::Invalid {
+                position,
+                field,
+                message,
+                ..
+            } => (position, field, message),
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -264,17 +294,26 @@ mod tests {
         );
         let m = parse("m.yaml", &text).unwrap();
         assert_eq!(m.sglang.flags["tp-size"], FlagValue::Value("4".into()));
-        assert_eq!(m.sglang.flags["mem-fraction-static"], FlagValue::Value("0.85".into()));
+        assert_eq!(
+            m.sglang.flags["mem-fraction-static"],
+            FlagValue::Value("0.85".into())
+        );
         assert_eq!(m.sglang.flags["enable-x"], FlagValue::Switch(true));
         assert_eq!(m.sglang.flags["off"], FlagValue::Switch(false));
         assert_eq!(m.sglang.flags["gone"], FlagValue::Switch(false));
-        assert_eq!(m.sglang.flags["l"], FlagValue::List(vec!["a".into(), "1".into()]));
+        assert_eq!(
+            m.sglang.flags["l"],
+            FlagValue::List(vec!["a".into(), "1".into()])
+        );
         assert_eq!(m.env["A"], "1");
     }
 
     #[test]
     fn host_entries_are_names_or_maps() {
-        let text = MINIMAL.replace("hosts: [a]", "hosts:\n  - a\n  - name: b\n    env: { X: \"1\" }");
+        let text = MINIMAL.replace(
+            "hosts: [a]",
+            "hosts:\n  - a\n  - name: b\n    env: { X: \"1\" }",
+        );
         let m = parse("m.yaml", &text).unwrap();
         assert_eq!(m.hosts[1].name, "b");
         assert_eq!(m.hosts[1].env["X"], "1");

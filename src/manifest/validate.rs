@@ -21,9 +21,17 @@ const OWN_FIELDS: [(&str, &str); 5] = [
 const RENDERED_SETTINGS: [&str; 4] = ["ExecStart", "Environment", "Description", "Type"];
 
 pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
-    let mut check = Checker { file: &m.source, text, errors: Vec::new() };
+    let mut check = Checker {
+        file: &m.source,
+        text,
+        errors: Vec::new(),
+    };
     check.unit_name(&m.service);
-    check.no_control("description", &[Seg::Key("description")], m.description.as_deref().unwrap_or(""));
+    check.no_control(
+        "description",
+        &[Seg::Key("description")],
+        m.description.as_deref().unwrap_or(""),
+    );
     check.hosts(m);
     check.sglang(m);
     check.env(&[Seg::Key("env")], &m.env);
@@ -49,7 +57,10 @@ pub fn validate_fleet(manifests: &[(Manifest, String)]) -> Result<(), ManifestEr
                 let message = if other.source == m.source {
                     format!("host `{}` is listed twice", host.name)
                 } else {
-                    format!("{what} on host `{}` is also claimed by {}", host.name, other.source)
+                    format!(
+                        "{what} on host `{}` is also claimed by {}",
+                        host.name, other.source
+                    )
                 };
                 errors.push(invalid(&m.source, text, &path, &field, message));
             };
@@ -76,18 +87,23 @@ struct Checker<'a> {
 impl Checker<'_> {
     fn fail(&mut self, path: &[Seg], message: impl Into<String>) {
         let field = field_name(path);
-        self.errors.push(invalid(self.file, self.text, path, &field, message.into()));
+        self.errors
+            .push(invalid(self.file, self.text, path, &field, message.into()));
     }
 
     fn unit_name(&mut self, name: &str) {
         let ok = !name.is_empty()
             && name.len() <= 200
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
             && !name.starts_with(['-', '.']);
         if !ok {
             self.fail(
                 &[Seg::Key("service")],
-                format!("`{name}` is not a valid unit name: use letters, digits, `-`, `_`, `.` and `:`"),
+                format!(
+                    "`{name}` is not a valid unit name: use letters, digits, `-`, `_`, `.` and `:`"
+                ),
             );
         }
     }
@@ -96,7 +112,13 @@ impl Checker<'_> {
     fn no_control(&mut self, what: &str, path: &[Seg], value: &str) -> bool {
         let bad = value.chars().find(|c| matches!(c, '\n' | '\r' | '\0'));
         if let Some(c) = bad {
-            self.fail(path, format!("{what} holds a {}, which a unit file cannot carry", control_name(c)));
+            self.fail(
+                path,
+                format!(
+                    "{what} holds a {}, which a unit file cannot carry",
+                    control_name(c)
+                ),
+            );
         }
         bad.is_none()
     }
@@ -109,9 +131,18 @@ impl Checker<'_> {
             let name_path = [Seg::Key("hosts"), Seg::Index(i)];
             let valid = !host.name.is_empty()
                 && !host.name.starts_with('-')
-                && host.name.chars().all(|c| c.is_ascii_graphic() && !matches!(c, '\'' | '"' | '\\' | '`' | '$'));
+                && host
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_graphic() && !matches!(c, '\'' | '"' | '\\' | '`' | '$'));
             if !valid {
-                self.fail(&name_path, format!("`{}` is not an ssh destination (name, user@host[:port] or local)", host.name));
+                self.fail(
+                    &name_path,
+                    format!(
+                        "`{}` is not an ssh destination (name, user@host[:port] or local)",
+                        host.name
+                    ),
+                );
             }
             let base = [Seg::Key("hosts"), Seg::Index(i)];
             self.env(&[base[0], base[1], Seg::Key("env")], &host.env);
@@ -124,11 +155,25 @@ impl Checker<'_> {
         let s = &m.sglang;
         let at = |key| [Seg::Key("sglang"), Seg::Key(key)];
         if !s.python.starts_with('/') {
-            self.fail(&at("python"), format!("`{}` must be an absolute path (systemd runs no shell to find it)", s.python));
+            self.fail(
+                &at("python"),
+                format!(
+                    "`{}` must be an absolute path (systemd runs no shell to find it)",
+                    s.python
+                ),
+            );
         }
         self.no_control("python", &at("python"), &s.python);
-        if s.version.is_empty() || !s.version.chars().all(|c| c.is_ascii_alphanumeric() || c == '.') {
-            self.fail(&at("version"), format!("`{}` is not an SGLang version like 0.5.23", s.version));
+        if s.version.is_empty()
+            || !s
+                .version
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '.')
+        {
+            self.fail(
+                &at("version"),
+                format!("`{}` is not an SGLang version like 0.5.23", s.version),
+            );
         }
         if s.model_path.is_empty() {
             self.fail(&at("model_path"), "must not be empty");
@@ -150,15 +195,28 @@ impl Checker<'_> {
         for (name, value) in flags {
             let path = with(base, name);
             if name.starts_with('-') {
-                self.fail(&path, format!("write the flag without dashes: `{}`", name.trim_start_matches('-')));
+                self.fail(
+                    &path,
+                    format!(
+                        "write the flag without dashes: `{}`",
+                        name.trim_start_matches('-')
+                    ),
+                );
                 continue;
             }
-            if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_')) || name.is_empty() {
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
+                || name.is_empty()
+            {
                 self.fail(&path, format!("`{name}` is not a flag name"));
                 continue;
             }
             if let Some((_, field)) = OWN_FIELDS.iter().find(|(flag, _)| flag == name) {
-                self.fail(&path, format!("--{name} is set through `{field}`; remove it from flags"));
+                self.fail(
+                    &path,
+                    format!("--{name} is set through `{field}`; remove it from flags"),
+                );
             }
             let values: Vec<&String> = match value {
                 FlagValue::Switch(_) => vec![],
@@ -167,7 +225,10 @@ impl Checker<'_> {
             };
             if let FlagValue::List(items) = value {
                 if items.is_empty() {
-                    self.fail(&path, "an empty list gives the flag no value; use false to leave it out");
+                    self.fail(
+                        &path,
+                        "an empty list gives the flag no value; use false to leave it out",
+                    );
                 }
             }
             for v in values {
@@ -179,10 +240,18 @@ impl Checker<'_> {
     fn env(&mut self, base: &[Seg], env: &BTreeMap<String, String>) {
         for (name, value) in env {
             let path = with(base, name);
-            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
             if !valid {
-                self.fail(&path, format!("`{name}` is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"));
+                self.fail(
+                    &path,
+                    format!(
+                        "`{name}` is not an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+                    ),
+                );
             }
             self.no_control("the value", &path, value);
         }
@@ -194,9 +263,15 @@ impl Checker<'_> {
             let valid = key.chars().next().is_some_and(|c| c.is_ascii_uppercase())
                 && key.chars().all(|c| c.is_ascii_alphanumeric());
             if !valid {
-                self.fail(&path, format!("`{key}` is not a systemd setting name (like User or LimitNOFILE)"));
+                self.fail(
+                    &path,
+                    format!("`{key}` is not a systemd setting name (like User or LimitNOFILE)"),
+                );
             } else if RENDERED_SETTINGS.contains(&key.as_str()) {
-                self.fail(&path, format!("{key}= is rendered from the manifest's own fields; remove it here"));
+                self.fail(
+                    &path,
+                    format!("{key}= is rendered from the manifest's own fields; remove it here"),
+                );
             }
             self.no_control("the value", &path, value);
         }
@@ -210,7 +285,12 @@ fn with<'a>(base: &[Seg<'a>], key: &'a str) -> Vec<Seg<'a>> {
 }
 
 fn invalid(file: &str, text: &str, path: &[Seg], field: &str, message: String) -> ManifestError {
-    ManifestError::Invalid { file: file.to_string(), position: locate(text, path), field: field.to_string(), message }
+    ManifestError::Invalid {
+        file: file.to_string(),
+        position: locate(text, path),
+        field: field.to_string(),
+        message,
+    }
 }
 
 fn field_name(path: &[Seg]) -> String {
@@ -261,26 +341,59 @@ mod tests {
         let text = "service: bad/name\nhosts: [a]\nsglang:\n  python: python3\n  version: 0.5.23\n  model_path: /m\n  port: 70000\n  flags:\n    port: 1\nenv: { 1X: a, OK: \"line\\nbreak\" }\n";
         let e = errors(text);
         assert_eq!(e.len(), 6, "{e:#?}");
-        assert!(e[0].starts_with("m.yaml:1:1: service: `bad/name` is not a valid unit name"), "{}", e[0]);
-        assert!(e.iter().any(|e| e.starts_with("m.yaml:4:3: sglang.python:")), "{e:#?}");
+        assert!(
+            e[0].starts_with("m.yaml:1:1: service: `bad/name` is not a valid unit name"),
+            "{}",
+            e[0]
+        );
+        assert!(
+            e.iter()
+                .any(|e| e.starts_with("m.yaml:4:3: sglang.python:")),
+            "{e:#?}"
+        );
         assert!(e.iter().any(|e| e.starts_with("m.yaml:7:3: sglang.port: port must be between 1 and 65535")), "{e:#?}");
-        assert!(e.iter().any(|e| e.contains("sglang.flags.port: --port is set through `sglang.port`")), "{e:#?}");
-        assert!(e.iter().any(|e| e.starts_with("m.yaml:10:8: env.1X: `1X` is not an environment variable name")), "{e:#?}");
-        assert!(e.iter().any(|e| e.starts_with("m.yaml:10:15: env.OK: the value holds a newline")), "{e:#?}");
+        assert!(
+            e.iter()
+                .any(|e| e.contains("sglang.flags.port: --port is set through `sglang.port`")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter()
+                .any(|e| e
+                    .starts_with("m.yaml:10:8: env.1X: `1X` is not an environment variable name")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter()
+                .any(|e| e.starts_with("m.yaml:10:15: env.OK: the value holds a newline")),
+            "{e:#?}"
+        );
     }
 
     #[test]
     fn nul_and_managed_settings_are_refused() {
         let text = format!("{BASE}systemd: {{ ExecStart: /bin/x, User: \"ro\\0ot\" }}\n");
         let e = errors(&text);
-        assert!(e.iter().any(|e| e.contains("systemd.ExecStart: ExecStart= is rendered")), "{e:#?}");
-        assert!(e.iter().any(|e| e.contains("systemd.User: the value holds a NUL byte")), "{e:#?}");
+        assert!(
+            e.iter()
+                .any(|e| e.contains("systemd.ExecStart: ExecStart= is rendered")),
+            "{e:#?}"
+        );
+        assert!(
+            e.iter()
+                .any(|e| e.contains("systemd.User: the value holds a NUL byte")),
+            "{e:#?}"
+        );
     }
 
     #[test]
     fn host_destinations_cannot_smuggle_ssh_options() {
         let e = errors(&BASE.replace("hosts: [a]", "hosts: [\"-oProxyCommand=x\"]"));
-        assert!(e.iter().any(|e| e.contains("hosts[0]: `-oProxyCommand=x` is not an ssh destination")), "{e:#?}");
+        assert!(
+            e.iter()
+                .any(|e| e.contains("hosts[0]: `-oProxyCommand=x` is not an ssh destination")),
+            "{e:#?}"
+        );
     }
 
     #[test]
@@ -289,7 +402,13 @@ mod tests {
         let b = parse("b.yaml", &BASE.replace("port: 30000", "port: 30001")).unwrap();
         let e = validate_fleet(&[(a, BASE.into()), (b, BASE.into())]).unwrap_err();
         assert_eq!(e.0.len(), 1);
-        assert!(e.0[0].to_string().contains("unit s.service on host `a` is also claimed by a.yaml"), "{}", e.0[0]);
+        assert!(
+            e.0[0]
+                .to_string()
+                .contains("unit s.service on host `a` is also claimed by a.yaml"),
+            "{}",
+            e.0[0]
+        );
     }
 
     #[test]
@@ -297,6 +416,12 @@ mod tests {
         let a = parse("a.yaml", BASE).unwrap();
         let b = parse("b.yaml", &BASE.replace("service: s", "service: t")).unwrap();
         let e = validate_fleet(&[(a, BASE.into()), (b, BASE.into())]).unwrap_err();
-        assert!(e.0[0].to_string().contains("port 30000 on host `a` is also claimed by a.yaml"), "{}", e.0[0]);
+        assert!(
+            e.0[0]
+                .to_string()
+                .contains("port 30000 on host `a` is also claimed by a.yaml"),
+            "{}",
+            e.0[0]
+        );
     }
 }

@@ -55,7 +55,10 @@ mod tests {
     #[test]
     fn plain_arguments_stay_bare() {
         assert_eq!(quote_exec_arg("--tp-size"), "--tp-size");
-        assert_eq!(quote_exec_arg("/shared/models/Qwen3.5-122B-A10B"), "/shared/models/Qwen3.5-122B-A10B");
+        assert_eq!(
+            quote_exec_arg("/shared/models/Qwen3.5-122B-A10B"),
+            "/shared/models/Qwen3.5-122B-A10B"
+        );
     }
 
     #[test]

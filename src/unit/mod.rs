@@ -11,7 +11,7 @@ mod render;
 use std::collections::BTreeMap;
 
 pub use escape::{quote_env, quote_exec_arg};
-pub use read::{parse_unit, split_exec};
+pub use read::parse_unit;
 pub use render::{render, Desired};
 
 /// What a unit file means.
@@ -53,9 +53,23 @@ pub fn takes_effect_without_restart(setting: &str) -> bool {
 /// Which section a setting from the manifest's `systemd:` map belongs in.
 pub fn section_of(key: &str) -> &'static str {
     const UNIT: [&str; 17] = [
-        "After", "Before", "Wants", "Requires", "Requisite", "BindsTo", "PartOf", "Conflicts", "Upholds",
-        "Documentation", "OnFailure", "OnSuccess", "StartLimitIntervalSec", "StartLimitBurst",
-        "StartLimitAction", "JobTimeoutSec", "ConditionPathExists",
+        "After",
+        "Before",
+        "Wants",
+        "Requires",
+        "Requisite",
+        "BindsTo",
+        "PartOf",
+        "Conflicts",
+        "Upholds",
+        "Documentation",
+        "OnFailure",
+        "OnSuccess",
+        "StartLimitIntervalSec",
+        "StartLimitBurst",
+        "StartLimitAction",
+        "JobTimeoutSec",
+        "ConditionPathExists",
     ];
     const INSTALL: [&str; 4] = ["WantedBy", "RequiredBy", "Alias", "Also"];
     if UNIT.contains(&key) || key.starts_with("Condition") || key.starts_with("Assert") {

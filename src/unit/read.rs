@@ -13,7 +13,9 @@ pub fn parse_unit(text: &str) -> UnitModel {
             section = name.to_string();
             continue;
         }
-        let Some((key, value)) = line.split_once('=') else { continue };
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
         let (key, value) = (key.trim(), value.trim());
         match (section.as_str(), key) {
             ("Service", "ExecStart") => model.exec_start = split_exec(value),
@@ -27,7 +29,10 @@ pub fn parse_unit(text: &str) -> UnitModel {
                 }
             }
             _ => {
-                let values = model.settings.entry(format!("{section}.{key}")).or_default();
+                let values = model
+                    .settings
+                    .entry(format!("{section}.{key}"))
+                    .or_default();
                 if value.is_empty() {
                     values.clear();
                 } else {
@@ -48,7 +53,9 @@ pub fn split_exec(value: &str) -> Vec<String> {
         .collect();
     if let Some(first) = words.first_mut() {
         // `-`, `@`, `:`, `+`, `!` prefixes change how systemd runs the binary, not what it runs.
-        *first = first.trim_start_matches(['-', '@', ':', '+', '!']).to_string();
+        *first = first
+            .trim_start_matches(['-', '@', ':', '+', '!'])
+            .to_string();
     }
     words
 }
@@ -155,7 +162,9 @@ mod tests {
 
     #[test]
     fn continuation_lines_join_and_comments_drop() {
-        let m = parse_unit("[Service]\n# note\nExecStart=/bin/py -m x \\\n\t--a 1 \\\n\t--b\nUser=root\n");
+        let m = parse_unit(
+            "[Service]\n# note\nExecStart=/bin/py -m x \\\n\t--a 1 \\\n\t--b\nUser=root\n",
+        );
         assert_eq!(m.exec_start, ["/bin/py", "-m", "x", "--a", "1", "--b"]);
         assert_eq!(m.settings["Service.User"], ["root"]);
     }
@@ -163,12 +172,25 @@ mod tests {
     #[test]
     fn quotes_escapes_and_specifiers_resolve() {
         let argv = split_exec(r#"-/bin/echo "a b" 'c d' "say \"hi\"\\" "50%%" "$$HOME" \x41"#);
-        assert_eq!(argv, ["/bin/echo", "a b", "c d", "say \"hi\"\\", "50%", "$HOME", "A"]);
+        assert_eq!(
+            argv,
+            [
+                "/bin/echo",
+                "a b",
+                "c d",
+                "say \"hi\"\\",
+                "50%",
+                "$HOME",
+                "A"
+            ]
+        );
     }
 
     #[test]
     fn environment_accumulates_and_an_empty_assignment_resets_it() {
-        let m = parse_unit("[Service]\nEnvironment=A=1 \"B=x y\"\nEnvironment=\nEnvironment=\"C=5%%\"\n");
+        let m = parse_unit(
+            "[Service]\nEnvironment=A=1 \"B=x y\"\nEnvironment=\nEnvironment=\"C=5%%\"\n",
+        );
         assert_eq!(m.env.len(), 1);
         assert_eq!(m.env["C"], "5%");
     }

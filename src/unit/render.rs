@@ -19,9 +19,17 @@ pub struct Desired {
 }
 
 pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
-    let model = UnitModel { exec_start: argv(m, host), env: environment(m, host), settings: settings(m, host) };
+    let model = UnitModel {
+        exec_start: argv(m, host),
+        env: environment(m, host),
+        settings: settings(m, host),
+    };
     let text = unit_text(&m.source, &model);
-    Desired { unit: m.unit_name(), text, model }
+    Desired {
+        unit: m.unit_name(),
+        text,
+        model,
+    }
 }
 
 fn argv(m: &Manifest, host: &HostSpec) -> Vec<String> {
@@ -46,7 +54,9 @@ fn argv(m: &Manifest, host: &HostSpec) -> Vec<String> {
             FlagValue::Switch(true) => push(name, &[]),
             FlagValue::Switch(false) => {}
             FlagValue::Value(v) => push(name, &[v]),
-            FlagValue::List(items) => push(name, &items.iter().map(String::as_str).collect::<Vec<_>>()),
+            FlagValue::List(items) => {
+                push(name, &items.iter().map(String::as_str).collect::<Vec<_>>())
+            }
         }
     }
     // Always present and always last, so adding or removing any other flag changes one line only.
@@ -64,8 +74,10 @@ fn environment(m: &Manifest, host: &HostSpec) -> BTreeMap<String, String> {
 }
 
 fn settings(m: &Manifest, host: &HostSpec) -> BTreeMap<String, Vec<String>> {
-    let description =
-        m.description.clone().unwrap_or_else(|| format!("SGLang {} (managed by reconcile)", m.model_id()));
+    let description = m
+        .description
+        .clone()
+        .unwrap_or_else(|| format!("SGLang {} (managed by reconcile)", m.model_id()));
     let mut settings: BTreeMap<String, Vec<String>> = [
         ("Unit.Description", escape_specifiers(&description)),
         ("Unit.After", "network-online.target".into()),
@@ -88,8 +100,12 @@ fn unit_text(source: &str, model: &UnitModel) -> String {
     let _ = writeln!(out, "# Edits made here are replaced by the next `reconcile apply`; change the manifest instead.");
     for section in ["Unit", "Service", "Install"] {
         let _ = writeln!(out, "\n[{section}]");
-        let in_section = model.settings.iter().filter_map(|(k, v)| Some((k.strip_prefix(section)?.strip_prefix('.')?, v)));
-        let (first, rest): (Vec<_>, Vec<_>) = in_section.partition(|(k, _)| matches!(*k, "Description" | "Type"));
+        let in_section = model
+            .settings
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(section)?.strip_prefix('.')?, v)));
+        let (first, rest): (Vec<_>, Vec<_>) =
+            in_section.partition(|(k, _)| matches!(*k, "Description" | "Type"));
         for (key, values) in first {
             write_setting(&mut out, key, values);
         }
@@ -204,7 +220,10 @@ WantedBy=multi-user.target
     #[test]
     fn host_overrides_win() {
         let m = parse("q.yaml", QWEN).unwrap();
-        assert_eq!(render(&m, &m.hosts[1]).model.env["CUDA_VISIBLE_DEVICES"], "4,5,6,7");
+        assert_eq!(
+            render(&m, &m.hosts[1]).model.env["CUDA_VISIBLE_DEVICES"],
+            "4,5,6,7"
+        );
     }
 
     #[test]
@@ -217,12 +236,36 @@ WantedBy=multi-user.target
     #[test]
     fn hostile_values_read_back_exactly() {
         let hostile = [
-            "a b", "tab\there", "quote\"d", "it's", "back\\slash", "trailing\\", "$HOME", "${X}", "$$", "100%",
-            "%n%i", "; rm -rf /", ";", "-leading-dash", "--not-a-flag", "ünïcödé ✓", "", "  spaced  ", "{\"k\": [1, 2]}",
+            "a b",
+            "tab\there",
+            "quote\"d",
+            "it's",
+            "back\\slash",
+            "trailing\\",
+            "$HOME",
+            "${X}",
+            "$$",
+            "100%",
+            "%n%i",
+            "; rm -rf /",
+            ";",
+            "-leading-dash",
+            "--not-a-flag",
+            "ünïcödé ✓",
+            "",
+            "  spaced  ",
+            "{\"k\": [1, 2]}",
         ];
         for value in hostile {
-            let text = QWEN.replace("speculative-algorithm: NEXTN", &format!("speculative-algorithm: {}", yaml_quote(value)))
-                .replace("NCCL_P2P_DISABLE: \"1\"", &format!("NCCL_P2P_DISABLE: {}", yaml_quote(value)));
+            let text = QWEN
+                .replace(
+                    "speculative-algorithm: NEXTN",
+                    &format!("speculative-algorithm: {}", yaml_quote(value)),
+                )
+                .replace(
+                    "NCCL_P2P_DISABLE: \"1\"",
+                    &format!("NCCL_P2P_DISABLE: {}", yaml_quote(value)),
+                );
             let m = parse("q.yaml", &text).unwrap();
             let unit = render(&m, &m.hosts[0]);
             let back = parse_unit(&unit.text);

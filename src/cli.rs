@@ -1,0 +1,92 @@
+//! The command line. `reconcile --dry-run` and `reconcile plan` are the same command.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::report::Format;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  nothing to change (every unit on every host matches its manifest)
+  1  error: bad manifests (no host was contacted), or a host could not be read
+  2  changes pending (dry-run/plan only)";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "reconcile",
+    version,
+    about = "GitOps for SGLang servers under systemd: render units from manifests, diff them against hosts over SSH",
+    after_help = EXIT_CODES,
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Show what would change on each host, and change nothing (same as `reconcile plan`).
+    #[arg(long)]
+    pub dry_run: bool,
+
+    #[command(flatten)]
+    pub plan: PlanArgs,
+
+    /// More log output on stderr (-v, -vv).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show what would change on each host, and change nothing.
+    #[command(after_help = EXIT_CODES)]
+    Plan(PlanArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// Manifest files or folders of them.
+    #[arg(default_value = "manifests")]
+    pub paths: Vec<PathBuf>,
+
+    /// Only these hosts (as named in the manifests); may be repeated.
+    #[arg(long = "host", value_name = "NAME")]
+    pub hosts: Vec<String>,
+
+    /// Output format: text for a terminal, markdown for a pull request comment, json for tools.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+
+    /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
+    #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
+    pub ssh_config: Option<PathBuf>,
+
+    /// Hosts read at once.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub parallel: usize,
+
+    /// Colour the text output: auto (a terminal, unless NO_COLOR is set), always or never.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub color: ColorChoice,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ColorChoice {
+    Auto,
+    Always,
+    Never,
+}
+
+impl ColorChoice {
+    pub fn enabled(self) -> bool {
+        use std::io::IsTerminal;
+        match self {
+            ColorChoice::Always => true,
+            ColorChoice::Never => false,
+            ColorChoice::Auto => {
+                std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+                    && std::io::stdout().is_terminal()
+            }
+        }
+    }
+}

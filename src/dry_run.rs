@@ -1,0 +1,107 @@
+//! `reconcile --dry-run`: read every host concurrently, one SSH connection each, and plan each
+//! unit. Nothing on a host is changed. An unreachable host is reported; the others are planned.
+
+use std::collections::BTreeMap;
+
+use futures::stream::{self, StreamExt};
+use serde::Serialize;
+
+use crate::plan::{plan, UnitPlan, Verdict};
+use crate::remote::{error_chain, Host, SshOptions};
+use crate::targets::Target;
+
+/// Commands in flight on one connection: sshd allows 10 sessions per connection by default, and
+/// observing a unit takes two.
+const UNITS_PER_HOST_AT_ONCE: usize = 4;
+
+/// What happened for one unit on one host.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Planned(UnitPlan),
+    Error {
+        host: String,
+        unit: String,
+        source: String,
+        error: String,
+    },
+}
+
+/// Plans every target, at most `parallel` hosts at once. Results come back in the targets' order.
+pub async fn plan_targets(targets: Vec<Target>, ssh: &SshOptions, parallel: usize) -> Vec<Outcome> {
+    let mut by_host: BTreeMap<String, Vec<Target>> = BTreeMap::new();
+    for t in targets {
+        by_host.entry(t.host.clone()).or_default().push(t);
+    }
+    let results: Vec<Vec<Outcome>> = stream::iter(by_host)
+        .map(|(host, targets)| plan_host(host, targets, ssh))
+        .buffered(parallel.max(1))
+        .collect()
+        .await;
+    results.into_iter().flatten().collect()
+}
+
+async fn plan_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Vec<Outcome> {
+    let span = tracing::info_span!("host", host = %name);
+    let _guard = span.enter();
+    let host = match Host::connect(&name, ssh).await {
+        Ok(host) => host,
+        Err(e) => {
+            let error = error_chain(&e);
+            return targets.iter().map(|t| failed(t, error.clone())).collect();
+        }
+    };
+    let outcomes = stream::iter(&targets)
+        .map(|t| async {
+            match host.observe(&t.desired.unit).await {
+                Ok(observed) => Outcome::Planned(plan(&t.host, &t.source, &t.desired, &observed)),
+                Err(e) => failed(t, error_chain(&e)),
+            }
+        })
+        .buffered(UNITS_PER_HOST_AT_ONCE)
+        .collect()
+        .await;
+    host.close().await;
+    outcomes
+}
+
+fn failed(t: &Target, error: String) -> Outcome {
+    Outcome::Error {
+        host: t.host.clone(),
+        unit: t.desired.unit.clone(),
+        source: t.source.clone(),
+        error,
+    }
+}
+
+/// Counts for the closing line and the exit code.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Tally {
+    pub install: usize,
+    pub restart: usize,
+    pub reload_only: usize,
+    pub unchanged: usize,
+    pub errors: usize,
+}
+
+impl Tally {
+    pub fn of(outcomes: &[Outcome]) -> Tally {
+        let mut t = Tally::default();
+        for o in outcomes {
+            match o {
+                Outcome::Error { .. } => t.errors += 1,
+                Outcome::Planned(p) => match p.verdict {
+                    Verdict::Install => t.install += 1,
+                    Verdict::Restart => t.restart += 1,
+                    Verdict::ReloadOnly => t.reload_only += 1,
+                    Verdict::NoChange => t.unchanged += 1,
+                },
+            }
+        }
+        t
+    }
+
+    pub fn changes(&self) -> usize {
+        self.install + self.restart + self.reload_only
+    }
+}

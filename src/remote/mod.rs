@@ -1,0 +1,164 @@
+//! The edge: every command that reaches a host goes through here, over one multiplexed SSH
+//! connection per host and run, or straight to this machine for `local`.
+//!
+//! Commands are argv vectors; the SSH side escapes each argument for the remote shell, so no
+//! manifest value is ever pasted into a shell string.
+
+mod local;
+mod ssh;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::observed::{Observed, UnitState, SHOW_PROPERTIES};
+use crate::plan::UNIT_DIR;
+
+/// How to reach hosts over SSH.
+#[derive(Debug, Clone, Default)]
+pub struct SshOptions {
+    /// An ssh_config file to use instead of `~/.ssh/config`.
+    pub config_file: Option<PathBuf>,
+    pub connect_timeout: Option<Duration>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The SSH connection could not be made (unreachable, refused, host key mismatch, auth).
+    #[error("cannot connect to {host}")]
+    Connect {
+        host: String,
+        #[source]
+        source: openssh::Error,
+    },
+    /// The command could not be started or its connection broke.
+    #[error("{host}: `{command}` could not run")]
+    Transport {
+        host: String,
+        command: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The command ran and failed.
+    #[error("{host}: `{command}` exited with {status}: {stderr}")]
+    Failed {
+        host: String,
+        command: String,
+        status: i32,
+        stderr: String,
+    },
+}
+
+/// What a finished command printed.
+#[derive(Debug, Clone)]
+pub struct Output {
+    pub status: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// A host to read from and act on.
+pub enum Host {
+    Ssh(ssh::SshHost),
+    Local,
+}
+
+impl Host {
+    pub async fn connect(name: &str, options: &SshOptions) -> Result<Host, RemoteError> {
+        if name == "local" {
+            return Ok(Host::Local);
+        }
+        ssh::SshHost::connect(name, options).await.map(Host::Ssh)
+    }
+
+    pub fn name(&self) -> &str {
+        match self {
+            Host::Ssh(h) => h.name(),
+            Host::Local => "local",
+        }
+    }
+
+    /// Runs a command and returns what it printed, whatever its exit status.
+    pub async fn run(&self, argv: &[&str]) -> Result<Output, RemoteError> {
+        match self {
+            Host::Ssh(h) => h.run(argv).await,
+            Host::Local => local::run(argv).await,
+        }
+    }
+
+    /// Runs a command that must succeed.
+    pub async fn run_ok(&self, argv: &[&str]) -> Result<String, RemoteError> {
+        let out = self.run(argv).await?;
+        if out.status != 0 {
+            return Err(RemoteError::Failed {
+                host: self.name().to_string(),
+                command: argv.join(" "),
+                status: out.status,
+                stderr: out.stderr.trim().to_string(),
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    /// A file's text, or `None` when it does not exist.
+    pub async fn read_file(&self, path: &str) -> Result<Option<String>, RemoteError> {
+        // `test -e` first, so a missing file is told apart from one that cannot be read.
+        let out = self
+            .run(&[
+                "sh",
+                "-c",
+                "test -e \"$1\" || exit 100; cat -- \"$1\"",
+                "sh",
+                path,
+            ])
+            .await?;
+        match out.status {
+            0 => Ok(Some(out.stdout)),
+            100 => Ok(None),
+            status => Err(RemoteError::Failed {
+                host: self.name().to_string(),
+                command: format!("cat {path}"),
+                status,
+                stderr: out.stderr.trim().to_string(),
+            }),
+        }
+    }
+
+    pub async fn unit_state(&self, unit: &str) -> Result<UnitState, RemoteError> {
+        let out = self
+            .run_ok(&["systemctl", "show", "-p", SHOW_PROPERTIES, "--", unit])
+            .await?;
+        Ok(UnitState::from_show(&out))
+    }
+
+    /// The unit's file and systemd's state for it, read concurrently over the one connection.
+    pub async fn observe(&self, unit: &str) -> Result<Observed, RemoteError> {
+        let path = format!("{UNIT_DIR}/{unit}");
+        let (unit_text, state) = tokio::try_join!(self.read_file(&path), self.unit_state(unit))?;
+        Ok(Observed { unit_text, state })
+    }
+
+    pub async fn close(self) {
+        if let Host::Ssh(h) = self {
+            h.close().await;
+        }
+    }
+}
+
+/// The whole chain of an error on one line: openssh's own message is generic, ssh's reason
+/// (`Host key verification failed.`) is in its source.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let part = e.to_string();
+        if !text.contains(part.trim()) {
+            text.push_str(": ");
+            text.push_str(part.trim());
+        }
+        source = e.source();
+    }
+    if text.contains("Host key verification failed") {
+        text.push_str(" (the host's key does not match known_hosts: verify the new key out of band, then update known_hosts)");
+    }
+    text
+}

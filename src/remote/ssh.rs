@@ -1,0 +1,93 @@
+//! One multiplexed OpenSSH connection per host: the user's ssh config, known_hosts checked
+//! strictly, batch mode (never a prompt).
+
+use openssh::{KnownHosts, Session, SessionBuilder};
+
+use super::{Output, RemoteError, SshOptions};
+
+pub struct SshHost {
+    name: String,
+    session: Session,
+}
+
+impl SshHost {
+    pub async fn connect(name: &str, options: &SshOptions) -> Result<SshHost, RemoteError> {
+        let mut builder = SessionBuilder::default();
+        // Host keys are always checked; there is no option to turn that off.
+        builder.known_hosts_check(KnownHosts::Strict);
+        // The control socket path must stay short (a Unix socket limit), whatever the cwd.
+        builder.control_directory(std::env::temp_dir());
+        if let Some(config) = &options.config_file {
+            builder.config_file(config);
+        }
+        if let Some(timeout) = options.connect_timeout {
+            builder.connect_timeout(timeout);
+        }
+        let session = builder
+            .connect_mux(destination(name))
+            .await
+            .map_err(|source| RemoteError::Connect {
+                host: name.to_string(),
+                source,
+            })?;
+        Ok(SshHost {
+            name: name.to_string(),
+            session,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub async fn run(&self, argv: &[&str]) -> Result<Output, RemoteError> {
+        let out = self
+            .session
+            .command(argv[0])
+            .args(&argv[1..])
+            .output()
+            .await
+            .map_err(|e| RemoteError::Transport {
+                host: self.name.clone(),
+                command: argv.join(" "),
+                source: Box::new(e),
+            })?;
+        Ok(Output {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+
+    pub async fn close(self) {
+        if let Err(e) = self.session.close().await {
+            tracing::debug!(host = %self.name, error = %e, "closing the ssh connection");
+        }
+    }
+}
+
+/// `user@host:port` is not something ssh itself parses; its URI form is.
+fn destination(name: &str) -> String {
+    match name.rsplit_once(':') {
+        Some((host, port))
+            if !port.is_empty()
+                && port.chars().all(|c| c.is_ascii_digit())
+                && !host.contains(':') =>
+        {
+            format!("ssh://{host}:{port}")
+        }
+        _ => name.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::destination;
+
+    #[test]
+    fn ports_move_into_the_uri_form() {
+        assert_eq!(destination("root@gpu-a:2222"), "ssh://root@gpu-a:2222");
+        assert_eq!(destination("gpu-a"), "gpu-a");
+        assert_eq!(destination("root@gpu-a"), "root@gpu-a");
+    }
+}

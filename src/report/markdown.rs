@@ -1,0 +1,83 @@
+//! A pull request comment: a summary table, then each changed unit's diff folded away.
+
+use std::fmt::Write;
+
+use super::{delta_line, tally_line};
+use crate::dry_run::{Outcome, Tally};
+use crate::plan::{UnitPlan, Verdict};
+
+pub fn render(outcomes: &[Outcome], tally: &Tally) -> String {
+    let mut out = String::from(
+        "### reconcile plan\n\n| host | unit | verdict | changes |\n|---|---|---|---|\n",
+    );
+    for o in outcomes {
+        let (host, unit, verdict, changes) = match o {
+            Outcome::Planned(p) => (&p.host, &p.unit, verdict_cell(p.verdict), changes_cell(p)),
+            Outcome::Error {
+                host, unit, error, ..
+            } => (host, unit, "**error**".to_string(), cell(error)),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {verdict} | {changes} |",
+            cell(host),
+            cell(unit)
+        );
+    }
+    let _ = writeln!(out, "\n{}\n", tally_line(tally));
+    for p in outcomes.iter().filter_map(|o| match o {
+        Outcome::Planned(p) if !p.diff.is_empty() => Some(p),
+        _ => None,
+    }) {
+        let fence = if p.diff.contains("```") {
+            "~~~~"
+        } else {
+            "```"
+        };
+        let _ = writeln!(
+            out,
+            "<details><summary>{} · {} · {}</summary>\n\n{fence}diff\n{}{fence}\n\n</details>\n",
+            html(&p.host),
+            html(&p.unit),
+            p.verdict.describe(),
+            p.diff
+        );
+    }
+    out
+}
+
+fn verdict_cell(v: Verdict) -> String {
+    match v {
+        Verdict::NoChange => "no change".into(),
+        Verdict::ReloadOnly => "reload only".into(),
+        Verdict::Restart => "**restart**".into(),
+        Verdict::Install => "**install**".into(),
+    }
+}
+
+fn changes_cell(p: &UnitPlan) -> String {
+    let s = &p.summary;
+    if p.verdict == Verdict::Install {
+        return format!("new unit: {} flags, {} env", s.flags.len(), s.env.len());
+    }
+    let lines: Vec<String> = s
+        .command
+        .iter()
+        .chain(&s.flags)
+        .chain(&s.env)
+        .chain(&s.settings)
+        .map(|d| format!("`{}`", delta_line(d)))
+        .collect();
+    cell(&lines.join("<br>"))
+}
+
+/// Table cells cannot hold `|` or newlines.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|").replace('\n', " ")
+}
+
+fn html(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

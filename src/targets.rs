@@ -1,0 +1,52 @@
+//! From manifests to the (host, unit) pairs a run works on, each with its rendered unit. Pure.
+
+use crate::manifest::Manifest;
+use crate::unit::{render, Desired};
+
+/// One unit on one host.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub host: String,
+    pub source: String,
+    pub desired: Desired,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("no host named {} in the manifests (hosts there: {})", .wanted.join(", "), .known.join(", "))]
+pub struct UnknownHosts {
+    pub wanted: Vec<String>,
+    pub known: Vec<String>,
+}
+
+/// Every unit of every manifest on every host, kept to `only` when it names hosts; sorted by host,
+/// then unit, so output is stable however the manifests are laid out.
+pub fn targets(manifests: &[Manifest], only: &[String]) -> Result<Vec<Target>, UnknownHosts> {
+    let mut all: Vec<Target> = manifests
+        .iter()
+        .flat_map(|m| {
+            m.hosts.iter().map(move |h| Target {
+                host: h.name.clone(),
+                source: m.source.clone(),
+                desired: render(m, h),
+            })
+        })
+        .collect();
+    all.sort_by(|a, b| (&a.host, &a.desired.unit).cmp(&(&b.host, &b.desired.unit)));
+    let missing: Vec<String> = only
+        .iter()
+        .filter(|w| !all.iter().any(|t| &t.host == *w))
+        .cloned()
+        .collect();
+    if !missing.is_empty() {
+        let mut known: Vec<String> = all.iter().map(|t| t.host.clone()).collect();
+        known.dedup();
+        return Err(UnknownHosts {
+            wanted: missing,
+            known,
+        });
+    }
+    if !only.is_empty() {
+        all.retain(|t| only.contains(&t.host));
+    }
+    Ok(all)
+}

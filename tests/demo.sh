@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job on a built-in default, no GPU host needed: boots three throwaway test hosts named
+# like the example manifests' (gpu-a, gpu-b, gpu-c), runs `reconcile --dry-run manifests/` against
+# them, and tears them down. Needs root (the hosts are containers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "tests/demo.sh: needs root (test hosts are containers); try: sudo $0" >&2; exit 1; }
+export STATE=${STATE:-/tmp/reconcile-demo} PREFIX=demo ALIASES="gpu-a gpu-b gpu-c"
+bash tests/hostlab/build-rootfs.sh >/dev/null
+cargo build --locked --release --quiet
+trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
+bash tests/hostlab/up.sh 3 >/dev/null
+set +e
+./target/release/reconcile --dry-run manifests/ --ssh-config "$STATE/ssh_config" "$@"
+rc=$?
+echo "(exit code $rc: 0 nothing to change, 2 changes pending, 1 error)"

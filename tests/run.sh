@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite: unit tests, then the integration tests against throwaway test hosts
+# (systemd-nspawn containers with a real systemd and sshd, see tests/hostlab/). Needs root.
+# The hosts are booted once for the run and always torn down, whatever happens.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "tests/run.sh: needs root (test hosts are containers); try: sudo $0" >&2; exit 1; }
+export STATE=${STATE:-/tmp/reconcile-lab}
+HOSTS=${HOSTS:-4}
+
+bash tests/hostlab/build-rootfs.sh
+cargo build --locked --all-targets
+bash tests/hostlab/down.sh >/dev/null 2>&1 || true
+trap 'bash tests/hostlab/down.sh' EXIT
+bash tests/hostlab/up.sh "$HOSTS"
+RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}"
