@@ -41,6 +41,19 @@ pub enum Command {
     /// Show what would change on each host, and change nothing.
     #[command(after_help = EXIT_CODES)]
     Plan(PlanArgs),
+    /// Print the units the manifests render, without contacting any host (secrets redacted).
+    Render(RenderArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RenderArgs {
+    /// Manifest files or folders of them.
+    #[arg(default_value = "manifests")]
+    pub paths: Vec<PathBuf>,
+
+    /// Only these hosts (as named in the manifests); may be repeated.
+    #[arg(long = "host", value_name = "NAME")]
+    pub hosts: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use cli::{Cli, Command, PlanArgs};
+use cli::{Cli, Command, PlanArgs, RenderArgs};
 use dry_run::Tally;
 
 /// Errors that end a run before any host is planned.
@@ -52,6 +52,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Some(Command::Plan(args)) => plan(args).await,
+        Some(Command::Render(args)) => render(args),
         None if cli.dry_run => plan(cli.plan).await,
         None => Err(Error::NoCommand),
     }
@@ -77,6 +78,19 @@ async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
     } else {
         0
     }))
+}
+
+fn render(args: RenderArgs) -> Result<ExitCode, Error> {
+    let manifests = manifest::load(&args.paths)?;
+    let targets = targets::targets(&manifests, &args.hosts)?;
+    let many = targets.len() > 1;
+    for t in &targets {
+        if many {
+            println!("# ---- {} on {}", t.desired.unit, t.host);
+        }
+        print!("{}", redact::redact_unit(&t.desired));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn report_error(e: &Error) {

@@ -9,7 +9,7 @@ use serde::Serialize;
 use similar::TextDiff;
 
 use crate::observed::{Observed, UnitState};
-use crate::redact::{is_secret, redact_text, Secret, REDACTED, REDACTED_CHANGED};
+use crate::redact::{redact_text, secret_values, Secret, REDACTED, REDACTED_CHANGED};
 use crate::unit::{parse_unit, takes_effect_without_restart, Desired, UnitModel};
 
 /// Where units live on a host.
@@ -188,23 +188,8 @@ fn secrets(old: &UnitModel, new: &UnitModel) -> Vec<Secret> {
     secrets
 }
 
-fn secret_values(model: &UnitModel) -> BTreeMap<String, String> {
-    let mut values: BTreeMap<String, String> = model
-        .env
-        .iter()
-        .filter(|(k, _)| is_secret(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    for (name, value) in flags(&model.exec_start).1 {
-        if is_secret(&name) {
-            values.insert(format!("--{name}"), value);
-        }
-    }
-    values
-}
-
 /// Splits an argv into the command before the first `--flag` and the flags with their values.
-fn flags(argv: &[String]) -> (Vec<String>, BTreeMap<String, String>) {
+pub fn flags(argv: &[String]) -> (Vec<String>, BTreeMap<String, String>) {
     let start = argv
         .iter()
         .position(|a| a.starts_with("--"))

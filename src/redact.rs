@@ -54,6 +54,35 @@ pub fn redact_text(text: &str, secrets: &[Secret]) -> String {
     out
 }
 
+/// A rendered unit with its secret values hidden, for showing.
+pub fn redact_unit(desired: &crate::unit::Desired) -> String {
+    let secrets: Vec<Secret> = secret_values(&desired.model)
+        .into_iter()
+        .map(|(name, value)| Secret {
+            name,
+            value,
+            placeholder: REDACTED,
+        })
+        .collect();
+    redact_text(&desired.text, &secrets)
+}
+
+/// Secret env values and secret flag values (keyed `--flag`) of a unit.
+pub fn secret_values(model: &crate::unit::UnitModel) -> std::collections::BTreeMap<String, String> {
+    let mut values: std::collections::BTreeMap<String, String> = model
+        .env
+        .iter()
+        .filter(|(k, _)| is_secret(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (name, value) in crate::plan::flags(&model.exec_start).1 {
+        if is_secret(&name) {
+            values.insert(format!("--{name}"), value);
+        }
+    }
+    values
+}
+
 /// The value as it may appear in a unit file: raw, and escaped inside quotes.
 fn written_forms(value: &str) -> Vec<String> {
     let exec = crate::unit::quote_exec_arg(value);

@@ -150,10 +150,10 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
-        let part = e.to_string();
-        if !text.contains(part.trim()) {
+        let part = one_line(&e.to_string());
+        if !text.contains(&part) {
             text.push_str(": ");
-            text.push_str(part.trim());
+            text.push_str(&part);
         }
         source = e.source();
     }
@@ -161,4 +161,40 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         text.push_str(" (the host's key does not match known_hosts: verify the new key out of band, then update known_hosts)");
     }
     text
+}
+
+/// ssh's messages span lines, and its changed-host-key warning is a banner; one line keeps what
+/// says why (the key it saw, the known_hosts line it clashes with, the verdict).
+fn one_line(message: &str) -> String {
+    let lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let kept: Vec<&str> = if message.contains("REMOTE HOST IDENTIFICATION HAS CHANGED") {
+        lines
+            .filter(|l| {
+                l.starts_with("SHA256:") || l.starts_with("Offending") || l.starts_with("Host key")
+            })
+            .collect()
+    } else {
+        lines.collect()
+    };
+    let joined = kept.join(" ");
+    if message.contains("REMOTE HOST IDENTIFICATION HAS CHANGED") {
+        format!("REMOTE HOST IDENTIFICATION HAS CHANGED: key {joined}")
+    } else {
+        joined
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn a_changed_host_key_banner_becomes_one_line() {
+        let ssh = "@@@@@@@@\n@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @\n@@@@@@@@\nIT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!\nThe fingerprint for the ED25519 key sent by the remote host is\nSHA256:bXpZ.\nOffending ED25519 key in /k:1\n  remove with:\nHost key for h has changed and you have requested strict checking.\nHost key verification failed.\n";
+        assert_eq!(
+            one_line(ssh),
+            "REMOTE HOST IDENTIFICATION HAS CHANGED: key SHA256:bXpZ. Offending ED25519 key in /k:1 Host key for h has changed and you have requested strict checking. Host key verification failed."
+        );
+        assert_eq!(one_line("a\nb\n"), "a b");
+    }
 }

@@ -1,0 +1,304 @@
+//! `reconcile --dry-run` against real hosts.
+
+use crate::lab::{lab, manifest, Reconcile, BAD_KEY, COUNTED, SHARED, UNREACHABLE};
+
+/// Installs what `run` renders for `host` as the host's unit, and has systemd load it.
+fn install_rendered(run: &Reconcile, host: &str, unit: &str) {
+    lab().put(
+        host,
+        &format!("/etc/systemd/system/{unit}"),
+        &run.rendered(host),
+    );
+    lab().sh(host, "systemctl daemon-reload");
+}
+
+/// SSH logins the host's sshd has accepted so far; each count is itself one login.
+fn logins() -> usize {
+    let script = "journalctl -u ssh --no-pager -o cat | grep -c 'Accepted publickey' || true";
+    lab().sh(COUNTED, script).trim().parse().unwrap()
+}
+
+fn changed_lines(diff: &str) -> Vec<&str> {
+    diff.lines()
+        .filter(|l| {
+            (l.starts_with('+') || l.starts_with('-'))
+                && !l.starts_with("+++")
+                && !l.starts_with("---")
+        })
+        .collect()
+}
+
+#[test]
+fn a_host_without_the_unit_gets_it_installed() {
+    let run = Reconcile::new()
+        .manifest("a.yaml", &manifest("t-missing", &[SHARED], ""))
+        .args(&["--dry-run"]);
+    let ran = run.run();
+    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout
+            .contains("rl1 t-missing.service: new unit (install, enable, start)"),
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        ran.stdout.contains("on the host now: not installed"),
+        "{}",
+        ran.stdout
+    );
+    assert!(ran.stdout.contains("--- /dev/null"), "{}", ran.stdout);
+    assert!(ran.stdout.contains("+\t--tp-size 2 \\"), "{}", ran.stdout);
+}
+
+#[test]
+fn an_identical_unit_means_nothing_to_do() {
+    let run = Reconcile::new()
+        .manifest("a.yaml", &manifest("t-same", &[SHARED], ""))
+        .args(&["plan", "--format", "json"]);
+    install_rendered(&run, SHARED, "t-same.service");
+    let ran = run.run();
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let unit = &ran.json()["units"][0];
+    assert_eq!(unit["verdict"], "no_change");
+    assert_eq!(unit["diff"], "");
+    assert_eq!(unit["state"]["load_state"], "loaded");
+}
+
+#[test]
+fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
+    let before = Reconcile::new().manifest(
+        "a.yaml",
+        &manifest("t-flags", &[SHARED], "    mem-fraction-static: 0.8\n"),
+    );
+    install_rendered(&before, SHARED, "t-flags.service");
+    let after = manifest("t-flags", &[SHARED], "    mem-fraction-static: 0.9\n")
+        .replace("tp-size: 2", "tp-size: 4");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &after)
+        .args(&["plan", "--format", "json"])
+        .run();
+    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    let unit = &ran.json()["units"][0];
+    assert_eq!(unit["verdict"], "restart");
+    assert_eq!(
+        changed_lines(unit["diff"].as_str().unwrap()),
+        [
+            "-\t--mem-fraction-static 0.8 \\",
+            "-\t--tp-size 2 \\",
+            "+\t--mem-fraction-static 0.9 \\",
+            "+\t--tp-size 4 \\"
+        ]
+    );
+    let flags: Vec<(String, String, String)> = unit["summary"]["flags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap().into(),
+                d["old"].as_str().unwrap().into(),
+                d["new"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            ("mem-fraction-static".into(), "0.8".into(), "0.9".into()),
+            ("tp-size".into(), "2".into(), "4".into())
+        ]
+    );
+    assert!(unit["summary"]["env"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_new_description_only_needs_a_reload() {
+    let before = Reconcile::new().manifest("a.yaml", &manifest("t-desc", &[SHARED], ""));
+    install_rendered(&before, SHARED, "t-desc.service");
+    let after = manifest("t-desc", &[SHARED], "")
+        .replace("description: test service t-desc", "description: renamed");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &after)
+        .args(&["--dry-run"])
+        .run();
+    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout
+            .contains("t-desc.service: reload only (daemon-reload, no restart)"),
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        ran.stdout
+            .contains("~ Unit.Description test service t-desc -> renamed"),
+        "{}",
+        ran.stdout
+    );
+    assert_eq!(
+        changed_lines(&ran.stdout.replace("    ", "")),
+        ["-Description=test service t-desc", "+Description=renamed"]
+    );
+}
+
+#[test]
+fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
+    let text = manifest("t-badkey", &[BAD_KEY, SHARED], "");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["--dry-run"])
+        .run();
+    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let bad = ran
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(BAD_KEY))
+        .expect("a line for the bad host");
+    assert!(bad.contains("error: cannot connect to rl-badkey"), "{bad}");
+    assert!(bad.contains("Host key verification failed"), "{bad}");
+    assert!(bad.contains("does not match known_hosts"), "{bad}");
+    assert!(
+        ran.stdout.contains("rl1 t-badkey.service: new unit"),
+        "{}",
+        ran.stdout
+    );
+    assert!(ran
+        .stdout
+        .contains("1 to install, 0 to restart, 0 reload only, 0 unchanged, 1 failed to plan"));
+}
+
+#[test]
+fn an_unreachable_host_is_an_error_for_that_host_only() {
+    let text = manifest("t-unreach", &[UNREACHABLE, SHARED], "");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["plan", "--format", "json"])
+        .run();
+    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let json = ran.json();
+    let units = json["units"].as_array().unwrap();
+    assert_eq!(units.len(), 2);
+    let failed = units.iter().find(|u| u["host"] == UNREACHABLE).unwrap();
+    assert_eq!(failed["outcome"], "error");
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.contains("cannot connect to rl-unreachable"),
+        "{error}"
+    );
+    assert!(
+        error.contains("No route to host") || error.contains("timed out"),
+        "{error}"
+    );
+    let planned = units.iter().find(|u| u["host"] == SHARED).unwrap();
+    assert_eq!(planned["verdict"], "install");
+}
+
+#[test]
+fn secret_env_values_are_redacted_in_every_format() {
+    const CANARY: &str = "hf_canary_3c9e1f";
+    let secret = |value: &str| {
+        manifest("t-secret", &[SHARED], "    api-key: sk-canary-flag-77\n").replace(
+            "NCCL_P2P_DISABLE: \"1\"",
+            &format!("NCCL_P2P_DISABLE: \"1\", HF_TOKEN: {value}"),
+        )
+    };
+    let before = Reconcile::new().manifest("a.yaml", &secret("hf_old_value_000"));
+    lab().put(
+        SHARED,
+        "/etc/systemd/system/t-secret.service",
+        &before
+            .rendered(SHARED)
+            .replace("<redacted>", "hf_old_value_000"),
+    );
+    for format in ["text", "markdown", "json"] {
+        let ran = Reconcile::new()
+            .manifest("a.yaml", &secret(CANARY))
+            .args(&["plan", "-vv", "--format", format])
+            .run();
+        assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+        for (what, output) in [("stdout", &ran.stdout), ("stderr", &ran.stderr)] {
+            for leaked in [CANARY, "hf_old_value_000", "sk-canary-flag-77"] {
+                assert!(
+                    !output.contains(leaked),
+                    "{format} {what} shows {leaked}:\n{output}"
+                );
+            }
+        }
+        assert!(
+            ran.stdout.contains("<redacted, changed>"),
+            "{format}: {}",
+            ran.stdout
+        );
+    }
+}
+
+#[test]
+fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
+    let _alone = lab().exclusive(COUNTED);
+    let before = logins();
+    let bad = manifest("t-bad", &["rl2"], "    port: 1\n").replace("port: 30000", "port: 70000");
+    let also_bad = manifest("t-bad2", &["rl2"], "").replace("NCCL_P2P_DISABLE", "NCCL-P2P");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &bad)
+        .manifest("b.yaml", &also_bad)
+        .args(&["--dry-run"])
+        .run();
+    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("manifests/a.yaml:9:3: sglang.port: port must be between 1 and 65535"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.contains(
+            "manifests/a.yaml:13:5: sglang.flags.port: --port is set through `sglang.port`"
+        ),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.contains(
+            "manifests/b.yaml:13:37: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name"
+        ),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr
+            .contains("3 errors in manifests; no host was contacted"),
+        "{}",
+        ran.stderr
+    );
+    assert!(ran.stdout.is_empty());
+    assert_eq!(
+        logins() - before,
+        1,
+        "a host was contacted (the one login is this count's own)"
+    );
+}
+
+#[test]
+fn one_ssh_connection_per_host_per_run() {
+    let _alone = lab().exclusive(COUNTED);
+    let before = logins();
+    let run = Reconcile::new()
+        .manifest("a.yaml", &manifest("t-conn-a", &[COUNTED], ""))
+        .manifest(
+            "b.yaml",
+            &manifest("t-conn-b", &[COUNTED], "").replace("port: 30000", "port: 30001"),
+        )
+        .manifest(
+            "c.yaml",
+            &manifest("t-conn-c", &[COUNTED], "").replace("port: 30000", "port: 30002"),
+        )
+        .args(&["--dry-run"]);
+    let ran = run.run();
+    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    assert!(ran.stdout.contains("3 to install"), "{}", ran.stdout);
+    // the counting itself logs in once
+    assert_eq!(
+        logins() - before,
+        2,
+        "one login for reconcile (three units), one for this count"
+    );
+}

@@ -1,0 +1,177 @@
+//! The harness: the test hosts `tests/run.sh` booted, and a fluent runner for the binary.
+//!
+//! Hosts are shared by every test, so each test uses its own unit names; tests that count what
+//! happens on a host (SSH logins) have a host of their own.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// Host for tests that do not care which.
+pub const SHARED: &str = "rl1";
+/// Host whose sshd log one test counts logins in; nothing else may connect to it.
+pub const COUNTED: &str = "rl2";
+/// Host for the escaping round trip through systemd.
+pub const ESCAPING: &str = "rl3";
+/// Entries of the lab's ssh_config that must fail.
+pub const BAD_KEY: &str = "rl-badkey";
+pub const UNREACHABLE: &str = "rl-unreachable";
+
+pub struct Lab {
+    state: PathBuf,
+    counted: Mutex<()>,
+}
+
+pub fn lab() -> &'static Lab {
+    static LAB: OnceLock<Lab> = OnceLock::new();
+    LAB.get_or_init(|| {
+        let state = std::env::var_os("RECONCILE_LAB").expect(
+            "RECONCILE_LAB is not set: these tests need the throwaway test hosts; run them with `sudo tests/run.sh`",
+        );
+        let lab = Lab { state: PathBuf::from(state), counted: Mutex::new(()) };
+        assert!(lab.ssh_config().exists(), "no ssh_config in {}: are the test hosts up?", lab.state.display());
+        lab
+    })
+}
+
+impl Lab {
+    pub fn ssh_config(&self) -> PathBuf {
+        self.state.join("ssh_config")
+    }
+
+    /// Holds the counted host for one test at a time.
+    pub fn exclusive(&self, host: &str) -> MutexGuard<'_, ()> {
+        assert_eq!(
+            host, COUNTED,
+            "only the counted host is handed out exclusively"
+        );
+        self.counted
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs a shell script on a host as root; panics when it fails.
+    pub fn sh(&self, host: &str, script: &str) -> String {
+        let out = self.ssh(host, script, None);
+        assert!(
+            out.status.success(),
+            "on {host}: {script}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8 output")
+    }
+
+    /// Writes a file on a host.
+    pub fn put(&self, host: &str, path: &str, content: &str) {
+        let out = self.ssh(host, &format!("cat > '{path}'"), Some(content.as_bytes()));
+        assert!(
+            out.status.success(),
+            "writing {path} on {host}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn ssh(&self, host: &str, script: &str, stdin: Option<&[u8]>) -> std::process::Output {
+        let mut child = Command::new("ssh")
+            .arg("-F")
+            .arg(self.ssh_config())
+            .arg(host)
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ssh runs");
+        let mut input = child.stdin.take().expect("stdin");
+        if let Some(bytes) = stdin {
+            input.write_all(bytes).expect("write stdin");
+        }
+        drop(input);
+        child.wait_with_output().expect("ssh finishes")
+    }
+}
+
+/// A manifest for tests: `/usr/bin/python3` on the hosts runs the SGLang stand-in.
+pub fn manifest(service: &str, hosts: &[&str], extra_flags: &str) -> String {
+    format!(
+        "service: {service}\n\
+         description: test service {service}\n\
+         hosts: [{}]\n\
+         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: 30000\n  flags:\n    tp-size: 2\n    context-length: 8192\n{extra_flags}\
+         env: {{ CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\" }}\n\
+         systemd: {{ Restart: on-failure, RestartSec: 1 }}\n",
+        hosts.join(", ")
+    )
+}
+
+/// One run of the binary in a folder of its own.
+pub struct Reconcile {
+    dir: tempfile::TempDir,
+    args: Vec<String>,
+}
+
+pub struct Ran {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Reconcile {
+    pub fn new() -> Reconcile {
+        Reconcile {
+            dir: tempfile::tempdir().expect("temp dir"),
+            args: Vec::new(),
+        }
+    }
+
+    pub fn manifest(self, name: &str, text: &str) -> Reconcile {
+        let path = self.dir.path().join("manifests").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+        self
+    }
+
+    pub fn args(mut self, args: &[&str]) -> Reconcile {
+        self.args.extend(args.iter().map(|a| a.to_string()));
+        self
+    }
+
+    pub fn run(&self) -> Ran {
+        let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
+            .args(&self.args)
+            .arg("--ssh-config")
+            .arg(lab().ssh_config())
+            .current_dir(self.dir.path())
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("reconcile runs");
+        Ran {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// The unit text `reconcile render` gives for a host (tests' manifests hold no secrets).
+    pub fn rendered(&self, host: &str) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
+            .args(["render", "--host", host])
+            .current_dir(self.dir.path())
+            .output()
+            .expect("reconcile render runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Ran {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", self.stdout))
+    }
+}
