@@ -10,6 +10,9 @@ bash tests/hostlab/build-rootfs.sh >/dev/null
 cargo build --locked --release --quiet
 trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
 bash tests/hostlab/up.sh 3 >/dev/null
+# gpu-a already runs a hand-written unit, as a host adopting reconcile would.
+ssh -F "$STATE/ssh_config" gpu-a 'cat > /etc/systemd/system/sglang-qwen.service && systemctl daemon-reload' \
+  < fixtures/demo/sglang-qwen.service
 set +e
 ./target/release/reconcile --dry-run manifests/ --ssh-config "$STATE/ssh_config" "$@"
 rc=$?

@@ -73,9 +73,16 @@ impl Lab {
     }
 
     fn ssh(&self, host: &str, script: &str, stdin: Option<&[u8]>) -> std::process::Output {
-        let mut child = Command::new("ssh")
-            .arg("-F")
-            .arg(self.ssh_config())
+        let mut ssh = Command::new("ssh");
+        ssh.arg("-F").arg(self.ssh_config());
+        if host != COUNTED {
+            // The harness's own commands share one connection per host; the counted host sees
+            // exactly one login per command, so its counts stay exact.
+            let socket = self.state.join(format!("harness-{host}"));
+            ssh.args(["-o", "ControlMaster=auto", "-o", "ControlPersist=120", "-o"]);
+            ssh.arg(format!("ControlPath={}", socket.display()));
+        }
+        let mut child = ssh
             .arg(host)
             .arg(script)
             .stdin(Stdio::piped())
