@@ -12,6 +12,13 @@ Exit codes:
   1  error: bad manifests (no host was contacted), or a host could not be read
   2  changes pending (dry-run/plan only)";
 
+const APPLY_EXIT_CODES: &str = "\
+Exit codes:
+  0  every unit converged (or needed nothing)
+  1  error before any change on some host (bad manifests, unreachable, locked)
+  3  verification failed on some host; it was rolled back to its previous unit, which passed
+  4  verification failed and the rollback failed too: that host needs attention";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "reconcile",
@@ -41,6 +48,10 @@ pub enum Command {
     /// Show what would change on each host, and change nothing.
     #[command(after_help = EXIT_CODES)]
     Plan(PlanArgs),
+    /// Make hosts run what the manifests say: install, restart only when needed, watch the crash
+    /// window, and roll back a unit that fails it.
+    #[command(after_help = APPLY_EXIT_CODES)]
+    Apply(PlanArgs),
     /// Print the units the manifests render, without contacting any host (secrets redacted).
     Render(RenderArgs),
 }

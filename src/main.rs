@@ -3,6 +3,7 @@
 //! The core is pure (manifest -> unit -> plan); `remote` is the only layer that reaches hosts, and
 //! `main` only parses the command line, runs it, and turns the result into an exit code.
 
+mod apply;
 mod cli;
 mod dry_run;
 mod manifest;
@@ -13,6 +14,7 @@ mod remote;
 mod report;
 mod targets;
 mod unit;
+mod verify;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -53,6 +55,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Some(Command::Plan(args)) => plan(args).await,
         Some(Command::Render(args)) => render(args),
+        Some(Command::Apply(args)) => apply(args).await,
         None if cli.dry_run => plan(cli.plan).await,
         None => Err(Error::NoCommand),
     }
@@ -78,6 +81,38 @@ async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
     } else {
         0
     }))
+}
+
+async fn apply(args: PlanArgs) -> Result<ExitCode, Error> {
+    let manifests = manifest::load(&args.paths)?;
+    let targets = targets::targets(&manifests, &args.hosts)?;
+    let ssh = remote::SshOptions {
+        config_file: args.ssh_config.clone(),
+        connect_timeout: Some(Duration::from_secs(10)),
+    };
+    let options = apply::ApplyOptions {
+        owner: lock_owner(),
+    };
+    let reports = apply::apply_targets(targets, &ssh, args.parallel, &options).await;
+    print!("{}", report::render_apply(&reports, args.format));
+    let worst = reports
+        .iter()
+        .map(|r| r.outcome.exit_code())
+        .max()
+        .unwrap_or(0);
+    Ok(ExitCode::from(worst))
+}
+
+/// Names this run in a host's lock, so a refused second run can say who holds it.
+fn lock_owner() -> String {
+    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
+    let machine = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+    format!(
+        "{user}@{} pid {} since {at}",
+        machine.trim(),
+        std::process::id()
+    )
 }
 
 fn render(args: RenderArgs) -> Result<ExitCode, Error> {

@@ -1,6 +1,6 @@
 //! From manifests to the (host, unit) pairs a run works on, each with its rendered unit. Pure.
 
-use crate::manifest::Manifest;
+use crate::manifest::{Manifest, VerifySpec};
 use crate::unit::{render, Desired};
 
 /// One unit on one host.
@@ -9,6 +9,7 @@ pub struct Target {
     pub host: String,
     pub source: String,
     pub desired: Desired,
+    pub verify: VerifySpec,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,7 @@ pub fn targets(manifests: &[Manifest], only: &[String]) -> Result<Vec<Target>, U
                 host: h.name.clone(),
                 source: m.source.clone(),
                 desired: render(m, h),
+                verify: m.verify.clone(),
             })
         })
         .collect();

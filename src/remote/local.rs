@@ -1,17 +1,32 @@
 //! `local`: this machine, without SSH, for running `reconcile` on the GPU host itself.
 
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+
 use super::{Output, RemoteError};
 
-pub async fn run(argv: &[&str]) -> Result<Output, RemoteError> {
-    let out = tokio::process::Command::new(argv[0])
+pub async fn run(argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
+    let transport = |e: std::io::Error| RemoteError::Transport {
+        host: "local".into(),
+        command: argv.join(" "),
+        source: Box::new(e),
+    };
+    let mut command = tokio::process::Command::new(argv[0]);
+    command
         .args(&argv[1..])
-        .output()
-        .await
-        .map_err(|e| RemoteError::Transport {
-            host: "local".into(),
-            command: argv.join(" "),
-            source: Box::new(e),
-        })?;
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command.stdin(if input.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let mut child = command.spawn().map_err(transport)?;
+    if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
+        stdin.write_all(bytes).await.map_err(transport)?;
+    }
+    let out = child.wait_with_output().await.map_err(transport)?;
     Ok(Output {
         status: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

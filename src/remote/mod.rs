@@ -79,9 +79,18 @@ impl Host {
 
     /// Runs a command and returns what it printed, whatever its exit status.
     pub async fn run(&self, argv: &[&str]) -> Result<Output, RemoteError> {
+        self.run_with_input(argv, None).await
+    }
+
+    /// Runs a command with `input` on its standard input.
+    pub async fn run_with_input(
+        &self,
+        argv: &[&str],
+        input: Option<&[u8]>,
+    ) -> Result<Output, RemoteError> {
         match self {
-            Host::Ssh(h) => h.run(argv).await,
-            Host::Local => local::run(argv).await,
+            Host::Ssh(h) => h.run(argv, input).await,
+            Host::Local => local::run(argv, input).await,
         }
     }
 
@@ -121,6 +130,32 @@ impl Host {
                 stderr: out.stderr.trim().to_string(),
             }),
         }
+    }
+
+    /// Replaces a file atomically: the content goes to a temporary file beside it, which is then
+    /// renamed over it, so the file is always either complete old or complete new.
+    pub async fn write_file(
+        &self,
+        path: &str,
+        content: &str,
+        mode: &str,
+    ) -> Result<(), RemoteError> {
+        const SCRIPT: &str = "umask 077; t=\"$1.reconcile-tmp\"; cat > \"$t\" && chmod \"$2\" \"$t\" && mv -f \"$t\" \"$1\" || { rm -f \"$t\"; exit 1; }";
+        let out = self
+            .run_with_input(
+                &["sh", "-c", SCRIPT, "sh", path, mode],
+                Some(content.as_bytes()),
+            )
+            .await?;
+        if out.status != 0 {
+            return Err(RemoteError::Failed {
+                host: self.name().to_string(),
+                command: format!("write {path}"),
+                status: out.status,
+                stderr: out.stderr.trim().to_string(),
+            });
+        }
+        Ok(())
     }
 
     pub async fn unit_state(&self, unit: &str) -> Result<UnitState, RemoteError> {

@@ -1,7 +1,8 @@
 //! One multiplexed OpenSSH connection per host: the user's ssh config, known_hosts checked
 //! strictly, batch mode (never a prompt).
 
-use openssh::{KnownHosts, Session, SessionBuilder};
+use openssh::{KnownHosts, Session, SessionBuilder, Stdio};
+use tokio::io::AsyncWriteExt;
 
 use super::{Output, RemoteError, SshOptions};
 
@@ -40,18 +41,31 @@ impl SshHost {
         &self.name
     }
 
-    pub async fn run(&self, argv: &[&str]) -> Result<Output, RemoteError> {
-        let out = self
-            .session
-            .command(argv[0])
+    pub async fn run(&self, argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
+        let transport = |source: Box<dyn std::error::Error + Send + Sync>| RemoteError::Transport {
+            host: self.name.clone(),
+            command: argv.join(" "),
+            source,
+        };
+        let mut command = self.session.command(argv[0]);
+        command
             .args(&argv[1..])
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command.stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        let mut child = command.spawn().await.map_err(|e| transport(Box::new(e)))?;
+        if let (Some(bytes), Some(mut stdin)) = (input, child.stdin().take()) {
+            let written = stdin.write_all(bytes).await.and(stdin.shutdown().await);
+            written.map_err(|e| transport(Box::new(e)))?;
+        }
+        let out = child
+            .wait_with_output()
             .await
-            .map_err(|e| RemoteError::Transport {
-                host: self.name.clone(),
-                command: argv.join(" "),
-                source: Box::new(e),
-            })?;
+            .map_err(|e| transport(Box::new(e)))?;
         Ok(Output {
             status: out.status.code().unwrap_or(-1),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

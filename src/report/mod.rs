@@ -25,6 +25,38 @@ pub fn render(outcomes: &[Outcome], format: Format, color: bool) -> String {
     }
 }
 
+/// The summary `apply` prints: one line per unit, then the journal of any that failed.
+pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> String {
+    if format == Format::Json {
+        let mut s = serde_json::to_string_pretty(&serde_json::json!({ "units": reports }))
+            .expect("reports serialize");
+        s.push('\n');
+        return s;
+    }
+    let mut out = String::new();
+    for r in reports {
+        let outcome = serde_json::to_value(r.outcome)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{} {}: {} ({:.1}s): {}\n",
+            r.host,
+            r.unit,
+            outcome.replace('_', " "),
+            r.seconds,
+            r.detail
+        ));
+        if let Some(journal) = r.journal.as_deref().filter(|j| !j.trim().is_empty()) {
+            out.push_str("  journal since the failed start:\n");
+            for line in journal.lines() {
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+    }
+    out
+}
+
 fn json(outcomes: &[Outcome], tally: &Tally) -> String {
     #[derive(Serialize)]
     struct Document<'a> {

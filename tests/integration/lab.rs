@@ -14,6 +14,8 @@ pub const SHARED: &str = "rl1";
 pub const COUNTED: &str = "rl2";
 /// Host for the escaping round trip through systemd.
 pub const ESCAPING: &str = "rl3";
+/// Host where apply tests start and roll back services.
+pub const APPLY: &str = "rl4";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";

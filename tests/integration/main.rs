@@ -1,6 +1,7 @@
 //! Integration tests: the real `reconcile` binary against real test hosts (systemd and OpenSSH in
 //! containers booted by `tests/run.sh`). One binary, so the hosts are shared by every test.
 
+mod apply;
 mod dry_run;
 mod lab;
 mod systemd_escaping;
