@@ -18,7 +18,7 @@ const UNITS_PER_HOST_AT_ONCE: usize = 4;
 #[derive(Debug, Clone, Serialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
-    Planned(UnitPlan),
+    Planned(Box<UnitPlan>),
     Error {
         host: String,
         unit: String,
@@ -54,7 +54,9 @@ async fn plan_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Vec<
     let outcomes = stream::iter(&targets)
         .map(|t| async {
             match host.observe(&t.desired.unit).await {
-                Ok(observed) => Outcome::Planned(plan(&t.host, &t.source, &t.desired, &observed)),
+                Ok(observed) => {
+                    Outcome::Planned(Box::new(plan(&t.host, &t.source, &t.desired, &observed)))
+                }
                 Err(e) => failed(t, error_chain(&e)),
             }
         })
