@@ -78,11 +78,7 @@ pub async fn apply_targets(
     parallel: usize,
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
-    let mut by_host: std::collections::BTreeMap<String, Vec<Target>> = Default::default();
-    for t in targets {
-        by_host.entry(t.host.clone()).or_default().push(t);
-    }
-    let results: Vec<Vec<UnitReport>> = stream::iter(by_host)
+    let results: Vec<Vec<UnitReport>> = stream::iter(crate::targets::by_host(targets))
         .map(|(name, targets)| async move {
             let started = Instant::now();
             let host = match Host::connect(&name, ssh).await {

@@ -1,8 +1,6 @@
 //! `reconcile --dry-run`: read every host concurrently, one SSH connection each, and plan each
 //! unit. Nothing on a host is changed. An unreachable host is reported; the others are planned.
 
-use std::collections::BTreeMap;
-
 use futures::stream::{self, StreamExt};
 use serde::Serialize;
 
@@ -29,11 +27,7 @@ pub enum Outcome {
 
 /// Plans every target, at most `parallel` hosts at once. Results come back in the targets' order.
 pub async fn plan_targets(targets: Vec<Target>, ssh: &SshOptions, parallel: usize) -> Vec<Outcome> {
-    let mut by_host: BTreeMap<String, Vec<Target>> = BTreeMap::new();
-    for t in targets {
-        by_host.entry(t.host.clone()).or_default().push(t);
-    }
-    let results: Vec<Vec<Outcome>> = stream::iter(by_host)
+    let results: Vec<Vec<Outcome>> = stream::iter(crate::targets::by_host(targets))
         .map(|(host, targets)| plan_host(host, targets, ssh))
         .buffered(parallel.max(1))
         .collect()

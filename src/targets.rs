@@ -52,3 +52,12 @@ pub fn targets(manifests: &[Manifest], only: &[String]) -> Result<Vec<Target>, U
     }
     Ok(all)
 }
+
+/// Targets grouped by host, for work done over one connection per host.
+pub fn by_host(targets: Vec<Target>) -> std::collections::BTreeMap<String, Vec<Target>> {
+    let mut grouped: std::collections::BTreeMap<String, Vec<Target>> = Default::default();
+    for t in targets {
+        grouped.entry(t.host.clone()).or_default().push(t);
+    }
+    grouped
+}
