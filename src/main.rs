@@ -10,6 +10,7 @@ mod manifest;
 mod observed;
 mod plan;
 mod redact;
+mod sglang;
 mod remote;
 mod report;
 mod targets;

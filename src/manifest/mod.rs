@@ -4,8 +4,8 @@
 //! `validate` (rules a YAML schema cannot express) are pure and report every problem they find, each with
 //! the file, line, column and field path, so a bad manifest is caught before any host is contacted.
 
-mod error;
-mod locate;
+pub(crate) mod error;
+pub(crate) mod locate;
 mod parse;
 mod validate;
 
@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use error::{ManifestError, ManifestErrors};
+pub use error::{ManifestError, ManifestErrors, Position};
 pub use parse::parse;
 pub use validate::{validate, validate_fleet};
 

@@ -1,0 +1,1 @@
+//! What SGLang itself accepts: flag catalogs per version, and checks of manifests against them.
