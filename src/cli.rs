@@ -15,9 +15,12 @@ Exit codes:
 const APPLY_EXIT_CODES: &str = "\
 Exit codes:
   0  every unit converged (or needed nothing)
-  1  error before any change on some host (bad manifests, unreachable, locked)
+  1  error before any change on some host (bad manifests, unreachable, locked, interrupted before its turn)
   3  verification failed on some host; it was rolled back to its previous unit, which passed
-  4  verification failed and the rollback failed too: that host needs attention";
+  4  verification failed and the rollback failed too: that host needs attention
+
+Ctrl-C during verification fails the stage in progress and rolls that unit back (verified like any
+rollback); hosts not started yet are left untouched.";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -51,9 +54,40 @@ pub enum Command {
     /// Make hosts run what the manifests say: install, restart only when needed, watch the crash
     /// window, and roll back a unit that fails it.
     #[command(after_help = APPLY_EXIT_CODES)]
-    Apply(PlanArgs),
+    Apply(ApplyArgs),
+    /// Check manifests offline, against the flag catalog of the SGLang version each names.
+    #[command(
+        after_help = "Exit codes:\n  0  valid (warnings, if any, are printed)\n  1  errors (or warnings, with --strict)"
+    )]
+    Validate(ValidateArgs),
     /// Print the units the manifests render, without contacting any host (secrets redacted).
     Render(RenderArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+
+    /// Break a unit's lock left by a run that died elsewhere, once it is older than --lock-ttl.
+    /// (A lock whose process on this machine is gone is always broken.)
+    #[arg(long)]
+    pub break_stale_lock: bool,
+
+    /// Age after which --break-stale-lock may break a lock.
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub lock_ttl: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Manifest files or folders of them.
+    #[arg(default_value = "manifests")]
+    pub paths: Vec<PathBuf>,
+
+    /// Treat warnings (flag abbreviations, deprecated flags, unknown SGLANG_* variables) as errors.
+    #[arg(long)]
+    pub strict: bool,
 }
 
 #[derive(Debug, Args)]
@@ -84,6 +118,10 @@ pub struct PlanArgs {
     /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
     #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
     pub ssh_config: Option<PathBuf>,
+
+    /// Treat warnings (flag abbreviations, deprecated flags, unknown SGLANG_* variables) as errors.
+    #[arg(long)]
+    pub strict: bool,
 
     /// Hosts read at once.
     #[arg(long, default_value_t = 32, value_name = "N")]

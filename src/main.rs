@@ -6,13 +6,14 @@
 mod apply;
 mod cli;
 mod dry_run;
+mod load;
 mod manifest;
 mod observed;
 mod plan;
 mod redact;
-mod sglang;
 mod remote;
 mod report;
+mod sglang;
 mod targets;
 mod unit;
 mod verify;
@@ -22,7 +23,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use cli::{Cli, Command, PlanArgs, RenderArgs};
+use cli::{ApplyArgs, Cli, Command, PlanArgs, RenderArgs, ValidateArgs};
 use dry_run::Tally;
 
 /// Errors that end a run before any host is planned.
@@ -57,13 +58,14 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Plan(args)) => plan(args).await,
         Some(Command::Render(args)) => render(args),
         Some(Command::Apply(args)) => apply(args).await,
+        Some(Command::Validate(args)) => validate(args),
         None if cli.dry_run => plan(cli.plan).await,
         None => Err(Error::NoCommand),
     }
 }
 
 async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
-    let manifests = manifest::load(&args.paths)?;
+    let manifests = load_manifests(&args.paths, args.strict)?;
     let targets = targets::targets(&manifests, &args.hosts)?;
     let ssh = remote::SshOptions {
         config_file: args.ssh_config.clone(),
@@ -84,18 +86,35 @@ async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
     }))
 }
 
-async fn apply(args: PlanArgs) -> Result<ExitCode, Error> {
-    let manifests = manifest::load(&args.paths)?;
-    let targets = targets::targets(&manifests, &args.hosts)?;
+async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
+    let plan = &args.plan;
+    let manifests = load_manifests(&plan.paths, plan.strict)?;
+    let targets = targets::targets(&manifests, &plan.hosts)?;
     let ssh = remote::SshOptions {
-        config_file: args.ssh_config.clone(),
+        config_file: plan.ssh_config.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
     };
+    let (interrupt, cancel) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("interrupted: rolling back what is being verified, starting nothing new");
+            let _ = interrupt.send(true);
+        }
+    });
+    let live =
+        plan.format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr());
     let options = apply::ApplyOptions {
-        owner: lock_owner(),
+        owner: apply::Owner::this_process(),
+        lock: apply::LockPolicy {
+            break_stale: args.break_stale_lock,
+            ttl: args.lock_ttl,
+        },
+        git: git_info(&plan.paths),
+        cancel,
+        progress: live.then(indicatif::MultiProgress::new),
     };
-    let reports = apply::apply_targets(targets, &ssh, args.parallel, &options).await;
-    print!("{}", report::render_apply(&reports, args.format));
+    let reports = apply::apply_targets(targets, &ssh, plan.parallel, &options).await;
+    print!("{}", report::render_apply(&reports, plan.format));
     let worst = reports
         .iter()
         .map(|r| r.outcome.exit_code())
@@ -104,20 +123,40 @@ async fn apply(args: PlanArgs) -> Result<ExitCode, Error> {
     Ok(ExitCode::from(worst))
 }
 
-/// Names this run in a host's lock, so a refused second run can say who holds it.
-fn lock_owner() -> String {
-    let user = std::env::var("USER").unwrap_or_else(|_| "unknown".into());
-    let machine = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
-    let at = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
-    format!(
-        "{user}@{} pid {} since {at}",
-        machine.trim(),
-        std::process::id()
-    )
+/// The commit and author of the manifests' git work tree, when they are in one.
+fn git_info(paths: &[std::path::PathBuf]) -> apply::GitInfo {
+    let Some(first) = paths.first() else {
+        return apply::GitInfo::default();
+    };
+    let dir = if first.is_dir() {
+        first.clone()
+    } else {
+        first.parent().map(|p| p.to_path_buf()).unwrap_or_default()
+    };
+    let dir = if dir.as_os_str().is_empty() {
+        std::path::PathBuf::from(".")
+    } else {
+        dir
+    };
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&dir)
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    apply::GitInfo {
+        commit: git(&["rev-parse", "HEAD"]),
+        author: git(&["log", "-1", "--format=%an <%ae>"]),
+    }
 }
 
 fn render(args: RenderArgs) -> Result<ExitCode, Error> {
-    let manifests = manifest::load(&args.paths)?;
+    let manifests = load_manifests(&args.paths, false)?;
     let targets = targets::targets(&manifests, &args.hosts)?;
     let many = targets.len() > 1;
     for t in &targets {
@@ -127,6 +166,36 @@ fn render(args: RenderArgs) -> Result<ExitCode, Error> {
         print!("{}", redact::redact_unit(&t.desired));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `reconcile validate`: every finding of every manifest, offline.
+fn validate(args: ValidateArgs) -> Result<ExitCode, Error> {
+    let loaded = load_manifests(&args.paths, args.strict)?;
+    let units: usize = loaded.iter().map(|m| m.hosts.len()).sum();
+    println!("{} manifests, {units} units: valid", loaded.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Loads and checks the manifests, printing warnings; errors end the run before any host is
+/// contacted.
+fn load_manifests(
+    paths: &[std::path::PathBuf],
+    strict: bool,
+) -> Result<Vec<manifest::Manifest>, Error> {
+    match load::load(paths, strict) {
+        Ok(loaded) => {
+            for w in &loaded.warnings {
+                eprintln!("warning: {w}");
+            }
+            Ok(loaded.manifests)
+        }
+        Err((errors, warnings)) => {
+            for w in &warnings {
+                eprintln!("warning: {w}");
+            }
+            Err(Error::Manifests(errors))
+        }
+    }
 }
 
 fn report_error(e: &Error) {

@@ -10,6 +10,8 @@ pub struct Target {
     pub source: String,
     pub desired: Desired,
     pub verify: VerifySpec,
+    /// sha256 of the manifest's text.
+    pub manifest_digest: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +32,7 @@ pub fn targets(manifests: &[Manifest], only: &[String]) -> Result<Vec<Target>, U
                 source: m.source.clone(),
                 desired: render(m, h),
                 verify: m.verify.clone(),
+                manifest_digest: m.digest.clone(),
             })
         })
         .collect();

@@ -22,6 +22,8 @@ pub use validate::{validate, validate_fleet};
 pub struct Manifest {
     /// Where the manifest came from, as shown to users and written into the unit's header.
     pub source: String,
+    /// sha256 of the manifest's text, kept in deployment records.
+    pub digest: String,
     /// The unit name without `.service`.
     pub service: String,
     pub description: Option<String>,
@@ -69,8 +71,26 @@ pub enum FlagValue {
 pub struct VerifySpec {
     pub crash_window: Duration,
     pub load_deadline: Duration,
+    /// Memory that does not grow for this long while the server is not ready is a stall.
     pub stall_timeout: Duration,
     pub sample_interval: Duration,
+    /// The service's memory (its cgroup) must stay below this many bytes.
+    pub memory_ceiling: Option<u64>,
+    /// Expected GPU memory per GPU once loaded, in MiB, and the tolerance in percent.
+    pub gpu_memory_per_gpu: Option<u64>,
+    pub gpu_memory_tolerance: f64,
+    /// Reach the server at this URL instead of through an SSH port forward to its port.
+    pub url: Option<String>,
+    pub smoke: Option<Smoke>,
+}
+
+/// One chat completion that a loaded server must answer sensibly.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Smoke {
+    pub prompt: String,
+    /// A substring the answer must contain.
+    pub expect: String,
+    pub max_tokens: u32,
 }
 
 impl Default for VerifySpec {
@@ -80,6 +100,11 @@ impl Default for VerifySpec {
             load_deadline: Duration::from_secs(30 * 60),
             stall_timeout: Duration::from_secs(5 * 60),
             sample_interval: Duration::from_secs(2),
+            memory_ceiling: None,
+            gpu_memory_per_gpu: None,
+            gpu_memory_tolerance: 10.0,
+            url: None,
+            smoke: None,
         }
     }
 }
@@ -99,15 +124,23 @@ impl Manifest {
 }
 
 /// Reads, parses and validates every manifest under `paths` (files, or folders searched for `*.yaml`
-/// and `*.yml`). Returns all manifests, or every error found in any of them.
-pub fn load(paths: &[PathBuf]) -> Result<Vec<Manifest>, ManifestErrors> {
+/// and `*.yml`), running `check` on each valid one (it may rewrite the manifest, e.g. expand flag
+/// abbreviations, and returns the errors it finds). Returns all manifests, or every error found in
+/// any of them.
+pub fn load(
+    paths: &[PathBuf],
+    mut check: impl FnMut(&mut Manifest, &str) -> Vec<ManifestError>,
+) -> Result<Vec<Manifest>, ManifestErrors> {
     let mut errors = Vec::new();
     let mut manifests = Vec::new();
     for file in manifest_files(paths, &mut errors) {
         let shown = display_path(&file);
         match std::fs::read_to_string(&file) {
             Ok(text) => match parse(&shown, &text).and_then(|m| validate(&m, &text).map(|()| m)) {
-                Ok(m) => manifests.push((m, text)),
+                Ok(mut m) => {
+                    errors.extend(check(&mut m, &text));
+                    manifests.push((m, text));
+                }
                 Err(mut e) => errors.append(&mut e.0),
             },
             Err(source) => errors.push(ManifestError::Read {

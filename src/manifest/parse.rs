@@ -9,7 +9,39 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::error::{ManifestError, ManifestErrors, Position};
-use super::{FlagValue, HostSpec, Manifest, SglangSpec, VerifySpec};
+use super::{FlagValue, HostSpec, Manifest, SglangSpec, Smoke, VerifySpec};
+
+const MIB: u64 = 1024 * 1024;
+
+fn digest(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    format!("{:x}", Sha256::digest(text.as_bytes()))
+}
+
+/// Parses `300GiB`, `75000 MiB`, `80GB`, `1024` (bytes).
+fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = (
+        text[..split].trim().parse::<f64>().ok()?,
+        text[split..].trim(),
+    );
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" | "k" => 1024.0,
+        "mib" | "m" => 1024f64.powi(2),
+        "gib" | "g" => 1024f64.powi(3),
+        "tib" | "t" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return None,
+    };
+    (number >= 0.0).then(|| (number * scale) as u64)
+}
 
 /// Parses one manifest. `source` is the name shown in errors and in the unit header.
 pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
@@ -23,14 +55,26 @@ pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
             p if p == "." => "(document)".to_string(),
             p => p,
         };
+        let message = plain_message(&e.inner().to_string(), &field);
         ManifestError::Invalid {
             file: source.to_string(),
             position,
             field,
-            message: e.inner().to_string(),
+            message,
         }
     })?;
-    Ok(raw.into_manifest(source))
+    Ok(raw.into_manifest(source, text))
+}
+
+/// serde_yaml's message without the path and position it repeats (both are shown already).
+fn plain_message(message: &str, field: &str) -> String {
+    let message = message
+        .strip_prefix(&format!("{field}: "))
+        .unwrap_or(message);
+    match message.rfind(" at line ") {
+        Some(at) if message[at..].contains(" column ") => message[..at].to_string(),
+        _ => message.to_string(),
+    }
 }
 
 #[derive(Deserialize)]
@@ -68,7 +112,23 @@ struct RawVerify {
     load_deadline: Option<HumanDuration>,
     stall_timeout: Option<HumanDuration>,
     sample_interval: Option<HumanDuration>,
+    memory_ceiling: Option<Size>,
+    gpu_memory_per_gpu: Option<Size>,
+    gpu_memory_tolerance: Option<f64>,
+    url: Option<String>,
+    smoke: Option<RawSmoke>,
 }
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSmoke {
+    prompt: String,
+    expect: String,
+    max_tokens: Option<u32>,
+}
+
+/// A size in bytes, written like `300GiB`, `75000 MiB` or `80GB`.
+struct Size(u64);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -93,7 +153,7 @@ struct RawFlag(FlagValue);
 struct HumanDuration(Duration);
 
 impl RawManifest {
-    fn into_manifest(self, source: &str) -> Manifest {
+    fn into_manifest(self, source: &str, text: &str) -> Manifest {
         let service = self
             .service
             .strip_suffix(".service")
@@ -103,6 +163,7 @@ impl RawManifest {
         let v = self.verify;
         Manifest {
             source: source.to_string(),
+            digest: digest(text),
             service,
             description: self.description,
             hosts: self.hosts.into_iter().map(|h| h.0.into_spec()).collect(),
@@ -123,6 +184,17 @@ impl RawManifest {
                 load_deadline: v.load_deadline.map_or(defaults.load_deadline, |d| d.0),
                 stall_timeout: v.stall_timeout.map_or(defaults.stall_timeout, |d| d.0),
                 sample_interval: v.sample_interval.map_or(defaults.sample_interval, |d| d.0),
+                memory_ceiling: v.memory_ceiling.map(|s| s.0),
+                gpu_memory_per_gpu: v.gpu_memory_per_gpu.map(|s| s.0 / MIB),
+                gpu_memory_tolerance: v
+                    .gpu_memory_tolerance
+                    .unwrap_or(defaults.gpu_memory_tolerance),
+                url: v.url,
+                smoke: v.smoke.map(|s| Smoke {
+                    prompt: s.prompt,
+                    expect: s.expect,
+                    max_tokens: s.max_tokens.unwrap_or(16),
+                }),
             },
         }
     }
@@ -246,6 +318,15 @@ impl<'de> Deserialize<'de> for RawFlag {
     }
 }
 
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = d.deserialize_any(ScalarVisitor)?;
+        parse_size(&text).map(Size).ok_or_else(|| {
+            de::Error::custom(format!("`{text}` is not a size like 300GiB or 75000 MiB"))
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
@@ -346,6 +427,17 @@ mod tests {
     fn yaml_syntax_error_has_a_position() {
         let (position, _, _) = error_of("service: [unclosed\nhosts: a\n");
         assert!(position.is_some());
+    }
+
+    #[test]
+    fn verification_settings_parse() {
+        let text = format!("{MINIMAL}verify: {{ memory_ceiling: 300GiB, gpu_memory_per_gpu: 75000 MiB, smoke: {{ prompt: hi, expect: OK }} }}\n");
+        let v = parse("m.yaml", &text).unwrap().verify;
+        assert_eq!(v.memory_ceiling, Some(300 * 1024 * MIB));
+        assert_eq!(v.gpu_memory_per_gpu, Some(75000));
+        assert_eq!(v.smoke.unwrap().max_tokens, 16);
+        assert_eq!(parse_size("80GB"), Some(80_000_000_000));
+        assert_eq!(parse_size("lots"), None);
     }
 
     #[test]

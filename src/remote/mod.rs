@@ -4,8 +4,13 @@
 //! Commands are argv vectors; the SSH side escapes each argument for the remote shell, so no
 //! manifest value is ever pasted into a shell string.
 
+mod gpu;
+mod http;
 mod local;
 mod ssh;
+
+pub use gpu::GpuReading;
+pub use http::{Health, Server};
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! One multiplexed OpenSSH connection per host: the user's ssh config, known_hosts checked
 //! strictly, batch mode (never a prompt).
 
-use openssh::{KnownHosts, Session, SessionBuilder, Stdio};
+use openssh::{ForwardType, KnownHosts, Session, SessionBuilder, Socket, Stdio};
 use tokio::io::AsyncWriteExt;
 
 use super::{Output, RemoteError, SshOptions};
@@ -71,6 +71,31 @@ impl SshHost {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
+    }
+
+    /// Forwards a free local port to `port` on the host's loopback; returns the local port.
+    pub async fn forward(&self, port: u16) -> Result<u16, RemoteError> {
+        let local = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| RemoteError::Transport {
+                host: self.name.clone(),
+                command: "port forward".into(),
+                source: Box::new(e),
+            })?;
+        self.session
+            .request_port_forward(
+                ForwardType::Local,
+                Socket::new("127.0.0.1", local),
+                Socket::new("127.0.0.1", port),
+            )
+            .await
+            .map_err(|e| RemoteError::Transport {
+                host: self.name.clone(),
+                command: format!("port forward to 127.0.0.1:{port}"),
+                source: Box::new(e),
+            })?;
+        Ok(local)
     }
 
     pub async fn close(self) {

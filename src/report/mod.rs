@@ -25,7 +25,8 @@ pub fn render(outcomes: &[Outcome], format: Format, color: bool) -> String {
     }
 }
 
-/// The summary `apply` prints: one line per unit, then the journal of any that failed.
+/// The summary `apply` prints: one block per unit, with its stages, memory trajectory, notes and
+/// the journal of a failed start.
 pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> String {
     if format == Format::Json {
         let mut s = serde_json::to_string_pretty(&serde_json::json!({ "units": reports }))
@@ -40,21 +41,58 @@ pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> Str
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
         out.push_str(&format!(
-            "{} {}: {} ({:.1}s): {}\n",
+            "{} {}: {} in {:.1}s: {}\n",
             r.host,
             r.unit,
             outcome.replace('_', " "),
             r.seconds,
             r.detail
         ));
+        for note in &r.notes {
+            out.push_str(&format!("  note: {note}\n"));
+        }
+        for (label, v) in [("new unit", &r.verification), ("rollback", &r.rollback)] {
+            if let Some(v) = v {
+                verification_lines(&mut out, label, v);
+            }
+        }
         if let Some(journal) = r.journal.as_deref().filter(|j| !j.trim().is_empty()) {
-            out.push_str("  journal since the failed start:\n");
+            out.push_str("  journal of the failed start (last lines):\n");
             for line in journal.lines() {
                 out.push_str(&format!("    {line}\n"));
             }
         }
     }
     out
+}
+
+fn verification_lines(out: &mut String, label: &str, v: &crate::verify::Verification) {
+    for stage in &v.stages {
+        let mark = if stage.passed { "ok  " } else { "FAIL" };
+        out.push_str(&format!(
+            "  {label}: {mark} {:<12} {:>6.1}s  {}\n",
+            stage.name, stage.seconds, stage.detail
+        ));
+    }
+    if let (Some(first), Some(last)) = (v.samples.first(), v.samples.last()) {
+        let mem =
+            |s: &crate::verify::Sample| s.service_bytes.map_or("?".into(), crate::verify::bytes);
+        let gpus = if last.gpu_mib.is_empty() {
+            String::new()
+        } else {
+            format!("; GPUs {:?} MiB", last.gpu_mib)
+        };
+        out.push_str(&format!(
+            "  {label}: memory {} -> {} over {} samples {}{gpus}\n",
+            mem(first),
+            mem(last),
+            v.samples.len(),
+            v.sparkline()
+        ));
+    }
+    for note in &v.notes {
+        out.push_str(&format!("  {label}: note: {note}\n"));
+    }
 }
 
 fn json(outcomes: &[Outcome], tally: &Tally) -> String {

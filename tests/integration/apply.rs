@@ -3,16 +3,45 @@
 use crate::lab::{lab, manifest, Reconcile, APPLY};
 
 /// A test service that loads in one second and is judged over a three-second crash window.
-/// Each test has its own service and port on the shared apply host.
+/// Each test has its own service and port on the shared apply host. The stand-in loads in one
+/// second unless `env` says otherwise; verification windows are seconds, not minutes.
 fn service(name: &str, port: u16, env: &str) -> String {
+    service_with(name, port, env, "")
+}
+
+fn service_with(name: &str, port: u16, env: &str, verify: &str) -> String {
+    // Tests run at once on one host: each gets its own two of the stand-in's 64 simulated GPUs, so
+    // one test's loading never looks like another's progress.
+    let gpu = 2 * (port % 32);
+    let load = if env.contains("FAKE_SGLANG_LOAD_SECONDS") {
+        ""
+    } else {
+        ", FAKE_SGLANG_LOAD_SECONDS: \"1\""
+    };
+    let defaults = [
+        ("crash_window", "3s"),
+        ("sample_interval", "500ms"),
+        ("stall_timeout", "4s"),
+        ("load_deadline", "20s"),
+    ];
+    let settings: Vec<String> = defaults
+        .iter()
+        .filter(|(k, _)| !verify.contains(k))
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let env = format!(
+        "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\"{load}{env}",
+        gpu + 1
+    );
     format!(
-        "{}verify: {{ crash_window: 3s }}\n",
+        "{}verify: {{ {}{verify} }}\n",
         manifest(name, &[APPLY], "")
             .replace("port: 30000", &format!("port: {port}"))
             .replace(
-                "NCCL_P2P_DISABLE: \"1\"",
-                &format!("FAKE_SGLANG_LOAD_SECONDS: \"1\"{env}")
-            )
+                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
+                &env
+            ),
+        settings.join(", ")
     )
 }
 
@@ -102,9 +131,9 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
     assert_eq!(code, 3, "{unit}");
     assert_eq!(unit["outcome"], "rolled_back");
     let detail = unit["detail"].as_str().unwrap();
-    assert!(detail.contains("verification failed: crashed"), "{detail}");
+    assert!(detail.contains("crash window failed: crashed"), "{detail}");
     assert!(
-        detail.contains("previous unit was restored, restarted and passed the crash window"),
+        detail.contains("the previous unit was restored and passed verification"),
         "{detail}"
     );
     assert!(
@@ -129,39 +158,70 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
 }
 
 #[test]
-fn an_unknown_flag_is_caught_at_once_and_a_failed_new_unit_is_removed() {
+fn an_unknown_flag_is_refused_before_the_host_is_touched() {
     fresh("t-apply-badflag.service");
-    let text = service("t-apply-badflag", 32004, "")
-        .replace("    tp-size: 2\n", "    tp-size: 2\n    no-such-flag: 1\n");
+    let text = service("t-apply-badflag", 32004, "").replace(
+        "    tp-size: 2\n",
+        "    tp-size: 2\n    enable-fused-moe-sum-allreduce: true\n",
+    );
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["apply"])
+        .run();
+    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stderr
+            .contains("did you mean --enable-fused-moe-sum-all-reduce?"),
+        "{}",
+        ran.stderr
+    );
+    assert!(
+        ran.stderr.contains("no host was contacted"),
+        "{}",
+        ran.stderr
+    );
+    assert_eq!(unit_file("t-apply-badflag.service"), None);
+}
+
+#[test]
+fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_removed() {
+    fresh("t-apply-exit.service");
+    let text = service(
+        "t-apply-exit",
+        32006,
+        ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"0\"",
+    );
     let (code, unit) = apply(&text);
     assert_eq!(code, 3, "{unit}");
     assert_eq!(unit["outcome"], "rolled_back");
+    assert_eq!(unit["failed_stage"], "crash window");
+    let detail = unit["detail"].as_str().unwrap();
     assert!(
-        unit["detail"]
-            .as_str()
-            .unwrap()
-            .contains("new unit was stopped, disabled and removed"),
-        "{unit}"
+        detail.contains("new unit was stopped, disabled and removed"),
+        "{detail}"
+    );
+    let failed_at = unit["verification"]["stages"][0]["seconds"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        failed_at < 1.5,
+        "caught {failed_at}s after the restart: {unit}"
     );
     assert!(
         unit["journal"]
             .as_str()
             .unwrap()
-            .contains("unrecognized arguments: --no-such-flag"),
+            .contains("RuntimeError: simulated crash"),
         "{unit}"
     );
-    assert!(
-        unit["seconds"].as_f64().unwrap() < 3.0,
-        "not caught inside the 3 s crash window: {unit}"
-    );
-    assert_eq!(unit_file("t-apply-badflag.service"), None);
+    assert_eq!(unit_file("t-apply-exit.service"), None);
 }
 
 #[test]
 fn an_apply_is_refused_while_another_holds_the_lock() {
     fresh("t-apply-lock.service");
     let text = service("t-apply-lock", 32005, "");
-    lab().sh(APPLY, "mkdir -p /var/lib/reconcile/t-apply-lock.service/lock && echo 'ci@builder pid 42' > /var/lib/reconcile/t-apply-lock.service/lock/owner");
+    lab().sh(APPLY, "mkdir -p /var/lib/reconcile/t-apply-lock.service/lock && printf 'ci\\nbuilder\\n42\\n%s\\n' $(date +%s) > /var/lib/reconcile/t-apply-lock.service/lock/owner");
     let (code, unit) = apply(&text);
     lab().sh(APPLY, "rm -rf /var/lib/reconcile/t-apply-lock.service/lock");
     assert_eq!(code, 1, "{unit}");
@@ -170,7 +230,7 @@ fn an_apply_is_refused_while_another_holds_the_lock() {
         unit["detail"]
             .as_str()
             .unwrap()
-            .contains("locked by another apply (ci@builder pid 42)"),
+            .contains("locked by another apply (ci@builder pid 42"),
         "{unit}"
     );
     assert_eq!(
@@ -178,4 +238,198 @@ fn an_apply_is_refused_while_another_holds_the_lock() {
         None,
         "a locked unit is not touched"
     );
+}
+
+/// Applies a good unit, then a failing change to it: the failing stage and reason are reported,
+/// and the good unit is back on disk, running and verified. `verify` applies to both.
+fn assert_rolled_back(
+    name: &str,
+    port: u16,
+    bad_env: &str,
+    verify: &str,
+    stage: &str,
+    reason: &str,
+) {
+    let unit = format!("{name}.service");
+    fresh(&unit);
+    let (code, report) = apply(&service_with(name, port, "", verify));
+    assert_eq!(code, 0, "{report:#}");
+    let good_text = unit_file(&unit).unwrap();
+    let (code, report) = apply(&service_with(name, port, bad_env, verify));
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    assert_eq!(report["failed_stage"], stage, "{report:#}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(detail.contains(reason), "expected {reason:?} in: {detail}");
+    assert!(
+        detail.contains("the previous unit was restored and passed verification"),
+        "{detail}"
+    );
+    let rollback_stages: Vec<&str> = report["rollback"]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rollback_stages[..4],
+        ["readiness", "identity", "crash window", "memory"],
+        "{report:#}"
+    );
+    assert_eq!(unit_file(&unit).unwrap(), good_text);
+    assert!(active(&identity(&unit)));
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+}
+
+#[test]
+fn a_crash_during_load_after_the_window_rolls_back() {
+    let env =
+        ", FAKE_SGLANG_LOAD_SECONDS: \"8\", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"4.5\"";
+    assert_rolled_back("t-fail-late", 32011, env, "", "loading", "crashed ");
+}
+
+#[test]
+fn a_stalled_load_rolls_back() {
+    let env =
+        ", FAKE_SGLANG_LOAD_SECONDS: \"8\", FAKE_SGLANG_FAIL: stall, FAKE_SGLANG_FAIL_AT: \"0.5\"";
+    assert_rolled_back(
+        "t-fail-stall",
+        32012,
+        env,
+        "",
+        "memory",
+        "has not grown for",
+    );
+}
+
+#[test]
+fn a_wrong_model_rolls_back() {
+    assert_rolled_back(
+        "t-fail-model",
+        32013,
+        ", FAKE_SGLANG_FAIL: wrong-model",
+        "",
+        "identity",
+        "wrong model",
+    );
+}
+
+#[test]
+fn a_port_that_never_opens_misses_the_load_deadline() {
+    let verify = ", load_deadline: 6s, stall_timeout: 30s";
+    let reason = "not ready after the 6s load deadline";
+    assert_rolled_back(
+        "t-fail-port",
+        32014,
+        ", FAKE_SGLANG_FAIL: no-port",
+        verify,
+        "readiness",
+        reason,
+    );
+}
+
+#[test]
+fn runaway_memory_over_the_ceiling_rolls_back() {
+    let env = ", FAKE_SGLANG_LOAD_SECONDS: \"6\", FAKE_SGLANG_FAIL: oom, FAKE_SGLANG_FAIL_AT: \"10\", FAKE_SGLANG_OOM_CAP_MB: \"900\"";
+    assert_rolled_back(
+        "t-fail-oom",
+        32015,
+        env,
+        ", memory_ceiling: 500MiB",
+        "memory",
+        "over the ceiling of 500 MiB",
+    );
+}
+
+#[test]
+fn gpu_memory_far_from_the_expected_plateau_rolls_back() {
+    // Half the expected memory on each GPU: what a wrong tensor-parallel size looks like.
+    let env = ", FAKE_SGLANG_GPU_MEMORY_MB: \"37500\"";
+    let verify = ", gpu_memory_per_gpu: 75000 MiB";
+    assert_rolled_back(
+        "t-fail-plateau",
+        32016,
+        env,
+        verify,
+        "memory",
+        "far from the expected 75000 MiB",
+    );
+}
+
+#[test]
+fn a_garbage_answer_fails_the_smoke_completion() {
+    let verify = ", smoke: { prompt: \"What is the capital of France?\", expect: Paris }";
+    assert_rolled_back(
+        "t-fail-smoke",
+        32017,
+        ", FAKE_SGLANG_FAIL: garbage",
+        verify,
+        "smoke",
+        "lacks \"Paris\"",
+    );
+}
+
+#[test]
+fn a_verified_apply_records_its_deployment_and_its_memory_trajectory() {
+    let unit = "t-apply-record.service";
+    fresh(unit);
+    let verify = ", gpu_memory_per_gpu: 75000 MiB, smoke: { prompt: \"What is the capital of France?\", expect: Paris }";
+    let (code, report) = apply(&service_with("t-apply-record", 32018, "", verify));
+    assert_eq!(code, 0, "{report:#}");
+    let stages: Vec<&str> = report["verification"]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        stages,
+        ["readiness", "identity", "crash window", "memory", "smoke"]
+    );
+    let samples = report["verification"]["samples"].as_array().unwrap();
+    assert!(samples.len() >= 4, "{samples:?}");
+    let first = samples[0]["service_bytes"].as_u64().unwrap();
+    let last = samples.last().unwrap()["service_bytes"].as_u64().unwrap();
+    assert!(
+        last > first + 100 * 1024 * 1024,
+        "service memory grew while loading: {first} -> {last}"
+    );
+    assert_eq!(
+        report["verification"]["plateau"]["gpu_mib"],
+        serde_json::json!([75000, 75000])
+    );
+    let record: serde_json::Value = serde_json::from_str(&lab().sh(
+        APPLY,
+        &format!("cat /var/lib/reconcile/{unit}/current.json"),
+    ))
+    .unwrap();
+    assert_eq!(record["outcome"], "converged");
+    assert_eq!(record["manifest"], "manifests/a.yaml");
+    assert_eq!(record["plateau_gpu_mib"], serde_json::json!([75000, 75000]));
+    assert!(record["load_seconds"].as_f64().unwrap() >= 1.0);
+    let modes = lab().sh(APPLY, &format!("stat -c '%a %U' /var/lib/reconcile/{unit} /var/lib/reconcile/{unit}/current.json /etc/systemd/system/{unit}"));
+    assert_eq!(modes, "700 root\n600 root\n644 root\n");
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+}
+
+#[test]
+fn a_lock_left_by_a_dead_run_on_this_machine_is_broken() {
+    let unit = "t-apply-stale.service";
+    fresh(unit);
+    let machine = std::fs::read_to_string("/etc/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
+    // pid 4194304 is above any pid this machine hands out
+    lab().sh(APPLY, &format!("mkdir -p /var/lib/reconcile/{unit}/lock && printf 'ci\\n{machine}\\n4194304\\n%s\\n' $(date +%s) > /var/lib/reconcile/{unit}/lock/owner"));
+    let (code, report) = apply(&service("t-apply-stale", 32019, ""));
+    assert_eq!(code, 0, "{report:#}");
+    assert!(
+        report["notes"][0]
+            .as_str()
+            .unwrap()
+            .contains("broke a stale lock held by ci@"),
+        "{report:#}"
+    );
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
 }

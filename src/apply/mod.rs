@@ -1,0 +1,522 @@
+//! `reconcile apply`: make each host run what its manifest says, prove the server came up right,
+//! or put the host back the way it was.
+//!
+//! Per unit: plan; nothing to do -> touch nothing. Otherwise take the unit's lock on the host, keep
+//! the current unit as a generation, write the new one atomically, daemon-reload, and restart only
+//! when the plan says so. A restarted server goes through staged verification (`verify`); when a
+//! stage fails, the previous unit is restored, restarted and verified the same way (a unit that
+//! was new is removed), and the report carries the failed invocation's journal.
+
+mod state;
+
+use std::time::Instant;
+
+use futures::stream::{self, StreamExt};
+use indicatif::MultiProgress;
+use serde::Serialize;
+use tokio::sync::watch;
+
+pub use state::{LockPolicy, Owner};
+
+use crate::observed::Observed;
+use crate::plan::{plan, Verdict, UNIT_DIR};
+use crate::redact::{redact_text, secret_values, Secret, REDACTED};
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::targets::Target;
+use crate::unit::parse_unit;
+use crate::verify::{verify, Expect, Failure, Progress, Verification};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Nothing differed; nothing was touched.
+    Unchanged,
+    /// The unit was replaced and systemd reloaded; the server kept running.
+    Reloaded,
+    /// The unit was replaced and the server restarted and passed every stage.
+    Converged,
+    /// Not started: the run was interrupted before this host's turn.
+    NotStarted,
+    /// Nothing was changed because of an error (unreachable, locked, unreadable).
+    Error,
+    /// Verification failed; the previous unit runs again and passed verification.
+    RolledBack,
+    /// Verification failed and so did the rollback: the host needs attention.
+    RollbackFailed,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Outcome::Unchanged | Outcome::Reloaded | Outcome::Converged => 0,
+            Outcome::Error | Outcome::NotStarted => 1,
+            Outcome::RolledBack => 3,
+            Outcome::RollbackFailed => 4,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitReport {
+    pub host: String,
+    pub unit: String,
+    pub source: String,
+    pub verdict: Option<Verdict>,
+    pub outcome: Outcome,
+    /// What happened, or why it failed.
+    pub detail: String,
+    /// The stage that failed, when one did.
+    pub failed_stage: Option<String>,
+    pub notes: Vec<String>,
+    /// Stages and memory samples of the new unit's verification.
+    pub verification: Option<Verification>,
+    /// Stages and samples of the restored unit's verification, after a rollback.
+    pub rollback: Option<Verification>,
+    /// The failed invocation's last journal lines (secrets redacted).
+    pub journal: Option<String>,
+    pub seconds: f64,
+}
+
+/// The git commit the manifests were read from, for deployment records.
+#[derive(Debug, Clone, Default)]
+pub struct GitInfo {
+    pub commit: Option<String>,
+    pub author: Option<String>,
+}
+
+pub struct ApplyOptions {
+    pub owner: Owner,
+    pub lock: LockPolicy,
+    pub git: GitInfo,
+    /// Turns true on Ctrl-C: verification in progress fails (and rolls back), no new host starts.
+    pub cancel: watch::Receiver<bool>,
+    /// Live display on a terminal.
+    pub progress: Option<MultiProgress>,
+}
+
+pub async fn apply_targets(
+    targets: Vec<Target>,
+    ssh: &SshOptions,
+    parallel: usize,
+    options: &ApplyOptions,
+) -> Vec<UnitReport> {
+    let results: Vec<Vec<UnitReport>> = stream::iter(crate::targets::by_host(targets))
+        .map(|(name, targets)| apply_host(name, targets, ssh, options))
+        .buffered(parallel.max(1))
+        .collect()
+        .await;
+    results.into_iter().flatten().collect()
+}
+
+async fn apply_host(
+    name: String,
+    targets: Vec<Target>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Vec<UnitReport> {
+    let started = Instant::now();
+    if *options.cancel.borrow() {
+        return targets
+            .iter()
+            .map(|t| {
+                Report::new(t, started)
+                    .end(Outcome::NotStarted, "interrupted before this host's turn")
+            })
+            .collect();
+    }
+    let host = match Host::connect(&name, ssh).await {
+        Ok(host) => host,
+        Err(e) => {
+            let detail = error_chain(&e);
+            return targets
+                .iter()
+                .map(|t| Report::new(t, started).end(Outcome::Error, &detail))
+                .collect();
+        }
+    };
+    let mut reports = Vec::new();
+    for t in &targets {
+        reports.push(apply_unit(&host, t, options).await);
+    }
+    host.close().await;
+    reports
+}
+
+/// A report being filled in as a unit is applied.
+struct Report {
+    report: UnitReport,
+    started: Instant,
+}
+
+impl Report {
+    fn new(t: &Target, started: Instant) -> Report {
+        let report = UnitReport {
+            host: t.host.clone(),
+            unit: t.desired.unit.clone(),
+            source: t.source.clone(),
+            verdict: None,
+            outcome: Outcome::Error,
+            detail: String::new(),
+            failed_stage: None,
+            notes: Vec::new(),
+            verification: None,
+            rollback: None,
+            journal: None,
+            seconds: 0.0,
+        };
+        Report { report, started }
+    }
+
+    fn end(mut self, outcome: Outcome, detail: &str) -> UnitReport {
+        self.report.outcome = outcome;
+        self.report.detail = detail.to_string();
+        self.report.seconds = self.started.elapsed().as_secs_f64();
+        self.report
+    }
+}
+
+async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitReport {
+    let mut r = Report::new(t, Instant::now());
+    let span = tracing::info_span!("unit", host = %t.host, unit = %t.desired.unit);
+    let _guard = span.enter();
+    let observed = match host.observe(&t.desired.unit).await {
+        Ok(o) => o,
+        Err(e) => return r.end(Outcome::Error, &error_chain(&e)),
+    };
+    let mut verdict = plan(&t.host, &t.source, &t.desired, &observed).verdict;
+    let mut previous = observed.unit_text.clone();
+    let mut was_running = matches!(
+        observed.state.active_state.as_str(),
+        "active" | "activating"
+    );
+    if verdict == Verdict::NoChange {
+        if !unfinished(host, t, &observed).await {
+            r.report.verdict = Some(verdict);
+            return r.end(Outcome::Unchanged, "already up to date; nothing touched");
+        }
+        // The unit on disk is the desired one but no run recorded it: an apply died after the
+        // rename. Finish that apply, with the generation it kept to fall back on.
+        r.report.notes.push("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into());
+        verdict = Verdict::Restart;
+        previous = state::newest_generation(host, &t.desired.unit)
+            .await
+            .ok()
+            .flatten();
+        was_running = true;
+    }
+    r.report.verdict = Some(verdict);
+    match state::lock(host, &t.desired.unit, &options.owner, options.lock).await {
+        Ok(note) => r.report.notes.extend(note),
+        Err(e) => return r.end(Outcome::Error, &e),
+    }
+    let (outcome, detail) = install(
+        host,
+        t,
+        &observed,
+        verdict,
+        Fallback {
+            previous,
+            was_running,
+        },
+        options,
+        &mut r.report,
+    )
+    .await;
+    if let Err(e) = state::unlock(host, &t.desired.unit).await {
+        r.report.notes.push(format!(
+            "the lock could not be released: {}",
+            error_chain(&e)
+        ));
+    }
+    r.end(outcome, &detail)
+}
+
+/// Whether a managed unit on disk matches the manifest but was never recorded as deployed.
+async fn unfinished(host: &Host, t: &Target, observed: &Observed) -> bool {
+    let Some(text) = &observed.unit_text else {
+        return false;
+    };
+    let record = state::read_record(host, &t.desired.unit).await;
+    record.is_none_or(|r| r.unit_sha256 != state::sha256(text))
+}
+
+/// What to go back to when the new unit fails.
+struct Fallback {
+    previous: Option<String>,
+    was_running: bool,
+}
+
+async fn install(
+    host: &Host,
+    t: &Target,
+    observed: &Observed,
+    verdict: Verdict,
+    fallback: Fallback,
+    options: &ApplyOptions,
+    report: &mut UnitReport,
+) -> (Outcome, String) {
+    let unit = &t.desired.unit;
+    let path = format!("{UNIT_DIR}/{unit}");
+    let prepared = async {
+        // A temporary file left by a run cut off mid-write; we hold the lock, so it is not in use.
+        host.run_ok(&["rm", "-f", "--", &format!("{path}.reconcile-tmp")])
+            .await?;
+        if let Some(current) = observed
+            .unit_text
+            .as_deref()
+            .filter(|c| *c != t.desired.text)
+        {
+            state::keep_generation(host, unit, current).await?;
+        }
+        host.write_file(&path, &t.desired.text, "0644").await?;
+        host.run_ok(&["systemctl", "daemon-reload"]).await?;
+        Ok::<(), RemoteError>(())
+    };
+    if let Err(e) = prepared.await {
+        let detail = format!("installing failed: {}", error_chain(&e));
+        return match restore(host, unit, &fallback, false).await {
+            Ok(()) => (
+                Outcome::Error,
+                format!("{detail}; the previous unit is back in place"),
+            ),
+            Err(e2) => (
+                Outcome::RollbackFailed,
+                format!(
+                    "{detail}; restoring the previous unit failed too: {}",
+                    error_chain(&e2)
+                ),
+            ),
+        };
+    }
+    if verdict == Verdict::ReloadOnly {
+        record(host, t, options, "reloaded", None, report).await;
+        return (
+            Outcome::Reloaded,
+            "unit replaced and daemon-reloaded; the server kept running".into(),
+        );
+    }
+    let restarted = async {
+        if verdict == Verdict::Install {
+            host.run_ok(&["systemctl", "enable", "--", unit]).await?;
+        }
+        host.run_ok(&["systemctl", "restart", "--", unit]).await?;
+        Ok::<String, RemoteError>(host.unit_state(unit).await?.invocation_id)
+    };
+    let invocation = match restarted.await {
+        Ok(id) => id,
+        Err(e) => {
+            return rollback(
+                host,
+                t,
+                &fallback,
+                options,
+                report,
+                "restart",
+                error_chain(&e),
+                "",
+            )
+            .await
+        }
+    };
+    let progress = Progress::new(format!("{} {unit}", t.host), options.progress.as_ref());
+    let expect = Expect::from_unit(&t.desired.model);
+    match verify(host, unit, &t.verify, &expect, &progress, &options.cancel).await {
+        Ok(v) => {
+            let detail = format!("restarted and verified: {}", summary(&v));
+            record(host, t, options, "converged", Some(&v), report).await;
+            report.verification = Some(v);
+            (Outcome::Converged, detail)
+        }
+        Err(Failure {
+            stage,
+            reason,
+            verification,
+        }) => {
+            report.verification = Some(verification);
+            rollback(
+                host,
+                t,
+                &fallback,
+                options,
+                report,
+                stage,
+                reason,
+                &invocation,
+            )
+            .await
+        }
+    }
+}
+
+fn summary(v: &Verification) -> String {
+    let load = v
+        .load_seconds
+        .map_or(String::new(), |s| format!("ready after {s:.1}s"));
+    let stages: Vec<&str> = v.stages.iter().map(|s| s.name).collect();
+    format!(
+        "{load} ({} passed) memory {}",
+        stages.join(", "),
+        v.sparkline()
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn rollback(
+    host: &Host,
+    t: &Target,
+    fallback: &Fallback,
+    options: &ApplyOptions,
+    report: &mut UnitReport,
+    stage: &str,
+    reason: String,
+    invocation: &str,
+) -> (Outcome, String) {
+    let unit = &t.desired.unit;
+    report.failed_stage = Some(stage.to_string());
+    let failed = format!("{stage} failed: {reason}");
+    let (outcome, detail) = match restore(host, unit, fallback, fallback.was_running).await {
+        Err(e) => (
+            Outcome::RollbackFailed,
+            format!("{failed}; rollback failed: {}", error_chain(&e)),
+        ),
+        Ok(()) => match (&fallback.previous, fallback.was_running) {
+            (None, _) => (
+                Outcome::RolledBack,
+                format!("{failed}; the new unit was stopped, disabled and removed"),
+            ),
+            (Some(_), false) => (
+                Outcome::RolledBack,
+                format!("{failed}; the previous unit was restored and left stopped, as it was"),
+            ),
+            (Some(previous), true) => {
+                let progress = Progress::new(
+                    format!("{} {unit} (rollback)", t.host),
+                    options.progress.as_ref(),
+                );
+                let expect = Expect::from_unit(&parse_unit(previous));
+                // A second Ctrl-C must not abort the rollback itself.
+                let (_keep, never) = watch::channel(false);
+                match verify(host, unit, &t.verify, &expect, &progress, &never).await {
+                    Ok(v) => {
+                        let load = v
+                            .load_seconds
+                            .map_or(String::new(), |s| format!(" (ready after {s:.1}s)"));
+                        report.rollback = Some(v);
+                        (Outcome::RolledBack, format!("{failed}; the previous unit was restored and passed verification{load}"))
+                    }
+                    Err(f) => {
+                        report.rollback = Some(f.verification);
+                        (
+                            Outcome::RollbackFailed,
+                            format!(
+                                "{failed}; the restored previous unit failed too: {}: {}",
+                                f.stage, f.reason
+                            ),
+                        )
+                    }
+                }
+            }
+        },
+    };
+    // Read after the rollback, which gives journald time to take in the failed process's last
+    // lines. SGLang logs its resolved arguments, secrets included.
+    let secrets: Vec<Secret> = secret_values(&t.desired.model)
+        .into_iter()
+        .chain(
+            fallback
+                .previous
+                .as_deref()
+                .map(|p| secret_values(&parse_unit(p)))
+                .unwrap_or_default(),
+        )
+        .map(|(name, value)| Secret {
+            name,
+            value,
+            placeholder: REDACTED,
+        })
+        .collect();
+    report.journal = journal(host, invocation)
+        .await
+        .map(|j| redact_text(&j, &secrets));
+    (outcome, detail)
+}
+
+/// Puts the previous unit back (or removes a unit that was new), restarting it when asked.
+async fn restore(
+    host: &Host,
+    unit: &str,
+    fallback: &Fallback,
+    restart: bool,
+) -> Result<(), RemoteError> {
+    let path = format!("{UNIT_DIR}/{unit}");
+    match &fallback.previous {
+        Some(previous) => {
+            host.write_file(&path, previous, "0644").await?;
+            host.run_ok(&["systemctl", "daemon-reload"]).await?;
+            let action = if restart { "restart" } else { "stop" };
+            host.run_ok(&["systemctl", action, "--", unit]).await?;
+        }
+        None => {
+            host.run(&["systemctl", "disable", "--now", "--", unit])
+                .await?;
+            host.run_ok(&["rm", "-f", "--", &path]).await?;
+            host.run_ok(&["systemctl", "daemon-reload"]).await?;
+            host.run(&["systemctl", "reset-failed", "--", unit]).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the deployment record; a failure to record is a note, not a failed deployment.
+async fn record(
+    host: &Host,
+    t: &Target,
+    options: &ApplyOptions,
+    outcome: &str,
+    v: Option<&Verification>,
+    report: &mut UnitReport,
+) {
+    let owner = &options.owner;
+    let plateau = v.and_then(|v| v.plateau.as_ref());
+    let record = state::Record {
+        unit: t.desired.unit.clone(),
+        manifest: t.source.clone(),
+        manifest_sha256: t.manifest_digest.clone(),
+        unit_sha256: state::sha256(&t.desired.text),
+        git_commit: options.git.commit.clone(),
+        git_author: options.git.author.clone(),
+        applied_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        applied_by: format!("{}@{} pid {}", owner.user, owner.machine, owner.pid),
+        outcome: outcome.to_string(),
+        load_seconds: v.and_then(|v| v.load_seconds),
+        plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
+        plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
+    };
+    if let Err(e) = state::write_record(host, &record).await {
+        report.notes.push(format!(
+            "the deployment record could not be written: {}",
+            error_chain(&e)
+        ));
+    }
+}
+
+/// The last lines the failed invocation logged, and systemd's lines about it.
+async fn journal(host: &Host, invocation: &str) -> Option<String> {
+    if invocation.is_empty() {
+        return None;
+    }
+    let process = format!("_SYSTEMD_INVOCATION_ID={invocation}");
+    let manager = format!("INVOCATION_ID={invocation}");
+    let argv = [
+        "journalctl",
+        &process,
+        "+",
+        &manager,
+        "-n",
+        "50",
+        "--no-pager",
+        "-o",
+        "cat",
+    ];
+    Some(host.run(&argv).await.ok()?.stdout)
+}

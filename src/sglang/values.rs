@@ -1,0 +1,177 @@
+//! Whether argparse would accept a flag's value as the unit renders it: `true` renders the bare
+//! flag, a value renders one argument, a list one argument per item. Each value goes through the
+//! flag's converter (`int`, `float`, `human_readable_int`, `json.loads`, ...) and then its choices,
+//! in argparse's order, so the message is the problem SGLang would stop on.
+
+use super::catalog::{Flag, Kind, ValueType};
+use crate::manifest::FlagValue;
+
+/// The problem with `value` for `flag`, if SGLang would refuse it.
+pub fn check_value(flag: &Flag, value: &FlagValue) -> Result<(), String> {
+    let name = flag.name;
+    match (flag.kind, value) {
+        (_, FlagValue::Switch(false)) | (Kind::Switch, FlagValue::Switch(true)) => Ok(()),
+        (Kind::Switch, FlagValue::Value(v)) => Err(format!(
+            "--{name} is a switch and takes no value (got `{v}`): write true to set it, false to leave it out"
+        )),
+        (Kind::Switch, FlagValue::List(_)) => Err(format!(
+            "--{name} is a switch and takes no values: write true to set it, false to leave it out"
+        )),
+        // A bare flag is fine when the value is optional (`?`) or the list may be empty (`*`).
+        (_, FlagValue::Switch(true)) if matches!(flag.nargs, "?" | "*") => Ok(()),
+        (_, FlagValue::Switch(true)) => Err(format!(
+            "--{name} needs {}; true would render the flag without one",
+            what(flag)
+        )),
+        (Kind::Value, FlagValue::List(_)) => {
+            Err(format!("--{name} takes one value, not a list"))
+        }
+        (Kind::List, FlagValue::List(items)) if items.is_empty() && flag.nargs == "+" => {
+            Err(format!("--{name} needs at least one value"))
+        }
+        (_, FlagValue::Value(v)) => check_item(flag, v),
+        (Kind::List, FlagValue::List(items)) => items.iter().try_for_each(|v| check_item(flag, v)),
+    }
+}
+
+fn what(flag: &Flag) -> String {
+    let noun = match flag.value_type {
+        ValueType::Int => "an integer",
+        ValueType::Float => "a number",
+        ValueType::Json => "a JSON value",
+        ValueType::Str | ValueType::Bool => "a value",
+    };
+    if flag.choices.is_empty() {
+        noun.to_string()
+    } else {
+        format!("one of {}", flag.choices.join(", "))
+    }
+}
+
+fn check_item(flag: &Flag, value: &str) -> Result<(), String> {
+    let name = flag.name;
+    let converted = match (flag.parser, flag.value_type) {
+        ("human_readable_int", _) => human_readable_int(value),
+        ("nullable_str" | "LoRAPathAction", _) => true,
+        ("parse_cuda_graph_config_arg", _) => {
+            matches!(
+                serde_json::from_str(value),
+                Ok(serde_json::Value::Object(_))
+            )
+        }
+        ("parse_cuda_graph_backend_arg", _) if value == "tc_piecewise" => {
+            return Err(format!(
+                "--{name}: tc_piecewise was removed; use {}",
+                flag.choices.join(", ")
+            ));
+        }
+        (_, ValueType::Json) => serde_json::from_str::<serde_json::Value>(value).is_ok(),
+        (_, ValueType::Int) => python_int(value).is_some(),
+        (_, ValueType::Float) => python_float(value).is_some(),
+        (_, ValueType::Str | ValueType::Bool) => true,
+    };
+    if !converted {
+        return Err(format!("--{name} needs {}, not `{value}`", what(flag)));
+    }
+    if !flag.choices.is_empty() && !in_choices(flag, value) {
+        return Err(format!(
+            "`{value}` is not a choice of --{name}: {}",
+            flag.choices.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// argparse compares the converted value, so `08` is the int choice `8`.
+fn in_choices(flag: &Flag, value: &str) -> bool {
+    match flag.value_type {
+        ValueType::Int => flag
+            .choices
+            .iter()
+            .any(|c| python_int(c).is_some() && python_int(c) == python_int(value)),
+        _ => flag.choices.contains(&value),
+    }
+}
+
+/// Python's `int(text)`: surrounding whitespace, a sign, digits with single `_` between them.
+pub fn python_int(text: &str) -> Option<i128> {
+    let t = text.trim();
+    let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
+    if digits.is_empty()
+        || digits.starts_with('_')
+        || digits.ends_with('_')
+        || digits.contains("__")
+    {
+        return None;
+    }
+    if !digits.chars().all(|c| c.is_ascii_digit() || c == '_') {
+        return None;
+    }
+    t.replace('_', "").parse().ok()
+}
+
+/// Python's `float(text)`: what Rust reads plus whitespace and `_` between digits.
+pub fn python_float(text: &str) -> Option<f64> {
+    let t = text.trim();
+    let bytes = t.as_bytes();
+    let underscores_ok = t.char_indices().filter(|(_, c)| *c == '_').all(|(i, _)| {
+        i > 0
+            && i + 1 < bytes.len()
+            && bytes[i - 1].is_ascii_digit()
+            && bytes[i + 1].is_ascii_digit()
+    });
+    if !underscores_ok {
+        return None;
+    }
+    t.replace('_', "").parse().ok()
+}
+
+/// SGLang's `human_readable_int`: an int, or digits with an SI suffix (`128k`, `1.5M`, decimals
+/// allowed) or an IEC suffix (`128Ki`, whole numbers only). Suffixes are case-sensitive.
+fn human_readable_int(text: &str) -> bool {
+    let t = text.trim();
+    let iec = ["Ki", "Mi", "Gi", "Ti"]
+        .iter()
+        .find_map(|s| t.strip_suffix(s));
+    if let Some(number) = iec {
+        return !number.is_empty() && number.chars().all(|c| c.is_ascii_digit());
+    }
+    let si = ["k", "M", "G", "T"].iter().find_map(|s| t.strip_suffix(s));
+    if let Some(number) = si {
+        let digits = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_digit());
+        return match number.split_once('.') {
+            Some((whole, fraction)) => digits(whole) && digits(fraction),
+            None => digits(number),
+        };
+    }
+    python_int(t).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_numbers() {
+        assert_eq!(python_int(" +1_000 "), Some(1000));
+        assert_eq!(python_int("007"), Some(7));
+        for bad in ["1.0", "1__0", "_1", "", "4k", "0x10"] {
+            assert_eq!(python_int(bad), None, "{bad}");
+        }
+        assert_eq!(python_float("1e-3"), Some(0.001));
+        assert_eq!(python_float(".5"), Some(0.5));
+        assert!(python_float("inf").is_some());
+        assert_eq!(python_float("1_0.5"), Some(10.5));
+        assert_eq!(python_float("0.8x"), None);
+    }
+
+    #[test]
+    fn human_readable_ints() {
+        for good in ["262144", "256k", "25.6k", "1M", "128Ki", " 4Gi "] {
+            assert!(human_readable_int(good), "{good}");
+        }
+        for bad in ["1.5Ki", "256K", "k", "1.k", "256kb", "1e5"] {
+            assert!(!human_readable_int(bad), "{bad}");
+        }
+    }
+}

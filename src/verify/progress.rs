@@ -1,0 +1,73 @@
+//! Showing verification live: on a terminal, a spinner per unit with stage, elapsed time, memory
+//! and a sparkline; elsewhere (CI logs), one line per finished stage on stderr.
+
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+
+use super::judge::{bytes, sparkline, Sample};
+use super::Verification;
+
+/// The display for one unit's verification.
+pub struct Progress {
+    label: String,
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    /// A spinner in `multi` when there is one (a terminal), plain stage lines otherwise.
+    pub fn new(label: String, multi: Option<&MultiProgress>) -> Progress {
+        let bar = multi.map(|m| {
+            let bar = m.add(ProgressBar::new_spinner());
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {prefix} {wide_msg}")
+                    .expect("valid template"),
+            );
+            bar.set_prefix(label.clone());
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            bar
+        });
+        Progress { label, bar }
+    }
+
+    pub fn update(&self, stage: &str, elapsed: f64, sample: &Sample, record: &Verification) {
+        let Some(bar) = &self.bar else { return };
+        let memory = sample.service_bytes.map_or("?".into(), bytes);
+        let gpus = if sample.gpu_mib.is_empty() {
+            String::new()
+        } else {
+            format!(" gpu {:?} MiB", sample.gpu_mib)
+        };
+        let spark: Vec<u64> = record
+            .samples
+            .iter()
+            .map(|s| s.service_bytes.unwrap_or(0))
+            .collect();
+        bar.set_message(format!(
+            "{stage} {elapsed:.0}s mem {memory}{gpus} {}",
+            sparkline(&spark)
+        ));
+    }
+
+    pub fn stage(&self, name: &str, passed: bool, detail: &str) {
+        if self.label.is_empty() {
+            return;
+        }
+        let line = format!(
+            "{} {}: {name} {}: {detail}",
+            if passed { "✓" } else { "✗" },
+            self.label,
+            if passed { "passed" } else { "FAILED" }
+        );
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
