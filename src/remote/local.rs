@@ -9,7 +9,7 @@ use super::{Output, RemoteError};
 pub async fn run(argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
     let transport = |e: std::io::Error| RemoteError::Transport {
         host: "local".into(),
-        command: argv.join(" "),
+        command: super::label(argv),
         source: Box::new(e),
     };
     let mut command = tokio::process::Command::new(argv[0]);

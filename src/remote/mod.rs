@@ -105,7 +105,7 @@ impl Host {
         if out.status != 0 {
             return Err(RemoteError::Failed {
                 host: self.name().to_string(),
-                command: argv.join(" "),
+                command: label(argv),
                 status: out.status,
                 stderr: out.stderr.trim().to_string(),
             });
@@ -181,6 +181,14 @@ impl Host {
         if let Host::Ssh(h) = self {
             h.close().await;
         }
+    }
+}
+
+/// A command as shown in errors: a fixed `sh -c` script is shown by its arguments, not its text.
+fn label(argv: &[&str]) -> String {
+    match argv {
+        ["sh", "-c", _, _, args @ ..] => format!("sh -c … {}", args.join(" ")),
+        _ => argv.join(" "),
     }
 }
 

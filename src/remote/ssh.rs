@@ -44,7 +44,7 @@ impl SshHost {
     pub async fn run(&self, argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
         let transport = |source: Box<dyn std::error::Error + Send + Sync>| RemoteError::Transport {
             host: self.name.clone(),
-            command: argv.join(" "),
+            command: super::label(argv),
             source,
         };
         let mut command = self.session.command(argv[0]);

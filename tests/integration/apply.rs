@@ -1,6 +1,8 @@
 //! `reconcile apply` against real hosts running the SGLang stand-in.
 
-use crate::lab::{lab, manifest, Reconcile, APPLY};
+use std::time::Duration;
+
+use crate::lab::{lab, manifest, Ran, Reconcile, APPLY};
 
 /// A test service that loads in one second and is judged over a three-second crash window.
 /// Each test has its own service and port on the shared apply host. The stand-in loads in one
@@ -431,5 +433,138 @@ fn a_lock_left_by_a_dead_run_on_this_machine_is_broken() {
             .contains("broke a stale lock held by ci@"),
         "{report:#}"
     );
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+}
+
+fn json_of(ran: &Ran) -> serde_json::Value {
+    ran.json()["units"][0].clone()
+}
+
+#[test]
+fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
+    let unit = "t-apply-twice.service";
+    fresh(unit);
+    let slow = service("t-apply-twice", 32020, ", FAKE_SGLANG_LOAD_SECONDS: \"5\"");
+    let first = Reconcile::new()
+        .manifest("a.yaml", &slow)
+        .args(&["apply", "--format", "json"]);
+    let child = first.spawn(&[]);
+    let pid = child.id();
+    std::thread::sleep(Duration::from_millis(1500));
+    let second = Reconcile::new()
+        .manifest("a.yaml", &slow)
+        .args(&["apply", "--format", "json"])
+        .run();
+    let first = Ran::from(child.wait_with_output().unwrap());
+    assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
+    assert_eq!(second.code, 1, "{}{}", second.stdout, second.stderr);
+    let detail = json_of(&second)["detail"].as_str().unwrap().to_string();
+    assert!(detail.contains("is locked by another apply"), "{detail}");
+    assert!(
+        detail.contains(&format!("pid {pid}")),
+        "names the holder: {detail}"
+    );
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+}
+
+#[test]
+fn ctrl_c_during_verification_rolls_back() {
+    let unit = "t-apply-ctrlc.service";
+    fresh(unit);
+    let good = service("t-apply-ctrlc", 32021, "");
+    assert_eq!(apply(&good).0, 0);
+    let good_text = unit_file(unit).unwrap();
+    let slow = service("t-apply-ctrlc", 32021, ", FAKE_SGLANG_LOAD_SECONDS: \"8\"");
+    let run = Reconcile::new()
+        .manifest("a.yaml", &slow)
+        .args(&["apply", "--format", "json"]);
+    let child = run.spawn(&[]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let ran = Ran::from(child.wait_with_output().unwrap());
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let report = json_of(&ran);
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted (Ctrl-C)"),
+        "{report:#}"
+    );
+    assert_eq!(unit_file(unit).unwrap(), good_text);
+    assert!(active(&identity(unit)));
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+}
+
+/// Cuts reconcile's SSH connection (kills its ssh master, found by its own TMPDIR) at several
+/// moments of an apply: the host is left with the complete old or the complete new unit, never a
+/// partial one, and the next apply converges.
+#[test]
+fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() {
+    let unit = "t-apply-cut.service";
+    fresh(unit);
+    let old = service("t-apply-cut", 32022, "");
+    // A long unit, so the cut can land while it is being written.
+    let padding: String = (0..200)
+        .map(|i| format!(", PAD_{i}: \"{}\"", "x".repeat(64)))
+        .collect();
+    let new = service(
+        "t-apply-cut",
+        32022,
+        &format!(", FAKE_SGLANG_LOAD_SECONDS: \"2\"{padding}"),
+    );
+    for (round, delay_ms) in [150u64, 400, 900, 2500].into_iter().enumerate() {
+        assert_eq!(apply(&old).0, 0, "round {round}: back to the old unit");
+        let old_text = unit_file(unit).unwrap();
+        let tmp = format!("/tmp/rc-cut-{}-{round}", std::process::id());
+        std::fs::create_dir_all(&tmp).unwrap();
+        let run = Reconcile::new()
+            .manifest("a.yaml", &new)
+            .args(&["apply", "--format", "json"]);
+        let child = run.spawn(&[("TMPDIR", &tmp)]);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = std::process::Command::new("pkill")
+            .args(["-KILL", "-f", &format!("{tmp}/")])
+            .status();
+        let cut = Ran::from(child.wait_with_output().unwrap());
+        let said = cut
+            .stdout
+            .lines()
+            .find(|l| l.contains("\"detail\""))
+            .unwrap_or("(no report)")
+            .trim()
+            .to_string();
+        eprintln!("cut at {delay_ms} ms: exit {}, {said}", cut.code);
+        let on_disk = unit_file(unit).expect("a unit file is always there");
+        let new_text = Reconcile::new().manifest("a.yaml", &new).rendered(APPLY);
+        assert!(
+            on_disk == old_text || on_disk == new_text,
+            "round {round} (cut at {delay_ms} ms) left a partial unit; run said:\n{}{}",
+            cut.stdout,
+            cut.stderr
+        );
+        let (code, report) = apply(&new);
+        assert_eq!(
+            code, 0,
+            "round {round}: the next apply recovers: {report:#}"
+        );
+        assert_eq!(unit_file(unit).unwrap(), new_text);
+        assert!(active(&identity(unit)));
+        let leftovers = lab().sh(
+            APPLY,
+            "ls /etc/systemd/system | grep -c reconcile-tmp || true",
+        );
+        assert_eq!(
+            leftovers.trim(),
+            "0",
+            "round {round}: a temporary file was left"
+        );
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
     lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
 }

@@ -147,19 +147,29 @@ impl Reconcile {
     }
 
     pub fn run(&self) -> Ran {
-        let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
+        Ran::from(self.command().output().expect("reconcile runs"))
+    }
+
+    /// Starts the run without waiting for it, with extra environment (e.g. its own TMPDIR, where
+    /// its SSH control socket lives).
+    pub fn spawn(&self, env: &[(&str, &str)]) -> std::process::Child {
+        let mut command = self.command();
+        command
+            .envs(env.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        command.spawn().expect("reconcile starts")
+    }
+
+    fn command(&self) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_reconcile"));
+        command
             .args(&self.args)
             .arg("--ssh-config")
             .arg(lab().ssh_config())
             .current_dir(self.dir.path())
-            .env("NO_COLOR", "1")
-            .output()
-            .expect("reconcile runs");
-        Ran {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+            .env("NO_COLOR", "1");
+        command
     }
 
     /// The unit text `reconcile render` gives for a host (tests' manifests hold no secrets).
@@ -175,6 +185,16 @@ impl Reconcile {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl From<std::process::Output> for Ran {
+    fn from(out: std::process::Output) -> Ran {
+        Ran {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
     }
 }
 
