@@ -68,7 +68,10 @@ impl Expect {
 pub struct Stage {
     pub name: &'static str,
     pub passed: bool,
+    /// Since the restart.
     pub seconds: f64,
+    /// When the stage ended, in seconds since the Unix epoch (for comparing with host logs).
+    pub at_unix: f64,
     pub detail: String,
 }
 
@@ -226,6 +229,7 @@ impl Run<'_> {
             name,
             passed: true,
             seconds: self.elapsed(),
+            at_unix: unix_now(),
             detail,
         });
     }
@@ -236,6 +240,7 @@ impl Run<'_> {
             name,
             passed: false,
             seconds: self.elapsed(),
+            at_unix: unix_now(),
             detail: reason.clone(),
         });
         Failure {
@@ -365,4 +370,8 @@ impl Run<'_> {
         }
         Ok(std::mem::take(&mut self.record))
     }
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Benchmark of apply's failure path, on one throwaway test host running the SGLang stand-in:
+#   crash -> reported: from the moment systemd saw the stand-in's process exit (its journal) to the
+#                      moment reconcile failed the stage (target <= 1.5 s);
+#   rollback:          from that failure to the previous server answering /health again, as
+#                      reconcile's rollback verification saw it (target <= stand-in load time + 2 s).
+# Usage: sudo bench/apply.sh [TRIALS]   (default 5; ~10 s a trial)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "bench/apply.sh: needs root (the test host is a container)" >&2; exit 1; }
+TRIALS=${1:-5}
+LOAD=3
+export STATE=/tmp/reconcile-bench PREFIX=bench
+bash tests/hostlab/build-rootfs.sh >/dev/null
+cargo build --locked --release --quiet
+trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
+bash tests/hostlab/up.sh 1 >/dev/null
+work=$(mktemp -d); mkdir -p "$work/good" "$work/bad"
+manifest() {  # $1: extra env
+  cat <<EOM
+service: bench-sglang
+hosts: [bench1]
+sglang: { python: /usr/bin/python3, version: 0.5.23, model_path: /models/bench, served_model_name: bench, port: 30000, flags: { tp-size: 2 } }
+env: { CUDA_VISIBLE_DEVICES: "0,1", FAKE_SGLANG_LOAD_SECONDS: "$LOAD"$1 }
+verify: { crash_window: 5s, sample_interval: 500ms, load_deadline: 60s }
+EOM
+}
+manifest "" > "$work/good/m.yaml"
+manifest ', FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: "1"' > "$work/bad/m.yaml"
+rc() { ./target/release/reconcile apply "$1" --ssh-config "$STATE/ssh_config" --format json; }
+rc "$work/good" > /dev/null
+printf '%-6s %-22s %-24s\n' trial "crash -> reported (s)" "rollback to serving (s)"
+for i in $(seq 1 "$TRIALS"); do
+  start=$(date +%s)
+  rc "$work/bad" > "$work/report.json" || true
+  exits=$(ssh -F "$STATE/ssh_config" bench1 journalctl -u bench-sglang -o short-unix --no-pager --since "@$start" | grep 'Main process exited' | awk '{print $1}' | tr '\n' ' ')
+  python3 - "$work/report.json" "$exits" "$i" <<'PY' | tee -a "$work/rows"
+import json, sys
+unit = json.load(open(sys.argv[1]))["units"][0]
+assert unit["outcome"] == "rolled_back", unit["detail"]
+failed = unit["verification"]["stages"][-1]["at_unix"]
+crash = max(t for t in map(float, sys.argv[2].split()) if t <= failed)
+serving = next(s["at_unix"] for s in unit["rollback"]["stages"] if s["name"] == "readiness")
+print(f"{sys.argv[3]:<6} {failed - crash:<22.2f} {serving - failed:<24.2f}")
+PY
+done
+python3 - "$work/rows" "$LOAD" <<'PY'
+import statistics, sys
+rows = [line.split() for line in open(sys.argv[1])]
+detect = [float(r[1]) for r in rows]; rollback = [float(r[2]) for r in rows]; load = float(sys.argv[2])
+print(f"crash -> reported: median {statistics.median(detect):.2f} s, max {max(detect):.2f} s (target <= 1.5 s)")
+print(f"rollback to serving: median {statistics.median(rollback):.2f} s, max {max(rollback):.2f} s "
+      f"(target <= load {load:.0f} s + 2 s = {load + 2:.0f} s; ratio to load time {statistics.median(rollback) / load:.2f})")
+PY
+rm -rf "$work"
