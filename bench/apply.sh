@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "bench/apply.sh: needs root (the test host is a container)" >&2; exit 1; }
 TRIALS=${1:-5}
 LOAD=3
-export STATE=/tmp/reconcile-bench PREFIX=bench
+export STATE=/tmp/reconcile-bench PREFIX=bench SUBNET=10.214  # apart from the test lab
 bash tests/hostlab/build-rootfs.sh >/dev/null
 cargo build --locked --release --quiet
 trap 'bash tests/hostlab/down.sh >/dev/null' EXIT

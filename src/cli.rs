@@ -9,13 +9,15 @@ use crate::report::Format;
 const EXIT_CODES: &str = "\
 Exit codes:
   0  nothing to change (every unit on every host matches its manifest)
-  1  error: bad manifests (no host was contacted), or a host could not be read
+  1  error: bad manifests (no host was contacted), a host could not be read, or a unit failed
+     preflight (its host cannot run it: SGLang version, model path, GPUs, port)
   2  changes pending (dry-run/plan only)";
 
 const APPLY_EXIT_CODES: &str = "\
 Exit codes:
   0  every unit converged (or needed nothing)
-  1  error before any change on some host (bad manifests, unreachable, locked, interrupted before its turn)
+  1  error before any change on some host (bad manifests, unreachable, preflight failed, locked,
+     interrupted before its turn)
   3  verification failed on some host; it was rolled back to its previous unit, which passed
   4  verification failed and the rollback failed too: that host needs attention
 
@@ -126,6 +128,12 @@ pub struct PlanArgs {
     /// Hosts read at once.
     #[arg(long, default_value_t = 32, value_name = "N")]
     pub parallel: usize,
+
+    /// Also ask each host's own SGLang to parse each unit's exact arguments, without starting a
+    /// server (`sglang.srt.server_args.prepare_server_args`). Catches what no catalog knows, at
+    /// about 10 s a unit on a real host (it imports torch).
+    #[arg(long)]
+    pub deep: bool,
 
     /// Colour the text output: auto (a terminal, unless NO_COLOR is set), always or never.
     #[arg(long, value_enum, default_value = "auto")]

@@ -1,15 +1,17 @@
 //! `reconcile --dry-run`: read every host concurrently, one SSH connection each, and plan each
-//! unit. Nothing on a host is changed. An unreachable host is reported; the others are planned.
+//! unit, with its preflight checks. Nothing on a host is changed. An unreachable host is reported;
+//! the others are planned.
 
 use futures::stream::{self, StreamExt};
 use serde::Serialize;
 
 use crate::plan::{plan, UnitPlan, Verdict};
+use crate::preflight;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::targets::Target;
 
-/// Commands in flight on one connection: sshd allows 10 sessions per connection by default, and
-/// observing a unit takes two.
+/// Units planned at once on one connection: sshd allows 10 sessions per connection by default, and
+/// a unit runs at most two commands at once (observing it, then its preflight).
 const UNITS_PER_HOST_AT_ONCE: usize = 4;
 
 /// What happened for one unit on one host.
@@ -26,16 +28,27 @@ pub enum Outcome {
 }
 
 /// Plans every target, at most `parallel` hosts at once. Results come back in the targets' order.
-pub async fn plan_targets(targets: Vec<Target>, ssh: &SshOptions, parallel: usize) -> Vec<Outcome> {
+/// `deep` adds preflight's deep check (the host's SGLang parses each unit's argv, ~10 s a unit).
+pub async fn plan_targets(
+    targets: Vec<Target>,
+    ssh: &SshOptions,
+    parallel: usize,
+    deep: bool,
+) -> Vec<Outcome> {
     let results: Vec<Vec<Outcome>> = stream::iter(crate::targets::by_host(targets))
-        .map(|(host, targets)| plan_host(host, targets, ssh))
+        .map(|(host, targets)| plan_host(host, targets, ssh, deep))
         .buffered(parallel.max(1))
         .collect()
         .await;
     results.into_iter().flatten().collect()
 }
 
-async fn plan_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Vec<Outcome> {
+async fn plan_host(
+    name: String,
+    targets: Vec<Target>,
+    ssh: &SshOptions,
+    deep: bool,
+) -> Vec<Outcome> {
     let span = tracing::info_span!("host", host = %name);
     let _guard = span.enter();
     let host = match Host::connect(&name, ssh).await {
@@ -47,12 +60,16 @@ async fn plan_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Vec<
     };
     let outcomes = stream::iter(&targets)
         .map(|t| async {
-            match host.observe(&t.desired.unit).await {
-                Ok(observed) => {
-                    Outcome::Planned(Box::new(plan(&t.host, &t.source, &t.desired, &observed)))
-                }
-                Err(e) => failed(t, error_chain(&e)),
+            let observed = match host.observe(&t.desired.unit).await {
+                Ok(observed) => observed,
+                Err(e) => return failed(t, error_chain(&e)),
+            };
+            let mut planned = plan(&t.host, &t.source, &t.desired, &observed);
+            match preflight::check(&host, t, &observed.state, deep).await {
+                Ok(findings) => planned.preflight = findings,
+                Err(e) => return failed(t, format!("preflight: {}", error_chain(&e))),
             }
+            Outcome::Planned(Box::new(planned))
         })
         .buffered(UNITS_PER_HOST_AT_ONCE)
         .collect()
@@ -78,6 +95,8 @@ pub struct Tally {
     pub reload_only: usize,
     pub unchanged: usize,
     pub errors: usize,
+    /// Planned units whose preflight found an error: the host cannot run them as they are.
+    pub preflight_errors: usize,
 }
 
 impl Tally {
@@ -86,12 +105,17 @@ impl Tally {
         for o in outcomes {
             match o {
                 Outcome::Error { .. } => t.errors += 1,
-                Outcome::Planned(p) => match p.verdict {
-                    Verdict::Install => t.install += 1,
-                    Verdict::Restart => t.restart += 1,
-                    Verdict::ReloadOnly => t.reload_only += 1,
-                    Verdict::NoChange => t.unchanged += 1,
-                },
+                Outcome::Planned(p) => {
+                    match p.verdict {
+                        Verdict::Install => t.install += 1,
+                        Verdict::Restart => t.restart += 1,
+                        Verdict::ReloadOnly => t.reload_only += 1,
+                        Verdict::NoChange => t.unchanged += 1,
+                    }
+                    if preflight::has_errors(&p.preflight) {
+                        t.preflight_errors += 1;
+                    }
+                }
             }
         }
         t
@@ -99,5 +123,10 @@ impl Tally {
 
     pub fn changes(&self) -> usize {
         self.install + self.restart + self.reload_only
+    }
+
+    /// Exit status 1 of `plan`: a unit could not be planned, or its host cannot run it.
+    pub fn failed(&self) -> bool {
+        self.errors > 0 || self.preflight_errors > 0
     }
 }

@@ -10,6 +10,7 @@ mod load;
 mod manifest;
 mod observed;
 mod plan;
+mod preflight;
 mod redact;
 mod remote;
 mod report;
@@ -71,13 +72,13 @@ async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
         config_file: args.ssh_config.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
     };
-    let outcomes = dry_run::plan_targets(targets, &ssh, args.parallel).await;
+    let outcomes = dry_run::plan_targets(targets, &ssh, args.parallel, args.deep).await;
     print!(
         "{}",
         report::render(&outcomes, args.format, args.color.enabled())
     );
     let tally = Tally::of(&outcomes);
-    Ok(ExitCode::from(if tally.errors > 0 {
+    Ok(ExitCode::from(if tally.failed() {
         1
     } else if tally.changes() > 0 {
         2
@@ -112,6 +113,7 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         git: git_info(&plan.paths),
         cancel,
         progress: live.then(indicatif::MultiProgress::new),
+        deep: plan.deep,
     };
     let reports = apply::apply_targets(targets, &ssh, plan.parallel, &options).await;
     print!("{}", report::render_apply(&reports, plan.format));

@@ -81,6 +81,8 @@ pub struct UnitPlan {
     /// Things worth knowing that do not change the verdict (the service is down, systemd has not
     /// reloaded the file on disk).
     pub notes: Vec<String>,
+    /// What the host lacks for this unit to start (see `preflight`); an error here fails the plan.
+    pub preflight: Vec<crate::preflight::Finding>,
 }
 
 pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) -> UnitPlan {
@@ -126,6 +128,7 @@ pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) ->
         diff,
         notes: notes(verdict, observed),
         state: observed.state.clone(),
+        preflight: Vec::new(),
     }
 }
 

@@ -1,6 +1,9 @@
 //! From manifests to the (host, unit) pairs a run works on, each with its rendered unit. Pure.
 
+use std::sync::Arc;
+
 use crate::manifest::{Manifest, VerifySpec};
+use crate::preflight;
 use crate::unit::{render, Desired};
 
 /// One unit on one host.
@@ -12,6 +15,10 @@ pub struct Target {
     pub verify: VerifySpec,
     /// sha256 of the manifest's text.
     pub manifest_digest: String,
+    /// The manifest, for preflight's checks against the SGLang version the host really has.
+    pub manifest: Arc<Manifest>,
+    /// Preflight findings known without the host: GPUs this unit shares with another service there.
+    pub conflicts: Vec<preflight::Finding>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -27,16 +34,24 @@ pub fn targets(manifests: &[Manifest], only: &[String]) -> Result<Vec<Target>, U
     let mut all: Vec<Target> = manifests
         .iter()
         .flat_map(|m| {
+            let shared = Arc::new(m.clone());
             m.hosts.iter().map(move |h| Target {
                 host: h.name.clone(),
                 source: m.source.clone(),
                 desired: render(m, h),
                 verify: m.verify.clone(),
                 manifest_digest: m.digest.clone(),
+                manifest: Arc::clone(&shared),
+                conflicts: Vec::new(),
             })
         })
         .collect();
     all.sort_by(|a, b| (&a.host, &a.desired.unit).cmp(&(&b.host, &b.desired.unit)));
+    // Before `only` narrows the run: a clash is with any service on the host.
+    let conflicts = preflight::gpu_conflicts(&all);
+    for (t, conflicts) in all.iter_mut().zip(conflicts) {
+        t.conflicts = conflicts;
+    }
     let missing: Vec<String> = only
         .iter()
         .filter(|w| !all.iter().any(|t| &t.host == *w))

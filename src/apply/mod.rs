@@ -1,9 +1,9 @@
 //! `reconcile apply`: make each host run what its manifest says, prove the server came up right,
 //! or put the host back the way it was.
 //!
-//! Per unit: plan; nothing to do -> touch nothing. Otherwise take the unit's lock on the host, keep
-//! the current unit as a generation, write the new one atomically, daemon-reload, and restart only
-//! when the plan says so. A restarted server goes through staged verification (`verify`); when a
+//! Per unit: plan; nothing to do -> touch nothing. Otherwise run preflight (a unit whose host cannot
+//! run it is refused, untouched), take the unit's lock on the host, keep the current unit as a
+//! generation, write the new one atomically, daemon-reload, and restart only when the plan says so. A restarted server goes through staged verification (`verify`); when a
 //! stage fails, the previous unit is restored, restarted and verified the same way (a unit that
 //! was new is removed), and the report carries the failed invocation's journal.
 
@@ -20,6 +20,7 @@ pub use state::{LockPolicy, Owner};
 
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
+use crate::preflight;
 use crate::redact::{redact_text, secret_values, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
@@ -92,6 +93,8 @@ pub struct ApplyOptions {
     pub cancel: watch::Receiver<bool>,
     /// Live display on a terminal.
     pub progress: Option<MultiProgress>,
+    /// Preflight's deep check: the host's SGLang parses each unit's argv first (~10 s a unit).
+    pub deep: bool,
 }
 
 pub async fn apply_targets(
@@ -205,6 +208,33 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         was_running = true;
     }
     r.report.verdict = Some(verdict);
+    // Preflight before the lock and any change: a unit its host cannot run is refused while the
+    // old server still serves. A unit with nothing to do was left above, untouched, whatever
+    // preflight would say (`plan` shows it).
+    match preflight::check(host, t, &observed.state, options.deep).await {
+        Ok(findings) => {
+            let (errors, warnings): (Vec<_>, Vec<_>) = findings
+                .into_iter()
+                .partition(|f| f.severity == preflight::Severity::Error);
+            r.report.notes.extend(
+                warnings
+                    .into_iter()
+                    .map(|f| format!("preflight: {}", f.message)),
+            );
+            if !errors.is_empty() {
+                let errors: Vec<String> = errors.into_iter().map(|f| f.message).collect();
+                let detail = format!(
+                    "preflight failed, nothing was changed: {}",
+                    errors.join("; ")
+                );
+                return r.end(Outcome::Error, &detail);
+            }
+        }
+        Err(e) => {
+            let detail = format!("preflight could not run: {}", error_chain(&e));
+            return r.end(Outcome::Error, &detail);
+        }
+    }
     match state::lock(host, &t.desired.unit, &options.owner, options.lock).await {
         Ok(note) => r.report.notes.extend(note),
         Err(e) => return r.end(Outcome::Error, &e),

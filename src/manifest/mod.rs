@@ -24,6 +24,9 @@ pub struct Manifest {
     pub source: String,
     /// sha256 of the manifest's text, kept in deployment records.
     pub digest: String,
+    /// The manifest's text, for positions in findings made after loading (preflight checks the
+    /// flags against the SGLang version a host really has).
+    pub text: String,
     /// The unit name without `.service`.
     pub service: String,
     pub description: Option<String>,

@@ -164,6 +164,7 @@ impl RawManifest {
         Manifest {
             source: source.to_string(),
             digest: digest(text),
+            text: text.to_string(),
             service,
             description: self.description,
             hosts: self.hosts.into_iter().map(|h| h.0.into_spec()).collect(),

@@ -2,9 +2,10 @@
 
 use std::fmt::Write;
 
-use super::{delta_line, tally_line};
+use super::{delta_line, preflight_line, tally_line};
 use crate::dry_run::{Outcome, Tally};
 use crate::plan::{UnitPlan, Verdict};
+use crate::preflight::Severity;
 
 pub fn render(outcomes: &[Outcome], tally: &Tally) -> String {
     let mut out = String::from(
@@ -57,17 +58,27 @@ fn verdict_cell(v: Verdict) -> String {
 
 fn changes_cell(p: &UnitPlan) -> String {
     let s = &p.summary;
-    if p.verdict == Verdict::Install {
-        return format!("new unit: {} flags, {} env", s.flags.len(), s.env.len());
-    }
-    let lines: Vec<String> = s
-        .command
-        .iter()
-        .chain(&s.flags)
-        .chain(&s.env)
-        .chain(&s.settings)
-        .map(|d| format!("`{}`", delta_line(d)))
-        .collect();
+    let mut lines: Vec<String> = if p.verdict == Verdict::Install {
+        vec![format!(
+            "new unit: {} flags, {} env",
+            s.flags.len(),
+            s.env.len()
+        )]
+    } else {
+        s.command
+            .iter()
+            .chain(&s.flags)
+            .chain(&s.env)
+            .chain(&s.settings)
+            .map(|d| format!("`{}`", delta_line(d)))
+            .collect()
+    };
+    // Preflight first: a unit its host cannot run matters more than what changes in it.
+    let preflight = p.preflight.iter().map(|f| match f.severity {
+        Severity::Error => format!("**preflight {}**", html(&preflight_line(f))),
+        Severity::Warning => format!("preflight {}", html(&preflight_line(f))),
+    });
+    lines.splice(0..0, preflight);
     cell(&lines.join("<br>"))
 }
 

@@ -132,8 +132,21 @@ fn shown(v: &str) -> &str {
 }
 
 fn tally_line(t: &Tally) -> String {
-    format!(
+    let mut line = format!(
         "{} to install, {} to restart, {} reload only, {} unchanged, {} failed to plan",
         t.install, t.restart, t.reload_only, t.unchanged, t.errors
-    )
+    );
+    if t.preflight_errors > 0 {
+        line.push_str(&format!(", {} failed preflight", t.preflight_errors));
+    }
+    line
+}
+
+/// `error: ...` or `warning: ...`, for a preflight finding.
+fn preflight_line(f: &crate::preflight::Finding) -> String {
+    let severity = match f.severity {
+        crate::preflight::Severity::Error => "error",
+        crate::preflight::Severity::Warning => "warning",
+    };
+    format!("{severity}: {}", f.message)
 }

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{delta_line, tally_line};
+use super::{delta_line, preflight_line, tally_line};
 use crate::dry_run::{Outcome, Tally};
 use crate::plan::{Delta, UnitPlan, Verdict};
 
@@ -81,6 +81,13 @@ fn unit(out: &mut String, p: &UnitPlan, paint: &dyn Fn(&str, &str) -> String) {
     }
     for note in &p.notes {
         let _ = writeln!(out, "  note: {note}");
+    }
+    for f in &p.preflight {
+        let code = match f.severity {
+            crate::preflight::Severity::Error => RED,
+            crate::preflight::Severity::Warning => YELLOW,
+        };
+        let _ = writeln!(out, "  preflight: {}", paint(code, &preflight_line(f)));
     }
     if !p.diff.is_empty() {
         out.push('\n');

@@ -66,13 +66,23 @@ fn an_identical_unit_means_nothing_to_do() {
 
 #[test]
 fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
+    // Four visible GPUs in both, so tp-size 4 passes preflight and only the flags differ.
+    let four_gpus = |text: String| text.replace("\"0,1\"", "\"0,1,2,3\"");
     let before = Reconcile::new().manifest(
         "a.yaml",
-        &manifest("t-flags", &[SHARED], "    mem-fraction-static: 0.8\n"),
+        &four_gpus(manifest(
+            "t-flags",
+            &[SHARED],
+            "    mem-fraction-static: 0.8\n",
+        )),
     );
     install_rendered(&before, SHARED, "t-flags.service");
-    let after = manifest("t-flags", &[SHARED], "    mem-fraction-static: 0.9\n")
-        .replace("tp-size: 2", "tp-size: 4");
+    let after = four_gpus(manifest(
+        "t-flags",
+        &[SHARED],
+        "    mem-fraction-static: 0.9\n",
+    ))
+    .replace("tp-size: 2", "tp-size: 4");
     let ran = Reconcile::new()
         .manifest("a.yaml", &after)
         .args(&["plan", "--format", "json"])
@@ -281,16 +291,16 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
 fn one_ssh_connection_per_host_per_run() {
     let _alone = lab().exclusive(COUNTED);
     let before = logins();
+    // Three services on one host: each its own port and GPUs, so preflight passes.
+    let other = |name: &str, port: &str, gpus: &str| {
+        manifest(name, &[COUNTED], "")
+            .replace("port: 30000", port)
+            .replace("\"0,1\"", gpus)
+    };
     let run = Reconcile::new()
         .manifest("a.yaml", &manifest("t-conn-a", &[COUNTED], ""))
-        .manifest(
-            "b.yaml",
-            &manifest("t-conn-b", &[COUNTED], "").replace("port: 30000", "port: 30001"),
-        )
-        .manifest(
-            "c.yaml",
-            &manifest("t-conn-c", &[COUNTED], "").replace("port: 30000", "port: 30002"),
-        )
+        .manifest("b.yaml", &other("t-conn-b", "port: 30001", "\"2,3\""))
+        .manifest("c.yaml", &other("t-conn-c", "port: 30002", "\"4,5\""))
         .args(&["--dry-run"]);
     let ran = run.run();
     assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);

@@ -4,4 +4,5 @@
 mod apply;
 mod dry_run;
 mod lab;
+mod preflight;
 mod systemd_escaping;

@@ -1,0 +1,141 @@
+//! Two services on one host claiming the same GPU, found offline: splitting a host's GPUs between
+//! services (4 + 4 of 8) is done with `CUDA_VISIBLE_DEVICES`, and a typo there makes two servers
+//! load onto one GPU, where the second runs out of memory mid-load. A service without the variable
+//! may use every GPU, so it conflicts with any other service on the host.
+
+use std::collections::BTreeSet;
+
+use super::{split_devices, Finding};
+use crate::targets::Target;
+
+/// The GPUs a unit may use: the devices it lists, or all of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Claim {
+    All,
+    Devices(BTreeSet<String>),
+}
+
+impl Claim {
+    fn of(t: &Target) -> Claim {
+        match t.desired.model.env.get("CUDA_VISIBLE_DEVICES") {
+            None => Claim::All,
+            Some(v) => Claim::Devices(split_devices(v).into_iter().collect()),
+        }
+    }
+}
+
+/// For each target (same order), the findings of its GPU claims clashing with another service's
+/// on the same host; each clash is reported on both units, naming the other manifest.
+pub fn gpu_conflicts(targets: &[Target]) -> Vec<Vec<Finding>> {
+    let claims: Vec<Claim> = targets.iter().map(Claim::of).collect();
+    targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            targets
+                .iter()
+                .enumerate()
+                .filter(|(j, other)| {
+                    *j != i && other.host == t.host && other.desired.unit != t.desired.unit
+                })
+                .filter_map(|(j, other)| clash(t, &claims[i], other, &claims[j]))
+                .collect()
+        })
+        .collect()
+}
+
+fn clash(t: &Target, mine: &Claim, other: &Target, theirs: &Claim) -> Option<Finding> {
+    let them = format!("{} ({})", other.source, other.desired.unit);
+    let message = match (mine, theirs) {
+        (Claim::Devices(a), Claim::Devices(b)) => {
+            let shared: Vec<&str> = a.intersection(b).map(String::as_str).collect();
+            if shared.is_empty() {
+                return None;
+            }
+            format!(
+                "GPU {} of {} is also claimed by {them}: give each service its own CUDA_VISIBLE_DEVICES",
+                shared.join(","),
+                t.host
+            )
+        }
+        (Claim::All, _) => format!(
+            "{} sets no CUDA_VISIBLE_DEVICES, so it may use every GPU of {}, and {them} runs there too: split the GPUs with CUDA_VISIBLE_DEVICES",
+            t.desired.unit, t.host
+        ),
+        (_, Claim::All) => format!(
+            "{them} sets no CUDA_VISIBLE_DEVICES, so it may use every GPU of {}, including this service's: split the GPUs with CUDA_VISIBLE_DEVICES",
+            t.host
+        ),
+    };
+    Some(Finding::error("gpu-conflict", message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{manifest, targets};
+    use super::*;
+
+    fn with_devices(service: &str, port: u16, devices: Option<&str>) -> String {
+        let env = devices.map_or(String::new(), |d| {
+            format!("env: {{ CUDA_VISIBLE_DEVICES: \"{d}\" }}\n")
+        });
+        manifest(service, "gpu-a", &env).replace("port: 30000", &format!("port: {port}"))
+    }
+
+    fn messages(texts: &[(&str, &str)]) -> Vec<Vec<String>> {
+        let targets = targets(texts);
+        gpu_conflicts(&targets)
+            .into_iter()
+            .map(|f| f.into_iter().map(|f| f.message).collect())
+            .collect()
+    }
+
+    #[test]
+    fn a_host_split_four_and_four_is_fine() {
+        let a = with_devices("a", 30000, Some("0,1,2,3"));
+        let b = with_devices("b", 30001, Some("4,5,6,7"));
+        assert_eq!(
+            messages(&[("a.yaml", &a), ("b.yaml", &b)]),
+            [Vec::<String>::new(), Vec::new()]
+        );
+    }
+
+    #[test]
+    fn overlapping_devices_name_both_manifests() {
+        let a = with_devices("a", 30000, Some("0,1,2,3"));
+        let b = with_devices("b", 30001, Some("3, 4,5,6"));
+        assert_eq!(
+            messages(&[("a.yaml", &a), ("b.yaml", &b)]),
+            [
+                ["GPU 3 of gpu-a is also claimed by b.yaml (b.service): give each service its own CUDA_VISIBLE_DEVICES"],
+                ["GPU 3 of gpu-a is also claimed by a.yaml (a.service): give each service its own CUDA_VISIBLE_DEVICES"],
+            ]
+        );
+    }
+
+    #[test]
+    fn a_service_without_cuda_visible_devices_claims_every_gpu() {
+        let a = with_devices("a", 30000, None);
+        let b = with_devices("b", 30001, Some("4,5,6,7"));
+        let found = messages(&[("a.yaml", &a), ("b.yaml", &b)]);
+        assert!(
+            found[0][0].starts_with("a.service sets no CUDA_VISIBLE_DEVICES"),
+            "{found:?}"
+        );
+        assert!(found[0][0].contains("b.yaml (b.service)"));
+        assert!(
+            found[1][0].starts_with("a.yaml (a.service) sets no CUDA_VISIBLE_DEVICES"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn services_on_different_hosts_never_clash() {
+        let a = with_devices("a", 30000, None);
+        let b = with_devices("b", 30000, None).replace("[gpu-a]", "[gpu-b]");
+        assert_eq!(
+            messages(&[("a.yaml", &a), ("b.yaml", &b)]),
+            [Vec::<String>::new(), Vec::new()]
+        );
+    }
+}

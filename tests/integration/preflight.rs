@@ -1,0 +1,267 @@
+//! Preflight against a real host: what the host lacks for a unit shows in the plan (exit 1), and
+//! `apply` refuses the unit without touching the host. Units here are `t-pre-*` on ports 33000+.
+
+use std::sync::Once;
+
+use crate::lab::{lab, manifest, Reconcile, ESCAPING};
+
+const HOST: &str = ESCAPING;
+
+/// Two more "Pythons" on the host, each reporting another SGLang version while running the same
+/// stand-in package. A wrapper puts a folder holding only `sglang-<v>.dist-info` first on
+/// `PYTHONPATH`: `importlib.metadata` returns the first distribution it finds on `sys.path`, so
+/// `version('sglang')` says `<v>`, while `import sglang` still finds the stand-in in dist-packages
+/// (the folder has no `sglang` package), as a venv with another SGLang would run its own.
+fn other_pythons() {
+    static SETUP: Once = Once::new();
+    SETUP.call_once(|| {
+        let script = r#"set -e
+for v in 0.5.9 0.6.0; do
+  d=/opt/t-pre-py-$v
+  mkdir -p $d/site/sglang-$v.dist-info $d/bin
+  printf 'Metadata-Version: 2.1\nName: sglang\nVersion: %s\n' $v > $d/site/sglang-$v.dist-info/METADATA
+  printf '#!/bin/sh\nPYTHONPATH=%s/site exec /usr/bin/python3 "$@"\n' $d > $d/bin/python3
+  chmod 755 $d/bin/python3
+done
+/opt/t-pre-py-0.5.9/bin/python3 -c "from importlib.metadata import version; print(version('sglang'))"
+"#;
+        assert_eq!(lab().sh(HOST, script).trim(), "0.5.9");
+    });
+}
+
+/// A test manifest on the preflight host, with its own port.
+fn service(name: &str, port: u16, extra_flags: &str) -> String {
+    manifest(name, &[HOST], extra_flags).replace("port: 30000", &format!("port: {port}"))
+}
+
+fn plan_json(manifests: &[(&str, &str)], extra: &[&str]) -> (i32, serde_json::Value, String) {
+    let mut run = Reconcile::new();
+    for (name, text) in manifests {
+        run = run.manifest(name, text);
+    }
+    let ran = run.args(&["plan", "--format", "json"]).args(extra).run();
+    let json = ran.json();
+    (ran.code, json, ran.stderr)
+}
+
+/// The preflight findings of the plan's units: (check, severity, message).
+fn findings(unit: &serde_json::Value) -> Vec<(String, String, String)> {
+    unit["preflight"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no preflight in {unit:#}"))
+        .iter()
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap().to_string();
+            (s("check"), s("severity"), s("message"))
+        })
+        .collect()
+}
+
+fn messages_of(unit: &serde_json::Value, check: &str) -> Vec<String> {
+    findings(unit)
+        .into_iter()
+        .filter(|(c, _, _)| c == check)
+        .map(|(_, _, m)| m)
+        .collect()
+}
+
+#[test]
+fn a_clean_unit_has_no_findings() {
+    let (code, json, _) = plan_json(&[("a.yaml", &service("t-pre-clean", 33000, ""))], &[]);
+    assert_eq!(code, 2, "{json:#}");
+    assert_eq!(findings(&json["units"][0]), []);
+}
+
+#[test]
+fn another_sglang_version_on_the_host_names_both_and_fails_the_plan() {
+    other_pythons();
+    // --enable-tf32-matmul is new in 0.5.23: right for the manifest, unknown to the host's 0.5.9.
+    let text = service("t-pre-version", 33001, "    enable-tf32-matmul: true\n")
+        .replace("/usr/bin/python3", "/opt/t-pre-py-0.5.9/bin/python3");
+    let (code, json, stderr) = plan_json(&[("a.yaml", &text)], &[]);
+    assert_eq!(code, 1, "{json:#}{stderr}");
+    let unit = &json["units"][0];
+    assert_eq!(
+        messages_of(unit, "sglang-version"),
+        ["the manifest says SGLang 0.5.23 but /opt/t-pre-py-0.5.9/bin/python3 on the host has SGLang 0.5.9"]
+    );
+    let flags = messages_of(unit, "flags");
+    assert!(
+        flags
+            .iter()
+            .any(|m| m.contains("SGLang 0.5.9 has no flag --enable-tf32-matmul")),
+        "{flags:?}"
+    );
+    assert_eq!(json["tally"]["preflight_errors"], 1);
+
+    // The text view shows it under the unit, and the tally says so.
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["plan"])
+        .run();
+    assert_eq!(ran.code, 1);
+    assert!(
+        ran.stdout.contains("  preflight: error: the manifest says SGLang 0.5.23 but /opt/t-pre-py-0.5.9/bin/python3 on the host has SGLang 0.5.9"),
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        ran.stdout.contains(", 1 failed preflight"),
+        "{}",
+        ran.stdout
+    );
+}
+
+#[test]
+fn too_few_gpus_for_tp_size() {
+    // The host's nvidia-smi stand-in lists 64 GPUs (8 before a stand-in server wrote its state).
+    let text = service("t-pre-gpus", 33002, "").replace("tp-size: 2", "tp-size: 128");
+    let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
+    assert_eq!(code, 1, "{json:#}");
+    let unit = &json["units"][0];
+    let gpus = messages_of(unit, "gpus");
+    assert_eq!(gpus.len(), 1, "{unit:#}");
+    assert!(
+        gpus[0].starts_with("tp-size 128 × dp-size 1 × pp-size 1 needs 128 GPUs but the host has "),
+        "{}",
+        gpus[0]
+    );
+    assert_eq!(
+        messages_of(unit, "cuda-visible-devices"),
+        ["CUDA_VISIBLE_DEVICES=\"0,1\" lists 2 devices but tp-size 128 × dp-size 1 × pp-size 1 needs 128"]
+    );
+}
+
+#[test]
+fn a_missing_model_path() {
+    let text = service("t-pre-model", 33003, "").replace("/models/test", "/models/t-pre-absent");
+    let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
+    assert_eq!(code, 1, "{json:#}");
+    assert_eq!(
+        messages_of(&json["units"][0], "model-path"),
+        ["the model path /models/t-pre-absent does not exist on the host"]
+    );
+}
+
+#[test]
+fn two_services_claiming_one_gpu_name_each_other() {
+    let a = service("t-pre-share-a", 33004, "");
+    let b = service("t-pre-share-b", 33005, "").replace("\"0,1\"", "\"1,2\"");
+    let (code, json, _) = plan_json(&[("a.yaml", &a), ("b.yaml", &b)], &[]);
+    assert_eq!(code, 1, "{json:#}");
+    let units = json["units"].as_array().unwrap();
+    assert_eq!(
+        messages_of(&units[0], "gpu-conflict"),
+        ["GPU 1 of rl3 is also claimed by manifests/b.yaml (t-pre-share-b.service): give each service its own CUDA_VISIBLE_DEVICES"]
+    );
+    assert_eq!(
+        messages_of(&units[1], "gpu-conflict"),
+        ["GPU 1 of rl3 is also claimed by manifests/a.yaml (t-pre-share-a.service): give each service its own CUDA_VISIBLE_DEVICES"]
+    );
+}
+
+/// Waits until something listens on the host's port.
+fn wait_listening(port: u16) {
+    lab().sh(
+        HOST,
+        &format!("for i in $(seq 100); do ss -Htln 'sport = :{port}' | grep -q . && exit 0; sleep 0.1; done; exit 1"),
+    );
+}
+
+#[test]
+fn a_port_taken_by_another_process_but_not_by_the_unit_itself() {
+    let port = 33006;
+    lab().sh(
+        HOST,
+        &format!("systemctl stop t-pre-squatter t-pre-port 2>/dev/null; systemctl reset-failed t-pre-squatter 2>/dev/null; systemd-run --unit=t-pre-squatter python3 -m http.server {port} --bind 127.0.0.1"),
+    );
+    wait_listening(port);
+    let text = service("t-pre-port", port, "")
+        .replace("NCCL_P2P_DISABLE: \"1\"", "FAKE_SGLANG_LOAD_SECONDS: \"0\"");
+    let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
+    lab().sh(HOST, "systemctl stop t-pre-squatter");
+    assert_eq!(code, 1, "{json:#}");
+    let port_findings = messages_of(&json["units"][0], "port");
+    assert_eq!(port_findings.len(), 1, "{port_findings:?}");
+    assert!(
+        port_findings[0].starts_with(&format!("port {port} is already taken by python3 (pid ")),
+        "{}",
+        port_findings[0]
+    );
+    assert!(port_findings[0].ends_with("which is not t-pre-port.service"));
+
+    // The unit's own server on its port is what should be there.
+    let run = Reconcile::new().manifest("a.yaml", &text);
+    lab().put(
+        HOST,
+        "/etc/systemd/system/t-pre-port.service",
+        &run.rendered(HOST),
+    );
+    lab().sh(
+        HOST,
+        "systemctl daemon-reload && systemctl start t-pre-port",
+    );
+    wait_listening(port);
+    let ran = run.args(&["plan", "--format", "json"]).run();
+    lab().sh(
+        HOST,
+        "systemctl stop t-pre-port; rm -f /etc/systemd/system/t-pre-port.service; systemctl daemon-reload",
+    );
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    assert_eq!(findings(&ran.json()["units"][0]), []);
+}
+
+#[test]
+fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
+    other_pythons();
+    // SGLang 0.6.0 has no catalog here, so its flags go unchecked offline (a warning); the host's
+    // SGLang, asked with --deep, refuses the misspelt flag.
+    let valid = service("t-pre-deep", 33007, "")
+        .replace("version: 0.5.23", "version: 0.6.0")
+        .replace("/usr/bin/python3", "/opt/t-pre-py-0.6.0/bin/python3");
+    let misspelt = valid.replace(
+        "    tp-size: 2\n",
+        "    tp-size: 2\n    enable-fused-moe-sum-allreduce: true\n",
+    );
+    let (code, json, stderr) = plan_json(&[("a.yaml", &misspelt)], &[]);
+    assert_eq!(code, 2, "without --deep nothing sees it: {json:#}");
+    assert!(stderr.contains("no catalog of SGLang 0.6.0"), "{stderr}");
+
+    let (code, json, _) = plan_json(&[("a.yaml", &misspelt)], &["--deep"]);
+    assert_eq!(code, 1, "{json:#}");
+    assert_eq!(
+        messages_of(&json["units"][0], "deep"),
+        ["the host's SGLang refuses t-pre-deep.service's arguments: launch_server.py: error: unrecognized arguments: --enable-fused-moe-sum-allreduce"]
+    );
+
+    let (code, json, _) = plan_json(&[("a.yaml", &valid)], &["--deep"]);
+    assert_eq!(code, 2, "{json:#}");
+    assert_eq!(findings(&json["units"][0]), []);
+}
+
+#[test]
+fn apply_refuses_a_unit_that_fails_preflight_and_touches_nothing() {
+    let unit = "t-pre-apply.service";
+    let text = service("t-pre-apply", 33008, "").replace("/models/test", "/models/t-pre-absent");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["apply", "--format", "json"])
+        .run();
+    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let report = &ran.json()["units"][0];
+    assert_eq!(report["outcome"], "error", "{report:#}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("preflight failed, nothing was changed: the model path /models/t-pre-absent does not exist on the host"),
+        "{detail}"
+    );
+    let left = lab().sh(
+        HOST,
+        &format!("ls /etc/systemd/system/{unit} /var/lib/reconcile/{unit} 2>&1 | grep -vc 'No such file' || true"),
+    );
+    assert_eq!(
+        left.trim(),
+        "0",
+        "neither the unit nor its lock folder exists"
+    );
+}
