@@ -20,15 +20,15 @@ manifest() {  # $1: extra env
   cat <<EOM
 service: bench-sglang
 hosts: [bench1]
-sglang: { python: /usr/bin/python3, version: 0.5.23, model_path: /models/bench, served_model_name: bench, port: 30000, flags: { tp-size: 2 } }
+sglang: { python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: bench, port: 30000, flags: { tp-size: 2 } }
 env: { CUDA_VISIBLE_DEVICES: "0,1", FAKE_SGLANG_LOAD_SECONDS: "$LOAD"$1 }
 verify: { crash_window: 5s, sample_interval: 500ms, load_deadline: 60s }
 EOM
 }
 manifest "" > "$work/good/m.yaml"
 manifest ', FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: "1"' > "$work/bad/m.yaml"
-rc() { ./target/release/reconcile apply "$1" --ssh-config "$STATE/ssh_config" --format json; }
-rc "$work/good" > /dev/null
+rc() { ./target/release/reconcile apply "$1" --ssh-config "$STATE/ssh_config" --format json 2>/dev/null; }
+rc "$work/good" > "$work/first.json" || { cat "$work/first.json"; exit 1; }
 printf '%-6s %-22s %-24s\n' trial "crash -> reported (s)" "rollback to serving (s)"
 for i in $(seq 1 "$TRIALS"); do
   start=$(date +%s)
