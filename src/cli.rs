@@ -76,6 +76,23 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub break_stale_lock: bool,
 
+    /// Hosts that go first, one batch, and must pass every verification stage before any other
+    /// host starts.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub canary: usize,
+
+    /// Hosts applied at once after the canary.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub max_parallel: usize,
+
+    /// Failed hosts, across the whole rollout, after which no new host is started.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub max_failures: usize,
+
+    /// When the rollout stops early, roll back the hosts it already converged.
+    #[arg(long)]
+    pub rollback_all: bool,
+
     /// Age after which --break-stale-lock may break a lock.
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub lock_ttl: std::time::Duration,
@@ -101,6 +118,10 @@ pub struct RenderArgs {
     /// Only these hosts (as named in the manifests); may be repeated.
     #[arg(long = "host", value_name = "NAME")]
     pub hosts: Vec<String>,
+
+    /// Only hosts whose labels match (see `plan --help`).
+    #[arg(long = "selector", short = 'l', value_name = "SELECTOR")]
+    pub selectors: Vec<crate::targets::Selector>,
 }
 
 #[derive(Debug, Args)]
@@ -112,6 +133,11 @@ pub struct PlanArgs {
     /// Only these hosts (as named in the manifests); may be repeated.
     #[arg(long = "host", value_name = "NAME")]
     pub hosts: Vec<String>,
+
+    /// Only hosts whose labels match: key=value, key!=value or key (repeatable; all must match).
+    /// Every host also has the labels `host` and `service`.
+    #[arg(long = "selector", short = 'l', value_name = "SELECTOR")]
+    pub selectors: Vec<crate::targets::Selector>,
 
     /// Output format: text for a terminal, markdown for a pull request comment, json for tools.
     #[arg(long, value_enum, default_value = "text")]

@@ -67,7 +67,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
 
 async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
     let manifests = load_manifests(&args.paths, args.strict)?;
-    let targets = targets::targets(&manifests, &args.hosts)?;
+    let targets = targets::targets(
+        &manifests,
+        &targets::Filter {
+            hosts: args.hosts.clone(),
+            selectors: args.selectors.clone(),
+        },
+    )?;
     let ssh = remote::SshOptions {
         config_file: args.ssh_config.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
@@ -90,7 +96,13 @@ async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
 async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
     let plan = &args.plan;
     let manifests = load_manifests(&plan.paths, plan.strict)?;
-    let targets = targets::targets(&manifests, &plan.hosts)?;
+    let targets = targets::targets(
+        &manifests,
+        &targets::Filter {
+            hosts: plan.hosts.clone(),
+            selectors: plan.selectors.clone(),
+        },
+    )?;
     let ssh = remote::SshOptions {
         config_file: plan.ssh_config.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
@@ -114,8 +126,14 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         cancel,
         progress: live.then(indicatif::MultiProgress::new),
         deep: plan.deep,
+        rollout: apply::Rollout {
+            canary: args.canary,
+            max_parallel: args.max_parallel,
+            max_failures: args.max_failures,
+            rollback_all: args.rollback_all,
+        },
     };
-    let reports = apply::apply_targets(targets, &ssh, plan.parallel, &options).await;
+    let reports = apply::apply_targets(targets, &ssh, &options).await;
     print!("{}", report::render_apply(&reports, plan.format));
     let worst = reports
         .iter()
@@ -159,7 +177,13 @@ fn git_info(paths: &[std::path::PathBuf]) -> apply::GitInfo {
 
 fn render(args: RenderArgs) -> Result<ExitCode, Error> {
     let manifests = load_manifests(&args.paths, false)?;
-    let targets = targets::targets(&manifests, &args.hosts)?;
+    let targets = targets::targets(
+        &manifests,
+        &targets::Filter {
+            hosts: args.hosts.clone(),
+            selectors: args.selectors.clone(),
+        },
+    )?;
     let many = targets.len() > 1;
     for t in &targets {
         if many {

@@ -7,15 +7,16 @@
 //! stage fails, the previous unit is restored, restarted and verified the same way (a unit that
 //! was new is removed), and the report carries the failed invocation's journal.
 
+mod rollout;
 mod state;
 
 use std::time::Instant;
 
-use futures::stream::{self, StreamExt};
 use indicatif::MultiProgress;
 use serde::Serialize;
 use tokio::sync::watch;
 
+pub use rollout::Rollout;
 pub use state::{LockPolicy, Owner};
 
 use crate::observed::Observed;
@@ -95,23 +96,23 @@ pub struct ApplyOptions {
     pub progress: Option<MultiProgress>,
     /// Preflight's deep check: the host's SGLang parses each unit's argv first (~10 s a unit).
     pub deep: bool,
+    pub rollout: Rollout,
 }
 
+/// Applies every target, host by host, as a rollout (canary, batches, failure budget).
 pub async fn apply_targets(
     targets: Vec<Target>,
     ssh: &SshOptions,
-    parallel: usize,
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
-    let results: Vec<Vec<UnitReport>> = stream::iter(crate::targets::by_host(targets))
-        .map(|(name, targets)| apply_host(name, targets, ssh, options))
-        .buffered(parallel.max(1))
-        .collect()
-        .await;
-    results.into_iter().flatten().collect()
+    rollout::roll_out(targets, ssh, options).await
 }
 
-async fn apply_host(
+fn not_started(t: &Target, why: &str) -> UnitReport {
+    Report::new(t, Instant::now()).end(Outcome::NotStarted, &format!("not started: {why}"))
+}
+
+pub(super) async fn apply_host(
     name: String,
     targets: Vec<Target>,
     ssh: &SshOptions,
@@ -271,9 +272,9 @@ async fn unfinished(host: &Host, t: &Target, observed: &Observed) -> bool {
 }
 
 /// What to go back to when the new unit fails.
-struct Fallback {
-    previous: Option<String>,
-    was_running: bool,
+pub(super) struct Fallback {
+    pub previous: Option<String>,
+    pub was_running: bool,
 }
 
 async fn install(
@@ -472,7 +473,7 @@ async fn rollback(
 }
 
 /// Puts the previous unit back (or removes a unit that was new), restarting it when asked.
-async fn restore(
+pub(super) async fn restore(
     host: &Host,
     unit: &str,
     fallback: &Fallback,

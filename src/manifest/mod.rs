@@ -46,6 +46,8 @@ pub struct HostSpec {
     pub env: BTreeMap<String, String>,
     pub flags: BTreeMap<String, FlagValue>,
     pub systemd: BTreeMap<String, String>,
+    /// Labels for `--selector` (the service's, overridden by the host's own).
+    pub labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -90,6 +90,9 @@ struct RawManifest {
     systemd: BTreeMap<String, Scalar>,
     #[serde(default)]
     verify: RawVerify,
+    /// Labels every host of this service carries, for `--selector`.
+    #[serde(default)]
+    labels: BTreeMap<String, Scalar>,
 }
 
 #[derive(Deserialize)]
@@ -135,6 +138,8 @@ struct Size(u64);
 struct RawHostEntry {
     name: String,
     #[serde(default)]
+    labels: BTreeMap<String, Scalar>,
+    #[serde(default)]
     env: BTreeMap<String, Scalar>,
     #[serde(default)]
     flags: BTreeMap<String, RawFlag>,
@@ -161,13 +166,18 @@ impl RawManifest {
             .to_string();
         let defaults = VerifySpec::default();
         let v = self.verify;
+        let labels = strings(self.labels);
         Manifest {
             source: source.to_string(),
             digest: digest(text),
             text: text.to_string(),
             service,
             description: self.description,
-            hosts: self.hosts.into_iter().map(|h| h.0.into_spec()).collect(),
+            hosts: self
+                .hosts
+                .into_iter()
+                .map(|h| h.0.into_spec(&labels))
+                .collect(),
             sglang: SglangSpec {
                 python: self.sglang.python,
                 version: self.sglang.version.0,
@@ -202,9 +212,12 @@ impl RawManifest {
 }
 
 impl RawHostEntry {
-    fn into_spec(self) -> HostSpec {
+    fn into_spec(self, service_labels: &BTreeMap<String, String>) -> HostSpec {
+        let mut labels = service_labels.clone();
+        labels.extend(strings(self.labels));
         HostSpec {
             name: self.name,
+            labels,
             env: strings(self.env),
             flags: flags(self.flags),
             systemd: strings(self.systemd),
@@ -227,12 +240,13 @@ impl<'de> Deserialize<'de> for RawHost {
             type Value = RawHost;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
-                    "a host name, or a map with `name` and optional `env`, `flags`, `systemd`",
+                    "a host name, or a map with `name` and optional `labels`, `env`, `flags`, `systemd`",
                 )
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawHost, E> {
                 let entry = RawHostEntry {
                     name: v.to_string(),
+                    labels: BTreeMap::new(),
                     env: BTreeMap::new(),
                     flags: BTreeMap::new(),
                     systemd: BTreeMap::new(),

@@ -548,7 +548,7 @@ mod tests {
             .iter()
             .map(|(name, text)| parse(name, text).unwrap())
             .collect();
-        crate::targets::targets(&manifests, &[]).unwrap()
+        crate::targets::targets(&manifests, &Default::default()).unwrap()
     }
 
     fn target(text: &str) -> Target {

@@ -1,0 +1,215 @@
+//! Fleets: planning many hosts at once, and rolling apply with a canary, batches, a failure
+//! budget and --rollback-all, on six test hosts of their own.
+
+use crate::lab::{lab, manifest, Reconcile, UNREACHABLE};
+
+/// The fleet's hosts in the order a rollout takes them (sorted by name).
+const FLEET: [&str; 6] = ["rl10", "rl5", "rl6", "rl7", "rl8", "rl9"];
+
+/// A service on the whole fleet; `failing` hosts get a server that crashes one second in.
+fn fleet_service(name: &str, port: u16, gpus: &str, failing: &[&str], version: &str) -> String {
+    let hosts: Vec<String> = FLEET
+        .iter()
+        .map(|h| {
+            let fail = if failing.contains(h) {
+                ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\""
+            } else {
+                ""
+            };
+            format!("\n  - name: {h}\n    env: {{ RELEASE: \"{version}\"{fail} }}")
+        })
+        .collect();
+    format!(
+        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_deadline: 20s }}\n",
+        manifest(name, &[], "")
+            .replace("hosts: []", &format!("hosts:{}", hosts.join("")))
+            .replace("port: 30000", &format!("port: {port}"))
+            .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", &format!("CUDA_VISIBLE_DEVICES: \"{gpus}\", FAKE_SGLANG_LOAD_SECONDS: \"1\""))
+    )
+}
+
+fn rollout(text: &str, args: &[&str]) -> (i32, Vec<serde_json::Value>) {
+    let mut all = vec!["apply", "--format", "json"];
+    all.extend_from_slice(args);
+    let ran = Reconcile::new().manifest("a.yaml", text).args(&all).run();
+    let units = ran.json()["units"].as_array().unwrap().clone();
+    (ran.code, units)
+}
+
+fn outcomes(units: &[serde_json::Value]) -> Vec<(String, String)> {
+    units
+        .iter()
+        .map(|u| {
+            (
+                u["host"].as_str().unwrap().into(),
+                u["outcome"].as_str().unwrap().into(),
+            )
+        })
+        .collect()
+}
+
+fn expect(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(h, o)| (h.to_string(), o.to_string()))
+        .collect()
+}
+
+fn unit_on(host: &str, unit: &str) -> Option<String> {
+    let text = lab().sh(
+        host,
+        &format!("cat /etc/systemd/system/{unit} 2>/dev/null || echo MISSING"),
+    );
+    (text.trim() != "MISSING").then_some(text)
+}
+
+fn clean(unit: &str) {
+    for h in FLEET {
+        lab().sh(h, &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"));
+    }
+}
+
+#[test]
+fn planning_six_hosts_with_one_unreachable_reports_it_and_plans_the_rest_in_order() {
+    let mut hosts: Vec<&str> = FLEET[..5].to_vec();
+    hosts.push(UNREACHABLE);
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &manifest("t-fleet-plan", &hosts, ""))
+        .args(&["plan", "--format", "json"])
+        .run();
+    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let units = ran.json()["units"].as_array().unwrap().clone();
+    let order: Vec<&str> = units.iter().map(|u| u["host"].as_str().unwrap()).collect();
+    assert_eq!(
+        order,
+        ["rl-unreachable", "rl10", "rl5", "rl6", "rl7", "rl8"],
+        "stable, sorted order"
+    );
+    for u in &units {
+        if u["host"] == UNREACHABLE {
+            assert_eq!(u["outcome"], "error");
+        } else {
+            assert_eq!(u["verdict"], "install", "{u}");
+        }
+    }
+}
+
+#[test]
+fn a_failing_canary_stops_the_rollout_before_any_other_host_is_touched() {
+    let unit = "t-fleet-canary.service";
+    clean(unit);
+    let text = fleet_service("t-fleet-canary", 34001, "0,1", &["rl10"], "1");
+    let (code, units) = rollout(&text, &["--canary", "1", "--max-parallel", "5"]);
+    assert_eq!(code, 3, "{units:#?}");
+    assert_eq!(
+        outcomes(&units),
+        expect(&[
+            ("rl10", "rolled_back"),
+            ("rl5", "not_started"),
+            ("rl6", "not_started"),
+            ("rl7", "not_started"),
+            ("rl8", "not_started"),
+            ("rl9", "not_started")
+        ])
+    );
+    assert!(
+        units[1]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the canary failed"),
+        "{:#}",
+        units[1]
+    );
+    for h in FLEET {
+        assert_eq!(unit_on(h, unit), None, "{h} was touched");
+    }
+}
+
+#[test]
+fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
+    let unit = "t-fleet-budget.service";
+    clean(unit);
+    // Canary rl10, then batches of three: rl5 rl6 rl7 (rl7 fails), then rl8 rl9 never start.
+    let text = fleet_service("t-fleet-budget", 34002, "2,3", &["rl7"], "1");
+    let (code, units) = rollout(
+        &text,
+        &[
+            "--canary",
+            "1",
+            "--max-parallel",
+            "3",
+            "--max-failures",
+            "1",
+        ],
+    );
+    assert_eq!(code, 3, "{units:#?}");
+    assert_eq!(
+        outcomes(&units),
+        expect(&[
+            ("rl10", "converged"),
+            ("rl5", "converged"),
+            ("rl6", "converged"),
+            ("rl7", "rolled_back"),
+            ("rl8", "not_started"),
+            ("rl9", "not_started")
+        ])
+    );
+    assert!(
+        units[4]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("1 host(s) failed (--max-failures 1)"),
+        "{:#}",
+        units[4]
+    );
+    assert_eq!(unit_on("rl8", unit), None);
+    assert_eq!(unit_on("rl9", unit), None);
+    assert!(unit_on("rl5", unit).is_some());
+    clean(unit);
+}
+
+#[test]
+fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
+    let unit = "t-fleet-all.service";
+    clean(unit);
+    let v1 = fleet_service("t-fleet-all", 34003, "4,5", &[], "1");
+    let (code, units) = rollout(&v1, &["--max-parallel", "6"]);
+    assert_eq!(code, 0, "{units:#?}");
+    let before: Vec<Option<String>> = FLEET.iter().map(|h| unit_on(h, unit)).collect();
+    let v2 = fleet_service("t-fleet-all", 34003, "4,5", &["rl7"], "2");
+    let (code, units) = rollout(
+        &v2,
+        &[
+            "--canary",
+            "1",
+            "--max-parallel",
+            "3",
+            "--max-failures",
+            "1",
+            "--rollback-all",
+        ],
+    );
+    assert_eq!(code, 3, "{units:#?}");
+    assert_eq!(
+        outcomes(&units),
+        expect(&[
+            ("rl10", "rolled_back"),
+            ("rl5", "rolled_back"),
+            ("rl6", "rolled_back"),
+            ("rl7", "rolled_back"),
+            ("rl8", "not_started"),
+            ("rl9", "not_started")
+        ])
+    );
+    assert!(
+        units[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--rollback-all restored the previous unit, which passed verification"),
+        "{:#}",
+        units[0]
+    );
+    let after: Vec<Option<String>> = FLEET.iter().map(|h| unit_on(h, unit)).collect();
+    assert_eq!(after, before, "every host runs release 1 again");
+    clean(unit);
+}
