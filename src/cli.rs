@@ -64,6 +64,93 @@ pub enum Command {
     Validate(ValidateArgs),
     /// Print the units the manifests render, without contacting any host (secrets redacted).
     Render(RenderArgs),
+    /// What each host really runs: the manifest, the unit on disk, the last deployment and the
+    /// running process compared (in_sync, pending_change, edited_on_host, not_reloaded,
+    /// not_restarted, down, unmanaged, absent).
+    #[command(after_help = STATUS_EXIT_CODES)]
+    Status(StatusArgs),
+    /// The deployments each host keeps for a service (numbered, 1 = oldest; the current one
+    /// marked), and the generations an apply kept.
+    History(HistoryArgs),
+    /// Restore a kept deployment (default: the one before the current) through apply's install,
+    /// restart and staged verification, host by host.
+    #[command(after_help = APPLY_EXIT_CODES)]
+    Rollback(RollbackArgs),
+}
+
+const STATUS_EXIT_CODES: &str = "\
+Exit codes:
+  0  every unit is in sync (manifest, last deployment, unit on disk and running process agree)
+  1  error: bad manifests, or a host could not be read
+  2  some unit is not in sync";
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Manifest files or folders of them.
+    #[arg(default_value = "manifests")]
+    pub paths: Vec<PathBuf>,
+
+    /// Only these hosts (as named in the manifests); may be repeated.
+    #[arg(long = "host", value_name = "NAME")]
+    pub hosts: Vec<String>,
+
+    /// Only hosts whose labels match (see `plan --help`).
+    #[arg(long = "selector", short = 'l', value_name = "SELECTOR")]
+    pub selectors: Vec<crate::targets::Selector>,
+
+    /// Output format: text for a terminal, markdown for a pull request comment, json for tools.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+
+    /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
+    #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
+    pub ssh_config: Option<PathBuf>,
+
+    /// Hosts read at once.
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub parallel: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// The service (`sglang-qwen` or `sglang-qwen.service`).
+    pub service: String,
+
+    /// Manifest files or folders of them: the service's hosts come from here unless --host names
+    /// them.
+    #[arg(default_value = "manifests")]
+    pub paths: Vec<PathBuf>,
+
+    /// Only these hosts; may be repeated. A host not in the manifests may be named too.
+    #[arg(long = "host", value_name = "NAME")]
+    pub hosts: Vec<String>,
+
+    /// Output format: text or json (markdown prints the text).
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+
+    /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
+    #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
+    pub ssh_config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct RollbackArgs {
+    #[command(flatten)]
+    pub history: HistoryArgs,
+
+    /// The deployment to restore, as `reconcile history` numbers it (default: the newest one
+    /// before the current that installed another unit).
+    #[arg(long, value_name = "N")]
+    pub to: Option<usize>,
+
+    /// Break a unit's lock left by a run that died elsewhere, once it is older than --lock-ttl.
+    #[arg(long)]
+    pub break_stale_lock: bool,
+
+    /// Age after which --break-stale-lock may break a lock.
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub lock_ttl: std::time::Duration,
 }
 
 #[derive(Debug, Args)]

@@ -60,15 +60,14 @@ async fn plan_host(
     };
     let outcomes = stream::iter(&targets)
         .map(|t| async {
-            let observed = match host.observe(&t.desired.unit).await {
-                Ok(observed) => observed,
-                Err(e) => return failed(t, error_chain(&e)),
-            };
+            let observe = host.observe(&t.desired.unit);
+            let (observed, findings) =
+                match preflight::check_with(&host, t, deep, observe, |o| &o.state).await {
+                    Ok(both) => both,
+                    Err(e) => return failed(t, error_chain(&e)),
+                };
             let mut planned = plan(&t.host, &t.source, &t.desired, &observed);
-            match preflight::check(&host, t, &observed.state, deep).await {
-                Ok(findings) => planned.preflight = findings,
-                Err(e) => return failed(t, format!("preflight: {}", error_chain(&e))),
-            }
+            planned.preflight = findings;
             Outcome::Planned(Box::new(planned))
         })
         .buffered(UNITS_PER_HOST_AT_ONCE)

@@ -6,6 +6,7 @@
 mod apply;
 mod cli;
 mod dry_run;
+mod history;
 mod load;
 mod manifest;
 mod observed;
@@ -15,6 +16,7 @@ mod redact;
 mod remote;
 mod report;
 mod sglang;
+mod status;
 mod targets;
 mod unit;
 mod verify;
@@ -24,7 +26,10 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use cli::{ApplyArgs, Cli, Command, PlanArgs, RenderArgs, ValidateArgs};
+use cli::{
+    ApplyArgs, Cli, Command, HistoryArgs, PlanArgs, RenderArgs, RollbackArgs, StatusArgs,
+    ValidateArgs,
+};
 use dry_run::Tally;
 
 /// Errors that end a run before any host is planned.
@@ -34,6 +39,8 @@ enum Error {
     Manifests(#[from] manifest::ManifestErrors),
     #[error(transparent)]
     UnknownHosts(#[from] targets::UnknownHosts),
+    #[error("no manifest has the service {0}; name its hosts with --host")]
+    NoHosts(String),
     #[error("say what to do: `reconcile --dry-run` (or `reconcile plan`) shows what would change")]
     NoCommand,
 }
@@ -60,6 +67,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Render(args)) => render(args),
         Some(Command::Apply(args)) => apply(args).await,
         Some(Command::Validate(args)) => validate(args),
+        Some(Command::Status(args)) => status(args).await,
+        Some(Command::History(args)) => history(args).await,
+        Some(Command::Rollback(args)) => rollback(args).await,
         None if cli.dry_run => plan(cli.plan).await,
         None => Err(Error::NoCommand),
     }
@@ -107,15 +117,8 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         config_file: plan.ssh_config.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
     };
-    let (interrupt, cancel) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("interrupted: rolling back what is being verified, starting nothing new");
-            let _ = interrupt.send(true);
-        }
-    });
-    let live =
-        plan.format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let cancel = interrupt_on_ctrl_c();
+    let live = live_display(plan.format);
     let options = apply::ApplyOptions {
         owner: apply::Owner::this_process(),
         lock: apply::LockPolicy {
@@ -132,9 +135,132 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
             max_failures: args.max_failures,
             rollback_all: args.rollback_all,
         },
+        restoring: None,
     };
     let reports = apply::apply_targets(targets, &ssh, &options).await;
     print!("{}", report::render_apply(&reports, plan.format));
+    let worst = reports
+        .iter()
+        .map(|r| r.outcome.exit_code())
+        .max()
+        .unwrap_or(0);
+    Ok(ExitCode::from(worst))
+}
+
+/// A flag that turns true on Ctrl-C: verification in progress fails (and rolls back), and nothing
+/// new starts.
+fn interrupt_on_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
+    let (interrupt, cancel) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("interrupted: rolling back what is being verified, starting nothing new");
+            let _ = interrupt.send(true);
+        }
+    });
+    cancel
+}
+
+/// Spinners on stderr, only for text output on a terminal.
+fn live_display(format: report::Format) -> bool {
+    format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr())
+}
+
+fn ssh_options(config_file: &Option<std::path::PathBuf>) -> remote::SshOptions {
+    remote::SshOptions {
+        config_file: config_file.clone(),
+        connect_timeout: Some(Duration::from_secs(10)),
+    }
+}
+
+/// `reconcile status`: every unit of the manifests, compared on its host.
+async fn status(args: StatusArgs) -> Result<ExitCode, Error> {
+    let manifests = load_manifests(&args.paths, false)?;
+    let targets = targets::targets(
+        &manifests,
+        &targets::Filter {
+            hosts: args.hosts.clone(),
+            selectors: args.selectors.clone(),
+        },
+    )?;
+    let ssh = ssh_options(&args.ssh_config);
+    let statuses = status::status_targets(targets, &ssh, args.parallel).await;
+    print!("{}", status::render(&statuses, args.format));
+    Ok(ExitCode::from(status::exit_code(&statuses)))
+}
+
+/// The unit a `history`/`rollback` is about, its hosts, and its manifest when the manifests have
+/// it. With `--host`, manifests that do not load are not needed: a rollback must work while the
+/// manifests are broken, with verification's defaults.
+fn service_hosts(
+    args: &HistoryArgs,
+) -> Result<(String, Vec<String>, Option<manifest::Manifest>), Error> {
+    let service = args
+        .service
+        .strip_suffix(".service")
+        .unwrap_or(&args.service)
+        .to_string();
+    let manifests = match load_manifests(&args.paths, false) {
+        Ok(m) => m,
+        Err(Error::Manifests(errors)) if !args.hosts.is_empty() => {
+            for e in &errors.0 {
+                eprintln!("warning: {}", remote::error_chain(e));
+            }
+            eprintln!("warning: the manifests could not be loaded; using the hosts named with --host and verification's defaults");
+            Vec::new()
+        }
+        Err(e) => return Err(e),
+    };
+    let manifest = manifests.into_iter().find(|m| m.service == service);
+    let hosts = if args.hosts.is_empty() {
+        manifest
+            .as_ref()
+            .map(|m| m.hosts.iter().map(|h| h.name.clone()).collect())
+            .unwrap_or_default()
+    } else {
+        args.hosts.clone()
+    };
+    if hosts.is_empty() {
+        return Err(Error::NoHosts(service));
+    }
+    Ok((format!("{service}.service"), hosts, manifest))
+}
+
+/// `reconcile history`: the deployments and generations each host keeps.
+async fn history(args: HistoryArgs) -> Result<ExitCode, Error> {
+    let (unit, hosts, _) = service_hosts(&args)?;
+    let ssh = ssh_options(&args.ssh_config);
+    let histories = history::history_hosts(&hosts, &unit, &ssh, 32).await;
+    print!("{}", history::render(&histories, args.format));
+    let failed = histories.iter().any(|h| h.error.is_some());
+    Ok(ExitCode::from(u8::from(failed)))
+}
+
+/// `reconcile rollback`: a kept deployment restored through apply's path, host by host.
+async fn rollback(args: RollbackArgs) -> Result<ExitCode, Error> {
+    let (unit, hosts, manifest) = service_hosts(&args.history)?;
+    let ssh = ssh_options(&args.history.ssh_config);
+    let options = apply::ApplyOptions {
+        owner: apply::Owner::this_process(),
+        lock: apply::LockPolicy {
+            break_stale: args.break_stale_lock,
+            ttl: args.lock_ttl,
+        },
+        git: apply::GitInfo::default(),
+        cancel: interrupt_on_ctrl_c(),
+        progress: live_display(args.history.format).then(indicatif::MultiProgress::new),
+        deep: false,
+        rollout: apply::Rollout {
+            canary: 1,
+            max_parallel: 1,
+            max_failures: 1,
+            rollback_all: false,
+        },
+        restoring: None,
+    };
+    let reports =
+        history::rollback::rollback(&hosts, &unit, args.to, manifest.as_ref(), &ssh, &options)
+            .await;
+    print!("{}", report::render_apply(&reports, args.history.format));
     let worst = reports
         .iter()
         .map(|r| r.outcome.exit_code())

@@ -8,7 +8,7 @@
 //! was new is removed), and the report carries the failed invocation's journal.
 
 mod rollout;
-mod state;
+pub(crate) mod state;
 
 use std::time::Instant;
 
@@ -97,6 +97,10 @@ pub struct ApplyOptions {
     /// Preflight's deep check: the host's SGLang parses each unit's argv first (~10 s a unit).
     pub deep: bool,
     pub rollout: Rollout,
+    /// Set by `reconcile rollback`: the deployment whose kept unit is being restored. Its record
+    /// says so, and preflight's SGLang version check (against the manifest, which may have moved on
+    /// since) becomes a note: the restored unit ran on this host before.
+    pub restoring: Option<usize>,
 }
 
 /// Applies every target, host by host, as a rollout (canary, batches, failure budget).
@@ -106,6 +110,36 @@ pub async fn apply_targets(
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
     rollout::roll_out(targets, ssh, options).await
+}
+
+/// Applies one target over a connection the caller holds (`reconcile rollback` reads the host's
+/// history over the same connection first).
+pub(crate) async fn apply_one(host: &Host, t: &Target, options: &ApplyOptions) -> UnitReport {
+    apply_unit(host, t, options).await
+}
+
+/// A unit refused before anything was done on its host.
+pub(crate) fn refused(
+    host: &str,
+    unit: &str,
+    source: &str,
+    outcome: Outcome,
+    detail: String,
+) -> UnitReport {
+    UnitReport {
+        host: host.to_string(),
+        unit: unit.to_string(),
+        source: source.to_string(),
+        verdict: None,
+        outcome,
+        detail,
+        failed_stage: None,
+        notes: Vec::new(),
+        verification: None,
+        rollback: None,
+        journal: None,
+        seconds: 0.0,
+    }
 }
 
 fn not_started(t: &Target, why: &str) -> UnitReport {
@@ -216,7 +250,7 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         Ok(findings) => {
             let (errors, warnings): (Vec<_>, Vec<_>) = findings
                 .into_iter()
-                .partition(|f| f.severity == preflight::Severity::Error);
+                .partition(|f| blocks(f, options.restoring));
             r.report.notes.extend(
                 warnings
                     .into_iter()
@@ -260,6 +294,13 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         ));
     }
     r.end(outcome, &detail)
+}
+
+/// Whether a preflight finding refuses the unit. When restoring a kept deployment, the manifest's
+/// SGLang version and flags say nothing about the unit being restored, so those findings are notes.
+fn blocks(f: &preflight::Finding, restoring: Option<usize>) -> bool {
+    let about_manifest = matches!(f.check, "sglang-version" | "flags");
+    f.severity == preflight::Severity::Error && !(restoring.is_some() && about_manifest)
 }
 
 /// Whether a managed unit on disk matches the manifest but was never recorded as deployed.
@@ -522,8 +563,9 @@ async fn record(
         load_seconds: v.and_then(|v| v.load_seconds),
         plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
         plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
+        restored_from: options.restoring,
     };
-    if let Err(e) = state::write_record(host, &record).await {
+    if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
         report.notes.push(format!(
             "the deployment record could not be written: {}",
             error_chain(&e)

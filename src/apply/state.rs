@@ -1,5 +1,12 @@
 //! What `reconcile` keeps on each host, per unit, under `/var/lib/reconcile/<unit>/` (0700):
 //! the lock of the run working on it, the previous units (generations), and the deployment record.
+//!
+//! Two kinds of kept units, for two jobs:
+//! - `generations/<unix nanos>.service`: the unit an apply *replaced*, written before the new one is
+//!   installed, so an apply that fails can put it back (the newest 5);
+//! - `deployed/<N>.service`: the unit a *successful* deployment installed, where N is the number of
+//!   its line in `history.jsonl` (1 = oldest), so `reconcile rollback --to N` restores exactly what
+//!   deployment N ran (the newest 10).
 
 use std::time::{Duration, SystemTime};
 
@@ -10,6 +17,8 @@ use crate::remote::{error_chain, Host, RemoteError};
 pub const STATE_DIR: &str = "/var/lib/reconcile";
 /// Previous units kept per unit on a host.
 const GENERATIONS_KEPT: usize = 5;
+/// Units of successful deployments kept per unit on a host, for `reconcile rollback`.
+pub const DEPLOYED_KEPT: usize = 10;
 
 pub fn unit_dir(unit: &str) -> String {
     format!("{STATE_DIR}/{unit}")
@@ -147,7 +156,7 @@ pub async fn newest_generation(host: &Host, unit: &str) -> Result<Option<String>
 }
 
 /// What was deployed, when and from which commit, and how verification went.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub unit: String,
     pub manifest: String,
@@ -161,25 +170,104 @@ pub struct Record {
     pub load_seconds: Option<f64>,
     pub plateau_service_bytes: Option<u64>,
     pub plateau_gpu_mib: Vec<u64>,
+    /// Set by `reconcile rollback`: the deployment (history line) whose unit this one restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_from: Option<usize>,
 }
 
-/// Writes `current.json` and appends to `history.jsonl`.
-pub async fn write_record(host: &Host, record: &Record) -> Result<(), RemoteError> {
+/// Writes `current.json`, keeps the deployed unit as `deployed/<N>.service` and appends the record
+/// to `history.jsonl` as its line N. The copy goes first: a run cut off between the two leaves a
+/// copy no line points at, which the next deployment (same N) overwrites, never a line without its
+/// unit. The caller holds the unit's lock, so N cannot be taken by another run meanwhile.
+pub async fn write_record(
+    host: &Host,
+    record: &Record,
+    unit_text: &str,
+) -> Result<(), RemoteError> {
     let dir = unit_dir(&record.unit);
     let json = serde_json::to_string(record).expect("records serialize");
     host.write_file(&format!("{dir}/current.json"), &format!("{json}\n"), "0600")
         .await?;
+    const LINES: &str = "[ -f \"$1\" ] && wc -l < \"$1\" || echo 0";
+    let history = format!("{dir}/history.jsonl");
+    let lines = host.run_ok(&["sh", "-c", LINES, "sh", &history]).await?;
+    let n = lines.trim().parse::<usize>().unwrap_or(0) + 1;
+    let deployed = format!("{dir}/deployed");
+    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &deployed])
+        .await?;
+    host.write_file(&format!("{deployed}/{n}.service"), unit_text, "0600")
+        .await?;
     const APPEND: &str = "umask 077; printf '%s\\n' \"$2\" >> \"$1\"";
+    host.run_ok(&["sh", "-c", APPEND, "sh", &history, &json])
+        .await?;
+    const PRUNE: &str = "cd \"$1\" && ls -1 | sort -n | head -n -\"$2\" | xargs -r rm -f --";
     host.run_ok(&[
         "sh",
         "-c",
-        APPEND,
+        PRUNE,
         "sh",
-        &format!("{dir}/history.jsonl"),
-        &json,
+        &deployed,
+        &DEPLOYED_KEPT.to_string(),
     ])
     .await?;
     Ok(())
+}
+
+/// Every record of `history.jsonl`, oldest first; line N is deployment N. A line that does not
+/// parse (written by a future version, or damaged) is `None`, so the numbers stay right.
+pub async fn read_history(host: &Host, unit: &str) -> Result<Vec<Option<Record>>, RemoteError> {
+    let text = host
+        .read_file(&format!("{}/history.jsonl", unit_dir(unit)))
+        .await?
+        .unwrap_or_default();
+    Ok(text.lines().map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+/// The deployments whose unit is kept under `deployed/`, ascending.
+pub async fn deployed_numbers(host: &Host, unit: &str) -> Result<Vec<usize>, RemoteError> {
+    const LIST: &str = "cd \"$1\" 2>/dev/null || exit 0; ls -1";
+    let dir = format!("{}/deployed", unit_dir(unit));
+    let out = host.run_ok(&["sh", "-c", LIST, "sh", &dir]).await?;
+    let mut numbers: Vec<usize> = out
+        .lines()
+        .filter_map(|l| l.strip_suffix(".service")?.parse().ok())
+        .collect();
+    numbers.sort_unstable();
+    Ok(numbers)
+}
+
+/// The unit deployment `n` installed, when it is kept.
+pub async fn read_deployed(
+    host: &Host,
+    unit: &str,
+    n: usize,
+) -> Result<Option<String>, RemoteError> {
+    host.read_file(&format!("{}/deployed/{n}.service", unit_dir(unit)))
+        .await
+}
+
+/// A unit an apply replaced: when it was kept (unix nanos, its file name) and its sha256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generation {
+    pub nanos: u128,
+    pub sha256: String,
+}
+
+/// The kept generations, oldest first.
+pub async fn generations(host: &Host, unit: &str) -> Result<Vec<Generation>, RemoteError> {
+    const LIST: &str = "cd \"$1\" 2>/dev/null || exit 0; for f in $(ls -1 | sort -n); do printf '%s %s\\n' \"$f\" \"$(sha256sum < \"$f\" | cut -d' ' -f1)\"; done";
+    let dir = format!("{}/generations", unit_dir(unit));
+    let out = host.run_ok(&["sh", "-c", LIST, "sh", &dir]).await?;
+    Ok(out
+        .lines()
+        .filter_map(|l| {
+            let (name, sha) = l.split_once(' ')?;
+            Some(Generation {
+                nanos: name.strip_suffix(".service")?.parse().ok()?,
+                sha256: sha.to_string(),
+            })
+        })
+        .collect())
 }
 
 pub async fn read_record(host: &Host, unit: &str) -> Option<Record> {

@@ -110,6 +110,9 @@ fn descend<'t>(scope: &[Line<'t>], seg: Seg) -> Step<'t> {
 
 /// If `text` is `key: value` (the key bare or quoted), the value part.
 fn key_value<'t>(text: &'t str, key: &str) -> Option<&'t str> {
+    if key.is_empty() {
+        return None;
+    }
     [key.to_string(), format!("\"{key}\""), format!("'{key}'")]
         .iter()
         .find_map(|k| {
@@ -134,6 +137,10 @@ fn flow_locate(flow: &str, start: Position, rest: &[Seg]) -> Position {
 }
 
 fn flow_key_offset(flow: &str, key: &str) -> Option<usize> {
+    if key.is_empty() {
+        // An empty key matches everywhere and would never advance.
+        return None;
+    }
     let mut from = 0;
     while let Some(found) = flow[from..].find(key) {
         let at = from + found;
@@ -226,6 +233,15 @@ list: [a, b, c]
             (6, 41)
         );
         assert_eq!(at(&[Seg::Key("list"), Seg::Index(2)]), (11, 14));
+    }
+
+    #[test]
+    fn an_empty_key_is_not_found_and_does_not_hang() {
+        let doc = "env: { \"\": x }\n";
+        assert_eq!(
+            locate(doc, &[Seg::Key("env"), Seg::Key("")]),
+            Some(Position { line: 1, column: 6 })
+        );
     }
 
     #[test]

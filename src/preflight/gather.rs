@@ -35,6 +35,21 @@ done";
 /// imports torch: about 10 s.
 const DEEP_SCRIPT: &str = "import sys\nfrom sglang.srt.server_args import prepare_server_args\nprepare_server_args(sys.argv[1:])\n";
 
+/// Gathers the facts and judges them. `observed` is read at the same time over the same
+/// connection, since the port check needs the unit's `MainPID`.
+pub async fn check_with<T>(
+    host: &Host,
+    t: &Target,
+    deep: bool,
+    observe: impl std::future::Future<Output = Result<T, RemoteError>>,
+    state_of: impl Fn(&T) -> &UnitState,
+) -> Result<(T, Vec<Finding>), RemoteError> {
+    let (observed, mut facts) = tokio::try_join!(observe, gather(host, t, deep))?;
+    facts.main_pid = state_of(&observed).main_pid;
+    let findings = judge(t, &facts);
+    Ok((observed, findings))
+}
+
 /// Gathers the facts and judges them.
 pub async fn check(
     host: &Host,
@@ -42,23 +57,21 @@ pub async fn check(
     state: &UnitState,
     deep: bool,
 ) -> Result<Vec<Finding>, RemoteError> {
-    let facts = gather(host, t, state, deep).await?;
+    let mut facts = gather(host, t, deep).await?;
+    facts.main_pid = state.main_pid;
     Ok(judge(t, &facts))
 }
 
-/// Two commands at a time, then the deep check (when asked, and when there is an SGLang to ask).
-async fn gather(
-    host: &Host,
-    t: &Target,
-    state: &UnitState,
-    deep: bool,
-) -> Result<Facts, RemoteError> {
+/// Every fact at once (the host's connection bounds how many commands run together), then the
+/// deep check when asked and when there is an SGLang to ask.
+async fn gather(host: &Host, t: &Target, deep: bool) -> Result<Facts, RemoteError> {
     let want = super::Want::of(t);
-    let (python, model_path) = tokio::try_join!(
+    let (python, model_path, gpus, port) = tokio::try_join!(
         sglang_version(host, &want.python),
-        access(host, &want.model_path)
+        access(host, &want.model_path),
+        gpus(host),
+        listeners(host, want.port)
     )?;
-    let (gpus, port) = tokio::try_join!(gpus(host), listeners(host, want.port))?;
     let deep = match (&python, deep) {
         (Python::Sglang(_), true) => {
             Some(deep_check(host, &want.python, &t.desired.model.exec_start).await?)
@@ -70,7 +83,7 @@ async fn gather(
         model_path,
         gpus,
         port,
-        main_pid: state.main_pid,
+        main_pid: 0,
         deep,
     })
 }

@@ -9,7 +9,12 @@ use super::{Output, RemoteError, SshOptions};
 pub struct SshHost {
     name: String,
     session: Session,
+    /// sshd allows 10 sessions per connection by default (MaxSessions); commands beyond that
+    /// wait here rather than fail there.
+    sessions: tokio::sync::Semaphore,
 }
+
+const SESSIONS_AT_ONCE: usize = 8;
 
 impl SshHost {
     pub async fn connect(name: &str, options: &SshOptions) -> Result<SshHost, RemoteError> {
@@ -34,6 +39,7 @@ impl SshHost {
         Ok(SshHost {
             name: name.to_string(),
             session,
+            sessions: tokio::sync::Semaphore::new(SESSIONS_AT_ONCE),
         })
     }
 
@@ -47,6 +53,11 @@ impl SshHost {
             command: super::label(argv),
             source,
         };
+        let _session = self
+            .sessions
+            .acquire()
+            .await
+            .expect("the semaphore is never closed");
         let mut command = self.session.command(argv[0]);
         command
             .args(&argv[1..])

@@ -3,6 +3,30 @@
 
 use super::UnitModel;
 
+/// What systemd calls whitespace (`WHITESPACE` in its sources): it strips exactly these around lines,
+/// keys and values and splits words on them; other Unicode spaces are ordinary characters to it.
+pub(crate) const WHITESPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
+fn is_space(c: char) -> bool {
+    WHITESPACE.contains(&c)
+}
+
+/// `s` without systemd whitespace at either end (systemd's `strstrip`).
+pub(crate) fn strip(s: &str) -> &str {
+    s.trim_matches(WHITESPACE)
+}
+
+/// Whether a raw line ends in a backslash that escapes the newline, i.e. continues on the next
+/// line. Like systemd, backslashes are counted from the start: `a\\` ends in an escaped backslash
+/// and does not continue, `a\\\` does.
+pub(crate) fn continues(line: &str) -> bool {
+    let mut escaped = false;
+    for c in line.chars() {
+        escaped = !escaped && c == '\\';
+    }
+    escaped
+}
+
 /// Parses unit text into what it means. Units written by hand or by other tools read as well as
 /// rendered ones, so adopting an existing service shows only real differences.
 pub fn parse_unit(text: &str) -> UnitModel {
@@ -16,7 +40,7 @@ pub fn parse_unit(text: &str) -> UnitModel {
         let Some((key, value)) = line.split_once('=') else {
             continue;
         };
-        let (key, value) = (key.trim(), value.trim());
+        let (key, value) = (strip(key), strip(value));
         match (section.as_str(), key) {
             ("Service", "ExecStart") => model.exec_start = split_exec(value),
             ("Service", "Environment") if value.is_empty() => model.env.clear(),
@@ -60,35 +84,56 @@ pub fn split_exec(value: &str) -> Vec<String> {
     words
 }
 
-/// Joins continuation lines and drops comments and blank lines.
+/// Joins continuation lines and drops comments and blank lines, as systemd's `config_parse` does:
+/// a line ending in an unescaped backslash continues (the backslash becomes a space and the next
+/// raw line is appended as is), and comment lines are skipped even in the middle of a continuation.
 fn logical_lines(text: &str) -> Vec<String> {
     let mut lines = Vec::new();
     let mut pending: Option<String> = None;
-    for raw in text.lines() {
-        let line = raw.trim();
-        if line.starts_with('#') || line.starts_with(';') {
+    for raw in raw_lines(text) {
+        if strip(raw).starts_with(['#', ';']) {
             continue;
         }
-        let (body, continues) = match line.strip_suffix('\\') {
-            Some(body) => (body, true),
-            None => (line, false),
-        };
-        let joined = match pending.take() {
+        let mut joined = match pending.take() {
             Some(mut acc) => {
-                acc.push(' ');
-                acc.push_str(body);
+                acc.push_str(raw);
                 acc
             }
-            None => body.to_string(),
+            None => raw.to_string(),
         };
-        if continues {
+        if continues(&joined) {
+            joined.pop();
+            joined.push(' ');
             pending = Some(joined);
-        } else if !joined.trim().is_empty() {
-            lines.push(joined);
+        } else if !strip(&joined).is_empty() {
+            lines.push(strip(&joined).to_string());
         }
     }
-    lines.extend(pending);
+    lines.extend(
+        pending
+            .map(|p| strip(&p).to_string())
+            .filter(|p| !p.is_empty()),
+    );
     lines
+}
+
+/// Lines as systemd's `read_line` ends them: at `\n`, `\r\n` or a lone `\r`.
+fn raw_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = Some(text);
+    std::iter::from_fn(move || {
+        let text = rest?;
+        match text.find(['\n', '\r']) {
+            Some(at) => {
+                let skip = if text[at..].starts_with("\r\n") { 2 } else { 1 };
+                rest = Some(&text[at + skip..]).filter(|r| !r.is_empty());
+                Some(&text[..at])
+            }
+            None => {
+                rest = None;
+                Some(text)
+            }
+        }
+    })
 }
 
 /// systemd's `extract_first_word` with unquoting and C unescaping, over a whole value.
@@ -96,7 +141,7 @@ fn split_words(value: &str) -> Vec<String> {
     let mut words = Vec::new();
     let mut chars = value.chars().peekable();
     loop {
-        while chars.peek().is_some_and(|c| c.is_whitespace()) {
+        while chars.peek().is_some_and(|&c| is_space(c)) {
             chars.next();
         }
         if chars.peek().is_none() {
@@ -109,7 +154,7 @@ fn split_words(value: &str) -> Vec<String> {
                 ('\\', _) => unescape(&mut chars, &mut word),
                 ('"' | '\'', None) => quote = Some(c),
                 (c, Some(q)) if c == q => quote = None,
-                (c, None) if c.is_whitespace() => break,
+                (c, None) if is_space(c) => break,
                 (c, _) => word.push(c),
             }
         }
@@ -193,5 +238,47 @@ mod tests {
         );
         assert_eq!(m.env.len(), 1);
         assert_eq!(m.env["C"], "5%");
+    }
+}
+
+/// How systemd's `config_parse` ends and joins lines, and what it counts as whitespace.
+#[cfg(test)]
+mod systemd_syntax {
+    use super::*;
+
+    #[test]
+    fn only_an_unescaped_trailing_backslash_continues() {
+        let m = parse_unit("[Service]\nUser=a\\\\\nGroup=b\\\\\\\nc\nNice=1\\ \n");
+        assert_eq!(m.settings["Service.User"], ["a\\\\"]);
+        assert_eq!(m.settings["Service.Group"], ["b\\\\ c"]);
+        assert_eq!(m.settings["Service.Nice"], ["1\\"]);
+        assert!(continues("a\\") && !continues("a\\\\") && continues("a\\\\\\"));
+        assert!(!continues("a\\ "));
+    }
+
+    #[test]
+    fn comments_inside_a_continuation_are_skipped() {
+        let m = parse_unit("[Service]\nExecStart=/p \\\n# note \\\n  ; other\n  --a 1\n");
+        assert_eq!(m.exec_start, ["/p", "--a", "1"]);
+    }
+
+    #[test]
+    fn unicode_spaces_are_not_whitespace_to_systemd() {
+        let m = parse_unit("[Service]\nExecStart=/p a\u{a0}b\u{3000}\nUser=\u{3000}x\u{a0}\n");
+        assert_eq!(m.exec_start, ["/p", "a\u{a0}b\u{3000}"]);
+        assert_eq!(m.settings["Service.User"], ["\u{3000}x\u{a0}"]);
+    }
+
+    #[test]
+    fn lines_end_at_cr_lf_and_lone_cr() {
+        let m = parse_unit("[Service]\r\nUser=a\rGroup=b\r\n");
+        assert_eq!(m.settings["Service.User"], ["a"]);
+        assert_eq!(m.settings["Service.Group"], ["b"]);
+    }
+
+    #[test]
+    fn a_continuation_at_the_end_of_the_file_still_counts() {
+        let m = parse_unit("[Service]\nExecStart=/p --a \\");
+        assert_eq!(m.exec_start, ["/p", "--a"]);
     }
 }

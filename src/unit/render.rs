@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::escape::{escape_specifiers, quote_env, quote_exec_arg};
+use super::read::{continues, strip};
 use super::{section_of, UnitModel};
 use crate::manifest::{FlagValue, HostSpec, Manifest};
 
@@ -91,6 +92,16 @@ fn settings(m: &Manifest, host: &HostSpec) -> BTreeMap<String, Vec<String>> {
     for (key, value) in m.systemd.iter().chain(&host.systemd) {
         settings.insert(format!("{}.{key}", section_of(key)), vec![value.clone()]);
     }
+    // What systemd will read: it strips whitespace around a value, and an empty assignment resets
+    // the setting to its default, the same as leaving it out.
+    for values in settings.values_mut() {
+        for value in values.iter_mut() {
+            if strip(value).len() != value.len() {
+                *value = strip(value).to_string();
+            }
+        }
+    }
+    settings.retain(|_, values| values.iter().all(|v| !v.is_empty()));
     settings
 }
 
@@ -124,7 +135,10 @@ fn unit_text(source: &str, model: &UnitModel) -> String {
 
 fn write_setting(out: &mut String, key: &str, values: &[String]) {
     for value in values {
-        let _ = writeln!(out, "{key}={value}");
+        // A line ending in an unescaped backslash would continue onto the next setting; systemd
+        // checks before stripping whitespace, so a trailing space keeps the backslash in the value.
+        let end = if continues(value) { " " } else { "" };
+        let _ = writeln!(out, "{key}={value}{end}");
     }
 }
 
@@ -276,5 +290,328 @@ WantedBy=multi-user.target
 
     fn yaml_quote(s: &str) -> String {
         serde_json::to_string(s).unwrap()
+    }
+}
+
+/// Property tests: for manifests with arbitrary (hostile) values, the rendered unit reads back to
+/// exactly the model `render` meant, and that model carries the manifest's values unchanged.
+#[cfg(test)]
+mod props {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::manifest::{parse, validate};
+    use crate::unit::escape::props::hostile_string;
+    use crate::unit::parse_unit;
+    use crate::unit::read::strip;
+
+    /// A YAML double-quoted scalar that means exactly `s`: JSON's escapes, plus every character
+    /// outside printable ASCII as `\u`/`\U`, so YAML's own line breaks (NEL, U+2028, U+2029) and
+    /// BOMs in the text cannot fold or vanish before `reconcile` sees the value.
+    fn yaml_quote(s: &str) -> String {
+        let json = serde_json::to_string(s).unwrap();
+        let mut out = String::with_capacity(json.len());
+        for c in json.chars() {
+            match c as u32 {
+                0x20..=0x7e => out.push(c),
+                n if n <= 0xffff => out.push_str(&format!("\\u{n:04x}")),
+                n => out.push_str(&format!("\\U{n:08x}")),
+            }
+        }
+        out
+    }
+
+    #[derive(Debug, Clone)]
+    enum Flag {
+        Switch(bool),
+        Value(String),
+        List(Vec<String>),
+    }
+
+    impl Flag {
+        fn yaml(&self) -> String {
+            match self {
+                Flag::Switch(b) => b.to_string(),
+                Flag::Value(v) => yaml_quote(v),
+                Flag::List(items) => format!(
+                    "[{}]",
+                    items
+                        .iter()
+                        .map(|i| yaml_quote(i))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        }
+        fn value(&self) -> FlagValue {
+            match self {
+                Flag::Switch(b) => FlagValue::Switch(*b),
+                Flag::Value(v) => FlagValue::Value(v.clone()),
+                Flag::List(items) => FlagValue::List(items.clone()),
+            }
+        }
+    }
+
+    fn flag() -> impl Strategy<Value = Flag> {
+        prop_oneof![
+            1 => any::<bool>().prop_map(Flag::Switch),
+            3 => hostile_string().prop_map(Flag::Value),
+            1 => proptest::collection::vec(hostile_string(), 1..4).prop_map(Flag::List),
+        ]
+    }
+
+    fn flags() -> impl Strategy<Value = BTreeMap<String, Flag>> {
+        let name =
+            "[a-z][a-z0-9_-]{0,12}".prop_filter("set through the manifest's own fields", |n| {
+                !matches!(
+                    n.as_str(),
+                    "model-path" | "model" | "served-model-name" | "host" | "port"
+                )
+            });
+        proptest::collection::btree_map(name, flag(), 0..5)
+    }
+
+    fn env() -> impl Strategy<Value = BTreeMap<String, String>> {
+        proptest::collection::btree_map("[A-Za-z_][A-Za-z0-9_]{0,10}", hostile_string(), 0..4)
+    }
+
+    fn systemd() -> impl Strategy<Value = BTreeMap<String, String>> {
+        let key = prop_oneof![
+            proptest::sample::select(
+                &[
+                    "User",
+                    "Group",
+                    "Restart",
+                    "RestartSec",
+                    "LimitNOFILE",
+                    "WorkingDirectory",
+                    "After",
+                    "Wants",
+                    "WantedBy",
+                    "Nice",
+                    "ConditionPathExists",
+                    "KillMode",
+                ][..]
+            )
+            .prop_map(str::to_string),
+            "[A-Z][A-Za-z0-9]{0,10}".prop_filter("rendered from the manifest", |k| {
+                !matches!(
+                    k.as_str(),
+                    "ExecStart" | "Environment" | "Description" | "Type"
+                )
+            }),
+        ];
+        proptest::collection::btree_map(key, hostile_string(), 0..4)
+    }
+
+    #[derive(Debug, Clone)]
+    struct Host {
+        name: String,
+        env: BTreeMap<String, String>,
+        flags: BTreeMap<String, Flag>,
+        systemd: BTreeMap<String, String>,
+    }
+
+    #[derive(Debug, Clone)]
+    struct Spec {
+        description: Option<String>,
+        python: String,
+        model_path: String,
+        served_model_name: Option<String>,
+        host: Option<String>,
+        port: u16,
+        flags: BTreeMap<String, Flag>,
+        env: BTreeMap<String, String>,
+        systemd: BTreeMap<String, String>,
+        hosts: Vec<Host>,
+    }
+
+    fn host() -> impl Strategy<Value = Host> {
+        ("[a-z][a-z0-9.@-]{0,10}", env(), flags(), systemd()).prop_map(
+            |(name, env, flags, systemd)| Host {
+                name,
+                env,
+                flags,
+                systemd,
+            },
+        )
+    }
+
+    fn spec() -> impl Strategy<Value = Spec> {
+        (
+            (
+                proptest::option::of(hostile_string()),
+                hostile_string(),
+                hostile_string().prop_filter("must not be empty", |s| !s.is_empty()),
+                proptest::option::of(hostile_string()),
+                proptest::option::of(hostile_string()),
+                1..=u16::MAX,
+            ),
+            (
+                flags(),
+                env(),
+                systemd(),
+                proptest::collection::vec(host(), 1..3),
+            ),
+        )
+            .prop_map(
+                |(
+                    (description, python, model_path, served_model_name, host, port),
+                    (flags, env, systemd, hosts),
+                )| Spec {
+                    description,
+                    python: format!("/{python}"),
+                    model_path,
+                    served_model_name,
+                    host,
+                    port,
+                    flags,
+                    env,
+                    systemd,
+                    hosts,
+                },
+            )
+    }
+
+    fn map_yaml<V>(map: &BTreeMap<String, V>, value: impl Fn(&V) -> String) -> String {
+        let items: Vec<String> = map
+            .iter()
+            .map(|(k, v)| format!("{}: {}", yaml_quote(k), value(v)))
+            .collect();
+        format!("{{ {} }}", items.join(", "))
+    }
+
+    fn manifest_yaml(s: &Spec) -> String {
+        let mut y = String::from("service: svc\n");
+        if let Some(d) = &s.description {
+            y += &format!("description: {}\n", yaml_quote(d));
+        }
+        y += "hosts:\n";
+        for h in &s.hosts {
+            y += &format!(
+                "  - name: {}\n    env: {}\n    flags: {}\n    systemd: {}\n",
+                yaml_quote(&h.name),
+                map_yaml(&h.env, |v| yaml_quote(v)),
+                map_yaml(&h.flags, Flag::yaml),
+                map_yaml(&h.systemd, |v| yaml_quote(v)),
+            );
+        }
+        y += &format!(
+            "sglang:\n  python: {}\n  version: 0.5.23\n  model_path: {}\n",
+            yaml_quote(&s.python),
+            yaml_quote(&s.model_path)
+        );
+        if let Some(n) = &s.served_model_name {
+            y += &format!("  served_model_name: {}\n", yaml_quote(n));
+        }
+        if let Some(h) = &s.host {
+            y += &format!("  host: {}\n", yaml_quote(h));
+        }
+        y += &format!(
+            "  port: {}\n  flags: {}\n",
+            s.port,
+            map_yaml(&s.flags, Flag::yaml)
+        );
+        y += &format!("env: {}\n", map_yaml(&s.env, |v| yaml_quote(v)));
+        y += &format!("systemd: {}\n", map_yaml(&s.systemd, |v| yaml_quote(v)));
+        y
+    }
+
+    /// `--name value` or, for one value starting with `-`, `--name=value`.
+    fn flag_args(name: &str, values: &[String]) -> Vec<String> {
+        match values {
+            [v] if v.starts_with('-') => vec![format!("--{name}={v}")],
+            _ => std::iter::once(format!("--{name}"))
+                .chain(values.iter().cloned())
+                .collect(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn rendered_units_read_back_to_the_manifest(s in spec()) {
+            let text = manifest_yaml(&s);
+            let m = parse("p.yaml", &text).map_err(|e| {
+                TestCaseError::fail(format!("{:?}\n{text}", e.0))
+            })?;
+            prop_assert!(validate(&m, &text).is_ok(), "{:?}\n{}", validate(&m, &text), text);
+            prop_assert_eq!(&m.sglang.python, &s.python);
+            prop_assert_eq!(&m.sglang.model_path, &s.model_path);
+            prop_assert_eq!(&m.env, &s.env);
+            prop_assert_eq!(&m.systemd, &s.systemd);
+
+            for (i, h) in s.hosts.iter().enumerate() {
+                let unit = render(&m, &m.hosts[i]);
+                let back = parse_unit(&unit.text);
+                prop_assert_eq!(&back, &unit.model, "unit:\n{}\nmanifest:\n{}", unit.text, text);
+
+                // The argv is the manifest's, value for value.
+                let mut argv = vec![s.python.clone(), "-m".into(), "sglang.launch_server".into()];
+                argv.extend(flag_args("model-path", &[s.model_path.clone()]));
+                if let Some(n) = &s.served_model_name {
+                    argv.extend(flag_args("served-model-name", &[n.clone()]));
+                }
+                let mut all_flags = s.flags.clone();
+                all_flags.extend(h.flags.clone());
+                for (name, flag) in &all_flags {
+                    match flag.value() {
+                        FlagValue::Switch(true) => argv.push(format!("--{name}")),
+                        FlagValue::Switch(false) => {}
+                        FlagValue::Value(v) => argv.extend(flag_args(name, &[v])),
+                        FlagValue::List(items) => argv.extend(flag_args(name, &items)),
+                    }
+                }
+                if let Some(host) = &s.host {
+                    argv.extend(flag_args("host", &[host.clone()]));
+                }
+                argv.extend(flag_args("port", &[s.port.to_string()]));
+                prop_assert_eq!(&back.exec_start, &argv);
+
+                let mut env = s.env.clone();
+                env.extend(h.env.clone());
+                prop_assert_eq!(&back.env, &env);
+
+                // Settings as systemd sees them: stripped, and an empty one is no setting.
+                let mut systemd = s.systemd.clone();
+                systemd.extend(h.systemd.clone());
+                for (key, value) in &systemd {
+                    let got = back.settings.get(&format!("{}.{key}", section_of(key)));
+                    match strip(value) {
+                        "" => prop_assert!(got.is_none(), "{}={:?} read back as {:?}", key, value, got),
+                        v => prop_assert_eq!(got, Some(&vec![v.to_string()])),
+                    }
+                }
+                if let Some(d) = &s.description {
+                    let got = back.settings.get("Unit.Description");
+                    match strip(d) {
+                        "" => prop_assert!(got.is_none()),
+                        d => prop_assert_eq!(got, Some(&vec![escape_specifiers(d)])),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Found by the property above: a trailing backslash continued the line onto the next setting,
+    /// and whitespace around a value (or a Unicode space systemd keeps) made the model disagree
+    /// with what systemd reads.
+    #[test]
+    fn setting_values_at_line_edges() {
+        let text = "service: s\ndescription: \"ends in \\\\\"\nhosts:\n  - name: a\n    systemd: { Nice: \" 5 \", Group: \"\" }\nsglang:\n  python: /p\n  version: 1\n  model_path: /m\n  port: 1\nsystemd: { User: \"root\\\\\", WorkingDirectory: \"/srv\\u3000\" }\n";
+        let m = parse("e.yaml", text).unwrap();
+        let unit = render(&m, &m.hosts[0]);
+        let back = parse_unit(&unit.text);
+        assert_eq!(back, unit.model, "{}", unit.text);
+        assert_eq!(back.settings["Unit.Description"], ["ends in \\"]);
+        assert_eq!(back.settings["Unit.After"], ["network-online.target"]);
+        assert_eq!(back.settings["Service.User"], ["root\\"]);
+        assert_eq!(back.settings["Service.Nice"], ["5"]);
+        assert_eq!(back.settings["Service.WorkingDirectory"], ["/srv\u{3000}"]);
+        assert!(!back.settings.contains_key("Service.Group"));
+        assert!(unit.text.contains("Description=ends in \\ \n"));
     }
 }

@@ -6,4 +6,5 @@ mod dry_run;
 mod fleet;
 mod lab;
 mod preflight;
+mod status;
 mod systemd_escaping;

@@ -1,0 +1,105 @@
+"""The measuring half of bench/fleet.sh: runs reconcile and the ssh floor over the hosts fb1..fb16
+and prints a table of medians and ratios measured in the same run."""
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SSH_CONFIG, REPEATS = sys.argv[1], int(sys.argv[2])
+BIN = os.path.abspath("target/release/reconcile")
+HOSTS = [f"fb{i}" for i in range(1, 17)]
+UNIT = "bench-fleet.service"
+
+
+def manifest(hosts, failing=(), release="1"):
+    entries = "".join(
+        f"\n  - name: {h}\n    env: {{ RELEASE: \"{release}\""
+        + (", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"" if h in failing else "")
+        + " }"
+        for h in hosts
+    )
+    return f"""service: bench-fleet
+hosts:{entries}
+sglang: {{ python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: bench, port: 30000, flags: {{ tp-size: 2 }} }}
+env: {{ CUDA_VISIBLE_DEVICES: "0,1", FAKE_SGLANG_LOAD_SECONDS: "1" }}
+verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_deadline: 30s }}
+"""
+
+
+def write(text):
+    d = tempfile.mkdtemp()
+    os.makedirs(f"{d}/manifests")
+    with open(f"{d}/manifests/m.yaml", "w") as f:
+        f.write(text)
+    return d
+
+
+def reconcile(workdir, *args):
+    """Runs reconcile; returns (wall seconds, user+sys CPU seconds, peak RSS KiB, exit code, stdout)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    p = subprocess.run([BIN, *args, "--ssh-config", SSH_CONFIG], cwd=workdir, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, after.ru_maxrss, p.returncode, p.stdout
+
+
+def floor(hosts):
+    """Plain parallel ssh, one fresh connection per host, reading the unit."""
+    start = time.perf_counter()
+    procs = [
+        subprocess.Popen(["ssh", "-F", SSH_CONFIG, h, "cat", f"/etc/systemd/system/{UNIT}"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for h in hosts
+    ]
+    for p in procs:
+        p.wait()
+    return time.perf_counter() - start
+
+
+def host_args(hosts):
+    return [a for h in hosts for a in ("--host", h)]
+
+
+def median_of(fn):
+    return statistics.median(fn() for _ in range(REPEATS))
+
+
+v1 = write(manifest(HOSTS))
+wall, _, _, code, out = reconcile(v1, "apply", "--format", "json", "--canary", "1", "--max-parallel", "16")
+assert code == 0, out
+print(f"setup: applied release 1 to {len(HOSTS)} hosts in {wall:.1f} s\n")
+
+print(f"{'what':<34} {'reconcile (s)':>14} {'ssh floor (s)':>14} {'ratio':>7}")
+for n in (1, 4, 8, 16):
+    hosts = HOSTS[:n]
+    ours = median_of(lambda: reconcile(v1, "plan", *host_args(hosts))[0])
+    base = median_of(lambda: floor(hosts))
+    print(f"{'dry-run, ' + str(n) + ' hosts':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f}")
+
+cpu_rss = [reconcile(v1, "plan", *host_args(HOSTS)) for _ in range(REPEATS)]
+cpu = statistics.median(r[1] for r in cpu_rss)
+rss = max(r[2] for r in cpu_rss)
+
+eight = HOSTS[:8]
+noop = median_of(lambda: reconcile(v1, "apply", "--max-parallel", "8", *host_args(eight))[0])
+base8 = median_of(lambda: floor(eight))
+print(f"{'no-op apply, 8 hosts':<34} {noop:>14.3f} {base8:>14.3f} {noop / base8:>7.2f}")
+
+v2 = write(manifest(eight, failing=("fb5",), release="2"))
+start = time.time()
+wall, _, _, code, out = reconcile(v2, "apply", "--format", "json", "--canary", "1", "--max-parallel", "3", "--max-failures", "1")
+units = json.loads(out)["units"]
+failed = next(u for u in units if u["outcome"] in ("rolled_back", "rollback_failed"))
+stop = failed["verification"]["stages"][-1]["at_unix"] - start
+outcomes = ", ".join(f"{u['host']} {u['outcome']}" for u in units)
+print(f"\nrolling apply over 8 hosts, fb5 failing (--canary 1 --max-parallel 3 --max-failures 1), exit {code}:")
+print(f"  total {wall:.1f} s; stopped (fb5's failure seen) {stop:.1f} s after the start")
+print(f"  {outcomes}")
+print(f"\nreconcile at 16 hosts: CPU {cpu:.3f} s (user+sys), peak RSS {rss / 1024:.1f} MiB (target < 64 MiB)")

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Fleet benchmark against the SSH floor, on throwaway test hosts of its own (16 by default):
+#   dry-run over N = 1, 4, 8, 16 hosts vs a plain parallel `ssh host cat <unit>` over the same
+#   hosts, one fresh connection each (target: <= 1.3x the floor at N = 16);
+#   reconcile's own CPU time and peak RSS for the dry-run at N = 16 (target: peak RSS < 64 MiB);
+#   a no-op apply over 8 hosts vs the same floor;
+#   a rolling apply over 8 hosts with one failing: total time and time to stop.
+# Usage: sudo bench/fleet.sh [REPEATS]   (default 5; about two minutes)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "bench/fleet.sh: needs root (the test hosts are containers)" >&2; exit 1; }
+REPEATS=${1:-5}
+export STATE=/tmp/reconcile-fleet-bench PREFIX=fb SUBNET=10.216
+bash tests/hostlab/build-rootfs.sh >/dev/null
+cargo build --locked --release --quiet
+trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
+bash tests/hostlab/up.sh 16 >/dev/null
+python3 bench/fleet.py "$STATE/ssh_config" "$REPEATS"

@@ -1,0 +1,67 @@
+//! The edge of `history`: a unit's records, kept units and generations, read over one connection
+//! per host. Nothing is changed.
+
+use futures::stream::{self, StreamExt};
+
+use super::{deployments, disk_notes, generations, Deployment, HostHistory};
+use crate::apply::state;
+use crate::plan::UNIT_DIR;
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+
+/// The history of `unit` on each host, at most `parallel` hosts at once, in the hosts' order.
+pub async fn history_hosts(
+    hosts: &[String],
+    unit: &str,
+    ssh: &SshOptions,
+    parallel: usize,
+) -> Vec<HostHistory> {
+    stream::iter(hosts)
+        .map(|name| async move {
+            let result = async {
+                let host = Host::connect(name, ssh).await?;
+                let history = read(&host, unit).await;
+                host.close().await;
+                history
+            };
+            result.await.unwrap_or_else(|e| HostHistory {
+                host: name.clone(),
+                unit: unit.to_string(),
+                deployments: Vec::new(),
+                generations: Vec::new(),
+                notes: Vec::new(),
+                error: Some(error_chain(&e)),
+            })
+        })
+        .buffered(parallel.max(1))
+        .collect()
+        .await
+}
+
+/// The deployments of `unit` on a connected host, numbered and marked (also used by rollback).
+pub async fn read_deployments(host: &Host, unit: &str) -> Result<Vec<Deployment>, RemoteError> {
+    let (history, current, kept) = tokio::join!(
+        state::read_history(host, unit),
+        state::read_record(host, unit),
+        state::deployed_numbers(host, unit)
+    );
+    Ok(deployments(history?, current.as_ref(), &kept?))
+}
+
+async fn read(host: &Host, unit: &str) -> Result<HostHistory, RemoteError> {
+    let path = format!("{UNIT_DIR}/{unit}");
+    let (deployed, kept_generations, disk) = tokio::join!(
+        read_deployments(host, unit),
+        state::generations(host, unit),
+        host.read_file(&path)
+    );
+    let deployed = deployed?;
+    let disk_sha = disk?.map(|text| state::sha256(&text));
+    Ok(HostHistory {
+        host: host.name().to_string(),
+        unit: unit.to_string(),
+        generations: generations(&kept_generations?, &deployed),
+        notes: disk_notes(&deployed, disk_sha.as_deref()),
+        deployments: deployed,
+        error: None,
+    })
+}

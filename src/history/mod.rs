@@ -1,0 +1,386 @@
+//! `reconcile history` and `reconcile rollback`: the deployments each host keeps for a unit, and
+//! putting one of them back.
+//!
+//! Every successful apply appends its record to `history.jsonl` and keeps the unit it installed as
+//! `deployed/<N>.service`, N being the record's line (1 = oldest; see `apply::state`). History
+//! lists those numbered deployments, marks the one running now, and lists the generations (units
+//! an apply replaced) beside them, each tied to the deployment whose unit it is. Rollback restores
+//! deployment N's kept unit through apply's own install, restart and staged verification.
+//!
+//! What is pure lives here (numbering, which deployment is current, which one a rollback takes,
+//! the output); `gather` reads a host; `rollback` runs the restore.
+
+mod gather;
+pub mod rollback;
+
+use std::fmt::Write;
+use std::time::{Duration, UNIX_EPOCH};
+
+use serde::Serialize;
+
+pub use gather::history_hosts;
+
+use crate::apply::state::{Generation, Record};
+use crate::report::Format;
+use crate::status::short;
+
+/// One line of `history.jsonl`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Deployment {
+    /// The line number, 1 = oldest.
+    pub n: usize,
+    /// The record, unless its line could not be read.
+    pub record: Option<Record>,
+    /// Its unit is kept under `deployed/`, so `rollback --to N` can restore it.
+    pub kept: bool,
+    /// The deployment the last apply recorded (`current.json`).
+    pub current: bool,
+}
+
+/// A unit an apply replaced, kept to fall back on.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct GenerationEntry {
+    /// When the apply that replaced it kept it.
+    pub kept_at: String,
+    pub unit_sha256: String,
+    /// The newest deployment that installed this same unit, when one did.
+    pub deployment: Option<usize>,
+}
+
+/// A unit's history on one host.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostHistory {
+    pub host: String,
+    pub unit: String,
+    pub deployments: Vec<Deployment>,
+    pub generations: Vec<GenerationEntry>,
+    pub notes: Vec<String>,
+    pub error: Option<String>,
+}
+
+/// Numbers the history's lines and marks the kept and the current ones. The current deployment
+/// is the newest line equal to `current.json` (a later apply appends, so the last one normally).
+pub fn deployments(
+    history: Vec<Option<Record>>,
+    current: Option<&Record>,
+    kept: &[usize],
+) -> Vec<Deployment> {
+    let is_current = |r: &Option<Record>| matches!((r, current), (Some(r), Some(c)) if r.applied_at == c.applied_at && r.unit_sha256 == c.unit_sha256);
+    let current_n = history.iter().rposition(is_current).map(|i| i + 1);
+    history
+        .into_iter()
+        .enumerate()
+        .map(|(i, record)| Deployment {
+            n: i + 1,
+            record,
+            kept: kept.contains(&(i + 1)),
+            current: current_n == Some(i + 1),
+        })
+        .collect()
+}
+
+/// Ties each generation to the newest deployment of the same unit.
+pub fn generations(generations: &[Generation], deployments: &[Deployment]) -> Vec<GenerationEntry> {
+    generations
+        .iter()
+        .map(|g| GenerationEntry {
+            kept_at: humantime::format_rfc3339_seconds(
+                UNIX_EPOCH + Duration::from_nanos(g.nanos.min(u64::MAX as u128) as u64),
+            )
+            .to_string(),
+            unit_sha256: g.sha256.clone(),
+            deployment: deployments
+                .iter()
+                .rev()
+                .find(|d| d.record.as_ref().is_some_and(|r| r.unit_sha256 == g.sha256))
+                .map(|d| d.n),
+        })
+        .collect()
+}
+
+/// Notes about the unit on disk against the history: hand edits show here too.
+pub fn disk_notes(deployments: &[Deployment], disk_sha: Option<&str>) -> Vec<String> {
+    let current = deployments.iter().find(|d| d.current);
+    let current_sha = current
+        .and_then(|d| d.record.as_ref())
+        .map(|r| r.unit_sha256.as_str());
+    match (disk_sha, current_sha) {
+        (None, _) => vec!["the host has no unit file for it now".into()],
+        (Some(disk), Some(sha)) if disk == sha => Vec::new(),
+        (Some(disk), _) => {
+            let same = deployments
+                .iter()
+                .rev()
+                .find(|d| d.record.as_ref().is_some_and(|r| r.unit_sha256 == disk));
+            vec![match same {
+                Some(d) => format!(
+                    "the unit on disk ({}) is deployment {}'s, not the current one's",
+                    short(disk),
+                    d.n
+                ),
+                None => format!(
+                    "the unit on disk ({}) is none of these deployments (edited on the host?)",
+                    short(disk)
+                ),
+            }]
+        }
+    }
+}
+
+/// Which deployment a rollback restores: `to` when it is kept; by default the newest deployment
+/// before the current one that installed a different unit (restoring the same unit would change
+/// nothing). The error names the deployments that can be restored.
+pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<usize, String> {
+    let kept: Vec<String> = deployments
+        .iter()
+        .filter(|d| d.kept && d.record.is_some())
+        .map(|d| d.n.to_string())
+        .collect();
+    let available = if kept.is_empty() {
+        "none is kept".to_string()
+    } else {
+        format!("kept: {}", kept.join(", "))
+    };
+    if let Some(n) = to {
+        return match deployments.iter().find(|d| d.n == n) {
+            None => Err(format!(
+                "there is no deployment {n} ({} recorded; {available})",
+                deployments.len()
+            )),
+            Some(d) if !d.kept || d.record.is_none() => Err(format!(
+                "deployment {n}'s unit is not kept (the newest {} are; {available})",
+                crate::apply::state::DEPLOYED_KEPT
+            )),
+            Some(_) => Ok(n),
+        };
+    }
+    let Some(current) = deployments.iter().find(|d| d.current) else {
+        return Err(format!(
+            "no current deployment is recorded; say which with --to N ({available})"
+        ));
+    };
+    let current_sha = current.record.as_ref().map(|r| r.unit_sha256.clone());
+    deployments
+        .iter()
+        .rev()
+        .filter(|d| d.n < current.n && d.kept)
+        .find(|d| d.record.as_ref().map(|r| r.unit_sha256.clone()) != current_sha)
+        .map(|d| d.n)
+        .ok_or_else(|| {
+            format!(
+                "no deployment before the current one ({}) installed another unit ({available})",
+                current.n
+            )
+        })
+}
+
+/// `converged`, or `rollback to 2 (converged)`.
+fn outcome(r: &Record) -> String {
+    match r.restored_from {
+        Some(n) => format!("rollback to {n} ({})", r.outcome),
+        None => r.outcome.clone(),
+    }
+}
+
+pub fn render(histories: &[HostHistory], format: Format) -> String {
+    if format == Format::Json {
+        let mut s = serde_json::to_string_pretty(&serde_json::json!({ "hosts": histories }))
+            .expect("histories serialize");
+        s.push('\n');
+        return s;
+    }
+    let mut out = String::new();
+    for h in histories {
+        if let Some(e) = &h.error {
+            let _ = writeln!(out, "{} {}: error: {e}", h.host, h.unit);
+            continue;
+        }
+        let current = h
+            .deployments
+            .iter()
+            .find(|d| d.current)
+            .map_or("none".to_string(), |d| d.n.to_string());
+        let _ = writeln!(
+            out,
+            "{} {}: {} deployments, current: {current}",
+            h.host,
+            h.unit,
+            h.deployments.len()
+        );
+        if !h.deployments.is_empty() {
+            let _ = writeln!(
+                out,
+                "     {:>3}  {:<20}  {:<7}  {:<12}  {:<12}  {:>6}  {:<4}  outcome",
+                "N", "applied at", "commit", "manifest", "unit", "load", "kept"
+            );
+        }
+        for d in &h.deployments {
+            let mark = if d.current { "*" } else { " " };
+            let Some(r) = &d.record else {
+                let _ = writeln!(out, "   {mark} {:>3}  (unreadable record)", d.n);
+                continue;
+            };
+            let commit = r
+                .git_commit
+                .as_deref()
+                .map_or("-", |c| &c[..c.len().min(7)]);
+            let load = r
+                .load_seconds
+                .map_or("-".to_string(), |s| format!("{s:.1}s"));
+            let _ = writeln!(
+                out,
+                "   {mark} {:>3}  {:<20}  {:<7}  {:<12}  {:<12}  {:>6}  {:<4}  {}",
+                d.n,
+                r.applied_at,
+                commit,
+                short(&r.manifest_sha256),
+                short(&r.unit_sha256),
+                load,
+                if d.kept { "yes" } else { "no" },
+                outcome(r)
+            );
+        }
+        if !h.generations.is_empty() {
+            let _ = writeln!(
+                out,
+                "  generations (units an apply replaced, kept to fall back on):"
+            );
+            for g in &h.generations {
+                let from = g
+                    .deployment
+                    .map_or("not from a recorded deployment".to_string(), |n| {
+                        format!("deployment {n}'s unit")
+                    });
+                let _ = writeln!(
+                    out,
+                    "    {}  unit {}  {from}",
+                    g.kept_at,
+                    short(&g.unit_sha256)
+                );
+            }
+        }
+        for note in &h.notes {
+            let _ = writeln!(out, "  note: {note}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(unit_sha: &str, at: &str) -> Record {
+        Record {
+            unit: "s.service".into(),
+            manifest: "manifests/s.yaml".into(),
+            manifest_sha256: "feedbeef".repeat(8),
+            unit_sha256: unit_sha.into(),
+            git_commit: Some("0123456789abcdef".into()),
+            git_author: None,
+            applied_at: at.into(),
+            applied_by: "me".into(),
+            outcome: "converged".into(),
+            load_seconds: Some(1.25),
+            plateau_service_bytes: None,
+            plateau_gpu_mib: Vec::new(),
+            restored_from: None,
+        }
+    }
+
+    fn three() -> Vec<Deployment> {
+        let history = vec![
+            Some(record("aaa", "t1")),
+            Some(record("bbb", "t2")),
+            Some(record("bbb", "t3")),
+        ];
+        deployments(history, Some(&record("bbb", "t3")), &[1, 2, 3])
+    }
+
+    #[test]
+    fn lines_are_numbered_from_the_oldest_and_the_current_one_is_marked() {
+        let d = three();
+        assert_eq!(d.iter().map(|d| d.n).collect::<Vec<_>>(), [1, 2, 3]);
+        assert_eq!(
+            d.iter().map(|d| d.current).collect::<Vec<_>>(),
+            [false, false, true]
+        );
+    }
+
+    #[test]
+    fn the_default_rollback_skips_deployments_of_the_same_unit() {
+        assert_eq!(choose(&three(), None), Ok(1));
+        assert_eq!(choose(&three(), Some(2)), Ok(2));
+    }
+
+    #[test]
+    fn a_missing_or_unkept_deployment_is_refused_naming_the_kept_ones() {
+        let err = choose(&three(), Some(7)).unwrap_err();
+        assert_eq!(err, "there is no deployment 7 (3 recorded; kept: 1, 2, 3)");
+        let history = vec![Some(record("aaa", "t1")), Some(record("bbb", "t2"))];
+        let d = deployments(history, Some(&record("bbb", "t2")), &[2]);
+        let err = choose(&d, Some(1)).unwrap_err();
+        assert!(err.contains("deployment 1's unit is not kept"), "{err}");
+        assert!(err.contains("kept: 2"), "{err}");
+        let err = choose(&d, None).unwrap_err();
+        assert!(
+            err.contains("no deployment before the current one (2)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn without_a_current_record_a_rollback_must_say_which() {
+        let d = deployments(vec![Some(record("aaa", "t1"))], None, &[1]);
+        assert!(choose(&d, None).unwrap_err().contains("--to N"));
+        assert_eq!(choose(&d, Some(1)), Ok(1));
+    }
+
+    #[test]
+    fn generations_point_at_the_deployment_of_the_same_unit() {
+        let g = generations(
+            &[
+                Generation {
+                    nanos: 1_700_000_000_000_000_000,
+                    sha256: "aaa".into(),
+                },
+                Generation {
+                    nanos: 1_700_000_001_000_000_000,
+                    sha256: "zzz".into(),
+                },
+            ],
+            &three(),
+        );
+        assert_eq!(g[0].deployment, Some(1));
+        assert_eq!(g[0].kept_at, "2023-11-14T22:13:20Z");
+        assert_eq!(g[1].deployment, None);
+    }
+
+    #[test]
+    fn a_hand_edited_unit_is_noted() {
+        assert!(disk_notes(&three(), Some("bbb")).is_empty());
+        assert_eq!(
+            disk_notes(&three(), Some("aaa")),
+            ["the unit on disk (aaa) is deployment 1's, not the current one's"]
+        );
+        assert!(disk_notes(&three(), Some("ccc"))[0].contains("edited on the host"));
+    }
+
+    #[test]
+    fn text_marks_the_current_deployment() {
+        let h = HostHistory {
+            host: "gpu-a".into(),
+            unit: "s.service".into(),
+            deployments: three(),
+            generations: Vec::new(),
+            notes: Vec::new(),
+            error: None,
+        };
+        let out = render(&[h], Format::Text);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "gpu-a s.service: 3 deployments, current: 3");
+        assert!(lines[4].starts_with("   *   3  t3"), "{out}");
+        assert!(lines[2].contains("0123456  feedbeeffeed  aaa"), "{out}");
+        assert!(lines[2].ends_with("1.2s  yes   converged"), "{out}");
+    }
+}

@@ -1,0 +1,205 @@
+//! `reconcile rollback`: restore a kept deployment through apply's own path.
+//!
+//! The restored unit becomes the desired unit of an ordinary apply target, so it gets the same
+//! preflight, lock, kept generation, atomic install, restart and staged verification as any
+//! apply, and the same automatic rollback (to the unit it replaced) when verification fails.
+//! Hosts go one at a time, and none starts after one fails: a rollback is what one does when
+//! things are already going wrong.
+
+use std::sync::Arc;
+
+use super::gather::read_deployments;
+use super::{choose, Deployment};
+use crate::apply::{self, state, ApplyOptions, GitInfo, Outcome, UnitReport};
+use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
+use crate::plan::flags;
+use crate::remote::{error_chain, Host, SshOptions};
+use crate::targets::Target;
+use crate::unit::{parse_unit, Desired};
+
+/// Rolls `unit` back on each host in turn. `manifest` is the service's manifest, when the
+/// manifests have it: its verification settings judge the restored server.
+pub async fn rollback(
+    hosts: &[String],
+    unit: &str,
+    to: Option<usize>,
+    manifest: Option<&Manifest>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Vec<UnitReport> {
+    let mut reports = Vec::new();
+    let mut stopped: Option<String> = None;
+    for name in hosts {
+        if stopped.is_none() && *options.cancel.borrow() {
+            stopped = Some("interrupted before this host's turn".into());
+        }
+        if let Some(why) = &stopped {
+            let detail = format!("not started: {why}");
+            reports.push(apply::refused(name, unit, "", Outcome::NotStarted, detail));
+            continue;
+        }
+        let report = rollback_host(name, unit, to, manifest, ssh, options).await;
+        if report.outcome.exit_code() != 0 {
+            stopped = Some(format!("the rollback on {name} did not succeed"));
+        }
+        reports.push(report);
+    }
+    reports
+}
+
+async fn rollback_host(
+    name: &str,
+    unit: &str,
+    to: Option<usize>,
+    manifest: Option<&Manifest>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> UnitReport {
+    let error = |detail: String| apply::refused(name, unit, "", Outcome::Error, detail);
+    let host = match Host::connect(name, ssh).await {
+        Ok(host) => host,
+        Err(e) => return error(error_chain(&e)),
+    };
+    let report = match prepare(&host, name, unit, to, manifest).await {
+        Ok((n, target, git)) => {
+            let options = ApplyOptions {
+                owner: options.owner.clone(),
+                lock: options.lock,
+                git,
+                cancel: options.cancel.clone(),
+                progress: options.progress.clone(),
+                deep: options.deep,
+                rollout: options.rollout,
+                restoring: Some(n),
+            };
+            let mut report = apply::apply_one(&host, &target, &options).await;
+            report.detail = format!("rollback to deployment {n}: {}", report.detail);
+            report
+        }
+        Err(detail) => error(format!("nothing was changed: {detail}")),
+    };
+    host.close().await;
+    report
+}
+
+/// Which deployment to restore, and the apply target and git info that restore it.
+async fn prepare(
+    host: &Host,
+    name: &str,
+    unit: &str,
+    to: Option<usize>,
+    manifest: Option<&Manifest>,
+) -> Result<(usize, Target, GitInfo), String> {
+    let deployments: Vec<Deployment> = read_deployments(host, unit)
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let n = choose(&deployments, to).map_err(|e| format!("{unit} on {name}: {e}"))?;
+    let record = deployments[n - 1]
+        .record
+        .clone()
+        .expect("choose takes only readable records");
+    let text = state::read_deployed(host, unit, n)
+        .await
+        .map_err(|e| error_chain(&e))?
+        .ok_or_else(|| format!("deployment {n}'s kept unit disappeared meanwhile"))?;
+    let git = GitInfo {
+        commit: record.git_commit.clone(),
+        author: record.git_author.clone(),
+    };
+    Ok((n, restore_target(name, unit, text, &record, manifest), git))
+}
+
+/// An apply target whose desired unit is the kept one. Preflight reads the Python, model path
+/// and port from the restored unit itself, not from a manifest that may have moved on.
+pub fn restore_target(
+    host: &str,
+    unit: &str,
+    text: String,
+    record: &state::Record,
+    manifest: Option<&Manifest>,
+) -> Target {
+    let model = parse_unit(&text);
+    let (command, unit_flags) = flags(&model.exec_start);
+    let service = unit.strip_suffix(".service").unwrap_or(unit).to_string();
+    let mut m = manifest.cloned().unwrap_or_else(|| Manifest {
+        source: record.manifest.clone(),
+        digest: record.manifest_sha256.clone(),
+        text: String::new(),
+        service,
+        description: None,
+        hosts: vec![HostSpec {
+            name: host.to_string(),
+            ..HostSpec::default()
+        }],
+        sglang: SglangSpec {
+            python: String::new(),
+            version: String::new(),
+            model_path: String::new(),
+            served_model_name: None,
+            host: None,
+            port: 30000,
+            flags: Default::default(),
+        },
+        env: Default::default(),
+        systemd: Default::default(),
+        verify: VerifySpec::default(),
+    });
+    if let Some(python) = command.first() {
+        m.sglang.python = python.clone();
+    }
+    if let Some(path) = unit_flags.get("model-path") {
+        m.sglang.model_path = path.clone();
+    }
+    if let Some(port) = unit_flags.get("port").and_then(|p| p.parse().ok()) {
+        m.sglang.port = port;
+    }
+    m.sglang.served_model_name = unit_flags.get("served-model-name").cloned();
+    Target {
+        host: host.to_string(),
+        source: record.manifest.clone(),
+        verify: m.verify.clone(),
+        manifest_digest: record.manifest_sha256.clone(),
+        desired: Desired {
+            unit: unit.to_string(),
+            text,
+            model,
+        },
+        manifest: Arc::new(m),
+        conflicts: Vec::new(),
+        labels: Default::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_runs_the_kept_unit_and_preflight_reads_it() {
+        let text = "[Service]\nExecStart=/opt/py -m sglang.launch_server --model-path /m/old --port 31000\n";
+        let record = state::Record {
+            unit: "s.service".into(),
+            manifest: "manifests/s.yaml".into(),
+            manifest_sha256: "abc".into(),
+            unit_sha256: state::sha256(text),
+            git_commit: None,
+            git_author: None,
+            applied_at: "t".into(),
+            applied_by: "me".into(),
+            outcome: "converged".into(),
+            load_seconds: None,
+            plateau_service_bytes: None,
+            plateau_gpu_mib: Vec::new(),
+            restored_from: None,
+        };
+        let t = restore_target("gpu-a", "s.service", text.into(), &record, None);
+        assert_eq!(t.desired.text, text);
+        assert_eq!(t.manifest_digest, "abc");
+        let want = crate::preflight::Want::of(&t);
+        assert_eq!(
+            (want.python.as_str(), want.model_path.as_str(), want.port),
+            ("/opt/py", "/m/old", 31000)
+        );
+        assert_eq!(t.verify, VerifySpec::default());
+    }
+}

@@ -1,0 +1,181 @@
+//! The edge of `status`: the facts for each unit, read over the host's one connection. Nothing on
+//! the host is changed. The pid and unit name are positional arguments, never part of a script.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt};
+
+use super::{classify, split_nul, Facts, Running, Systemd, UnitStatus};
+use crate::apply::state::read_record;
+use crate::plan::UNIT_DIR;
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::targets::Target;
+use crate::unit::parse_unit;
+use crate::verify::Expect;
+
+/// Units read at once on one connection (sshd allows 10 sessions per connection by default).
+const UNITS_PER_HOST_AT_ONCE: usize = 3;
+
+/// How long the server's `/v1/models` may take: status is a quick look, not a health check.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SHOW: &str =
+    "LoadState,ActiveState,SubState,NeedDaemonReload,ExecMainPID,ExecMainStartTimestamp";
+
+/// The status of every target, at most `parallel` hosts at once, in the targets' order.
+pub async fn status_targets(
+    targets: Vec<Target>,
+    ssh: &SshOptions,
+    parallel: usize,
+) -> Vec<UnitStatus> {
+    let results: Vec<Vec<UnitStatus>> = stream::iter(crate::targets::by_host(targets))
+        .map(|(host, targets)| status_host(host, targets, ssh))
+        .buffered(parallel.max(1))
+        .collect()
+        .await;
+    results.into_iter().flatten().collect()
+}
+
+async fn status_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Vec<UnitStatus> {
+    let host = match Host::connect(&name, ssh).await {
+        Ok(host) => host,
+        Err(e) => {
+            let error = error_chain(&e);
+            return targets.iter().map(|t| failed(t, error.clone())).collect();
+        }
+    };
+    let statuses = stream::iter(&targets)
+        .map(|t| async {
+            match unit_status(&host, t).await {
+                Ok(status) => status,
+                Err(e) => failed(t, error_chain(&e)),
+            }
+        })
+        .buffered(UNITS_PER_HOST_AT_ONCE)
+        .collect()
+        .await;
+    host.close().await;
+    statuses
+}
+
+async fn unit_status(host: &Host, t: &Target) -> Result<UnitStatus, RemoteError> {
+    let unit = &t.desired.unit;
+    let path = format!("{UNIT_DIR}/{unit}");
+    let (disk_text, record, systemd) = tokio::join!(
+        host.read_file(&path),
+        read_record(host, unit),
+        systemd(host, unit)
+    );
+    let (disk_text, systemd) = (disk_text?, systemd?);
+    let active = systemd.active_state == "active";
+    let running = if active && systemd.main_pid != 0 {
+        process(host, systemd.main_pid).await?
+    } else {
+        None
+    };
+    let served_models = match (&disk_text, active) {
+        (Some(text), true) => models(host, text, t.verify.url.as_deref()).await,
+        _ => None,
+    };
+    let facts = Facts {
+        desired_text: t.desired.text.clone(),
+        disk_text,
+        record,
+        systemd,
+        running,
+    };
+    let (classes, mut details) = classify(&facts);
+    if let (Some(models), Some(text)) = (&served_models, &facts.disk_text) {
+        let want = Expect::from_unit(&parse_unit(text)).model_id;
+        if !models.contains(&want) {
+            details.push(format!(
+                "the server lists {:?} in /v1/models, the unit names `{want}`",
+                models
+            ));
+        }
+    }
+    let record = facts.record.as_ref();
+    Ok(UnitStatus {
+        host: t.host.clone(),
+        unit: unit.clone(),
+        source: t.source.clone(),
+        classes,
+        details,
+        git_commit: record.and_then(|r| r.git_commit.clone()),
+        applied_at: record.map(|r| r.applied_at.clone()),
+        applied_by: record.map(|r| r.applied_by.clone()),
+        systemd: facts.systemd,
+        served_models,
+        error: None,
+    })
+}
+
+async fn systemd(host: &Host, unit: &str) -> Result<Systemd, RemoteError> {
+    let out = host
+        .run_ok(&["systemctl", "show", "-p", SHOW, "--", unit])
+        .await?;
+    let props: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    let text = |k: &str| props.get(k).copied().unwrap_or_default().to_string();
+    Ok(Systemd {
+        load_state: text("LoadState"),
+        active_state: text("ActiveState"),
+        sub_state: text("SubState"),
+        need_daemon_reload: props.get("NeedDaemonReload") == Some(&"yes"),
+        main_pid: props
+            .get("ExecMainPID")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0),
+        started_at: text("ExecMainStartTimestamp"),
+    })
+}
+
+/// The main process's argv and environment; `None` when it exited meanwhile.
+async fn process(host: &Host, pid: u32) -> Result<Option<Running>, RemoteError> {
+    let (cmdline, environ) = (
+        format!("/proc/{pid}/cmdline"),
+        format!("/proc/{pid}/environ"),
+    );
+    let (cmdline, environ) = tokio::try_join!(host.read_file(&cmdline), host.read_file(&environ))?;
+    let Some(cmdline) = cmdline else {
+        return Ok(None);
+    };
+    let env = split_nul(&environ.unwrap_or_default())
+        .into_iter()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect();
+    Ok(Some(Running {
+        argv: split_nul(&cmdline),
+        env,
+    }))
+}
+
+/// The model ids the server lists, or `None` when it does not answer in time.
+async fn models(host: &Host, unit_text: &str, url: Option<&str>) -> Option<Vec<String>> {
+    let port = Expect::from_unit(&parse_unit(unit_text)).port;
+    let ask = async {
+        let server = host.server(port, url).await.ok()?;
+        server.models().await.ok()
+    };
+    let models = tokio::time::timeout(MODELS_TIMEOUT, ask).await.ok()??;
+    Some(models.into_iter().map(|m| m.id).collect())
+}
+
+fn failed(t: &Target, error: String) -> UnitStatus {
+    UnitStatus {
+        host: t.host.clone(),
+        unit: t.desired.unit.clone(),
+        source: t.source.clone(),
+        classes: Vec::new(),
+        details: Vec::new(),
+        git_commit: None,
+        applied_at: None,
+        applied_by: None,
+        systemd: Systemd::default(),
+        served_models: None,
+        error: Some(error),
+    }
+}

@@ -1,0 +1,523 @@
+//! `reconcile status`: what each host really runs, against the manifest, the unit on disk and the
+//! last deployment record.
+//!
+//! A plan compares two things (manifest and unit file). Drift hides between the others: a unit
+//! edited by hand after the last apply, a file written without `daemon-reload`, a reload without
+//! the restart that would make the server run the new command line, a server that is down. Each
+//! unit is therefore classified from four sources: the manifest, the file on disk, the record of
+//! the last apply, and the running process (systemd's view and `/proc/<pid>/cmdline`).
+//!
+//! The classification is pure (this file); `gather` reads the facts over the host's one
+//! connection; `report` prints them.
+
+mod gather;
+mod report;
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+pub use gather::status_targets;
+pub use report::render;
+
+use crate::apply::state::{sha256, Record};
+use crate::plan::flags;
+use crate::redact::is_secret;
+use crate::unit::parse_unit;
+
+/// One way a unit can stand. A unit has one or more; `InSync` only alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// Manifest, last deployment, unit on disk and running process all agree.
+    InSync,
+    /// The manifest renders a unit other than the last one applied (an apply would change it).
+    PendingChange,
+    /// The unit on disk is not the one the last apply installed.
+    EditedOnHost,
+    /// systemd has not loaded the unit file on disk (`NeedDaemonReload=yes`).
+    NotReloaded,
+    /// The server runs a command line or environment other than the unit on disk's.
+    NotRestarted,
+    /// The service is not active.
+    Down,
+    /// A unit file reconcile has no deployment record of.
+    Unmanaged,
+    /// No unit file on the host.
+    Absent,
+}
+
+impl Class {
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::InSync => "in_sync",
+            Class::PendingChange => "pending_change",
+            Class::EditedOnHost => "edited_on_host",
+            Class::NotReloaded => "not_reloaded",
+            Class::NotRestarted => "not_restarted",
+            Class::Down => "down",
+            Class::Unmanaged => "unmanaged",
+            Class::Absent => "absent",
+        }
+    }
+}
+
+/// systemd's view of the unit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Systemd {
+    pub load_state: String,
+    pub active_state: String,
+    pub sub_state: String,
+    pub need_daemon_reload: bool,
+    pub main_pid: u32,
+    /// `ExecMainStartTimestamp`, as systemd prints it; empty when it never started.
+    pub started_at: String,
+}
+
+/// The main process as the kernel sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Running {
+    /// `/proc/<pid>/cmdline`, split on NUL.
+    pub argv: Vec<String>,
+    /// `/proc/<pid>/environ`.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Everything known about one unit on one host, as read.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    /// The unit the manifest renders.
+    pub desired_text: String,
+    /// The unit file on the host.
+    pub disk_text: Option<String>,
+    /// The last deployment record (`current.json`).
+    pub record: Option<Record>,
+    pub systemd: Systemd,
+    /// The main process, when there is one and it could be read.
+    pub running: Option<Running>,
+}
+
+/// The classes of a unit, and a line per finding saying why.
+pub fn classify(f: &Facts) -> (Vec<Class>, Vec<String>) {
+    let mut classes = Vec::new();
+    let mut details = Vec::new();
+    let desired_sha = sha256(&f.desired_text);
+    let disk_sha = f.disk_text.as_deref().map(sha256);
+    let applied = f.record.as_ref().map(|r| r.unit_sha256.as_str());
+    // What the manifest is compared with: the last applied unit, or the file when none was applied.
+    match (applied, disk_sha.as_deref()) {
+        (Some(applied), _) if applied != desired_sha => {
+            classes.push(Class::PendingChange);
+            details.push(format!(
+                "the manifest renders a unit ({}) other than the one last applied ({})",
+                short(&desired_sha),
+                short(applied)
+            ));
+        }
+        (None, Some(disk)) if disk != desired_sha => {
+            classes.push(Class::PendingChange);
+            details.push(format!(
+                "the manifest renders a unit ({}) other than the one on the host ({})",
+                short(&desired_sha),
+                short(disk)
+            ));
+        }
+        (None, None) => {
+            classes.push(Class::PendingChange);
+            details.push("not installed: an apply would install it".into());
+        }
+        _ => {}
+    }
+    let Some(disk_text) = &f.disk_text else {
+        classes.push(Class::Absent);
+        if applied.is_some() {
+            details.push("the unit file was removed after the last apply".into());
+        }
+        classes.sort();
+        return (classes, details);
+    };
+    let disk_sha = disk_sha.unwrap_or_default();
+    match applied {
+        None => {
+            classes.push(Class::Unmanaged);
+            details.push("no deployment record: reconcile never applied this unit here".into());
+        }
+        Some(applied) if applied != disk_sha => {
+            classes.push(Class::EditedOnHost);
+            details.push(format!(
+                "the unit on disk ({}) is not the one last applied ({})",
+                short(&disk_sha),
+                short(applied)
+            ));
+        }
+        Some(_) => {}
+    }
+    let s = &f.systemd;
+    if s.need_daemon_reload {
+        classes.push(Class::NotReloaded);
+        details.push("systemd has not loaded the unit file on disk (daemon-reload pending)".into());
+    }
+    if s.active_state != "active" {
+        classes.push(Class::Down);
+        let state = if s.active_state.is_empty() {
+            "unknown".to_string()
+        } else {
+            format!("{} ({})", s.active_state, s.sub_state)
+        };
+        details.push(format!("the service is {state}"));
+    } else if let Some(running) = &f.running {
+        let unit = parse_unit(disk_text);
+        let mut differences = argv_differences(&running.argv, &unit.exec_start);
+        differences.extend(env_differences(&running.env, &unit.env));
+        if !differences.is_empty() {
+            classes.push(Class::NotRestarted);
+            details.push(format!(
+                "the running server (pid {}) was started from another unit than the one on disk: {}",
+                s.main_pid,
+                differences.join(", ")
+            ));
+        }
+    }
+    if classes.is_empty() {
+        classes.push(Class::InSync);
+    }
+    classes.sort();
+    (classes, details)
+}
+
+/// How the running argv differs from the unit's, in flags where it can (`~ tp-size 2 -> 4`).
+/// systemd executes the unit's argv as it is, so any difference at all means another unit started
+/// the process. Secret values are never shown.
+fn argv_differences(running: &[String], unit: &[String]) -> Vec<String> {
+    if running == unit {
+        return Vec::new();
+    }
+    let (run_cmd, run_flags) = flags(running);
+    let (unit_cmd, unit_flags) = flags(unit);
+    let shown = |name: &str, v: &str| {
+        if is_secret(name) {
+            "<redacted>".to_string()
+        } else if v.is_empty() {
+            "(on)".to_string()
+        } else {
+            v.to_string()
+        }
+    };
+    let mut out = Vec::new();
+    if run_cmd != unit_cmd {
+        out.push(format!(
+            "command `{}` -> `{}`",
+            run_cmd.join(" "),
+            unit_cmd.join(" ")
+        ));
+    }
+    let names: std::collections::BTreeSet<&String> =
+        run_flags.keys().chain(unit_flags.keys()).collect();
+    for name in names {
+        match (run_flags.get(name), unit_flags.get(name)) {
+            (Some(a), Some(b)) if a != b => {
+                out.push(format!("~ {name} {} -> {}", shown(name, a), shown(name, b)))
+            }
+            (Some(a), None) => out.push(format!("- {name} {}", shown(name, a))),
+            (None, Some(b)) => out.push(format!("+ {name} {}", shown(name, b))),
+            _ => {}
+        }
+    }
+    if out.is_empty() {
+        out.push("the same flags in another order or form".into());
+    }
+    out
+}
+
+/// The unit's environment variables the process does not have with the same value. Only the
+/// unit's own variables are compared: systemd adds others (`INVOCATION_ID`, `PATH`, ...). Names
+/// only, since values may be secrets.
+fn env_differences(
+    running: &BTreeMap<String, String>,
+    unit: &BTreeMap<String, String>,
+) -> Vec<String> {
+    unit.iter()
+        .filter(|(k, v)| running.get(*k) != Some(*v))
+        .map(|(k, _)| format!("env {k} differs"))
+        .collect()
+}
+
+/// The first 12 hex digits of a sha256, as shown.
+pub fn short(sha: &str) -> &str {
+    &sha[..sha.len().min(12)]
+}
+
+/// One unit's status, as shown.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitStatus {
+    pub host: String,
+    pub unit: String,
+    pub source: String,
+    pub classes: Vec<Class>,
+    pub details: Vec<String>,
+    /// From the last deployment record.
+    pub git_commit: Option<String>,
+    pub applied_at: Option<String>,
+    pub applied_by: Option<String>,
+    pub systemd: Systemd,
+    /// What `/v1/models` lists, when the server is active and answered.
+    pub served_models: Option<Vec<String>>,
+    /// Set when the host or unit could not be read; `classes` is then empty.
+    pub error: Option<String>,
+}
+
+impl UnitStatus {
+    pub fn in_sync(&self) -> bool {
+        self.error.is_none() && self.classes == [Class::InSync]
+    }
+}
+
+/// Exit status of `status`: 1 when something could not be read, 2 when any unit is not in sync.
+pub fn exit_code(statuses: &[UnitStatus]) -> u8 {
+    if statuses.iter().any(|s| s.error.is_some()) {
+        1
+    } else if statuses.iter().all(UnitStatus::in_sync) {
+        0
+    } else {
+        2
+    }
+}
+
+/// `/proc/<pid>/cmdline` or `environ`: NUL-terminated strings.
+pub fn split_nul(raw: &str) -> Vec<String> {
+    let mut parts: Vec<String> = raw.split('\0').map(str::to_string).collect();
+    if parts.last().is_some_and(|p| p.is_empty()) {
+        parts.pop();
+    }
+    parts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UNIT: &str = "[Unit]\nDescription=t\n\n[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=0,1\"\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --tp-size 2 --port 30000\n";
+
+    fn record(text: &str) -> Record {
+        Record {
+            unit: "s.service".into(),
+            manifest: "manifests/s.yaml".into(),
+            manifest_sha256: "m".into(),
+            unit_sha256: sha256(text),
+            git_commit: Some("0123456789abcdef".into()),
+            git_author: None,
+            applied_at: "2026-01-01T00:00:00Z".into(),
+            applied_by: "me".into(),
+            outcome: "converged".into(),
+            load_seconds: Some(1.0),
+            plateau_service_bytes: None,
+            plateau_gpu_mib: Vec::new(),
+            restored_from: None,
+        }
+    }
+
+    fn running(text: &str) -> Running {
+        let unit = parse_unit(text);
+        let mut env: BTreeMap<String, String> = unit.env.clone();
+        env.insert("INVOCATION_ID".into(), "abc".into());
+        Running {
+            argv: unit.exec_start,
+            env,
+        }
+    }
+
+    /// Everything agrees: applied, on disk, loaded and running.
+    fn synced() -> Facts {
+        Facts {
+            desired_text: UNIT.into(),
+            disk_text: Some(UNIT.into()),
+            record: Some(record(UNIT)),
+            systemd: Systemd {
+                load_state: "loaded".into(),
+                active_state: "active".into(),
+                sub_state: "running".into(),
+                need_daemon_reload: false,
+                main_pid: 42,
+                started_at: "Thu 2026-01-01 00:00:01 UTC".into(),
+            },
+            running: Some(running(UNIT)),
+        }
+    }
+
+    fn classes(f: &Facts) -> Vec<Class> {
+        classify(f).0
+    }
+
+    #[test]
+    fn everything_agreeing_is_in_sync() {
+        assert_eq!(classes(&synced()), [Class::InSync]);
+    }
+
+    #[test]
+    fn a_manifest_change_not_yet_applied_is_pending() {
+        let f = Facts {
+            desired_text: UNIT.replace("--tp-size 2", "--tp-size 4"),
+            ..synced()
+        };
+        assert_eq!(classes(&f), [Class::PendingChange]);
+    }
+
+    #[test]
+    fn a_hand_edit_of_the_command_is_edited_not_reloaded_and_not_restarted() {
+        let edited = UNIT.replace("--tp-size 2", "--tp-size 4");
+        let mut f = Facts {
+            disk_text: Some(edited.clone()),
+            ..synced()
+        };
+        f.systemd.need_daemon_reload = true;
+        let (c, details) = classify(&f);
+        assert_eq!(
+            c,
+            [Class::EditedOnHost, Class::NotReloaded, Class::NotRestarted]
+        );
+        assert!(
+            details.iter().any(|d| d.contains("~ tp-size 2 -> 4")),
+            "{details:?}"
+        );
+        // Reloaded, still the old process.
+        f.systemd.need_daemon_reload = false;
+        assert_eq!(classes(&f), [Class::EditedOnHost, Class::NotRestarted]);
+        // Restarted: the process runs the edited unit, which is still not the applied one.
+        f.running = Some(running(&edited));
+        assert_eq!(classes(&f), [Class::EditedOnHost]);
+    }
+
+    #[test]
+    fn an_env_change_not_restarted_names_the_variable_not_its_value() {
+        let f = Facts {
+            running: Some(Running {
+                env: BTreeMap::from([("CUDA_VISIBLE_DEVICES".into(), "4,5".into())]),
+                ..running(UNIT)
+            }),
+            ..synced()
+        };
+        let (c, details) = classify(&f);
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(details[0].contains("env CUDA_VISIBLE_DEVICES differs"));
+        assert!(!details[0].contains("4,5"));
+    }
+
+    #[test]
+    fn secret_flags_are_not_shown() {
+        let with = |key: &str| UNIT.replace("--port", &format!("--api-key {key} --port"));
+        let f = Facts {
+            running: Some(running(&with("old-secret-value"))),
+            disk_text: Some(with("new-secret-value")),
+            record: Some(record(&with("new-secret-value"))),
+            desired_text: with("new-secret-value"),
+            ..synced()
+        };
+        let (c, details) = classify(&f);
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(details[0].contains("~ api-key <redacted> -> <redacted>"));
+        assert!(!details.join(" ").contains("secret-value"));
+    }
+
+    #[test]
+    fn a_stopped_service_is_down_and_its_process_is_not_judged() {
+        let mut f = synced();
+        f.systemd.active_state = "inactive".into();
+        f.systemd.sub_state = "dead".into();
+        f.running = None;
+        let (c, details) = classify(&f);
+        assert_eq!(c, [Class::Down]);
+        assert_eq!(details, ["the service is inactive (dead)"]);
+    }
+
+    #[test]
+    fn a_unit_without_a_record_is_unmanaged_and_pending_only_when_it_differs() {
+        let f = Facts {
+            record: None,
+            ..synced()
+        };
+        assert_eq!(classes(&f), [Class::Unmanaged]);
+        let f = Facts {
+            record: None,
+            desired_text: UNIT.replace("Description=t", "Description=u"),
+            ..synced()
+        };
+        assert_eq!(classes(&f), [Class::PendingChange, Class::Unmanaged]);
+    }
+
+    #[test]
+    fn no_unit_file_is_absent_and_pending() {
+        let f = Facts {
+            disk_text: None,
+            record: None,
+            systemd: Systemd::default(),
+            running: None,
+            ..synced()
+        };
+        assert_eq!(classes(&f), [Class::PendingChange, Class::Absent]);
+        // Removed by hand after an apply of what the manifest still says.
+        let f = Facts {
+            disk_text: None,
+            systemd: Systemd::default(),
+            running: None,
+            ..synced()
+        };
+        let (c, details) = classify(&f);
+        assert_eq!(c, [Class::Absent]);
+        assert!(details[0].contains("removed after the last apply"));
+    }
+
+    #[test]
+    fn the_same_flags_in_another_order_still_count_as_another_command_line() {
+        let f = Facts {
+            running: Some(Running {
+                argv: parse_unit(
+                    &UNIT.replace("--tp-size 2 --port 30000", "--port 30000 --tp-size 2"),
+                )
+                .exec_start,
+                ..running(UNIT)
+            }),
+            ..synced()
+        };
+        let (c, details) = classify(&f);
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(details[0].contains("another order"), "{details:?}");
+    }
+
+    #[test]
+    fn exit_codes() {
+        let status = |classes: Vec<Class>, error: Option<String>| UnitStatus {
+            host: "h".into(),
+            unit: "u".into(),
+            source: "s".into(),
+            classes,
+            details: Vec::new(),
+            git_commit: None,
+            applied_at: None,
+            applied_by: None,
+            systemd: Systemd::default(),
+            served_models: None,
+            error,
+        };
+        assert_eq!(exit_code(&[status(vec![Class::InSync], None)]), 0);
+        assert_eq!(
+            exit_code(&[
+                status(vec![Class::InSync], None),
+                status(vec![Class::Down], None)
+            ]),
+            2
+        );
+        assert_eq!(
+            exit_code(&[
+                status(vec![Class::Down], None),
+                status(vec![], Some("unreachable".into()))
+            ]),
+            1
+        );
+    }
+
+    #[test]
+    fn proc_strings_split_on_nul() {
+        assert_eq!(split_nul("a\0b c\0\0"), ["a", "b c", ""]);
+        assert_eq!(split_nul(""), Vec::<String>::new());
+    }
+}
