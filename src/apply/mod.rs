@@ -346,15 +346,21 @@ async fn install(
     };
     if let Err(e) = prepared.await {
         let detail = format!("installing failed: {}", error_chain(&e));
-        return match restore(host, unit, &fallback, false).await {
-            Ok(()) => (
+        return match put_back(host, unit, &fallback).await {
+            Ok(false) => (
                 Outcome::Error,
-                format!("{detail}; the previous unit is back in place"),
+                format!("{detail}; nothing changed on the host"),
+            ),
+            Ok(true) => (
+                Outcome::Error,
+                format!(
+                    "{detail}; the previous unit is back in place (the server was not restarted)"
+                ),
             ),
             Err(e2) => (
                 Outcome::RollbackFailed,
                 format!(
-                    "{detail}; restoring the previous unit failed too: {}",
+                    "{detail}; putting the previous unit back failed too: {}",
                     error_chain(&e2)
                 ),
             ),
@@ -511,6 +517,23 @@ async fn rollback(
         .await
         .map(|j| redact_text(&j, &secrets));
     (outcome, detail)
+}
+
+/// After a failed install (nothing was restarted): puts the previous unit file back if the new one
+/// got in place, and has systemd reload it. Returns whether anything had to be put back.
+async fn put_back(host: &Host, unit: &str, fallback: &Fallback) -> Result<bool, RemoteError> {
+    let path = format!("{UNIT_DIR}/{unit}");
+    if host.read_file(&path).await? == fallback.previous {
+        return Ok(false);
+    }
+    match &fallback.previous {
+        Some(previous) => host.write_file(&path, previous, "0644").await?,
+        None => {
+            host.run_ok(&["rm", "-f", "--", &path]).await?;
+        }
+    }
+    host.run_ok(&["systemctl", "daemon-reload"]).await?;
+    Ok(true)
 }
 
 /// Puts the previous unit back (or removes a unit that was new), restarting it when asked.

@@ -3,6 +3,7 @@
 
 mod apply;
 mod dry_run;
+mod faults;
 mod fleet;
 mod lab;
 mod preflight;
