@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use crate::manifest::{self, Manifest, ManifestErrors};
+use crate::redact;
 use crate::sglang::{self, Finding, Severity};
 
 pub struct Loaded {
@@ -15,6 +16,7 @@ pub struct Loaded {
 pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, (ManifestErrors, Vec<Finding>)> {
     let mut warnings = Vec::new();
     let result = manifest::load(paths, |m, text| {
+        redact::declare_secret_names(&m.secret_env);
         let checked = sglang::check_manifest(m, text);
         // Render what argparse would run: `tp` becomes `--tp-size`, safe from a later ambiguity.
         checked.apply_renames(m);

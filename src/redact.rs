@@ -20,12 +20,23 @@ const SECRET_WORDS: [&str; 11] = [
 pub const REDACTED: &str = "<redacted>";
 pub const REDACTED_CHANGED: &str = "<redacted, changed>";
 
-/// Whether an env var or flag name (`hf-token`, `HF_TOKEN`) holds a secret.
+/// Env names the manifests of this run declare secret (`secret_env`). Run-wide on purpose: a name
+/// declared secret by any manifest is hidden wherever it shows up, in every host's output.
+static DECLARED: std::sync::RwLock<std::collections::BTreeSet<String>> =
+    std::sync::RwLock::new(std::collections::BTreeSet::new());
+
+/// Adds env names to hide for the rest of the run.
+pub fn declare_secret_names<'a>(names: impl IntoIterator<Item = &'a String>) {
+    let mut declared = DECLARED.write().unwrap_or_else(|e| e.into_inner());
+    declared.extend(names.into_iter().cloned());
+}
+
+/// Whether an env var or flag name (`hf-token`, `HF_TOKEN`) holds a secret: by its words, or
+/// because a manifest declared it.
 pub fn is_secret(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    upper
-        .split(['_', '-', '.'])
-        .any(|word| SECRET_WORDS.contains(&word))
+    upper.split(['_', '-', '.']).any(|word| SECRET_WORDS.contains(&word))
+        || DECLARED.read().unwrap_or_else(|e| e.into_inner()).contains(name)
 }
 
 /// A secret to hide: its name, the value, and what to show instead.

@@ -127,6 +127,7 @@ pub fn restore_target(
         text: String::new(),
         service,
         description: None,
+        secret_env: Vec::new(),
         hosts: vec![HostSpec {
             name: host.to_string(),
             ..HostSpec::default()

@@ -30,6 +30,8 @@ pub struct Manifest {
     /// The unit name without `.service`.
     pub service: String,
     pub description: Option<String>,
+    /// Env names to redact in every output even when their names do not look secret.
+    pub secret_env: Vec<String>,
     pub hosts: Vec<HostSpec>,
     pub sglang: SglangSpec,
     pub env: BTreeMap<String, String>,

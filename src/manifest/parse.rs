@@ -93,6 +93,9 @@ struct RawManifest {
     /// Labels every host of this service carries, for `--selector`.
     #[serde(default)]
     labels: BTreeMap<String, Scalar>,
+    /// Env names whose values are secret whatever they are called.
+    #[serde(default)]
+    secret_env: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -173,6 +176,7 @@ impl RawManifest {
             text: text.to_string(),
             service,
             description: self.description,
+            secret_env: self.secret_env,
             hosts: self
                 .hosts
                 .into_iter()

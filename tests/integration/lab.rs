@@ -118,6 +118,7 @@ pub fn manifest(service: &str, hosts: &[&str], extra_flags: &str) -> String {
 pub struct Reconcile {
     dir: tempfile::TempDir,
     args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 pub struct Ran {
@@ -131,6 +132,7 @@ impl Reconcile {
         Reconcile {
             dir: tempfile::tempdir().expect("temp dir"),
             args: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -138,6 +140,11 @@ impl Reconcile {
         let path = self.dir.path().join("manifests").join(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, text).unwrap();
+        self
+    }
+
+    pub fn env(mut self, name: &str, value: &str) -> Reconcile {
+        self.env.push((name.to_string(), value.to_string()));
         self
     }
 
@@ -168,7 +175,8 @@ impl Reconcile {
             .arg("--ssh-config")
             .arg(lab().ssh_config())
             .current_dir(self.dir.path())
-            .env("NO_COLOR", "1");
+            .env("NO_COLOR", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
         command
     }
 

@@ -7,5 +7,6 @@ mod faults;
 mod fleet;
 mod lab;
 mod preflight;
+mod security;
 mod status;
 mod systemd_escaping;
