@@ -16,10 +16,13 @@ HOSTS = [f"fb{i}" for i in range(1, 17)]
 UNIT = "bench-fleet.service"
 
 
-def manifest(hosts, failing=(), release="1"):
+def manifest(hosts, failing=(), release="1", faults=None):
+    """`failing` hosts crash a second in; `faults` maps hosts to a stand-in failure mode."""
+    faults = dict(faults or {})
+    faults.update({h: "crash" for h in failing})
     entries = "".join(
         f"\n  - name: {h}\n    env: {{ RELEASE: \"{release}\""
-        + (", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"" if h in failing else "")
+        + (f", FAKE_SGLANG_FAIL: {faults[h]}, FAKE_SGLANG_FAIL_AT: \"1\"" if h in faults else "")
         + " }"
         for h in hosts
     )
@@ -103,3 +106,24 @@ print(f"\nrolling apply over 8 hosts, fb5 failing (--canary 1 --max-parallel 3 -
 print(f"  total {wall:.1f} s; stopped (fb5's failure seen) {stop:.1f} s after the start")
 print(f"  {outcomes}")
 print(f"\nreconcile at 16 hosts: CPU {cpu:.3f} s (user+sys), peak RSS {rss / 1024:.1f} MiB (target < 64 MiB)")
+
+# Load: a rolling apply over all 16 hosts with faults injected in a third of them, the failure
+# budget wide open. Every host must end correct: the faulty ones back on release 1 and serving,
+# the others on release 2 and serving; no host's failure may touch another.
+faults = {"fb3": "crash", "fb6": "stall", "fb9": "wrong-model", "fb12": "crash", "fb14": "no-port"}
+_, _, _, code, out = reconcile(v1, "apply", "--format", "json", "--canary", "1", "--max-parallel", "16")
+assert code == 0, out
+v3 = write(manifest(HOSTS, release="3", faults=faults).replace("load_deadline: 30s", "load_deadline: 10s"))
+wall, _, _, code, out = reconcile(v3, "apply", "--format", "json", "--canary", "1", "--max-parallel", "8", "--max-failures", "16")
+units = {u["host"]: u["outcome"] for u in json.loads(out)["units"]}
+wrong = []
+for h in HOSTS:
+    want_release, want_outcome = ("1", "rolled_back") if h in faults else ("3", "converged")
+    release = subprocess.run(["ssh", "-F", SSH_CONFIG, h, "grep -o 'RELEASE=[0-9]*' /etc/systemd/system/" + UNIT + "; systemctl is-active " + UNIT],
+                             capture_output=True, text=True).stdout.split()
+    if units.get(h) != want_outcome or release != [f"RELEASE={want_release}", "active"]:
+        wrong.append(f"{h}: {units.get(h)} {release}")
+print(f"\nload: rolling apply over 16 hosts with faults in {len(faults)} ({', '.join(f'{h} {m}' for h, m in faults.items())}): "
+      f"{wall:.1f} s, exit {code}")
+print(f"  {sum(o == 'converged' for o in units.values())} converged, {sum(o == 'rolled_back' for o in units.values())} rolled back; "
+      + ("every host ended correct (faulty hosts on release 1, the others on release 3, all active)" if not wrong else f"WRONG: {wrong}"))
