@@ -13,4 +13,8 @@ cargo build --locked --all-targets
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
 trap 'bash tests/hostlab/down.sh' EXIT
 bash tests/hostlab/up.sh "$HOSTS"
-RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}"
+log=$(mktemp)
+status=0
+RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" 2>&1 | tee "$log" || status=$?
+bash tests/fault-matrix.sh "$log" || status=1
+exit "$status"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The fault matrix: one line per fault, read from a `cargo test` log of the integration tests
+# (tests/run.sh writes it), and a closing `N passed, N failed` line. A fault whose test did not
+# run counts as failed.
+set -uo pipefail
+log=${1:?usage: tests/fault-matrix.sh CARGO_TEST_LOG}
+matrix=(
+  "SSH connection cut while connecting, installing, and verifying|apply::a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers"
+  "unit folder read-only|faults::a_read_only_unit_folder_changes_nothing"
+  "unit folder full|faults::a_full_unit_folder_changes_nothing"
+  "systemd fails daemon-reload|faults::a_systemd_that_cannot_reload_gets_its_previous_unit_back_and_asks_for_attention"
+  "server exits at once|apply::a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_removed"
+  "crash inside the crash window|apply::a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again"
+  "crash during load|apply::a_crash_during_load_after_the_window_rolls_back"
+  "load stall|apply::a_stalled_load_rolls_back"
+  "memory runaway|apply::runaway_memory_over_the_ceiling_rolls_back"
+  "wrong model|apply::a_wrong_model_rolls_back"
+  "port never opens|apply::a_port_that_never_opens_misses_the_load_deadline"
+  "GPU memory far from the plateau|apply::gpu_memory_far_from_the_expected_plateau_rolls_back"
+  "garbage completion|apply::a_garbage_answer_fails_the_smoke_completion"
+  "second concurrent apply|apply::a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock"
+  "lock held by another run|apply::an_apply_is_refused_while_another_holds_the_lock"
+  "stale lock from a killed run|apply::a_lock_left_by_a_dead_run_on_this_machine_is_broken"
+  "Ctrl-C during verification|apply::ctrl_c_during_verification_rolls_back"
+  "previous unit also fails on rollback|faults::a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention"
+  "canary fails in a rollout|fleet::a_failing_canary_stops_the_rollout_before_any_other_host_is_touched"
+)
+passed=0; failed=0
+echo "fault matrix:"
+for row in "${matrix[@]}"; do
+  fault=${row%%|*}; test=${row#*|}
+  if grep -qE "^test ${test} \.\.\. ok$" "$log"; then
+    printf '  PASS  %s\n' "$fault"; passed=$((passed + 1))
+  else
+    printf '  FAIL  %s  (%s)\n' "$fault" "$test"; failed=$((failed + 1))
+  fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
