@@ -19,6 +19,8 @@ pub const APPLY: &str = "rl4";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
+/// Host 1 again, under a name whose known_hosts file starts empty.
+pub const NEW_KEY: &str = "rl-newkey";
 
 pub struct Lab {
     state: PathBuf,
@@ -40,6 +42,11 @@ pub fn lab() -> &'static Lab {
 impl Lab {
     pub fn ssh_config(&self) -> PathBuf {
         self.state.join("ssh_config")
+    }
+
+    /// A file of the lab's state folder (known_hosts files, keys).
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.state.join(name)
     }
 
     /// Holds the counted host for one test at a time.
