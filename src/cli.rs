@@ -17,7 +17,7 @@ const APPLY_EXIT_CODES: &str = "\
 Exit codes:
   0  every unit converged (or needed nothing)
   1  error before any change on some host (bad manifests, unreachable, preflight failed, locked,
-     interrupted before its turn)
+     interrupted before its turn, a plan file's unit gone stale)
   3  verification failed on some host; it was rolled back to its previous unit, which passed
   4  verification failed and the rollback failed too: that host needs attention
 
@@ -40,21 +40,32 @@ pub struct Cli {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// With --dry-run: also write the plan to FILE, for `reconcile apply FILE` (see `plan --help`).
+    #[arg(long, value_name = "FILE", requires = "dry_run")]
+    pub out: Option<PathBuf>,
+
     #[command(flatten)]
     pub plan: PlanArgs,
 
     /// More log output on stderr (-v, -vv).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+
+    /// Accept and record the keys of hosts never seen before (ssh's accept-new). A key that
+    /// differs from a recorded one is still refused. Host keys are otherwise checked strictly.
+    #[arg(long, global = true)]
+    pub accept_new_host_keys: bool,
 }
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show what would change on each host, and change nothing.
     #[command(after_help = EXIT_CODES)]
-    Plan(PlanArgs),
+    Plan(PlanCommand),
     /// Make hosts run what the manifests say: install, restart only when needed, watch the crash
-    /// window, and roll back a unit that fails it.
+    /// window, and roll back a unit that fails it. Given a plan file (`reconcile apply plan.json`,
+    /// written by `plan --out`), applies exactly the units it planned, refusing each one whose
+    /// manifests, unit file on the host or installed SGLang changed since.
     #[command(after_help = APPLY_EXIT_CODES)]
     Apply(ApplyArgs),
     /// Check manifests offline, against the flag catalog of the SGLang version each names.
@@ -76,6 +87,71 @@ pub enum Command {
     /// restart and staged verification, host by host.
     #[command(after_help = APPLY_EXIT_CODES)]
     Rollback(RollbackArgs),
+    /// Pull mode, run on the GPU host itself: keep a checkout of the manifests' git repository
+    /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
+    #[command(after_help = AGENT_EXIT_CODES)]
+    Agent(AgentArgs),
+}
+
+const AGENT_EXIT_CODES: &str = "\
+Exit codes (of --once; an interval agent reports each round and keeps going until SIGTERM):
+  0  every unit of this host converged or needed nothing (or the host has none)
+  1  the checkout could not be updated, the manifests at the commit are bad (nothing was touched),
+     or a unit failed before any change (preflight, lock)
+  3  verification failed; the unit was rolled back to its previous unit, which passed
+  4  verification failed and the rollback failed too: the host needs attention";
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The manifests' git repository: a URL git can clone (https, ssh) or a path.
+    #[arg(long, value_name = "URL")]
+    pub repo: String,
+
+    /// The branch whose newest commit is applied.
+    #[arg(long, default_value = "main")]
+    pub branch: String,
+
+    /// The agent's own checkout, hard-reset to the branch every round (never point it at a tree
+    /// someone works in; a folder that is not a git checkout is refused).
+    #[arg(
+        long,
+        default_value = "/var/lib/reconcile/agent/repo",
+        value_name = "DIR"
+    )]
+    pub checkout: PathBuf,
+
+    /// Manifest files or folders, relative to the checkout; may be repeated.
+    #[arg(long = "path", default_value = "manifests", value_name = "PATH")]
+    pub paths: Vec<PathBuf>,
+
+    /// The names this machine has as a host in the manifests (default: its short hostname);
+    /// `local` always counts. May be repeated.
+    #[arg(long = "as", value_name = "NAME")]
+    pub names: Vec<String>,
+
+    /// One round, then exit with apply's exit code (for a systemd timer).
+    #[arg(long, conflicts_with = "interval")]
+    pub once: bool,
+
+    /// Time between rounds when not --once.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub interval: std::time::Duration,
+
+    /// Treat warnings (flag abbreviations, deprecated flags, unknown SGLANG_* variables) as errors.
+    #[arg(long)]
+    pub strict: bool,
+
+    /// Preflight also asks the host's SGLang to parse each unit's arguments (about 10 s a unit).
+    #[arg(long)]
+    pub deep: bool,
+
+    /// Break a unit's lock left by a run that died elsewhere, once it is older than --lock-ttl.
+    #[arg(long)]
+    pub break_stale_lock: bool,
+
+    /// Age after which --break-stale-lock may break a lock.
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pub lock_ttl: std::time::Duration,
 }
 
 const STATUS_EXIT_CODES: &str = "\
@@ -212,6 +288,18 @@ pub struct RenderArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct PlanCommand {
+    #[command(flatten)]
+    pub plan: PlanArgs,
+
+    /// Also write the plan to FILE as JSON, for `reconcile apply FILE`: per unit the hashes of
+    /// the rendered unit and of the host's, the host's SGLang version and the redacted diff (never
+    /// a secret). Apply refuses each unit where any of these changed since.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
 pub struct PlanArgs {
     /// Manifest files or folders of them.
     #[arg(default_value = "manifests")]
@@ -270,6 +358,126 @@ impl ColorChoice {
                 std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
                     && std::io::stdout().is_terminal()
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    /// The `reconcile ...` command lines of a file: a line (or a YAML `run:` value, or a systemd
+    /// `ExecStart=`) whose first word is the binary, cut at the first shell redirection or pipe.
+    fn commands(text: &str) -> Vec<Vec<String>> {
+        let mut found = Vec::new();
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            let mut line = line.trim().to_string();
+            while line.ends_with('\\') {
+                line.pop();
+                line.push_str(lines.next().unwrap_or("").trim());
+            }
+            let line = line
+                .trim_start_matches("- ")
+                .trim_start_matches("run:")
+                .trim();
+            let line = line.strip_prefix("ExecStart=").unwrap_or(line);
+            let words = shell_words(line);
+            if words
+                .first()
+                .is_some_and(|w| w == "reconcile" || w.ends_with("/reconcile"))
+            {
+                found.push(words);
+            }
+        }
+        found
+    }
+
+    /// Splits like a POSIX shell (quotes, backslashes), stopping at the first unquoted operator.
+    fn shell_words(line: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        let mut word: Option<String> = None;
+        let mut chars = line.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' => {
+                    let w = word.get_or_insert_with(String::new);
+                    w.extend(chars.by_ref().take_while(|&c| c != '\''));
+                }
+                '"' => {
+                    let w = word.get_or_insert_with(String::new);
+                    while let Some(c) = chars.next() {
+                        match c {
+                            '"' => break,
+                            '\\' => w.extend(chars.next()),
+                            c => w.push(c),
+                        }
+                    }
+                }
+                '\\' => word.get_or_insert_with(String::new).extend(chars.next()),
+                '>' | '<' | '|' | ';' | '&' | '#' if word.is_none() => break,
+                '>' | '<' | '|' | ';' | '&' => {
+                    // `2>file`: the digits belong to the redirection, not to the command.
+                    if word
+                        .as_deref()
+                        .is_some_and(|w| w.chars().all(|d| d.is_ascii_digit()))
+                    {
+                        word = None;
+                    }
+                    break;
+                }
+                c if c.is_whitespace() => words.extend(word.take()),
+                c => word.get_or_insert_with(String::new).push(c),
+            }
+        }
+        words.extend(word);
+        words
+    }
+
+    #[test]
+    fn shell_words_stop_at_redirections_and_keep_quotes() {
+        assert_eq!(
+            shell_words(r#"reconcile plan --host 'a b' "c\"d" manifests > plan.md 2> err"#),
+            ["reconcile", "plan", "--host", "a b", "c\"d", "manifests"]
+        );
+        assert_eq!(
+            shell_words("reconcile plan x 2>err"),
+            ["reconcile", "plan", "x"]
+        );
+    }
+
+    /// Every `reconcile` command in examples/ parses with the real command line, so the examples
+    /// cannot drift from the flags.
+    #[test]
+    fn the_examples_commands_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let files = [
+            "github-actions/reconcile.yml",
+            "systemd/reconcile-agent.service",
+        ];
+        let mut seen = Vec::new();
+        for file in files {
+            let text = std::fs::read_to_string(dir.join(file)).expect("example exists");
+            for argv in commands(&text) {
+                let cli = Cli::try_parse_from(&argv).unwrap_or_else(|e| {
+                    panic!("{file}: `{}` does not parse:\n{e}", argv.join(" "))
+                });
+                seen.push(match cli.command {
+                    Some(Command::Plan(p)) => format!("plan {:?}", p.plan.format),
+                    Some(Command::Apply(_)) => "apply".into(),
+                    Some(Command::Validate(_)) => "validate".into(),
+                    Some(Command::Agent(a)) => format!("agent once={}", a.once),
+                    other => format!("{other:?}"),
+                });
+            }
+        }
+        for wanted in ["plan Markdown", "apply", "agent once=true"] {
+            assert!(
+                seen.iter().any(|s| s == wanted),
+                "no `{wanted}` in the examples: {seen:?}"
+            );
         }
     }
 }

@@ -5,7 +5,9 @@
 use futures::stream::{self, StreamExt};
 use serde::Serialize;
 
+use crate::apply::state::sha256;
 use crate::plan::{plan, UnitPlan, Verdict};
+use crate::plan_file::PlannedState;
 use crate::preflight;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::targets::Target;
@@ -61,13 +63,18 @@ async fn plan_host(
     let outcomes = stream::iter(&targets)
         .map(|t| async {
             let observe = host.observe(&t.desired.unit);
-            let (observed, findings) =
+            let (observed, findings, sglang) =
                 match preflight::check_with(&host, t, deep, observe, |o| &o.state).await {
-                    Ok(both) => both,
+                    Ok(all) => all,
                     Err(e) => return failed(t, error_chain(&e)),
                 };
             let mut planned = plan(&t.host, &t.source, &t.desired, &observed);
             planned.preflight = findings;
+            planned.recorded = Some(PlannedState {
+                desired_sha256: sha256(&t.desired.text),
+                current_sha256: observed.unit_text.as_deref().map(sha256),
+                sglang_version: sglang,
+            });
             Outcome::Planned(Box::new(planned))
         })
         .buffered(UNITS_PER_HOST_AT_ONCE)

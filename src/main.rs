@@ -3,6 +3,7 @@
 //! The core is pure (manifest -> unit -> plan); `remote` is the only layer that reaches hosts, and
 //! `main` only parses the command line, runs it, and turns the result into an exit code.
 
+mod agent;
 mod apply;
 mod cli;
 mod dry_run;
@@ -11,6 +12,7 @@ mod load;
 mod manifest;
 mod observed;
 mod plan;
+mod plan_file;
 mod preflight;
 mod redact;
 mod remote;
@@ -43,6 +45,10 @@ enum Error {
     NoHosts(String),
     #[error("say what to do: `reconcile --dry-run` (or `reconcile plan`) shows what would change")]
     NoCommand,
+    #[error(transparent)]
+    PlanFile(#[from] plan_file::Error),
+    #[error("a plan file fixes the units it applies; --host and --selector cannot narrow it (plan again with them)")]
+    PlanFileFilter,
 }
 
 fn main() -> ExitCode {
@@ -62,20 +68,22 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    let _ = ACCEPT_NEW_HOST_KEYS.set(cli.accept_new_host_keys);
     match cli.command {
-        Some(Command::Plan(args)) => plan(args).await,
+        Some(Command::Plan(args)) => plan(args.plan, args.out).await,
         Some(Command::Render(args)) => render(args),
         Some(Command::Apply(args)) => apply(args).await,
         Some(Command::Validate(args)) => validate(args),
         Some(Command::Status(args)) => status(args).await,
         Some(Command::History(args)) => history(args).await,
         Some(Command::Rollback(args)) => rollback(args).await,
-        None if cli.dry_run => plan(cli.plan).await,
+        Some(Command::Agent(args)) => Ok(ExitCode::from(agent::run(args).await)),
+        None if cli.dry_run => plan(cli.plan, cli.out).await,
         None => Err(Error::NoCommand),
     }
 }
 
-async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
+async fn plan(args: PlanArgs, out: Option<std::path::PathBuf>) -> Result<ExitCode, Error> {
     let manifests = load_manifests(&args.paths, args.strict)?;
     let targets = targets::targets(
         &manifests,
@@ -84,11 +92,12 @@ async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
             selectors: args.selectors.clone(),
         },
     )?;
-    let ssh = remote::SshOptions {
-        config_file: args.ssh_config.clone(),
-        connect_timeout: Some(Duration::from_secs(10)),
-    };
+    let ssh = ssh_options(&args.ssh_config);
     let outcomes = dry_run::plan_targets(targets, &ssh, args.parallel, args.deep).await;
+    if let Some(out) = &out {
+        let commit = git_info(&args.paths).commit;
+        plan_file::PlanFile::new(&args.paths, commit, &outcomes).write(out)?;
+    }
     print!(
         "{}",
         report::render(&outcomes, args.format, args.color.enabled())
@@ -105,7 +114,15 @@ async fn plan(args: PlanArgs) -> Result<ExitCode, Error> {
 
 async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
     let plan = &args.plan;
-    let manifests = load_manifests(&plan.paths, plan.strict)?;
+    let planned = plan_file::PlanFile::find(&plan.paths)?;
+    let paths = match &planned {
+        Some(_) if !plan.hosts.is_empty() || !plan.selectors.is_empty() => {
+            return Err(Error::PlanFileFilter)
+        }
+        Some(p) => p.manifest_paths(),
+        None => plan.paths.clone(),
+    };
+    let manifests = load_manifests(&paths, plan.strict)?;
     let targets = targets::targets(
         &manifests,
         &targets::Filter {
@@ -113,10 +130,12 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
             selectors: plan.selectors.clone(),
         },
     )?;
-    let ssh = remote::SshOptions {
-        config_file: plan.ssh_config.clone(),
-        connect_timeout: Some(Duration::from_secs(10)),
+    // A plan file's units only, each checked on its host against what was planned.
+    let (targets, refused) = match &planned {
+        Some(p) => p.select(targets),
+        None => (targets, Vec::new()),
     };
+    let ssh = ssh_options(&plan.ssh_config);
     let cancel = interrupt_on_ctrl_c();
     let live = live_display(plan.format);
     let options = apply::ApplyOptions {
@@ -125,7 +144,7 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
             break_stale: args.break_stale_lock,
             ttl: args.lock_ttl,
         },
-        git: git_info(&plan.paths),
+        git: git_info(&paths),
         cancel,
         progress: live.then(indicatif::MultiProgress::new),
         deep: plan.deep,
@@ -137,7 +156,16 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         },
         restoring: None,
     };
-    let reports = apply::apply_targets(targets, &ssh, &options).await;
+    let mut reports = apply::apply_targets(targets, &ssh, &options).await;
+    reports.extend(refused.into_iter().map(|r| {
+        apply::refused(
+            &r.host,
+            &r.unit,
+            &r.source,
+            apply::Outcome::Error,
+            format!("nothing was changed: {}", r.why),
+        )
+    }));
     print!("{}", report::render_apply(&reports, plan.format));
     let worst = reports
         .iter()
@@ -165,10 +193,14 @@ fn live_display(format: report::Format) -> bool {
     format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr())
 }
 
+/// `--accept-new-host-keys`, global to the command line, read by every command's SSH options.
+static ACCEPT_NEW_HOST_KEYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
 fn ssh_options(config_file: &Option<std::path::PathBuf>) -> remote::SshOptions {
     remote::SshOptions {
         config_file: config_file.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
+        accept_new_host_keys: ACCEPT_NEW_HOST_KEYS.get().copied().unwrap_or(false),
     }
 }
 

@@ -15,7 +15,7 @@ use crate::unit::{parse_unit, takes_effect_without_restart, Desired, UnitModel};
 /// Where units live on a host.
 pub const UNIT_DIR: &str = "/etc/systemd/system";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     NoChange,
@@ -83,6 +83,10 @@ pub struct UnitPlan {
     pub notes: Vec<String>,
     /// What the host lacks for this unit to start (see `preflight`); an error here fails the plan.
     pub preflight: Vec<crate::preflight::Finding>,
+    /// What a plan file records for this unit (hashes, the installed SGLang); filled in by
+    /// `dry_run`, which read the host. Not part of any report.
+    #[serde(skip)]
+    pub recorded: Option<crate::plan_file::PlannedState>,
 }
 
 pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) -> UnitPlan {
@@ -129,6 +133,7 @@ pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) ->
         notes: notes(verdict, observed),
         state: observed.state.clone(),
         preflight: Vec::new(),
+        recorded: None,
     }
 }
 

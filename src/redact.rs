@@ -35,8 +35,13 @@ pub fn declare_secret_names<'a>(names: impl IntoIterator<Item = &'a String>) {
 /// because a manifest declared it.
 pub fn is_secret(name: &str) -> bool {
     let upper = name.to_ascii_uppercase();
-    upper.split(['_', '-', '.']).any(|word| SECRET_WORDS.contains(&word))
-        || DECLARED.read().unwrap_or_else(|e| e.into_inner()).contains(name)
+    upper
+        .split(['_', '-', '.'])
+        .any(|word| SECRET_WORDS.contains(&word))
+        || DECLARED
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
 }
 
 /// A secret to hide: its name, the value, and what to show instead.

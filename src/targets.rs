@@ -22,6 +22,9 @@ pub struct Target {
     pub conflicts: Vec<preflight::Finding>,
     /// The host entry's labels, plus `host` and `service`, for `--selector`.
     pub labels: BTreeMap<String, String>,
+    /// Set when applying a plan file: what the host must still have, checked under the unit's
+    /// lock, for the planned change to be applied.
+    pub expected: Option<crate::plan_file::PlannedState>,
 }
 
 /// Which targets a run works on: `--host` names and `--selector` label conditions (all must hold).
@@ -103,6 +106,7 @@ pub fn targets(manifests: &[Manifest], filter: &Filter) -> Result<Vec<Target>, U
                 manifest: Arc::clone(&shared),
                 conflicts: Vec::new(),
                 labels: labels(m, h),
+                expected: None,
             })
         })
         .collect();

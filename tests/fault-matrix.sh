@@ -24,6 +24,8 @@ matrix=(
   "Ctrl-C during verification|apply::ctrl_c_during_verification_rolls_back"
   "previous unit also fails on rollback|faults::a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention"
   "canary fails in a rollout|fleet::a_failing_canary_stops_the_rollout_before_any_other_host_is_touched"
+  "host rebooted during verification|faults::a_host_rebooted_during_verification_gets_its_previous_unit_back"
+  "host down past the reconnect wait during verification|faults::a_host_down_past_the_wait_during_verification_is_reported_as_needing_attention"
 )
 passed=0; failed=0
 echo "fault matrix:"

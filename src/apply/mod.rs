@@ -21,12 +21,13 @@ pub use state::{LockPolicy, Owner};
 
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
+use crate::plan_file;
 use crate::preflight;
 use crate::redact::{redact_text, secret_values, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
 use crate::unit::parse_unit;
-use crate::verify::{verify, Expect, Failure, Progress, Verification};
+use crate::verify::{verify, Expect, Failure, Progress, Verification, POLL_INTERVAL};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -221,6 +222,15 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         Ok(o) => o,
         Err(e) => return r.end(Outcome::Error, &error_chain(&e)),
     };
+    // A plan file's unit: the host must still have what the plan was made against. Checked here
+    // for an early refusal (and for a unit with nothing to do, which takes no lock), and again
+    // under the lock below, where nothing else can change it before the install.
+    if let Some(expected) = &t.expected {
+        let current = observed.unit_text.as_deref().map(state::sha256);
+        if let Some(stale) = plan_file::unit_staleness(&t.host, expected, current.as_deref()) {
+            return r.end(Outcome::Error, &format!("nothing was changed: {stale}"));
+        }
+    }
     let mut verdict = plan(&t.host, &t.source, &t.desired, &observed).verdict;
     let mut previous = observed.unit_text.clone();
     let mut was_running = matches!(
@@ -274,6 +284,17 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         Ok(note) => r.report.notes.extend(note),
         Err(e) => return r.end(Outcome::Error, &e),
     }
+    if let Some(expected) = &t.expected {
+        if let Err(why) = still_as_planned(host, t, expected, &observed).await {
+            if let Err(e) = state::unlock(host, &t.desired.unit).await {
+                r.report.notes.push(format!(
+                    "the lock could not be released: {}",
+                    error_chain(&e)
+                ));
+            }
+            return r.end(Outcome::Error, &format!("nothing was changed: {why}"));
+        }
+    }
     let (outcome, detail) = install(
         host,
         t,
@@ -282,6 +303,7 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         Fallback {
             previous,
             was_running,
+            kept: None,
         },
         options,
         &mut r.report,
@@ -294,6 +316,45 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         ));
     }
     r.end(outcome, &detail)
+}
+
+/// Under the unit's lock: the unit file, the installed SGLang and the rendered unit are still what
+/// the plan file recorded. The unit file is read again, since another run may have changed it
+/// between the first look and the lock.
+async fn still_as_planned(
+    host: &Host,
+    t: &Target,
+    expected: &plan_file::PlannedState,
+    observed: &Observed,
+) -> Result<(), String> {
+    let path = format!("{UNIT_DIR}/{}", t.desired.unit);
+    let read =
+        async { tokio::try_join!(host.read_file(&path), preflight::installed_sglang(host, t)) };
+    let (text, sglang) = read
+        .await
+        .map_err(|e| format!("the plan could not be checked: {}", error_chain(&e)))?;
+    let now = plan_file::PlannedState {
+        desired_sha256: state::sha256(&t.desired.text),
+        current_sha256: text.as_deref().map(state::sha256),
+        sglang_version: sglang,
+    };
+    let mut stale: Vec<String> = plan_file::staleness(&t.host, &t.desired.unit, expected, &now)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    // Changed and changed back since the first look: what install would keep as the previous
+    // unit is not what is there.
+    if stale.is_empty() && text != observed.unit_text {
+        stale.push(format!(
+            "the unit on {} changed while this apply ran; plan again",
+            t.host
+        ));
+    }
+    if stale.is_empty() {
+        Ok(())
+    } else {
+        Err(stale.join("; "))
+    }
 }
 
 /// Whether a preflight finding refuses the unit. When restoring a kept deployment, the manifest's
@@ -316,14 +377,20 @@ async fn unfinished(host: &Host, t: &Target, observed: &Observed) -> bool {
 pub(super) struct Fallback {
     pub previous: Option<String>,
     pub was_running: bool,
+    /// Where this run kept the previous unit among the generations, once it has.
+    pub kept: Option<String>,
 }
+
+/// How long to wait, beyond the crash window, for a host whose connection broke mid-apply to
+/// take connections again: long enough for a server to reboot.
+const RECONNECT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn install(
     host: &Host,
     t: &Target,
     observed: &Observed,
     verdict: Verdict,
-    fallback: Fallback,
+    mut fallback: Fallback,
     options: &ApplyOptions,
     report: &mut UnitReport,
 ) -> (Outcome, String) {
@@ -338,7 +405,7 @@ async fn install(
             .as_deref()
             .filter(|c| *c != t.desired.text)
         {
-            state::keep_generation(host, unit, current).await?;
+            fallback.kept = Some(state::keep_generation(host, unit, current).await?);
         }
         host.write_file(&path, &t.desired.text, "0644").await?;
         host.run_ok(&["systemctl", "daemon-reload"]).await?;
@@ -451,8 +518,109 @@ async fn rollback(
 ) -> (Outcome, String) {
     let unit = &t.desired.unit;
     report.failed_stage = Some(stage.to_string());
-    let failed = format!("{stage} failed: {reason}");
-    let (outcome, detail) = match restore(host, unit, fallback, fallback.was_running).await {
+    let mut failed = format!("{stage} failed: {reason}");
+    // The host may go away under us (a reboot, a cut network): then wait for it and roll back as
+    // for any other failure. The new unit never passed verification and may be what brought the
+    // host down; enabled, it may be running again after a reboot, unverified. A host shutting
+    // down still answers for a moment, so a rollback that fails while it does starts over.
+    let until = Instant::now() + t.verify.crash_window + RECONNECT_GRACE;
+    let mut tried = false;
+    let (outcome, detail) = loop {
+        let now = presence(host).await;
+        if now == Presence::ShuttingDown && !failed.contains(SHUTTING_DOWN) {
+            failed.push_str(SHUTTING_DOWN);
+        }
+        if now == Presence::ShuttingDown && Instant::now() < until {
+            // Its sshd goes soon; reconnecting before would reach the host on its way down.
+            tokio::time::sleep(POLL_INTERVAL).await;
+            continue;
+        }
+        if now != Presence::Here {
+            const LOST: &str = "the connection to the host was lost";
+            match host
+                .reconnect(until.saturating_duration_since(Instant::now()))
+                .await
+            {
+                Ok(took) => failed.push_str(&format!(
+                    "; {LOST}, reconnected after {:.1}s",
+                    took.as_secs_f64()
+                )),
+                Err(e) => {
+                    let detail = format!(
+                        "host needs attention: {failed}; {LOST} and it did not come back within {}s ({}); {}",
+                        (t.verify.crash_window + RECONNECT_GRACE).as_secs(),
+                        error_chain(&e),
+                        left_behind(unit, fallback, tried)
+                    );
+                    return (Outcome::RollbackFailed, detail);
+                }
+            }
+        }
+        tried = true;
+        let done = put_previous_back(host, t, fallback, options, report, &failed).await;
+        if done.0 != Outcome::RollbackFailed
+            || Instant::now() >= until
+            || presence(host).await == Presence::Here
+        {
+            break done;
+        }
+    };
+    // Read after the rollback, which gives journald time to take in the failed process's last
+    // lines. SGLang logs its resolved arguments, secrets included.
+    let secrets: Vec<Secret> = secret_values(&t.desired.model)
+        .into_iter()
+        .chain(
+            fallback
+                .previous
+                .as_deref()
+                .map(|p| secret_values(&parse_unit(p)))
+                .unwrap_or_default(),
+        )
+        .map(|(name, value)| Secret {
+            name,
+            value,
+            placeholder: REDACTED,
+        })
+        .collect();
+    report.journal = journal(host, invocation)
+        .await
+        .map(|j| redact_text(&j, &secrets));
+    (outcome, detail)
+}
+
+const SHUTTING_DOWN: &str = "; the host was shutting down";
+
+#[derive(Debug, PartialEq, Eq)]
+enum Presence {
+    Here,
+    /// Its systemd is stopping (a reboot or power-off under way).
+    ShuttingDown,
+    /// The connection broke.
+    Gone,
+}
+
+async fn presence(host: &Host) -> Presence {
+    if !host.connected().await {
+        return Presence::Gone;
+    }
+    match host.run(&["systemctl", "is-system-running"]).await {
+        Ok(out) if out.stdout.trim() == "stopping" => Presence::ShuttingDown,
+        Ok(_) => Presence::Here,
+        Err(_) => Presence::Gone,
+    }
+}
+
+/// Restores the previous unit (or removes a unit that was new) and verifies it when it ran.
+async fn put_previous_back(
+    host: &Host,
+    t: &Target,
+    fallback: &Fallback,
+    options: &ApplyOptions,
+    report: &mut UnitReport,
+    failed: &str,
+) -> (Outcome, String) {
+    let unit = &t.desired.unit;
+    match restore(host, unit, fallback, fallback.was_running).await {
         Err(e) => (
             Outcome::RollbackFailed,
             format!("{failed}; rollback failed: {}", error_chain(&e)),
@@ -495,28 +663,28 @@ async fn rollback(
                 }
             }
         },
+    }
+}
+
+/// What a run that lost its host mid-apply leaves there, and what the next apply does about it.
+/// `tried`: a rollback had begun, so the previous unit may be back on disk already.
+fn left_behind(unit: &str, fallback: &Fallback, tried: bool) -> String {
+    let dir = state::unit_dir(unit);
+    let installed = if tried {
+        "the new unit is installed, or the previous one if the rollback got that far"
+    } else {
+        "the new unit is installed"
     };
-    // Read after the rollback, which gives journald time to take in the failed process's last
-    // lines. SGLang logs its resolved arguments, secrets included.
-    let secrets: Vec<Secret> = secret_values(&t.desired.model)
-        .into_iter()
-        .chain(
-            fallback
-                .previous
-                .as_deref()
-                .map(|p| secret_values(&parse_unit(p)))
-                .unwrap_or_default(),
-        )
-        .map(|(name, value)| Secret {
-            name,
-            value,
-            placeholder: REDACTED,
-        })
-        .collect();
-    report.journal = journal(host, invocation)
-        .await
-        .map(|j| redact_text(&j, &secrets));
-    (outcome, detail)
+    let next = match (&fallback.previous, &fallback.kept) {
+        (None, _) => "it was new; the next apply will finish it or remove it".to_string(),
+        (Some(_), Some(kept)) => {
+            format!("the previous is kept as generation {kept}; the next apply will finish or roll back")
+        }
+        (Some(_), None) => format!(
+            "the previous is kept as the newest generation in {dir}/generations; the next apply will finish or roll back"
+        ),
+    };
+    format!("{installed}; {next}; the lock {dir}/lock stays (an apply from this machine breaks it; from elsewhere, use --break-stale-lock)")
 }
 
 /// After a failed install (nothing was restarted): puts the previous unit file back if the new one

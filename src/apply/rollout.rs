@@ -173,6 +173,7 @@ async fn revert(
                 &Fallback {
                     previous: previous.clone(),
                     was_running: true,
+                    kept: None,
                 },
                 true,
             )

@@ -134,17 +134,17 @@ pub async fn unlock(host: &Host, unit: &str) -> Result<(), RemoteError> {
         .map(|_| ())
 }
 
-/// Copies a unit's text into the generations, keeping the newest few.
-pub async fn keep_generation(host: &Host, unit: &str, text: &str) -> Result<(), RemoteError> {
+/// Copies a unit's text into the generations, keeping the newest few; returns the copy's path.
+pub async fn keep_generation(host: &Host, unit: &str, text: &str) -> Result<String, RemoteError> {
     let dir = format!("{}/generations", unit_dir(unit));
     host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir])
         .await?;
-    host.write_file(&format!("{dir}/{}.service", unix_nanos()), text, "0600")
-        .await?;
+    let path = format!("{dir}/{}.service", unix_nanos());
+    host.write_file(&path, text, "0600").await?;
     const PRUNE: &str = "cd \"$1\" && ls -1 | sort -n | head -n -\"$2\" | xargs -r rm -f --";
     host.run_ok(&["sh", "-c", PRUNE, "sh", &dir, &GENERATIONS_KEPT.to_string()])
         .await?;
-    Ok(())
+    Ok(path)
 }
 
 /// The newest kept generation's text.

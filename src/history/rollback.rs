@@ -168,6 +168,7 @@ pub fn restore_target(
         manifest: Arc::new(m),
         conflicts: Vec::new(),
         labels: Default::default(),
+        expected: None,
     }
 }
 

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 pub use fleet::gpu_conflicts;
-pub use gather::{check, check_with};
+pub use gather::{check, check_with, installed_sglang};
 
 use crate::sglang::{self, Catalog};
 use crate::targets::Target;

@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use super::{Host, RemoteError};
 
+/// A probe that takes longer counts as "not ready yet" and is asked again at the next sample.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// A server's HTTP endpoint.
 pub struct Server {
     client: reqwest::Client,
@@ -47,10 +50,13 @@ impl Host {
 }
 
 impl Server {
+    /// One probe, bounded: verification polls systemd between probes at least once a second, and
+    /// a probe that hangs (a forwarded connection the server never answers) must not hold that up.
     pub async fn health(&self) -> Health {
         match self
             .client
             .get(format!("{}/health", self.base))
+            .timeout(HEALTH_TIMEOUT)
             .send()
             .await
         {

@@ -24,6 +24,9 @@ pub struct SshOptions {
     /// An ssh_config file to use instead of `~/.ssh/config`.
     pub config_file: Option<PathBuf>,
     pub connect_timeout: Option<Duration>,
+    /// Record the keys of hosts never seen before instead of refusing them; a changed key is
+    /// always refused.
+    pub accept_new_host_keys: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -145,7 +148,9 @@ impl Host {
         content: &str,
         mode: &str,
     ) -> Result<(), RemoteError> {
-        const SCRIPT: &str = "umask 077; t=\"$1.reconcile-tmp\"; cat > \"$t\" && chmod \"$2\" \"$t\" && mv -f \"$t\" \"$1\" || { rm -f \"$t\"; exit 1; }";
+        // A host shutting down (a reboot mid-apply) kills the script with SIGTERM: it takes its
+        // temporary file with it rather than leave it beside the unit.
+        const SCRIPT: &str = "umask 077; t=\"$1.reconcile-tmp\"; trap 'rm -f \"$t\"; exit 1' HUP INT TERM; cat > \"$t\" && chmod \"$2\" \"$t\" && mv -f \"$t\" \"$1\" || { rm -f \"$t\"; exit 1; }";
         let out = self
             .run_with_input(
                 &["sh", "-c", SCRIPT, "sh", path, mode],
@@ -175,6 +180,39 @@ impl Host {
         let path = format!("{UNIT_DIR}/{unit}");
         let (unit_text, state) = tokio::try_join!(self.read_file(&path), self.unit_state(unit))?;
         Ok(Observed { unit_text, state })
+    }
+
+    /// Whether commands still reach the host: not once its SSH connection broke (the host
+    /// rebooted, the network was cut). `local` always does.
+    pub async fn connected(&self) -> bool {
+        match self {
+            Host::Ssh(h) => h.connected().await,
+            Host::Local => true,
+        }
+    }
+
+    /// Connects again after the connection broke, retrying with backoff until `within` has
+    /// passed: a rebooting host refuses connections until its sshd is back. Returns how long it
+    /// took; the error is the last attempt's. Port forwards are not carried over.
+    pub async fn reconnect(&self, within: Duration) -> Result<Duration, RemoteError> {
+        let started = std::time::Instant::now();
+        let mut wait = Duration::from_millis(500);
+        loop {
+            let attempt = match self {
+                Host::Ssh(h) => h.reconnect().await,
+                Host::Local => Ok(()),
+            };
+            match attempt {
+                Ok(()) => return Ok(started.elapsed()),
+                Err(e) if started.elapsed() >= within => return Err(e),
+                Err(e) => {
+                    tracing::debug!(host = %self.name(), error = %error_chain(&e), "reconnecting")
+                }
+            }
+            // The last attempt falls on the deadline, not a backoff step before it.
+            tokio::time::sleep(wait.min(within.saturating_sub(started.elapsed()))).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
     }
 
     pub async fn close(self) {

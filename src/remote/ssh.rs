@@ -1,6 +1,8 @@
 //! One multiplexed OpenSSH connection per host: the user's ssh config, known_hosts checked
 //! strictly, batch mode (never a prompt).
 
+use std::sync::Arc;
+
 use openssh::{ForwardType, KnownHosts, Session, SessionBuilder, Socket, Stdio};
 use tokio::io::AsyncWriteExt;
 
@@ -8,7 +10,10 @@ use super::{Output, RemoteError, SshOptions};
 
 pub struct SshHost {
     name: String,
-    session: Session,
+    options: SshOptions,
+    /// Replaced by `reconnect` after the connection broke (the host rebooted); commands in flight
+    /// keep the old one until they end.
+    session: std::sync::Mutex<Arc<Session>>,
     /// sshd allows 10 sessions per connection by default (MaxSessions); commands beyond that
     /// wait here rather than fail there.
     sessions: tokio::sync::Semaphore,
@@ -18,27 +23,10 @@ const SESSIONS_AT_ONCE: usize = 8;
 
 impl SshHost {
     pub async fn connect(name: &str, options: &SshOptions) -> Result<SshHost, RemoteError> {
-        let mut builder = SessionBuilder::default();
-        // Host keys are always checked; there is no option to turn that off.
-        builder.known_hosts_check(KnownHosts::Strict);
-        // The control socket path must stay short (a Unix socket limit), whatever the cwd.
-        builder.control_directory(std::env::temp_dir());
-        if let Some(config) = &options.config_file {
-            builder.config_file(config);
-        }
-        if let Some(timeout) = options.connect_timeout {
-            builder.connect_timeout(timeout);
-        }
-        let session = builder
-            .connect_mux(destination(name))
-            .await
-            .map_err(|source| RemoteError::Connect {
-                host: name.to_string(),
-                source,
-            })?;
         Ok(SshHost {
             name: name.to_string(),
-            session,
+            options: options.clone(),
+            session: std::sync::Mutex::new(Arc::new(open(name, options).await?)),
             sessions: tokio::sync::Semaphore::new(SESSIONS_AT_ONCE),
         })
     }
@@ -47,6 +35,75 @@ impl SshHost {
         &self.name
     }
 
+    fn session(&self) -> Arc<Session> {
+        Arc::clone(&self.session.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Whether the connection still carries commands.
+    pub async fn connected(&self) -> bool {
+        self.session().check().await.is_ok()
+    }
+
+    /// Opens a new connection in place of the current one (port forwards do not carry over).
+    pub async fn reconnect(&self) -> Result<(), RemoteError> {
+        let session = Arc::new(open(&self.name, &self.options).await?);
+        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = session;
+        Ok(())
+    }
+}
+
+/// sshd counts a session as open until its close reaches it, so right after a command ends a new
+/// one can still find MaxSessions full, even though no more than `SESSIONS_AT_ONCE` run here. Such
+/// a refusal is transient: it is retried for a few seconds before it counts as a failure.
+async fn spawn_when_sshd_allows<'s>(
+    command: &mut openssh::OwningCommand<&'s Session>,
+) -> Result<openssh::Child<&'s Session>, openssh::Error> {
+    let mut wait = std::time::Duration::from_millis(20);
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        match command.spawn().await {
+            Err(openssh::Error::SshMux(e))
+                if e.to_string().contains("Session open refused")
+                    && waited < std::time::Duration::from_secs(5) =>
+            {
+                tracing::debug!(error = %e, "sshd refused a session; retrying");
+                tokio::time::sleep(wait).await;
+                waited += wait;
+                wait = (wait * 2).min(std::time::Duration::from_millis(500));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// One connection to `name`, with the user's ssh config and strict host key checking.
+async fn open(name: &str, options: &SshOptions) -> Result<Session, RemoteError> {
+    let mut builder = SessionBuilder::default();
+    // Host keys are always checked; there is no option to turn that off. New hosts' keys are
+    // recorded only when the operator asked for it.
+    builder.known_hosts_check(if options.accept_new_host_keys {
+        KnownHosts::Add
+    } else {
+        KnownHosts::Strict
+    });
+    // The control socket path must stay short (a Unix socket limit), whatever the cwd.
+    builder.control_directory(std::env::temp_dir());
+    if let Some(config) = &options.config_file {
+        builder.config_file(config);
+    }
+    if let Some(timeout) = options.connect_timeout {
+        builder.connect_timeout(timeout);
+    }
+    builder
+        .connect_mux(destination(name))
+        .await
+        .map_err(|source| RemoteError::Connect {
+            host: name.to_string(),
+            source,
+        })
+}
+
+impl SshHost {
     pub async fn run(&self, argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
         let transport = |source: Box<dyn std::error::Error + Send + Sync>| RemoteError::Transport {
             host: self.name.clone(),
@@ -58,7 +115,8 @@ impl SshHost {
             .acquire()
             .await
             .expect("the semaphore is never closed");
-        let mut command = self.session.command(argv[0]);
+        let session = self.session();
+        let mut command = session.command(argv[0]);
         command
             .args(&argv[1..])
             .stdout(Stdio::piped())
@@ -68,7 +126,9 @@ impl SshHost {
         } else {
             Stdio::null()
         });
-        let mut child = command.spawn().await.map_err(|e| transport(Box::new(e)))?;
+        let mut child = spawn_when_sshd_allows(&mut command)
+            .await
+            .map_err(|e| transport(Box::new(e)))?;
         if let (Some(bytes), Some(mut stdin)) = (input, child.stdin().take()) {
             let written = stdin.write_all(bytes).await.and(stdin.shutdown().await);
             written.map_err(|e| transport(Box::new(e)))?;
@@ -94,7 +154,7 @@ impl SshHost {
                 command: "port forward".into(),
                 source: Box::new(e),
             })?;
-        self.session
+        self.session()
             .request_port_forward(
                 ForwardType::Local,
                 Socket::new("127.0.0.1", local),
@@ -110,7 +170,12 @@ impl SshHost {
     }
 
     pub async fn close(self) {
-        if let Err(e) = self.session.close().await {
+        let session = self.session.into_inner().unwrap_or_else(|e| e.into_inner());
+        // Shared only while a command runs, and none runs once the host is closed.
+        let Ok(session) = Arc::try_unwrap(session) else {
+            return;
+        };
+        if let Err(e) = session.close().await {
             tracing::debug!(host = %self.name, error = %e, "closing the ssh connection");
         }
     }

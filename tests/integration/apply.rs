@@ -452,7 +452,10 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
     let pid = child.id();
     std::thread::sleep(Duration::from_millis(1500));
     // While the first run holds it: the lock and the state folder are root's alone.
-    let modes = lab().sh(APPLY, &format!("stat -c '%a %U' /var/lib/reconcile/{unit} /var/lib/reconcile/{unit}/lock"));
+    let modes = lab().sh(
+        APPLY,
+        &format!("stat -c '%a %U' /var/lib/reconcile/{unit} /var/lib/reconcile/{unit}/lock"),
+    );
     assert_eq!(modes, "700 root\n700 root\n");
     let second = Reconcile::new()
         .manifest("a.yaml", &slow)

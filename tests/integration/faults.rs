@@ -3,9 +3,11 @@
 //! previous unit (or says it needs attention), and the next apply converges. These break the host
 //! they run on, so they have one of their own and take turns on it.
 
+use std::process::Command;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use crate::lab::{lab, manifest, Reconcile};
+use crate::lab::{lab, manifest, Ran, Reconcile, REBOOT};
 
 const HOST: &str = "rl11";
 
@@ -175,4 +177,226 @@ fn a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention() {
         "with the fault gone, the next apply converges: {report:#}"
     );
     lab().sh(HOST, &format!("systemctl disable --now {unit}"));
+}
+
+/// The reboot tests take turns on their host.
+static REBOOT_TURN: Mutex<()> = Mutex::new(());
+
+/// Release `n` of the reboot tests' service `name`, whose server takes `load` seconds to load.
+fn reboot_release(name: &str, port: u16, n: &str, load: &str) -> String {
+    format!(
+        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 10s, load_deadline: 40s }}\n",
+        manifest(name, &[REBOOT], "")
+            .replace("port: 30000", &format!("port: {port}"))
+            .replace(
+                "NCCL_P2P_DISABLE: \"1\"",
+                &format!("FAKE_SGLANG_LOAD_SECONDS: \"{load}\", RELEASE: \"{n}\"")
+            )
+    )
+}
+
+/// The RELEASE the unit's running server was started with, or "" when none runs.
+fn running_release(unit: &str) -> String {
+    lab().sh(REBOOT, &format!("p=$(systemctl show -p MainPID --value {unit}); [ \"$p\" != 0 ] && [ \"$(systemctl is-active {unit})\" = active ] && tr '\\0' '\\n' < /proc/$p/environ | sed -n 's/^RELEASE=//p' || true")).trim().to_string()
+}
+
+/// The kept generations of a unit on the reboot host: `name sha256` lines, oldest first.
+fn kept(unit: &str) -> Vec<String> {
+    lab().sh(REBOOT, &format!("cd /var/lib/reconcile/{unit}/generations && for f in $(ls -1 | sort -n); do echo \"$f $(sha256sum < $f | cut -d' ' -f1)\"; done"))
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// What the host held before the fault, and how the apply it hit ended.
+struct Rebooted {
+    /// The unit file the apply replaced.
+    previous: String,
+    /// Its generations before the apply.
+    kept_before: Vec<String>,
+    /// The release the apply installed.
+    new: String,
+    ran: Ran,
+    report: serde_json::Value,
+}
+
+/// Converges releases 0 and 1 of `name`, then applies release 2, whose server loads for 10 s,
+/// and reboots the host for real one second into its verification; the host stays down `hold`
+/// seconds. Returns once both the apply and the reboot are over.
+fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
+    let unit = format!("{name}.service");
+    lab().sh(REBOOT, &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /etc/systemd/system/{unit}.reconcile-tmp /var/lib/reconcile/{unit}; systemctl daemon-reload"));
+    // Two releases, so there is a kept generation to find intact afterwards.
+    for n in ["0", "1"] {
+        let ran = Reconcile::new()
+            .manifest("a.yaml", &reboot_release(name, port, n, "1"))
+            .args(&["apply", "--format", "json"])
+            .run();
+        assert_eq!(ran.code, 0, "{}", ran.stdout);
+    }
+    let previous = lab().sh(REBOOT, &format!("cat /etc/systemd/system/{unit}"));
+    let kept_before = kept(&unit);
+    let new = reboot_release(name, port, "2", "10");
+    // Held until the run ends: its folder holds the manifest.
+    let run = Reconcile::new()
+        .manifest("a.yaml", &new)
+        .args(&["apply", "--format", "json"]);
+    let mut child = run.spawn(&[]);
+    let waiting = Instant::now();
+    while running_release(&unit) != "2" {
+        if child.try_wait().unwrap().is_some() || waiting.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let ran = Ran::from(child.wait_with_output().unwrap());
+            panic!(
+                "the new server never started:\n{}{}",
+                ran.stdout, ran.stderr
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // Inside the crash window of the new server's verification.
+    std::thread::sleep(Duration::from_secs(1));
+    let reboot = std::thread::spawn(move || {
+        Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/hostlab/reboot.sh"
+        ))
+        .arg(REBOOT)
+        .env("STATE", lab().file(""))
+        .env("HOLD", hold.to_string())
+        .output()
+        .expect("reboot.sh runs")
+    });
+    let ran = Ran::from(child.wait_with_output().expect("reconcile finishes"));
+    let rebooted = reboot.join().unwrap();
+    assert!(
+        rebooted.status.success(),
+        "reboot.sh: {}",
+        String::from_utf8_lossy(&rebooted.stderr)
+    );
+    eprintln!("{}", String::from_utf8_lossy(&rebooted.stdout).trim());
+    let report = ran.json()["units"][0].clone();
+    eprintln!(
+        "apply during the reboot: exit {} after {:.1}s: {}",
+        ran.code,
+        report["seconds"].as_f64().unwrap_or(0.0),
+        report["detail"]
+    );
+    Rebooted {
+        previous,
+        kept_before,
+        new,
+        ran,
+        report,
+    }
+}
+
+/// After the fault: the generations kept before are untouched, and the one the apply kept is the
+/// previous unit, whole; no temporary file is left; the next apply converges on the new release.
+/// Returns that apply's report.
+fn assert_intact_then_converges(unit: &str, r: &Rebooted) -> serde_json::Value {
+    let kept_after = kept(unit);
+    assert_eq!(kept_after.len(), r.kept_before.len() + 1, "{kept_after:?}");
+    assert_eq!(kept_after[..r.kept_before.len()], r.kept_before[..]);
+    let newest = lab().sh(
+        REBOOT,
+        &format!("cd /var/lib/reconcile/{unit}/generations && cat $(ls -1 | sort -n | tail -1)"),
+    );
+    assert_eq!(
+        newest, r.previous,
+        "the generation this apply kept is the previous unit, whole"
+    );
+    let leftovers = lab().sh(
+        REBOOT,
+        &format!("ls -a /etc/systemd/system /var/lib/reconcile/{unit}/generations | grep -c reconcile-tmp || true"),
+    );
+    assert_eq!(leftovers.trim(), "0", "a temporary file was left");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &r.new)
+        .args(&["apply", "--format", "json"])
+        .run();
+    assert_eq!(ran.code, 0, "the next apply converges: {}", ran.stdout);
+    let report = ran.json()["units"][0].clone();
+    eprintln!("the next apply: {} {}", report["detail"], report["notes"]);
+    assert_eq!(running_release(unit), "2");
+    lab().sh(REBOOT, &format!("systemctl disable --now {unit}"));
+    report
+}
+
+/// The host reboots for real (its container goes down and boots again, tests/hostlab/reboot.sh)
+/// while the new unit is being verified: reconcile waits for it to come back, puts the previous
+/// unit back and verifies it. The generations are whole, nothing temporary or locked is left,
+/// and the next apply converges.
+#[test]
+fn a_host_rebooted_during_verification_gets_its_previous_unit_back() {
+    let _turn = REBOOT_TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let unit = "t-reboot-verify.service";
+    let r = reboot_during_verification("t-reboot-verify", 37101, 0);
+    // Verification never finished, so the host runs the previous unit again, verified.
+    assert_eq!(r.ran.code, 3, "{:#}\n{}", r.report, r.ran.stderr);
+    assert_eq!(r.report["outcome"], "rolled_back");
+    let detail = r.report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the connection to the host was lost, reconnected after")
+            && detail.contains("the previous unit was restored and passed verification"),
+        "{detail}"
+    );
+    assert_eq!(
+        lab().sh(REBOOT, &format!("cat /etc/systemd/system/{unit}")),
+        r.previous
+    );
+    assert_eq!(running_release(unit), "1", "the previous server runs");
+    let lock = lab().sh(
+        REBOOT,
+        &format!("ls -a /var/lib/reconcile/{unit} | grep -c '^lock$' || true"),
+    );
+    assert_eq!(lock.trim(), "0", "the lock was released");
+    assert_intact_then_converges(unit, &r);
+}
+
+/// The host goes down during verification and stays down longer than reconcile waits for it:
+/// the apply ends saying the host needs attention, what is on it and what the next apply does;
+/// once the host is back, that next apply converges.
+#[test]
+fn a_host_down_past_the_wait_during_verification_is_reported_as_needing_attention() {
+    let _turn = REBOOT_TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let unit = "t-reboot-down.service";
+    // reconcile waits the crash window (3 s) and another 60 s.
+    let r = reboot_during_verification("t-reboot-down", 37102, 75);
+    assert_eq!(r.ran.code, 4, "{:#}\n{}", r.report, r.ran.stderr);
+    assert_eq!(r.report["outcome"], "rollback_failed");
+    let detail = r.report["detail"].as_str().unwrap();
+    let generation = format!("/var/lib/reconcile/{unit}/generations/");
+    assert!(
+        detail.starts_with("host needs attention: ")
+            && detail.contains(
+                "the connection to the host was lost and it did not come back within 63s"
+            )
+            && detail.contains(&format!("the previous is kept as generation {generation}"))
+            && detail.contains("the next apply will finish or roll back"),
+        "{detail}"
+    );
+    let seconds = r.report["seconds"].as_f64().unwrap();
+    assert!((60.0..75.0).contains(&seconds), "gave up after {seconds}s");
+    // The generation the message names holds the previous unit.
+    let named = detail.split(&generation).nth(1).unwrap();
+    let named = &named[..named.find(';').unwrap()];
+    assert_eq!(
+        lab().sh(REBOOT, &format!("cat {generation}{named}")),
+        r.previous
+    );
+    let on_disk = lab().sh(REBOOT, &format!("cat /etc/systemd/system/{unit}"));
+    let new = Reconcile::new().manifest("a.yaml", &r.new).rendered(REBOOT);
+    assert!(
+        on_disk == new || on_disk == r.previous,
+        "a whole unit is on disk"
+    );
+    let lock = lab().sh(
+        REBOOT,
+        &format!("ls -a /var/lib/reconcile/{unit} | grep -c '^lock$' || true"),
+    );
+    assert_eq!(lock.trim(), "1", "the lock stays, as the message says");
+    let next = assert_intact_then_converges(unit, &r);
+    let notes = next["notes"].to_string();
+    assert!(notes.contains("broke a stale lock"), "{notes}");
 }

@@ -16,6 +16,10 @@ pub const COUNTED: &str = "rl2";
 pub const ESCAPING: &str = "rl3";
 /// Host where apply tests start and roll back services.
 pub const APPLY: &str = "rl4";
+/// Host the reboot fault reboots (tests/hostlab/reboot.sh); nothing else may use it.
+pub const REBOOT: &str = "rl12";
+/// Host where `reconcile agent` runs on the host itself, pulling from a git repository there.
+pub const AGENT: &str = "rl13";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
@@ -185,6 +189,24 @@ impl Reconcile {
             .env("NO_COLOR", "1")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
         command
+    }
+
+    /// The run's folder: its `manifests/` and any file a run writes there (a plan file).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Runs the binary in the same folder with other arguments (a plan, then its apply).
+    pub fn run_args(&self, args: &[&str]) -> Ran {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_reconcile"));
+        command
+            .args(args)
+            .arg("--ssh-config")
+            .arg(lab().ssh_config())
+            .current_dir(self.dir.path())
+            .env("NO_COLOR", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        Ran::from(command.output().expect("reconcile runs"))
     }
 
     /// The unit text `reconcile render` gives for a host (tests' manifests hold no secrets).

@@ -1,11 +1,13 @@
 //! Integration tests: the real `reconcile` binary against real test hosts (systemd and OpenSSH in
 //! containers booted by `tests/run.sh`). One binary, so the hosts are shared by every test.
 
+mod agent;
 mod apply;
 mod dry_run;
 mod faults;
 mod fleet;
 mod lab;
+mod plan_file;
 mod preflight;
 mod security;
 mod status;

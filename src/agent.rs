@@ -1,0 +1,553 @@
+//! `reconcile agent`: pull mode. Runs on the GPU host itself, keeps its own checkout of the
+//! manifests' git repository, and applies the units whose host is `local` or one of this machine's
+//! names, through apply's own path with the host treated as this machine (no SSH). A fleet then
+//! needs no central machine that can reach every host.
+//!
+//! Each round: fetch and hard-reset the checkout to the branch, load every manifest (any error:
+//! report it and touch nothing, like `apply`), and apply this host's units. A round whose commit
+//! and host need nothing touches nothing, because apply leaves a unit with no change alone.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Outcome, Owner, Rollout, UnitReport};
+use crate::cli::AgentArgs;
+use crate::manifest::ManifestErrors;
+use crate::remote::{error_chain, Host};
+use crate::report::{self, Format};
+use crate::targets::{self, Target};
+
+/// A fetch of a manifests repository is small; longer than this is a hung server or network, and
+/// an interval agent must not wait on it forever.
+const GIT_TIMEOUT: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("`git {command}` could not start (is git installed and on PATH?)")]
+    GitMissing {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`git {command}` exited with {status}: {stderr}")]
+    Git {
+        command: String,
+        status: i32,
+        stderr: String,
+    },
+    #[error("`git {command}` took longer than {}s and was stopped", GIT_TIMEOUT.as_secs())]
+    GitTimeout { command: String },
+    #[error("{0} exists and is not a git checkout: the agent only resets a checkout it cloned itself; remove it or pass another --checkout")]
+    NotACheckout(String),
+    #[error("cannot create the checkout's folder {path}")]
+    CheckoutDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--path {0}: must be a folder or file inside the checkout (relative, without `..`)")]
+    PathOutside(String),
+    #[error("--repo and --branch must not start with `-`")]
+    Dash,
+}
+
+/// The commit a round applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Revision {
+    pub commit: String,
+    pub author: String,
+}
+
+/// `reconcile agent`: one round with `--once` (its exit code is apply's), else a round every
+/// `--interval` until SIGTERM or Ctrl-C, then exit 0: a failed round is reported and the next one
+/// runs, and being stopped is not a failure of the service.
+pub async fn run(args: AgentArgs) -> u8 {
+    let stop = stop_on_signal();
+    let names = local_names(&args.names);
+    loop {
+        let code = round(&args, &names, &stop).await;
+        if args.once {
+            return code;
+        }
+        let mut stopped = stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(args.interval) => {}
+            _ = stopped.wait_for(|s| *s) => return 0,
+        }
+    }
+}
+
+/// The host names this machine answers to in manifests: `local`, and the `--as` names or, without
+/// them, its short hostname.
+fn local_names(wanted: &[String]) -> Vec<String> {
+    let mut names = vec!["local".to_string()];
+    if wanted.is_empty() {
+        if let Some(name) = short_hostname() {
+            names.push(name);
+        }
+    } else {
+        names.extend(wanted.iter().cloned());
+    }
+    names
+}
+
+fn short_hostname() -> Option<String> {
+    let full = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .ok()?;
+    let short = full.trim().split('.').next()?.to_string();
+    (!short.is_empty()).then_some(short)
+}
+
+/// Turns true on SIGTERM (systemd stopping the agent) or Ctrl-C: verification in progress fails
+/// and rolls back, as with `apply`, and no new unit or round starts.
+fn stop_on_signal() -> watch::Receiver<bool> {
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term => {}
+        }
+        eprintln!(
+            "stopping: a unit being verified now is rolled back; no new unit or round starts"
+        );
+        let _ = stop.send(true);
+    });
+    stopped
+}
+
+/// One round: prints one line (the commit and every unit's outcome), then the details of units
+/// that changed or failed, and returns apply's exit code for it.
+async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>) -> u8 {
+    let revision = match sync(args).await {
+        Ok(r) => r,
+        Err(e) => {
+            println!(
+                "round: updating the checkout from {} failed, nothing touched: {}",
+                redact_url(&args.repo),
+                redact_url(&error_chain(&e))
+            );
+            return 1;
+        }
+    };
+    let short = &revision.commit[..revision.commit.len().min(12)];
+    let targets = match targets_here(args, names) {
+        Ok(t) => t,
+        Err(errors) => {
+            println!("round {short}: {errors}, nothing touched");
+            for e in &errors.0 {
+                println!("  error: {}", error_chain(e));
+            }
+            return 1;
+        }
+    };
+    if targets.is_empty() {
+        println!(
+            "round {short}: no unit for this host (host `{}` in the manifests)",
+            names.join("`, `")
+        );
+        return 0;
+    }
+    let options = ApplyOptions {
+        owner: Owner {
+            user: "reconcile-agent".into(),
+            ..Owner::this_process()
+        },
+        lock: LockPolicy {
+            break_stale: args.break_stale_lock,
+            ttl: args.lock_ttl,
+        },
+        git: GitInfo {
+            commit: Some(revision.commit.clone()),
+            author: Some(revision.author.clone()),
+        },
+        cancel: stop.clone(),
+        progress: None,
+        deep: args.deep,
+        // One host: there is nothing to roll out over.
+        rollout: Rollout {
+            canary: 0,
+            max_parallel: 1,
+            max_failures: 1,
+            rollback_all: false,
+        },
+        restoring: None,
+    };
+    let reports = apply_here(&targets, &options).await;
+    println!("{}", round_line(short, &revision.author, &reports));
+    let eventful: Vec<UnitReport> = reports
+        .iter()
+        .filter(|r| r.outcome != Outcome::Unchanged)
+        .cloned()
+        .collect();
+    if !eventful.is_empty() {
+        for line in report::render_apply(&eventful, Format::Text).lines() {
+            println!("  {line}");
+        }
+    }
+    reports
+        .iter()
+        .map(|r| r.outcome.exit_code())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The manifests of the checkout, loaded whole (an error anywhere stops the round, as it stops
+/// `apply`), kept to the units whose host is this machine.
+fn targets_here(args: &AgentArgs, names: &[String]) -> Result<Vec<Target>, ManifestErrors> {
+    let paths: Vec<PathBuf> = args.paths.iter().map(|p| args.checkout.join(p)).collect();
+    let loaded = crate::load::load(&paths, args.strict).map_err(|(errors, warnings)| {
+        for w in &warnings {
+            println!("  warning: {w}");
+        }
+        errors
+    })?;
+    for w in &loaded.warnings {
+        println!("  warning: {w}");
+    }
+    let all = targets::targets(&loaded.manifests, &targets::Filter::default())
+        .expect("no filter names a host");
+    Ok(all
+        .into_iter()
+        .filter(|t| names.contains(&t.host))
+        .collect())
+}
+
+/// Applies each unit on this machine in turn, through apply's own path.
+async fn apply_here(targets: &[Target], options: &ApplyOptions) -> Vec<UnitReport> {
+    let host = Host::Local;
+    let mut reports = Vec::new();
+    for t in targets {
+        if *options.cancel.borrow() {
+            reports.push(apply::refused(
+                &t.host,
+                &t.desired.unit,
+                &t.source,
+                Outcome::NotStarted,
+                "not started: the agent is stopping".into(),
+            ));
+            continue;
+        }
+        reports.push(apply::apply_one(&host, t, options).await);
+    }
+    reports
+}
+
+fn round_line(short: &str, author: &str, reports: &[UnitReport]) -> String {
+    let units: Vec<String> = reports
+        .iter()
+        .map(|r| {
+            let outcome = serde_json::to_value(r.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            format!("{} {} {outcome}", r.host, r.unit)
+        })
+        .collect();
+    format!("round {short} ({author}): {}", units.join("; "))
+}
+
+/// Brings the checkout to the branch's newest commit: cloned when missing, else fetched and hard
+/// reset, and cleaned of anything git does not track (the checkout is the agent's own, so nothing
+/// there is anyone's work).
+pub async fn sync(args: &AgentArgs) -> Result<Revision, AgentError> {
+    if args.repo.starts_with('-') || args.branch.starts_with('-') {
+        return Err(AgentError::Dash);
+    }
+    for p in &args.paths {
+        let inside = p.components().all(|c| {
+            matches!(
+                c,
+                std::path::Component::Normal(_) | std::path::Component::CurDir
+            )
+        });
+        if !inside {
+            return Err(AgentError::PathOutside(p.display().to_string()));
+        }
+    }
+    let checkout = args.checkout.as_path();
+    let remote_ref = format!("refs/remotes/origin/{}", args.branch);
+    if checkout.join(".git").exists() {
+        let repo = OsStr::new(&args.repo);
+        // The URL may have changed since the clone (a new --repo).
+        git(
+            Some(checkout),
+            &[
+                "remote".as_ref(),
+                "set-url".as_ref(),
+                "origin".as_ref(),
+                repo,
+            ],
+        )
+        .await?;
+        let refspec = format!("+refs/heads/{}:{remote_ref}", args.branch);
+        git(
+            Some(checkout),
+            &args_of(&[
+                "fetch",
+                "--quiet",
+                "--prune",
+                "--no-tags",
+                "origin",
+                &refspec,
+            ]),
+        )
+        .await?;
+        git(
+            Some(checkout),
+            &args_of(&["reset", "--quiet", "--hard", &remote_ref]),
+        )
+        .await?;
+        git(Some(checkout), &args_of(&["clean", "-ffdxq"])).await?;
+    } else {
+        let occupied = checkout
+            .read_dir()
+            .map(|mut entries| entries.next().is_some())
+            .unwrap_or(false);
+        if occupied {
+            return Err(AgentError::NotACheckout(checkout.display().to_string()));
+        }
+        if let Some(parent) = checkout.parent().filter(|p| !p.as_os_str().is_empty()) {
+            create_private_dir(parent)?;
+        }
+        git(
+            None,
+            &[
+                "clone".as_ref(),
+                "--quiet".as_ref(),
+                "--no-tags".as_ref(),
+                "--single-branch".as_ref(),
+                "--branch".as_ref(),
+                args.branch.as_ref(),
+                "--".as_ref(),
+                args.repo.as_ref(),
+                checkout.as_os_str(),
+            ],
+        )
+        .await?;
+    }
+    let commit = git(Some(checkout), &args_of(&["rev-parse", "HEAD"])).await?;
+    let author = git(
+        Some(checkout),
+        &args_of(&["log", "-1", "--format=%an <%ae>"]),
+    )
+    .await?;
+    Ok(Revision {
+        commit: commit.trim().to_string(),
+        author: author.trim().to_string(),
+    })
+}
+
+fn args_of<'a>(args: &'a [&'a str]) -> Vec<&'a OsStr> {
+    args.iter().map(OsStr::new).collect()
+}
+
+/// The checkout's parent (by default /var/lib/reconcile/agent) holds nothing but it; the
+/// manifests may name secrets' env names and hosts, so it is readable by root only.
+fn create_private_dir(dir: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| AgentError::CheckoutDir {
+            path: dir.display().to_string(),
+            source,
+        })
+}
+
+/// Runs git with arguments (never a shell string), without a terminal to prompt on.
+async fn git(dir: Option<&Path>, args: &[&OsStr]) -> Result<String, AgentError> {
+    let command = redact_url(
+        &args
+            .iter()
+            .map(|a| a.to_string_lossy())
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
+    let mut git = tokio::process::Command::new("git");
+    if let Some(dir) = dir {
+        git.arg("-C").arg(dir);
+    }
+    git.args(args)
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let child = git.spawn().map_err(|source| AgentError::GitMissing {
+        command: command.clone(),
+        source,
+    })?;
+    let out = match tokio::time::timeout(GIT_TIMEOUT, child.wait_with_output()).await {
+        Err(_) => return Err(AgentError::GitTimeout { command }),
+        Ok(Err(source)) => return Err(AgentError::GitMissing { command, source }),
+        Ok(Ok(out)) => out,
+    };
+    if !out.status.success() {
+        return Err(AgentError::Git {
+            command,
+            status: out.status.code().unwrap_or(-1),
+            stderr: redact_url(String::from_utf8_lossy(&out.stderr).trim()),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Hides the credentials of a URL such as `https://user:token@host/repo.git` wherever one appears
+/// in a message (git repeats the URL in its own errors).
+fn redact_url(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || c == '/' || c == '\'' || c == '"')
+            .unwrap_or(tail.len());
+        match tail[..end].rfind('@') {
+            Some(at) => {
+                out.push_str("<redacted>");
+                rest = &tail[at..];
+            }
+            None => rest = tail,
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_urls_are_hidden() {
+        assert_eq!(
+            redact_url("fatal: unable to access 'https://bot:ghp_abc@github.com/o/r.git/': 403"),
+            "fatal: unable to access 'https://<redacted>@github.com/o/r.git/': 403"
+        );
+        assert_eq!(
+            redact_url("clone -- ssh://git@host/r.git /x"),
+            "clone -- ssh://<redacted>@host/r.git /x"
+        );
+        assert_eq!(
+            redact_url("/srv/git/r.git and https://h/r"),
+            "/srv/git/r.git and https://h/r"
+        );
+    }
+
+    #[test]
+    fn local_names_default_to_the_short_hostname() {
+        let names = local_names(&[]);
+        assert_eq!(names[0], "local");
+        assert!(names.len() == 2 && !names[1].contains('.'), "{names:?}");
+        assert_eq!(local_names(&["gpu-a".into()]), ["local", "gpu-a"]);
+    }
+
+    fn git_sync(dir: &Path, args: &[&str]) {
+        let ok = std::process::Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .env("GIT_AUTHOR_NAME", "Ann")
+            .env("GIT_AUTHOR_EMAIL", "ann@example.com")
+            .env("GIT_COMMITTER_NAME", "Ann")
+            .env("GIT_COMMITTER_EMAIL", "ann@example.com")
+            .status()
+            .expect("git runs")
+            .success();
+        assert!(ok, "git {args:?}");
+    }
+
+    fn agent_args(repo: &Path, checkout: &Path) -> AgentArgs {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "reconcile".as_ref(),
+            "agent".as_ref(),
+            "--once".as_ref(),
+            "--repo".as_ref(),
+            repo.as_os_str(),
+            "--checkout".as_ref(),
+            checkout.as_os_str(),
+        ])
+        .expect("parses");
+        match cli.command {
+            Some(crate::cli::Command::Agent(a)) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// The checkout follows the branch: a new commit, a force push that rewrote history, and a
+    /// stray file on the host are all replaced by exactly the branch's tree.
+    #[tokio::test]
+    async fn the_checkout_follows_the_branch_even_after_a_force_push() {
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tmp.path().join("work");
+        std::fs::create_dir_all(work.join("manifests")).unwrap();
+        git_sync(&work, &["init", "--quiet", "--initial-branch=main"]);
+        std::fs::write(work.join("manifests/a.yaml"), "one\n").unwrap();
+        git_sync(&work, &["add", "."]);
+        git_sync(&work, &["commit", "--quiet", "-m", "one"]);
+        let checkout = tmp.path().join("state/agent/repo");
+        let args = agent_args(&work, &checkout);
+
+        let first = sync(&args).await.expect("clones");
+        assert_eq!(first.author, "Ann <ann@example.com>");
+        assert_eq!(
+            std::fs::read_to_string(checkout.join("manifests/a.yaml")).unwrap(),
+            "one\n"
+        );
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(checkout.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+
+        std::fs::write(checkout.join("manifests/stray.yaml"), "x").unwrap();
+        std::fs::write(work.join("manifests/a.yaml"), "two\n").unwrap();
+        git_sync(&work, &["commit", "--quiet", "--amend", "-am", "rewritten"]);
+        let second = sync(&args).await.expect("fetches");
+        assert_ne!(second.commit, first.commit);
+        assert_eq!(
+            std::fs::read_to_string(checkout.join("manifests/a.yaml")).unwrap(),
+            "two\n"
+        );
+        assert!(!checkout.join("manifests/stray.yaml").exists());
+        assert_eq!(sync(&args).await.expect("again").commit, second.commit);
+    }
+
+    #[tokio::test]
+    async fn a_folder_that_is_not_a_checkout_is_never_overwritten() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("precious"), "x").unwrap();
+        let args = agent_args(Path::new("/nonexistent/repo.git"), tmp.path());
+        let e = sync(&args).await.unwrap_err();
+        assert!(matches!(e, AgentError::NotACheckout(_)), "{e}");
+        assert!(tmp.path().join("precious").exists());
+    }
+
+    #[tokio::test]
+    async fn a_missing_repository_is_an_error_naming_git_s_reason() {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = agent_args(Path::new("/nonexistent/repo.git"), &tmp.path().join("c"));
+        let e = error_chain(&sync(&args).await.unwrap_err());
+        assert!(
+            e.contains("git clone") && e.contains("/nonexistent/repo.git"),
+            "{e}"
+        );
+    }
+}

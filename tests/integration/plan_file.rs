@@ -1,0 +1,268 @@
+//! Plan files: `reconcile plan --out plan.json`, then `reconcile apply plan.json` applies exactly
+//! what was planned, or refuses a unit whose manifests, unit file or SGLang changed since. Units
+//! here are `t-planfile-*` on the apply host, ports 39101+.
+
+use sha2::{Digest, Sha256};
+
+use crate::lab::{lab, manifest, Ran, Reconcile, APPLY, SHARED};
+
+/// A service that loads in a second and is judged over a three-second crash window, on its own
+/// port and its own two of the stand-in's 64 simulated GPUs.
+fn service(name: &str, hosts: &[&str], port: u16, gpu: u16) -> String {
+    format!(
+        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s }}\n",
+        manifest(name, hosts, "")
+            .replace("port: 30000", &format!("port: {port}"))
+            .replace(
+                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
+                &format!(
+                    "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"1\"",
+                    gpu + 1
+                )
+            )
+    )
+}
+
+/// Removes what an earlier run of the same test left on a host.
+fn fresh(host: &str, unit: &str) {
+    lab().sh(
+        host,
+        &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"),
+    );
+}
+
+fn unit_file(host: &str, unit: &str) -> Option<String> {
+    let text = lab().sh(
+        host,
+        &format!("cat /etc/systemd/system/{unit} 2>/dev/null || echo MISSING"),
+    );
+    (text.trim() != "MISSING").then_some(text)
+}
+
+fn sha256(text: &str) -> String {
+    format!("{:x}", Sha256::digest(text.as_bytes()))
+}
+
+fn plan_file(run: &Reconcile) -> (String, serde_json::Value) {
+    let text = std::fs::read_to_string(run.dir().join("plan.json")).expect("plan.json written");
+    let json = serde_json::from_str(&text).expect("plan.json is JSON");
+    (text, json)
+}
+
+fn unit_report(ran: &Ran) -> serde_json::Value {
+    let json = ran.json();
+    assert_eq!(json["units"].as_array().unwrap().len(), 1, "{json}");
+    json["units"][0].clone()
+}
+
+#[test]
+fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
+    let unit = "t-planfile-exact.service";
+    fresh(APPLY, unit);
+    fresh(SHARED, unit);
+    let run = Reconcile::new().manifest(
+        "a.yaml",
+        &service("t-planfile-exact", &[APPLY, SHARED], 39101, 56),
+    );
+    let planned = run.run_args(&["plan", "--host", APPLY, "--out", "plan.json"]);
+    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    let (_, plan) = plan_file(&run);
+    assert_eq!(plan["format"], "reconcile-plan");
+    assert_eq!(plan["manifests"], serde_json::json!(["manifests"]));
+    let targets = plan["targets"].as_array().unwrap();
+    assert_eq!(targets.len(), 1, "{plan}");
+    let target = &targets[0];
+    assert_eq!(
+        (&target["host"], &target["unit"], &target["source"]),
+        (
+            &serde_json::json!(APPLY),
+            &serde_json::json!(unit),
+            &serde_json::json!("manifests/a.yaml")
+        )
+    );
+    assert_eq!(target["status"], "planned");
+    assert_eq!(target["verdict"], "install");
+    assert!(target["current_sha256"].is_null(), "{target}");
+    assert_eq!(target["sglang_version"], "0.5.23");
+
+    let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    let report = unit_report(&applied);
+    assert_eq!(
+        (&report["host"], &report["outcome"]),
+        (&serde_json::json!(APPLY), &serde_json::json!("converged")),
+        "{report}"
+    );
+    let desired = target["desired_sha256"].as_str().unwrap();
+    let on_host = unit_file(APPLY, unit).expect("the planned unit is installed");
+    assert_eq!(sha256(&on_host), desired);
+    let record: serde_json::Value = serde_json::from_str(&lab().sh(
+        APPLY,
+        &format!("cat /var/lib/reconcile/{unit}/current.json"),
+    ))
+    .unwrap();
+    assert_eq!(record["unit_sha256"], desired, "{record}");
+    assert_eq!(
+        unit_file(SHARED, unit),
+        None,
+        "a host in the manifests but not in the plan was touched"
+    );
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+}
+
+#[test]
+fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
+    let unit = "t-planfile-edited.service";
+    fresh(APPLY, unit);
+    let text = service("t-planfile-edited", &[APPLY], 39102, 58);
+    let installed = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["apply"])
+        .run();
+    assert_eq!(
+        installed.code, 0,
+        "{}{}",
+        installed.stdout, installed.stderr
+    );
+    let run = Reconcile::new().manifest(
+        "a.yaml",
+        &text.replace("context-length: 8192", "context-length: 4096"),
+    );
+    let planned = run.run_args(&["plan", "--out", "plan.json"]);
+    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    let (_, plan) = plan_file(&run);
+    assert_eq!(plan["targets"][0]["verdict"], "restart");
+    let before = unit_file(APPLY, unit).unwrap();
+    assert_eq!(plan["targets"][0]["current_sha256"], sha256(&before));
+
+    lab().sh(
+        APPLY,
+        &format!(
+            "sed -i 's/^Description=.*/Description=edited by hand/' /etc/systemd/system/{unit}"
+        ),
+    );
+    let edited = unit_file(APPLY, unit).unwrap();
+    let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
+    assert_eq!(applied.code, 1, "{}{}", applied.stdout, applied.stderr);
+    let report = unit_report(&applied);
+    assert_eq!(report["outcome"], "error", "{report}");
+    let expected = format!(
+        "stale plan: the unit on {APPLY} changed since the plan ({} -> {}); plan again",
+        &sha256(&before)[..8],
+        &sha256(&edited)[..8]
+    );
+    let detail = report["detail"].as_str().unwrap();
+    assert!(detail.contains(&expected), "{detail}");
+    assert_eq!(
+        unit_file(APPLY, unit).unwrap(),
+        edited,
+        "the edited unit was replaced"
+    );
+    let lock = lab().sh(APPLY, &format!("ls /var/lib/reconcile/{unit}/"));
+    assert!(!lock.contains("lock"), "the refusal left the lock: {lock}");
+    lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+}
+
+#[test]
+fn manifests_edited_after_the_plan_are_refused() {
+    let unit = "t-planfile-moved.service";
+    fresh(APPLY, unit);
+    let text = service("t-planfile-moved", &[APPLY], 39103, 60);
+    let run = Reconcile::new().manifest("a.yaml", &text);
+    let planned = run.run_args(&["plan", "--out", "plan.json"]);
+    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    std::fs::write(
+        run.dir().join("manifests/a.yaml"),
+        text.replace("context-length: 8192", "context-length: 4096"),
+    )
+    .unwrap();
+    let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
+    assert_eq!(applied.code, 1, "{}{}", applied.stdout, applied.stderr);
+    let report = unit_report(&applied);
+    assert_eq!(report["outcome"], "error", "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the manifests changed since the plan was made"),
+        "{detail}"
+    );
+    assert_eq!(unit_file(APPLY, unit), None, "the host was touched");
+}
+
+#[test]
+fn another_sglang_since_the_plan_is_refused() {
+    let unit = "t-planfile-sglang.service";
+    fresh(APPLY, unit);
+    // A Python of its own whose SGLang version the test changes, as an upgrade by hand would.
+    let python = "/opt/t-planfile-py/bin/python3";
+    let install = |version: &str| {
+        lab().sh(
+            APPLY,
+            &format!(
+                r#"set -e
+d=/opt/t-planfile-py
+rm -rf $d/site
+mkdir -p $d/site/sglang-{version}.dist-info $d/bin
+printf 'Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n' > $d/site/sglang-{version}.dist-info/METADATA
+printf '#!/bin/sh\nPYTHONPATH=%s/site exec /usr/bin/python3 "$@"\n' $d > $d/bin/python3
+chmod 755 $d/bin/python3"#
+            ),
+        )
+    };
+    // Planned while the host lags the manifest (preflight says so, exit 1); the host is upgraded
+    // after the review, so preflight would pass now, but what runs is not what was reviewed.
+    install("0.5.23");
+    let text = service("t-planfile-sglang", &[APPLY], 39104, 62)
+        .replace("/usr/bin/python3", python)
+        .replace("version: 0.5.23", "version: 0.5.9");
+    let run = Reconcile::new().manifest("a.yaml", &text);
+    let planned = run.run_args(&["plan", "--out", "plan.json"]);
+    assert_eq!(planned.code, 1, "{}{}", planned.stdout, planned.stderr);
+    let (_, plan) = plan_file(&run);
+    assert_eq!(plan["targets"][0]["status"], "planned", "{plan}");
+    assert_eq!(plan["targets"][0]["sglang_version"], "0.5.23");
+    install("0.5.9");
+    let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
+    assert_eq!(applied.code, 1, "{}{}", applied.stdout, applied.stderr);
+    let report = unit_report(&applied);
+    assert_eq!(report["outcome"], "error", "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!(
+            "stale plan: SGLang on {APPLY} was 0.5.23 when planned, is 0.5.9 now; plan again"
+        )),
+        "{detail}"
+    );
+    assert_eq!(unit_file(APPLY, unit), None, "the host was touched");
+}
+
+#[test]
+fn a_plan_file_holds_no_secret() {
+    let canaries = ["hf_planfile_canary_3b7e", "creds-planfile-canary-91d2"];
+    let unit = "t-planfile-secret.service";
+    fresh(APPLY, unit);
+    let text = format!(
+        "{}secret_env: [PLAN_CREDS]\n",
+        service("t-planfile-secret", &[APPLY], 39105, 62).replace(
+            "FAKE_SGLANG_GPU_COUNT: \"64\"",
+            &format!(
+                "FAKE_SGLANG_GPU_COUNT: \"64\", HF_TOKEN: {}, PLAN_CREDS: {}",
+                canaries[0], canaries[1]
+            )
+        )
+    );
+    let run = Reconcile::new().manifest("a.yaml", &text);
+    let planned = run.run_args(&["plan", "--out", "plan.json"]);
+    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    let (text, plan) = plan_file(&run);
+    assert!(
+        plan["targets"][0]["diff"]
+            .as_str()
+            .unwrap()
+            .contains("PLAN_CREDS=<redacted>"),
+        "{plan}"
+    );
+    for canary in canaries {
+        assert!(!text.contains(canary), "plan.json holds {canary}:\n{text}");
+        assert!(!planned.stdout.contains(canary) && !planned.stderr.contains(canary));
+    }
+}
