@@ -74,6 +74,23 @@ def floor_run(hosts):
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
+def hosts_cpu(hosts):
+    """CPU seconds the hosts' containers have used so far (their sshd and what it runs), from
+    each host's own cgroup; on this machine they share its cores with reconcile and the floor."""
+    total = 0
+    for h in hosts:
+        with open(f"/sys/fs/cgroup/unified/hostlab/{h}/cpu.stat") as f:
+            total += int(next(l for l in f if l.startswith("usage_usec")).split()[1])
+    return total / 1e6
+
+
+def on_hosts(fn, hosts):
+    """Runs fn; returns the CPU seconds it cost on the hosts."""
+    before = hosts_cpu(hosts)
+    fn()
+    return hosts_cpu(hosts) - before
+
+
 def host_args(hosts):
     return [a for h in hosts for a in ("--host", h)]
 
@@ -97,6 +114,8 @@ for n in (1, 4, 8, 16):
 cpu_rss = [reconcile(v1, "plan", *host_args(HOSTS)) for _ in range(REPEATS)]
 cpu = statistics.median(r[1] for r in cpu_rss)
 rss = max(r[2] for r in cpu_rss)
+remote_ours = statistics.median(on_hosts(lambda: reconcile(v1, "plan", *host_args(HOSTS)), HOSTS) for _ in range(REPEATS))
+remote_floor = statistics.median(on_hosts(lambda: floor(HOSTS), HOSTS) for _ in range(REPEATS))
 # reconcile's CPU counts its ssh master processes (they do the key exchange), so the floor's
 # ssh clients are the fair comparison.
 floor_cpu = statistics.median(floor_run(HOSTS)[1] for _ in range(REPEATS))
@@ -135,6 +154,9 @@ for h in HOSTS:
                              capture_output=True, text=True).stdout.split()
     if units.get(h) != want_outcome or release != [f"RELEASE={want_release}", "active"]:
         wrong.append(f"{h}: {units.get(h)} {release}")
+print(f"CPU on the 16 hosts during one dry-run (their sshd and the commands it runs): reconcile {remote_ours:.3f} s, "
+      f"floor {remote_floor:.3f} s, ratio {remote_ours / remote_floor:.2f} (here the hosts share this machine's cores)")
+
 print(f"\nload: rolling apply over 16 hosts with faults in {len(faults)} ({', '.join(f'{h} {m}' for h, m in faults.items())}): "
       f"{wall:.1f} s, exit {code}")
 print(f"  {sum(o == 'converged' for o in units.values())} converged, {sum(o == 'rolled_back' for o in units.values())} rolled back; "
