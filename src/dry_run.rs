@@ -6,6 +6,7 @@ use futures::stream::{self, StreamExt};
 use serde::Serialize;
 
 use crate::apply::state::sha256;
+use crate::observed::Observed;
 use crate::plan::{plan, UnitPlan, Verdict};
 use crate::plan_file::PlannedState;
 use crate::preflight;
@@ -63,8 +64,10 @@ async fn plan_host(
     let outcomes = stream::iter(&targets)
         .map(|t| async {
             let observe = host.observe(&t.desired.unit);
+            let changes =
+                |o: &Observed| plan(&t.host, &t.source, &t.desired, o).verdict != Verdict::NoChange;
             let (observed, findings, sglang) =
-                match preflight::check_with(&host, t, deep, observe, |o| &o.state).await {
+                match preflight::check_with(&host, t, deep, observe, |o| &o.state, changes).await {
                     Ok(all) => all,
                     Err(e) => return failed(t, error_chain(&e)),
                 };

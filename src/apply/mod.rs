@@ -255,7 +255,7 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
     r.report.verdict = Some(verdict);
     // Preflight before the lock and any change: a unit its host cannot run is refused while the
     // old server still serves. A unit with nothing to do was left above, untouched, whatever
-    // preflight would say (`plan` shows it).
+    // preflight would say (`plan` checks only its SGLang version).
     match preflight::check(host, t, &observed.state, options.deep).await {
         Ok(findings) => {
             let (errors, warnings): (Vec<_>, Vec<_>) = findings

@@ -64,20 +64,29 @@ done";
 /// imports torch: about 10 s.
 const DEEP_SCRIPT: &str = "import sys\nfrom sglang.srt.server_args import prepare_server_args\nprepare_server_args(sys.argv[1:])\n";
 
-/// Gathers the facts and judges them. `observed` is read at the same time over the same
-/// connection, since the port check needs the unit's `MainPID`. Also returns the SGLang version
-/// found for the unit's Python (`None`: none found), which a plan file records.
+/// Preflight for a plan: the unit is observed and its SGLang version read at the same time, over
+/// the same connection. A unit that `changes` (judged on what was observed) then gets the other
+/// checks; the port check needs the unit's `MainPID`. A unit with nothing to change gets only the
+/// version check: preflight vets a change before apply makes it, and apply leaves such a unit
+/// alone whatever the checks say, while the version still tells whether the manifest's SGLang is
+/// what the host has. Also returns that version (`None`: none found), which a plan file records.
 pub async fn check_with<T>(
     host: &Host,
     t: &Target,
     deep: bool,
     observe: impl std::future::Future<Output = Result<T, RemoteError>>,
     state_of: impl Fn(&T) -> &UnitState,
+    changes: impl Fn(&T) -> bool,
 ) -> Result<(T, Vec<Finding>, Option<String>), RemoteError> {
-    let (observed, mut facts) = tokio::try_join!(observe, gather(host, t, deep))?;
+    let want = super::Want::of(t);
+    let (observed, python) = tokio::try_join!(observe, sglang_version(host, &want.python))?;
+    let version = installed(&python);
+    if !changes(&observed) {
+        return Ok((observed, super::judge_unchanged(t, &python), version));
+    }
+    let mut facts = host_facts(host, t, deep, python).await?;
     facts.main_pid = state_of(&observed).main_pid;
-    let findings = judge(t, &facts);
-    Ok((observed, findings, installed(&facts.python)))
+    Ok((observed, judge(t, &facts), version))
 }
 
 /// The SGLang version installed for the unit's Python, read as preflight reads it; `None` when
@@ -110,12 +119,41 @@ pub async fn check(
 /// deep check when asked and when there is an SGLang to ask.
 async fn gather(host: &Host, t: &Target, deep: bool) -> Result<Facts, RemoteError> {
     let want = super::Want::of(t);
-    let (python, model_path, gpus, port) = tokio::try_join!(
-        sglang_version(host, &want.python),
+    let (python, (model_path, gpus, port)) =
+        tokio::try_join!(sglang_version(host, &want.python), checks(host, t))?;
+    with_deep(host, t, deep, python, model_path, gpus, port).await
+}
+
+/// The facts besides the SGLang version, which the caller read already.
+async fn host_facts(
+    host: &Host,
+    t: &Target,
+    deep: bool,
+    python: Python,
+) -> Result<Facts, RemoteError> {
+    let (model_path, gpus, port) = checks(host, t).await?;
+    with_deep(host, t, deep, python, model_path, gpus, port).await
+}
+
+async fn checks(host: &Host, t: &Target) -> Result<(Access, Gpus, Port), RemoteError> {
+    let want = super::Want::of(t);
+    tokio::try_join!(
         access(host, &want.model_path),
         gpus(host),
         listeners(host, want.port)
-    )?;
+    )
+}
+
+async fn with_deep(
+    host: &Host,
+    t: &Target,
+    deep: bool,
+    python: Python,
+    model_path: Access,
+    gpus: Gpus,
+    port: Port,
+) -> Result<Facts, RemoteError> {
+    let want = super::Want::of(t);
     let deep = match (&python, deep) {
         (Python::Sglang(_), true) => {
             Some(deep_check(host, &want.python, &t.desired.model.exec_start).await?)

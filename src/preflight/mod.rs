@@ -244,6 +244,14 @@ pub fn judge(t: &Target, facts: &Facts) -> Vec<Finding> {
     findings
 }
 
+/// The findings for a unit with nothing to change: its Python and SGLang version, and the claims
+/// the manifests make on its host's GPUs and port (found offline).
+pub fn judge_unchanged(t: &Target, installed: &Python) -> Vec<Finding> {
+    let mut findings = python(t, &Want::of(t), installed);
+    findings.extend(t.conflicts.iter().cloned());
+    findings
+}
+
 fn python(t: &Target, want: &Want, python: &Python) -> Vec<Finding> {
     let py = &want.python;
     match python {

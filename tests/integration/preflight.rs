@@ -265,3 +265,42 @@ fn apply_refuses_a_unit_that_fails_preflight_and_touches_nothing() {
         "neither the unit nor its lock folder exists"
     );
 }
+
+#[test]
+fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
+    other_pythons();
+    let unit = "t-pre-unchanged.service";
+    let text = service("t-pre-unchanged", 33009, "")
+        .replace("/models/test", "/models/t-pre-absent")
+        .replace("/usr/bin/python3", "/opt/t-pre-py-0.5.9/bin/python3");
+    let run = Reconcile::new().manifest("a.yaml", &text);
+    lab().put(
+        HOST,
+        &format!("/etc/systemd/system/{unit}"),
+        &run.rendered(HOST),
+    );
+    lab().sh(HOST, "systemctl daemon-reload");
+
+    let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
+    let planned = &json["units"][0];
+    assert_eq!(planned["verdict"], "no_change", "{json:#}");
+    assert_eq!(code, 1, "the version mismatch is still an error: {json:#}");
+    assert_eq!(messages_of(planned, "sglang-version").len(), 1, "{json:#}");
+    assert_eq!(
+        messages_of(planned, "model-path"),
+        Vec::<String>::new(),
+        "a unit with nothing to change is not vetted for a change"
+    );
+
+    lab().sh(
+        HOST,
+        &format!("rm /etc/systemd/system/{unit}; systemctl daemon-reload"),
+    );
+    let (_, json, _) = plan_json(&[("a.yaml", &text)], &[]);
+    let planned = &json["units"][0];
+    assert_eq!(planned["verdict"], "install", "{json:#}");
+    assert_eq!(
+        messages_of(planned, "model-path"),
+        ["the model path /models/t-pre-absent does not exist on the host"]
+    );
+}
