@@ -240,7 +240,7 @@ pub struct ApplyArgs {
     pub break_stale_lock: bool,
 
     /// Hosts that go first, one batch, and must pass every verification stage before any other
-    /// host starts.
+    /// host starts. Only hosts with something to change count: up-to-date hosts are skipped.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub canary: usize,
 

@@ -181,6 +181,42 @@ pub(super) async fn apply_host(
     reports
 }
 
+/// Whether applying `t` would do anything: its unit differs from the manifest, or the last apply of
+/// it did not finish. A plan file's unit, and a unit that cannot be read, count as work: apply's
+/// own path checks and reports them.
+pub(super) async fn has_work(host: &Host, t: &Target) -> bool {
+    if t.expected.is_some() {
+        return true;
+    }
+    match host.observe(&t.desired.unit).await {
+        Ok(observed) => {
+            plan(&t.host, &t.source, &t.desired, &observed).verdict != Verdict::NoChange
+                || unfinished(host, t, &observed).await
+        }
+        Err(_) => true,
+    }
+}
+
+/// The report of a unit found up to date, untouched.
+pub(super) fn unchanged(t: &Target, started: Instant) -> UnitReport {
+    let mut r = Report::new(t, started);
+    r.report.verdict = Some(Verdict::NoChange);
+    r.end(Outcome::Unchanged, "already up to date; nothing touched")
+}
+
+/// The reports of a host that could not be reached: nothing was changed.
+pub(super) fn unreachable(
+    targets: &[Target],
+    e: &RemoteError,
+    started: Instant,
+) -> Vec<UnitReport> {
+    let detail = error_chain(e);
+    targets
+        .iter()
+        .map(|t| Report::new(t, started).end(Outcome::Error, &detail))
+        .collect()
+}
+
 /// A report being filled in as a unit is applied.
 struct Report {
     report: UnitReport,

@@ -3,6 +3,7 @@
 //! when asked, the hosts already converged in this rollout rolled back when it stops.
 
 use futures::future::join_all;
+use futures::stream::{self, StreamExt};
 
 use super::{apply_host, restore, state, ApplyOptions, Fallback, Outcome, UnitReport};
 use crate::manifest::VerifySpec;
@@ -24,8 +25,52 @@ pub struct Rollout {
     pub rollback_all: bool,
 }
 
+/// Hosts looked at at once before the rollout starts.
+const SURVEY_AT_ONCE: usize = 32;
+
+/// What the look before the rollout found on a host.
+enum Survey {
+    /// Every unit is up to date: nothing to roll out.
+    UpToDate(Vec<UnitReport>),
+    /// Some unit has work: the host takes its turn in the rollout.
+    Work(String, Vec<Target>),
+    /// Not reachable: the host fails at its turn, as if it had been tried then.
+    Unreachable(Vec<UnitReport>),
+}
+
+/// Looks at a host, changing nothing: is there work for the rollout?
+async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey {
+    let started = std::time::Instant::now();
+    let host = match Host::connect(&name, ssh).await {
+        Ok(host) => host,
+        Err(e) => return Survey::Unreachable(super::unreachable(&targets, &e, started)),
+    };
+    let mut work = false;
+    for t in &targets {
+        if super::has_work(&host, t).await {
+            work = true;
+            break;
+        }
+    }
+    host.close().await;
+    if work {
+        Survey::Work(name, targets)
+    } else {
+        Survey::UpToDate(
+            targets
+                .iter()
+                .map(|t| super::unchanged(t, started))
+                .collect(),
+        )
+    }
+}
+
 /// Applies every target host by host, in the rollout's order. Hosts never started are reported
 /// as `not_started`, with why.
+///
+/// Every host is looked at first, all at once, and only hosts with work take part: a canary
+/// that has nothing to change proves nothing, and a batch of hosts already up to date would only
+/// delay the ones that are not. The canary is the first host (by name) with work.
 pub async fn roll_out(
     targets: Vec<Target>,
     ssh: &SshOptions,
@@ -36,8 +81,26 @@ pub async fn roll_out(
         .iter()
         .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.verify.clone()))
         .collect();
-    let mut hosts = by_host(targets).into_iter();
+    let hosts = by_host(targets);
+    let order: std::collections::HashMap<String, usize> = hosts
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| (name.clone(), i))
+        .collect();
+    let surveys: Vec<Survey> = stream::iter(hosts)
+        .map(|(name, targets)| survey(name, targets, ssh))
+        .buffered(SURVEY_AT_ONCE)
+        .collect()
+        .await;
     let mut reports: Vec<UnitReport> = Vec::new();
+    let mut turns = Vec::new();
+    for survey in surveys {
+        match survey {
+            Survey::UpToDate(done) => reports.extend(done),
+            other => turns.push(other),
+        }
+    }
+    let mut turns = turns.into_iter();
     let mut failed_hosts = 0;
     let mut stopped: Option<String> = None;
     let mut first = true;
@@ -47,21 +110,29 @@ pub async fn roll_out(
         } else {
             rollout.max_parallel.max(1)
         };
-        let batch: Vec<(String, Vec<Target>)> = hosts.by_ref().take(size).collect();
+        let batch: Vec<Survey> = turns.by_ref().take(size).collect();
         if batch.is_empty() {
             break;
         }
         if let Some(why) = &stopped {
-            for (_, targets) in batch {
-                reports.extend(targets.iter().map(|t| super::not_started(t, why)));
+            for turn in batch {
+                match turn {
+                    Survey::Work(_, targets) => {
+                        reports.extend(targets.iter().map(|t| super::not_started(t, why)))
+                    }
+                    Survey::Unreachable(failed) | Survey::UpToDate(failed) => {
+                        reports.extend(failed)
+                    }
+                }
             }
             continue;
         }
-        let results = join_all(
-            batch
-                .into_iter()
-                .map(|(name, targets)| apply_host(name, targets, ssh, options)),
-        )
+        let results = join_all(batch.into_iter().map(|turn| async move {
+            match turn {
+                Survey::Work(name, targets) => apply_host(name, targets, ssh, options).await,
+                Survey::Unreachable(failed) | Survey::UpToDate(failed) => failed,
+            }
+        }))
         .await;
         let failed = results
             .iter()
@@ -82,6 +153,7 @@ pub async fn roll_out(
     if let (Some(why), true) = (&stopped, rollout.rollback_all) {
         roll_back_converged(&mut reports, why, &specs, ssh, options).await;
     }
+    reports.sort_by_key(|r| order.get(&r.host).copied().unwrap_or(usize::MAX));
     reports
 }
 

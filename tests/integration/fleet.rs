@@ -213,3 +213,42 @@ fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
     assert_eq!(after, before, "every host runs release 1 again");
     clean(unit);
 }
+
+#[test]
+fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
+    let unit = "t-fleet-uptodate.service";
+    clean(unit);
+    // Release 1 everywhere; then release 2, already on rl10 (the first host by name) and crashing
+    // on rl5, the first host that has work.
+    let (code, _) = rollout(
+        &fleet_service("t-fleet-uptodate", 34004, "4,5", &[], "1"),
+        &["--canary", "1", "--max-parallel", "6"],
+    );
+    assert_eq!(code, 0);
+    let release2 = fleet_service("t-fleet-uptodate", 34004, "4,5", &["rl5"], "2");
+    let (code, _) = rollout(&release2, &["--host", "rl10"]);
+    assert_eq!(code, 0, "rl10 took release 2");
+    let before: Vec<String> = FLEET[2..]
+        .iter()
+        .map(|h| unit_on(h, unit).unwrap())
+        .collect();
+    let (code, units) = rollout(&release2, &["--canary", "1", "--max-parallel", "5"]);
+    assert_eq!(code, 3, "{units:#?}");
+    assert_eq!(
+        outcomes(&units),
+        expect(&[
+            ("rl10", "unchanged"),
+            ("rl5", "rolled_back"),
+            ("rl6", "not_started"),
+            ("rl7", "not_started"),
+            ("rl8", "not_started"),
+            ("rl9", "not_started")
+        ])
+    );
+    let after: Vec<String> = FLEET[2..]
+        .iter()
+        .map(|h| unit_on(h, unit).unwrap())
+        .collect();
+    assert_eq!(before, after, "a host after the failed canary was touched");
+    clean(unit);
+}
