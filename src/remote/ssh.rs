@@ -21,6 +21,9 @@ pub struct SshHost {
 
 const SESSIONS_AT_ONCE: usize = 8;
 
+/// How often ssh checks that the host still answers (ssh's ServerAliveInterval; 3 misses end it).
+const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(20);
+
 impl SshHost {
     pub async fn connect(name: &str, options: &SshOptions) -> Result<SshHost, RemoteError> {
         Ok(SshHost {
@@ -86,6 +89,11 @@ async fn open(name: &str, options: &SshOptions) -> Result<Session, RemoteError> 
     } else {
         KnownHosts::Strict
     });
+    // A link that dies without a reset (a cable, a switch, a host frozen mid-reboot) must not hang
+    // an apply until TCP gives up, many minutes later: ssh asks every 20 s and gives up after 3
+    // unanswered asks. A blip shorter than that is ridden out: breaking the connection would roll
+    // back a deploy that may be fine, and cost another model load.
+    builder.server_alive_interval(KEEPALIVE);
     // The control socket path must stay short (a Unix socket limit), whatever the cwd.
     builder.control_directory(std::env::temp_dir());
     if let Some(config) = &options.config_file {

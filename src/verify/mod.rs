@@ -146,7 +146,12 @@ pub async fn verify(
                 "interrupted (Ctrl-C)".into(),
             ));
         }
-        let now = run.remote("crash window", host.unit_state(unit).await)?;
+        let stage = if crash_passed {
+            "loading"
+        } else {
+            "crash window"
+        };
+        let now = run.remote(stage, host.unit_state(unit).await)?;
         if let Some(reason) = crash_reason(&first, &now) {
             let stage = if crash_passed {
                 "loading"
