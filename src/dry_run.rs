@@ -63,15 +63,20 @@ async fn plan_host(
     };
     let outcomes = stream::iter(&targets)
         .map(|t| async {
-            let observe = host.observe(&t.desired.unit);
-            let changes =
-                |o: &Observed| plan(&t.host, &t.source, &t.desired, o).verdict != Verdict::NoChange;
-            let (observed, findings, sglang) =
-                match preflight::check_with(&host, t, deep, observe, |o| &o.state, changes).await {
+            // Planned as soon as it is observed: preflight's other checks depend on the verdict.
+            let observe = async {
+                let observed = host.observe(&t.desired.unit).await?;
+                let planned = plan(&t.host, &t.source, &t.desired, &observed);
+                Ok((observed, planned))
+            };
+            let changes = |(_, p): &(Observed, UnitPlan)| p.verdict != Verdict::NoChange;
+            let ((observed, mut planned), findings, sglang) =
+                match preflight::check_with(&host, t, deep, observe, |(o, _)| &o.state, changes)
+                    .await
+                {
                     Ok(all) => all,
                     Err(e) => return failed(t, error_chain(&e)),
                 };
-            let mut planned = plan(&t.host, &t.source, &t.desired, &observed);
             planned.preflight = findings;
             planned.recorded = Some(PlannedState {
                 desired_sha256: sha256(&t.desired.text),

@@ -55,13 +55,8 @@ pub struct PlannedTarget {
 pub enum Status {
     Planned {
         verdict: Verdict,
-        /// sha256 of the rendered unit.
-        desired_sha256: String,
-        /// sha256 of the unit file on the host; null when it had none.
-        current_sha256: Option<String>,
-        /// The SGLang version installed for the unit's Python, as preflight found it; null when
-        /// it found none.
-        sglang_version: Option<String>,
+        #[serde(flatten)]
+        state: PlannedState,
         /// The reviewed change, secrets redacted (as every report shows it).
         diff: String,
     },
@@ -79,10 +74,14 @@ pub struct Refusal {
 }
 
 /// What must still be true on a host for its planned change to be applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedState {
+    /// sha256 of the rendered unit.
     pub desired_sha256: String,
+    /// sha256 of the unit file on the host; null when it had none.
     pub current_sha256: Option<String>,
+    /// The SGLang version installed for the unit's Python, as preflight found it; null when it
+    /// found none.
     pub sglang_version: Option<String>,
 }
 
@@ -163,7 +162,7 @@ impl PlanFile {
             .iter()
             .map(|o| match o {
                 Outcome::Planned(p) => {
-                    let recorded = p.recorded.clone().unwrap_or(PlannedState {
+                    let state = p.recorded.clone().unwrap_or(PlannedState {
                         desired_sha256: String::new(),
                         current_sha256: None,
                         sglang_version: None,
@@ -174,9 +173,7 @@ impl PlanFile {
                         source: p.source.clone(),
                         status: Status::Planned {
                             verdict: p.verdict,
-                            desired_sha256: recorded.desired_sha256,
-                            current_sha256: recorded.current_sha256,
-                            sglang_version: recorded.sglang_version,
+                            state,
                             diff: p.diff.clone(),
                         },
                     }
@@ -295,16 +292,7 @@ impl PlanFile {
                     ));
                     continue;
                 }
-                Status::Planned {
-                    desired_sha256,
-                    current_sha256,
-                    sglang_version,
-                    ..
-                } => PlannedState {
-                    desired_sha256: desired_sha256.clone(),
-                    current_sha256: current_sha256.clone(),
-                    sglang_version: sglang_version.clone(),
-                },
+                Status::Planned { state, .. } => state.clone(),
             };
             let Some(mut target) = target else {
                 refused.push(p.refusal(
@@ -412,9 +400,11 @@ mod tests {
             source: t.source.clone(),
             status: Status::Planned {
                 verdict: Verdict::Restart,
-                desired_sha256: crate::apply::state::sha256(&t.desired.text),
-                current_sha256: current.map(Into::into),
-                sglang_version: Some("0.5.23".into()),
+                state: state(
+                    &crate::apply::state::sha256(&t.desired.text),
+                    current,
+                    Some("0.5.23"),
+                ),
                 diff: String::new(),
             },
         }

@@ -165,13 +165,7 @@ pub(super) async fn apply_host(
     }
     let host = match Host::connect(&name, ssh).await {
         Ok(host) => host,
-        Err(e) => {
-            let detail = error_chain(&e);
-            return targets
-                .iter()
-                .map(|t| Report::new(t, started).end(Outcome::Error, &detail))
-                .collect();
-        }
+        Err(e) => return unreachable(&targets, &e, started),
     };
     let mut reports = Vec::new();
     for t in &targets {
@@ -275,8 +269,7 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
     );
     if verdict == Verdict::NoChange {
         if !unfinished(host, t, &observed).await {
-            r.report.verdict = Some(verdict);
-            return r.end(Outcome::Unchanged, "already up to date; nothing touched");
+            return unchanged(t, r.started);
         }
         // The unit on disk is the desired one but no run recorded it: an apply died after the
         // rename. Finish that apply, with the generation it kept to fall back on.

@@ -32,7 +32,12 @@ const SURVEY_AT_ONCE: usize = 32;
 enum Survey {
     /// Every unit is up to date: nothing to roll out.
     UpToDate(Vec<UnitReport>),
-    /// Some unit has work: the host takes its turn in the rollout.
+    /// The host takes a turn in the rollout.
+    Turn(Turn),
+}
+
+enum Turn {
+    /// Some unit has work.
     Work(String, Vec<Target>),
     /// Not reachable: the host fails at its turn, as if it had been tried then.
     Unreachable(Vec<UnitReport>),
@@ -43,7 +48,9 @@ async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey 
     let started = std::time::Instant::now();
     let host = match Host::connect(&name, ssh).await {
         Ok(host) => host,
-        Err(e) => return Survey::Unreachable(super::unreachable(&targets, &e, started)),
+        Err(e) => {
+            return Survey::Turn(Turn::Unreachable(super::unreachable(&targets, &e, started)))
+        }
     };
     let mut work = false;
     for t in &targets {
@@ -54,7 +61,7 @@ async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey 
     }
     host.close().await;
     if work {
-        Survey::Work(name, targets)
+        Survey::Turn(Turn::Work(name, targets))
     } else {
         Survey::UpToDate(
             targets
@@ -97,7 +104,7 @@ pub async fn roll_out(
     for survey in surveys {
         match survey {
             Survey::UpToDate(done) => reports.extend(done),
-            other => turns.push(other),
+            Survey::Turn(turn) => turns.push(turn),
         }
     }
     let mut turns = turns.into_iter();
@@ -110,27 +117,25 @@ pub async fn roll_out(
         } else {
             rollout.max_parallel.max(1)
         };
-        let batch: Vec<Survey> = turns.by_ref().take(size).collect();
+        let batch: Vec<Turn> = turns.by_ref().take(size).collect();
         if batch.is_empty() {
             break;
         }
         if let Some(why) = &stopped {
             for turn in batch {
                 match turn {
-                    Survey::Work(_, targets) => {
+                    Turn::Work(_, targets) => {
                         reports.extend(targets.iter().map(|t| super::not_started(t, why)))
                     }
-                    Survey::Unreachable(failed) | Survey::UpToDate(failed) => {
-                        reports.extend(failed)
-                    }
+                    Turn::Unreachable(failed) => reports.extend(failed),
                 }
             }
             continue;
         }
         let results = join_all(batch.into_iter().map(|turn| async move {
             match turn {
-                Survey::Work(name, targets) => apply_host(name, targets, ssh, options).await,
-                Survey::Unreachable(failed) | Survey::UpToDate(failed) => failed,
+                Turn::Work(name, targets) => apply_host(name, targets, ssh, options).await,
+                Turn::Unreachable(failed) => failed,
             }
         }))
         .await;

@@ -26,14 +26,16 @@ def scan():
             if not (low.startswith("sglang-") and low[7:8].isdigit()):
                 continue
             meta = {".dist-info": "METADATA", ".egg-info": "PKG-INFO"}.get(os.path.splitext(low)[1])
+            if meta is None:
+                continue
             try:
-                with open(os.path.join(d or ".", n, meta or ""), encoding="utf-8") as f:
+                with open(os.path.join(d or ".", n, meta), encoding="utf-8") as f:
                     for line in f:
                         if line.startswith("Version:"):
                             return line.split(":", 1)[1].strip()
                         if not line.strip():
                             break
-            except (OSError, TypeError):
+            except OSError:
                 pass
 found = scan()
 if found is None:
