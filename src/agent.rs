@@ -66,7 +66,7 @@ pub struct Revision {
 /// `--interval` until SIGTERM or Ctrl-C, then exit 0: a failed round is reported and the next one
 /// runs, and being stopped is not a failure of the service.
 pub async fn run(args: AgentArgs) -> u8 {
-    let stop = stop_on_signal();
+    let stop = crate::signals::stop_on_signal();
     let names = local_names(&args.names);
     loop {
         let code = round(&args, &names, &stop).await;
@@ -103,30 +103,6 @@ fn short_hostname() -> Option<String> {
     (!short.is_empty()).then_some(short)
 }
 
-/// Turns true on SIGTERM (systemd stopping the agent) or Ctrl-C: verification in progress fails
-/// and rolls back, as with `apply`, and no new unit or round starts.
-fn stop_on_signal() -> watch::Receiver<bool> {
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(async move {
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term => {}
-        }
-        eprintln!(
-            "stopping: a unit being verified now is rolled back; no new unit or round starts"
-        );
-        let _ = stop.send(true);
-    });
-    stopped
-}
 
 /// One round: prints one line (the commit and every unit's outcome), then the details of units
 /// that changed or failed, and returns apply's exit code for it.
@@ -142,7 +118,7 @@ async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>)
             return 1;
         }
     };
-    let short = &revision.commit[..revision.commit.len().min(12)];
+    let short = crate::report::short(&revision.commit, crate::report::SHA_SHOWN);
     let targets = match targets_here(args, names) {
         Ok(t) => t,
         Err(errors) => {
@@ -217,6 +193,7 @@ fn targets_here(args: &AgentArgs, names: &[String]) -> Result<Vec<Target>, Manif
     for w in &loaded.warnings {
         println!("  warning: {w}");
     }
+    // `targets` fails only for a host the filter names that no manifest has; this filter names none.
     let all = targets::targets(&loaded.manifests, &targets::Filter::default())
         .expect("no filter names a host");
     Ok(all

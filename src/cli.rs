@@ -55,6 +55,12 @@ pub struct Cli {
     /// differs from a recorded one is still refused. Host keys are otherwise checked strictly.
     #[arg(long, global = true)]
     pub accept_new_host_keys: bool,
+
+    /// How long one command on a host may take before the host counts as hung (a GPU that fell
+    /// off the bus hangs nvidia-smi; a stale NFS mount hangs a look at the model path). systemd
+    /// jobs (restart, stop) get at least 10 minutes, the --deep check 5.
+    #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION", env = "RECONCILE_COMMAND_TIMEOUT")]
+    pub command_timeout: std::time::Duration,
 }
 
 #[derive(Debug, Subcommand)]

@@ -17,6 +17,7 @@ mod preflight;
 mod redact;
 mod remote;
 mod report;
+mod signals;
 mod sglang;
 mod status;
 mod targets;
@@ -69,6 +70,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
     let _ = ACCEPT_NEW_HOST_KEYS.set(cli.accept_new_host_keys);
+    remote::set_command_timeout(cli.command_timeout);
     match cli.command {
         Some(Command::Plan(args)) => plan(args.plan, args.out).await,
         Some(Command::Render(args)) => render(args),
@@ -136,7 +138,7 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         None => (targets, Vec::new()),
     };
     let ssh = ssh_options(&plan.ssh_config);
-    let cancel = interrupt_on_ctrl_c();
+    let cancel = signals::stop_on_signal();
     let live = live_display(plan.format);
     let options = apply::ApplyOptions {
         owner: apply::Owner::this_process(),
@@ -173,19 +175,6 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         .max()
         .unwrap_or(0);
     Ok(ExitCode::from(worst))
-}
-
-/// A flag that turns true on Ctrl-C: verification in progress fails (and rolls back), and nothing
-/// new starts.
-fn interrupt_on_ctrl_c() -> tokio::sync::watch::Receiver<bool> {
-    let (interrupt, cancel) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("interrupted: rolling back what is being verified, starting nothing new");
-            let _ = interrupt.send(true);
-        }
-    });
-    cancel
 }
 
 /// Spinners on stderr, only for text output on a terminal.
@@ -278,7 +267,7 @@ async fn rollback(args: RollbackArgs) -> Result<ExitCode, Error> {
             ttl: args.lock_ttl,
         },
         git: apply::GitInfo::default(),
-        cancel: interrupt_on_ctrl_c(),
+        cancel: signals::stop_on_signal(),
         progress: live_display(args.history.format).then(indicatif::MultiProgress::new),
         deep: false,
         rollout: apply::Rollout {

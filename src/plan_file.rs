@@ -144,11 +144,8 @@ pub enum Stale {
 }
 
 /// The first 8 hex digits of a sha256, or `absent` for a file that was not there.
-fn short(sha: Option<&str>) -> String {
-    sha.map_or_else(
-        || "absent".to_string(),
-        |s| s.chars().take(8).collect::<String>(),
-    )
+fn short(sha: Option<&str>) -> &str {
+    sha.map_or("absent", |s| crate::report::short(s, 8))
 }
 
 fn version(v: &Option<String>) -> &str {
@@ -205,12 +202,14 @@ impl PlanFile {
     }
 
     pub fn write(&self, path: &Path) -> Result<(), Error> {
-        let mut text = serde_json::to_string_pretty(self).expect("a plan serializes");
-        text.push('\n');
-        std::fs::write(path, text).map_err(|source| Error::Write {
+        let error = |source| Error::Write {
             path: path.to_path_buf(),
             source,
-        })
+        };
+        let mut text =
+            serde_json::to_string_pretty(self).map_err(|e| error(std::io::Error::other(e)))?;
+        text.push('\n');
+        std::fs::write(path, text).map_err(error)
     }
 
     /// The plan file among `apply`'s paths, if one is: a `.json` file whose top level has

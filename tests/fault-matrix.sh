@@ -26,6 +26,17 @@ matrix=(
   "canary fails in a rollout|fleet::a_failing_canary_stops_the_rollout_before_any_other_host_is_touched"
   "host rebooted during verification|faults::a_host_rebooted_during_verification_gets_its_previous_unit_back"
   "host down past the reconnect wait during verification|faults::a_host_down_past_the_wait_during_verification_is_reported_as_needing_attention"
+  "nvidia-smi hangs (plan, then verification)|hangs::a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figures"
+  "systemctl hangs during verification|hangs::a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back"
+  "deployment record garbage, non-ASCII or from a newer reconcile|hangs::an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing"
+  "SIGTERM during verification|hangs::sigterm_during_verification_rolls_back"
+  "Ctrl-C with two units on one host|hangs::ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched"
+  "/health slower than a second (SGLang's health_generate)|real_sglang::a_health_check_slower_than_a_second_is_waited_for"
+  "warmup answering 503|real_sglang::a_warmup_answering_503_is_progress_not_a_failure"
+  "flat busy JIT phase 3x the stall timeout|real_sglang::a_flat_busy_phase_three_times_the_stall_timeout_is_not_a_stall"
+  "dead TP rank, SGLang 0.5.9 (main process hangs)|real_sglang::a_dead_rank_of_sglang_0_5_9_is_a_worker_death_and_the_rollback_waits_out_a_slow_health"
+  "dead TP rank, SGLang 0.5.23 (watchdog)|real_sglang::a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back"
+  "warmup that never ends|real_sglang::a_warmup_that_never_ends_fails_the_warmup_stage"
 )
 passed=0; failed=0
 echo "fault matrix:"

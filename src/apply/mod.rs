@@ -169,6 +169,10 @@ pub(super) async fn apply_host(
     };
     let mut reports = Vec::new();
     for t in &targets {
+        if *options.cancel.borrow() {
+            reports.push(not_started(t, "interrupted before this unit's turn"));
+            continue;
+        }
         reports.push(apply_unit(&host, t, options).await);
     }
     host.close().await;
@@ -176,8 +180,8 @@ pub(super) async fn apply_host(
 }
 
 /// Whether applying `t` would do anything: its unit differs from the manifest, or the last apply of
-/// it did not finish. A plan file's unit, and a unit that cannot be read, count as work: apply's
-/// own path checks and reports them.
+/// it did not finish. A plan file's unit, and a unit or record that cannot be read, count as work:
+/// apply's own path checks and reports them.
 pub(super) async fn has_work(host: &Host, t: &Target) -> bool {
     if t.expected.is_some() {
         return true;
@@ -185,7 +189,7 @@ pub(super) async fn has_work(host: &Host, t: &Target) -> bool {
     match host.observe(&t.desired.unit).await {
         Ok(observed) => {
             plan(&t.host, &t.source, &t.desired, &observed).verdict != Verdict::NoChange
-                || unfinished(host, t, &observed).await
+                || unfinished(host, t, &observed).await.unwrap_or(true)
         }
         Err(_) => true,
     }
@@ -268,8 +272,10 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
         "active" | "activating"
     );
     if verdict == Verdict::NoChange {
-        if !unfinished(host, t, &observed).await {
-            return unchanged(t, r.started);
+        match unfinished(host, t, &observed).await {
+            Ok(false) => return unchanged(t, r.started),
+            Ok(true) => {}
+            Err(e) => return r.end(Outcome::Error, &format!("nothing was changed: {e}")),
         }
         // The unit on disk is the desired one but no run recorded it: an apply died after the
         // rename. Finish that apply, with the generation it kept to fall back on.
@@ -393,13 +399,19 @@ fn blocks(f: &preflight::Finding, restoring: Option<usize>) -> bool {
     f.severity == preflight::Severity::Error && !(restoring.is_some() && about_manifest)
 }
 
-/// Whether a managed unit on disk matches the manifest but was never recorded as deployed.
-async fn unfinished(host: &Host, t: &Target, observed: &Observed) -> bool {
+/// Whether a managed unit on disk matches the manifest but was never recorded as deployed. A record
+/// that exists but cannot be read or parsed is an error, never "no record": that would restart a
+/// healthy server to finish an apply that did finish.
+async fn unfinished(
+    host: &Host,
+    t: &Target,
+    observed: &Observed,
+) -> Result<bool, state::RecordError> {
     let Some(text) = &observed.unit_text else {
-        return false;
+        return Ok(false);
     };
-    let record = state::read_record(host, &t.desired.unit).await;
-    record.is_none_or(|r| r.unit_sha256 != state::sha256(text))
+    let record = state::read_record(host, &t.desired.unit).await?;
+    Ok(record.is_none_or(|r| r.unit_sha256 != state::sha256(text)))
 }
 
 /// What to go back to when the new unit fails.
@@ -468,6 +480,23 @@ async fn install(
             Outcome::Reloaded,
             "unit replaced and daemon-reloaded; the server kept running".into(),
         );
+    }
+    // The last moment to stop without a restart: a signal now leaves the server as it was.
+    if *options.cancel.borrow() {
+        let detail = format!(
+            "not started: {} before the restart",
+            crate::signals::interrupted()
+        );
+        return match put_back(host, unit, &fallback).await {
+            Ok(_) => (
+                Outcome::NotStarted,
+                format!("{detail}; the previous unit is back in place and the server was not restarted"),
+            ),
+            Err(e) => (
+                Outcome::RollbackFailed,
+                format!("{detail}; putting the previous unit back failed: {}", error_chain(&e)),
+            ),
+        };
     }
     let restarted = async {
         if verdict == Verdict::Install {
@@ -634,6 +663,13 @@ async fn presence(host: &Host) -> Presence {
     }
     match host.run(&["systemctl", "is-system-running"]).await {
         Ok(out) if out.stdout.trim() == "stopping" => Presence::ShuttingDown,
+        // Past "stopping", PID 1 no longer answers on its bus while sshd still does.
+        Ok(out)
+            if out.stdout.trim() == "offline"
+                || out.stderr.contains("Failed to connect to bus") =>
+        {
+            Presence::ShuttingDown
+        }
         Ok(_) => Presence::Here,
         Err(_) => Presence::Gone,
     }

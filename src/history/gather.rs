@@ -37,14 +37,29 @@ pub async fn history_hosts(
         .await
 }
 
+/// A unit's deployments on a host, and what kept the current one from being known.
+pub struct Read {
+    pub deployments: Vec<Deployment>,
+    /// Why `current.json` could not be used, when it exists but cannot be read or parsed: then no
+    /// deployment is marked current.
+    pub current_error: Option<state::RecordError>,
+}
+
 /// The deployments of `unit` on a connected host, numbered and marked (also used by rollback).
-pub async fn read_deployments(host: &Host, unit: &str) -> Result<Vec<Deployment>, RemoteError> {
+pub async fn read_deployments(host: &Host, unit: &str) -> Result<Read, RemoteError> {
     let (history, current, kept) = tokio::join!(
         state::read_history(host, unit),
         state::read_record(host, unit),
         state::deployed_numbers(host, unit)
     );
-    Ok(deployments(history?, current.as_ref(), &kept?))
+    let (current, current_error) = match current {
+        Ok(current) => (current, None),
+        Err(e) => (None, Some(e)),
+    };
+    Ok(Read {
+        deployments: deployments(history?, current.as_ref(), &kept?),
+        current_error,
+    })
 }
 
 async fn read(host: &Host, unit: &str) -> Result<HostHistory, RemoteError> {
@@ -54,13 +69,21 @@ async fn read(host: &Host, unit: &str) -> Result<HostHistory, RemoteError> {
         state::generations(host, unit),
         host.read_file(&path)
     );
-    let deployed = deployed?;
+    let Read {
+        deployments: deployed,
+        current_error,
+    } = deployed?;
     let disk_sha = disk?.map(|text| state::sha256(&text));
+    let mut notes: Vec<String> = current_error
+        .iter()
+        .map(|e| format!("{e}; no deployment is marked current"))
+        .collect();
+    notes.extend(disk_notes(&deployed, disk_sha.as_deref()));
     Ok(HostHistory {
         host: host.name().to_string(),
         unit: unit.to_string(),
         generations: generations(&kept_generations?, &deployed),
-        notes: disk_notes(&deployed, disk_sha.as_deref()),
+        notes,
         deployments: deployed,
         error: None,
     })

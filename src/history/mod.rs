@@ -20,9 +20,13 @@ use serde::Serialize;
 
 pub use gather::history_hosts;
 
-use crate::apply::state::{Generation, Record};
-use crate::report::Format;
-use crate::status::short;
+use crate::apply::state::{Generation, Record, RecordProblem};
+use crate::report::{to_json, Format, COMMIT_SHOWN, SHA_SHOWN};
+
+/// A sha256 as shown: its first 12 characters. Records come from hosts: any text may be there.
+fn short(sha: &str) -> &str {
+    crate::report::short(sha, SHA_SHOWN)
+}
 
 /// One line of `history.jsonl`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -31,6 +35,9 @@ pub struct Deployment {
     pub n: usize,
     /// The record, unless its line could not be read.
     pub record: Option<Record>,
+    /// Why the line is not a record, when it is not (written by a newer reconcile, damaged).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
     /// Its unit is kept under `deployed/`, so `rollback --to N` can restore it.
     pub kept: bool,
     /// The deployment the last apply recorded (`current.json`).
@@ -61,20 +68,27 @@ pub struct HostHistory {
 /// Numbers the history's lines and marks the kept and the current ones. The current deployment
 /// is the newest line equal to `current.json` (a later apply appends, so the last one normally).
 pub fn deployments(
-    history: Vec<Option<Record>>,
+    history: Vec<Result<Record, RecordProblem>>,
     current: Option<&Record>,
     kept: &[usize],
 ) -> Vec<Deployment> {
-    let is_current = |r: &Option<Record>| matches!((r, current), (Some(r), Some(c)) if r.applied_at == c.applied_at && r.unit_sha256 == c.unit_sha256);
+    let is_current = |r: &Result<Record, RecordProblem>| matches!((r, current), (Ok(r), Some(c)) if r.applied_at == c.applied_at && r.unit_sha256 == c.unit_sha256);
     let current_n = history.iter().rposition(is_current).map(|i| i + 1);
     history
         .into_iter()
         .enumerate()
-        .map(|(i, record)| Deployment {
-            n: i + 1,
-            record,
-            kept: kept.contains(&(i + 1)),
-            current: current_n == Some(i + 1),
+        .map(|(i, line)| {
+            let (record, unreadable) = match line {
+                Ok(record) => (Some(record), None),
+                Err(problem) => (None, Some(problem.to_string())),
+            };
+            Deployment {
+                n: i + 1,
+                record,
+                unreadable,
+                kept: kept.contains(&(i + 1)),
+                current: current_n == Some(i + 1),
+            }
         })
         .collect()
 }
@@ -127,10 +141,25 @@ pub fn disk_notes(deployments: &[Deployment], disk_sha: Option<&str>) -> Vec<Str
     }
 }
 
+/// The deployment a rollback restores, and how many unreadable lines of `history.jsonl` the
+/// default choice passed over to find it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    pub n: usize,
+    pub skipped: usize,
+}
+
+/// `skipped 2 unreadable lines of history.jsonl`.
+pub fn skipped_lines(n: usize) -> String {
+    let lines = if n == 1 { "line" } else { "lines" };
+    format!("skipped {n} unreadable {lines} of history.jsonl")
+}
+
 /// Which deployment a rollback restores: `to` when it is kept; by default the newest deployment
 /// before the current one that installed a different unit (restoring the same unit would change
-/// nothing). The error names the deployments that can be restored.
-pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<usize, String> {
+/// nothing), passing over lines that cannot be read. The error names the deployments that can be
+/// restored.
+pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, String> {
     let kept: Vec<String> = deployments
         .iter()
         .filter(|d| d.kept && d.record.is_some())
@@ -147,11 +176,15 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<usize, St
                 "there is no deployment {n} ({} recorded; {available})",
                 deployments.len()
             )),
-            Some(d) if !d.kept || d.record.is_none() => Err(format!(
+            Some(d) if d.record.is_none() => Err(format!(
+                "deployment {n}'s line of history.jsonl cannot be used: it {} ({available})",
+                d.unreadable.as_deref().unwrap_or("is unreadable")
+            )),
+            Some(d) if !d.kept => Err(format!(
                 "deployment {n}'s unit is not kept (the newest {} are; {available})",
                 crate::apply::state::DEPLOYED_KEPT
             )),
-            Some(_) => Ok(n),
+            Some(_) => Ok(Choice { n, skipped: 0 }),
         };
     }
     let Some(current) = deployments.iter().find(|d| d.current) else {
@@ -159,19 +192,30 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<usize, St
             "no current deployment is recorded; say which with --to N ({available})"
         ));
     };
-    let current_sha = current.record.as_ref().map(|r| r.unit_sha256.clone());
-    deployments
+    let current_sha = current.record.as_ref().map(|r| r.unit_sha256.as_str());
+    let mut skipped = 0;
+    for d in deployments
         .iter()
         .rev()
         .filter(|d| d.n < current.n && d.kept)
-        .find(|d| d.record.as_ref().map(|r| r.unit_sha256.clone()) != current_sha)
-        .map(|d| d.n)
-        .ok_or_else(|| {
-            format!(
-                "no deployment before the current one ({}) installed another unit ({available})",
-                current.n
-            )
-        })
+    {
+        match &d.record {
+            None => skipped += 1,
+            Some(r) if Some(r.unit_sha256.as_str()) != current_sha => {
+                return Ok(Choice { n: d.n, skipped })
+            }
+            Some(_) => {}
+        }
+    }
+    let skipped = if skipped > 0 {
+        format!("; {}", skipped_lines(skipped))
+    } else {
+        String::new()
+    };
+    Err(format!(
+        "no deployment before the current one ({}) installed another unit ({available}){skipped}",
+        current.n
+    ))
 }
 
 /// `converged`, or `rollback to 2 (converged)`.
@@ -184,10 +228,7 @@ fn outcome(r: &Record) -> String {
 
 pub fn render(histories: &[HostHistory], format: Format) -> String {
     if format == Format::Json {
-        let mut s = serde_json::to_string_pretty(&serde_json::json!({ "hosts": histories }))
-            .expect("histories serialize");
-        s.push('\n');
-        return s;
+        return to_json(&serde_json::json!({ "hosts": histories }));
     }
     let mut out = String::new();
     for h in histories {
@@ -217,13 +258,14 @@ pub fn render(histories: &[HostHistory], format: Format) -> String {
         for d in &h.deployments {
             let mark = if d.current { "*" } else { " " };
             let Some(r) = &d.record else {
-                let _ = writeln!(out, "   {mark} {:>3}  (unreadable record)", d.n);
+                let why = d.unreadable.as_deref().unwrap_or("unknown reason");
+                let _ = writeln!(out, "   {mark} {:>3}  (unreadable record: {why})", d.n);
                 continue;
             };
             let commit = r
                 .git_commit
                 .as_deref()
-                .map_or("-", |c| &c[..c.len().min(7)]);
+                .map_or("-", |c| crate::report::short(c, COMMIT_SHOWN));
             let load = r
                 .load_seconds
                 .map_or("-".to_string(), |s| format!("{s:.1}s"));
@@ -290,9 +332,9 @@ mod tests {
 
     fn three() -> Vec<Deployment> {
         let history = vec![
-            Some(record("aaa", "t1")),
-            Some(record("bbb", "t2")),
-            Some(record("bbb", "t3")),
+            Ok(record("aaa", "t1")),
+            Ok(record("bbb", "t2")),
+            Ok(record("bbb", "t3")),
         ];
         deployments(history, Some(&record("bbb", "t3")), &[1, 2, 3])
     }
@@ -309,15 +351,15 @@ mod tests {
 
     #[test]
     fn the_default_rollback_skips_deployments_of_the_same_unit() {
-        assert_eq!(choose(&three(), None), Ok(1));
-        assert_eq!(choose(&three(), Some(2)), Ok(2));
+        assert_eq!(choose(&three(), None), Ok(Choice { n: 1, skipped: 0 }));
+        assert_eq!(choose(&three(), Some(2)).map(|c| c.n), Ok(2));
     }
 
     #[test]
     fn a_missing_or_unkept_deployment_is_refused_naming_the_kept_ones() {
         let err = choose(&three(), Some(7)).unwrap_err();
         assert_eq!(err, "there is no deployment 7 (3 recorded; kept: 1, 2, 3)");
-        let history = vec![Some(record("aaa", "t1")), Some(record("bbb", "t2"))];
+        let history = vec![Ok(record("aaa", "t1")), Ok(record("bbb", "t2"))];
         let d = deployments(history, Some(&record("bbb", "t2")), &[2]);
         let err = choose(&d, Some(1)).unwrap_err();
         assert!(err.contains("deployment 1's unit is not kept"), "{err}");
@@ -331,9 +373,9 @@ mod tests {
 
     #[test]
     fn without_a_current_record_a_rollback_must_say_which() {
-        let d = deployments(vec![Some(record("aaa", "t1"))], None, &[1]);
+        let d = deployments(vec![Ok(record("aaa", "t1"))], None, &[1]);
         assert!(choose(&d, None).unwrap_err().contains("--to N"));
-        assert_eq!(choose(&d, Some(1)), Ok(1));
+        assert_eq!(choose(&d, Some(1)).map(|c| c.n), Ok(1));
     }
 
     #[test]
@@ -382,5 +424,100 @@ mod tests {
         assert!(lines[4].starts_with("   *   3  t3"), "{out}");
         assert!(lines[2].contains("0123456  feedbeeffeed  aaa"), "{out}");
         assert!(lines[2].ends_with("1.2s  yes   converged"), "{out}");
+    }
+
+    fn newer() -> RecordProblem {
+        RecordProblem::Newer(2)
+    }
+
+    #[test]
+    fn the_default_rollback_passes_over_unreadable_lines_and_counts_them() {
+        // 1 installed another unit; 2 and 3 cannot be read; 4 is current.
+        let history = vec![
+            Ok(record("aaa", "t1")),
+            Err(newer()),
+            Err(RecordProblem::Unparsable("EOF while parsing".into())),
+            Ok(record("bbb", "t4")),
+        ];
+        let d = deployments(history, Some(&record("bbb", "t4")), &[1, 2, 3, 4]);
+        assert_eq!(choose(&d, None), Ok(Choice { n: 1, skipped: 2 }));
+        assert_eq!(
+            skipped_lines(2),
+            "skipped 2 unreadable lines of history.jsonl"
+        );
+        assert_eq!(
+            skipped_lines(1),
+            "skipped 1 unreadable line of history.jsonl"
+        );
+        // Nothing readable before the current one: refused, never a panic, and saying why.
+        let history = vec![Err(newer()), Ok(record("bbb", "t2"))];
+        let d = deployments(history, Some(&record("bbb", "t2")), &[1, 2]);
+        let err = choose(&d, None).unwrap_err();
+        assert!(
+            err.contains("skipped 1 unreadable line of history.jsonl"),
+            "{err}"
+        );
+        // Asked for by number: refused with the line's reason.
+        let err = choose(&d, Some(1)).unwrap_err();
+        assert!(
+            err.contains("deployment 1's line of history.jsonl cannot be used: it was written by a newer reconcile (format 2); upgrade reconcile"),
+            "{err}"
+        );
+        assert!(err.contains("kept: 2"), "{err}");
+    }
+
+    #[test]
+    fn unreadable_lines_show_why_in_text_and_json() {
+        let history = vec![Err(newer()), Ok(record("bbb", "t2"))];
+        let h = HostHistory {
+            host: "gpu-a".into(),
+            unit: "s.service".into(),
+            deployments: deployments(history, Some(&record("bbb", "t2")), &[1, 2]),
+            generations: Vec::new(),
+            notes: Vec::new(),
+            error: None,
+        };
+        let out = render(std::slice::from_ref(&h), Format::Text);
+        assert!(
+            out.contains("     1  (unreadable record: was written by a newer reconcile (format 2); upgrade reconcile)"),
+            "{out}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&render(&[h], Format::Json)).unwrap();
+        let lines = &json["hosts"][0]["deployments"];
+        assert_eq!(lines[0]["record"], serde_json::Value::Null);
+        assert!(lines[0]["unreadable"]
+            .as_str()
+            .unwrap()
+            .contains("format 2"));
+        // A readable line's JSON is as before: no `unreadable` key, no `format`.
+        assert!(lines[1].get("unreadable").is_none());
+        assert!(lines[1]["record"].get("format").is_none());
+    }
+
+    #[test]
+    fn non_ascii_shas_and_commits_from_a_host_do_not_panic() {
+        let mut r = record("ééééééééééééé", "t1");
+        r.git_commit = Some("日本語のコミット番号".into());
+        r.manifest_sha256 = "🦀".repeat(20);
+        let d = deployments(vec![Ok(r)], None, &[1]);
+        let h = HostHistory {
+            host: "gpu-a".into(),
+            unit: "s.service".into(),
+            deployments: d.clone(),
+            generations: generations(
+                &[Generation {
+                    nanos: 1,
+                    sha256: "ü".repeat(30),
+                }],
+                &d,
+            ),
+            notes: disk_notes(&d, Some("ñññññññññññññññ")),
+            error: None,
+        };
+        let out = render(&[h], Format::Text);
+        assert!(out.contains("日本語のコミッ  "), "{out}");
+        assert!(out.contains(&"🦀".repeat(12)), "{out}");
+        assert!(out.contains(&format!("unit {}", "ü".repeat(12))), "{out}");
+        assert!(out.contains("(ññññññññññññ)"), "{out}");
     }
 }

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use super::gather::read_deployments;
-use super::{choose, Deployment};
+use super::gather::{read_deployments, Read};
+use super::{choose, skipped_lines, Choice};
 use crate::apply::{self, state, ApplyOptions, GitInfo, Outcome, UnitReport};
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
 use crate::plan::flags;
@@ -61,7 +61,12 @@ async fn rollback_host(
         Err(e) => return error(error_chain(&e)),
     };
     let report = match prepare(&host, name, unit, to, manifest).await {
-        Ok((n, target, git)) => {
+        Ok(Prepared {
+            n,
+            target,
+            git,
+            notes,
+        }) => {
             let options = ApplyOptions {
                 owner: options.owner.clone(),
                 lock: options.lock,
@@ -74,6 +79,7 @@ async fn rollback_host(
             };
             let mut report = apply::apply_one(&host, &target, &options).await;
             report.detail = format!("rollback to deployment {n}: {}", report.detail);
+            report.notes.splice(0..0, notes);
             report
         }
         Err(detail) => error(format!("nothing was changed: {detail}")),
@@ -82,22 +88,48 @@ async fn rollback_host(
     report
 }
 
-/// Which deployment to restore, and the apply target and git info that restore it.
+/// The deployment to restore, the apply target and git info that restore it, and notes on what
+/// the choice passed over.
+struct Prepared {
+    n: usize,
+    target: Target,
+    git: GitInfo,
+    notes: Vec<String>,
+}
+
 async fn prepare(
     host: &Host,
     name: &str,
     unit: &str,
     to: Option<usize>,
     manifest: Option<&Manifest>,
-) -> Result<(usize, Target, GitInfo), String> {
-    let deployments: Vec<Deployment> = read_deployments(host, unit)
+) -> Result<Prepared, String> {
+    let Read {
+        deployments,
+        current_error,
+    } = read_deployments(host, unit)
         .await
         .map_err(|e| error_chain(&e))?;
-    let n = choose(&deployments, to).map_err(|e| format!("{unit} on {name}: {e}"))?;
-    let record = deployments[n - 1]
-        .record
-        .clone()
-        .expect("choose takes only readable records");
+    let mut notes = Vec::new();
+    if let Some(e) = current_error {
+        // Without it the current deployment is unknown, and so is the one before it.
+        match (to, &e.problem) {
+            (None, state::RecordProblem::Newer(_)) => return Err(e.to_string()),
+            (None, _) => return Err(format!("{e}; say which deployment to restore with --to N")),
+            (Some(_), _) => {}
+        }
+        notes.push(e.to_string());
+    }
+    let Choice { n, skipped } =
+        choose(&deployments, to).map_err(|e| format!("{unit} on {name}: {e}"))?;
+    if skipped > 0 {
+        notes.push(skipped_lines(skipped));
+    }
+    let record = deployments
+        .iter()
+        .find(|d| d.n == n)
+        .and_then(|d| d.record.clone())
+        .ok_or_else(|| format!("{unit} on {name}: deployment {n}'s record cannot be read"))?;
     let text = state::read_deployed(host, unit, n)
         .await
         .map_err(|e| error_chain(&e))?
@@ -106,7 +138,12 @@ async fn prepare(
         commit: record.git_commit.clone(),
         author: record.git_author.clone(),
     };
-    Ok((n, restore_target(name, unit, text, &record, manifest), git))
+    Ok(Prepared {
+        n,
+        target: restore_target(name, unit, text, &record, manifest),
+        git,
+        notes,
+    })
 }
 
 /// An apply target whose desired unit is the kept one. Preflight reads the Python, model path

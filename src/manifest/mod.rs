@@ -78,8 +78,11 @@ pub enum FlagValue {
 pub struct VerifySpec {
     pub crash_window: Duration,
     pub load_deadline: Duration,
-    /// Memory that does not grow for this long while the server is not ready is a stall.
+    /// No progress on any sign of life (memory, CPU, journal) for this long before the port
+    /// opens is a stall.
     pub stall_timeout: Duration,
+    /// Port open but `/health` still 503 (SGLang's warmup request) for this long fails.
+    pub warmup_timeout: Duration,
     pub sample_interval: Duration,
     /// The service's memory (its cgroup) must stay below this many bytes.
     pub memory_ceiling: Option<u64>,
@@ -97,7 +100,23 @@ pub struct Smoke {
     pub prompt: String,
     /// A substring the answer must contain.
     pub expect: String,
-    pub max_tokens: u32,
+    /// `None`: [`Smoke::DEFAULT_MAX_TOKENS`], or more for a reasoning model.
+    pub max_tokens: Option<u32>,
+}
+
+impl Smoke {
+    pub const DEFAULT_MAX_TOKENS: u32 = 16;
+    /// A reasoning model asked not to think may think anyway (not every chat template reads
+    /// `enable_thinking`), and its thinking counts against `max_tokens`.
+    pub const REASONING_MAX_TOKENS: u32 = 1024;
+
+    pub fn max_tokens(&self, reasoning: bool) -> u32 {
+        self.max_tokens.unwrap_or(if reasoning {
+            Self::REASONING_MAX_TOKENS
+        } else {
+            Self::DEFAULT_MAX_TOKENS
+        })
+    }
 }
 
 impl Default for VerifySpec {
@@ -105,7 +124,11 @@ impl Default for VerifySpec {
         VerifySpec {
             crash_window: Duration::from_secs(10),
             load_deadline: Duration::from_secs(30 * 60),
-            stall_timeout: Duration::from_secs(5 * 60),
+            // SGLang's own limit for "no progress": `--watchdog-timeout` (300 s, server_args.py).
+            stall_timeout: Duration::from_secs(300),
+            // `SGLANG_WARMUP_TIMEOUT` unset: the warmup request waits 600 s
+            // (http_server.py, `_wait_and_warmup`), plus a minute for its log line and `/health`.
+            warmup_timeout: Duration::from_secs(660),
             sample_interval: Duration::from_secs(2),
             memory_ceiling: None,
             gpu_memory_per_gpu: None,

@@ -117,6 +117,7 @@ struct RawVerify {
     crash_window: Option<HumanDuration>,
     load_deadline: Option<HumanDuration>,
     stall_timeout: Option<HumanDuration>,
+    warmup_timeout: Option<HumanDuration>,
     sample_interval: Option<HumanDuration>,
     memory_ceiling: Option<Size>,
     gpu_memory_per_gpu: Option<Size>,
@@ -198,6 +199,7 @@ impl RawManifest {
                 crash_window: v.crash_window.map_or(defaults.crash_window, |d| d.0),
                 load_deadline: v.load_deadline.map_or(defaults.load_deadline, |d| d.0),
                 stall_timeout: v.stall_timeout.map_or(defaults.stall_timeout, |d| d.0),
+                warmup_timeout: v.warmup_timeout.map_or(defaults.warmup_timeout, |d| d.0),
                 sample_interval: v.sample_interval.map_or(defaults.sample_interval, |d| d.0),
                 memory_ceiling: v.memory_ceiling.map(|s| s.0),
                 gpu_memory_per_gpu: v.gpu_memory_per_gpu.map(|s| s.0 / MIB),
@@ -208,7 +210,7 @@ impl RawManifest {
                 smoke: v.smoke.map(|s| Smoke {
                     prompt: s.prompt,
                     expect: s.expect,
-                    max_tokens: s.max_tokens.unwrap_or(16),
+                    max_tokens: s.max_tokens,
                 }),
             },
         }
@@ -454,7 +456,7 @@ mod tests {
         let v = parse("m.yaml", &text).unwrap().verify;
         assert_eq!(v.memory_ceiling, Some(300 * 1024 * MIB));
         assert_eq!(v.gpu_memory_per_gpu, Some(75000));
-        assert_eq!(v.smoke.unwrap().max_tokens, 16);
+        assert_eq!(v.smoke.unwrap().max_tokens(false), 16);
         assert_eq!(parse_size("80GB"), Some(80_000_000_000));
         assert_eq!(parse_size("lots"), None);
     }

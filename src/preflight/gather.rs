@@ -61,10 +61,41 @@ for pid in $(printf '%s\\n' \"$out\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort
   printf '%s %s\\n' \"$pid\" \"$(tr '\\n' ' ' < /proc/$pid/cgroup 2>/dev/null)\"
 done";
 
-/// The deep check: the host's SGLang parses the unit's exact arguments as `launch_server` would
-/// (argparse, then `ServerArgs`' own checks), without starting a server. On a real host this
-/// imports torch: about 10 s.
-const DEEP_SCRIPT: &str = "import sys\nfrom sglang.srt.server_args import prepare_server_args\nprepare_server_args(sys.argv[1:])\n";
+/// The deep check: the host's SGLang parses the unit's exact arguments as `launch_server` would,
+/// without starting a server. What that checks depends on the version (read from each wheel's
+/// `launch_server.py` and `srt/server_args.py`):
+/// - 0.5.2x: `load_plugins()`, then `prepare_server_args` (argparse only: `ServerArgs.__post_init__`
+///   checks nothing there), then `ServerArgs.resolve_once()`, which `run_server` calls and where the
+///   checks live. It asks for an accelerator and queries the GPUs; the GPUs belong to the running
+///   server, so they are hidden from it, and what needs one is reported as not checked (exit 3);
+/// - 0.5.9 and older: `prepare_server_args`, whose `__post_init__` runs the checks.
+///
+/// Exit 0: accepted; 2: argparse refused; 1: resolution refused; 3: resolution needs a GPU.
+/// On a real host this imports torch: about 10 s.
+const DEEP_SCRIPT: &str = r#"import os, sys
+try:
+    from sglang.srt.plugins import load_plugins
+except ImportError:
+    load_plugins = None
+if load_plugins is not None:
+    load_plugins()
+from sglang.srt.server_args import prepare_server_args
+args = prepare_server_args(sys.argv[1:])
+resolve = getattr(args, "resolve_once", None)
+if resolve is None:
+    sys.exit(0)
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+try:
+    resolve()
+except Exception as e:
+    text = ("%s: %s" % (type(e).__name__, e)).strip().splitlines()[0]
+    gpu = any(w in text.lower() for w in ("accelerator", "cuda", "nvidia-smi", "gpu", "nvml"))
+    print(text, file=sys.stderr)
+    sys.exit(3 if gpu else 1)
+"#;
+
+/// Importing torch takes about 10 s on a warm host, and minutes from a cold network filesystem.
+const DEEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60);
 
 /// Preflight for a plan: the unit is observed and its SGLang version read at the same time, over
 /// the same connection. A unit that `changes` (judged on what was observed) then gets the other
@@ -226,13 +257,14 @@ async fn deep_check(host: &Host, python: &str, exec_start: &[String]) -> Result<
     let args = exec_start.get(3..).unwrap_or_default();
     let mut argv = vec!["sh", "-c", PYTHON, "sh", python, "-c", DEEP_SCRIPT];
     argv.extend(args.iter().map(String::as_str));
-    let out = host.run(&argv).await?;
+    let out = host.run_within(&argv, None, DEEP_TIMEOUT).await?;
     let last = last_line(&out.stderr);
     Ok(match out.status {
         0 => Deep::Accepted,
         _ if out.stderr.contains("No module named 'sglang.srt") => Deep::Unavailable(format!(
             "this SGLang has no sglang.srt.server_args to parse arguments with ({last})"
         )),
+        3 => Deep::ParsedOnly(last),
         _ => Deep::Refused(last),
     })
 }

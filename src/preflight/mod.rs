@@ -138,6 +138,9 @@ pub enum Deep {
     Refused(String),
     /// The check itself could not run (no `sglang.srt.server_args` to import).
     Unavailable(String),
+    /// argparse accepted the arguments; `resolve_once()` needs a GPU, which the running server
+    /// holds, so the resolved checks were not run (SGLang's message).
+    ParsedOnly(String),
 }
 
 /// What preflight expects of the host for one unit, read from its rendered unit and manifest.
@@ -240,8 +243,25 @@ pub fn judge(t: &Target, facts: &Facts) -> Vec<Finding> {
             .into_iter()
             .flatten(),
     );
+    findings.extend(verifiable(t));
     findings.extend(t.conflicts.iter().cloned());
     findings
+}
+
+/// Whether apply can verify the server at all: its HTTP checks speak plain HTTP, through a port
+/// forward to the address the server binds. A server with `--ssl-certfile` serves HTTPS only, so
+/// every restart would fail readiness and be rolled back: refuse it before the restart instead.
+fn verifiable(t: &Target) -> Option<Finding> {
+    let (_, flags) = crate::plan::flags(&t.desired.model.exec_start);
+    flags.contains_key("ssl-certfile").then(|| {
+        Finding::error(
+            "verify",
+            "the server serves HTTPS (--ssl-certfile) and reconcile verifies over plain HTTP only: \
+             apply cannot verify it, so it would roll every restart back; serve plain HTTP on \
+             loopback, or leave this unit out of reconcile apply for now"
+                .to_string(),
+        )
+    })
 }
 
 /// The findings for a unit with nothing to change: its Python and SGLang version, and the claims
@@ -468,6 +488,13 @@ fn deep(want: &Want, deep: &Deep) -> Option<Finding> {
         Deep::Unavailable(why) => Some(Finding::warning(
             "deep",
             format!("the deep check could not run: {why}"),
+        )),
+        Deep::ParsedOnly(why) => Some(Finding::warning(
+            "deep",
+            format!(
+                "the host's SGLang parsed {}'s arguments, but its resolve_once() checks need a GPU and were not run ({why})",
+                want.unit
+            ),
         )),
     }
 }

@@ -1,8 +1,12 @@
 //! GPU memory as the host reports it: `nvidia-smi` over SSH, NVML on `local` hosts.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use nvml_wrapper::Nvml;
 use serde::Serialize;
 
-use super::{Host, RemoteError};
+use super::{command_timeout, Host, RemoteError};
 
 pub const NVIDIA_SMI_QUERY: [&str; 3] = [
     "nvidia-smi",
@@ -52,7 +56,7 @@ pub fn parse_query(csv: &str) -> Result<Vec<Gpu>, String> {
 impl Host {
     pub async fn gpu_memory(&self) -> Result<GpuReading, RemoteError> {
         if let Host::Local = self {
-            if let Some(gpus) = nvml_memory() {
+            if let Some(gpus) = nvml_memory().await? {
                 return Ok(GpuReading::Gpus(gpus));
             }
         }
@@ -68,9 +72,41 @@ impl Host {
     }
 }
 
-/// NVML through the driver's library, when this machine has one.
-fn nvml_memory() -> Option<Vec<Gpu>> {
-    let nvml = nvml_wrapper::Nvml::init().ok()?;
+/// NVML, loaded once per run, on first use: `Nvml::init` loads the driver's library and opens
+/// every GPU, which blocks, for seconds on a large host. `None` when this machine has no NVIDIA
+/// driver, and then it is not tried again.
+static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
+/// Set once an NVML call did not return within the limit (a GPU fallen off the bus hangs the
+/// driver): later readings go to `nvidia-smi`, and its own limit, rather than pile up threads
+/// stuck in NVML.
+static NVML_HUNG: AtomicBool = AtomicBool::new(false);
+
+/// GPU memory through NVML, when this machine has it (`Ok(None)` when not). NVML calls block, so
+/// they run on tokio's blocking threads, never on the threads that drive the other checks.
+async fn nvml_memory() -> Result<Option<Vec<Gpu>>, RemoteError> {
+    if NVML_HUNG.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let read = tokio::task::spawn_blocking(|| {
+        let nvml = NVML.get_or_init(|| Nvml::init().ok()).as_ref()?;
+        nvml_read(nvml)
+    });
+    match tokio::time::timeout(command_timeout(), read).await {
+        Ok(Ok(gpus)) => Ok(gpus),
+        // The blocking task panicked inside the driver's library: read with nvidia-smi instead.
+        Ok(Err(_)) => Ok(None),
+        Err(_) => {
+            NVML_HUNG.store(true, Ordering::Relaxed);
+            Err(RemoteError::TimedOut {
+                host: "local".into(),
+                command: "NVML".into(),
+                after: command_timeout(),
+            })
+        }
+    }
+}
+
+fn nvml_read(nvml: &Nvml) -> Option<Vec<Gpu>> {
     let count = nvml.device_count().ok()?;
     (0..count)
         .map(|index| {
@@ -101,5 +137,40 @@ mod tests {
         );
         assert_eq!(gpus.len(), 2);
         assert!(parse_query("0, N/A, 97871").is_err());
+    }
+
+    #[tokio::test]
+    async fn nvml_is_loaded_once_and_read_off_the_async_threads() {
+        // Whether or not this machine has a GPU, the second reading finds NVML (or its absence)
+        // already settled and gives the same kind of answer.
+        let first = nvml_memory().await.unwrap();
+        assert!(
+            NVML.get().is_some(),
+            "NVML was not settled by the first reading"
+        );
+        let second = nvml_memory().await.unwrap();
+        assert_eq!(first.is_some(), second.is_some());
+        assert_eq!(first.is_some(), NVML.get().is_some_and(Option::is_some));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_output_is_gpus_or_a_reason(text in proptest::prelude::any::<String>()) {
+            let _ = parse_query(&text);
+        }
+
+        #[test]
+        fn readings_as_nvidia_smi_prints_them_parse_back(
+            gpus in proptest::collection::vec((0u32..64, proptest::prelude::any::<u64>(), proptest::prelude::any::<u64>()), 0..9),
+        ) {
+            let csv: String = gpus
+                .iter()
+                .map(|(i, used, total)| format!("{i}, {used}, {total}\n"))
+                .collect();
+            let parsed = parse_query(&csv).unwrap();
+            let back: Vec<(u32, u64, u64)> =
+                parsed.iter().map(|g| (g.index, g.used_mib, g.total_mib)).collect();
+            proptest::prop_assert_eq!(back, gpus);
+        }
     }
 }

@@ -1,25 +1,79 @@
 //! The server's HTTP API, reached through an SSH port forward (servers usually listen on
 //! 127.0.0.1) or directly when a URL is configured.
+//!
+//! Every timeout here comes from SGLang's own limits (0.5.23, `sglang/srt/entrypoints/http_server.py`):
+//! `health_generate` sends a one-token generation and then sleeps in 1 s steps until the scheduler
+//! answers, for up to `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s). A probe that gives up sooner never sees
+//! a healthy server, and an abandoned probe is not cancelled on the scheduler's side.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{Host, RemoteError};
 
-/// A probe that takes longer counts as "not ready yet" and is asked again at the next sample.
-const HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+/// Above `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s), so SGLang's own 503 arrives before we give up.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
+/// `/ready` answers at once (`tokenizer_manager.is_ready()`); a slow answer means a busy event loop.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// `/v1/models` is served by the HTTP process from memory, but behind a loaded event loop.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(60);
+/// A first chat request can JIT-compile kernels for minutes (a 108 s compile is on record in
+/// rllm-org/rllm#926); the smoke completion must outlast that.
+const CHAT_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// A server's HTTP endpoint.
+/// How to reach the server, read from its unit.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub port: u16,
+    /// The address the server binds (`--host`): a forward goes there. Wildcards mean loopback.
+    pub bind: Option<String>,
+    /// `--api-key`: sent as a bearer token to every route that needs it. Never printed.
+    pub api_key: Option<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("port", &self.port)
+            .field("bind", &self.bind)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// Where a forward from the host's side connects: the bound address, or loopback for a
+    /// wildcard (or no `--host`: SGLang's default is 127.0.0.1).
+    pub fn forward_address(&self) -> &str {
+        match self.bind.as_deref() {
+            None | Some("") | Some("0.0.0.0") | Some("localhost") => "127.0.0.1",
+            Some("::") | Some("[::]") => "::1",
+            Some(address) => address.trim_start_matches('[').trim_end_matches(']'),
+        }
+    }
+}
+
+/// A server's HTTP endpoint. Cheap to clone: a probe task holds its own.
+#[derive(Clone)]
 pub struct Server {
     client: reqwest::Client,
     base: String,
+    api_key: Option<String>,
+    /// Cleared once `/ready` answers 404: SGLang before 0.5.2x has no such route.
+    has_ready: Arc<AtomicBool>,
 }
 
-/// What `/health` says. SGLang answers 503 while starting and 200 with an empty body when healthy;
-/// before weights are loaded its port is not even open.
+/// What one look at the server's port found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
-    Ready,
-    Starting(u16),
+    /// `/health` answered 200 (SGLang's empty body is success), after this long.
+    Ready(Duration),
+    /// The port answers but the server is not serving yet: `/ready` or `/health` said 503
+    /// (SGLang's warmup), or `/health` did not answer within SGLang's own health timeout.
+    Warming(String),
+    /// Nothing answers on the port yet: SGLang opens it only after the weights, the KV cache and
+    /// the CUDA graphs are in place.
     Closed(String),
 }
 
@@ -30,63 +84,129 @@ pub struct Model {
     pub max_model_len: Option<u64>,
 }
 
+/// What a chat completion answered: the text, and the thinking of a reasoning model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    pub content: String,
+    pub reasoning: Option<String>,
+    pub finish_reason: Option<String>,
+}
+
 impl Host {
-    /// The server on `port` of this host: forwarded from a local port over the SSH connection,
-    /// or at `url` when one is given.
-    pub async fn server(&self, port: u16, url: Option<&str>) -> Result<Server, RemoteError> {
+    /// The server of `endpoint` on this host: forwarded from a local port over the SSH
+    /// connection, or at `url` when one is given.
+    pub async fn server(&self, endpoint: &Endpoint, url: Option<&str>) -> Result<Server, RemoteError> {
         let base = match (url, self) {
             (Some(url), _) => url.trim_end_matches('/').to_string(),
-            (None, Host::Local) => format!("http://127.0.0.1:{port}"),
-            (None, Host::Ssh(h)) => format!("http://127.0.0.1:{}", h.forward(port).await?),
+            (None, Host::Local) => format!("http://{}", socket(endpoint.forward_address(), endpoint.port)),
+            (None, Host::Ssh(h)) => {
+                let local = h.forward(endpoint.forward_address(), endpoint.port).await?;
+                format!("http://127.0.0.1:{local}")
+            }
         };
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(3))
-            .timeout(Duration::from_secs(30))
             .no_proxy()
             .build()
-            .expect("an HTTP client without TLS builds");
-        Ok(Server { client, base })
+            .map_err(|e| RemoteError::Transport {
+                host: self.name().to_string(),
+                command: "HTTP client".into(),
+                source: Box::new(e),
+            })?;
+        Ok(Server {
+            client,
+            base,
+            api_key: endpoint.api_key.clone(),
+            has_ready: Arc::new(AtomicBool::new(true)),
+        })
+    }
+}
+
+fn socket(address: &str, port: u16) -> String {
+    if address.contains(':') {
+        format!("[{address}]:{port}")
+    } else {
+        format!("{address}:{port}")
     }
 }
 
 impl Server {
-    /// One probe, bounded: verification polls systemd between probes at least once a second, and
-    /// a probe that hangs (a forwarded connection the server never answers) must not hold that up.
+    /// One look at readiness: `/ready` first where the version has it (it answers at once and
+    /// tells warmup from a closed port without a generation), then `/health`, which sends a
+    /// one-token generation and so proves the scheduler serves.
     pub async fn health(&self) -> Health {
+        if self.has_ready.load(Ordering::Relaxed) {
+            match self.get_status("/ready", READY_TIMEOUT).await {
+                Ok(404) => self.has_ready.store(false, Ordering::Relaxed),
+                Ok(code) if (200..300).contains(&code) => {}
+                Ok(code) => return Health::Warming(format!("/ready answered {code}")),
+                Err(Probe::TimedOut) => {
+                    return Health::Warming(format!(
+                        "/ready did not answer in {}s",
+                        READY_TIMEOUT.as_secs()
+                    ))
+                }
+                Err(Probe::Closed(e)) => return Health::Closed(e),
+            }
+        }
+        let asked = Instant::now();
+        match self.get_status("/health", HEALTH_TIMEOUT).await {
+            Ok(code) if (200..300).contains(&code) => Health::Ready(asked.elapsed()),
+            Ok(code) => Health::Warming(format!("/health answered {code}")),
+            Err(Probe::TimedOut) => Health::Warming(format!(
+                "/health did not answer in {}s",
+                HEALTH_TIMEOUT.as_secs()
+            )),
+            Err(Probe::Closed(e)) => Health::Closed(e),
+        }
+    }
+
+    async fn get_status(&self, path: &str, timeout: Duration) -> Result<u16, Probe> {
         match self
             .client
-            .get(format!("{}/health", self.base))
-            .timeout(HEALTH_TIMEOUT)
+            .get(format!("{}{path}", self.base))
+            .timeout(timeout)
             .send()
             .await
         {
-            Ok(r) if r.status().is_success() => Health::Ready,
-            Ok(r) => Health::Starting(r.status().as_u16()),
-            Err(e) => Health::Closed(e.without_url().to_string()),
+            Ok(r) => Ok(r.status().as_u16()),
+            Err(e) if e.is_timeout() => Err(Probe::TimedOut),
+            Err(e) => Err(Probe::Closed(e.without_url().to_string())),
         }
     }
 
     pub async fn models(&self) -> Result<Vec<Model>, String> {
-        let body = self.get_text("/v1/models").await?;
+        let body = self.get_text("/v1/models", MODELS_TIMEOUT).await?;
         parse_models(&body)
     }
 
-    /// One deterministic chat completion (temperature 0); the answer's text.
-    pub async fn chat(&self, model: &str, prompt: &str, max_tokens: u32) -> Result<String, String> {
-        let request = serde_json::json!({
+    /// One deterministic chat completion (temperature 0). A reasoning model is asked not to think
+    /// (`chat_template_kwargs.enable_thinking`, which Qwen3-style templates read); one that thinks
+    /// anyway puts it in `reasoning_content`.
+    pub async fn chat(
+        &self,
+        model: &str,
+        prompt: &str,
+        max_tokens: u32,
+        reasoning: bool,
+    ) -> Result<Answer, String> {
+        let mut request = serde_json::json!({
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
             "temperature": 0,
             "max_tokens": max_tokens,
         });
+        if reasoning {
+            request["chat_template_kwargs"] = serde_json::json!({"enable_thinking": false});
+        }
         let response = self
-            .client
-            .post(format!("{}/v1/chat/completions", self.base))
+            .authorized(self.client.post(format!("{}/v1/chat/completions", self.base)))
+            .timeout(CHAT_TIMEOUT)
             .header("content-type", "application/json")
             .body(request.to_string())
             .send()
             .await
-            .map_err(|e| e.without_url().to_string())?;
+            .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
         let status = response.status();
         let body = response.text().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
@@ -95,28 +215,46 @@ impl Server {
                 body.chars().take(200).collect::<String>()
             ));
         }
-        let json: serde_json::Value =
-            serde_json::from_str(&body).map_err(|e| format!("chat completion is not JSON: {e}"))?;
-        json["choices"][0]["message"]["content"]
-            .as_str()
-            .map(str::to_string)
-            .ok_or_else(|| "chat completion has no choices[0].message.content".to_string())
+        parse_answer(&body)
     }
 
-    async fn get_text(&self, path: &str) -> Result<String, String> {
+    fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
+    async fn get_text(&self, path: &str, timeout: Duration) -> Result<String, String> {
         let response = self
-            .client
-            .get(format!("{}{path}", self.base))
+            .authorized(self.client.get(format!("{}{path}", self.base)))
+            .timeout(timeout)
             .send()
             .await
-            .map_err(|e| e.without_url().to_string())?;
+            .map_err(|e| request_error(e, timeout))?;
         let status = response.status();
         let body = response.text().await.map_err(|e| e.to_string())?;
-        if status.is_success() {
-            Ok(body)
-        } else {
-            Err(format!("{path} answered {status}"))
+        match status.as_u16() {
+            200..=299 => Ok(body),
+            401 if self.api_key.is_none() => Err(format!(
+                "{path} answered {status}: the server wants an API key and its unit sets no --api-key"
+            )),
+            401 => Err(format!("{path} answered {status}: the server refused the unit's --api-key")),
+            _ => Err(format!("{path} answered {status}")),
         }
+    }
+}
+
+enum Probe {
+    TimedOut,
+    Closed(String),
+}
+
+fn request_error(e: reqwest::Error, timeout: Duration) -> String {
+    if e.is_timeout() {
+        format!("no answer in {}s", timeout.as_secs())
+    } else {
+        e.without_url().to_string()
     }
 }
 
@@ -138,6 +276,25 @@ pub fn parse_models(body: &str) -> Result<Vec<Model>, String> {
         .collect())
 }
 
+/// Parses a `chat.completion`: with `--reasoning-parser`, SGLang moves the thinking to
+/// `message.reasoning_content` and `content` may be `""` or null
+/// (`sglang/srt/entrypoints/openai/serving_chat.py`).
+pub fn parse_answer(body: &str) -> Result<Answer, String> {
+    let json: serde_json::Value =
+        serde_json::from_str(body).map_err(|e| format!("chat completion is not JSON: {e}"))?;
+    let choice = &json["choices"][0];
+    let message = choice
+        .get("message")
+        .filter(|m| m.is_object())
+        .ok_or("chat completion has no choices[0].message")?;
+    let text = |key: &str| message[key].as_str().map(str::to_string);
+    Ok(Answer {
+        content: text("content").unwrap_or_default(),
+        reasoning: text("reasoning_content"),
+        finish_reason: choice["finish_reason"].as_str().map(str::to_string),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +310,44 @@ mod tests {
             }]
         );
         assert!(parse_models("{}").is_err());
+    }
+
+    #[test]
+    fn reads_answers_with_and_without_thinking() {
+        let plain = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"Paris","reasoning_content":null},"finish_reason":"stop"}]}"#;
+        let a = parse_answer(plain).unwrap();
+        assert_eq!((a.content.as_str(), a.reasoning), ("Paris", None));
+        let thinking = r#"{"choices":[{"message":{"content":null,"reasoning_content":"The capital of France is Paris"},"finish_reason":"length"}]}"#;
+        let a = parse_answer(thinking).unwrap();
+        assert_eq!(a.content, "");
+        assert_eq!(a.reasoning.as_deref(), Some("The capital of France is Paris"));
+        assert_eq!(a.finish_reason.as_deref(), Some("length"));
+        assert!(parse_answer(r#"{"choices":[]}"#).is_err());
+        assert!(parse_answer("<html>").is_err());
+    }
+
+    #[test]
+    fn forwards_follow_the_bound_address() {
+        let at = |bind: Option<&str>| Endpoint {
+            port: 1,
+            bind: bind.map(str::to_string),
+            api_key: None,
+        };
+        assert_eq!(at(None).forward_address(), "127.0.0.1");
+        assert_eq!(at(Some("0.0.0.0")).forward_address(), "127.0.0.1");
+        assert_eq!(at(Some("::")).forward_address(), "::1");
+        assert_eq!(at(Some("10.1.2.3")).forward_address(), "10.1.2.3");
+        assert_eq!(at(Some("[fd00::5]")).forward_address(), "fd00::5");
+        assert_eq!(socket("fd00::5", 80), "[fd00::5]:80");
+    }
+
+    #[test]
+    fn an_api_key_never_shows_in_debug_output() {
+        let e = Endpoint {
+            port: 1,
+            bind: None,
+            api_key: Some("sk-very-secret".into()),
+        };
+        assert!(!format!("{e:?}").contains("sk-very-secret"));
     }
 }

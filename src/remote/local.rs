@@ -13,6 +13,8 @@ pub async fn run(argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteEr
         source: Box::new(e),
     };
     let mut command = tokio::process::Command::new(argv[0]);
+    // A command given up on (past its timeout) must not outlive the wait for it.
+    command.kill_on_drop(true);
     command
         .args(&argv[1..])
         .stdout(Stdio::piped())

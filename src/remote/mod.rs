@@ -4,13 +4,14 @@
 //! Commands are argv vectors; the SSH side escapes each argument for the remote shell, so no
 //! manifest value is ever pasted into a shell string.
 
-mod gpu;
-mod http;
+pub mod gpu;
+pub mod http;
+pub mod liveness;
 mod local;
 mod ssh;
 
 pub use gpu::GpuReading;
-pub use http::{Health, Server};
+pub use http::{Endpoint, Health, Model, Server};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -46,6 +47,14 @@ pub enum RemoteError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The command did not finish in time: a GPU that fell off the bus hangs `nvidia-smi`, a
+    /// stale NFS mount hangs a `test -r` on the model path.
+    #[error("`{command}` on {host} did not answer in {}", humantime::format_duration(*.after))]
+    TimedOut {
+        host: String,
+        command: String,
+        after: Duration,
+    },
     /// The command ran and failed.
     #[error("{host}: `{command}` exited with {status}: {stderr}")]
     Failed {
@@ -54,6 +63,41 @@ pub enum RemoteError {
         status: i32,
         stderr: String,
     },
+}
+
+/// How long a remote command may take before its host counts as hung (`--command-timeout`). Reading a file or asking
+/// systemd takes milliseconds; `nvidia-smi` on a loaded 8-GPU host about a second.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// systemctl verbs that wait for their job: a stop waits up to the unit's `TimeoutStopSec` (90 s by
+/// default, often raised for servers that drain), a restart for the stop and then the start.
+pub const SYSTEMD_JOB_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// `--command-timeout`: set once from the command line, before any host is reached.
+static COMMAND_TIMEOUT_SET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+pub fn set_command_timeout(limit: Duration) {
+    let _ = COMMAND_TIMEOUT_SET.set(limit);
+}
+
+pub fn command_timeout() -> Duration {
+    COMMAND_TIMEOUT_SET.get().copied().unwrap_or(COMMAND_TIMEOUT)
+}
+
+/// The limit for `argv`: a systemd job's, or the default.
+pub fn timeout_for(argv: &[&str]) -> Duration {
+    let waits_for_a_job = |verb: &str| {
+        matches!(
+            verb,
+            "restart" | "stop" | "start" | "try-restart" | "reload-or-restart" | "isolate" | "reboot"
+        )
+    };
+    match argv {
+        ["systemctl", verb, ..] if waits_for_a_job(verb) => SYSTEMD_JOB_TIMEOUT.max(command_timeout()),
+        ["systemctl", "enable" | "disable", rest @ ..] if rest.contains(&"--now") => {
+            SYSTEMD_JOB_TIMEOUT.max(command_timeout())
+        }
+        _ => command_timeout(),
+    }
 }
 
 /// What a finished command printed.
@@ -90,16 +134,37 @@ impl Host {
         self.run_with_input(argv, None).await
     }
 
-    /// Runs a command with `input` on its standard input.
+    /// Runs a command with `input` on its standard input, within [`timeout_for`] it.
     pub async fn run_with_input(
         &self,
         argv: &[&str],
         input: Option<&[u8]>,
     ) -> Result<Output, RemoteError> {
-        match self {
-            Host::Ssh(h) => h.run(argv, input).await,
-            Host::Local => local::run(argv, input).await,
-        }
+        self.run_within(argv, input, timeout_for(argv)).await
+    }
+
+    /// Runs a command that may take up to `limit`; past it, the host counts as hung.
+    pub async fn run_within(
+        &self,
+        argv: &[&str],
+        input: Option<&[u8]>,
+        limit: Duration,
+    ) -> Result<Output, RemoteError> {
+        let run = async {
+            match self {
+                Host::Ssh(h) => h.run(argv, input).await,
+                Host::Local => local::run(argv, input).await,
+            }
+        };
+        tokio::time::timeout(limit, run)
+            .await
+            .unwrap_or_else(|_| {
+                Err(RemoteError::TimedOut {
+                    host: self.name().to_string(),
+                    command: command_name(argv),
+                    after: limit,
+                })
+            })
     }
 
     /// Runs a command that must succeed.
@@ -222,6 +287,23 @@ impl Host {
     }
 }
 
+/// A command as a person names it: `nvidia-smi`, `systemctl show`, a script by its first word.
+fn command_name(argv: &[&str]) -> String {
+    match argv {
+        ["sh", "-c", script, ..] => {
+            let first = script
+                .split(|c: char| c.is_whitespace() || c == ';')
+                .find(|w| !w.is_empty() && !w.contains('='))
+                .unwrap_or("sh");
+            format!("sh -c {first}…")
+        }
+        [py, "-c", ..] => format!("{py} -c …"),
+        ["systemctl", verb, ..] => format!("systemctl {verb}"),
+        [first, ..] => first.to_string(),
+        [] => String::new(),
+    }
+}
+
 /// A command as shown in errors: a fixed `sh -c` script is shown by its arguments, not its text.
 fn label(argv: &[&str]) -> String {
     match argv {
@@ -272,7 +354,29 @@ fn one_line(message: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::one_line;
+    use super::*;
+
+    #[test]
+    fn systemd_jobs_get_longer_than_other_commands() {
+        assert_eq!(timeout_for(&["systemctl", "restart", "--", "a.service"]), SYSTEMD_JOB_TIMEOUT);
+        assert_eq!(timeout_for(&["systemctl", "disable", "--now", "--", "a"]), SYSTEMD_JOB_TIMEOUT);
+        assert_eq!(timeout_for(&["systemctl", "show", "-p", "X"]), COMMAND_TIMEOUT);
+        assert_eq!(timeout_for(&["nvidia-smi", "-L"]), COMMAND_TIMEOUT);
+        assert_eq!(command_name(&["nvidia-smi", "--query-gpu=x"]), "nvidia-smi");
+        assert_eq!(command_name(&["systemctl", "show", "-p"]), "systemctl show");
+        assert_eq!(command_name(&["sh", "-c", "\ncg=$(x)\ntest -r", "sh"]), "sh -c test…");
+    }
+
+    #[tokio::test]
+    async fn a_command_past_its_limit_is_a_hung_host() {
+        let started = std::time::Instant::now();
+        let e = Host::Local
+            .run_within(&["sleep", "5"], None, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert_eq!(e.to_string(), "`sleep` on local did not answer in 200ms");
+    }
 
     #[test]
     fn a_changed_host_key_banner_becomes_one_line() {

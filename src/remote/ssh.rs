@@ -152,8 +152,9 @@ impl SshHost {
         })
     }
 
-    /// Forwards a free local port to `port` on the host's loopback; returns the local port.
-    pub async fn forward(&self, port: u16) -> Result<u16, RemoteError> {
+    /// Forwards a free local port to `address:port` as the host sees it (its loopback, or the
+    /// address the server binds); returns the local port.
+    pub async fn forward(&self, address: &str, port: u16) -> Result<u16, RemoteError> {
         let local = std::net::TcpListener::bind(("127.0.0.1", 0))
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -166,12 +167,12 @@ impl SshHost {
             .request_port_forward(
                 ForwardType::Local,
                 Socket::new("127.0.0.1", local),
-                Socket::new("127.0.0.1", port),
+                Socket::new(address, port),
             )
             .await
             .map_err(|e| RemoteError::Transport {
                 host: self.name.clone(),
-                command: format!("port forward to 127.0.0.1:{port}"),
+                command: format!("port forward to {address}:{port}"),
                 source: Box::new(e),
             })?;
         Ok(local)

@@ -16,6 +16,33 @@ pub enum Format {
     Json,
 }
 
+/// How many characters of a sha256 are shown, and of a git commit.
+pub const SHA_SHOWN: usize = 12;
+pub const COMMIT_SHOWN: usize = 7;
+
+/// The first `n` characters of `s` (a sha256 or a commit, shown short), or all of it when it is
+/// shorter. Cut on a character boundary, never inside one: these strings come from hosts' records
+/// and from git, and need not be ASCII.
+pub fn short(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(at, _)| &s[..at])
+}
+
+/// `value` as pretty JSON and a newline. serde_json fails only on a map with non-string keys or a
+/// `Serialize` that errors, and no type shown has either (a float that is not finite becomes
+/// `null`); should one ever, the output says so, as JSON, instead of the run panicking.
+pub fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
+    match serde_json::to_string_pretty(value) {
+        Ok(mut s) => {
+            s.push('\n');
+            s
+        }
+        Err(e) => format!(
+            "{{\"error\": {}}}\n",
+            serde_json::Value::String(format!("the output could not be written as JSON: {e}"))
+        ),
+    }
+}
+
 pub fn render(outcomes: &[Outcome], format: Format, color: bool) -> String {
     let tally = Tally::of(outcomes);
     match format {
@@ -29,10 +56,7 @@ pub fn render(outcomes: &[Outcome], format: Format, color: bool) -> String {
 /// the journal of a failed start.
 pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> String {
     if format == Format::Json {
-        let mut s = serde_json::to_string_pretty(&serde_json::json!({ "units": reports }))
-            .expect("reports serialize");
-        s.push('\n');
-        return s;
+        return to_json(&serde_json::json!({ "units": reports }));
     }
     let mut out = String::new();
     for r in reports {
@@ -101,13 +125,10 @@ fn json(outcomes: &[Outcome], tally: &Tally) -> String {
         units: &'a [Outcome],
         tally: &'a Tally,
     }
-    let mut s = serde_json::to_string_pretty(&Document {
+    to_json(&Document {
         units: outcomes,
         tally,
     })
-    .expect("plans serialize");
-    s.push('\n');
-    s
 }
 
 /// `+ name value`, `- name value` or `~ name old -> new`.
@@ -149,4 +170,38 @@ fn preflight_line(f: &crate::preflight::Finding) -> String {
         crate::preflight::Severity::Warning => "warning",
     };
     format!("{severity}: {}", f.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn short_cuts_on_characters_not_bytes() {
+        assert_eq!(short("0123456789abcdef", COMMIT_SHOWN), "0123456");
+        assert_eq!(short("abc", SHA_SHOWN), "abc");
+        assert_eq!(short("", 7), "");
+        // A byte slice `[..7]` of these panics: the 7th byte falls inside a character.
+        assert_eq!(short("ééééééééé", 7), "ééééééé");
+        assert_eq!(short("日本語のコミット番号", 7), "日本語のコミッ");
+        assert_eq!(short("a🦀b", 2), "a🦀");
+        assert_eq!(short("🦀", 0), "");
+    }
+
+    #[test]
+    fn json_output_ends_with_a_newline() {
+        assert_eq!(to_json(&serde_json::json!({"a": 1})), "{\n  \"a\": 1\n}\n");
+        // A float that is not finite is `null`, not an error.
+        assert_eq!(to_json(&f64::NAN), "null\n");
+    }
+
+    proptest! {
+        #[test]
+        fn short_is_a_prefix_of_at_most_n_characters(s in any::<String>(), n in 0usize..40) {
+            let cut = short(&s, n);
+            prop_assert!(s.starts_with(cut));
+            prop_assert_eq!(cut.chars().count(), s.chars().count().min(n));
+        }
+    }
 }

@@ -18,6 +18,7 @@ mod values;
 
 pub use catalog::Catalog;
 pub use check::{check, Checked, Finding, Severity};
+pub use values::human_readable_int_value;
 
 use crate::manifest::locate::{locate, Seg};
 use crate::manifest::Manifest;

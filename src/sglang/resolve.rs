@@ -38,10 +38,11 @@ pub fn resolve<'c>(catalog: &'c Catalog, name: &str) -> Resolved<'c> {
         0 => Resolved::Unknown,
         1 => {
             let option = matches[0];
-            let flag = catalog
-                .option(option)
-                .expect("option strings come from the catalog");
-            Resolved::Prefix { flag, option }
+            // The option strings are the catalog's own, so it always has this one.
+            match catalog.option(option) {
+                Some(flag) => Resolved::Prefix { flag, option },
+                None => Resolved::Unknown,
+            }
         }
         _ => {
             matches.sort_unstable();

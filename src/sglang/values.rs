@@ -126,6 +126,40 @@ pub fn python_float(text: &str) -> Option<f64> {
     t.replace('_', "").parse().ok()
 }
 
+/// The value of SGLang's `human_readable_int` (`sglang/srt/utils/common.py`): `256k` is 256000,
+/// `25.6k` is 25600, `128Ki` is 131072; `None` where SGLang would refuse the text.
+pub fn human_readable_int_value(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let iec = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40)];
+    for (suffix, factor) in iec {
+        if let Some(number) = t.strip_suffix(suffix) {
+            if number.is_empty() || !number.chars().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            return number.parse::<u64>().ok()?.checked_mul(factor);
+        }
+    }
+    let si = [("k", 3u32), ("M", 6), ("G", 9), ("T", 12)];
+    for (suffix, exponent) in si {
+        if let Some(number) = t.strip_suffix(suffix) {
+            let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+            let digits = |s: &str| s.chars().all(|c| c.is_ascii_digit());
+            if whole.is_empty() || !digits(whole) || !digits(fraction) || number.ends_with('.') {
+                return None;
+            }
+            // Exact decimal arithmetic, like Python's `Decimal`: shift the point, then truncate.
+            let scale = exponent as usize;
+            let mut shifted = fraction.to_string();
+            shifted.truncate(scale);
+            while shifted.len() < scale {
+                shifted.push('0');
+            }
+            return format!("{whole}{shifted}").parse().ok();
+        }
+    }
+    u64::try_from(python_int(t)?).ok()
+}
+
 /// SGLang's `human_readable_int`: an int, or digits with an SI suffix (`128k`, `1.5M`, decimals
 /// allowed) or an IEC suffix (`128Ki`, whole numbers only). Suffixes are case-sensitive.
 fn human_readable_int(text: &str) -> bool {
@@ -163,6 +197,24 @@ mod tests {
         assert!(python_float("inf").is_some());
         assert_eq!(python_float("1_0.5"), Some(10.5));
         assert_eq!(python_float("0.8x"), None);
+    }
+
+    #[test]
+    fn human_readable_int_values_as_sglang_computes_them() {
+        for (text, value) in [
+            ("262144", 262144),
+            ("256k", 256_000),
+            ("25.6k", 25_600),
+            ("1.5M", 1_500_000),
+            ("128Ki", 131_072),
+            (" 4Gi ", 4 << 30),
+            ("1.0005k", 1000),
+        ] {
+            assert_eq!(human_readable_int_value(text), Some(value), "{text}");
+        }
+        for bad in ["1.5Ki", "256K", "k", "1.k", "-5", "x"] {
+            assert_eq!(human_readable_int_value(bad), None, "{bad}");
+        }
     }
 
     #[test]

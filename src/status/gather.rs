@@ -68,6 +68,10 @@ async fn unit_status(host: &Host, t: &Target) -> Result<UnitStatus, RemoteError>
         systemd(host, unit)
     );
     let (disk_text, systemd) = (disk_text?, systemd?);
+    let (record, record_error) = match record {
+        Ok(record) => (record, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
     let active = systemd.active_state == "active";
     let running = if active && systemd.main_pid != 0 {
         process(host, systemd.main_pid).await?
@@ -82,6 +86,7 @@ async fn unit_status(host: &Host, t: &Target) -> Result<UnitStatus, RemoteError>
         desired_text: t.desired.text.clone(),
         disk_text,
         record,
+        record_error,
         systemd,
         running,
     };
@@ -155,9 +160,9 @@ async fn process(host: &Host, pid: u32) -> Result<Option<Running>, RemoteError> 
 
 /// The model ids the server lists, or `None` when it does not answer in time.
 async fn models(host: &Host, unit_text: &str, url: Option<&str>) -> Option<Vec<String>> {
-    let port = Expect::from_unit(&parse_unit(unit_text)).port;
+    let endpoint = Expect::from_unit(&parse_unit(unit_text)).endpoint;
     let ask = async {
-        let server = host.server(port, url).await.ok()?;
+        let server = host.server(&endpoint, url).await.ok()?;
         server.models().await.ok()
     };
     let models = tokio::time::timeout(MODELS_TIMEOUT, ask).await.ok()??;

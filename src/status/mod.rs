@@ -43,6 +43,9 @@ pub enum Class {
     Down,
     /// A unit file reconcile has no deployment record of.
     Unmanaged,
+    /// The unit's deployment record exists but cannot be read or parsed (or a newer reconcile
+    /// wrote it): what was last applied is unknown.
+    RecordUnreadable,
     /// No unit file on the host.
     Absent,
 }
@@ -57,6 +60,7 @@ impl Class {
             Class::NotRestarted => "not_restarted",
             Class::Down => "down",
             Class::Unmanaged => "unmanaged",
+            Class::RecordUnreadable => "record_unreadable",
             Class::Absent => "absent",
         }
     }
@@ -92,6 +96,9 @@ pub struct Facts {
     pub disk_text: Option<String>,
     /// The last deployment record (`current.json`).
     pub record: Option<Record>,
+    /// Why the record could not be used, when it exists but cannot be read or parsed (`record`
+    /// is then `None`).
+    pub record_error: Option<String>,
     pub systemd: Systemd,
     /// The main process, when there is one and it could be read.
     pub running: Option<Running>,
@@ -104,6 +111,11 @@ pub fn classify(f: &Facts) -> (Vec<Class>, Vec<String>) {
     let desired_sha = sha256(&f.desired_text);
     let disk_sha = f.disk_text.as_deref().map(sha256);
     let applied = f.record.as_ref().map(|r| r.unit_sha256.as_str());
+    if let Some(e) = &f.record_error {
+        // Compared below as if there were no record, except that the unit is not called unmanaged.
+        classes.push(Class::RecordUnreadable);
+        details.push(e.clone());
+    }
     // What the manifest is compared with: the last applied unit, or the file when none was applied.
     match (applied, disk_sha.as_deref()) {
         (Some(applied), _) if applied != desired_sha => {
@@ -138,6 +150,7 @@ pub fn classify(f: &Facts) -> (Vec<Class>, Vec<String>) {
     };
     let disk_sha = disk_sha.unwrap_or_default();
     match applied {
+        None if f.record_error.is_some() => {}
         None => {
             classes.push(Class::Unmanaged);
             details.push("no deployment record: reconcile never applied this unit here".into());
@@ -242,9 +255,9 @@ fn env_differences(
         .collect()
 }
 
-/// The first 12 hex digits of a sha256, as shown.
-pub fn short(sha: &str) -> &str {
-    &sha[..sha.len().min(12)]
+/// The first 12 hex digits of a sha256, as shown. Records come from hosts: any text may be there.
+fn short(sha: &str) -> &str {
+    crate::report::short(sha, crate::report::SHA_SHOWN)
 }
 
 /// One unit's status, as shown.
@@ -272,9 +285,12 @@ impl UnitStatus {
     }
 }
 
-/// Exit status of `status`: 1 when something could not be read, 2 when any unit is not in sync.
+/// Exit status of `status`: 1 when something could not be read (a host, a unit, or a unit's
+/// deployment record), 2 when any unit is not in sync.
 pub fn exit_code(statuses: &[UnitStatus]) -> u8 {
-    if statuses.iter().any(|s| s.error.is_some()) {
+    let unreadable =
+        |s: &UnitStatus| s.error.is_some() || s.classes.contains(&Class::RecordUnreadable);
+    if statuses.iter().any(unreadable) {
         1
     } else if statuses.iter().all(UnitStatus::in_sync) {
         0
@@ -332,6 +348,7 @@ mod tests {
             desired_text: UNIT.into(),
             disk_text: Some(UNIT.into()),
             record: Some(record(UNIT)),
+            record_error: None,
             systemd: Systemd {
                 load_state: "loaded".into(),
                 active_state: "active".into(),
@@ -512,6 +529,63 @@ mod tests {
                 status(vec![], Some("unreachable".into()))
             ]),
             1
+        );
+    }
+
+    #[test]
+    fn an_unreadable_record_is_its_own_class_not_unmanaged() {
+        let why = "the deployment record /var/lib/reconcile/s.service/current.json on gpu-a was written by a newer reconcile (format 2); upgrade reconcile";
+        let f = Facts {
+            record: None,
+            record_error: Some(why.into()),
+            ..synced()
+        };
+        let (c, details) = classify(&f);
+        assert_eq!(c, [Class::RecordUnreadable]);
+        assert_eq!(details, [why]);
+        // The other sources are still judged, against the file on disk.
+        let mut f = Facts {
+            desired_text: UNIT.replace("--tp-size 2", "--tp-size 4"),
+            ..f
+        };
+        f.systemd.active_state = "failed".into();
+        assert_eq!(
+            classes(&f),
+            [Class::PendingChange, Class::Down, Class::RecordUnreadable]
+        );
+        let status = UnitStatus {
+            host: "gpu-a".into(),
+            unit: "s.service".into(),
+            source: "s".into(),
+            classes: vec![Class::RecordUnreadable],
+            details: Vec::new(),
+            git_commit: None,
+            applied_at: None,
+            applied_by: None,
+            systemd: Systemd::default(),
+            served_models: None,
+            error: None,
+        };
+        // Something could not be read: exit 1, as for an unreadable host.
+        assert_eq!(exit_code(&[status]), 1);
+    }
+
+    #[test]
+    fn shas_that_are_not_ascii_are_shown_short_without_panicking() {
+        let mut r = record(UNIT);
+        r.unit_sha256 = "é".repeat(64);
+        let f = Facts {
+            record: Some(r),
+            ..synced()
+        };
+        let (c, details) = classify(&f);
+        assert_eq!(c, [Class::PendingChange, Class::EditedOnHost]);
+        assert!(
+            details[0].ends_with(&format!(
+                "other than the one last applied ({})",
+                "é".repeat(12)
+            )),
+            "{details:?}"
         );
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::{Class, UnitStatus};
-use crate::report::Format;
+use crate::report::{short, to_json, Format, COMMIT_SHOWN};
 
 pub fn render(statuses: &[UnitStatus], format: Format) -> String {
     match format {
@@ -30,8 +30,11 @@ fn deployed(s: &UnitStatus) -> String {
             let commit = s
                 .git_commit
                 .as_deref()
-                .map_or("no commit", |c| &c[..c.len().min(7)]);
+                .map_or("no commit", |c| short(c, COMMIT_SHOWN));
             format!("{commit} applied {at}")
+        }
+        None if s.classes.contains(&Class::RecordUnreadable) => {
+            "deployment record unreadable".into()
         }
         None => "no deployment record".into(),
     }
@@ -109,14 +112,11 @@ fn markdown(statuses: &[UnitStatus]) -> String {
 }
 
 fn json(statuses: &[UnitStatus]) -> String {
-    let mut s = serde_json::to_string_pretty(&serde_json::json!({
+    to_json(&serde_json::json!({
         "units": statuses,
         "tally": tally(statuses),
         "in_sync": super::exit_code(statuses) == 0,
     }))
-    .expect("statuses serialize");
-    s.push('\n');
-    s
 }
 
 /// Units per class (a unit counts once in each of its classes), and errors.
@@ -192,5 +192,31 @@ mod tests {
         assert_eq!(json["units"][0]["classes"], serde_json::json!(["down"]));
         assert_eq!(json["tally"]["down"], 1);
         assert_eq!(json["in_sync"], false);
+    }
+
+    #[test]
+    fn an_unreadable_record_is_shown_with_its_reason_and_a_commit_need_not_be_ascii() {
+        let mut s = status(vec![Class::RecordUnreadable]);
+        s.applied_at = None;
+        s.details = vec!["the deployment record /var/lib/reconcile/s.service/current.json on gpu-a does not parse: EOF while parsing".into()];
+        let out = render(std::slice::from_ref(&s), Format::Text);
+        assert!(
+            out.starts_with("gpu-a s.service: record_unreadable  deployment record unreadable; inactive (dead)\n  the deployment record /var/lib/reconcile/s.service/current.json on gpu-a does not parse"),
+            "{out}"
+        );
+        assert!(
+            out.ends_with("Status: 0 of 1 units in sync; 1 record_unreadable\n"),
+            "{out}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&render(&[s], Format::Json)).unwrap();
+        assert_eq!(
+            json["units"][0]["classes"],
+            serde_json::json!(["record_unreadable"])
+        );
+
+        let mut s = status(vec![Class::Down]);
+        s.git_commit = Some("ééééééééé".into());
+        let out = render(&[s], Format::Text);
+        assert!(out.contains("down  ééééééé applied"), "{out}");
     }
 }

@@ -31,24 +31,48 @@ pub fn crash_reason(started: &UnitState, now: &UnitState) -> Option<String> {
     }
 }
 
-/// One look at the server's memory while it loads.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One look at the server while it loads: its memory and its other signs of life.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct Sample {
     /// Since the restart.
     pub seconds: f64,
-    /// The unit's cgroup memory (`MemoryCurrent`), when systemd accounts it.
+    /// The unit's cgroup memory (`MemoryCurrent`), when systemd accounts it. It includes page
+    /// cache, which the kernel may reclaim at any time.
     pub service_bytes: Option<u64>,
     /// memory.used of each GPU the service uses, in MiB; empty without GPU tooling.
     pub gpu_mib: Vec<u64>,
+    /// The cgroup's anonymous memory: the processes' own, never reclaimed behind their back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub anon_bytes: Option<u64>,
+    /// CPU time of the cgroup's processes so far, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+    /// Journal lines the invocation has written so far.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_lines: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub processes: Option<u32>,
+    /// `sglang::scheduler*` processes: one per TP rank once they have started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schedulers: Option<u32>,
+    /// Whether something listens on the server's port, when the host can tell (`ss`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listening: Option<bool>,
 }
 
 impl Sample {
     fn gpu_total(&self) -> u64 {
         self.gpu_mib.iter().sum()
     }
+
+    /// The memory a drop or a ceiling is judged on: anonymous memory where the host reports it,
+    /// since page cache falls whenever the kernel reclaims it.
+    fn own_bytes(&self) -> Option<u64> {
+        self.anon_bytes.or(self.service_bytes)
+    }
 }
 
-/// Limits on memory from the manifest's `verify` section.
+/// Limits from the manifest's `verify` section.
 #[derive(Debug, Clone)]
 pub struct MemoryPolicy {
     pub stall_timeout: Duration,
@@ -60,12 +84,20 @@ pub struct MemoryPolicy {
 /// Growth smaller than this is noise, not loading.
 const GROWTH_BYTES: u64 = 1024 * 1024;
 const GROWTH_MIB: u64 = 1;
+/// CPU use that counts as work: a quarter of one core. A compiler, a graph capture or a weight
+/// copy keeps at least one core busy; an idle or blocked Python process uses well under 1 %.
+const BUSY_CORES: f64 = 0.25;
+/// A GPU whose memory falls below this share of its peak has lost its process: the CUDA driver
+/// frees a process's memory only when it exits, and PyTorch's caching allocator keeps the rest.
+const GPU_DEAD_SHARE: f64 = 0.5;
+/// Below this peak a GPU has not loaded anything worth judging.
+const GPU_LOADED_MIB: u64 = 1024;
 
-/// Judges the memory samples so far: over its ceiling or dropped (the process died or restarted)
-/// at any time; stalled (no growth for the stall timeout) only while the server is not ready.
-pub fn memory_failure(samples: &[Sample], policy: &MemoryPolicy, ready: bool) -> Option<String> {
+/// Judges memory at any time: over its ceiling, or dropped (the process died or restarted).
+/// Both are judged on the processes' own memory, not page cache.
+pub fn memory_failure(samples: &[Sample], policy: &MemoryPolicy) -> Option<String> {
     let last = samples.last()?;
-    if let (Some(ceiling), Some(used)) = (policy.ceiling_bytes, last.service_bytes) {
+    if let (Some(ceiling), Some(used)) = (policy.ceiling_bytes, last.own_bytes()) {
         if used > ceiling {
             return Some(format!(
                 "service memory {} is over the ceiling of {}",
@@ -74,48 +106,137 @@ pub fn memory_failure(samples: &[Sample], policy: &MemoryPolicy, ready: bool) ->
             ));
         }
     }
-    let peak = samples
-        .iter()
-        .filter_map(|s| s.service_bytes)
-        .max()
-        .unwrap_or(0);
-    if let Some(used) = last.service_bytes {
-        if peak > 64 * 1024 * 1024 && used < peak / 2 {
-            return Some(format!(
-                "service memory dropped from {} to {} (the process died or restarted)",
-                bytes(peak),
-                bytes(used)
-            ));
-        }
-    }
-    if ready {
-        return None;
-    }
-    let grew_at = last_growth(samples);
-    let still = last.seconds - grew_at;
-    (still >= policy.stall_timeout.as_secs_f64()).then(|| {
+    let peak = samples.iter().filter_map(Sample::own_bytes).max().unwrap_or(0);
+    let used = last.own_bytes()?;
+    (peak > 64 * 1024 * 1024 && used < peak / 2).then(|| {
         format!(
-            "memory has not grown for {still:.0}s while the server is not ready (stalled at {}{})",
-            last.service_bytes.map_or("?".into(), bytes),
-            if last.gpu_mib.is_empty() {
-                String::new()
-            } else {
-                format!(", GPUs {} MiB", last.gpu_total())
-            }
+            "service memory dropped from {} to {} (the process died or restarted)",
+            bytes(peak),
+            bytes(used)
         )
     })
 }
 
-/// When service or GPU memory last rose above everything before it.
-fn last_growth(samples: &[Sample]) -> f64 {
-    let (mut top_service, mut top_gpu, mut at) =
-        (0u64, 0u64, samples.first().map_or(0.0, |s| s.seconds));
-    for s in samples {
+/// A worker process of a server whose main process still lives has died: SGLang 0.5.9 and older
+/// have no watchdog, and a rank that dies at C level (an NCCL abort, a segfault) leaves the main
+/// process alive and hung. Seen as a GPU of the unit falling far from its peak, fewer scheduler
+/// processes than there were, or the cgroup's processes halved.
+///
+/// GPUs are judged only when the unit names its own (`CUDA_VISIBLE_DEVICES`): otherwise the
+/// readings cover every GPU of the host, and another service's restart would look like a death.
+pub fn dead_worker(samples: &[Sample], own_gpus: bool) -> Option<String> {
+    let last = samples.last()?;
+    let gpus = if own_gpus { &last.gpu_mib[..] } else { &[] };
+    for (i, used) in gpus.iter().enumerate() {
+        let readings: Vec<u64> = samples.iter().filter_map(|s| s.gpu_mib.get(i).copied()).collect();
+        let (low, peak) = largest_rise(&readings);
+        let loaded = peak - low;
+        if loaded >= GPU_LOADED_MIB && (*used as f64) < low as f64 + loaded as f64 * GPU_DEAD_SHARE {
+            return Some(format!(
+                "a worker process died: GPU #{i} of the unit fell from {peak} MiB to {used} MiB while the main process lives"
+            ));
+        }
+    }
+    let peak = |f: fn(&Sample) -> Option<u32>| samples.iter().filter_map(f).max();
+    if let (Some(now), Some(most)) = (last.schedulers, peak(|s| s.schedulers)) {
+        if now < most {
+            return Some(format!(
+                "a worker process died: {now} of {most} `sglang::scheduler` processes are left while the main process lives"
+            ));
+        }
+    }
+    if let (Some(now), Some(most)) = (last.processes, peak(|s| s.processes)) {
+        if most >= 3 && now <= most / 2 {
+            return Some(format!(
+                "a worker process died: the service's processes fell from {most} to {now} while the main process lives"
+            ));
+        }
+    }
+    None
+}
+
+/// The largest rise in `readings` (its low, then its peak): what this invocation loaded onto a
+/// GPU. A GPU may still hold the previous process's memory for a moment after a restart (the
+/// driver frees it as that process's exit completes), so a fall from the first reading is not a
+/// death; a fall from a rise this verification saw is.
+fn largest_rise(readings: &[u64]) -> (u64, u64) {
+    let (mut best_low, mut best_peak) = (0, 0);
+    let mut low = u64::MAX;
+    for &v in readings {
+        low = low.min(v);
+        if v - low > best_peak - best_low {
+            (best_low, best_peak) = (low, v);
+        }
+    }
+    (best_low, best_peak)
+}
+
+/// A stall is no progress on every signal at once for the stall timeout: no growth of GPU,
+/// service or anonymous memory, no CPU work, no new journal line. Judged only before the port
+/// opens; warmup has its own deadline.
+pub fn stall(samples: &[Sample], policy: &MemoryPolicy) -> Option<String> {
+    let last = samples.last()?;
+    let since = last_progress(samples);
+    let still = last.seconds - since;
+    if still < policy.stall_timeout.as_secs_f64() {
+        return None;
+    }
+    let window: Vec<&Sample> = samples.iter().filter(|s| s.seconds >= since).collect();
+    let mut flat = Vec::new();
+    if !last.gpu_mib.is_empty() {
+        flat.push(format!("GPU memory flat at {} MiB", last.gpu_total()));
+    }
+    if let Some(b) = last.service_bytes {
+        flat.push(format!("service memory flat at {}", bytes(b)));
+    }
+    if let Some(b) = last.anon_bytes {
+        flat.push(format!("anonymous memory flat at {}", bytes(b)));
+    }
+    if let (Some(a), Some(b)) = (window.first().and_then(|s| s.cpu_seconds), last.cpu_seconds) {
+        let span = (last.seconds - since).max(f64::EPSILON);
+        flat.push(format!("CPU {:.0}% of a core", 100.0 * (b - a).max(0.0) / span));
+    }
+    if last.journal_lines.is_some() {
+        flat.push("no new journal lines".into());
+    }
+    Some(format!(
+        "no progress for {still:.0}s while loading: {}",
+        flat.join(", ")
+    ))
+}
+
+/// When any signal last showed progress.
+fn last_progress(samples: &[Sample]) -> f64 {
+    let Some(first) = samples.first() else {
+        return 0.0;
+    };
+    let (mut top_service, mut top_anon, mut top_gpu, mut at) = (
+        first.service_bytes.unwrap_or(0),
+        first.anon_bytes.unwrap_or(0),
+        first.gpu_total(),
+        first.seconds,
+    );
+    for pair in samples.windows(2) {
+        let (before, s) = (&pair[0], &pair[1]);
         let service = s.service_bytes.unwrap_or(0);
-        if service > top_service + GROWTH_BYTES || s.gpu_total() > top_gpu + GROWTH_MIB {
+        let anon = s.anon_bytes.unwrap_or(0);
+        let grew = service > top_service + GROWTH_BYTES
+            || anon > top_anon + GROWTH_BYTES
+            || s.gpu_total() > top_gpu + GROWTH_MIB;
+        let busy = match (before.cpu_seconds, s.cpu_seconds) {
+            (Some(a), Some(b)) => (b - a) >= BUSY_CORES * (s.seconds - before.seconds),
+            _ => false,
+        };
+        let logged = match (before.journal_lines, s.journal_lines) {
+            (Some(a), Some(b)) => b > a,
+            (None, Some(b)) => b > 0,
+            _ => false,
+        };
+        if grew || busy || logged {
             at = s.seconds;
         }
         top_service = top_service.max(service);
+        top_anon = top_anon.max(anon);
         top_gpu = top_gpu.max(s.gpu_total());
     }
     at
@@ -193,6 +314,7 @@ mod tests {
             seconds,
             service_bytes: Some(mib * MIB),
             gpu_mib: gpu.to_vec(),
+            ..Sample::default()
         }
     }
 
@@ -227,38 +349,128 @@ mod tests {
         let samples: Vec<Sample> = (0..20)
             .map(|i| sample(i as f64, 100 + 20 * i, &[1000 * i]))
             .collect();
-        assert_eq!(memory_failure(&samples, &policy(), false), None);
+        assert_eq!(stall(&samples, &policy()), None);
+        assert_eq!(memory_failure(&samples, &policy()), None);
+        assert_eq!(dead_worker(&samples, true), None);
     }
 
     #[test]
-    fn flat_memory_past_the_stall_timeout_is_a_stall() {
+    fn flat_and_idle_past_the_stall_timeout_is_a_stall() {
         let mut samples: Vec<Sample> = (0..5)
             .map(|i| sample(i as f64, 100 + 20 * i, &[]))
             .collect();
         samples.extend((5..16).map(|i| sample(i as f64, 180, &[])));
-        let reason = memory_failure(&samples, &policy(), false).unwrap();
-        assert!(reason.contains("has not grown for 11s"), "{reason}");
+        let reason = stall(&samples, &policy()).unwrap();
+        assert!(reason.contains("no progress for 11s"), "{reason}");
+        assert!(reason.contains("service memory flat at 180 MiB"), "{reason}");
         assert!(
-            memory_failure(&samples[..14], &policy(), false).is_none(),
+            stall(&samples[..14], &policy()).is_none(),
             "9 s flat is under the timeout"
         );
+    }
+
+    fn busy(seconds: f64, cores: f64, lines: u64) -> Sample {
+        Sample {
+            cpu_seconds: Some(seconds * cores),
+            journal_lines: Some(lines),
+            anon_bytes: Some(500 * MIB),
+            ..sample(seconds, 600, &[70000, 70000])
+        }
+    }
+
+    #[test]
+    fn a_flat_phase_with_a_busy_cpu_is_not_a_stall() {
+        // DeepGEMM's JIT: memory exactly flat for minutes, one core compiling, nothing logged.
+        let samples: Vec<Sample> = (0..60).map(|i| busy(i as f64, 1.0, 7)).collect();
+        assert_eq!(stall(&samples, &policy()), None);
+        // The same with an idle CPU is a stall, and the reason names every flat signal.
+        let idle: Vec<Sample> = (0..60).map(|i| busy(i as f64, 0.01, 7)).collect();
+        let reason = stall(&idle, &policy()).unwrap();
+        for part in [
+            "no progress for 59s",
+            "GPU memory flat at 140000 MiB",
+            "anonymous memory flat at 500 MiB",
+            "CPU 1% of a core",
+            "no new journal lines",
+        ] {
+            assert!(reason.contains(part), "{part:?} in {reason}");
+        }
     }
 
     #[test]
     fn gpu_growth_alone_is_progress() {
         let samples: Vec<Sample> = (0..30).map(|i| sample(i as f64, 180, &[500 * i])).collect();
-        assert_eq!(memory_failure(&samples, &policy(), false), None);
+        assert_eq!(stall(&samples, &policy()), None);
+    }
+
+    #[test]
+    fn new_journal_lines_are_progress() {
+        let samples: Vec<Sample> = (0..60).map(|i| busy(i as f64, 0.0, i / 5)).collect();
+        assert_eq!(stall(&samples, &policy()), None);
     }
 
     #[test]
     fn a_ceiling_and_a_drop_fail() {
-        assert!(memory_failure(&[sample(1.0, 2000, &[])], &policy(), true)
+        assert!(memory_failure(&[sample(1.0, 2000, &[])], &policy())
             .unwrap()
             .contains("over the ceiling"));
         let dropped = [sample(1.0, 500, &[]), sample(2.0, 20, &[])];
-        assert!(memory_failure(&dropped, &policy(), true)
+        assert!(memory_failure(&dropped, &policy())
             .unwrap()
             .contains("dropped from 500 MiB to 20 MiB"));
+    }
+
+    #[test]
+    fn reclaimed_page_cache_is_not_a_drop() {
+        // MemoryCurrent falls from 900 to 300 MiB as the kernel drops the safetensors' cache,
+        // while the processes' own memory stays.
+        let at = |seconds, service, anon| Sample {
+            anon_bytes: Some(anon * MIB),
+            ..sample(seconds, service, &[])
+        };
+        let samples = [at(1.0, 900, 250), at(2.0, 300, 250)];
+        assert_eq!(memory_failure(&samples, &policy()), None);
+        let really = [at(1.0, 900, 250), at(2.0, 300, 20)];
+        assert!(memory_failure(&really, &policy()).is_some());
+    }
+
+    #[test]
+    fn a_dead_rank_is_a_gpu_falling_or_a_scheduler_gone() {
+        let gpus = [
+            sample(0.5, 100, &[0, 0]),
+            sample(1.0, 500, &[70000, 70000]),
+            sample(2.0, 500, &[70000, 0]),
+        ];
+        let reason = dead_worker(&gpus, true).unwrap();
+        assert!(reason.contains("GPU #1 of the unit fell from 70000 MiB to 0 MiB"), "{reason}");
+        let with = |seconds, schedulers, processes| Sample {
+            schedulers: Some(schedulers),
+            processes: Some(processes),
+            ..sample(seconds, 500, &[])
+        };
+        let reason = dead_worker(&[with(1.0, 4, 6), with(2.0, 3, 5)], true).unwrap();
+        assert!(reason.contains("3 of 4 `sglang::scheduler`"), "{reason}");
+        assert!(dead_worker(&[with(1.0, 0, 8), with(2.0, 0, 4)], true)
+            .unwrap()
+            .contains("fell from 8 to 4"));
+        // Compile workers come and go: one process fewer is not a death.
+        assert_eq!(dead_worker(&[with(1.0, 4, 9), with(2.0, 4, 6)], true), None);
+        // A GPU that never loaded much is not judged.
+        assert_eq!(dead_worker(&[sample(1.0, 1, &[900]), sample(2.0, 1, &[0])], true), None);
+        // Memory a GPU still held from the previous process at the restart is not this
+        // invocation's: its falling is not a death, a fall from what this one loaded is.
+        let stale = [
+            sample(1.0, 1, &[75000]),
+            sample(2.0, 1, &[0]),
+            sample(3.0, 1, &[36000]),
+        ];
+        assert_eq!(dead_worker(&stale, true), None);
+        let mut died = stale.to_vec();
+        died.push(sample(4.0, 1, &[75000]));
+        died.push(sample(5.0, 1, &[20000]));
+        assert!(dead_worker(&died, true).unwrap().contains("fell from 75000 MiB to 20000 MiB"));
+        // GPUs the unit does not claim as its own are not judged.
+        assert_eq!(dead_worker(&gpus, false), None);
     }
 
     #[test]

@@ -1,13 +1,20 @@
-//! Staged verification of a restarted server, each stage with its own deadline and reason:
+//! Staged verification of a restarted server, each stage with its own deadline and reason, in the
+//! order real SGLang starts (0.5.23, `sglang/srt/managers/scheduler.py`, `init_model_worker`, and
+//! `sglang/srt/entrypoints/http_server.py`, `_wait_and_warmup`):
 //!
 //! 1. crash window: systemd polled every 250 ms; any crash, restart or new invocation fails at once;
-//! 2. memory trajectory: service and GPU memory sampled while the model loads; a stall, a drop or
-//!    a ceiling fails, and the loaded server must sit near its expected per-GPU plateau;
-//! 3. readiness and identity: `/health` 200 (empty body) and `/v1/models` naming the expected
-//!    model with the expected context length, before the load deadline;
-//! 4. smoke completion, when the manifest asks for one.
+//! 2. loading: weights, KV cache and CUDA graphs, port closed. Memory, CPU time and the journal are
+//!    sampled; no progress on all of them for the stall timeout is a stall, and a worker process
+//!    that dies while the main process lives (a GPU's memory falling, a scheduler gone) fails at
+//!    once. Memory over its ceiling or dropping fails at any time;
+//! 3. warmup: the port is open and `/health` answers 503 while SGLang's warmup request runs;
+//!    `/v1/models` already answers, so identity is checked here, without waiting for warmup;
+//! 4. readiness: `/health` 200 (empty body; it takes at least a second, as it runs a generation);
+//! 5. memory plateau, then the smoke completion when the manifest asks for one.
 //!
-//! The judges are pure (`judge`); this file is the poller that owns the clock.
+//! The judges are pure (`judge`); this file is the poller that owns the clock. Probes of the
+//! HTTP port run in a task of their own, one at a time, so a slow `/health` never delays the
+//! crash polling.
 
 mod judge;
 mod progress;
@@ -23,7 +30,8 @@ pub use progress::Progress;
 use crate::manifest::VerifySpec;
 use crate::observed::UnitState;
 use crate::plan::flags;
-use crate::remote::{error_chain, GpuReading, Health, Host, Server};
+use crate::remote::{error_chain, Endpoint, GpuReading, Health, Host, RemoteError, Server};
+use crate::sglang::human_readable_int_value;
 use crate::unit::UnitModel;
 
 /// How often systemd is asked: well under a second, so a crash is reported moments after it
@@ -33,11 +41,13 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// What the server must turn out to be, read from the unit being verified.
 #[derive(Debug, Clone)]
 pub struct Expect {
-    pub port: u16,
+    pub endpoint: Endpoint,
     pub model_id: String,
     pub context_length: Option<u64>,
     /// GPU indices the service may use (`CUDA_VISIBLE_DEVICES`), all when unset.
     pub gpus: Option<Vec<u32>>,
+    /// `--reasoning-parser` is set: answers may come as `reasoning_content`.
+    pub reasoning: bool,
 }
 
 impl Expect {
@@ -49,16 +59,23 @@ impl Expect {
             .cloned()
             .unwrap_or_default();
         Expect {
-            port: flags
-                .get("port")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(30000),
+            endpoint: Endpoint {
+                port: flags
+                    .get("port")
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(30000),
+                bind: flags.get("host").cloned(),
+                api_key: flags.get("api-key").cloned().filter(|k| !k.is_empty()),
+            },
             model_id,
-            context_length: flags.get("context-length").and_then(|c| c.parse().ok()),
+            context_length: flags
+                .get("context-length")
+                .and_then(|c| human_readable_int_value(c)),
             gpus: model
                 .env
                 .get("CUDA_VISIBLE_DEVICES")
                 .map(|v| v.split(',').filter_map(|i| i.trim().parse().ok()).collect()),
+            reasoning: flags.contains_key("reasoning-parser"),
         }
     }
 }
@@ -82,6 +99,9 @@ pub struct Verification {
     pub samples: Vec<Sample>,
     /// Seconds from the restart to `/health` answering 200.
     pub load_seconds: Option<f64>,
+    /// Seconds from the restart to the port answering (the start of warmup).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port_open_seconds: Option<f64>,
     /// The last sample once loaded.
     pub plateau: Option<Sample>,
     pub notes: Vec<String>,
@@ -106,6 +126,60 @@ pub struct Failure {
     pub verification: Verification,
 }
 
+/// What the probe task has seen of the server's port.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    health: Option<Health>,
+    /// Since the restart, when the port first answered.
+    opened: Option<f64>,
+    /// `/v1/models`, asked once the port answers (it answers during warmup).
+    models: Option<Result<Vec<crate::remote::Model>, String>>,
+}
+
+/// Probes the port one request at a time until the server is ready and has named its model.
+/// Dropping the guard stops it.
+///
+/// It waits while `listening` says nothing listens on the port: a request through an SSH forward
+/// to a closed port can hang rather than fail, and would hold up the next probe.
+fn probe(
+    server: Server,
+    started: Instant,
+    every: Duration,
+    mut listening: watch::Receiver<Option<bool>>,
+) -> (watch::Receiver<Seen>, AbortOnDrop) {
+    let (tx, rx) = watch::channel(Seen::default());
+    let task = tokio::spawn(async move {
+        let mut seen = Seen::default();
+        loop {
+            if listening.wait_for(|open| *open != Some(false)).await.is_err() {
+                return;
+            }
+            let health = server.health().await;
+            if !matches!(health, Health::Closed(_)) && seen.opened.is_none() {
+                seen.opened = Some(started.elapsed().as_secs_f64());
+            }
+            if seen.opened.is_some() && seen.models.is_none() {
+                seen.models = Some(server.models().await);
+            }
+            let ready = matches!(health, Health::Ready(_));
+            seen.health = Some(health);
+            if tx.send(seen.clone()).is_err() || ready {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+    (rx, AbortOnDrop(task))
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Verifies a unit systemd has just (re)started. `cancel` turning true (Ctrl-C) fails it.
 pub async fn verify(
     host: &Host,
@@ -119,6 +193,9 @@ pub async fn verify(
         started: Instant::now(),
         record: Verification::default(),
         progress,
+        journal_cursor: None,
+        journal_lines: 0,
+        gpus_hung: false,
     };
     let policy = MemoryPolicy {
         stall_timeout: spec.stall_timeout,
@@ -129,35 +206,33 @@ pub async fn verify(
     let first = run.remote("crash window", host.unit_state(unit).await)?;
     let server = run.remote(
         "readiness",
-        host.server(expect.port, spec.url.as_deref()).await,
+        host.server(&expect.endpoint, spec.url.as_deref()).await,
     )?;
+    let every = spec
+        .sample_interval
+        .clamp(POLL_INTERVAL, Duration::from_secs(2));
+    // Just restarted: nothing listens yet, until a sample says otherwise.
+    let (listening, listening_rx) = watch::channel(Some(false));
+    let (seen, _probing) = probe(server.clone(), run.started, every, listening_rx);
+    let mut cancel = cancel.clone();
     let mut crash_passed = false;
+    let mut identified = false;
     let mut ready = false;
     let mut next_sample = run.started;
-    let mut last_health = String::from("not asked yet");
     loop {
+        let stage = if crash_passed { "loading" } else { "crash window" };
         if *cancel.borrow() {
-            return Err(run.fail(
-                if crash_passed {
-                    "loading"
-                } else {
-                    "crash window"
-                },
-                "interrupted (Ctrl-C)".into(),
-            ));
+            return Err(run.fail(stage, crate::signals::interrupted()));
         }
-        let stage = if crash_passed {
-            "loading"
-        } else {
-            "crash window"
+        let asked = tokio::select! {
+            r = host.unit_state(unit) => Some(r),
+            _ = cancelled(&mut cancel) => None,
         };
-        let now = run.remote(stage, host.unit_state(unit).await)?;
+        let Some(asked) = asked else {
+            return Err(run.fail(stage, crate::signals::interrupted()));
+        };
+        let now = run.remote(stage, asked)?;
         if let Some(reason) = crash_reason(&first, &now) {
-            let stage = if crash_passed {
-                "loading"
-            } else {
-                "crash window"
-            };
             return Err(run.fail(
                 stage,
                 format!("crashed {:.1}s after the restart: {reason}", run.elapsed()),
@@ -173,47 +248,104 @@ pub async fn verify(
                 ),
             );
         }
+        let seen = seen.borrow().clone();
+        if let (false, Some(models)) = (identified, &seen.models) {
+            run.identity(models, expect)?;
+            identified = true;
+        }
+        if !ready {
+            if let Some(Health::Ready(took)) = &seen.health {
+                ready = true;
+                run.ready(seen.opened, *took);
+            }
+        }
+        let phase = match (ready, seen.opened) {
+            (true, _) => "loaded",
+            (false, Some(_)) => "warmup",
+            (false, None) => stage,
+        };
         if Instant::now() >= next_sample {
             next_sample += spec.sample_interval;
-            let sample = run.sample(host, unit, &now, expect).await?;
-            run.progress.update(
-                if crash_passed {
-                    "loading"
-                } else {
-                    "crash window"
-                },
-                run.elapsed(),
-                &sample,
-                &run.record,
-            );
-            if let Some(reason) = judge::memory_failure(&run.record.samples, &policy, ready) {
+            let sampled = tokio::select! {
+                r = run.sample(host, unit, &first, &now, expect) => Some(r),
+                _ = cancelled(&mut cancel) => None,
+            };
+            let Some(sample) = sampled else {
+                return Err(run.fail(stage, crate::signals::interrupted()));
+            };
+            let sample = sample?;
+            listening.send_replace(sample.listening);
+            run.progress.update(phase, run.elapsed(), &sample, &run.record);
+            if let Some(reason) = judge::memory_failure(&run.record.samples, &policy) {
                 return Err(run.fail("memory", reason));
             }
-            if !ready {
-                match server.health().await {
-                    Health::Ready => {
-                        ready = true;
-                        run.record.load_seconds = Some(run.elapsed());
-                        run.identity(&server, expect).await?;
-                    }
-                    Health::Starting(code) => last_health = format!("/health answered {code}"),
-                    Health::Closed(e) => last_health = format!("the port is not open yet ({e})"),
+            if let Some(reason) = judge::dead_worker(&run.record.samples, expect.gpus.is_some()) {
+                // A process that exits frees its GPUs a moment before systemd notices: if the
+                // main process is gone now too, that is a crash, not a worker's death.
+                let again = run.remote(stage, host.unit_state(unit).await)?;
+                let reason = match crash_reason(&first, &again) {
+                    Some(crash) => format!(
+                        "crashed {:.1}s after the restart: {crash}",
+                        run.elapsed()
+                    ),
+                    None => reason,
+                };
+                return Err(run.fail(stage, reason));
+            }
+            if seen.opened.is_none() {
+                if let Some(reason) = judge::stall(&run.record.samples, &policy) {
+                    return Err(run.fail("loading", reason));
                 }
             }
         }
-        if ready && crash_passed {
-            return run
-                .finish(host, unit, &now, expect, &policy, &server, spec)
-                .await;
+        if ready && identified && crash_passed {
+            let finished = tokio::select! {
+                r = run.finish(host, unit, &first, &now, expect, &policy, &server, spec) => Some(r),
+                _ = cancelled(&mut cancel) => None,
+            };
+            return finished.unwrap_or_else(|| Err(run.fail("smoke", crate::signals::interrupted())));
+        }
+        let last = seen
+            .health
+            .as_ref()
+            .map_or("not asked yet".to_string(), describe);
+        if let Some(opened) = seen.opened.filter(|_| !ready) {
+            let warming = run.elapsed() - opened;
+            if warming >= spec.warmup_timeout.as_secs_f64() {
+                let reason = format!(
+                    "still warming up {warming:.0}s after the port opened (warmup timeout {:?}); last: {last}",
+                    spec.warmup_timeout
+                );
+                return Err(run.fail("warmup", reason));
+            }
         }
         if run.elapsed() >= spec.load_deadline.as_secs_f64() {
             let reason = format!(
-                "not ready after the {:?} load deadline; last: {last_health}",
+                "not ready after the {:?} load deadline; last: {last}",
                 spec.load_deadline
             );
-            return Err(run.fail("readiness", reason));
+            let stage = if seen.opened.is_some() { "warmup" } else { "readiness" };
+            return Err(run.fail(stage, reason));
         }
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::select! {
+            _ = tokio::time::sleep(POLL_INTERVAL) => {}
+            _ = cancel.changed() => {}
+        }
+    }
+}
+
+/// Resolves once `cancel` turns true; never when nobody can cancel any more.
+async fn cancelled(cancel: &mut watch::Receiver<bool>) {
+    if cancel.wait_for(|c| *c).await.is_err() {
+        std::future::pending::<()>().await
+    }
+}
+
+fn describe(health: &Health) -> String {
+    match health {
+        Health::Ready(took) => format!("/health answered 200 in {:.1}s", took.as_secs_f64()),
+        Health::Warming(why) => format!("warming up ({why})"),
+        Health::Closed(e) => format!("the port is not open yet ({e})"),
     }
 }
 
@@ -221,6 +353,11 @@ struct Run<'a> {
     started: Instant,
     record: Verification,
     progress: &'a Progress,
+    /// Where the next journal read continues, and the lines read so far.
+    journal_cursor: Option<String>,
+    journal_lines: u64,
+    /// nvidia-smi did not answer once: GPUs are not asked again.
+    gpus_hung: bool,
 }
 
 impl Run<'_> {
@@ -263,14 +400,49 @@ impl Run<'_> {
         r.map_err(|e| self.fail(stage, error_chain(&e)))
     }
 
+    fn note(&mut self, note: String) {
+        if !self.record.notes.contains(&note) {
+            self.record.notes.push(note);
+        }
+    }
+
+    /// Memory, GPU memory and the other signs of life, read concurrently.
     async fn sample(
         &mut self,
         host: &Host,
         unit: &str,
+        first: &UnitState,
         state: &UnitState,
         expect: &Expect,
     ) -> Result<Sample, Failure> {
-        let gpus = self.remote("memory", host.gpu_memory().await)?;
+        let gpus = async {
+            if self.gpus_hung {
+                return Ok(GpuReading::NoTooling("it hung before".into()));
+            }
+            host.gpu_memory().await
+        };
+        let (gpus, life) = tokio::join!(
+            gpus,
+            host.liveness(
+                unit,
+                &first.invocation_id,
+                self.journal_cursor.as_deref(),
+                expect.endpoint.port
+            )
+        );
+        let gpus = match gpus {
+            // A GPU that fell off the bus hangs nvidia-smi; asking again each sample would hold
+            // up verification by the whole timeout every time.
+            Err(e @ RemoteError::TimedOut { .. }) => {
+                self.gpus_hung = true;
+                self.note(format!(
+                    "{e}: GPU memory is not judged for the rest of this verification (a GPU that fell off the bus hangs nvidia-smi; check the host)"
+                ));
+                GpuReading::NoTooling("it hung".into())
+            }
+            other => self.remote("memory", other)?,
+        };
+        let life = self.remote("memory", life)?;
         let gpu_mib = match gpus {
             GpuReading::Gpus(all) => all
                 .iter()
@@ -282,33 +454,43 @@ impl Run<'_> {
                 })
                 .map(|g| g.used_mib)
                 .collect(),
+            GpuReading::NoTooling(_) if self.gpus_hung => Vec::new(),
             GpuReading::NoTooling(why) => {
-                let note =
-                    format!("no GPU tooling on the host ({why}); judged on service memory alone");
-                if !self.record.notes.contains(&note) {
-                    self.record.notes.push(note);
-                }
+                self.note(format!(
+                    "no GPU tooling on the host ({why}); judged without GPU memory"
+                ));
                 Vec::new()
             }
         };
-        let _ = unit;
+        if life.cpu_usec.is_none() {
+            self.note("the host reports no CPU time for the unit's cgroup; a stall is judged without it".into());
+        }
+        self.journal_cursor = life.cursor.clone();
+        self.journal_lines += life.new_journal_lines;
         let sample = Sample {
             seconds: self.elapsed(),
             service_bytes: state.memory_current,
             gpu_mib,
+            anon_bytes: life.anon_bytes,
+            cpu_seconds: life.cpu_usec.map(|us| us as f64 / 1e6),
+            journal_lines: Some(self.journal_lines),
+            processes: life.processes,
+            schedulers: life.schedulers,
+            listening: life.listening,
         };
         self.record.samples.push(sample.clone());
         Ok(sample)
     }
 
-    async fn identity(&mut self, server: &Server, expect: &Expect) -> Result<(), Failure> {
-        self.pass(
-            "readiness",
-            format!("/health answered 200 after {:.1}s", self.elapsed()),
-        );
-        let models = match server.models().await {
+    /// `/v1/models` must name the expected model, with the expected context length.
+    fn identity(
+        &mut self,
+        models: &Result<Vec<crate::remote::Model>, String>,
+        expect: &Expect,
+    ) -> Result<(), Failure> {
+        let models = match models {
             Ok(m) => m,
-            Err(e) => return Err(self.fail("identity", e)),
+            Err(e) => return Err(self.fail("identity", e.clone())),
         };
         let Some(model) = models.iter().find(|m| m.id == expect.model_id) else {
             let serving: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
@@ -330,18 +512,40 @@ impl Run<'_> {
         Ok(())
     }
 
+    fn ready(&mut self, opened: Option<f64>, took: Duration) {
+        let now = self.elapsed();
+        self.record.load_seconds = Some(now);
+        self.record.port_open_seconds = opened;
+        let opened = opened.unwrap_or(now);
+        self.pass(
+            "warmup",
+            format!(
+                "the port opened after {opened:.1}s; warmup ended {:.1}s later",
+                (now - opened).max(0.0)
+            ),
+        );
+        self.pass(
+            "readiness",
+            format!(
+                "/health answered 200 after {now:.1}s (the probe took {:.1}s)",
+                took.as_secs_f64()
+            ),
+        );
+    }
+
     #[allow(clippy::too_many_arguments)]
     async fn finish(
         &mut self,
         host: &Host,
         unit: &str,
+        first: &UnitState,
         state: &UnitState,
         expect: &Expect,
         policy: &MemoryPolicy,
         server: &Server,
         spec: &VerifySpec,
     ) -> Result<Verification, Failure> {
-        let loaded = self.sample(host, unit, state, expect).await?;
+        let loaded = self.sample(host, unit, first, state, expect).await?;
         if let Some(reason) = judge::plateau_failure(&loaded, policy) {
             return Err(self.fail("memory", reason));
         }
@@ -357,18 +561,45 @@ impl Run<'_> {
         self.pass("memory", plateau);
         self.record.plateau = Some(loaded);
         if let Some(smoke) = &spec.smoke {
-            match server
-                .chat(&expect.model_id, &smoke.prompt, smoke.max_tokens)
-                .await
-            {
-                Ok(answer) if answer.contains(&smoke.expect) => {
-                    self.pass("smoke", format!("answered {answer:?}"))
+            let asked = server
+                .chat(
+                    &expect.model_id,
+                    &smoke.prompt,
+                    smoke.max_tokens(expect.reasoning),
+                    expect.reasoning,
+                )
+                .await;
+            match asked {
+                Ok(answer) if answer.content.contains(&smoke.expect) => {
+                    self.pass("smoke", format!("answered {:?}", answer.content))
+                }
+                Ok(answer)
+                    if answer
+                        .reasoning
+                        .as_deref()
+                        .is_some_and(|r| r.contains(&smoke.expect)) =>
+                {
+                    self.pass(
+                        "smoke",
+                        format!(
+                            "the expected {:?} came in the model's thinking (reasoning_content); content {:?}",
+                            smoke.expect, answer.content
+                        ),
+                    )
                 }
                 Ok(answer) => {
+                    let cut = if answer.finish_reason.as_deref() == Some("length") {
+                        " (cut at max_tokens: raise verify.smoke.max_tokens)"
+                    } else {
+                        ""
+                    };
                     return Err(self.fail(
                         "smoke",
-                        format!("answered {answer:?}, which lacks {:?}", smoke.expect),
-                    ))
+                        format!(
+                            "answered {:?}, which lacks {:?}{cut}",
+                            answer.content, smoke.expect
+                        ),
+                    ));
                 }
                 Err(e) => return Err(self.fail("smoke", e)),
             }

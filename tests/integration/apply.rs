@@ -7,11 +7,11 @@ use crate::lab::{lab, manifest, Ran, Reconcile, APPLY};
 /// A test service that loads in one second and is judged over a three-second crash window.
 /// Each test has its own service and port on the shared apply host. The stand-in loads in one
 /// second unless `env` says otherwise; verification windows are seconds, not minutes.
-fn service(name: &str, port: u16, env: &str) -> String {
+pub fn service(name: &str, port: u16, env: &str) -> String {
     service_with(name, port, env, "")
 }
 
-fn service_with(name: &str, port: u16, env: &str, verify: &str) -> String {
+pub fn service_with(name: &str, port: u16, env: &str, verify: &str) -> String {
     // Tests run at once on one host: each gets its own two of the stand-in's 64 simulated GPUs, so
     // one test's loading never looks like another's progress.
     let gpu = 2 * (port % 32);
@@ -47,7 +47,7 @@ fn service_with(name: &str, port: u16, env: &str, verify: &str) -> String {
     )
 }
 
-fn apply(text: &str) -> (i32, serde_json::Value) {
+pub fn apply(text: &str) -> (i32, serde_json::Value) {
     let ran = Reconcile::new()
         .manifest("a.yaml", text)
         .args(&["apply", "--format", "json"])
@@ -57,23 +57,23 @@ fn apply(text: &str) -> (i32, serde_json::Value) {
 }
 
 /// `InvocationID NRestarts ActiveState` of a unit.
-fn identity(unit: &str) -> String {
+pub fn identity(unit: &str) -> String {
     lab().sh(APPLY, &format!("systemctl show -p InvocationID -p NRestarts -p ActiveState --value {unit} | paste -sd' '"))
 }
 
 /// Removes what an earlier run of the same test left, so a rerun on the same hosts starts clean.
-fn fresh(unit: &str) {
+pub fn fresh(unit: &str) {
     lab().sh(
         APPLY,
         &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"),
     );
 }
 
-fn active(identity: &str) -> bool {
+pub fn active(identity: &str) -> bool {
     identity.split_whitespace().any(|w| w == "active")
 }
 
-fn unit_file(unit: &str) -> Option<String> {
+pub fn unit_file(unit: &str) -> Option<String> {
     let text = lab().sh(
         APPLY,
         &format!("cat /etc/systemd/system/{unit} 2>/dev/null || echo MISSING"),
@@ -242,6 +242,20 @@ fn an_apply_is_refused_while_another_holds_the_lock() {
     );
 }
 
+/// The names of the stages a verification passed, sorted: the crash window may end before or
+/// after the server is ready, so their order depends on the load time.
+pub fn passed_stages(verification: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = verification["stages"]
+        .as_array()
+        .expect("stages")
+        .iter()
+        .filter(|s| s["passed"] == true)
+        .map(|s| s["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Applies a good unit, then a failing change to it: the failing stage and reason are reported,
 /// and the good unit is back on disk, running and verified. `verify` applies to both.
 fn assert_rolled_back(
@@ -252,12 +266,25 @@ fn assert_rolled_back(
     stage: &str,
     reason: &str,
 ) {
+    assert_rolled_back_from(name, port, "", bad_env, verify, stage, reason);
+}
+
+/// `assert_rolled_back` from a good unit with `good_env` (the bad one adds `bad_env` to it).
+pub fn assert_rolled_back_from(
+    name: &str,
+    port: u16,
+    good_env: &str,
+    bad_env: &str,
+    verify: &str,
+    stage: &str,
+    reason: &str,
+) -> serde_json::Value {
     let unit = format!("{name}.service");
     fresh(&unit);
-    let (code, report) = apply(&service_with(name, port, "", verify));
+    let (code, report) = apply(&service_with(name, port, good_env, verify));
     assert_eq!(code, 0, "{report:#}");
     let good_text = unit_file(&unit).unwrap();
-    let (code, report) = apply(&service_with(name, port, bad_env, verify));
+    let (code, report) = apply(&service_with(name, port, &format!("{good_env}{bad_env}"), verify));
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     assert_eq!(report["failed_stage"], stage, "{report:#}");
@@ -267,20 +294,15 @@ fn assert_rolled_back(
         detail.contains("the previous unit was restored and passed verification"),
         "{detail}"
     );
-    let rollback_stages: Vec<&str> = report["rollback"]["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        rollback_stages[..4],
-        ["readiness", "identity", "crash window", "memory"],
-        "{report:#}"
-    );
+    let mut all = vec!["crash window", "identity", "memory", "readiness", "warmup"];
+    if verify.contains("smoke") {
+        all.insert(4, "smoke");
+    }
+    assert_eq!(passed_stages(&report["rollback"]), all, "{report:#}");
     assert_eq!(unit_file(&unit).unwrap(), good_text);
     assert!(active(&identity(&unit)));
     lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
+    report
 }
 
 #[test]
@@ -299,8 +321,8 @@ fn a_stalled_load_rolls_back() {
         32012,
         env,
         "",
-        "memory",
-        "has not grown for",
+        "loading",
+        "no progress for",
     );
 }
 
@@ -378,16 +400,12 @@ fn a_verified_apply_records_its_deployment_and_its_memory_trajectory() {
     let verify = ", gpu_memory_per_gpu: 75000 MiB, smoke: { prompt: \"What is the capital of France?\", expect: Paris }";
     let (code, report) = apply(&service_with("t-apply-record", 32018, "", verify));
     assert_eq!(code, 0, "{report:#}");
-    let stages: Vec<&str> = report["verification"]["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["name"].as_str().unwrap())
-        .collect();
     assert_eq!(
-        stages,
-        ["readiness", "identity", "crash window", "memory", "smoke"]
+        passed_stages(&report["verification"]),
+        ["crash window", "identity", "memory", "readiness", "smoke", "warmup"]
     );
+    let stages = report["verification"]["stages"].as_array().unwrap();
+    assert_eq!(stages.last().unwrap()["name"], "smoke", "the smoke completion comes last");
     let samples = report["verification"]["samples"].as_array().unwrap();
     assert!(samples.len() >= 4, "{samples:?}");
     let first = samples[0]["service_bytes"].as_u64().unwrap();
@@ -524,6 +542,7 @@ fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() 
         32022,
         &format!(", FAKE_SGLANG_LOAD_SECONDS: \"2\"{padding}"),
     );
+    let mut cut_mid_apply = 0;
     for (round, delay_ms) in [150u64, 400, 900, 2500].into_iter().enumerate() {
         assert_eq!(apply(&old).0, 0, "round {round}: back to the old unit");
         let old_text = unit_file(unit).unwrap();
@@ -546,6 +565,9 @@ fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() 
             .trim()
             .to_string();
         eprintln!("cut at {delay_ms} ms: exit {}, {said}", cut.code);
+        if cut.code != 0 {
+            cut_mid_apply += 1;
+        }
         let on_disk = unit_file(unit).expect("a unit file is always there");
         let new_text = Reconcile::new().manifest("a.yaml", &new).rendered(APPLY);
         assert!(
@@ -572,5 +594,9 @@ fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() 
         );
         let _ = std::fs::remove_dir_all(&tmp);
     }
+    assert!(
+        cut_mid_apply >= 1,
+        "no round's cut landed while the apply ran: the test proved nothing"
+    );
     lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
 }

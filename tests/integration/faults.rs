@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::lab::{lab, manifest, Ran, Reconcile, REBOOT};
+use crate::lab::{lab, manifest, Ran, Reconcile, Undo, REBOOT};
 
 const HOST: &str = "rl11";
 
@@ -81,9 +81,10 @@ fn a_read_only_unit_folder_changes_nothing() {
     let unit = "t-fault-ro.service";
     let v1 = start(unit, "t-fault-ro", 37001);
     let running = invocation(unit);
+    let undo = Undo::new(HOST, "umount /etc/systemd/system");
     lab().sh(HOST, "mount --bind /etc/systemd/system /etc/systemd/system && mount -o remount,bind,ro /etc/systemd/system");
     let (code, report) = apply(&service("t-fault-ro", 37001, "2"));
-    lab().sh(HOST, "umount /etc/systemd/system");
+    undo.undo();
     assert_eq!(code, 1, "{report:#}");
     assert_eq!(report["outcome"], "error");
     let detail = report["detail"].as_str().unwrap();
@@ -102,13 +103,11 @@ fn a_full_unit_folder_changes_nothing() {
     let v1 = start(unit, "t-fault-full", 37002);
     let running = invocation(unit);
     // A small tmpfs holding a copy of the folder, filled up, over the folder.
+    let undo = Undo::new(HOST, "umount /etc/systemd/system && systemctl daemon-reload");
     lab().sh(HOST, "rm -rf /run/unit-copy && cp -a /etc/systemd/system /run/unit-copy && mount -t tmpfs -o size=1m tmpfs /etc/systemd/system && cp -a /run/unit-copy/. /etc/systemd/system/ && (head -c 2m /dev/zero > /etc/systemd/system/.filler 2>/dev/null; true)");
     let (code, report) = apply(&service("t-fault-full", 37002, "2"));
     let on_full_disk = unit_text(unit);
-    lab().sh(
-        HOST,
-        "umount /etc/systemd/system && systemctl daemon-reload",
-    );
+    undo.undo();
     assert_eq!(code, 1, "{report:#}");
     let detail = report["detail"].as_str().unwrap();
     assert!(detail.contains("No space left on device"), "{detail}");
@@ -126,13 +125,14 @@ fn a_systemd_that_cannot_reload_gets_its_previous_unit_back_and_asks_for_attenti
     let v1 = start(unit, "t-fault-reload", 37003);
     let running = invocation(unit);
     // systemctl refuses daemon-reload while /run/fail-daemon-reload exists.
-    lab().sh(HOST, "[ -e /bin/systemctl.real ] || cp -a /bin/systemctl /bin/systemctl.real; printf '#!/bin/sh\\nif [ \"$1\" = daemon-reload ] && [ -e /run/fail-daemon-reload ]; then echo \"Failed to reload daemon: Access denied\" >&2; exit 1; fi\\nexec /bin/systemctl.real \"$@\"\\n' > /bin/systemctl.wrap && chmod 755 /bin/systemctl.wrap && mv /bin/systemctl.wrap /bin/systemctl && touch /run/fail-daemon-reload");
-    let (code, report) = apply(&service("t-fault-reload", 37003, "2"));
-    let after = unit_text(unit);
-    lab().sh(
+    let undo = Undo::new(
         HOST,
         "rm -f /run/fail-daemon-reload && mv /bin/systemctl.real /bin/systemctl",
     );
+    lab().sh(HOST, "[ -e /bin/systemctl.real ] || cp -a /bin/systemctl /bin/systemctl.real; printf '#!/bin/sh\\nif [ \"$1\" = daemon-reload ] && [ -e /run/fail-daemon-reload ]; then echo \"Failed to reload daemon: Access denied\" >&2; exit 1; fi\\nexec /bin/systemctl.real \"$@\"\\n' > /bin/systemctl.wrap && chmod 755 /bin/systemctl.wrap && mv /bin/systemctl.wrap /bin/systemctl && touch /run/fail-daemon-reload");
+    let (code, report) = apply(&service("t-fault-reload", 37003, "2"));
+    let after = unit_text(unit);
+    undo.undo();
     assert_eq!(code, 4, "{report:#}");
     assert_eq!(report["outcome"], "rollback_failed");
     let detail = report["detail"].as_str().unwrap();
@@ -150,12 +150,13 @@ fn a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention() {
     let unit = "t-fault-both.service";
     start(unit, "t-fault-both", 37004);
     // From now on every start of this service crashes, the previous release's too.
+    let undo = Undo::new(HOST, "rm -f /etc/t-fault.env");
     lab().sh(
         HOST,
         "printf 'FAKE_SGLANG_FAIL=crash\\nFAKE_SGLANG_FAIL_AT=1\\n' > /etc/t-fault.env",
     );
     let (code, report) = apply(&service("t-fault-both", 37004, "2"));
-    lab().sh(HOST, "rm -f /etc/t-fault.env");
+    undo.undo();
     assert_eq!(code, 4, "{report:#}");
     assert_eq!(report["outcome"], "rollback_failed");
     let detail = report["detail"].as_str().unwrap();

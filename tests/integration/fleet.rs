@@ -221,11 +221,11 @@ fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
     // Release 1 everywhere; then release 2, already on rl10 (the first host by name) and crashing
     // on rl5, the first host that has work.
     let (code, _) = rollout(
-        &fleet_service("t-fleet-uptodate", 34004, "4,5", &[], "1"),
+        &fleet_service("t-fleet-uptodate", 34004, "6,7", &[], "1"),
         &["--canary", "1", "--max-parallel", "6"],
     );
     assert_eq!(code, 0);
-    let release2 = fleet_service("t-fleet-uptodate", 34004, "4,5", &["rl5"], "2");
+    let release2 = fleet_service("t-fleet-uptodate", 34004, "6,7", &["rl5"], "2");
     let (code, _) = rollout(&release2, &["--host", "rl10"]);
     assert_eq!(code, 0, "rl10 took release 2");
     let before: Vec<String> = FLEET[2..]

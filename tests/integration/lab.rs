@@ -20,6 +20,8 @@ pub const APPLY: &str = "rl4";
 pub const REBOOT: &str = "rl12";
 /// Host where `reconcile agent` runs on the host itself, pulling from a git repository there.
 pub const AGENT: &str = "rl13";
+/// Host whose nvidia-smi and systemctl the hang tests wedge on purpose; nothing else may use it.
+pub const HANGS: &str = "rl14";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
@@ -75,6 +77,12 @@ impl Lab {
         String::from_utf8(out.stdout).expect("utf-8 output")
     }
 
+    /// Runs a shell script on a host as root, ignoring how it ends: for clean-ups in `Drop`,
+    /// where a panic while a failing test unwinds would abort the whole run.
+    pub fn sh_quietly(&self, host: &str, script: &str) {
+        let _ = self.ssh(host, script, None);
+    }
+
     /// Writes a file on a host.
     pub fn put(&self, host: &str, path: &str, content: &str) {
         let out = self.ssh(host, &format!("cat > '{path}'"), Some(content.as_bytes()));
@@ -109,6 +117,33 @@ impl Lab {
         }
         drop(input);
         child.wait_with_output().expect("ssh finishes")
+    }
+}
+
+/// Undoes a break a test made on a shared host when dropped, so a failing assertion (a panic)
+/// cannot leave the host broken for the tests after it. `undo()` runs it at a chosen point.
+pub struct Undo {
+    host: &'static str,
+    script: &'static str,
+    done: bool,
+}
+
+impl Undo {
+    pub fn new(host: &'static str, script: &'static str) -> Undo {
+        Undo { host, script, done: false }
+    }
+
+    pub fn undo(mut self) {
+        self.done = true;
+        lab().sh(self.host, self.script);
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        if !self.done {
+            lab().sh_quietly(self.host, self.script);
+        }
     }
 }
 

@@ -1,0 +1,275 @@
+//! What real GPU hosts do that no happy path covers: a command that never answers (`nvidia-smi`
+//! on a GPU that fell off the bus, a `systemctl` stuck on a busy bus), a deployment record that
+//! cannot be read, and a run stopped by a signal. Nothing hangs, nothing healthy is restarted,
+//! nothing panics. These break their host on purpose, so they have one of their own and take
+//! turns on it; every break is undone by a guard, even when a test fails.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::lab::{lab, manifest, Ran, Reconcile, HANGS};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A test service on the hangs host.
+fn service(name: &str, port: u16, gpus: &str, env: &str) -> String {
+    format!(
+        "{}verify: {{ crash_window: 2s, sample_interval: 500ms, stall_timeout: 10s, load_deadline: 30s }}\n",
+        manifest(name, &[HANGS], "")
+            .replace("port: 30000", &format!("port: {port}"))
+            .replace(
+                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
+                &format!("CUDA_VISIBLE_DEVICES: \"{gpus}\", FAKE_SGLANG_LOAD_SECONDS: \"1\"{env}")
+            )
+    )
+}
+
+fn fresh(unit: &str) {
+    lab().sh(HANGS, &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"));
+}
+
+fn apply(text: &str, extra: &[&str]) -> Ran {
+    let mut args = vec!["apply", "--format", "json"];
+    args.extend_from_slice(extra);
+    Reconcile::new().manifest("a.yaml", text).args(&args).run()
+}
+
+fn invocation(unit: &str) -> String {
+    lab().sh(HANGS, &format!("/usr/bin/systemctl show -p InvocationID --value {unit}"))
+}
+
+/// A file put on the host for one test and removed when the guard drops.
+struct Planted {
+    path: &'static str,
+}
+
+impl Planted {
+    fn script(path: &'static str, body: &str) -> Planted {
+        lab().put(HANGS, path, &format!("#!/bin/sh\n{body}\n"));
+        lab().sh(HANGS, &format!("chmod 755 {path}"));
+        Planted { path }
+    }
+}
+
+impl Drop for Planted {
+    fn drop(&mut self) {
+        // Never panics: a panic while a failing test unwinds would abort every test.
+        // `[.]` keeps pkill's pattern from matching this command's own shell.
+        lab().sh_quietly(
+            HANGS,
+            &format!("rm -f {} /run/t-hang-show; pkill -f 'sleep 3600[.]123' || true", self.path),
+        );
+    }
+}
+
+/// Stands in for a wedged program: sleeps far longer than any test (found by its odd length).
+const HANG: &str = "exec sleep 3600.123";
+
+#[test]
+fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figures() {
+    let _turn = turn();
+    let unit = "t-hang-smi.service";
+    fresh(unit);
+    let text = service("t-hang-smi", 36001, "0,1", "");
+    {
+        // /usr/local/sbin comes before the stand-in's /usr/local/bin on root's PATH.
+        let _smi = Planted::script("/usr/local/sbin/nvidia-smi", HANG);
+        let started = std::time::Instant::now();
+        let ran = Reconcile::new()
+            .manifest("a.yaml", &text)
+            .args(&["plan", "--command-timeout", "2s"])
+            .run();
+        assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+        let said = format!("{}{}", ran.stdout, ran.stderr);
+        assert!(
+            said.contains("`nvidia-smi` on rl14 did not answer in 2s"),
+            "{said}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(20), "the plan ended");
+    }
+    // Only the memory query hangs: preflight passes, and verification goes on without GPUs.
+    let _smi = Planted::script(
+        "/usr/local/sbin/nvidia-smi",
+        &format!("case \"$*\" in *memory.used*) {HANG};; esac\nexec /usr/local/bin/nvidia-smi \"$@\""),
+    );
+    let ran = apply(&text, &["--command-timeout", "2s"]);
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let report = &ran.json()["units"][0];
+    let notes = report["verification"]["notes"].to_string();
+    assert!(
+        notes.contains("`nvidia-smi` on rl14 did not answer in 2s")
+            && notes.contains("GPU memory is not judged"),
+        "{report:#}"
+    );
+    fresh(unit);
+}
+
+#[test]
+fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
+    let _turn = turn();
+    let unit = "t-hang-systemctl.service";
+    fresh(unit);
+    let good = service("t-hang-systemctl", 36002, "2,3", "");
+    assert_eq!(apply(&good, &[]).code, 0);
+    let running = invocation(unit);
+    // The next `systemctl show` after the marker appears hangs, once.
+    let _systemctl = Planted::script(
+        "/usr/local/sbin/systemctl",
+        &format!("if [ \"$1\" = show ] && rm /run/t-hang-show 2>/dev/null; then {HANG}; fi\nexec /usr/bin/systemctl \"$@\""),
+    );
+    let slow = service(
+        "t-hang-systemctl",
+        36002,
+        "2,3",
+        ", FAKE_SGLANG_LOAD_SECONDS: \"6\"",
+    )
+    .replace("FAKE_SGLANG_LOAD_SECONDS: \"1\", ", "");
+    let run = Reconcile::new()
+        .manifest("a.yaml", &slow)
+        .args(&["apply", "--format", "json", "--command-timeout", "3s"]);
+    let child = run.spawn(&[]);
+    std::thread::sleep(Duration::from_millis(2500));
+    lab().sh(HANGS, "touch /run/t-hang-show");
+    let ran = Ran::from(child.wait_with_output().unwrap());
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let report = &ran.json()["units"][0];
+    let detail = report["detail"].as_str().unwrap();
+    // The first `systemctl show` after the marker hangs: the crash poll's, or the one in the
+    // liveness reading; either way the stage fails at the timeout, naming what hung.
+    assert!(
+        detail.contains("`systemctl show` on rl14 did not answer in 3s")
+            || detail.contains("`the liveness reading (systemctl show, cgroup files, ss, journalctl)` on rl14 did not answer in 3s"),
+        "{detail}"
+    );
+    assert!(detail.contains("the previous unit was restored and passed verification"), "{detail}");
+    assert_ne!(invocation(unit), running, "the previous unit runs again, restarted");
+    fresh(unit);
+}
+
+#[test]
+fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
+    let _turn = turn();
+    let unit = "t-hang-record.service";
+    fresh(unit);
+    let text = service("t-hang-record", 36003, "4,5", "");
+    assert_eq!(apply(&text, &[]).code, 0);
+    let running = invocation(unit);
+    let record = format!("/var/lib/reconcile/{unit}/current.json");
+    let good_record = lab().sh(HANGS, &format!("cat {record}"));
+    for (what, bad) in [
+        ("garbage", "}{ not json at all".to_string()),
+        ("non-ASCII", "ünïcødé ✓ 記録 \u{1F600}".to_string()),
+        (
+            "a newer format",
+            good_record.replacen("\"format\":1", "\"format\":99", 1),
+        ),
+    ] {
+        lab().put(HANGS, &record, &bad);
+        let ran = apply(&text, &[]);
+        assert_eq!(ran.code, 1, "{what}: {}{}", ran.stdout, ran.stderr);
+        let report = &ran.json()["units"][0];
+        let detail = report["detail"].as_str().unwrap();
+        assert!(detail.contains(&record), "{what}: the message names the file: {detail}");
+        if what == "a newer format" {
+            assert!(detail.contains("newer reconcile"), "{detail}");
+        }
+        assert_eq!(invocation(unit), running, "{what}: the healthy server was not restarted");
+        let status = Reconcile::new()
+            .manifest("a.yaml", &text)
+            .args(&["status", "--format", "json"])
+            .run();
+        assert!(
+            status.stdout.contains("record_unreadable"),
+            "{what}: {}{}",
+            status.stdout,
+            status.stderr
+        );
+        assert!(!status.stderr.contains("panicked"), "{}", status.stderr);
+    }
+    fresh(unit);
+}
+
+/// Starts a slow apply of `text`, sends `signal` once it is verifying, and returns its report.
+fn signalled(text: &str, signal: &str) -> (Ran, serde_json::Value) {
+    let run = Reconcile::new().manifest("a.yaml", text).args(&["apply", "--format", "json"]);
+    let child = run.spawn(&[]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let sent = std::process::Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let ran = Ran::from(child.wait_with_output().unwrap());
+    let json = ran.json();
+    (ran, json)
+}
+
+#[test]
+fn sigterm_during_verification_rolls_back() {
+    let _turn = turn();
+    let unit = "t-hang-sigterm.service";
+    fresh(unit);
+    let good = service("t-hang-sigterm", 36004, "6,7", "");
+    assert_eq!(apply(&good, &[]).code, 0);
+    let good_text = lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}"));
+    let slow = good
+        .replace("FAKE_SGLANG_LOAD_SECONDS: \"1\"", "FAKE_SGLANG_LOAD_SECONDS: \"8\"");
+    let (ran, json) = signalled(&slow, "-TERM");
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let report = &json["units"][0];
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    assert!(
+        report["detail"].as_str().unwrap().contains("interrupted (SIGTERM)"),
+        "{report:#}"
+    );
+    assert_eq!(lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}")), good_text);
+    fresh(unit);
+}
+
+#[test]
+fn ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched() {
+    let _turn = turn();
+    let (first, second) = ("t-hang-two-a.service", "t-hang-two-b.service");
+    fresh(first);
+    fresh(second);
+    let a = service("t-hang-two-a", 36005, "8,9", "")
+        .replace("FAKE_SGLANG_LOAD_SECONDS: \"1\"", "FAKE_SGLANG_LOAD_SECONDS: \"8\"");
+    let b = service("t-hang-two-b", 36006, "10,11", "");
+    let run = Reconcile::new()
+        .manifest("a.yaml", &a)
+        .manifest("b.yaml", &b)
+        .args(&["apply", "--format", "json"]);
+    let child = run.spawn(&[]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let ran = Ran::from(child.wait_with_output().unwrap());
+    let json = ran.json();
+    let outcome = |unit: &str| {
+        json["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["unit"] == unit)
+            .map(|u| (u["outcome"].clone(), u["detail"].clone()))
+            .unwrap_or_else(|| panic!("no {unit} in {json:#}"))
+    };
+    assert_eq!(outcome(first).0, "rolled_back", "{json:#}");
+    let (second_outcome, why) = outcome(second);
+    assert_eq!(second_outcome, "not_started", "{json:#}");
+    assert!(why.as_str().unwrap().contains("interrupted"), "{why}");
+    let absent = lab().sh(
+        HANGS,
+        &format!("test -e /etc/systemd/system/{second} && echo present || echo absent"),
+    );
+    assert_eq!(absent.trim(), "absent", "the second unit was never installed");
+    fresh(first);
+    fresh(second);
+}
