@@ -500,9 +500,8 @@ mod tests {
         assert!(details[0].contains("another order"), "{details:?}");
     }
 
-    #[test]
-    fn exit_codes() {
-        let status = |classes: Vec<Class>, error: Option<String>| UnitStatus {
+    fn status(classes: Vec<Class>, error: Option<String>) -> UnitStatus {
+        UnitStatus {
             host: "h".into(),
             unit: "u".into(),
             source: "s".into(),
@@ -514,7 +513,11 @@ mod tests {
             systemd: Systemd::default(),
             served_models: None,
             error,
-        };
+        }
+    }
+
+    #[test]
+    fn exit_codes() {
         assert_eq!(exit_code(&[status(vec![Class::InSync], None)]), 0);
         assert_eq!(
             exit_code(&[
@@ -553,21 +556,8 @@ mod tests {
             classes(&f),
             [Class::PendingChange, Class::Down, Class::RecordUnreadable]
         );
-        let status = UnitStatus {
-            host: "gpu-a".into(),
-            unit: "s.service".into(),
-            source: "s".into(),
-            classes: vec![Class::RecordUnreadable],
-            details: Vec::new(),
-            git_commit: None,
-            applied_at: None,
-            applied_by: None,
-            systemd: Systemd::default(),
-            served_models: None,
-            error: None,
-        };
         // Something could not be read: exit 1, as for an unreadable host.
-        assert_eq!(exit_code(&[status]), 1);
+        assert_eq!(exit_code(&[status(vec![Class::RecordUnreadable], None)]), 1);
     }
 
     #[test]
