@@ -34,10 +34,13 @@ service: bench-verify
 hosts: [bv1]
 sglang: { python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: bench, port: 30000, flags: { tp-size: 2 } }
 env: { CUDA_VISIBLE_DEVICES: "0,1", FAKE_SGLANG_LOAD_SECONDS: "${LOAD:-2}"$2 }
-verify: { crash_window: 3s, sample_interval: 500ms, load_deadline: 60s$3 }
+verify: { crash_window: 3s, sample_interval: 500ms, load_deadline: ${DEADLINE:-60s}$3 }
 EOM
 }
-rc() { ./target/release/reconcile apply "$1" --ssh-config "$STATE/ssh_config" --format json 2>/dev/null; }
+rc() {  # $1: manifests folder, $2: where its JSON report goes; a run that reports nothing ends the bench
+  ./target/release/reconcile apply "$1" --ssh-config "$STATE/ssh_config" --format json > "$2" 2> "$work/stderr" || true
+  [ -s "$2" ] || { echo "reconcile printed no report:" >&2; cat "$work/stderr" >&2; exit 1; }
+}
 outcome() { python3 -c 'import json,sys; u=json.load(open(sys.argv[1]))["units"][0]; print(u["outcome"], u.get("failed_stage") or "-", u["verification"]["load_seconds"] if u.get("verification") else "-")' "$1"; }
 
 echo "healthy loads with the realistic shape ($LOADS):"
@@ -47,7 +50,7 @@ converged=0; false_rollbacks=0
 for i in $(seq 1 "$LOADS" 2>/dev/null); do
   # Each round changes an env var, so each apply restarts and verifies a fresh load.
   manifest "$work/healthy" "$shape, BENCH_ROUND: \"$i\"" ", stall_timeout: 1500ms"
-  rc "$work/healthy" > "$work/h.json" || true
+  rc "$work/healthy" "$work/h.json"
   read -r out stage load < <(outcome "$work/h.json")
   if [ "$out" = converged ]; then converged=$((converged + 1)); else false_rollbacks=$((false_rollbacks + 1)); echo "  round $i: $out at $stage"; fi
   printf '  round %2d: %s, ready after %.1f s\n' "$i" "$out" "$load"
@@ -56,13 +59,14 @@ done
 
 echo "dead rank, SGLang 0.5.9 mode ($TRIALS trials):"
 manifest "$work/good" ', FAKE_SGLANG_VERSION: "0.5.9"' ""
-rc "$work/good" > /dev/null || { echo "the good unit did not converge" >&2; exit 1; }
+rc "$work/good" "$work/g.json"
+[ "$(outcome "$work/g.json" | cut -d' ' -f1)" = converged ] || { echo "the good unit did not converge" >&2; exit 1; }
 # The rank dies 4 s into a 6 s load: past the crash window, before the server is ready.
 LOAD=6 manifest "$work/deadrank" ', FAKE_SGLANG_VERSION: "0.5.9", FAKE_SGLANG_FAIL: dead-rank, FAKE_SGLANG_FAIL_AT: "4"' ""
 : > "$work/dead"
 for i in $(seq 1 "$TRIALS"); do
   start=$(date +%s)
-  rc "$work/deadrank" > "$work/d.json" || true
+  rc "$work/deadrank" "$work/d.json"
   died=$(on_host journalctl -u bench-verify -o short-unix --no-pager --since "@$start" | grep -m1 'Process group watchdog thread terminated' | awk '{print $1}')
   python3 - "$work/d.json" "$died" "$i" <<'PY' | tee -a "$work/dead"
 import json, sys
@@ -75,14 +79,17 @@ PY
 done
 
 echo "crash while a /health probe hangs ($TRIALS trials):"
-manifest "$work/hang" ', FAKE_SGLANG_FAIL: health-hang' ", load_deadline: 120s"
+DEADLINE=120s manifest "$work/hang" ', FAKE_SGLANG_FAIL: health-hang' ""
 : > "$work/hung"
 for i in $(seq 1 "$TRIALS"); do
   start=$(date +%s)
-  rc "$work/hang" > "$work/c.json" &
+  rc "$work/hang" "$work/c.json" &
   apply=$!
   # Once the port answers, reconcile's /health probe is waiting on an answer that never comes.
-  until on_host "python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:30000/ready\", timeout=1)'" 2>/dev/null; do sleep 0.2; done
+  for _ in $(seq 300); do
+    on_host "python3 -c 'import urllib.request as u; u.urlopen(\"http://127.0.0.1:30000/ready\", timeout=1)'" 2>/dev/null && break
+    sleep 0.2
+  done
   sleep 2
   on_host systemctl kill -s KILL bench-verify
   wait "$apply" || true
