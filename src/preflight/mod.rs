@@ -631,6 +631,16 @@ mod tests {
     }
 
     #[test]
+    fn an_https_server_is_refused_because_apply_could_not_verify_it() {
+        let t = target(&manifest("s", "h", "    ssl-certfile: /etc/ssl/s.pem\n    ssl-keyfile: /etc/ssl/s.key\n"));
+        let findings = judge(&t, &healthy());
+        let verify = messages(&findings, "verify");
+        assert_eq!(verify.len(), 1, "{findings:?}");
+        assert!(verify[0].contains("--ssl-certfile"), "{verify:?}");
+        assert!(has_errors(&findings));
+    }
+
+    #[test]
     fn a_version_mismatch_names_both_and_checks_the_flags_against_the_installed_one() {
         // --enable-tf32-matmul is new in 0.5.23; 0.5.9 would refuse it.
         let t = target(&manifest("s", "h", "    enable-tf32-matmul: true\n"));

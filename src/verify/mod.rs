@@ -38,6 +38,10 @@ use crate::unit::UnitModel;
 /// happens rather than at the end of a window.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
+/// Polls of systemd, one `POLL_INTERVAL` apart, that tell a crash from a worker's death or a
+/// memory drop seen in the same moment.
+const CONFIRM_POLLS: u32 = 4;
+
 /// What the server must turn out to be, read from the unit being verified.
 #[derive(Debug, Clone)]
 pub struct Expect {
@@ -150,6 +154,7 @@ fn probe(
     let (tx, rx) = watch::channel(Seen::default());
     let task = tokio::spawn(async move {
         let mut seen = Seen::default();
+        let mut asked_models = 0;
         loop {
             if listening.wait_for(|open| *open != Some(false)).await.is_err() {
                 return;
@@ -159,11 +164,16 @@ fn probe(
                 seen.opened = Some(started.elapsed().as_secs_f64());
             }
             if seen.opened.is_some() && seen.models.is_none() {
-                seen.models = Some(server.models().await);
+                // A connection that breaks once is asked again; the third failure is the answer.
+                asked_models += 1;
+                match server.models().await {
+                    Err(_) if asked_models < MODELS_TRIES => {}
+                    answer => seen.models = Some(answer),
+                }
             }
             let ready = matches!(health, Health::Ready(_));
             seen.health = Some(health);
-            if tx.send(seen.clone()).is_err() || ready {
+            if tx.send(seen.clone()).is_err() || (ready && seen.models.is_some()) {
                 return;
             }
             tokio::time::sleep(every).await;
@@ -171,6 +181,8 @@ fn probe(
     });
     (rx, AbortOnDrop(task))
 }
+
+const MODELS_TRIES: u32 = 3;
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -276,21 +288,26 @@ pub async fn verify(
             let sample = sample?;
             listening.send_replace(sample.listening);
             run.progress.update(phase, run.elapsed(), &sample, &run.record);
-            if let Some(reason) = judge::memory_failure(&run.record.samples, &policy) {
-                return Err(run.fail("memory", reason));
-            }
-            if let Some(reason) = judge::dead_worker(&run.record.samples, expect.gpus.is_some()) {
-                // A process that exits frees its GPUs a moment before systemd notices: if the
-                // main process is gone now too, that is a crash, not a worker's death.
-                let again = run.remote(stage, host.unit_state(unit).await)?;
-                let reason = match crash_reason(&first, &again) {
-                    Some(crash) => format!(
-                        "crashed {:.1}s after the restart: {crash}",
-                        run.elapsed()
-                    ),
-                    None => reason,
-                };
-                return Err(run.fail(stage, reason));
+            let judged = judge::memory_failure(&run.record.samples, &policy)
+                .map(|reason| ("memory", reason))
+                .or_else(|| {
+                    judge::dead_worker(&run.record.samples, expect.gpus.is_some())
+                        .map(|reason| (stage, reason))
+                });
+            if let Some((failed, reason)) = judged {
+                // A server that exits frees its memory and GPUs a moment before its main process
+                // is gone (SGLang kills its children first): if systemd sees the exit within a
+                // second, that is a crash, and is reported as one.
+                for _ in 0..CONFIRM_POLLS {
+                    let again = run.remote(stage, host.unit_state(unit).await)?;
+                    if let Some(crash) = crash_reason(&first, &again) {
+                        let reason =
+                            format!("crashed {:.1}s after the restart: {crash}", run.elapsed());
+                        return Err(run.fail(stage, reason));
+                    }
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                }
+                return Err(run.fail(failed, reason));
             }
             if seen.opened.is_none() {
                 if let Some(reason) = judge::stall(&run.record.samples, &policy) {
@@ -612,4 +629,36 @@ fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unit::parse_unit;
+
+    const UNIT: &str = "[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=4,5\"\nExecStart=/venv/bin/python3 -m sglang.launch_server \\\n\t--model-path /models/m \\\n\t--served-model-name qwen \\\n\t--api-key sk-secret \\\n\t--context-length 256k \\\n\t--reasoning-parser qwen3 \\\n\t--host 10.0.0.5 \\\n\t--port 30001\n";
+
+    #[test]
+    fn what_the_server_must_be_is_read_from_its_unit_as_sglang_reads_it() {
+        let e = Expect::from_unit(&parse_unit(UNIT));
+        assert_eq!(e.model_id, "qwen");
+        assert_eq!(e.context_length, Some(256_000), "human_readable_int: k is 1000");
+        assert_eq!(e.gpus, Some(vec![4, 5]));
+        assert!(e.reasoning);
+        assert_eq!(e.endpoint.port, 30001);
+        assert_eq!(e.endpoint.forward_address(), "10.0.0.5");
+        assert_eq!(e.endpoint.api_key.as_deref(), Some("sk-secret"));
+        assert!(!format!("{e:?}").contains("sk-secret"), "Debug hides the key");
+    }
+
+    #[test]
+    fn a_unit_without_flags_gets_sglang_defaults() {
+        let e = Expect::from_unit(&parse_unit(
+            "[Service]\nExecStart=/p -m sglang.launch_server --model-path /models/m\n",
+        ));
+        assert_eq!(e.model_id, "/models/m", "SGLang serves the model path by default");
+        assert_eq!((e.endpoint.port, e.endpoint.forward_address()), (30000, "127.0.0.1"));
+        assert_eq!((e.context_length, e.gpus.clone(), e.reasoning), (None, None, false));
+        assert_eq!(e.endpoint.api_key, None);
+    }
 }
