@@ -245,10 +245,7 @@ pub async fn verify(
         };
         let now = run.remote(stage, asked)?;
         if let Some(reason) = crash_reason(&first, &now) {
-            return Err(run.fail(
-                stage,
-                format!("crashed {:.1}s after the restart: {reason}", run.elapsed()),
-            ));
+            return Err(run.crashed(stage, Ok(reason)));
         }
         if !crash_passed && run.elapsed() >= spec.crash_window.as_secs_f64() {
             crash_passed = true;
@@ -278,14 +275,18 @@ pub async fn verify(
         };
         if Instant::now() >= next_sample {
             next_sample += spec.sample_interval;
+            // A sample can wait on a slow host (a hung nvidia-smi, up to the command timeout):
+            // systemd is still polled meanwhile, so a crash is not reported late.
             let sampled = tokio::select! {
-                r = run.sample(host, unit, &first, &now, expect) => Some(r),
-                _ = cancelled(&mut cancel) => None,
+                r = run.sample(host, unit, &first, &now, expect) => Meanwhile::Done(r),
+                crash = crash_meanwhile(host, unit, &first) => Meanwhile::Crashed(crash),
+                _ = cancelled(&mut cancel) => Meanwhile::Cancelled,
             };
-            let Some(sample) = sampled else {
-                return Err(run.fail(stage, crate::signals::interrupted()));
+            let sample = match sampled {
+                Meanwhile::Done(sample) => sample?,
+                Meanwhile::Crashed(crash) => return Err(run.crashed(stage, crash)),
+                Meanwhile::Cancelled => return Err(run.fail(stage, crate::signals::interrupted())),
             };
-            let sample = sample?;
             listening.send_replace(sample.listening);
             run.progress.update(phase, run.elapsed(), &sample, &run.record);
             let judged = judge::memory_failure(&run.record.samples, &policy)
@@ -301,9 +302,7 @@ pub async fn verify(
                 for _ in 0..CONFIRM_POLLS {
                     let again = run.remote(stage, host.unit_state(unit).await)?;
                     if let Some(crash) = crash_reason(&first, &again) {
-                        let reason =
-                            format!("crashed {:.1}s after the restart: {crash}", run.elapsed());
-                        return Err(run.fail(stage, reason));
+                        return Err(run.crashed(stage, Ok(crash)));
                     }
                     tokio::time::sleep(POLL_INTERVAL).await;
                 }
@@ -317,10 +316,15 @@ pub async fn verify(
         }
         if ready && identified && crash_passed {
             let finished = tokio::select! {
-                r = run.finish(host, unit, &first, &now, expect, &policy, &server, spec) => Some(r),
-                _ = cancelled(&mut cancel) => None,
+                r = run.finish(host, unit, &first, &now, expect, &policy, &server, spec) => Meanwhile::Done(r),
+                crash = crash_meanwhile(host, unit, &first) => Meanwhile::Crashed(crash),
+                _ = cancelled(&mut cancel) => Meanwhile::Cancelled,
             };
-            return finished.unwrap_or_else(|| Err(run.fail("smoke", crate::signals::interrupted())));
+            return match finished {
+                Meanwhile::Done(verified) => verified,
+                Meanwhile::Crashed(crash) => Err(run.crashed("loading", crash)),
+                Meanwhile::Cancelled => Err(run.fail("smoke", crate::signals::interrupted())),
+            };
         }
         let last = seen
             .health
@@ -347,6 +351,25 @@ pub async fn verify(
         tokio::select! {
             _ = tokio::time::sleep(POLL_INTERVAL) => {}
             _ = cancel.changed() => {}
+        }
+    }
+}
+
+/// What happened while a long step (a sample, the smoke completion) ran.
+enum Meanwhile<T> {
+    Done(T),
+    Crashed(Result<String, RemoteError>),
+    Cancelled,
+}
+
+/// Polls systemd until the unit shows a crash (its reason) or cannot be asked; never resolves
+/// while the unit is healthy. Its first look comes a poll interval in, so a quick step never
+/// pays for one.
+async fn crash_meanwhile(host: &Host, unit: &str, first: &UnitState) -> Result<String, RemoteError> {
+    loop {
+        tokio::time::sleep(POLL_INTERVAL).await;
+        if let Some(reason) = crash_reason(first, &host.unit_state(unit).await?) {
+            return Ok(reason);
         }
     }
 }
@@ -407,6 +430,15 @@ impl Run<'_> {
             reason,
             verification: std::mem::take(&mut self.record),
         }
+    }
+
+    /// The stage failed on what systemd said while another step ran: a crash, or no answer.
+    fn crashed(&mut self, stage: &'static str, seen: Result<String, RemoteError>) -> Failure {
+        let reason = match seen {
+            Ok(crash) => format!("crashed {:.1}s after the restart: {crash}", self.elapsed()),
+            Err(e) => error_chain(&e),
+        };
+        self.fail(stage, reason)
     }
 
     fn remote<T, E: std::error::Error + 'static>(
