@@ -103,7 +103,6 @@ fn short_hostname() -> Option<String> {
     (!short.is_empty()).then_some(short)
 }
 
-
 /// One round: prints one line (the commit and every unit's outcome), then the details of units
 /// that changed or failed, and returns apply's exit code for it.
 async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>) -> u8 {

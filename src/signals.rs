@@ -13,7 +13,10 @@ static RECEIVED: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
 /// What stopped the run, once a signal has: `interrupted (SIGTERM)`.
 pub fn interrupted() -> String {
-    format!("interrupted ({})", RECEIVED.get().copied().unwrap_or("cancelled"))
+    format!(
+        "interrupted ({})",
+        RECEIVED.get().copied().unwrap_or("cancelled")
+    )
 }
 
 /// A flag that turns true on the first Ctrl-C or SIGTERM.

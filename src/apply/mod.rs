@@ -490,11 +490,16 @@ async fn install(
         return match put_back(host, unit, &fallback).await {
             Ok(_) => (
                 Outcome::NotStarted,
-                format!("{detail}; the previous unit is back in place and the server was not restarted"),
+                format!(
+                    "{detail}; the previous unit is back in place and the server was not restarted"
+                ),
             ),
             Err(e) => (
                 Outcome::RollbackFailed,
-                format!("{detail}; putting the previous unit back failed: {}", error_chain(&e)),
+                format!(
+                    "{detail}; putting the previous unit back failed: {}",
+                    error_chain(&e)
+                ),
             ),
         };
     }

@@ -632,7 +632,11 @@ mod tests {
 
     #[test]
     fn an_https_server_is_refused_because_apply_could_not_verify_it() {
-        let t = target(&manifest("s", "h", "    ssl-certfile: /etc/ssl/s.pem\n    ssl-keyfile: /etc/ssl/s.key\n"));
+        let t = target(&manifest(
+            "s",
+            "h",
+            "    ssl-certfile: /etc/ssl/s.pem\n    ssl-keyfile: /etc/ssl/s.key\n",
+        ));
         let findings = judge(&t, &healthy());
         let verify = messages(&findings, "verify");
         assert_eq!(verify.len(), 1, "{findings:?}");

@@ -95,10 +95,17 @@ pub struct Answer {
 impl Host {
     /// The server of `endpoint` on this host: forwarded from a local port over the SSH
     /// connection, or at `url` when one is given.
-    pub async fn server(&self, endpoint: &Endpoint, url: Option<&str>) -> Result<Server, RemoteError> {
+    pub async fn server(
+        &self,
+        endpoint: &Endpoint,
+        url: Option<&str>,
+    ) -> Result<Server, RemoteError> {
         let base = match (url, self) {
             (Some(url), _) => url.trim_end_matches('/').to_string(),
-            (None, Host::Local) => format!("http://{}", socket(endpoint.forward_address(), endpoint.port)),
+            (None, Host::Local) => format!(
+                "http://{}",
+                socket(endpoint.forward_address(), endpoint.port)
+            ),
             (None, Host::Ssh(h)) => {
                 let local = h.forward(endpoint.forward_address(), endpoint.port).await?;
                 format!("http://127.0.0.1:{local}")
@@ -200,7 +207,10 @@ impl Server {
             request["chat_template_kwargs"] = serde_json::json!({"enable_thinking": false});
         }
         let response = self
-            .authorized(self.client.post(format!("{}/v1/chat/completions", self.base)))
+            .authorized(
+                self.client
+                    .post(format!("{}/v1/chat/completions", self.base)),
+            )
             .timeout(CHAT_TIMEOUT)
             .header("content-type", "application/json")
             .body(request.to_string())
@@ -320,7 +330,10 @@ mod tests {
         let thinking = r#"{"choices":[{"message":{"content":null,"reasoning_content":"The capital of France is Paris"},"finish_reason":"length"}]}"#;
         let a = parse_answer(thinking).unwrap();
         assert_eq!(a.content, "");
-        assert_eq!(a.reasoning.as_deref(), Some("The capital of France is Paris"));
+        assert_eq!(
+            a.reasoning.as_deref(),
+            Some("The capital of France is Paris")
+        );
         assert_eq!(a.finish_reason.as_deref(), Some("length"));
         assert!(parse_answer(r#"{"choices":[]}"#).is_err());
         assert!(parse_answer("<html>").is_err());

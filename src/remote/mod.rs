@@ -80,7 +80,10 @@ pub fn set_command_timeout(limit: Duration) {
 }
 
 pub fn command_timeout() -> Duration {
-    COMMAND_TIMEOUT_SET.get().copied().unwrap_or(COMMAND_TIMEOUT)
+    COMMAND_TIMEOUT_SET
+        .get()
+        .copied()
+        .unwrap_or(COMMAND_TIMEOUT)
 }
 
 /// The limit for `argv`: a systemd job's, or the default.
@@ -88,11 +91,19 @@ pub fn timeout_for(argv: &[&str]) -> Duration {
     let waits_for_a_job = |verb: &str| {
         matches!(
             verb,
-            "restart" | "stop" | "start" | "try-restart" | "reload-or-restart" | "isolate" | "reboot"
+            "restart"
+                | "stop"
+                | "start"
+                | "try-restart"
+                | "reload-or-restart"
+                | "isolate"
+                | "reboot"
         )
     };
     match argv {
-        ["systemctl", verb, ..] if waits_for_a_job(verb) => SYSTEMD_JOB_TIMEOUT.max(command_timeout()),
+        ["systemctl", verb, ..] if waits_for_a_job(verb) => {
+            SYSTEMD_JOB_TIMEOUT.max(command_timeout())
+        }
         ["systemctl", "enable" | "disable", rest @ ..] if rest.contains(&"--now") => {
             SYSTEMD_JOB_TIMEOUT.max(command_timeout())
         }
@@ -156,15 +167,13 @@ impl Host {
                 Host::Local => local::run(argv, input).await,
             }
         };
-        tokio::time::timeout(limit, run)
-            .await
-            .unwrap_or_else(|_| {
-                Err(RemoteError::TimedOut {
-                    host: self.name().to_string(),
-                    command: command_name(argv),
-                    after: limit,
-                })
+        tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
+            Err(RemoteError::TimedOut {
+                host: self.name().to_string(),
+                command: command_name(argv),
+                after: limit,
             })
+        })
     }
 
     /// Runs a command that must succeed.
@@ -358,13 +367,25 @@ mod tests {
 
     #[test]
     fn systemd_jobs_get_longer_than_other_commands() {
-        assert_eq!(timeout_for(&["systemctl", "restart", "--", "a.service"]), SYSTEMD_JOB_TIMEOUT);
-        assert_eq!(timeout_for(&["systemctl", "disable", "--now", "--", "a"]), SYSTEMD_JOB_TIMEOUT);
-        assert_eq!(timeout_for(&["systemctl", "show", "-p", "X"]), COMMAND_TIMEOUT);
+        assert_eq!(
+            timeout_for(&["systemctl", "restart", "--", "a.service"]),
+            SYSTEMD_JOB_TIMEOUT
+        );
+        assert_eq!(
+            timeout_for(&["systemctl", "disable", "--now", "--", "a"]),
+            SYSTEMD_JOB_TIMEOUT
+        );
+        assert_eq!(
+            timeout_for(&["systemctl", "show", "-p", "X"]),
+            COMMAND_TIMEOUT
+        );
         assert_eq!(timeout_for(&["nvidia-smi", "-L"]), COMMAND_TIMEOUT);
         assert_eq!(command_name(&["nvidia-smi", "--query-gpu=x"]), "nvidia-smi");
         assert_eq!(command_name(&["systemctl", "show", "-p"]), "systemctl show");
-        assert_eq!(command_name(&["sh", "-c", "\ncg=$(x)\ntest -r", "sh"]), "sh -c test…");
+        assert_eq!(
+            command_name(&["sh", "-c", "\ncg=$(x)\ntest -r", "sh"]),
+            "sh -c test…"
+        );
     }
 
     #[tokio::test]

@@ -130,7 +130,12 @@ pub fn python_float(text: &str) -> Option<f64> {
 /// `25.6k` is 25600, `128Ki` is 131072; `None` where SGLang would refuse the text.
 pub fn human_readable_int_value(text: &str) -> Option<u64> {
     let t = text.trim();
-    let iec = [("Ki", 1u64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40)];
+    let iec = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+    ];
     for (suffix, factor) in iec {
         if let Some(number) = t.strip_suffix(suffix) {
             if number.is_empty() || !number.chars().all(|c| c.is_ascii_digit()) {

@@ -106,7 +106,11 @@ pub fn memory_failure(samples: &[Sample], policy: &MemoryPolicy) -> Option<Strin
             ));
         }
     }
-    let peak = samples.iter().filter_map(Sample::own_bytes).max().unwrap_or(0);
+    let peak = samples
+        .iter()
+        .filter_map(Sample::own_bytes)
+        .max()
+        .unwrap_or(0);
     let used = last.own_bytes()?;
     (peak > 64 * 1024 * 1024 && used < peak / 2).then(|| {
         format!(
@@ -128,10 +132,14 @@ pub fn dead_worker(samples: &[Sample], own_gpus: bool) -> Option<String> {
     let last = samples.last()?;
     let gpus = if own_gpus { &last.gpu_mib[..] } else { &[] };
     for (i, used) in gpus.iter().enumerate() {
-        let readings: Vec<u64> = samples.iter().filter_map(|s| s.gpu_mib.get(i).copied()).collect();
+        let readings: Vec<u64> = samples
+            .iter()
+            .filter_map(|s| s.gpu_mib.get(i).copied())
+            .collect();
         let (low, peak) = largest_rise(&readings);
         let loaded = peak - low;
-        if loaded >= GPU_LOADED_MIB && (*used as f64) < low as f64 + loaded as f64 * GPU_DEAD_SHARE {
+        if loaded >= GPU_LOADED_MIB && (*used as f64) < low as f64 + loaded as f64 * GPU_DEAD_SHARE
+        {
             return Some(format!(
                 "a worker process died: GPU #{i} of the unit fell from {peak} MiB to {used} MiB while the main process lives"
             ));
@@ -194,7 +202,10 @@ pub fn stall(samples: &[Sample], policy: &MemoryPolicy) -> Option<String> {
     }
     if let (Some(a), Some(b)) = (window.first().and_then(|s| s.cpu_seconds), last.cpu_seconds) {
         let span = (last.seconds - since).max(f64::EPSILON);
-        flat.push(format!("CPU {:.0}% of a core", 100.0 * (b - a).max(0.0) / span));
+        flat.push(format!(
+            "CPU {:.0}% of a core",
+            100.0 * (b - a).max(0.0) / span
+        ));
     }
     if last.journal_lines.is_some() {
         flat.push("no new journal lines".into());
@@ -362,7 +373,10 @@ mod tests {
         samples.extend((5..16).map(|i| sample(i as f64, 180, &[])));
         let reason = stall(&samples, &policy()).unwrap();
         assert!(reason.contains("no progress for 11s"), "{reason}");
-        assert!(reason.contains("service memory flat at 180 MiB"), "{reason}");
+        assert!(
+            reason.contains("service memory flat at 180 MiB"),
+            "{reason}"
+        );
         assert!(
             stall(&samples[..14], &policy()).is_none(),
             "9 s flat is under the timeout"
@@ -442,7 +456,10 @@ mod tests {
             sample(2.0, 500, &[70000, 0]),
         ];
         let reason = dead_worker(&gpus, true).unwrap();
-        assert!(reason.contains("GPU #1 of the unit fell from 70000 MiB to 0 MiB"), "{reason}");
+        assert!(
+            reason.contains("GPU #1 of the unit fell from 70000 MiB to 0 MiB"),
+            "{reason}"
+        );
         let with = |seconds, schedulers, processes| Sample {
             schedulers: Some(schedulers),
             processes: Some(processes),
@@ -456,7 +473,10 @@ mod tests {
         // Compile workers come and go: one process fewer is not a death.
         assert_eq!(dead_worker(&[with(1.0, 4, 9), with(2.0, 4, 6)], true), None);
         // A GPU that never loaded much is not judged.
-        assert_eq!(dead_worker(&[sample(1.0, 1, &[900]), sample(2.0, 1, &[0])], true), None);
+        assert_eq!(
+            dead_worker(&[sample(1.0, 1, &[900]), sample(2.0, 1, &[0])], true),
+            None
+        );
         // Memory a GPU still held from the previous process at the restart is not this
         // invocation's: its falling is not a death, a fall from what this one loaded is.
         let stale = [
@@ -468,7 +488,9 @@ mod tests {
         let mut died = stale.to_vec();
         died.push(sample(4.0, 1, &[75000]));
         died.push(sample(5.0, 1, &[20000]));
-        assert!(dead_worker(&died, true).unwrap().contains("fell from 75000 MiB to 20000 MiB"));
+        assert!(dead_worker(&died, true)
+            .unwrap()
+            .contains("fell from 75000 MiB to 20000 MiB"));
         // GPUs the unit does not claim as its own are not judged.
         assert_eq!(dead_worker(&gpus, false), None);
     }

@@ -156,7 +156,11 @@ fn probe(
         let mut seen = Seen::default();
         let mut asked_models = 0;
         loop {
-            if listening.wait_for(|open| *open != Some(false)).await.is_err() {
+            if listening
+                .wait_for(|open| *open != Some(false))
+                .await
+                .is_err()
+            {
                 return;
             }
             let health = server.health().await;
@@ -232,7 +236,11 @@ pub async fn verify(
     let mut ready = false;
     let mut next_sample = run.started;
     loop {
-        let stage = if crash_passed { "loading" } else { "crash window" };
+        let stage = if crash_passed {
+            "loading"
+        } else {
+            "crash window"
+        };
         if *cancel.borrow() {
             return Err(run.fail(stage, crate::signals::interrupted()));
         }
@@ -288,7 +296,8 @@ pub async fn verify(
                 Meanwhile::Cancelled => return Err(run.fail(stage, crate::signals::interrupted())),
             };
             listening.send_replace(sample.listening);
-            run.progress.update(phase, run.elapsed(), &sample, &run.record);
+            run.progress
+                .update(phase, run.elapsed(), &sample, &run.record);
             let judged = judge::memory_failure(&run.record.samples, &policy)
                 .map(|reason| ("memory", reason))
                 .or_else(|| {
@@ -345,7 +354,11 @@ pub async fn verify(
                 "not ready after the {:?} load deadline; last: {last}",
                 spec.load_deadline
             );
-            let stage = if seen.opened.is_some() { "warmup" } else { "readiness" };
+            let stage = if seen.opened.is_some() {
+                "warmup"
+            } else {
+                "readiness"
+            };
             return Err(run.fail(stage, reason));
         }
         tokio::select! {
@@ -365,7 +378,11 @@ enum Meanwhile<T> {
 /// Polls systemd until the unit shows a crash (its reason) or cannot be asked; never resolves
 /// while the unit is healthy. Its first look comes a poll interval in, so a quick step never
 /// pays for one.
-async fn crash_meanwhile(host: &Host, unit: &str, first: &UnitState) -> Result<String, RemoteError> {
+async fn crash_meanwhile(
+    host: &Host,
+    unit: &str,
+    first: &UnitState,
+) -> Result<String, RemoteError> {
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;
         if let Some(reason) = crash_reason(first, &host.unit_state(unit).await?) {
@@ -512,7 +529,10 @@ impl Run<'_> {
             }
         };
         if life.cpu_usec.is_none() {
-            self.note("the host reports no CPU time for the unit's cgroup; a stall is judged without it".into());
+            self.note(
+                "the host reports no CPU time for the unit's cgroup; a stall is judged without it"
+                    .into(),
+            );
         }
         self.journal_cursor = life.cursor.clone();
         self.journal_lines += life.new_journal_lines;
@@ -674,13 +694,20 @@ mod tests {
     fn what_the_server_must_be_is_read_from_its_unit_as_sglang_reads_it() {
         let e = Expect::from_unit(&parse_unit(UNIT));
         assert_eq!(e.model_id, "qwen");
-        assert_eq!(e.context_length, Some(256_000), "human_readable_int: k is 1000");
+        assert_eq!(
+            e.context_length,
+            Some(256_000),
+            "human_readable_int: k is 1000"
+        );
         assert_eq!(e.gpus, Some(vec![4, 5]));
         assert!(e.reasoning);
         assert_eq!(e.endpoint.port, 30001);
         assert_eq!(e.endpoint.forward_address(), "10.0.0.5");
         assert_eq!(e.endpoint.api_key.as_deref(), Some("sk-secret"));
-        assert!(!format!("{e:?}").contains("sk-secret"), "Debug hides the key");
+        assert!(
+            !format!("{e:?}").contains("sk-secret"),
+            "Debug hides the key"
+        );
     }
 
     #[test]
@@ -688,9 +715,18 @@ mod tests {
         let e = Expect::from_unit(&parse_unit(
             "[Service]\nExecStart=/p -m sglang.launch_server --model-path /models/m\n",
         ));
-        assert_eq!(e.model_id, "/models/m", "SGLang serves the model path by default");
-        assert_eq!((e.endpoint.port, e.endpoint.forward_address()), (30000, "127.0.0.1"));
-        assert_eq!((e.context_length, e.gpus.clone(), e.reasoning), (None, None, false));
+        assert_eq!(
+            e.model_id, "/models/m",
+            "SGLang serves the model path by default"
+        );
+        assert_eq!(
+            (e.endpoint.port, e.endpoint.forward_address()),
+            (30000, "127.0.0.1")
+        );
+        assert_eq!(
+            (e.context_length, e.gpus.clone(), e.reasoning),
+            (None, None, false)
+        );
         assert_eq!(e.endpoint.api_key, None);
     }
 }

@@ -284,7 +284,12 @@ pub fn assert_rolled_back_from(
     let (code, report) = apply(&service_with(name, port, good_env, verify));
     assert_eq!(code, 0, "{report:#}");
     let good_text = unit_file(&unit).unwrap();
-    let (code, report) = apply(&service_with(name, port, &format!("{good_env}{bad_env}"), verify));
+    let (code, report) = apply(&service_with(
+        name,
+        port,
+        &format!("{good_env}{bad_env}"),
+        verify,
+    ));
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     assert_eq!(report["failed_stage"], stage, "{report:#}");
@@ -316,14 +321,7 @@ fn a_crash_during_load_after_the_window_rolls_back() {
 fn a_stalled_load_rolls_back() {
     let env =
         ", FAKE_SGLANG_LOAD_SECONDS: \"8\", FAKE_SGLANG_FAIL: stall, FAKE_SGLANG_FAIL_AT: \"0.5\"";
-    assert_rolled_back(
-        "t-fail-stall",
-        32012,
-        env,
-        "",
-        "loading",
-        "no progress for",
-    );
+    assert_rolled_back("t-fail-stall", 32012, env, "", "loading", "no progress for");
 }
 
 #[test]
@@ -402,10 +400,21 @@ fn a_verified_apply_records_its_deployment_and_its_memory_trajectory() {
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(
         passed_stages(&report["verification"]),
-        ["crash window", "identity", "memory", "readiness", "smoke", "warmup"]
+        [
+            "crash window",
+            "identity",
+            "memory",
+            "readiness",
+            "smoke",
+            "warmup"
+        ]
     );
     let stages = report["verification"]["stages"].as_array().unwrap();
-    assert_eq!(stages.last().unwrap()["name"], "smoke", "the smoke completion comes last");
+    assert_eq!(
+        stages.last().unwrap()["name"],
+        "smoke",
+        "the smoke completion comes last"
+    );
     let samples = report["verification"]["samples"].as_array().unwrap();
     assert!(samples.len() >= 4, "{samples:?}");
     let first = samples[0]["service_bytes"].as_u64().unwrap();

@@ -103,7 +103,10 @@ fn a_full_unit_folder_changes_nothing() {
     let v1 = start(unit, "t-fault-full", 37002);
     let running = invocation(unit);
     // A small tmpfs holding a copy of the folder, filled up, over the folder.
-    let undo = Undo::new(HOST, "umount /etc/systemd/system && systemctl daemon-reload");
+    let undo = Undo::new(
+        HOST,
+        "umount /etc/systemd/system && systemctl daemon-reload",
+    );
     lab().sh(HOST, "rm -rf /run/unit-copy && cp -a /etc/systemd/system /run/unit-copy && mount -t tmpfs -o size=1m tmpfs /etc/systemd/system && cp -a /run/unit-copy/. /etc/systemd/system/ && (head -c 2m /dev/zero > /etc/systemd/system/.filler 2>/dev/null; true)");
     let (code, report) = apply(&service("t-fault-full", 37002, "2"));
     let on_full_disk = unit_text(unit);

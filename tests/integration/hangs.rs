@@ -39,7 +39,10 @@ fn apply(text: &str, extra: &[&str]) -> Ran {
 }
 
 fn invocation(unit: &str) -> String {
-    lab().sh(HANGS, &format!("/usr/bin/systemctl show -p InvocationID --value {unit}"))
+    lab().sh(
+        HANGS,
+        &format!("/usr/bin/systemctl show -p InvocationID --value {unit}"),
+    )
 }
 
 /// A file put on the host for one test and removed when the guard drops.
@@ -61,7 +64,10 @@ impl Drop for Planted {
         // `[.]` keeps pkill's pattern from matching this command's own shell.
         lab().sh_quietly(
             HANGS,
-            &format!("rm -f {} /run/t-hang-show; pkill -f 'sleep 3600[.]123' || true", self.path),
+            &format!(
+                "rm -f {} /run/t-hang-show; pkill -f 'sleep 3600[.]123' || true",
+                self.path
+            ),
         );
     }
 }
@@ -89,12 +95,17 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
             said.contains("`nvidia-smi` on rl14 did not answer in 2s"),
             "{said}"
         );
-        assert!(started.elapsed() < Duration::from_secs(20), "the plan ended");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the plan ended"
+        );
     }
     // Only the memory query hangs: preflight passes, and verification goes on without GPUs.
     let _smi = Planted::script(
         "/usr/local/sbin/nvidia-smi",
-        &format!("case \"$*\" in *memory.used*) {HANG};; esac\nexec /usr/local/bin/nvidia-smi \"$@\""),
+        &format!(
+            "case \"$*\" in *memory.used*) {HANG};; esac\nexec /usr/local/bin/nvidia-smi \"$@\""
+        ),
     );
     let ran = apply(&text, &["--command-timeout", "2s"]);
     assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
@@ -128,9 +139,13 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
         ", FAKE_SGLANG_LOAD_SECONDS: \"6\"",
     )
     .replace("FAKE_SGLANG_LOAD_SECONDS: \"1\", ", "");
-    let run = Reconcile::new()
-        .manifest("a.yaml", &slow)
-        .args(&["apply", "--format", "json", "--command-timeout", "3s"]);
+    let run = Reconcile::new().manifest("a.yaml", &slow).args(&[
+        "apply",
+        "--format",
+        "json",
+        "--command-timeout",
+        "3s",
+    ]);
     let child = run.spawn(&[]);
     std::thread::sleep(Duration::from_millis(2500));
     lab().sh(HANGS, "touch /run/t-hang-show");
@@ -145,8 +160,15 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
             || detail.contains("`the liveness reading (systemctl show, cgroup files, ss, journalctl)` on rl14 did not answer in 3s"),
         "{detail}"
     );
-    assert!(detail.contains("the previous unit was restored and passed verification"), "{detail}");
-    assert_ne!(invocation(unit), running, "the previous unit runs again, restarted");
+    assert!(
+        detail.contains("the previous unit was restored and passed verification"),
+        "{detail}"
+    );
+    assert_ne!(
+        invocation(unit),
+        running,
+        "the previous unit runs again, restarted"
+    );
     fresh(unit);
 }
 
@@ -173,11 +195,18 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
         assert_eq!(ran.code, 1, "{what}: {}{}", ran.stdout, ran.stderr);
         let report = &ran.json()["units"][0];
         let detail = report["detail"].as_str().unwrap();
-        assert!(detail.contains(&record), "{what}: the message names the file: {detail}");
+        assert!(
+            detail.contains(&record),
+            "{what}: the message names the file: {detail}"
+        );
         if what == "a newer format" {
             assert!(detail.contains("newer reconcile"), "{detail}");
         }
-        assert_eq!(invocation(unit), running, "{what}: the healthy server was not restarted");
+        assert_eq!(
+            invocation(unit),
+            running,
+            "{what}: the healthy server was not restarted"
+        );
         let status = Reconcile::new()
             .manifest("a.yaml", &text)
             .args(&["status", "--format", "json"])
@@ -195,7 +224,9 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
 
 /// Starts a slow apply of `text`, sends `signal` once it is verifying, and returns its report.
 fn signalled(text: &str, signal: &str) -> (Ran, serde_json::Value) {
-    let run = Reconcile::new().manifest("a.yaml", text).args(&["apply", "--format", "json"]);
+    let run = Reconcile::new()
+        .manifest("a.yaml", text)
+        .args(&["apply", "--format", "json"]);
     let child = run.spawn(&[]);
     std::thread::sleep(Duration::from_millis(2500));
     let sent = std::process::Command::new("kill")
@@ -216,17 +247,25 @@ fn sigterm_during_verification_rolls_back() {
     let good = service("t-hang-sigterm", 36004, "6,7", "");
     assert_eq!(apply(&good, &[]).code, 0);
     let good_text = lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}"));
-    let slow = good
-        .replace("FAKE_SGLANG_LOAD_SECONDS: \"1\"", "FAKE_SGLANG_LOAD_SECONDS: \"8\"");
+    let slow = good.replace(
+        "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
+        "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
+    );
     let (ran, json) = signalled(&slow, "-TERM");
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     assert!(
-        report["detail"].as_str().unwrap().contains("interrupted (SIGTERM)"),
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("interrupted (SIGTERM)"),
         "{report:#}"
     );
-    assert_eq!(lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}")), good_text);
+    assert_eq!(
+        lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}")),
+        good_text
+    );
     fresh(unit);
 }
 
@@ -236,8 +275,10 @@ fn ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched() {
     let (first, second) = ("t-hang-two-a.service", "t-hang-two-b.service");
     fresh(first);
     fresh(second);
-    let a = service("t-hang-two-a", 36005, "8,9", "")
-        .replace("FAKE_SGLANG_LOAD_SECONDS: \"1\"", "FAKE_SGLANG_LOAD_SECONDS: \"8\"");
+    let a = service("t-hang-two-a", 36005, "8,9", "").replace(
+        "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
+        "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
+    );
     let b = service("t-hang-two-b", 36006, "10,11", "");
     let run = Reconcile::new()
         .manifest("a.yaml", &a)
@@ -269,7 +310,11 @@ fn ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched() {
         HANGS,
         &format!("test -e /etc/systemd/system/{second} && echo present || echo absent"),
     );
-    assert_eq!(absent.trim(), "absent", "the second unit was never installed");
+    assert_eq!(
+        absent.trim(),
+        "absent",
+        "the second unit was never installed"
+    );
     fresh(first);
     fresh(second);
 }

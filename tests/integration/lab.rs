@@ -130,7 +130,11 @@ pub struct Undo {
 
 impl Undo {
     pub fn new(host: &'static str, script: &'static str) -> Undo {
-        Undo { host, script, done: false }
+        Undo {
+            host,
+            script,
+            done: false,
+        }
     }
 
     pub fn undo(mut self) {

@@ -52,7 +52,10 @@ fn a_health_check_slower_than_a_second_is_waited_for() {
         .nth(1)
         .and_then(|t| t.trim_end_matches("s)").parse().ok())
         .unwrap_or_else(|| panic!("no probe time in {detail}"));
-    assert!(took >= 2.9, "the 200 came {took}s after the request: {detail}");
+    assert!(
+        took >= 2.9,
+        "the 200 came {took}s after the request: {detail}"
+    );
     stop(unit);
 }
 
@@ -68,16 +71,25 @@ fn a_warmup_answering_503_is_progress_not_a_failure() {
         ", stall_timeout: 2s",
     ));
     let v = &report["verification"];
-    let opened = v["port_open_seconds"].as_f64().expect("the port's opening is recorded");
+    let opened = v["port_open_seconds"]
+        .as_f64()
+        .expect("the port's opening is recorded");
     let ready = v["load_seconds"].as_f64().unwrap();
-    assert!(ready - opened >= 4.5, "warmup took {}s: {v:#}", ready - opened);
+    assert!(
+        ready - opened >= 4.5,
+        "warmup took {}s: {v:#}",
+        ready - opened
+    );
     assert_eq!(
         passed_stages(v),
         ["crash window", "identity", "memory", "readiness", "warmup"]
     );
     // /v1/models answers during warmup: identity is known before the server is ready.
     let identified = stage(v, "identity")["seconds"].as_f64().unwrap();
-    assert!(identified < ready - 3.0, "identity at {identified}s, ready at {ready}s");
+    assert!(
+        identified < ready - 3.0,
+        "identity at {identified}s, ready at {ready}s"
+    );
     stop(unit);
 }
 
@@ -97,7 +109,10 @@ fn a_flat_busy_phase_three_times_the_stall_timeout_is_not_a_stall() {
     let samples = v["samples"].as_array().unwrap();
     let cpu = |s: &serde_json::Value| s["cpu_seconds"].as_f64().expect("CPU time is sampled");
     let used = cpu(samples.last().unwrap()) - cpu(&samples[0]);
-    assert!(used >= 3.0, "the JIT phase kept a core busy: {used}s of CPU");
+    assert!(
+        used >= 3.0,
+        "the JIT phase kept a core busy: {used}s of CPU"
+    );
     stop(unit);
 }
 
@@ -121,7 +136,11 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
         .run();
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
     let report = &ran.json()["units"][0];
-    assert_eq!(passed_stages(&report["verification"]).len(), 6, "{report:#}");
+    assert_eq!(
+        passed_stages(&report["verification"]).len(),
+        6,
+        "{report:#}"
+    );
     assert!(!ran.stdout.contains(key) && !ran.stderr.contains(key));
     // The server really wants the key: without it, /v1/models is refused.
     let refused = lab().sh(
@@ -149,7 +168,10 @@ fn a_reasoning_model_is_asked_not_to_think() {
     );
     let report = converges(&text);
     let smoke = stage(&report["verification"], "smoke");
-    assert!(smoke["detail"].as_str().unwrap().contains("Paris"), "{smoke}");
+    assert!(
+        smoke["detail"].as_str().unwrap().contains("Paris"),
+        "{smoke}"
+    );
     stop(unit);
 }
 
@@ -176,7 +198,10 @@ fn a_dead_rank_of_sglang_0_5_9_is_a_worker_death_and_the_rollback_waits_out_a_sl
     let at = failed["seconds"].as_f64().unwrap();
     // It died 4 s after the stand-in started, past the 3 s crash window; reported within 3 s
     // (plus the stand-in's Python start-up, which counts from the restart).
-    assert!(at < 4.0 + 3.0 + 1.0, "reported {at}s after the restart: {failed}");
+    assert!(
+        at < 4.0 + 3.0 + 1.0,
+        "reported {at}s after the restart: {failed}"
+    );
 }
 
 #[test]
@@ -203,7 +228,10 @@ fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
         detail.contains("a worker process died") || detail.contains("crashed "),
         "{detail}"
     );
-    assert!(detail.contains("the previous unit was restored and passed verification"), "{detail}");
+    assert!(
+        detail.contains("the previous unit was restored and passed verification"),
+        "{detail}"
+    );
     stop(unit);
 }
 
