@@ -222,11 +222,8 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
     fresh(unit);
 }
 
-/// Starts a slow apply of `text`, sends `signal` once it is verifying, and returns its report.
-fn signalled(text: &str, signal: &str) -> (Ran, serde_json::Value) {
-    let run = Reconcile::new()
-        .manifest("a.yaml", text)
-        .args(&["apply", "--format", "json"]);
+/// Starts `run` (a slow apply), sends `signal` once it is verifying, and returns its report.
+fn signalled(run: &Reconcile, signal: &str) -> (Ran, serde_json::Value) {
     let child = run.spawn(&[]);
     std::thread::sleep(Duration::from_millis(2500));
     let sent = std::process::Command::new("kill")
@@ -251,7 +248,10 @@ fn sigterm_during_verification_rolls_back() {
         "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
         "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
     );
-    let (ran, json) = signalled(&slow, "-TERM");
+    let run = Reconcile::new()
+        .manifest("a.yaml", &slow)
+        .args(&["apply", "--format", "json"]);
+    let (ran, json) = signalled(&run, "-TERM");
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
@@ -284,15 +284,7 @@ fn ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched() {
         .manifest("a.yaml", &a)
         .manifest("b.yaml", &b)
         .args(&["apply", "--format", "json"]);
-    let child = run.spawn(&[]);
-    std::thread::sleep(Duration::from_millis(2500));
-    let sent = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let ran = Ran::from(child.wait_with_output().unwrap());
-    let json = ran.json();
+    let (_, json) = signalled(&run, "-INT");
     let outcome = |unit: &str| {
         json["units"]
             .as_array()
