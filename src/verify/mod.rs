@@ -482,10 +482,12 @@ impl Run<'_> {
         expect: &Expect,
     ) -> Result<Sample, Failure> {
         let gpus = async {
+            // Not asked again once it hung: that would hold up every sample by the timeout.
             if self.gpus_hung {
-                return Ok(GpuReading::NoTooling("it hung before".into()));
+                None
+            } else {
+                Some(host.gpu_memory().await)
             }
-            host.gpu_memory().await
         };
         let (gpus, life) = tokio::join!(
             gpus,
@@ -496,38 +498,36 @@ impl Run<'_> {
                 expect.endpoint.port
             )
         );
-        let gpus = match gpus {
-            // A GPU that fell off the bus hangs nvidia-smi; asking again each sample would hold
-            // up verification by the whole timeout every time.
-            Err(e @ RemoteError::TimedOut { .. }) => {
+        let gpu_mib = match gpus {
+            None => Vec::new(),
+            // A GPU that fell off the bus hangs nvidia-smi.
+            Some(Err(e @ RemoteError::TimedOut { .. })) => {
                 self.gpus_hung = true;
                 self.note(format!(
                     "{e}: GPU memory is not judged for the rest of this verification (a GPU that fell off the bus hangs nvidia-smi; check the host)"
                 ));
-                GpuReading::NoTooling("it hung".into())
-            }
-            other => self.remote("memory", other)?,
-        };
-        let life = self.remote("memory", life)?;
-        let gpu_mib = match gpus {
-            GpuReading::Gpus(all) => all
-                .iter()
-                .filter(|g| {
-                    expect
-                        .gpus
-                        .as_ref()
-                        .is_none_or(|mine| mine.contains(&g.index))
-                })
-                .map(|g| g.used_mib)
-                .collect(),
-            GpuReading::NoTooling(_) if self.gpus_hung => Vec::new(),
-            GpuReading::NoTooling(why) => {
-                self.note(format!(
-                    "no GPU tooling on the host ({why}); judged without GPU memory"
-                ));
                 Vec::new()
             }
+            Some(reading) => match self.remote("memory", reading)? {
+                GpuReading::Gpus(all) => all
+                    .iter()
+                    .filter(|g| {
+                        expect
+                            .gpus
+                            .as_ref()
+                            .is_none_or(|mine| mine.contains(&g.index))
+                    })
+                    .map(|g| g.used_mib)
+                    .collect(),
+                GpuReading::NoTooling(why) => {
+                    self.note(format!(
+                        "no GPU tooling on the host ({why}); judged without GPU memory"
+                    ));
+                    Vec::new()
+                }
+            },
         };
+        let life = self.remote("memory", life)?;
         if life.cpu_usec.is_none() {
             self.note(
                 "the host reports no CPU time for the unit's cgroup; a stall is judged without it"
