@@ -152,7 +152,11 @@ fn a_reload_without_restart_is_not_restarted_and_a_stopped_service_is_down() {
     lab().sh(HOST, &format!("systemctl stop {unit}"));
     let (c, code, json) = classes(&text);
     assert_eq!((c, code), (vec!["down".to_string()], 2), "{json:#}");
-    assert!(json["details"].to_string().contains("inactive (dead)"));
+    assert!(
+        json["details"].to_string().contains("inactive (dead)"),
+        "{json:#}\n{}",
+        lab().sh(HOST, &format!("journalctl -u {unit} -n 40 --no-pager"))
+    );
     lab().sh(HOST, &format!("systemctl disable {unit}"));
 }
 
