@@ -3,9 +3,10 @@
 //! phases with flat memory (CUDA graph capture, DeepGEMM's JIT pre-compilation, "typically 10-20
 //! mins"), so memory alone cannot tell a busy server from a stuck one.
 
+use async_trait::async_trait;
 use serde::Serialize;
 
-use super::{Host, RemoteError};
+use crate::remote::{Host, RemoteError};
 
 /// Read in one round over the connection. cgroup v2 first (`/sys/fs/cgroup/<cg>`), then the
 /// hybrid layout systemd 252 uses on cgroup v1 hosts (`memory/`, `unified/`).
@@ -81,11 +82,24 @@ impl Liveness {
     }
 }
 
-impl Host {
+/// A server's signs of life on a host; import it to call `host.liveness(..)` on any [`Host`].
+#[async_trait]
+pub trait ReadLiveness {
     /// Reads the unit's signs of life and whether its `port` is open; `cursor` continues the
     /// journal where the last reading ended (the first reading counts the whole invocation's
     /// lines).
-    pub async fn liveness(
+    async fn liveness(
+        &self,
+        unit: &str,
+        invocation: &str,
+        cursor: Option<&str>,
+        port: u16,
+    ) -> Result<Liveness, RemoteError>;
+}
+
+#[async_trait]
+impl<H: Host + ?Sized> ReadLiveness for H {
+    async fn liveness(
         &self,
         unit: &str,
         invocation: &str,
