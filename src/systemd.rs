@@ -32,3 +32,40 @@ impl<H: Host + ?Sized> Systemd for H {
         Ok(Observed { unit_text, state })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    #[tokio::test]
+    async fn observing_reads_the_unit_file_and_asks_systemd() {
+        let fake = FakeHost::new("gpu-a")
+            .with_file("/etc/systemd/system/a.service", "[Service]\n")
+            .on(
+                &[
+                    "systemctl",
+                    "show",
+                    "-p",
+                    SHOW_PROPERTIES,
+                    "--",
+                    "a.service",
+                ],
+                Reply::ok("LoadState=loaded\nActiveState=active\nInvocationID=abc\n"),
+            );
+        let host: &dyn Host = &fake;
+        let observed = host.observe("a.service").await.unwrap();
+        assert_eq!(observed.unit_text.as_deref(), Some("[Service]\n"));
+        assert_eq!(observed.state.active_state, "active");
+        assert_eq!(observed.state.invocation_id, "abc");
+        assert_eq!(fake.commands().len(), 1);
+        let missing = host.observe("b.service").await.unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "gpu-a: `systemctl show -p ".to_string()
+                + SHOW_PROPERTIES
+                + " -- b.service` exited with 127: fake: no answer scripted for `systemctl show -p "
+                + SHOW_PROPERTIES + " -- b.service`"
+        );
+    }
+}

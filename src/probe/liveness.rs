@@ -160,3 +160,36 @@ mod tests {
         assert_eq!(Liveness::parse("garbage\n\0=\n"), Liveness::default());
     }
 }
+
+#[cfg(test)]
+mod reading_tests {
+    use super::*;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    #[tokio::test]
+    async fn a_hung_reading_is_named_for_what_it_reads() {
+        let host = FakeHost::new("gpu-a").on(&["sh", "-c", SCRIPT], Reply::Hang);
+        let e = host
+            .liveness("a.service", "inv", None, 30000)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`the liveness reading (systemctl show, cgroup files, ss, journalctl)` on gpu-a did not answer in 30s"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_cursor_carries_over_when_the_journal_has_nothing_new() {
+        let host = FakeHost::new("gpu-a").on(&["sh", "-c", SCRIPT], Reply::ok("journal_lines=0\n"));
+        let l = host
+            .liveness("a.service", "inv", Some("s=1"), 30000)
+            .await
+            .unwrap();
+        assert_eq!(l.cursor.as_deref(), Some("s=1"));
+        assert_eq!(
+            host.commands()[0][3..],
+            ["sh", "a.service", "s=1", "inv", "30000"].map(String::from)
+        );
+    }
+}
