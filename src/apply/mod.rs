@@ -24,7 +24,8 @@ use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
 use crate::preflight;
 use crate::redact::{redact_text, secret_values, Secret, REDACTED};
-use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
+use crate::systemd::Systemd;
 use crate::targets::Target;
 use crate::unit::parse_unit;
 use crate::verify::{verify, Expect, Failure, Progress, Verification, POLL_INTERVAL};
@@ -115,7 +116,7 @@ pub async fn apply_targets(
 
 /// Applies one target over a connection the caller holds (`reconcile rollback` reads the host's
 /// history over the same connection first).
-pub(crate) async fn apply_one(host: &Host, t: &Target, options: &ApplyOptions) -> UnitReport {
+pub(crate) async fn apply_one(host: &dyn Host, t: &Target, options: &ApplyOptions) -> UnitReport {
     apply_unit(host, t, options).await
 }
 
@@ -163,7 +164,7 @@ pub(super) async fn apply_host(
             })
             .collect();
     }
-    let host = match Host::connect(&name, ssh).await {
+    let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => return unreachable(&targets, &e, started),
     };
@@ -173,7 +174,7 @@ pub(super) async fn apply_host(
             reports.push(not_started(t, "interrupted before this unit's turn"));
             continue;
         }
-        reports.push(apply_unit(&host, t, options).await);
+        reports.push(apply_unit(&*host, t, options).await);
     }
     host.close().await;
     reports
@@ -182,7 +183,7 @@ pub(super) async fn apply_host(
 /// Whether applying `t` would do anything: its unit differs from the manifest, or the last apply of
 /// it did not finish. A plan file's unit, and a unit or record that cannot be read, count as work:
 /// apply's own path checks and reports them.
-pub(super) async fn has_work(host: &Host, t: &Target) -> bool {
+pub(super) async fn has_work(host: &dyn Host, t: &Target) -> bool {
     if t.expected.is_some() {
         return true;
     }
@@ -248,7 +249,7 @@ impl Report {
     }
 }
 
-async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitReport {
+async fn apply_unit(host: &dyn Host, t: &Target, options: &ApplyOptions) -> UnitReport {
     let mut r = Report::new(t, Instant::now());
     let span = tracing::info_span!("unit", host = %t.host, unit = %t.desired.unit);
     let _guard = span.enter();
@@ -357,7 +358,7 @@ async fn apply_unit(host: &Host, t: &Target, options: &ApplyOptions) -> UnitRepo
 /// the plan file recorded. The unit file is read again, since another run may have changed it
 /// between the first look and the lock.
 async fn still_as_planned(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     expected: &plan_file::PlannedState,
     observed: &Observed,
@@ -403,7 +404,7 @@ fn blocks(f: &preflight::Finding, restoring: Option<usize>) -> bool {
 /// that exists but cannot be read or parsed is an error, never "no record": that would restart a
 /// healthy server to finish an apply that did finish.
 async fn unfinished(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     observed: &Observed,
 ) -> Result<bool, state::RecordError> {
@@ -427,7 +428,7 @@ pub(super) struct Fallback {
 const RECONNECT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 async fn install(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     observed: &Observed,
     verdict: Verdict,
@@ -570,7 +571,7 @@ fn summary(v: &Verification) -> String {
 
 #[allow(clippy::too_many_arguments)]
 async fn rollback(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     fallback: &Fallback,
     options: &ApplyOptions,
@@ -662,7 +663,7 @@ enum Presence {
     Gone,
 }
 
-async fn presence(host: &Host) -> Presence {
+async fn presence(host: &dyn Host) -> Presence {
     if !host.connected().await {
         return Presence::Gone;
     }
@@ -682,7 +683,7 @@ async fn presence(host: &Host) -> Presence {
 
 /// Restores the previous unit (or removes a unit that was new) and verifies it when it ran.
 async fn put_previous_back(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     fallback: &Fallback,
     options: &ApplyOptions,
@@ -759,7 +760,7 @@ fn left_behind(unit: &str, fallback: &Fallback, tried: bool) -> String {
 
 /// After a failed install (nothing was restarted): puts the previous unit file back if the new one
 /// got in place, and has systemd reload it. Returns whether anything had to be put back.
-async fn put_back(host: &Host, unit: &str, fallback: &Fallback) -> Result<bool, RemoteError> {
+async fn put_back(host: &dyn Host, unit: &str, fallback: &Fallback) -> Result<bool, RemoteError> {
     let path = format!("{UNIT_DIR}/{unit}");
     if host.read_file(&path).await? == fallback.previous {
         return Ok(false);
@@ -776,7 +777,7 @@ async fn put_back(host: &Host, unit: &str, fallback: &Fallback) -> Result<bool, 
 
 /// Puts the previous unit back (or removes a unit that was new), restarting it when asked.
 pub(super) async fn restore(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
     fallback: &Fallback,
     restart: bool,
@@ -802,7 +803,7 @@ pub(super) async fn restore(
 
 /// Writes the deployment record; a failure to record is a note, not a failed deployment.
 async fn record(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     options: &ApplyOptions,
     outcome: &str,
@@ -835,7 +836,7 @@ async fn record(
 }
 
 /// The last lines the failed invocation logged, and systemd's lines about it.
-async fn journal(host: &Host, invocation: &str) -> Option<String> {
+async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
     if invocation.is_empty() {
         return None;
     }

@@ -8,7 +8,7 @@ use futures::stream::{self, StreamExt};
 use super::{apply_host, restore, state, ApplyOptions, Fallback, Outcome, UnitReport};
 use crate::manifest::VerifySpec;
 use crate::plan::UNIT_DIR;
-use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::targets::{by_host, Target};
 use crate::unit::parse_unit;
 use crate::verify::{verify, Expect, Progress};
@@ -46,7 +46,7 @@ enum Turn {
 /// Looks at a host, changing nothing: is there work for the rollout?
 async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey {
     let started = std::time::Instant::now();
-    let host = match Host::connect(&name, ssh).await {
+    let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => {
             return Survey::Turn(Turn::Unreachable(super::unreachable(&targets, &e, started)))
@@ -54,7 +54,7 @@ async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey 
     };
     let mut work = false;
     for t in &targets {
-        if super::has_work(&host, t).await {
+        if super::has_work(&*host, t).await {
             work = true;
             break;
         }
@@ -202,10 +202,10 @@ async fn roll_back_one(
     options: &ApplyOptions,
 ) {
     let result = async {
-        let host = Host::connect(&r.host, ssh)
+        let host = remote::connect(&r.host, ssh)
             .await
             .map_err(|e| error_chain(&e))?;
-        let outcome = revert(&host, r, &spec, options).await;
+        let outcome = revert(&*host, r, &spec, options).await;
         host.close().await;
         outcome
     };
@@ -224,7 +224,7 @@ async fn roll_back_one(
 /// Restores what the unit was before this rollout: the generation the install kept, or nothing
 /// for a unit that was new.
 async fn revert(
-    host: &Host,
+    host: &dyn Host,
     r: &mut UnitReport,
     spec: &VerifySpec,
     options: &ApplyOptions,
@@ -295,7 +295,7 @@ async fn revert(
     })
 }
 
-async fn reload_previous(host: &Host, unit: &str, text: &str) -> Result<(), RemoteError> {
+async fn reload_previous(host: &dyn Host, unit: &str, text: &str) -> Result<(), RemoteError> {
     host.write_file(&format!("{UNIT_DIR}/{unit}"), text, "0644")
         .await?;
     host.run_ok(&["systemctl", "daemon-reload"])
