@@ -62,7 +62,6 @@ enum Krate {
 type ModuleId = (Krate, Vec<String>);
 
 struct Module {
-    file: PathBuf,
     /// The source with comments, strings and test modules blanked out.
     code: String,
 }
@@ -107,7 +106,7 @@ fn collect(krate: Krate, base: &Path, dir: &Path, found: &mut BTreeMap<ModuleId,
         match found.get_mut(&id) {
             Some(m) => m.code.push_str(&code),
             None => {
-                found.insert(id, Module { file: path, code });
+                found.insert(id, Module { code });
             }
         }
     }
