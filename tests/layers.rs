@@ -72,7 +72,10 @@ fn root() -> PathBuf {
 
 fn modules() -> BTreeMap<ModuleId, Module> {
     let mut found = BTreeMap::new();
-    for (krate, dir) in [(Krate::Bin, root().join("src")), (Krate::Core, root().join("core/src"))] {
+    for (krate, dir) in [
+        (Krate::Bin, root().join("src")),
+        (Krate::Core, root().join("core/src")),
+    ] {
         if dir.is_dir() {
             collect(krate, &dir, &dir, &mut found);
         }
@@ -81,7 +84,10 @@ fn modules() -> BTreeMap<ModuleId, Module> {
 }
 
 fn collect(krate: Krate, base: &Path, dir: &Path, found: &mut BTreeMap<ModuleId, Module>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     entries.sort();
     for path in entries {
         if path.is_dir() {
@@ -96,7 +102,10 @@ fn collect(krate: Krate, base: &Path, dir: &Path, found: &mut BTreeMap<ModuleId,
             .iter()
             .map(|s| s.to_string_lossy().into_owned())
             .collect();
-        if matches!(segments.last().map(String::as_str), Some("mod" | "lib" | "main")) {
+        if matches!(
+            segments.last().map(String::as_str),
+            Some("mod" | "lib" | "main")
+        ) {
             segments.pop();
         }
         let text = std::fs::read_to_string(&path).unwrap();
@@ -408,7 +417,9 @@ impl Graph {
                     p.clone()
                 } else {
                     // `pub use child::X` in a module is relative to it.
-                    std::iter::once("self".to_string()).chain(p.clone()).collect()
+                    std::iter::once("self".to_string())
+                        .chain(p.clone())
+                        .collect()
                 };
                 if let (Some(name), Some(target)) = (p.last(), absolute(*krate, path, &rooted)) {
                     reexports
@@ -596,7 +607,11 @@ fn no_module_imports_from_a_layer_above_its_own() {
         unmapped.is_empty(),
         "modules missing from the layer map (tests/layers.rs and README): {unmapped:?}"
     );
-    assert!(wrong.is_empty(), "imports against the layers:\n  {}", wrong.join("\n  "));
+    assert!(
+        wrong.is_empty(),
+        "imports against the layers:\n  {}",
+        wrong.join("\n  ")
+    );
 }
 
 /// The checker itself: a loop and a layer break it must see, in code it reads as the real tree.
@@ -614,7 +629,10 @@ fn the_reader_expands_use_trees_and_skips_comments_strings_and_tests() {
     assert!(found.contains(&want("crate::a::c")), "{found:?}");
     assert!(found.contains(&want("crate::e")), "{found:?}");
     assert!(found.contains(&want("crate::x::y")), "{found:?}");
-    assert!(!found.iter().flatten().any(|s| s == "hidden" || s == "nope" || s == "test_only"));
+    assert!(!found
+        .iter()
+        .flatten()
+        .any(|s| s == "hidden" || s == "nope" || s == "test_only"));
     let mut edges = BTreeMap::new();
     let a: ModuleId = (Krate::Bin, vec!["a".into()]);
     let b: ModuleId = (Krate::Bin, vec!["b".into()]);

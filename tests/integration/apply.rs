@@ -477,7 +477,11 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
         .args(&["apply", "--format", "json"]);
     let child = first.spawn(&[]);
     let pid = child.id();
-    std::thread::sleep(Duration::from_millis(1500));
+    lab().wait_until(
+        APPLY,
+        &format!("test -d /var/lib/reconcile/{unit}/lock"),
+        Duration::from_secs(30),
+    );
     // While the first run holds it: the lock and the state folder are root's alone.
     let modes = lab().sh(
         APPLY,
@@ -511,8 +515,10 @@ fn ctrl_c_during_verification_rolls_back() {
     let run = Reconcile::new()
         .manifest("a.yaml", &slow)
         .args(&["apply", "--format", "json"]);
+    let before = lab().invocation(APPLY, unit);
     let child = run.spawn(&[]);
-    std::thread::sleep(Duration::from_millis(2500));
+    lab().wait_for_restart(APPLY, unit, &before);
+    std::thread::sleep(Duration::from_millis(500));
     let status = std::process::Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()

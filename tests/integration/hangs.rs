@@ -222,10 +222,13 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
     fresh(unit);
 }
 
-/// Starts `run` (a slow apply), sends `signal` once it is verifying, and returns its report.
-fn signalled(run: &Reconcile, signal: &str) -> (Ran, serde_json::Value) {
+/// Starts `run` (a slow apply of `unit`), sends `signal` once it is verifying, and returns its
+/// report.
+fn signalled(run: &Reconcile, unit: &str, signal: &str) -> (Ran, serde_json::Value) {
+    let before = lab().invocation(HANGS, unit);
     let child = run.spawn(&[]);
-    std::thread::sleep(Duration::from_millis(2500));
+    lab().wait_for_restart(HANGS, unit, &before);
+    std::thread::sleep(Duration::from_millis(500));
     let sent = std::process::Command::new("kill")
         .args([signal, &child.id().to_string()])
         .status()
@@ -251,7 +254,7 @@ fn sigterm_during_verification_rolls_back() {
     let run = Reconcile::new()
         .manifest("a.yaml", &slow)
         .args(&["apply", "--format", "json"]);
-    let (ran, json) = signalled(&run, "-TERM");
+    let (ran, json) = signalled(&run, unit, "-TERM");
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
@@ -284,7 +287,7 @@ fn ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched() {
         .manifest("a.yaml", &a)
         .manifest("b.yaml", &b)
         .args(&["apply", "--format", "json"]);
-    let (_, json) = signalled(&run, "-INT");
+    let (_, json) = signalled(&run, first, "-INT");
     let outcome = |unit: &str| {
         json["units"]
             .as_array()

@@ -83,6 +83,42 @@ impl Lab {
         let _ = self.ssh(host, script, None);
     }
 
+    /// Waits, on the host itself, until `condition` (a shell test) holds; panics after `within`.
+    /// Tests wait for what they need to see rather than sleep a fixed time, which a loaded machine
+    /// (a 2-core CI runner building while it tests) can outlast.
+    pub fn wait_until(&self, host: &str, condition: &str, within: std::time::Duration) {
+        let tries = (within.as_millis() / 100).max(1);
+        let script = format!(
+            "for i in $(seq {tries}); do if {condition}; then exit 0; fi; sleep 0.1; done; exit 1"
+        );
+        let out = self.ssh(host, &script, None);
+        assert!(
+            out.status.success(),
+            "on {host}: `{condition}` did not hold within {within:?}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// systemd's invocation ID of a unit: it changes with every start.
+    pub fn invocation(&self, host: &str, unit: &str) -> String {
+        self.sh(
+            host,
+            &format!("systemctl show -p InvocationID --value {unit}"),
+        )
+        .trim()
+        .to_string()
+    }
+
+    /// Waits until the unit has been started again since it had invocation `before`: a restart
+    /// happened and its verification is under way.
+    pub fn wait_for_restart(&self, host: &str, unit: &str, before: &str) {
+        self.wait_until(
+            host,
+            &format!("[ \"$(systemctl show -p InvocationID --value {unit})\" != '{before}' ]"),
+            std::time::Duration::from_secs(60),
+        );
+    }
+
     /// Writes a file on a host.
     pub fn put(&self, host: &str, path: &str, content: &str) {
         let out = self.ssh(host, &format!("cat > '{path}'"), Some(content.as_bytes()));
