@@ -209,12 +209,12 @@ impl Stages {
         }
     }
 
-    /// What the live display shows.
+    /// What the live display shows during this round.
     pub fn phase(&self) -> &'static str {
         match (self.ready, self.seen.opened) {
             (true, _) => "loaded",
             (false, Some(_)) => "warmup",
-            (false, None) => self.stage(),
+            (false, None) => self.round,
         }
     }
 
@@ -484,5 +484,613 @@ fn describe(health: &Health) -> String {
         Health::Ready(took) => format!("/health answered 200 in {:.1}s", took.as_secs_f64()),
         Health::Warming(why) => format!("warming up ({why})"),
         Health::Closed(e) => format!("the port is not open yet ({e})"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules() -> Rules {
+        Rules {
+            crash_window: Duration::from_secs(10),
+            load_deadline: Duration::from_secs(600),
+            warmup_timeout: Duration::from_secs(60),
+            sample_interval: Duration::from_secs(1),
+            policy: MemoryPolicy {
+                stall_timeout: Duration::from_secs(30),
+                ceiling_bytes: None,
+                gpu_expected_mib: None,
+                gpu_tolerance_percent: 10.0,
+            },
+            own_gpus: true,
+            model_id: "qwen".into(),
+            context_length: Some(1000),
+            smoke: Some(Smoke {
+                prompt: "The capital of France?".into(),
+                expect: "Paris".into(),
+                max_tokens: None,
+            }),
+        }
+    }
+
+    fn at(seconds: f64) -> Duration {
+        Duration::from_secs_f64(seconds)
+    }
+
+    fn closed() -> Seen {
+        Seen {
+            health: Some(Health::Closed("connection refused".into())),
+            ..Seen::default()
+        }
+    }
+
+    fn serving(id: &str, max_model_len: u64) -> Option<Result<Vec<Model>, String>> {
+        Some(Ok(vec![Model {
+            id: id.into(),
+            max_model_len: Some(max_model_len),
+        }]))
+    }
+
+    fn warming(opened: f64) -> Seen {
+        Seen {
+            health: Some(Health::Warming("/ready answered 503".into())),
+            opened: Some(opened),
+            models: serving("qwen", 1000),
+        }
+    }
+
+    fn ready(opened: f64) -> Seen {
+        Seen {
+            health: Some(Health::Ready(Duration::from_millis(1500))),
+            ..warming(opened)
+        }
+    }
+
+    fn fail(stage: &'static str, reason: &str) -> Next {
+        Next::Fail(Failed {
+            stage,
+            reason: reason.into(),
+        })
+    }
+
+    fn names(d: &Decision) -> Vec<&'static str> {
+        d.passed.iter().map(|p| p.stage).collect()
+    }
+
+    fn crashed() -> Systemd {
+        Systemd::Crashed("it is failed (failed) with result exit-code and exit status 1".into())
+    }
+
+    /// A poll at `t` with nothing amiss, and its sample when one is due.
+    fn round(s: &mut Stages, t: f64, seen: &Seen) -> Next {
+        match s.polled(at(t), Systemd::Healthy, seen).next {
+            Next::Sample => s.sampled(at(t), Took::Done(Findings::default())).next,
+            next => next,
+        }
+    }
+
+    /// Past the crash window with its sample taken, port closed: polling "loading".
+    fn loading() -> Stages {
+        let mut s = Stages::new(rules());
+        assert_eq!(
+            s.polled(at(0.0), Systemd::Healthy, &closed()).next,
+            Next::Sample
+        );
+        s.sampled(at(0.1), Took::Done(Findings::default()));
+        let d = s.polled(at(10.0), Systemd::Healthy, &closed());
+        assert_eq!(names(&d), ["crash window"]);
+        assert_eq!(d.next, Next::Sample);
+        assert_eq!(
+            s.sampled(at(10.1), Took::Done(Findings::default())).next,
+            Next::Poll
+        );
+        s
+    }
+
+    #[test]
+    fn a_crash_inside_the_window_fails_it() {
+        let mut s = Stages::new(rules());
+        let d = s.polled(at(2.04), crashed(), &closed());
+        assert_eq!(d.passed, []);
+        assert_eq!(
+            d.next,
+            fail(
+                "crash window",
+                "crashed 2.0s after the restart: it is failed (failed) with result exit-code and exit status 1"
+            )
+        );
+    }
+
+    #[test]
+    fn a_crash_after_the_window_fails_loading() {
+        let mut s = loading();
+        let d = s.polled(at(42.0), crashed(), &closed());
+        assert_eq!(
+            d.next,
+            fail(
+                "loading",
+                "crashed 42.0s after the restart: it is failed (failed) with result exit-code and exit status 1"
+            )
+        );
+    }
+
+    #[test]
+    fn the_crash_window_passes_once_and_its_round_still_fails_it() {
+        let mut s = Stages::new(rules());
+        s.polled(at(0.0), Systemd::Healthy, &closed());
+        s.sampled(at(0.1), Took::Done(Findings::default()));
+        assert_eq!(s.phase(), "crash window");
+        let d = s.polled(at(9.9), Systemd::Healthy, &closed());
+        assert_eq!(d.passed, []);
+        let d = s.polled(at(10.0), Systemd::Healthy, &closed());
+        assert_eq!(
+            d.passed,
+            [Passed {
+                stage: "crash window",
+                detail: "no crash, restart or new invocation in 10s".into()
+            }]
+        );
+        // The sample of the round in which the window passed still belongs to it.
+        assert_eq!(s.phase(), "crash window");
+        let d = s.sampled(at(10.3), Took::BrokeOff(crashed()));
+        assert!(
+            matches!(&d.next, Next::Fail(f) if f.stage == "crash window" && f.reason.starts_with("crashed 10.3s")),
+            "{d:?}"
+        );
+        let d = s.polled(at(10.5), Systemd::Healthy, &closed());
+        assert_eq!(d.passed, [], "passed once");
+        assert_eq!(s.phase(), "loading");
+    }
+
+    #[test]
+    fn systemd_unreachable_or_a_cancel_fails_the_current_stage_as_told() {
+        let mut s = Stages::new(rules());
+        let d = s.polled(
+            at(1.0),
+            Systemd::Unreachable("ssh: broken pipe".into()),
+            &closed(),
+        );
+        assert_eq!(d.next, fail("crash window", "ssh: broken pipe"));
+        let mut s = loading();
+        let d = s.polled(
+            at(11.0),
+            Systemd::Cancelled("interrupted (SIGINT)".into()),
+            &closed(),
+        );
+        assert_eq!(d.next, fail("loading", "interrupted (SIGINT)"));
+        let mut s = loading();
+        s.polled(at(11.0), Systemd::Healthy, &closed());
+        let d = s.sampled(
+            at(11.2),
+            Took::BrokeOff(Systemd::Cancelled("interrupted (cancelled)".into())),
+        );
+        assert_eq!(d.next, fail("loading", "interrupted (cancelled)"));
+    }
+
+    #[test]
+    fn samples_are_due_every_sample_interval() {
+        let mut s = Stages::new(rules());
+        let due: Vec<bool> = [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 2.5, 2.75, 3.0]
+            .into_iter()
+            .map(|t| {
+                let next = s.polled(at(t), Systemd::Healthy, &closed()).next;
+                if next == Next::Sample {
+                    s.sampled(at(t), Took::Done(Findings::default()));
+                }
+                next == Next::Sample
+            })
+            .collect();
+        assert_eq!(
+            due,
+            [true, false, false, false, true, false, true, false, true]
+        );
+    }
+
+    #[test]
+    fn a_failed_sample_fails_memory() {
+        let mut s = loading();
+        s.polled(at(11.0), Systemd::Healthy, &closed());
+        let d = s.sampled(at(11.1), Took::Failed("liveness: exited with 1".into()));
+        assert_eq!(d.next, fail("memory", "liveness: exited with 1"));
+    }
+
+    #[test]
+    fn a_stall_is_judged_only_while_the_port_is_closed() {
+        let stalled = || Findings {
+            stall: Some("no progress for 30s while loading: no new journal lines".into()),
+            ..Findings::default()
+        };
+        let mut s = loading();
+        s.polled(at(40.0), Systemd::Healthy, &closed());
+        assert_eq!(
+            s.sampled(at(40.1), Took::Done(stalled())).next,
+            fail(
+                "loading",
+                "no progress for 30s while loading: no new journal lines"
+            )
+        );
+        let mut s = loading();
+        s.polled(at(40.0), Systemd::Healthy, &warming(39.0));
+        assert_eq!(s.sampled(at(40.1), Took::Done(stalled())).next, Next::Poll);
+    }
+
+    #[test]
+    fn a_dead_worker_that_systemd_then_sees_exit_is_a_crash() {
+        let mut s = loading();
+        s.polled(at(20.0), Systemd::Healthy, &closed());
+        let dead = Findings {
+            dead_worker: Some("a worker process died: 3 of 4".into()),
+            ..Findings::default()
+        };
+        assert_eq!(s.sampled(at(20.1), Took::Done(dead)).next, Next::Confirm);
+        assert_eq!(s.confirmed(at(20.2), Systemd::Healthy).next, Next::Confirm);
+        let d = s.confirmed(at(20.5), crashed());
+        assert!(
+            matches!(&d.next, Next::Fail(f) if f.stage == "loading" && f.reason.starts_with("crashed 20.5s after the restart: it is failed")),
+            "{d:?}"
+        );
+    }
+
+    #[test]
+    fn a_dead_worker_is_reported_after_confirm_polls_without_a_crash() {
+        let mut s = loading();
+        s.polled(at(20.0), Systemd::Healthy, &closed());
+        let dead = Findings {
+            dead_worker: Some("a worker process died: 3 of 4".into()),
+            ..Findings::default()
+        };
+        assert_eq!(s.sampled(at(20.1), Took::Done(dead)).next, Next::Confirm);
+        let nexts: Vec<Next> = (0..CONFIRM_POLLS)
+            .map(|i| {
+                s.confirmed(at(20.1 + 0.25 * i as f64), Systemd::Healthy)
+                    .next
+            })
+            .collect();
+        let mut want = vec![Next::Confirm; CONFIRM_POLLS as usize - 1];
+        want.push(fail("loading", "a worker process died: 3 of 4"));
+        assert_eq!(nexts, want);
+    }
+
+    #[test]
+    fn a_memory_failure_outranks_a_dead_worker_and_is_confirmed_too() {
+        let mut s = Stages::new(rules());
+        s.polled(at(0.0), Systemd::Healthy, &closed());
+        let both = Findings {
+            memory: Some("service memory dropped from 2.0 GiB to 10 MiB".into()),
+            dead_worker: Some("a worker process died".into()),
+            stall: Some("stalled".into()),
+        };
+        assert_eq!(s.sampled(at(0.1), Took::Done(both)).next, Next::Confirm);
+        for _ in 1..CONFIRM_POLLS {
+            assert_eq!(s.confirmed(at(0.5), Systemd::Healthy).next, Next::Confirm);
+        }
+        assert_eq!(
+            s.confirmed(at(1.1), Systemd::Healthy).next,
+            fail("memory", "service memory dropped from 2.0 GiB to 10 MiB")
+        );
+        // Within the crash window, a dead worker fails that stage.
+        let mut s = Stages::new(rules());
+        s.polled(at(0.0), Systemd::Healthy, &closed());
+        let dead = Findings {
+            dead_worker: Some("a worker process died".into()),
+            ..Findings::default()
+        };
+        s.sampled(at(0.1), Took::Done(dead));
+        for _ in 1..CONFIRM_POLLS {
+            s.confirmed(at(0.5), Systemd::Healthy);
+        }
+        assert_eq!(
+            s.confirmed(at(1.1), Systemd::Healthy).next,
+            fail("crash window", "a worker process died")
+        );
+    }
+
+    #[test]
+    fn identity_is_checked_during_warmup() {
+        let mut s = Stages::new(rules());
+        let wrong = Seen {
+            models: serving("llama", 1000),
+            ..warming(3.0)
+        };
+        assert_eq!(
+            s.polled(at(3.0), Systemd::Healthy, &wrong).next,
+            fail(
+                "identity",
+                "/v1/models lists [\"llama\"], not the expected `qwen`: wrong model"
+            )
+        );
+        let mut s = loading();
+        let short = Seen {
+            models: serving("qwen", 512),
+            ..warming(11.0)
+        };
+        let d = s.polled(at(12.0), Systemd::Healthy, &short);
+        assert_eq!(
+            d.next,
+            fail(
+                "identity",
+                "max_model_len is 512, the manifest sets context-length 1000"
+            )
+        );
+        let mut s = loading();
+        let broken = Seen {
+            models: Some(Err("/v1/models answered 500".into())),
+            ..warming(11.0)
+        };
+        let d = s.polled(at(12.0), Systemd::Healthy, &broken);
+        assert_eq!(d.next, fail("identity", "/v1/models answered 500"));
+        // Passed once, while still warming up.
+        let mut s = loading();
+        let d = s.polled(at(12.0), Systemd::Healthy, &warming(11.0));
+        assert_eq!(
+            d.passed,
+            [Passed {
+                stage: "identity",
+                detail: "/v1/models serves `qwen`".into()
+            }]
+        );
+        assert_eq!(s.phase(), "warmup");
+        assert_eq!(
+            names(&s.polled(at(12.25), Systemd::Healthy, &warming(11.0))),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn warmup_has_its_own_timeout() {
+        let mut s = loading();
+        assert_eq!(round(&mut s, 70.75, &warming(11.0)), Next::Poll);
+        assert_eq!(
+            round(&mut s, 71.0, &warming(11.0)),
+            fail(
+                "warmup",
+                "still warming up 60s after the port opened (warmup timeout 60s); last: warming up (/ready answered 503)"
+            )
+        );
+    }
+
+    #[test]
+    fn the_load_deadline_fails_readiness_while_closed_and_warmup_once_open() {
+        let mut s = loading();
+        let d = s.polled(at(600.0), Systemd::Healthy, &closed());
+        assert_eq!(d.next, Next::Sample);
+        assert_eq!(
+            s.sampled(at(600.1), Took::Done(Findings::default())).next,
+            fail(
+                "readiness",
+                "not ready after the 600s load deadline; last: the port is not open yet (connection refused)"
+            )
+        );
+        let mut s = Stages::new(Rules {
+            warmup_timeout: Duration::from_secs(3600),
+            ..rules()
+        });
+        s.polled(at(0.0), Systemd::Healthy, &Seen::default());
+        assert_eq!(
+            s.sampled(at(0.1), Took::Done(Findings::default())).next,
+            Next::Poll
+        );
+        s.polled(at(10.0), Systemd::Healthy, &warming(5.0));
+        let d = s.sampled(at(600.0), Took::Done(Findings::default()));
+        assert_eq!(
+            d.next,
+            fail(
+                "warmup",
+                "not ready after the 600s load deadline; last: warming up (/ready answered 503)"
+            )
+        );
+        let mut s = Stages::new(rules());
+        s.polled(at(0.0), Systemd::Healthy, &Seen::default());
+        assert_eq!(
+            s.sampled(at(601.0), Took::Done(Findings::default())).next,
+            fail(
+                "readiness",
+                "not ready after the 600s load deadline; last: not asked yet"
+            )
+        );
+    }
+
+    #[test]
+    fn the_happy_path_passes_every_stage_in_order() {
+        let mut s = Stages::new(rules());
+        let mut order = Vec::new();
+        let mut loaded = None;
+        let mut step = |d: Decision, order: &mut Vec<&'static str>| {
+            order.extend(names(&d));
+            loaded = loaded.clone().or(d.loaded.clone());
+            d.next
+        };
+        assert_eq!(
+            step(s.polled(at(0.0), Systemd::Healthy, &closed()), &mut order),
+            Next::Sample
+        );
+        assert_eq!(
+            step(
+                s.sampled(at(0.1), Took::Done(Findings::default())),
+                &mut order
+            ),
+            Next::Poll
+        );
+        // The port opens before the crash window passes: identity first, then the window.
+        assert_eq!(
+            step(
+                s.polled(at(8.0), Systemd::Healthy, &warming(7.5)),
+                &mut order
+            ),
+            Next::Sample
+        );
+        assert_eq!(
+            step(
+                s.sampled(at(8.1), Took::Done(Findings::default())),
+                &mut order
+            ),
+            Next::Poll
+        );
+        assert_eq!(
+            step(
+                s.polled(at(10.0), Systemd::Healthy, &warming(7.5)),
+                &mut order
+            ),
+            Next::Sample
+        );
+        assert_eq!(
+            step(
+                s.sampled(at(10.1), Took::Done(Findings::default())),
+                &mut order
+            ),
+            Next::Poll
+        );
+        let d = s.polled(at(20.0), Systemd::Healthy, &ready(7.5));
+        assert_eq!(
+            d.passed,
+            [
+                Passed {
+                    stage: "warmup",
+                    detail: "the port opened after 7.5s; warmup ended 12.5s later".into()
+                },
+                Passed {
+                    stage: "readiness",
+                    detail: "/health answered 200 after 20.0s (the probe took 1.5s)".into()
+                }
+            ]
+        );
+        assert_eq!(step(d, &mut order), Next::Sample);
+        assert_eq!(s.phase(), "loaded");
+        assert_eq!(
+            step(
+                s.sampled(at(20.1), Took::Done(Findings::default())),
+                &mut order
+            ),
+            Next::Plateau
+        );
+        let plateau = Sample {
+            service_bytes: Some(3 << 30),
+            gpu_mib: vec![70000, 70000],
+            ..Sample::default()
+        };
+        let d = s.plateau(Ok(&plateau));
+        assert_eq!(
+            d.passed[0].detail,
+            "plateau: service 3.0 GiB, GPUs [70000, 70000] MiB"
+        );
+        assert_eq!(step(d, &mut order), Next::Smoke);
+        let answer = Answer {
+            content: "Paris.".into(),
+            reasoning: None,
+            finish_reason: Some("stop".into()),
+        };
+        let d = s.smoke(Ok(answer));
+        assert_eq!(d.passed[0].detail, "answered \"Paris.\"");
+        assert_eq!(step(d, &mut order), Next::Done);
+        assert_eq!(
+            order,
+            [
+                "identity",
+                "crash window",
+                "warmup",
+                "readiness",
+                "memory",
+                "smoke"
+            ]
+        );
+        assert_eq!(
+            loaded,
+            Some(Loaded {
+                load_seconds: 20.0,
+                port_open_seconds: Some(7.5)
+            })
+        );
+    }
+
+    #[test]
+    fn ready_in_the_crash_window_waits_for_it_to_pass() {
+        let mut s = Stages::new(rules());
+        s.polled(at(0.0), Systemd::Healthy, &ready(0.0));
+        assert_eq!(
+            s.sampled(at(0.1), Took::Done(Findings::default())).next,
+            Next::Poll
+        );
+        let d = s.polled(at(10.0), Systemd::Healthy, &ready(0.0));
+        assert_eq!(names(&d), ["crash window"]);
+        assert_eq!(d.next, Next::Sample);
+    }
+
+    #[test]
+    fn the_plateau_and_the_smoke_can_fail() {
+        let mut s = Stages::new(Rules {
+            policy: MemoryPolicy {
+                gpu_expected_mib: Some(75000),
+                ..rules().policy
+            },
+            smoke: None,
+            ..rules()
+        });
+        let wrong_tp = Sample {
+            gpu_mib: vec![37000],
+            ..Sample::default()
+        };
+        assert!(
+            matches!(s.plateau(Ok(&wrong_tp)).next, Next::Fail(f) if f.stage == "memory" && f.reason.contains("wrong tp"))
+        );
+        assert_eq!(
+            s.plateau(Err("ssh: gone".into())).next,
+            fail("memory", "ssh: gone")
+        );
+        let right = Sample {
+            gpu_mib: vec![75500],
+            ..Sample::default()
+        };
+        let d = s.plateau(Ok(&right));
+        assert_eq!(d.passed[0].detail, "plateau: service ?, GPUs [75500] MiB");
+        assert_eq!(d.next, Next::Done, "no smoke asked for");
+
+        let mut s = Stages::new(rules());
+        let answer = |content: &str, reasoning: Option<&str>, finish: &str| {
+            Ok(Answer {
+                content: content.into(),
+                reasoning: reasoning.map(str::to_string),
+                finish_reason: Some(finish.into()),
+            })
+        };
+        assert_eq!(
+            s.smoke(answer("Lyon", None, "stop")).next,
+            fail("smoke", "answered \"Lyon\", which lacks \"Paris\"")
+        );
+        assert_eq!(
+            s.smoke(answer("Let me", None, "length")).next,
+            fail(
+                "smoke",
+                "answered \"Let me\", which lacks \"Paris\" (cut at max_tokens: raise verify.smoke.max_tokens)"
+            )
+        );
+        let d = s.smoke(answer("", Some("It is Paris"), "stop"));
+        assert_eq!(
+            d.passed[0].detail,
+            "the expected \"Paris\" came in the model's thinking (reasoning_content); content \"\""
+        );
+        assert_eq!(
+            s.smoke(Err("chat completion answered 500".into())).next,
+            fail("smoke", "chat completion answered 500")
+        );
+    }
+
+    #[test]
+    fn the_final_steps_break_off_as_loading_or_smoke() {
+        let s = Stages::new(rules());
+        assert!(matches!(
+            s.final_broke_off(at(30.0), crashed()).next,
+            Next::Fail(f) if f.stage == "loading" && f.reason.starts_with("crashed 30.0s after the restart")
+        ));
+        assert_eq!(
+            s.final_broke_off(at(30.0), Systemd::Unreachable("ssh: gone".into()))
+                .next,
+            fail("loading", "ssh: gone")
+        );
+        assert_eq!(
+            s.final_broke_off(at(30.0), Systemd::Cancelled("interrupted (SIGTERM)".into()))
+                .next,
+            fail("smoke", "interrupted (SIGTERM)")
+        );
     }
 }
