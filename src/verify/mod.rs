@@ -440,7 +440,283 @@ fn unix_now() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manifest::Smoke;
+    use crate::remote::http::Answer;
+    use crate::remote::{Health, Model};
     use crate::unit::parse_unit;
+    use stages::Seen;
+    use std::cell::{Cell, RefCell};
+
+    /// A server scripted by the time since the restart, on tokio's paused clock.
+    struct Fake {
+        started: Instant,
+        /// systemd shows the unit failed from then on.
+        crash_at: Option<f64>,
+        open_at: f64,
+        ready_at: f64,
+        /// How long a sample takes (a hung nvidia-smi).
+        sample_takes: Duration,
+        /// The scheduler processes at a time.
+        schedulers: fn(f64) -> u32,
+        polls: Cell<u32>,
+        told: RefCell<Vec<Option<bool>>>,
+    }
+
+    impl Fake {
+        fn new() -> Fake {
+            Fake {
+                started: Instant::now(),
+                crash_at: None,
+                open_at: 20.0,
+                ready_at: 30.0,
+                sample_takes: Duration::ZERO,
+                schedulers: |_| 2,
+                polls: Cell::new(0),
+                told: RefCell::default(),
+            }
+        }
+
+        fn t(&self) -> f64 {
+            self.started.elapsed().as_secs_f64()
+        }
+    }
+
+    impl Probes for Fake {
+        async fn unit_state(&self) -> Result<UnitState, String> {
+            self.polls.set(self.polls.get() + 1);
+            let crashed = self.crash_at.is_some_and(|c| self.t() >= c);
+            let (active, sub) = if crashed {
+                ("failed", "failed")
+            } else {
+                ("active", "running")
+            };
+            Ok(UnitState {
+                active_state: active.into(),
+                sub_state: sub.into(),
+                invocation_id: "a".into(),
+                result: if crashed { "exit-code" } else { "success" }.into(),
+                main_status: if crashed { 1 } else { 0 },
+                memory_current: Some((1 << 30) + (self.t() as u64) * (1 << 20)),
+                ..UnitState::default()
+            })
+        }
+
+        async fn sample(&self, _first: &UnitState, now: &UnitState) -> Sampled {
+            tokio::time::sleep(self.sample_takes).await;
+            let t = self.t();
+            Sampled {
+                notes: vec!["no GPU tooling on the host (fake); judged without GPU memory".into()],
+                sample: Ok(Sample {
+                    service_bytes: now.memory_current,
+                    schedulers: Some((self.schedulers)(t)),
+                    processes: Some(4),
+                    listening: Some(t >= self.open_at),
+                    ..Sample::default()
+                }),
+            }
+        }
+
+        fn seen(&self) -> Seen {
+            let t = self.t();
+            let opened = (t >= self.open_at).then_some(self.open_at);
+            Seen {
+                health: Some(if t >= self.ready_at {
+                    Health::Ready(Duration::from_secs(1))
+                } else if opened.is_some() {
+                    Health::Warming("/ready answered 503".into())
+                } else {
+                    Health::Closed("connection refused".into())
+                }),
+                opened,
+                models: opened.map(|_| {
+                    Ok(vec![Model {
+                        id: "qwen".into(),
+                        max_model_len: None,
+                    }])
+                }),
+            }
+        }
+
+        fn listening(&self, open: Option<bool>) {
+            self.told.borrow_mut().push(open);
+        }
+
+        async fn smoke(&self, smoke: &Smoke) -> Result<Answer, String> {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(Answer {
+                content: format!("{}.", smoke.expect),
+                reasoning: None,
+                finish_reason: Some("stop".into()),
+            })
+        }
+    }
+
+    fn spec() -> VerifySpec {
+        VerifySpec {
+            crash_window: Duration::from_secs(5),
+            load_deadline: Duration::from_secs(120),
+            sample_interval: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(60),
+            smoke: Some(Smoke {
+                prompt: "The capital of France?".into(),
+                expect: "Paris".into(),
+                max_tokens: None,
+            }),
+            ..VerifySpec::default()
+        }
+    }
+
+    async fn drive(
+        fake: &Fake,
+        spec: &VerifySpec,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<Verification, Failure> {
+        let progress = Progress::new(String::new(), None);
+        let expect = Expect::from_unit(&parse_unit(UNIT));
+        let first = fake.unit_state().await.expect("the fake answers");
+        let run = Run {
+            started: fake.started,
+            record: Verification::default(),
+            progress: &progress,
+        };
+        Driver {
+            probes: fake,
+            run,
+            stages: Stages::new(Rules::new(spec, &expect)),
+            now: first.clone(),
+            first,
+            cancel,
+        }
+        .run()
+        .await
+    }
+
+    fn names(v: &Verification) -> Vec<(&'static str, bool)> {
+        v.stages.iter().map(|s| (s.name, s.passed)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_driver_records_every_stage_of_a_good_start_in_order() {
+        let fake = Fake::new();
+        let (_cancel, never) = watch::channel(false);
+        let v = drive(&fake, &spec(), never).await.expect("verified");
+        assert_eq!(
+            names(&v),
+            [
+                ("crash window", true),
+                ("identity", true),
+                ("warmup", true),
+                ("readiness", true),
+                ("memory", true),
+                ("smoke", true)
+            ]
+        );
+        assert_eq!(v.port_open_seconds, Some(20.0));
+        let load = v.load_seconds.expect("loaded");
+        assert!((30.0..30.3).contains(&load), "{load}");
+        assert_eq!(v.stages[5].detail, "answered \"Paris.\"");
+        assert!(v.stages[5].seconds >= load + 2.0, "the smoke took 2 s");
+        assert_eq!(v.plateau.as_ref(), v.samples.last());
+        // One sample a second, and the plateau.
+        assert!((31..=33).contains(&v.samples.len()), "{}", v.samples.len());
+        assert_eq!(v.notes.len(), 1, "notes are kept once: {:?}", v.notes);
+        assert_eq!(fake.told.borrow()[0], Some(false));
+        assert_eq!(fake.told.borrow().last(), Some(&Some(true)));
+        // Polled every 250 ms, and while the smoke ran.
+        assert!(fake.polls.get() >= 4 * 30, "{}", fake.polls.get());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_while_a_sample_hangs_is_reported_on_time() {
+        let fake = Fake {
+            crash_at: Some(3.0),
+            sample_takes: Duration::from_secs(60),
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let f = drive(&fake, &spec(), never).await.expect_err("crashed");
+        assert_eq!(f.stage, "crash window");
+        assert!(
+            f.reason.starts_with("crashed 3.") && f.reason.contains("it is failed (failed)"),
+            "{}",
+            f.reason
+        );
+        assert_eq!(names(&f.verification), [("crash window", false)]);
+        assert!(f.verification.samples.is_empty(), "the sample never came");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_worker_is_confirmed_against_systemd() {
+        // A scheduler dies at 12 s; systemd sees the exit 0.4 s later: a crash.
+        let fake = Fake {
+            crash_at: Some(12.4),
+            schedulers: |t| if t < 12.0 { 2 } else { 1 },
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let f = drive(&fake, &spec(), never).await.expect_err("crashed");
+        assert_eq!(f.stage, "loading");
+        assert!(f.reason.starts_with("crashed 12.5s"), "{}", f.reason);
+        // Without an exit, the worker's death is reported after CONFIRM_POLLS polls.
+        let fake = Fake {
+            schedulers: |t| if t < 12.0 { 2 } else { 1 },
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let f = drive(&fake, &spec(), never).await.expect_err("dead worker");
+        assert_eq!(f.stage, "loading");
+        assert_eq!(
+            f.reason,
+            "a worker process died: 1 of 2 `sglang::scheduler` processes are left while the main process lives"
+        );
+        let at = f.verification.stages[1].seconds;
+        assert!((13.0..13.1).contains(&at), "12 s, then 4 polls: {at}");
+        assert_eq!(
+            names(&f.verification),
+            [("crash window", true), ("loading", false)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_fails_the_current_stage_at_once() {
+        let fake = Fake::new();
+        let (cancel, cancelled) = watch::channel(false);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(7100)).await;
+            cancel.send_replace(true);
+            // Kept until the end, so nobody mistakes a dropped sender for a cancel.
+            std::future::pending::<()>().await
+        });
+        let f = drive(&fake, &spec(), cancelled)
+            .await
+            .expect_err("cancelled");
+        assert_eq!(
+            (f.stage, f.reason.as_str()),
+            ("loading", "interrupted (cancelled)")
+        );
+        let at = f.verification.stages[1].seconds;
+        assert!((7.1..7.15).contains(&at), "{at}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_port_that_never_opens_fails_readiness_at_the_load_deadline() {
+        let fake = Fake {
+            open_at: f64::INFINITY,
+            ready_at: f64::INFINITY,
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let spec = VerifySpec {
+            stall_timeout: Duration::from_secs(600),
+            ..spec()
+        };
+        let f = drive(&fake, &spec, never).await.expect_err("not ready");
+        assert_eq!(f.stage, "readiness");
+        assert_eq!(
+            f.reason,
+            "not ready after the 120s load deadline; last: the port is not open yet (connection refused)"
+        );
+    }
 
     const UNIT: &str = "[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=4,5\"\nExecStart=/venv/bin/python3 -m sglang.launch_server \\\n\t--model-path /models/m \\\n\t--served-model-name qwen \\\n\t--api-key sk-secret \\\n\t--context-length 256k \\\n\t--reasoning-parser qwen3 \\\n\t--host 10.0.0.5 \\\n\t--port 30001\n";
 
