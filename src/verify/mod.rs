@@ -198,13 +198,7 @@ impl<P: Probes> Driver<'_, P> {
                     self.poll().await
                 }
                 Next::Sample => self.sample().await,
-                Next::Confirm => {
-                    let systemd = judged(&self.first, self.probes.unit_state().await).0;
-                    if systemd == Systemd::Healthy {
-                        tokio::time::sleep(POLL_INTERVAL).await;
-                    }
-                    self.stages.confirmed(self.run.since(), systemd)
-                }
+                Next::Confirm => self.confirm().await,
                 Next::Smoke => unreachable!("the smoke completion runs within the final steps"),
                 Next::Plateau => {
                     let finished = race(
@@ -244,12 +238,24 @@ impl<P: Probes> Driver<'_, P> {
             None => Systemd::Cancelled(crate::signals::interrupted()),
             Some(asked) => {
                 let (systemd, state) = judged(&self.first, asked);
-                self.now = state.unwrap_or_else(|| self.now.clone());
+                if let Some(state) = state {
+                    self.now = state;
+                }
                 systemd
             }
         };
         let seen = self.probes.seen();
         self.stages.polled(self.run.since(), systemd, &seen)
+    }
+
+    /// One more look at systemd about a suspected death, then a poll interval unless it showed
+    /// the crash: a worker's death takes its main process down within a second or two.
+    async fn confirm(&mut self) -> Decision {
+        let systemd = judged(&self.first, self.probes.unit_state().await).0;
+        if systemd == Systemd::Healthy {
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        self.stages.confirmed(self.run.since(), systemd)
     }
 
     /// A sample can wait on a slow host (a hung nvidia-smi, up to the command timeout): systemd
@@ -287,14 +293,14 @@ async fn final_steps<P: Probes>(
 ) -> Decision {
     let loaded = take_sample(probes, run, first, now).await;
     let decision = stages.plateau(loaded.as_ref().map_err(String::clone));
+    if !matches!(decision.next, Next::Fail(_)) {
+        run.record.plateau = loaded.ok();
+    }
     if decision.next != Next::Smoke {
-        if decision.next == Next::Done {
-            run.record.plateau = loaded.ok();
-        }
         return decision;
     }
+    // The memory stage is recorded as it passes, before the smoke completion takes its time.
     run.apply(decision);
-    run.record.plateau = loaded.ok();
     let smoke = stages.rules().smoke.clone().expect("a smoke test to run");
     stages.smoke(probes.smoke(&smoke).await)
 }

@@ -131,7 +131,8 @@ pub enum Next {
     /// The final steps, systemd polled meanwhile: the plateau sample (report with `plateau`),
     /// then `Smoke` if asked for. A break-off is reported with `final_broke_off`.
     Plateau,
-    /// The smoke completion, report with `smoke`.
+    /// The smoke completion, report with `smoke`. Only ever within the final steps, under the
+    /// same polling of systemd as the plateau sample.
     Smoke,
     /// Verified.
     Done,
