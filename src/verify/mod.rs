@@ -12,17 +12,24 @@
 //! 4. readiness: `/health` 200 (empty body; it takes at least a second, as it runs a generation);
 //! 5. memory plateau, then the smoke completion when the manifest asks for one.
 //!
-//! The judges are pure (`judge`); this file is the poller that owns the clock. Probes of the
-//! HTTP port run in a task of their own, one at a time, so a slow `/health` never delays the
-//! crash polling.
+//! The judges are pure (`judge`), and so is the stage machine (`stages`): given the time since
+//! the restart and what systemd, the samples and the HTTP probe have shown, it says which stages
+//! passed or failed and what to do next. This file is the driver that owns the clock and does
+//! what the machine asks through `Probes` (`probes`: systemd, the samples, the HTTP port, the
+//! smoke completion). Probes of the HTTP port run in a task of their own, one at a time, so a
+//! slow `/health` never delays the crash polling; systemd is polled while a sample or the smoke
+//! completion waits on a slow host.
 
 mod judge;
+mod probes;
 mod progress;
+mod stages;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 pub use judge::{bytes, crash_reason, sparkline, MemoryPolicy, Sample};
 pub use progress::Progress;
@@ -30,11 +37,12 @@ pub use progress::Progress;
 use crate::manifest::VerifySpec;
 use crate::observed::UnitState;
 use crate::plan::flags;
-use crate::probe::liveness::ReadLiveness;
-use crate::remote::{error_chain, Endpoint, GpuReading, Health, Host, RemoteError, Server};
+use crate::remote::{error_chain, Endpoint, Host};
 use crate::sglang::human_readable_int_value;
-use crate::systemd::Systemd;
+use crate::systemd::Systemd as _;
 use crate::unit::UnitModel;
+use probes::{HostProbes, Probes, Sampled};
+use stages::{Decision, Findings, Next, Rules, Stages, Systemd, Took};
 
 /// How often systemd is asked: well under a second, so a crash is reported moments after it
 /// happens rather than at the end of a window.
@@ -132,72 +140,6 @@ pub struct Failure {
     pub verification: Verification,
 }
 
-/// What the probe task has seen of the server's port.
-#[derive(Debug, Clone, Default)]
-struct Seen {
-    health: Option<Health>,
-    /// Since the restart, when the port first answered.
-    opened: Option<f64>,
-    /// `/v1/models`, asked once the port answers (it answers during warmup).
-    models: Option<Result<Vec<crate::remote::Model>, String>>,
-}
-
-/// Probes the port one request at a time until the server is ready and has named its model.
-/// Dropping the guard stops it.
-///
-/// It waits while `listening` says nothing listens on the port: a request through an SSH forward
-/// to a closed port can hang rather than fail, and would hold up the next probe.
-fn probe(
-    server: Server,
-    started: Instant,
-    every: Duration,
-    mut listening: watch::Receiver<Option<bool>>,
-) -> (watch::Receiver<Seen>, AbortOnDrop) {
-    let (tx, rx) = watch::channel(Seen::default());
-    let task = tokio::spawn(async move {
-        let mut seen = Seen::default();
-        let mut asked_models = 0;
-        loop {
-            if listening
-                .wait_for(|open| *open != Some(false))
-                .await
-                .is_err()
-            {
-                return;
-            }
-            let health = server.health().await;
-            if !matches!(health, Health::Closed(_)) && seen.opened.is_none() {
-                seen.opened = Some(started.elapsed().as_secs_f64());
-            }
-            if seen.opened.is_some() && seen.models.is_none() {
-                // A connection that breaks once is asked again; the third failure is the answer.
-                asked_models += 1;
-                match server.models().await {
-                    Err(_) if asked_models < MODELS_TRIES => {}
-                    answer => seen.models = Some(answer),
-                }
-            }
-            let ready = matches!(health, Health::Ready(_));
-            seen.health = Some(health);
-            if tx.send(seen.clone()).is_err() || (ready && seen.models.is_some()) {
-                return;
-            }
-            tokio::time::sleep(every).await;
-        }
-    });
-    (rx, AbortOnDrop(task))
-}
-
-const MODELS_TRIES: u32 = 3;
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Verifies a unit systemd has just (re)started. `cancel` turning true (Ctrl-C) fails it.
 pub async fn verify(
     host: &dyn Host,
@@ -211,15 +153,6 @@ pub async fn verify(
         started: Instant::now(),
         record: Verification::default(),
         progress,
-        journal_cursor: None,
-        journal_lines: 0,
-        gpus_hung: false,
-    };
-    let policy = MemoryPolicy {
-        stall_timeout: spec.stall_timeout,
-        ceiling_bytes: spec.memory_ceiling,
-        gpu_expected_mib: spec.gpu_memory_per_gpu,
-        gpu_tolerance_percent: spec.gpu_memory_tolerance,
     };
     let first = run.remote("crash window", host.unit_state(unit).await)?;
     let server = run.remote(
@@ -229,166 +162,201 @@ pub async fn verify(
     let every = spec
         .sample_interval
         .clamp(POLL_INTERVAL, Duration::from_secs(2));
-    // Just restarted: nothing listens yet, until a sample says otherwise.
-    let (listening, listening_rx) = watch::channel(Some(false));
-    let (seen, _probing) = probe(server.clone(), run.started, every, listening_rx);
-    let mut cancel = cancel.clone();
-    let mut crash_passed = false;
-    let mut identified = false;
-    let mut ready = false;
-    let mut next_sample = run.started;
-    loop {
-        let stage = if crash_passed {
-            "loading"
-        } else {
-            "crash window"
-        };
-        if *cancel.borrow() {
-            return Err(run.fail(stage, crate::signals::interrupted()));
-        }
-        let asked = tokio::select! {
-            r = host.unit_state(unit) => Some(r),
-            _ = cancelled(&mut cancel) => None,
-        };
-        let Some(asked) = asked else {
-            return Err(run.fail(stage, crate::signals::interrupted()));
-        };
-        let now = run.remote(stage, asked)?;
-        if let Some(reason) = crash_reason(&first, &now) {
-            return Err(run.crashed(stage, Ok(reason)));
-        }
-        if !crash_passed && run.elapsed() >= spec.crash_window.as_secs_f64() {
-            crash_passed = true;
-            run.pass(
-                "crash window",
-                format!(
-                    "no crash, restart or new invocation in {:?}",
-                    spec.crash_window
-                ),
-            );
-        }
-        let seen = seen.borrow().clone();
-        if let (false, Some(models)) = (identified, &seen.models) {
-            run.identity(models, expect)?;
-            identified = true;
-        }
-        if !ready {
-            if let Some(Health::Ready(took)) = &seen.health {
-                ready = true;
-                run.ready(seen.opened, *took);
-            }
-        }
-        let phase = match (ready, seen.opened) {
-            (true, _) => "loaded",
-            (false, Some(_)) => "warmup",
-            (false, None) => stage,
-        };
-        if Instant::now() >= next_sample {
-            next_sample += spec.sample_interval;
-            // A sample can wait on a slow host (a hung nvidia-smi, up to the command timeout):
-            // systemd is still polled meanwhile, so a crash is not reported late.
-            let sampled = tokio::select! {
-                r = run.sample(host, unit, &first, &now, expect) => Meanwhile::Done(r),
-                crash = crash_meanwhile(host, unit, &first) => Meanwhile::Crashed(crash),
-                _ = cancelled(&mut cancel) => Meanwhile::Cancelled,
-            };
-            let sample = match sampled {
-                Meanwhile::Done(sample) => sample?,
-                Meanwhile::Crashed(crash) => return Err(run.crashed(stage, crash)),
-                Meanwhile::Cancelled => return Err(run.fail(stage, crate::signals::interrupted())),
-            };
-            listening.send_replace(sample.listening);
-            run.progress
-                .update(phase, run.elapsed(), &sample, &run.record);
-            let judged = judge::memory_failure(&run.record.samples, &policy)
-                .map(|reason| ("memory", reason))
-                .or_else(|| {
-                    judge::dead_worker(&run.record.samples, expect.gpus.is_some())
-                        .map(|reason| (stage, reason))
-                });
-            if let Some((failed, reason)) = judged {
-                // A server that exits frees its memory and GPUs a moment before its main process
-                // is gone (SGLang kills its children first): if systemd sees the exit within a
-                // second, that is a crash, and is reported as one.
-                for _ in 0..CONFIRM_POLLS {
-                    let again = run.remote(stage, host.unit_state(unit).await)?;
-                    if let Some(crash) = crash_reason(&first, &again) {
-                        return Err(run.crashed(stage, Ok(crash)));
+    let probes = HostProbes::new(host, unit, expect, server, run.started, every);
+    Driver {
+        probes: &probes,
+        run,
+        stages: Stages::new(Rules::new(spec, expect)),
+        now: first.clone(),
+        first,
+        cancel: cancel.clone(),
+    }
+    .run()
+    .await
+}
+
+/// Does what the stage machine asks, and tells it what came of it.
+struct Driver<'a, P> {
+    probes: &'a P,
+    run: Run<'a>,
+    stages: Stages,
+    /// systemd's view at the restart, and at the last poll.
+    first: UnitState,
+    now: UnitState,
+    cancel: watch::Receiver<bool>,
+}
+
+impl<P: Probes> Driver<'_, P> {
+    async fn run(mut self) -> Result<Verification, Failure> {
+        let mut decision = self.poll().await;
+        loop {
+            decision = match self.run.apply(decision) {
+                Next::Poll => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(POLL_INTERVAL) => {}
+                        _ = self.cancel.changed() => {}
                     }
-                    tokio::time::sleep(POLL_INTERVAL).await;
+                    self.poll().await
                 }
-                return Err(run.fail(failed, reason));
-            }
-            if seen.opened.is_none() {
-                if let Some(reason) = judge::stall(&run.record.samples, &policy) {
-                    return Err(run.fail("loading", reason));
+                Next::Sample => self.sample().await,
+                Next::Confirm => self.confirm().await,
+                Next::Smoke => unreachable!("the smoke completion runs within the final steps"),
+                Next::Plateau => {
+                    let finished = race(
+                        final_steps(
+                            self.probes,
+                            &mut self.run,
+                            &mut self.stages,
+                            &self.first,
+                            &self.now,
+                        ),
+                        self.probes,
+                        &self.first,
+                        &mut self.cancel,
+                    )
+                    .await;
+                    finished.unwrap_or_else(|broke| {
+                        self.stages.final_broke_off(self.run.since(), broke)
+                    })
                 }
+                Next::Done => return Ok(std::mem::take(&mut self.run.record)),
+                Next::Fail(f) => return Err(self.run.fail(f.stage, f.reason)),
             }
         }
-        if ready && identified && crash_passed {
-            let finished = tokio::select! {
-                r = run.finish(host, unit, &first, &now, expect, &policy, &server, spec) => Meanwhile::Done(r),
-                crash = crash_meanwhile(host, unit, &first) => Meanwhile::Crashed(crash),
-                _ = cancelled(&mut cancel) => Meanwhile::Cancelled,
-            };
-            return match finished {
-                Meanwhile::Done(verified) => verified,
-                Meanwhile::Crashed(crash) => Err(run.crashed("loading", crash)),
-                Meanwhile::Cancelled => Err(run.fail("smoke", crate::signals::interrupted())),
-            };
-        }
-        let last = seen
-            .health
-            .as_ref()
-            .map_or("not asked yet".to_string(), describe);
-        if let Some(opened) = seen.opened.filter(|_| !ready) {
-            let warming = run.elapsed() - opened;
-            if warming >= spec.warmup_timeout.as_secs_f64() {
-                let reason = format!(
-                    "still warming up {warming:.0}s after the port opened (warmup timeout {:?}); last: {last}",
-                    spec.warmup_timeout
-                );
-                return Err(run.fail("warmup", reason));
+    }
+
+    /// Asks systemd, unless cancelled first or meanwhile.
+    async fn poll(&mut self) -> Decision {
+        let asked = if *self.cancel.borrow() {
+            None
+        } else {
+            tokio::select! {
+                r = self.probes.unit_state() => Some(r),
+                _ = cancelled(&mut self.cancel) => None,
             }
+        };
+        let systemd = match asked {
+            None => Systemd::Cancelled(crate::signals::interrupted()),
+            Some(asked) => {
+                let (systemd, state) = judged(&self.first, asked);
+                if let Some(state) = state {
+                    self.now = state;
+                }
+                systemd
+            }
+        };
+        let seen = self.probes.seen();
+        self.stages.polled(self.run.since(), systemd, &seen)
+    }
+
+    /// One more look at systemd about a suspected death, then a poll interval unless it showed
+    /// the crash: a worker's death takes its main process down within a second or two.
+    async fn confirm(&mut self) -> Decision {
+        let systemd = judged(&self.first, self.probes.unit_state().await).0;
+        if systemd == Systemd::Healthy {
+            tokio::time::sleep(POLL_INTERVAL).await;
         }
-        if run.elapsed() >= spec.load_deadline.as_secs_f64() {
-            let reason = format!(
-                "not ready after the {:?} load deadline; last: {last}",
-                spec.load_deadline
-            );
-            let stage = if seen.opened.is_some() {
-                "warmup"
-            } else {
-                "readiness"
-            };
-            return Err(run.fail(stage, reason));
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(POLL_INTERVAL) => {}
-            _ = cancel.changed() => {}
+        self.stages.confirmed(self.run.since(), systemd)
+    }
+
+    /// A sample can wait on a slow host (a hung nvidia-smi, up to the command timeout): systemd
+    /// is still polled meanwhile, so a crash is not reported late.
+    async fn sample(&mut self) -> Decision {
+        let sampled = race(
+            take_sample(self.probes, &mut self.run, &self.first, &self.now),
+            self.probes,
+            &self.first,
+            &mut self.cancel,
+        )
+        .await;
+        let took = match sampled {
+            Err(broke) => Took::BrokeOff(broke),
+            Ok(Err(reason)) => Took::Failed(reason),
+            Ok(Ok(sample)) => {
+                self.probes.listening(sample.listening);
+                let (phase, run) = (self.stages.phase(), &self.run);
+                run.progress
+                    .update(phase, run.elapsed(), &sample, &run.record);
+                Took::Done(Findings::judge(&run.record.samples, self.stages.rules()))
+            }
+        };
+        self.stages.sampled(self.run.since(), took)
+    }
+}
+
+/// The plateau sample, then the smoke completion when asked for: the last decision.
+async fn final_steps<P: Probes>(
+    probes: &P,
+    run: &mut Run<'_>,
+    stages: &mut Stages,
+    first: &UnitState,
+    now: &UnitState,
+) -> Decision {
+    let loaded = take_sample(probes, run, first, now).await;
+    let decision = stages.plateau(loaded.as_ref().map_err(String::clone));
+    if !matches!(decision.next, Next::Fail(_)) {
+        run.record.plateau = loaded.ok();
+    }
+    if decision.next != Next::Smoke {
+        return decision;
+    }
+    // The memory stage is recorded as it passes, before the smoke completion takes its time.
+    run.apply(decision);
+    let smoke = stages.rules().smoke.clone().expect("a smoke test to run");
+    stages.smoke(probes.smoke(&smoke).await)
+}
+
+/// One sample, stamped with the time and recorded with its notes.
+async fn take_sample<P: Probes>(
+    probes: &P,
+    run: &mut Run<'_>,
+    first: &UnitState,
+    now: &UnitState,
+) -> Result<Sample, String> {
+    let Sampled { notes, sample } = probes.sample(first, now).await;
+    for note in notes {
+        run.note(note);
+    }
+    let mut sample = sample?;
+    sample.seconds = run.elapsed();
+    run.record.samples.push(sample.clone());
+    Ok(sample)
+}
+
+/// systemd's answer judged against the state at the restart, and the state when there is one.
+fn judged(first: &UnitState, asked: Result<UnitState, String>) -> (Systemd, Option<UnitState>) {
+    match asked {
+        Err(e) => (Systemd::Unreachable(e), None),
+        Ok(state) => {
+            let systemd = crash_reason(first, &state).map_or(Systemd::Healthy, Systemd::Crashed);
+            (systemd, Some(state))
         }
     }
 }
 
-/// What happened while a long step (a sample, the smoke completion) ran.
-enum Meanwhile<T> {
-    Done(T),
-    Crashed(Result<String, RemoteError>),
-    Cancelled,
+/// Runs a long step (a sample, the smoke completion) while polling systemd, and breaks it off
+/// on a crash, on systemd not answering, or on a cancel.
+async fn race<T, P: Probes>(
+    step: impl std::future::Future<Output = T>,
+    probes: &P,
+    first: &UnitState,
+    cancel: &mut watch::Receiver<bool>,
+) -> Result<T, Systemd> {
+    tokio::select! {
+        done = step => Ok(done),
+        broke = crash_meanwhile(probes, first) => Err(broke),
+        _ = cancelled(cancel) => Err(Systemd::Cancelled(crate::signals::interrupted())),
+    }
 }
 
-/// Polls systemd until the unit shows a crash (its reason) or cannot be asked; never resolves
-/// while the unit is healthy. Its first look comes a poll interval in, so a quick step never
-/// pays for one.
-async fn crash_meanwhile(
-    host: &dyn Host,
-    unit: &str,
-    first: &UnitState,
-) -> Result<String, RemoteError> {
+/// Polls systemd until the unit shows a crash or cannot be asked; never resolves while the unit
+/// is healthy. Its first look comes a poll interval in, so a quick step never pays for one.
+async fn crash_meanwhile<P: Probes>(probes: &P, first: &UnitState) -> Systemd {
     loop {
         tokio::time::sleep(POLL_INTERVAL).await;
-        if let Some(reason) = crash_reason(first, &host.unit_state(unit).await?) {
-            return Ok(reason);
+        match judged(first, probes.unit_state().await).0 {
+            Systemd::Healthy => {}
+            broke => return broke,
         }
     }
 }
@@ -400,28 +368,32 @@ async fn cancelled(cancel: &mut watch::Receiver<bool>) {
     }
 }
 
-fn describe(health: &Health) -> String {
-    match health {
-        Health::Ready(took) => format!("/health answered 200 in {:.1}s", took.as_secs_f64()),
-        Health::Warming(why) => format!("warming up ({why})"),
-        Health::Closed(e) => format!("the port is not open yet ({e})"),
-    }
-}
-
+/// The record of one verification, and its live display.
 struct Run<'a> {
     started: Instant,
     record: Verification,
     progress: &'a Progress,
-    /// Where the next journal read continues, and the lines read so far.
-    journal_cursor: Option<String>,
-    journal_lines: u64,
-    /// nvidia-smi did not answer once: GPUs are not asked again.
-    gpus_hung: bool,
 }
 
 impl Run<'_> {
+    fn since(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     fn elapsed(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
+        self.since().as_secs_f64()
+    }
+
+    /// Records what a decision passed, and returns what to do next.
+    fn apply(&mut self, decision: Decision) -> Next {
+        if let Some(loaded) = decision.loaded {
+            self.record.load_seconds = Some(loaded.load_seconds);
+            self.record.port_open_seconds = loaded.port_open_seconds;
+        }
+        for passed in decision.passed {
+            self.pass(passed.stage, passed.detail);
+        }
+        decision.next
     }
 
     fn pass(&mut self, name: &'static str, detail: String) {
@@ -451,15 +423,6 @@ impl Run<'_> {
         }
     }
 
-    /// The stage failed on what systemd said while another step ran: a crash, or no answer.
-    fn crashed(&mut self, stage: &'static str, seen: Result<String, RemoteError>) -> Failure {
-        let reason = match seen {
-            Ok(crash) => format!("crashed {:.1}s after the restart: {crash}", self.elapsed()),
-            Err(e) => error_chain(&e),
-        };
-        self.fail(stage, reason)
-    }
-
     fn remote<T, E: std::error::Error + 'static>(
         &mut self,
         stage: &'static str,
@@ -473,210 +436,6 @@ impl Run<'_> {
             self.record.notes.push(note);
         }
     }
-
-    /// Memory, GPU memory and the other signs of life, read concurrently.
-    async fn sample(
-        &mut self,
-        host: &dyn Host,
-        unit: &str,
-        first: &UnitState,
-        state: &UnitState,
-        expect: &Expect,
-    ) -> Result<Sample, Failure> {
-        let gpus = async {
-            // Not asked again once it hung: that would hold up every sample by the timeout.
-            if self.gpus_hung {
-                None
-            } else {
-                Some(host.gpu_memory().await)
-            }
-        };
-        let (gpus, life) = tokio::join!(
-            gpus,
-            host.liveness(
-                unit,
-                &first.invocation_id,
-                self.journal_cursor.as_deref(),
-                expect.endpoint.port
-            )
-        );
-        let gpu_mib = match gpus {
-            None => Vec::new(),
-            // A GPU that fell off the bus hangs nvidia-smi.
-            Some(Err(e @ RemoteError::TimedOut { .. })) => {
-                self.gpus_hung = true;
-                self.note(format!(
-                    "{e}: GPU memory is not judged for the rest of this verification (a GPU that fell off the bus hangs nvidia-smi; check the host)"
-                ));
-                Vec::new()
-            }
-            Some(reading) => match self.remote("memory", reading)? {
-                GpuReading::Gpus(all) => all
-                    .iter()
-                    .filter(|g| {
-                        expect
-                            .gpus
-                            .as_ref()
-                            .is_none_or(|mine| mine.contains(&g.index))
-                    })
-                    .map(|g| g.used_mib)
-                    .collect(),
-                GpuReading::NoTooling(why) => {
-                    self.note(format!(
-                        "no GPU tooling on the host ({why}); judged without GPU memory"
-                    ));
-                    Vec::new()
-                }
-            },
-        };
-        let life = self.remote("memory", life)?;
-        if life.cpu_usec.is_none() {
-            self.note(
-                "the host reports no CPU time for the unit's cgroup; a stall is judged without it"
-                    .into(),
-            );
-        }
-        self.journal_cursor = life.cursor.clone();
-        self.journal_lines += life.new_journal_lines;
-        let sample = Sample {
-            seconds: self.elapsed(),
-            service_bytes: state.memory_current,
-            gpu_mib,
-            anon_bytes: life.anon_bytes,
-            cpu_seconds: life.cpu_usec.map(|us| us as f64 / 1e6),
-            journal_lines: Some(self.journal_lines),
-            processes: life.processes,
-            schedulers: life.schedulers,
-            listening: life.listening,
-        };
-        self.record.samples.push(sample.clone());
-        Ok(sample)
-    }
-
-    /// `/v1/models` must name the expected model, with the expected context length.
-    fn identity(
-        &mut self,
-        models: &Result<Vec<crate::remote::Model>, String>,
-        expect: &Expect,
-    ) -> Result<(), Failure> {
-        let models = match models {
-            Ok(m) => m,
-            Err(e) => return Err(self.fail("identity", e.clone())),
-        };
-        let Some(model) = models.iter().find(|m| m.id == expect.model_id) else {
-            let serving: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
-            let reason = format!(
-                "/v1/models lists {serving:?}, not the expected `{}`: wrong model",
-                expect.model_id
-            );
-            return Err(self.fail("identity", reason));
-        };
-        if let (Some(want), Some(got)) = (expect.context_length, model.max_model_len) {
-            if want != got {
-                return Err(self.fail(
-                    "identity",
-                    format!("max_model_len is {got}, the manifest sets context-length {want}"),
-                ));
-            }
-        }
-        self.pass("identity", format!("/v1/models serves `{}`", model.id));
-        Ok(())
-    }
-
-    fn ready(&mut self, opened: Option<f64>, took: Duration) {
-        let now = self.elapsed();
-        self.record.load_seconds = Some(now);
-        self.record.port_open_seconds = opened;
-        let opened = opened.unwrap_or(now);
-        self.pass(
-            "warmup",
-            format!(
-                "the port opened after {opened:.1}s; warmup ended {:.1}s later",
-                (now - opened).max(0.0)
-            ),
-        );
-        self.pass(
-            "readiness",
-            format!(
-                "/health answered 200 after {now:.1}s (the probe took {:.1}s)",
-                took.as_secs_f64()
-            ),
-        );
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn finish(
-        &mut self,
-        host: &dyn Host,
-        unit: &str,
-        first: &UnitState,
-        state: &UnitState,
-        expect: &Expect,
-        policy: &MemoryPolicy,
-        server: &Server,
-        spec: &VerifySpec,
-    ) -> Result<Verification, Failure> {
-        let loaded = self.sample(host, unit, first, state, expect).await?;
-        if let Some(reason) = judge::plateau_failure(&loaded, policy) {
-            return Err(self.fail("memory", reason));
-        }
-        let plateau = format!(
-            "plateau: service {}{}",
-            loaded.service_bytes.map_or("?".into(), bytes),
-            if loaded.gpu_mib.is_empty() {
-                String::new()
-            } else {
-                format!(", GPUs {:?} MiB", loaded.gpu_mib)
-            }
-        );
-        self.pass("memory", plateau);
-        self.record.plateau = Some(loaded);
-        if let Some(smoke) = &spec.smoke {
-            let asked = server
-                .chat(
-                    &expect.model_id,
-                    &smoke.prompt,
-                    smoke.max_tokens(expect.reasoning),
-                    expect.reasoning,
-                )
-                .await;
-            match asked {
-                Ok(answer) if answer.content.contains(&smoke.expect) => {
-                    self.pass("smoke", format!("answered {:?}", answer.content))
-                }
-                Ok(answer)
-                    if answer
-                        .reasoning
-                        .as_deref()
-                        .is_some_and(|r| r.contains(&smoke.expect)) =>
-                {
-                    self.pass(
-                        "smoke",
-                        format!(
-                            "the expected {:?} came in the model's thinking (reasoning_content); content {:?}",
-                            smoke.expect, answer.content
-                        ),
-                    )
-                }
-                Ok(answer) => {
-                    let cut = if answer.finish_reason.as_deref() == Some("length") {
-                        " (cut at max_tokens: raise verify.smoke.max_tokens)"
-                    } else {
-                        ""
-                    };
-                    return Err(self.fail(
-                        "smoke",
-                        format!(
-                            "answered {:?}, which lacks {:?}{cut}",
-                            answer.content, smoke.expect
-                        ),
-                    ));
-                }
-                Err(e) => return Err(self.fail("smoke", e)),
-            }
-        }
-        Ok(std::mem::take(&mut self.record))
-    }
 }
 
 fn unix_now() -> f64 {
@@ -688,7 +447,283 @@ fn unix_now() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manifest::Smoke;
+    use crate::remote::http::Answer;
+    use crate::remote::{Health, Model};
     use crate::unit::parse_unit;
+    use stages::Seen;
+    use std::cell::{Cell, RefCell};
+
+    /// A server scripted by the time since the restart, on tokio's paused clock.
+    struct Fake {
+        started: Instant,
+        /// systemd shows the unit failed from then on.
+        crash_at: Option<f64>,
+        open_at: f64,
+        ready_at: f64,
+        /// How long a sample takes (a hung nvidia-smi).
+        sample_takes: Duration,
+        /// The scheduler processes at a time.
+        schedulers: fn(f64) -> u32,
+        polls: Cell<u32>,
+        told: RefCell<Vec<Option<bool>>>,
+    }
+
+    impl Fake {
+        fn new() -> Fake {
+            Fake {
+                started: Instant::now(),
+                crash_at: None,
+                open_at: 20.0,
+                ready_at: 30.0,
+                sample_takes: Duration::ZERO,
+                schedulers: |_| 2,
+                polls: Cell::new(0),
+                told: RefCell::default(),
+            }
+        }
+
+        fn t(&self) -> f64 {
+            self.started.elapsed().as_secs_f64()
+        }
+    }
+
+    impl Probes for Fake {
+        async fn unit_state(&self) -> Result<UnitState, String> {
+            self.polls.set(self.polls.get() + 1);
+            let crashed = self.crash_at.is_some_and(|c| self.t() >= c);
+            let (active, sub) = if crashed {
+                ("failed", "failed")
+            } else {
+                ("active", "running")
+            };
+            Ok(UnitState {
+                active_state: active.into(),
+                sub_state: sub.into(),
+                invocation_id: "a".into(),
+                result: if crashed { "exit-code" } else { "success" }.into(),
+                main_status: if crashed { 1 } else { 0 },
+                memory_current: Some((1 << 30) + (self.t() as u64) * (1 << 20)),
+                ..UnitState::default()
+            })
+        }
+
+        async fn sample(&self, _first: &UnitState, now: &UnitState) -> Sampled {
+            tokio::time::sleep(self.sample_takes).await;
+            let t = self.t();
+            Sampled {
+                notes: vec!["no GPU tooling on the host (fake); judged without GPU memory".into()],
+                sample: Ok(Sample {
+                    service_bytes: now.memory_current,
+                    schedulers: Some((self.schedulers)(t)),
+                    processes: Some(4),
+                    listening: Some(t >= self.open_at),
+                    ..Sample::default()
+                }),
+            }
+        }
+
+        fn seen(&self) -> Seen {
+            let t = self.t();
+            let opened = (t >= self.open_at).then_some(self.open_at);
+            Seen {
+                health: Some(if t >= self.ready_at {
+                    Health::Ready(Duration::from_secs(1))
+                } else if opened.is_some() {
+                    Health::Warming("/ready answered 503".into())
+                } else {
+                    Health::Closed("connection refused".into())
+                }),
+                opened,
+                models: opened.map(|_| {
+                    Ok(vec![Model {
+                        id: "qwen".into(),
+                        max_model_len: None,
+                    }])
+                }),
+            }
+        }
+
+        fn listening(&self, open: Option<bool>) {
+            self.told.borrow_mut().push(open);
+        }
+
+        async fn smoke(&self, smoke: &Smoke) -> Result<Answer, String> {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            Ok(Answer {
+                content: format!("{}.", smoke.expect),
+                reasoning: None,
+                finish_reason: Some("stop".into()),
+            })
+        }
+    }
+
+    fn spec() -> VerifySpec {
+        VerifySpec {
+            crash_window: Duration::from_secs(5),
+            load_deadline: Duration::from_secs(120),
+            sample_interval: Duration::from_secs(1),
+            stall_timeout: Duration::from_secs(60),
+            smoke: Some(Smoke {
+                prompt: "The capital of France?".into(),
+                expect: "Paris".into(),
+                max_tokens: None,
+            }),
+            ..VerifySpec::default()
+        }
+    }
+
+    async fn drive(
+        fake: &Fake,
+        spec: &VerifySpec,
+        cancel: watch::Receiver<bool>,
+    ) -> Result<Verification, Failure> {
+        let progress = Progress::new(String::new(), None);
+        let expect = Expect::from_unit(&parse_unit(UNIT));
+        let first = fake.unit_state().await.expect("the fake answers");
+        let run = Run {
+            started: fake.started,
+            record: Verification::default(),
+            progress: &progress,
+        };
+        Driver {
+            probes: fake,
+            run,
+            stages: Stages::new(Rules::new(spec, &expect)),
+            now: first.clone(),
+            first,
+            cancel,
+        }
+        .run()
+        .await
+    }
+
+    fn names(v: &Verification) -> Vec<(&'static str, bool)> {
+        v.stages.iter().map(|s| (s.name, s.passed)).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_driver_records_every_stage_of_a_good_start_in_order() {
+        let fake = Fake::new();
+        let (_cancel, never) = watch::channel(false);
+        let v = drive(&fake, &spec(), never).await.expect("verified");
+        assert_eq!(
+            names(&v),
+            [
+                ("crash window", true),
+                ("identity", true),
+                ("warmup", true),
+                ("readiness", true),
+                ("memory", true),
+                ("smoke", true)
+            ]
+        );
+        assert_eq!(v.port_open_seconds, Some(20.0));
+        let load = v.load_seconds.expect("loaded");
+        assert!((30.0..30.3).contains(&load), "{load}");
+        assert_eq!(v.stages[5].detail, "answered \"Paris.\"");
+        assert!(v.stages[5].seconds >= load + 2.0, "the smoke took 2 s");
+        assert_eq!(v.plateau.as_ref(), v.samples.last());
+        // One sample a second, and the plateau.
+        assert!((31..=33).contains(&v.samples.len()), "{}", v.samples.len());
+        assert_eq!(v.notes.len(), 1, "notes are kept once: {:?}", v.notes);
+        assert_eq!(fake.told.borrow()[0], Some(false));
+        assert_eq!(fake.told.borrow().last(), Some(&Some(true)));
+        // Polled every 250 ms, and while the smoke ran.
+        assert!(fake.polls.get() >= 4 * 30, "{}", fake.polls.get());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_while_a_sample_hangs_is_reported_on_time() {
+        let fake = Fake {
+            crash_at: Some(3.0),
+            sample_takes: Duration::from_secs(60),
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let f = drive(&fake, &spec(), never).await.expect_err("crashed");
+        assert_eq!(f.stage, "crash window");
+        assert!(
+            f.reason.starts_with("crashed 3.") && f.reason.contains("it is failed (failed)"),
+            "{}",
+            f.reason
+        );
+        assert_eq!(names(&f.verification), [("crash window", false)]);
+        assert!(f.verification.samples.is_empty(), "the sample never came");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_worker_is_confirmed_against_systemd() {
+        // A scheduler dies at 12 s; systemd sees the exit 0.4 s later: a crash.
+        let fake = Fake {
+            crash_at: Some(12.4),
+            schedulers: |t| if t < 12.0 { 2 } else { 1 },
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let f = drive(&fake, &spec(), never).await.expect_err("crashed");
+        assert_eq!(f.stage, "loading");
+        assert!(f.reason.starts_with("crashed 12.5s"), "{}", f.reason);
+        // Without an exit, the worker's death is reported after CONFIRM_POLLS polls.
+        let fake = Fake {
+            schedulers: |t| if t < 12.0 { 2 } else { 1 },
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let f = drive(&fake, &spec(), never).await.expect_err("dead worker");
+        assert_eq!(f.stage, "loading");
+        assert_eq!(
+            f.reason,
+            "a worker process died: 1 of 2 `sglang::scheduler` processes are left while the main process lives"
+        );
+        let at = f.verification.stages[1].seconds;
+        assert!((13.0..13.1).contains(&at), "12 s, then 4 polls: {at}");
+        assert_eq!(
+            names(&f.verification),
+            [("crash window", true), ("loading", false)]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cancel_fails_the_current_stage_at_once() {
+        let fake = Fake::new();
+        let (cancel, cancelled) = watch::channel(false);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(7100)).await;
+            cancel.send_replace(true);
+            // Kept until the end, so nobody mistakes a dropped sender for a cancel.
+            std::future::pending::<()>().await
+        });
+        let f = drive(&fake, &spec(), cancelled)
+            .await
+            .expect_err("cancelled");
+        assert_eq!(
+            (f.stage, f.reason.as_str()),
+            ("loading", "interrupted (cancelled)")
+        );
+        let at = f.verification.stages[1].seconds;
+        assert!((7.1..7.15).contains(&at), "{at}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_port_that_never_opens_fails_readiness_at_the_load_deadline() {
+        let fake = Fake {
+            open_at: f64::INFINITY,
+            ready_at: f64::INFINITY,
+            ..Fake::new()
+        };
+        let (_cancel, never) = watch::channel(false);
+        let spec = VerifySpec {
+            stall_timeout: Duration::from_secs(600),
+            ..spec()
+        };
+        let f = drive(&fake, &spec, never).await.expect_err("not ready");
+        assert_eq!(f.stage, "readiness");
+        assert_eq!(
+            f.reason,
+            "not ready after the 120s load deadline; last: the port is not open yet (connection refused)"
+        );
+    }
 
     const UNIT: &str = "[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=4,5\"\nExecStart=/venv/bin/python3 -m sglang.launch_server \\\n\t--model-path /models/m \\\n\t--served-model-name qwen \\\n\t--api-key sk-secret \\\n\t--context-length 256k \\\n\t--reasoning-parser qwen3 \\\n\t--host 10.0.0.5 \\\n\t--port 30001\n";
 
