@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Outcome, Owner, Rollout, UnitReport};
 use crate::cli::AgentArgs;
 use crate::manifest::ManifestErrors;
+use crate::redact::Redactor;
 use crate::remote::{error_chain, Host};
 use crate::report::{self, Format};
 use crate::targets::{self, Target};
@@ -68,8 +69,11 @@ pub struct Revision {
 pub async fn run(args: AgentArgs) -> u8 {
     let stop = crate::signals::stop_on_signal();
     let names = local_names(&args.names);
+    // A name any round's manifests declared secret stays hidden for the life of the process, even
+    // after a later commit drops it from `secret_env`: its value may still be in a journal.
+    let mut redactor = Redactor::default();
     loop {
-        let code = round(&args, &names, &stop).await;
+        let code = round(&args, &names, &stop, &mut redactor).await;
         if args.once {
             return code;
         }
@@ -105,7 +109,12 @@ fn short_hostname() -> Option<String> {
 
 /// One round: prints one line (the commit and every unit's outcome), then the details of units
 /// that changed or failed, and returns apply's exit code for it.
-async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>) -> u8 {
+async fn round(
+    args: &AgentArgs,
+    names: &[String],
+    stop: &watch::Receiver<bool>,
+    redactor: &mut Redactor,
+) -> u8 {
     let revision = match sync(args).await {
         Ok(r) => r,
         Err(e) => {
@@ -118,7 +127,7 @@ async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>)
         }
     };
     let short = crate::report::short(&revision.commit, crate::report::SHA_SHOWN);
-    let targets = match targets_here(args, names) {
+    let targets = match targets_here(args, names, redactor) {
         Ok(t) => t,
         Err(errors) => {
             println!("round {short}: {errors}, nothing touched");
@@ -159,6 +168,7 @@ async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>)
             rollback_all: false,
         },
         restoring: None,
+        redactor: redactor.clone(),
     };
     let reports = apply_here(&targets, &options).await;
     println!("{}", round_line(short, &revision.author, &reports));
@@ -180,15 +190,22 @@ async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>)
 }
 
 /// The manifests of the checkout, loaded whole (an error anywhere stops the round, as it stops
-/// `apply`), kept to the units whose host is this machine.
-fn targets_here(args: &AgentArgs, names: &[String]) -> Result<Vec<Target>, ManifestErrors> {
+/// `apply`), kept to the units whose host is this machine. `redactor` takes in the names they
+/// declare secret, loaded or not.
+fn targets_here(
+    args: &AgentArgs,
+    names: &[String],
+    redactor: &mut Redactor,
+) -> Result<Vec<Target>, ManifestErrors> {
     let paths: Vec<PathBuf> = args.paths.iter().map(|p| args.checkout.join(p)).collect();
-    let loaded = crate::load::load(&paths, args.strict).map_err(|(errors, warnings)| {
-        for w in &warnings {
+    let loaded = crate::load::load(&paths, args.strict).map_err(|failed| {
+        for w in &failed.warnings {
             println!("  warning: {w}");
         }
-        errors
+        redactor.extend(&failed.redactor);
+        failed.errors
     })?;
+    redactor.extend(&loaded.redactor);
     for w in &loaded.warnings {
         println!("  warning: {w}");
     }

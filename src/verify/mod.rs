@@ -12,11 +12,11 @@
 //! 4. readiness: `/health` 200 (empty body; it takes at least a second, as it runs a generation);
 //! 5. memory plateau, then the smoke completion when the manifest asks for one.
 //!
-//! The judges are pure (`judge`); this file is the poller that owns the clock. Probes of the
+//! The judges are pure (`reconcile_core::verify::judge`); this file is the poller that owns the
+//! clock. Probes of the
 //! HTTP port run in a task of their own, one at a time, so a slow `/health` never delays the
 //! crash polling.
 
-mod judge;
 mod progress;
 
 use std::time::{Duration, Instant};
@@ -24,12 +24,14 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::sync::watch;
 
-pub use judge::{bytes, crash_reason, sparkline, MemoryPolicy, Sample};
 pub use progress::Progress;
+pub use reconcile_core::verify::judge::{
+    self, bytes, crash_reason, sparkline, MemoryPolicy, Sample,
+};
 
+use crate::flags::flags;
 use crate::manifest::VerifySpec;
 use crate::observed::UnitState;
-use crate::plan::flags;
 use crate::remote::{error_chain, Endpoint, GpuReading, Health, Host, RemoteError, Server};
 use crate::sglang::human_readable_int_value;
 use crate::unit::UnitModel;
