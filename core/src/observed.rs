@@ -1,5 +1,6 @@
 //! What a host has for one unit, as read by the remote layer; parsing `systemctl show` is pure and
-//! lives here so the plan and its tests never need a host.
+//! lives here ([`Show`], for `observe` and `status` alike) so the plan and its tests never need a
+//! host.
 
 use std::collections::BTreeMap;
 
@@ -112,6 +113,20 @@ mod tests {
         assert!(s.is_loaded());
         assert_eq!((s.n_restarts, s.main_pid, s.memory_current), (2, 41, None));
         assert_eq!(s.summary(), "active (running)");
+    }
+
+    #[test]
+    fn show_reads_any_property_asked() {
+        let show = Show::parse(
+            "ExecMainPID=7\nExecMainStartTimestamp=Mon 2025-01-06 10:00:00 UTC\nNeedDaemonReload=yes\n",
+        );
+        assert_eq!(show.number::<u32>("ExecMainPID"), Some(7));
+        assert_eq!(
+            show.text("ExecMainStartTimestamp"),
+            "Mon 2025-01-06 10:00:00 UTC"
+        );
+        assert!(show.yes("NeedDaemonReload") && !show.yes("Missing"));
+        assert_eq!(show.text("Missing"), "");
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! - `deployed/<N>.service`: the unit a *successful* deployment installed, where N is the number of
 //!   its line in `history.jsonl` (1 = oldest), so `reconcile rollback --to N` restores exactly what
 //!   deployment N ran (the newest 10).
+//!
+//! The record's model and its parsing and formatting are pure, in `reconcile_core::record`
+//! (re-exported here); this module reads and writes them, and everything else, on the host.
 
 use std::time::{Duration, SystemTime};
 
