@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Outcome, Owner, Rollout, UnitReport};
 use crate::cli::AgentArgs;
 use crate::manifest::ManifestErrors;
+use crate::redact::Redactor;
 use crate::remote::{error_chain, Limits, Local};
 use crate::report::{self, Format};
 use crate::targets::{self, Target};
@@ -69,8 +70,11 @@ pub struct Revision {
 pub async fn run(args: AgentArgs, limits: Limits) -> u8 {
     let stop = crate::signals::stop_on_signal();
     let names = local_names(&args.names);
+    // A name any round's manifests declared secret stays hidden for the life of the process, even
+    // after a later commit drops it from `secret_env`: its value may still be in a journal.
+    let mut redactor = Redactor::default();
     loop {
-        let code = round(&args, &names, &stop, limits).await;
+        let code = round(&args, &names, &stop, limits, &mut redactor).await;
         if args.once {
             return code;
         }
@@ -111,6 +115,7 @@ async fn round(
     names: &[String],
     stop: &watch::Receiver<bool>,
     limits: Limits,
+    redactor: &mut Redactor,
 ) -> u8 {
     let revision = match sync(args).await {
         Ok(r) => r,
@@ -124,7 +129,7 @@ async fn round(
         }
     };
     let short = crate::report::short(&revision.commit, crate::report::SHA_SHOWN);
-    let targets = match targets_here(args, names) {
+    let targets = match targets_here(args, names, redactor) {
         Ok(t) => t,
         Err(errors) => {
             println!("round {short}: {errors}, nothing touched");
@@ -165,6 +170,7 @@ async fn round(
             rollback_all: false,
         },
         restoring: None,
+        redactor: redactor.clone(),
     };
     let reports = apply_here(&targets, &options, limits).await;
     println!("{}", round_line(short, &revision.author, &reports));
@@ -186,15 +192,22 @@ async fn round(
 }
 
 /// The manifests of the checkout, loaded whole (an error anywhere stops the round, as it stops
-/// `apply`), kept to the units whose host is this machine.
-fn targets_here(args: &AgentArgs, names: &[String]) -> Result<Vec<Target>, ManifestErrors> {
+/// `apply`), kept to the units whose host is this machine. `redactor` takes in the names they
+/// declare secret, loaded or not.
+fn targets_here(
+    args: &AgentArgs,
+    names: &[String],
+    redactor: &mut Redactor,
+) -> Result<Vec<Target>, ManifestErrors> {
     let paths: Vec<PathBuf> = args.paths.iter().map(|p| args.checkout.join(p)).collect();
-    let loaded = crate::load::load(&paths, args.strict).map_err(|(errors, warnings)| {
-        for w in &warnings {
+    let loaded = crate::load::load(&paths, args.strict).map_err(|failed| {
+        for w in &failed.warnings {
             println!("  warning: {w}");
         }
-        errors
+        redactor.extend(&failed.redactor);
+        failed.errors
     })?;
+    redactor.extend(&loaded.redactor);
     for w in &loaded.warnings {
         println!("  warning: {w}");
     }

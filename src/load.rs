@@ -1,26 +1,38 @@
 //! Reading the manifests for a run: parsed, validated, and checked against the flag catalog of the
 //! SGLang version each names. Every error of every file comes back together; warnings are printed
-//! and do not stop the run unless `strict`.
+//! and do not stop the run unless `strict`. The only place that reads manifest files: the parsing
+//! and checking are pure, in `reconcile_core::manifest`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use crate::manifest::{self, Manifest, ManifestErrors};
-use crate::redact;
-use crate::sglang::{self, Finding, Severity};
+use crate::manifest::{self, Manifest, ManifestError, ManifestErrors};
+use crate::redact::Redactor;
+use crate::sglang::{self, ManifestFinding, Severity};
 
 pub struct Loaded {
     pub manifests: Vec<Manifest>,
-    pub warnings: Vec<Finding>,
+    pub warnings: Vec<ManifestFinding>,
+    /// Hides the env names the manifests declare secret (`secret_env`).
+    pub redactor: Redactor,
 }
 
-pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, (ManifestErrors, Vec<Finding>)> {
+/// What a load that failed still found: every error, the warnings, and the secret names of the
+/// manifests that did parse (their values may still be shown, in a rollback run by `--host`).
+pub struct Failed {
+    pub errors: ManifestErrors,
+    pub warnings: Vec<ManifestFinding>,
+    pub redactor: Redactor,
+}
+
+pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, Failed> {
     let mut warnings = Vec::new();
-    let result = manifest::load(paths, |m, text| {
-        redact::declare_secret_names(&m.secret_env);
+    let mut redactor = Redactor::default();
+    let result = manifest::check_all(read(paths), |m, text| {
+        redactor.declare(&m.secret_env);
         let checked = sglang::check_manifest(m, text);
         // Render what argparse would run: `tp` becomes `--tp-size`, safe from a later ambiguity.
         checked.apply_renames(m);
-        let (errors, warned): (Vec<Finding>, Vec<Finding>) = checked
+        let (errors, warned): (Vec<ManifestFinding>, Vec<ManifestFinding>) = checked
             .findings
             .into_iter()
             .partition(|f| f.severity == Severity::Error || strict);
@@ -31,7 +43,87 @@ pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, (ManifestErrors, 
         Ok(manifests) => Ok(Loaded {
             manifests,
             warnings,
+            redactor,
         }),
-        Err(errors) => Err((errors, warnings)),
+        Err(errors) => Err(Failed {
+            errors,
+            warnings,
+            redactor,
+        }),
     }
+}
+
+/// Every manifest under `paths` (files, or folders searched for `*.yaml` and `*.yml`), read: the
+/// path it is shown as and its text, or why it could not be read. Folders that cannot be listed
+/// and paths that do not exist come first, then the files in order.
+fn read(paths: &[PathBuf]) -> Vec<Result<(String, String), ManifestError>> {
+    let mut errors = Vec::new();
+    let files = manifest_files(paths, &mut errors);
+    let mut read: Vec<_> = errors.into_iter().map(Err).collect();
+    for file in files {
+        let shown = display_path(&file);
+        read.push(match std::fs::read_to_string(&file) {
+            Ok(text) => Ok((shown, text)),
+            Err(source) => Err(ManifestError::Read {
+                path: shown,
+                source,
+            }),
+        });
+    }
+    read
+}
+
+fn manifest_files(paths: &[PathBuf], errors: &mut Vec<ManifestError>) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            match std::fs::read_dir(path) {
+                Ok(entries) => {
+                    let mut found: Vec<PathBuf> = entries
+                        .filter_map(|e| e.ok().map(|e| e.path()))
+                        .filter(|p| p.is_file() && is_yaml(p))
+                        .collect();
+                    found.sort();
+                    files.extend(found);
+                }
+                Err(source) => errors.push(ManifestError::Read {
+                    path: display_path(path),
+                    source,
+                }),
+            }
+        } else if path.exists() {
+            files.push(path.clone());
+        } else {
+            let source =
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder");
+            errors.push(ManifestError::Read {
+                path: display_path(path),
+                source,
+            });
+        }
+    }
+    files
+}
+
+fn is_yaml(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml")
+    )
+}
+
+/// The path relative to the git work tree holding it, so the rendered header does not depend on
+/// where `reconcile` was started from; otherwise the path as given.
+fn display_path(path: &Path) -> String {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut dir = absolute.parent();
+    while let Some(d) = dir {
+        if d.join(".git").exists() {
+            if let Ok(rel) = absolute.strip_prefix(d) {
+                return rel.display().to_string();
+            }
+        }
+        dir = d.parent();
+    }
+    path.display().to_string()
 }

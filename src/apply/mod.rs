@@ -23,7 +23,7 @@ use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
 use crate::preflight;
-use crate::redact::{redact_text, secret_values, Secret, REDACTED};
+use crate::redact::{redact_text, Redactor, Secret, REDACTED};
 use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd;
 use crate::targets::Target;
@@ -103,6 +103,8 @@ pub struct ApplyOptions {
     /// says so, and preflight's SGLang version check (against the manifest, which may have moved on
     /// since) becomes a note: the restored unit ran on this host before.
     pub restoring: Option<usize>,
+    /// What to hide in plans and journals: the secret names of the run's manifests.
+    pub redactor: Redactor,
 }
 
 /// Applies every target, host by host, as a rollout (canary, batches, failure budget).
@@ -183,13 +185,14 @@ pub(super) async fn apply_host(
 /// Whether applying `t` would do anything: its unit differs from the manifest, or the last apply of
 /// it did not finish. A plan file's unit, and a unit or record that cannot be read, count as work:
 /// apply's own path checks and reports them.
-pub(super) async fn has_work(host: &dyn Host, t: &Target) -> bool {
+pub(super) async fn has_work(host: &dyn Host, t: &Target, options: &ApplyOptions) -> bool {
     if t.expected.is_some() {
         return true;
     }
     match host.observe(&t.desired.unit).await {
         Ok(observed) => {
-            plan(&t.host, &t.source, &t.desired, &observed).verdict != Verdict::NoChange
+            plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict
+                != Verdict::NoChange
                 || unfinished(host, t, &observed).await.unwrap_or(true)
         }
         Err(_) => true,
@@ -266,7 +269,7 @@ async fn apply_unit(host: &dyn Host, t: &Target, options: &ApplyOptions) -> Unit
             return r.end(Outcome::Error, &format!("nothing was changed: {stale}"));
         }
     }
-    let mut verdict = plan(&t.host, &t.source, &t.desired, &observed).verdict;
+    let mut verdict = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict;
     let mut previous = observed.unit_text.clone();
     let mut was_running = matches!(
         observed.state.active_state.as_str(),
@@ -631,13 +634,15 @@ async fn rollback(
     };
     // Read after the rollback, which gives journald time to take in the failed process's last
     // lines. SGLang logs its resolved arguments, secrets included.
-    let secrets: Vec<Secret> = secret_values(&t.desired.model)
+    let secrets: Vec<Secret> = options
+        .redactor
+        .secret_values(&t.desired.model)
         .into_iter()
         .chain(
             fallback
                 .previous
                 .as_deref()
-                .map(|p| secret_values(&parse_unit(p)))
+                .map(|p| options.redactor.secret_values(&parse_unit(p)))
                 .unwrap_or_default(),
         )
         .map(|(name, value)| Secret {

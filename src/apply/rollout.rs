@@ -44,7 +44,12 @@ enum Turn {
 }
 
 /// Looks at a host, changing nothing: is there work for the rollout?
-async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey {
+async fn survey(
+    name: String,
+    targets: Vec<Target>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Survey {
     let started = std::time::Instant::now();
     let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
@@ -54,7 +59,7 @@ async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey 
     };
     let mut work = false;
     for t in &targets {
-        if super::has_work(&*host, t).await {
+        if super::has_work(&*host, t, options).await {
             work = true;
             break;
         }
@@ -95,7 +100,7 @@ pub async fn roll_out(
         .map(|(i, (name, _))| (name.clone(), i))
         .collect();
     let surveys: Vec<Survey> = stream::iter(hosts)
-        .map(|(name, targets)| survey(name, targets, ssh))
+        .map(|(name, targets)| survey(name, targets, ssh, options))
         .buffered(SURVEY_AT_ONCE)
         .collect()
         .await;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use super::gather::{read_deployments, Read};
 use super::{choose, skipped_lines, Choice};
 use crate::apply::{self, state, ApplyOptions, GitInfo, Outcome, UnitReport};
+use crate::flags::flags;
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
-use crate::plan::flags;
 use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::Target;
 use crate::unit::{parse_unit, Desired};
@@ -76,6 +76,7 @@ async fn rollback_host(
                 deep: options.deep,
                 rollout: options.rollout,
                 restoring: Some(n),
+                redactor: options.redactor.clone(),
             };
             let mut report = apply::apply_one(&*host, &target, &options).await;
             report.detail = format!("rollback to deployment {n}: {}", report.detail);

@@ -3,18 +3,18 @@
 use std::fmt::Write;
 
 use super::{delta_line, preflight_line, tally_line};
-use crate::dry_run::{Outcome, Tally};
+use crate::dry_run::{PlanOutcome, Tally};
 use crate::plan::{UnitPlan, Verdict};
 use crate::preflight::Severity;
 
-pub fn render(outcomes: &[Outcome], tally: &Tally) -> String {
+pub fn render(outcomes: &[PlanOutcome], tally: &Tally) -> String {
     let mut out = String::from(
         "### reconcile plan\n\n| host | unit | verdict | changes |\n|---|---|---|---|\n",
     );
     for o in outcomes {
         let (host, unit, verdict, changes) = match o {
-            Outcome::Planned(p) => (&p.host, &p.unit, verdict_cell(p.verdict), changes_cell(p)),
-            Outcome::Error {
+            PlanOutcome::Planned(p) => (&p.host, &p.unit, verdict_cell(p.verdict), changes_cell(p)),
+            PlanOutcome::Error {
                 host, unit, error, ..
             } => (host, unit, "**error**".to_string(), cell(error)),
         };
@@ -27,7 +27,7 @@ pub fn render(outcomes: &[Outcome], tally: &Tally) -> String {
     }
     let _ = writeln!(out, "\n{}\n", tally_line(tally));
     for p in outcomes.iter().filter_map(|o| match o {
-        Outcome::Planned(p) if !p.diff.is_empty() => Some(p),
+        PlanOutcome::Planned(p) if !p.diff.is_empty() => Some(p),
         _ => None,
     }) {
         let fence = if p.diff.contains("```") {

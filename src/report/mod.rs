@@ -6,7 +6,7 @@ mod text;
 
 use serde::Serialize;
 
-use crate::dry_run::{Outcome, Tally};
+use crate::dry_run::{PlanOutcome, Tally};
 use crate::plan::Delta;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -20,12 +20,7 @@ pub enum Format {
 pub const SHA_SHOWN: usize = 12;
 pub const COMMIT_SHOWN: usize = 7;
 
-/// The first `n` characters of `s` (a sha256 or a commit, shown short), or all of it when it is
-/// shorter. Cut on a character boundary, never inside one: these strings come from hosts' records
-/// and from git, and need not be ASCII.
-pub fn short(s: &str, n: usize) -> &str {
-    s.char_indices().nth(n).map_or(s, |(at, _)| &s[..at])
-}
+pub use crate::digest::short;
 
 /// `value` as pretty JSON and a newline. serde_json fails only on a map with non-string keys or a
 /// `Serialize` that errors, and no type shown has either (a float that is not finite becomes
@@ -43,7 +38,7 @@ pub fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
     }
 }
 
-pub fn render(outcomes: &[Outcome], format: Format, color: bool) -> String {
+pub fn render(outcomes: &[PlanOutcome], format: Format, color: bool) -> String {
     let tally = Tally::of(outcomes);
     match format {
         Format::Text => text::render(outcomes, &tally, color),
@@ -119,10 +114,10 @@ fn verification_lines(out: &mut String, label: &str, v: &crate::verify::Verifica
     }
 }
 
-fn json(outcomes: &[Outcome], tally: &Tally) -> String {
+fn json(outcomes: &[PlanOutcome], tally: &Tally) -> String {
     #[derive(Serialize)]
     struct Document<'a> {
-        units: &'a [Outcome],
+        units: &'a [PlanOutcome],
         tally: &'a Tally,
     }
     to_json(&Document {

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use super::{delta_line, preflight_line, tally_line};
-use crate::dry_run::{Outcome, Tally};
+use crate::dry_run::{PlanOutcome, Tally};
 use crate::plan::{Delta, UnitPlan, Verdict};
 
 const RED: &str = "\x1b[31m";
@@ -13,7 +13,7 @@ const CYAN: &str = "\x1b[36m";
 const BOLD: &str = "\x1b[1m";
 const RESET: &str = "\x1b[0m";
 
-pub fn render(outcomes: &[Outcome], tally: &Tally, color: bool) -> String {
+pub fn render(outcomes: &[PlanOutcome], tally: &Tally, color: bool) -> String {
     let paint = |code: &str, text: &str| {
         if color {
             format!("{code}{text}{RESET}")
@@ -24,8 +24,8 @@ pub fn render(outcomes: &[Outcome], tally: &Tally, color: bool) -> String {
     let mut out = String::new();
     for o in outcomes {
         match o {
-            Outcome::Planned(p) => unit(&mut out, p, &paint),
-            Outcome::Error {
+            PlanOutcome::Planned(p) => unit(&mut out, p, &paint),
+            PlanOutcome::Error {
                 host,
                 unit,
                 source,

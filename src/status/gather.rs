@@ -1,14 +1,15 @@
 //! The edge of `status`: the facts for each unit, read over the host's one connection. Nothing on
 //! the host is changed. The pid and unit name are positional arguments, never part of a script.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 
 use super::{classify, split_nul, Facts, Running, Systemd, UnitStatus};
 use crate::apply::state::read_record;
+use crate::observed::Show;
 use crate::plan::UNIT_DIR;
+use crate::redact::Redactor;
 use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
 use crate::unit::parse_unit;
@@ -28,16 +29,22 @@ pub async fn status_targets(
     targets: Vec<Target>,
     ssh: &SshOptions,
     parallel: usize,
+    redactor: &Redactor,
 ) -> Vec<UnitStatus> {
     let results: Vec<Vec<UnitStatus>> = stream::iter(crate::targets::by_host(targets))
-        .map(|(host, targets)| status_host(host, targets, ssh))
+        .map(|(host, targets)| status_host(host, targets, ssh, redactor))
         .buffered(parallel.max(1))
         .collect()
         .await;
     results.into_iter().flatten().collect()
 }
 
-async fn status_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Vec<UnitStatus> {
+async fn status_host(
+    name: String,
+    targets: Vec<Target>,
+    ssh: &SshOptions,
+    redactor: &Redactor,
+) -> Vec<UnitStatus> {
     let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => {
@@ -47,7 +54,7 @@ async fn status_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Ve
     };
     let statuses = stream::iter(&targets)
         .map(|t| async {
-            match unit_status(&*host, t).await {
+            match unit_status(&*host, t, redactor).await {
                 Ok(status) => status,
                 Err(e) => failed(t, error_chain(&e)),
             }
@@ -59,7 +66,11 @@ async fn status_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Ve
     statuses
 }
 
-async fn unit_status(host: &dyn Host, t: &Target) -> Result<UnitStatus, RemoteError> {
+async fn unit_status(
+    host: &dyn Host,
+    t: &Target,
+    redactor: &Redactor,
+) -> Result<UnitStatus, RemoteError> {
     let unit = &t.desired.unit;
     let path = format!("{UNIT_DIR}/{unit}");
     let (disk_text, record, systemd) = tokio::join!(
@@ -90,7 +101,7 @@ async fn unit_status(host: &dyn Host, t: &Target) -> Result<UnitStatus, RemoteEr
         systemd,
         running,
     };
-    let (classes, mut details) = classify(&facts);
+    let (classes, mut details) = classify(&facts, redactor);
     if let (Some(models), Some(text)) = (&served_models, &facts.disk_text) {
         let want = Expect::from_unit(&parse_unit(text)).model_id;
         if !models.contains(&want) {
@@ -120,18 +131,14 @@ async fn systemd(host: &dyn Host, unit: &str) -> Result<Systemd, RemoteError> {
     let out = host
         .run_ok(&["systemctl", "show", "-p", SHOW, "--", unit])
         .await?;
-    let props: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
-    let text = |k: &str| props.get(k).copied().unwrap_or_default().to_string();
+    let show = Show::parse(&out);
     Ok(Systemd {
-        load_state: text("LoadState"),
-        active_state: text("ActiveState"),
-        sub_state: text("SubState"),
-        need_daemon_reload: props.get("NeedDaemonReload") == Some(&"yes"),
-        main_pid: props
-            .get("ExecMainPID")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0),
-        started_at: text("ExecMainStartTimestamp"),
+        load_state: show.text("LoadState"),
+        active_state: show.text("ActiveState"),
+        sub_state: show.text("SubState"),
+        need_daemon_reload: show.yes("NeedDaemonReload"),
+        main_pid: show.number("ExecMainPID").unwrap_or(0),
+        started_at: show.text("ExecMainStartTimestamp"),
     })
 }
 

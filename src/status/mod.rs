@@ -21,8 +21,8 @@ pub use gather::status_targets;
 pub use report::render;
 
 use crate::apply::state::{sha256, Record};
-use crate::plan::flags;
-use crate::redact::is_secret;
+use crate::flags::flags;
+use crate::redact::Redactor;
 use crate::unit::parse_unit;
 
 /// One way a unit can stand. A unit has one or more; `InSync` only alone.
@@ -105,7 +105,8 @@ pub struct Facts {
 }
 
 /// The classes of a unit, and a line per finding saying why.
-pub fn classify(f: &Facts) -> (Vec<Class>, Vec<String>) {
+/// `redactor` hides the secret values of the running server's argv.
+pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
     let mut classes = Vec::new();
     let mut details = Vec::new();
     let desired_sha = sha256(&f.desired_text);
@@ -180,7 +181,7 @@ pub fn classify(f: &Facts) -> (Vec<Class>, Vec<String>) {
         details.push(format!("the service is {state}"));
     } else if let Some(running) = &f.running {
         let unit = parse_unit(disk_text);
-        let mut differences = argv_differences(&running.argv, &unit.exec_start);
+        let mut differences = argv_differences(&running.argv, &unit.exec_start, redactor);
         differences.extend(env_differences(&running.env, &unit.env));
         if !differences.is_empty() {
             classes.push(Class::NotRestarted);
@@ -201,14 +202,14 @@ pub fn classify(f: &Facts) -> (Vec<Class>, Vec<String>) {
 /// How the running argv differs from the unit's, in flags where it can (`~ tp-size 2 -> 4`).
 /// systemd executes the unit's argv as it is, so any difference at all means another unit started
 /// the process. Secret values are never shown.
-fn argv_differences(running: &[String], unit: &[String]) -> Vec<String> {
+fn argv_differences(running: &[String], unit: &[String], redactor: &Redactor) -> Vec<String> {
     if running == unit {
         return Vec::new();
     }
     let (run_cmd, run_flags) = flags(running);
     let (unit_cmd, unit_flags) = flags(unit);
     let shown = |name: &str, v: &str| {
-        if is_secret(name) {
+        if redactor.is_secret(name) {
             "<redacted>".to_string()
         } else if v.is_empty() {
             "(on)".to_string()
@@ -362,7 +363,7 @@ mod tests {
     }
 
     fn classes(f: &Facts) -> Vec<Class> {
-        classify(f).0
+        classify(f, &Redactor::default()).0
     }
 
     #[test]
@@ -387,7 +388,7 @@ mod tests {
             ..synced()
         };
         f.systemd.need_daemon_reload = true;
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(
             c,
             [Class::EditedOnHost, Class::NotReloaded, Class::NotRestarted]
@@ -413,7 +414,7 @@ mod tests {
             }),
             ..synced()
         };
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(c, [Class::NotRestarted]);
         assert!(details[0].contains("env CUDA_VISIBLE_DEVICES differs"));
         assert!(!details[0].contains("4,5"));
@@ -429,7 +430,7 @@ mod tests {
             desired_text: with("new-secret-value"),
             ..synced()
         };
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(c, [Class::NotRestarted]);
         assert!(details[0].contains("~ api-key <redacted> -> <redacted>"));
         assert!(!details.join(" ").contains("secret-value"));
@@ -441,7 +442,7 @@ mod tests {
         f.systemd.active_state = "inactive".into();
         f.systemd.sub_state = "dead".into();
         f.running = None;
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(c, [Class::Down]);
         assert_eq!(details, ["the service is inactive (dead)"]);
     }
@@ -478,7 +479,7 @@ mod tests {
             running: None,
             ..synced()
         };
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(c, [Class::Absent]);
         assert!(details[0].contains("removed after the last apply"));
     }
@@ -495,7 +496,7 @@ mod tests {
             }),
             ..synced()
         };
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(c, [Class::NotRestarted]);
         assert!(details[0].contains("another order"), "{details:?}");
     }
@@ -543,7 +544,7 @@ mod tests {
             record_error: Some(why.into()),
             ..synced()
         };
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(c, [Class::RecordUnreadable]);
         assert_eq!(details, [why]);
         // The other sources are still judged, against the file on disk.
@@ -568,7 +569,7 @@ mod tests {
             record: Some(r),
             ..synced()
         };
-        let (c, details) = classify(&f);
+        let (c, details) = classify(&f, &Redactor::default());
         assert_eq!(c, [Class::PendingChange, Class::EditedOnHost]);
         assert!(
             details[0].ends_with(&format!(

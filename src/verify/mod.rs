@@ -12,15 +12,14 @@
 //! 4. readiness: `/health` 200 (empty body; it takes at least a second, as it runs a generation);
 //! 5. memory plateau, then the smoke completion when the manifest asks for one.
 //!
-//! The judges are pure (`judge`), and so is the stage machine (`stages`): given the time since
-//! the restart and what systemd, the samples and the HTTP probe have shown, it says which stages
-//! passed or failed and what to do next. This file is the driver that owns the clock and does
-//! what the machine asks through `Probes` (`probes`: systemd, the samples, the HTTP port, the
-//! smoke completion). Probes of the HTTP port run in a task of their own, one at a time, so a
-//! slow `/health` never delays the crash polling; systemd is polled while a sample or the smoke
-//! completion waits on a slow host.
+//! The judges are pure (`reconcile_core::verify::judge`), and so is the stage machine (`stages`):
+//! given the time since the restart and what systemd, the samples and the HTTP probe have shown,
+//! it says which stages passed or failed and what to do next. This file is the driver that owns
+//! the clock and does what the machine asks through `Probes` (`probes`: systemd, the samples, the
+//! HTTP port, the smoke completion). Probes of the HTTP port run in a task of their own, one at a
+//! time, so a slow `/health` never delays the crash polling; systemd is polled while a sample or
+//! the smoke completion waits on a slow host.
 
-mod judge;
 mod probes;
 mod progress;
 mod stages;
@@ -31,12 +30,14 @@ use serde::Serialize;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use judge::{bytes, crash_reason, sparkline, MemoryPolicy, Sample};
 pub use progress::Progress;
+pub use reconcile_core::verify::judge::{
+    self, bytes, crash_reason, sparkline, MemoryPolicy, Sample,
+};
 
+use crate::flags::flags;
 use crate::manifest::VerifySpec;
 use crate::observed::UnitState;
-use crate::plan::flags;
 use crate::remote::{error_chain, Endpoint, Host};
 use crate::sglang::human_readable_int_value;
 use crate::systemd::Systemd as _;

@@ -13,11 +13,13 @@ pub mod catalog;
 pub mod check;
 mod env;
 mod finding;
+mod python;
 mod resolve;
+mod suggest;
 mod values;
 
 pub use catalog::Catalog;
-pub use check::{check, Checked, Finding, Severity};
+pub use check::{check, Checked, ManifestFinding, Severity};
 pub use values::human_readable_int_value;
 
 use crate::manifest::locate::{locate, Seg};
@@ -29,7 +31,7 @@ pub fn check_manifest(m: &Manifest, text: &str) -> Checked {
     match Catalog::for_version(&m.sglang.version) {
         Some(catalog) => check(m, text, catalog),
         None => Checked {
-            findings: vec![Finding {
+            findings: vec![ManifestFinding {
                 severity: Severity::Warning,
                 file: m.source.clone(),
                 position: locate(text, &[Seg::Key("sglang"), Seg::Key("version")]),
@@ -65,7 +67,7 @@ mod tests {
 
     #[test]
     fn the_example_manifests_pass_against_0_5_23() {
-        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests");
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../manifests");
         let mut seen = 0;
         for entry in std::fs::read_dir(dir).unwrap() {
             let path = entry.unwrap().path();

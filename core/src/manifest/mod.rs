@@ -1,8 +1,9 @@
 //! Manifests: what an operator wants running, one SGLang service per YAML file.
 //!
-//! `load` reads files and is the only place that touches the disk; `parse` (YAML to typed values) and
-//! `validate` (rules a YAML schema cannot express) are pure and report every problem they find, each with
-//! the file, line, column and field path, so a bad manifest is caught before any host is contacted.
+//! The binary's `load` reads the files, the only place that touches the disk; `parse` (YAML to typed
+//! values), `validate` (rules a YAML schema cannot express) and [`check_all`] are pure and report
+//! every problem they find, each with the file, line, column and field path, so a bad manifest is
+//! caught before any host is contacted.
 
 pub(crate) mod error;
 pub(crate) mod locate;
@@ -10,7 +11,6 @@ mod parse;
 mod validate;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use error::{ManifestError, ManifestErrors, Position};
@@ -153,30 +153,29 @@ impl Manifest {
     }
 }
 
-/// Reads, parses and validates every manifest under `paths` (files, or folders searched for `*.yaml`
-/// and `*.yml`), running `check` on each valid one (it may rewrite the manifest, e.g. expand flag
-/// abbreviations, and returns the errors it finds). Returns all manifests, or every error found in
-/// any of them.
-pub fn load(
-    paths: &[PathBuf],
+/// Parses and validates every manifest read (each the path it is shown as and its text, or the
+/// error reading it), running `check` on each valid one (it may rewrite the manifest, e.g. expand
+/// flag abbreviations, and returns the errors it finds), then the fleet's rules. Returns all
+/// manifests, or every error found in any of them, in the order of `read`. Reading the files is
+/// the caller's (the binary's `load`).
+pub fn check_all(
+    read: impl IntoIterator<Item = Result<(String, String), ManifestError>>,
     mut check: impl FnMut(&mut Manifest, &str) -> Vec<ManifestError>,
 ) -> Result<Vec<Manifest>, ManifestErrors> {
     let mut errors = Vec::new();
     let mut manifests = Vec::new();
-    for file in manifest_files(paths, &mut errors) {
-        let shown = display_path(&file);
-        match std::fs::read_to_string(&file) {
-            Ok(text) => match parse(&shown, &text).and_then(|m| validate(&m, &text).map(|()| m)) {
-                Ok(mut m) => {
-                    errors.extend(check(&mut m, &text));
-                    manifests.push((m, text));
+    for file in read {
+        match file {
+            Ok((shown, text)) => {
+                match parse(&shown, &text).and_then(|m| validate(&m, &text).map(|()| m)) {
+                    Ok(mut m) => {
+                        errors.extend(check(&mut m, &text));
+                        manifests.push((m, text));
+                    }
+                    Err(mut e) => errors.append(&mut e.0),
                 }
-                Err(mut e) => errors.append(&mut e.0),
-            },
-            Err(source) => errors.push(ManifestError::Read {
-                path: shown,
-                source,
-            }),
+            }
+            Err(e) => errors.push(e),
         }
     }
     if let Err(mut e) = validate_fleet(&manifests) {
@@ -187,59 +186,4 @@ pub fn load(
     } else {
         Err(ManifestErrors(errors))
     }
-}
-
-fn manifest_files(paths: &[PathBuf], errors: &mut Vec<ManifestError>) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for path in paths {
-        if path.is_dir() {
-            match std::fs::read_dir(path) {
-                Ok(entries) => {
-                    let mut found: Vec<PathBuf> = entries
-                        .filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|p| p.is_file() && is_yaml(p))
-                        .collect();
-                    found.sort();
-                    files.extend(found);
-                }
-                Err(source) => errors.push(ManifestError::Read {
-                    path: display_path(path),
-                    source,
-                }),
-            }
-        } else if path.exists() {
-            files.push(path.clone());
-        } else {
-            let source =
-                std::io::Error::new(std::io::ErrorKind::NotFound, "no such file or folder");
-            errors.push(ManifestError::Read {
-                path: display_path(path),
-                source,
-            });
-        }
-    }
-    files
-}
-
-fn is_yaml(path: &Path) -> bool {
-    matches!(
-        path.extension().and_then(|e| e.to_str()),
-        Some("yaml" | "yml")
-    )
-}
-
-/// The path relative to the git work tree holding it, so the rendered header does not depend on
-/// where `reconcile` was started from; otherwise the path as given.
-fn display_path(path: &Path) -> String {
-    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    let mut dir = absolute.parent();
-    while let Some(d) = dir {
-        if d.join(".git").exists() {
-            if let Ok(rel) = absolute.strip_prefix(d) {
-                return rel.display().to_string();
-            }
-        }
-        dir = d.parent();
-    }
-    path.display().to_string()
 }

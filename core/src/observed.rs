@@ -1,5 +1,6 @@
 //! What a host has for one unit, as read by the remote layer; parsing `systemctl show` is pure and
-//! lives here so the plan and its tests never need a host.
+//! lives here ([`Show`], for `observe` and `status` alike) so the plan and its tests never need a
+//! host.
 
 use std::collections::BTreeMap;
 
@@ -33,27 +34,52 @@ pub struct UnitState {
     pub memory_current: Option<u64>,
 }
 
+/// `systemctl show -p ...` output (`Key=Value` lines), read once for whatever properties the
+/// caller asked: the one reader of that output, for `observe` and for `status` alike.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Show<'a> {
+    props: BTreeMap<&'a str, &'a str>,
+}
+
+impl<'a> Show<'a> {
+    pub fn parse(output: &'a str) -> Show<'a> {
+        Show {
+            props: output.lines().filter_map(|l| l.split_once('=')).collect(),
+        }
+    }
+
+    /// The property's value; empty when systemd did not give it.
+    pub fn text(&self, key: &str) -> String {
+        self.props.get(key).copied().unwrap_or_default().to_string()
+    }
+
+    /// Whether the property is `yes`.
+    pub fn yes(&self, key: &str) -> bool {
+        self.props.get(key) == Some(&"yes")
+    }
+
+    /// The property as a number; `None` when absent or not one (`[not set]`).
+    pub fn number<T: std::str::FromStr>(&self, key: &str) -> Option<T> {
+        self.props.get(key).and_then(|v| v.parse().ok())
+    }
+}
+
 impl UnitState {
     /// Parses `systemctl show -p ...` output (`Key=Value` lines).
     pub fn from_show(output: &str) -> UnitState {
-        let props: BTreeMap<&str, &str> =
-            output.lines().filter_map(|l| l.split_once('=')).collect();
-        let text = |k: &str| props.get(k).copied().unwrap_or_default().to_string();
-        fn number<T: std::str::FromStr>(props: &BTreeMap<&str, &str>, k: &str) -> Option<T> {
-            props.get(k).and_then(|v| v.parse().ok())
-        }
+        let show = Show::parse(output);
         UnitState {
-            load_state: text("LoadState"),
-            active_state: text("ActiveState"),
-            sub_state: text("SubState"),
-            unit_file_state: text("UnitFileState"),
-            need_daemon_reload: props.get("NeedDaemonReload") == Some(&"yes"),
-            invocation_id: text("InvocationID"),
-            n_restarts: number(&props, "NRestarts").unwrap_or(0),
-            main_pid: number(&props, "ExecMainPID").unwrap_or(0),
-            main_status: number(&props, "ExecMainStatus").unwrap_or(0),
-            result: text("Result"),
-            memory_current: number(&props, "MemoryCurrent"),
+            load_state: show.text("LoadState"),
+            active_state: show.text("ActiveState"),
+            sub_state: show.text("SubState"),
+            unit_file_state: show.text("UnitFileState"),
+            need_daemon_reload: show.yes("NeedDaemonReload"),
+            invocation_id: show.text("InvocationID"),
+            n_restarts: show.number("NRestarts").unwrap_or(0),
+            main_pid: show.number("ExecMainPID").unwrap_or(0),
+            main_status: show.number("ExecMainStatus").unwrap_or(0),
+            result: show.text("Result"),
+            memory_current: show.number("MemoryCurrent"),
         }
     }
 
@@ -87,6 +113,20 @@ mod tests {
         assert!(s.is_loaded());
         assert_eq!((s.n_restarts, s.main_pid, s.memory_current), (2, 41, None));
         assert_eq!(s.summary(), "active (running)");
+    }
+
+    #[test]
+    fn show_reads_any_property_asked() {
+        let show = Show::parse(
+            "ExecMainPID=7\nExecMainStartTimestamp=Mon 2025-01-06 10:00:00 UTC\nNeedDaemonReload=yes\n",
+        );
+        assert_eq!(show.number::<u32>("ExecMainPID"), Some(7));
+        assert_eq!(
+            show.text("ExecMainStartTimestamp"),
+            "Mon 2025-01-06 10:00:00 UTC"
+        );
+        assert!(show.yes("NeedDaemonReload") && !show.yes("Missing"));
+        assert_eq!(show.text("Missing"), "");
     }
 
     #[test]

@@ -8,8 +8,8 @@
 
 use std::collections::BTreeMap;
 
-use super::resolve::did_you_mean;
-use super::values::{python_float, python_int};
+use super::python::{python_float, python_int};
+use super::suggest::did_you_mean;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum EnvVar {

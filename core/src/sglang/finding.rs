@@ -1,21 +1,17 @@
-//! What a check finds, in the shape of the manifest errors (`file:line:col: field: message`), and
+//! What a check of a manifest finds, in the shape of the manifest errors (`file:line:col: field: message`), and
 //! the renames it asks the renderer to make.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
+pub use crate::finding::Severity;
 use crate::manifest::{Manifest, Position};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
-    /// SGLang would refuse to start, or silently do something other than what is written.
-    Error,
-    /// It works, but not as well as it could (an abbreviation, a deprecated name).
-    Warning,
-}
-
+/// A finding of the check of a manifest against SGLang's catalog: where in the manifest's file.
+/// Not preflight's `finding::Finding` (a host's fact, named by its check); the two share only
+/// their [`Severity`].
 #[derive(Debug, Clone, PartialEq)]
-pub struct Finding {
+pub struct ManifestFinding {
     pub severity: Severity,
     pub file: String,
     pub position: Option<Position>,
@@ -25,7 +21,7 @@ pub struct Finding {
 }
 
 /// Formatted like `ManifestError::Invalid`; the caller prefixes warnings as it sees fit.
-impl fmt::Display for Finding {
+impl fmt::Display for ManifestFinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.position {
             Some(p) => write!(f, "{}:{}:{}: ", self.file, p.line, p.column)?,
@@ -38,7 +34,7 @@ impl fmt::Display for Finding {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Checked {
     /// In the order they appear in the file.
-    pub findings: Vec<Finding>,
+    pub findings: Vec<ManifestFinding>,
     /// Manifest flag name to the full option string argparse expands it to (`tp` -> `tp-size`).
     pub renames: BTreeMap<String, String>,
 }
@@ -63,8 +59,8 @@ impl Checked {
     }
 }
 
-impl From<Finding> for crate::manifest::ManifestError {
-    fn from(f: Finding) -> Self {
+impl From<ManifestFinding> for crate::manifest::ManifestError {
+    fn from(f: ManifestFinding) -> Self {
         crate::manifest::ManifestError::Invalid {
             file: f.file,
             position: f.position,

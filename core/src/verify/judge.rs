@@ -1,5 +1,5 @@
 //! Pure judges of a starting server: given what systemd and the memory samples say, is it still
-//! healthy? The poller in `mod.rs` owns the clock; tests feed these directly.
+//! healthy? The poller (the `reconcile` binary's `verify`) owns the clock; tests feed these directly.
 
 use std::time::Duration;
 

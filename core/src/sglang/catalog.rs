@@ -192,7 +192,7 @@ mod tests {
     /// Rows in the reference tables, which the shipped catalogs must match one for one.
     fn reference_rows(version: &str) -> usize {
         let path = format!(
-            "{}/fixtures/sglang/server-args-{version}.tsv",
+            "{}/../fixtures/sglang/server-args-{version}.tsv",
             env!("CARGO_MANIFEST_DIR")
         );
         let text = std::fs::read_to_string(path).unwrap();

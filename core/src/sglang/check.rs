@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use super::catalog::Catalog;
-pub use super::finding::{Checked, Finding, Severity};
-use super::resolve::{did_you_mean, resolve, Resolved};
+pub use super::finding::{Checked, ManifestFinding, Severity};
+use super::resolve::{resolve, Resolved};
+use super::suggest::did_you_mean;
 use super::values::check_value;
 use crate::manifest::locate::{locate, Seg};
 use crate::manifest::{FlagValue, Manifest};
@@ -47,7 +48,7 @@ struct Checker<'a> {
 
 impl Checker<'_> {
     fn push(&mut self, severity: Severity, path: &[Seg], message: String) {
-        self.checked.findings.push(Finding {
+        self.checked.findings.push(ManifestFinding {
             severity,
             file: self.file.to_string(),
             position: locate(self.text, path),

@@ -2,11 +2,33 @@
 //! services (4 + 4 of 8) is done with `CUDA_VISIBLE_DEVICES`, and a typo there makes two servers
 //! load onto one GPU, where the second runs out of memory mid-load. A service without the variable
 //! may use every GPU, so it conflicts with any other service on the host.
+//!
+//! `targets` runs this check while it builds the targets, so it works on [`Claimant`]s, not on
+//! `Target`s: this module needs nothing of `targets` and the two import each other in one
+//! direction only.
 
 use std::collections::BTreeSet;
 
-use super::{split_devices, Finding};
-use crate::targets::Target;
+use crate::finding::Finding;
+
+/// What the fleet check needs of one unit on one host.
+#[derive(Debug, Clone, Copy)]
+pub struct Claimant<'a> {
+    pub host: &'a str,
+    pub unit: &'a str,
+    /// The manifest file, to name the other side of a clash.
+    pub source: &'a str,
+    /// `CUDA_VISIBLE_DEVICES` as the unit sets it.
+    pub cuda_visible_devices: Option<&'a str>,
+}
+
+/// `CUDA_VISIBLE_DEVICES` entries; an empty value lists none (CUDA: no GPU visible).
+pub fn split_devices(value: &str) -> Vec<String> {
+    if value.trim().is_empty() {
+        return Vec::new();
+    }
+    value.split(',').map(|d| d.trim().to_string()).collect()
+}
 
 /// The GPUs a unit may use: the devices it lists, or all of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,8 +38,8 @@ enum Claim {
 }
 
 impl Claim {
-    fn of(t: &Target) -> Claim {
-        match t.desired.model.env.get("CUDA_VISIBLE_DEVICES") {
+    fn of(t: &Claimant) -> Claim {
+        match t.cuda_visible_devices {
             None => Claim::All,
             Some(v) => Claim::Devices(split_devices(v).into_iter().collect()),
         }
@@ -26,7 +48,7 @@ impl Claim {
 
 /// For each target (same order), the findings of its GPU claims clashing with another service's
 /// on the same host; each clash is reported on both units, naming the other manifest.
-pub fn gpu_conflicts(targets: &[Target]) -> Vec<Vec<Finding>> {
+pub fn gpu_conflicts(targets: &[Claimant]) -> Vec<Vec<Finding>> {
     let claims: Vec<Claim> = targets.iter().map(Claim::of).collect();
     targets
         .iter()
@@ -35,17 +57,15 @@ pub fn gpu_conflicts(targets: &[Target]) -> Vec<Vec<Finding>> {
             targets
                 .iter()
                 .enumerate()
-                .filter(|(j, other)| {
-                    *j != i && other.host == t.host && other.desired.unit != t.desired.unit
-                })
+                .filter(|(j, other)| *j != i && other.host == t.host && other.unit != t.unit)
                 .filter_map(|(j, other)| clash(t, &claims[i], other, &claims[j]))
                 .collect()
         })
         .collect()
 }
 
-fn clash(t: &Target, mine: &Claim, other: &Target, theirs: &Claim) -> Option<Finding> {
-    let them = format!("{} ({})", other.source, other.desired.unit);
+fn clash(t: &Claimant, mine: &Claim, other: &Claimant, theirs: &Claim) -> Option<Finding> {
+    let them = format!("{} ({})", other.source, other.unit);
     let message = match (mine, theirs) {
         (Claim::Devices(a), Claim::Devices(b)) => {
             let shared: Vec<&str> = a.intersection(b).map(String::as_str).collect();
@@ -60,7 +80,7 @@ fn clash(t: &Target, mine: &Claim, other: &Target, theirs: &Claim) -> Option<Fin
         }
         (Claim::All, _) => format!(
             "{} sets no CUDA_VISIBLE_DEVICES, so it may use every GPU of {}, and {them} runs there too: split the GPUs with CUDA_VISIBLE_DEVICES",
-            t.desired.unit, t.host
+            t.unit, t.host
         ),
         (_, Claim::All) => format!(
             "{them} sets no CUDA_VISIBLE_DEVICES, so it may use every GPU of {}, including this service's: split the GPUs with CUDA_VISIBLE_DEVICES",
@@ -72,8 +92,7 @@ fn clash(t: &Target, mine: &Claim, other: &Target, theirs: &Claim) -> Option<Fin
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{manifest, targets};
-    use super::*;
+    use crate::preflight::tests::{manifest, targets};
 
     fn with_devices(service: &str, port: u16, devices: Option<&str>) -> String {
         let env = devices.map_or(String::new(), |d| {
@@ -83,10 +102,10 @@ mod tests {
     }
 
     fn messages(texts: &[(&str, &str)]) -> Vec<Vec<String>> {
-        let targets = targets(texts);
-        gpu_conflicts(&targets)
+        // `targets` runs the check on every target it builds.
+        targets(texts)
             .into_iter()
-            .map(|f| f.into_iter().map(|f| f.message).collect())
+            .map(|t| t.conflicts.into_iter().map(|f| f.message).collect())
             .collect()
     }
 

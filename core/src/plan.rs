@@ -8,14 +8,18 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use similar::TextDiff;
 
+use serde::Deserialize;
+
+use crate::finding::Finding;
+use crate::flags::flags;
 use crate::observed::{Observed, UnitState};
-use crate::redact::{redact_text, secret_values, Secret, REDACTED, REDACTED_CHANGED};
+use crate::redact::{redact_text, Redactor, Secret, REDACTED, REDACTED_CHANGED};
 use crate::unit::{parse_unit, takes_effect_without_restart, Desired, UnitModel};
 
 /// Where units live on a host.
 pub const UNIT_DIR: &str = "/etc/systemd/system";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     NoChange,
@@ -82,17 +86,38 @@ pub struct UnitPlan {
     /// reloaded the file on disk).
     pub notes: Vec<String>,
     /// What the host lacks for this unit to start (see `preflight`); an error here fails the plan.
-    pub preflight: Vec<crate::preflight::Finding>,
+    pub preflight: Vec<Finding>,
     /// What a plan file records for this unit (hashes, the installed SGLang); filled in by
     /// `dry_run`, which read the host. Not part of any report.
     #[serde(skip)]
-    pub recorded: Option<crate::plan_file::PlannedState>,
+    pub recorded: Option<PlannedState>,
 }
 
-pub fn plan(host: &str, source: &str, desired: &Desired, observed: &Observed) -> UnitPlan {
+/// What must still be true on a host for its planned change to be applied. Here rather than in
+/// `plan_file`, which records it, because `targets` carries it too and `plan_file` needs both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedState {
+    /// sha256 of the rendered unit.
+    pub desired_sha256: String,
+    /// sha256 of the unit file on the host; null when it had none.
+    pub current_sha256: Option<String>,
+    /// The SGLang version installed for the unit's Python, as preflight found it; null when it
+    /// found none.
+    pub sglang_version: Option<String>,
+}
+
+/// The plan for `desired` on a host that has `observed`; `redactor` hides the secrets of both
+/// units in the diff and the summary.
+pub fn plan(
+    host: &str,
+    source: &str,
+    desired: &Desired,
+    observed: &Observed,
+    redactor: &Redactor,
+) -> UnitPlan {
     let current = observed.unit_text.as_deref();
     let old_model = current.map(parse_unit).unwrap_or_default();
-    let secrets = secrets(&old_model, &desired.model);
+    let secrets = secrets(&old_model, &desired.model, redactor);
     let verdict = match current {
         None => Verdict::Install,
         Some(text) if text == desired.text => Verdict::NoChange,
@@ -173,9 +198,9 @@ fn notes(verdict: Verdict, observed: &Observed) -> Vec<String> {
 }
 
 /// Secret values of both units, the new one marked when it differs from the old.
-fn secrets(old: &UnitModel, new: &UnitModel) -> Vec<Secret> {
-    let old_values = secret_values(old);
-    let new_values = secret_values(new);
+fn secrets(old: &UnitModel, new: &UnitModel, redactor: &Redactor) -> Vec<Secret> {
+    let old_values = redactor.secret_values(old);
+    let new_values = redactor.secret_values(new);
     let mut secrets: Vec<Secret> = old_values
         .iter()
         .map(|(name, value)| Secret {
@@ -194,32 +219,6 @@ fn secrets(old: &UnitModel, new: &UnitModel) -> Vec<Secret> {
         });
     }
     secrets
-}
-
-/// Splits an argv into the command before the first `--flag` and the flags with their values.
-pub fn flags(argv: &[String]) -> (Vec<String>, BTreeMap<String, String>) {
-    let start = argv
-        .iter()
-        .position(|a| a.starts_with("--"))
-        .unwrap_or(argv.len());
-    let mut flags: BTreeMap<String, String> = BTreeMap::new();
-    let mut current: Option<String> = None;
-    for arg in &argv[start..] {
-        if let Some(flag) = arg.strip_prefix("--") {
-            let (name, value) = flag
-                .split_once('=')
-                .map_or((flag, None), |(n, v)| (n, Some(v)));
-            flags.insert(name.to_string(), value.unwrap_or_default().to_string());
-            current = Some(name.to_string());
-        } else if let Some(name) = &current {
-            let entry = flags.entry(name.clone()).or_default();
-            if !entry.is_empty() {
-                entry.push(' ');
-            }
-            entry.push_str(arg);
-        }
-    }
-    (argv[..start].to_vec(), flags)
 }
 
 fn summarize(old: &UnitModel, new: &UnitModel, secrets: &[Secret]) -> Summary {
@@ -297,6 +296,7 @@ mod tests {
             "m.yaml",
             &desired(new),
             &observed(Some(&desired(old).text)),
+            &Redactor::default(),
         )
     }
 
@@ -309,7 +309,13 @@ mod tests {
 
     #[test]
     fn a_missing_unit_is_installed() {
-        let p = plan("h", "m.yaml", &desired(BASE), &observed(None));
+        let p = plan(
+            "h",
+            "m.yaml",
+            &desired(BASE),
+            &observed(None),
+            &Redactor::default(),
+        );
         assert_eq!(p.verdict, Verdict::Install);
         assert!(
             p.diff.starts_with("--- /dev/null\n+++ m.yaml\n"),
@@ -379,7 +385,13 @@ mod tests {
     #[test]
     fn a_hand_written_unit_with_the_same_meaning_only_reloads() {
         let hand = "[Unit]\nDescription=first\nAfter=network-online.target\nWants=network-online.target\n[Service]\nType=simple\nEnvironment=A=1 HF_TOKEN=hf_supersecret_1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n[Install]\nWantedBy=multi-user.target\n";
-        let p = plan("h", "m.yaml", &desired(BASE), &observed(Some(hand)));
+        let p = plan(
+            "h",
+            "m.yaml",
+            &desired(BASE),
+            &observed(Some(hand)),
+            &Redactor::default(),
+        );
         assert_eq!(p.verdict, Verdict::ReloadOnly, "{:#?}", p.summary);
         assert!(p
             .notes

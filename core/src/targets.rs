@@ -3,8 +3,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::finding::Finding;
 use crate::manifest::{Manifest, VerifySpec};
-use crate::preflight;
+use crate::plan::PlannedState;
+use crate::preflight::fleet::{gpu_conflicts, Claimant};
 use crate::unit::{render, Desired};
 
 /// One unit on one host.
@@ -19,12 +21,12 @@ pub struct Target {
     /// The manifest, for preflight's checks against the SGLang version the host really has.
     pub manifest: Arc<Manifest>,
     /// Preflight findings known without the host: GPUs this unit shares with another service there.
-    pub conflicts: Vec<preflight::Finding>,
+    pub conflicts: Vec<Finding>,
     /// The host entry's labels, plus `host` and `service`, for `--selector`.
     pub labels: BTreeMap<String, String>,
     /// Set when applying a plan file: what the host must still have, checked under the unit's
     /// lock, for the planned change to be applied.
-    pub expected: Option<crate::plan_file::PlannedState>,
+    pub expected: Option<PlannedState>,
 }
 
 /// Which targets a run works on: `--host` names and `--selector` label conditions (all must hold).
@@ -112,7 +114,21 @@ pub fn targets(manifests: &[Manifest], filter: &Filter) -> Result<Vec<Target>, U
         .collect();
     all.sort_by(|a, b| (&a.host, &a.desired.unit).cmp(&(&b.host, &b.desired.unit)));
     // Before `only` narrows the run: a clash is with any service on the host.
-    let conflicts = preflight::gpu_conflicts(&all);
+    let claimants: Vec<Claimant> = all
+        .iter()
+        .map(|t| Claimant {
+            host: &t.host,
+            unit: &t.desired.unit,
+            source: &t.source,
+            cuda_visible_devices: t
+                .desired
+                .model
+                .env
+                .get("CUDA_VISIBLE_DEVICES")
+                .map(String::as_str),
+        })
+        .collect();
+    let conflicts = gpu_conflicts(&claimants);
     for (t, conflicts) in all.iter_mut().zip(conflicts) {
         t.conflicts = conflicts;
     }

@@ -4,6 +4,7 @@
 //! in argparse's order, so the message is the problem SGLang would stop on.
 
 use super::catalog::{Flag, Kind, ValueType};
+use super::python::{python_float, python_int};
 use crate::manifest::FlagValue;
 
 /// The problem with `value` for `flag`, if SGLang would refuse it.
@@ -91,39 +92,6 @@ fn in_choices(flag: &Flag, value: &str) -> bool {
             .any(|c| python_int(c).is_some() && python_int(c) == python_int(value)),
         _ => flag.choices.contains(&value),
     }
-}
-
-/// Python's `int(text)`: surrounding whitespace, a sign, digits with single `_` between them.
-pub fn python_int(text: &str) -> Option<i128> {
-    let t = text.trim();
-    let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
-    if digits.is_empty()
-        || digits.starts_with('_')
-        || digits.ends_with('_')
-        || digits.contains("__")
-    {
-        return None;
-    }
-    if !digits.chars().all(|c| c.is_ascii_digit() || c == '_') {
-        return None;
-    }
-    t.replace('_', "").parse().ok()
-}
-
-/// Python's `float(text)`: what Rust reads plus whitespace and `_` between digits.
-pub fn python_float(text: &str) -> Option<f64> {
-    let t = text.trim();
-    let bytes = t.as_bytes();
-    let underscores_ok = t.char_indices().filter(|(_, c)| *c == '_').all(|(i, _)| {
-        i > 0
-            && i + 1 < bytes.len()
-            && bytes[i - 1].is_ascii_digit()
-            && bytes[i + 1].is_ascii_digit()
-    });
-    if !underscores_ok {
-        return None;
-    }
-    t.replace('_', "").parse().ok()
 }
 
 /// The value of SGLang's `human_readable_int` (`sglang/srt/utils/common.py`): `256k` is 256000,

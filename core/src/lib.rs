@@ -1,0 +1,24 @@
+//! `reconcile-core`: the pure part of `reconcile`, manifest -> unit -> plan, and the judgements
+//! over what hosts report (preflight's facts, verification's samples, `systemctl show`, deployment
+//! records).
+//!
+//! Nothing here reads a file, the environment or the clock, and nothing reaches a host: the
+//! `reconcile` binary does that and passes the values in, so every decision can be tested (and
+//! fuzzed) without a host or root. The modules import each other without cycles; the leaves are
+//! `finding`, `digest`, `flags`, `observed` and `manifest`.
+
+pub mod digest;
+pub mod dry_run;
+pub mod finding;
+pub mod flags;
+pub mod manifest;
+pub mod observed;
+pub mod plan;
+pub mod plan_file;
+pub mod preflight;
+pub mod record;
+pub mod redact;
+pub mod sglang;
+pub mod targets;
+pub mod unit;
+pub mod verify;
