@@ -201,24 +201,10 @@ fn targets_here(args: &AgentArgs, names: &[String]) -> Result<Vec<Target>, Manif
         .collect())
 }
 
-/// Applies each unit on this machine in turn, through apply's own path.
+/// Applies each unit on this machine in turn, through apply's own path; none starts once the
+/// agent is stopping.
 async fn apply_here(targets: &[Target], options: &ApplyOptions) -> Vec<UnitReport> {
-    let host = Host::Local;
-    let mut reports = Vec::new();
-    for t in targets {
-        if *options.cancel.borrow() {
-            reports.push(apply::refused(
-                &t.host,
-                &t.desired.unit,
-                &t.source,
-                Outcome::NotStarted,
-                "not started: the agent is stopping".into(),
-            ));
-            continue;
-        }
-        reports.push(apply::apply_one(&host, t, options).await);
-    }
-    reports
+    apply::apply_units(&Host::Local, targets, options, "the agent is stopping").await
 }
 
 fn round_line(short: &str, author: &str, reports: &[UnitReport]) -> String {

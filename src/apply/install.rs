@@ -1,0 +1,324 @@
+//! Installing a unit whose plan says so, under its lock: keep the current unit as a generation,
+//! write the new one, daemon-reload, and restart only when the plan says so; then verification,
+//! and the rollback when the restart or a stage fails. What each result means, and its detail
+//! text, is `decide`'s; this file does the remote calls in order.
+
+use tokio::time::Instant;
+
+use super::decide::{self, Ending};
+use super::error::ApplyError;
+use super::restore::{put_back_file, restore_and_verify, NotRestored, Restore, Restored, Then};
+use super::verifier::Check;
+use super::{state, Job, UnitReport};
+use crate::observed::Observed;
+use crate::plan::{Verdict, UNIT_DIR};
+use crate::redact::{redact_text, secret_values, Secret, REDACTED};
+use crate::remote::{error_chain, Host, RemoteError};
+use crate::unit::parse_unit;
+use crate::verify::{Expect, Failure, Verification, POLL_INTERVAL};
+
+/// What to go back to when the new unit fails.
+pub struct Fallback {
+    pub previous: Option<String>,
+    pub was_running: bool,
+    /// Where this run kept the previous unit among the generations, once it has.
+    pub kept: Option<String>,
+}
+
+/// How long to wait, beyond the crash window, for a host whose connection broke mid-apply to
+/// take connections again: long enough for a server to reboot.
+const RECONNECT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Installs the new unit and takes it through restart and verification as `verdict` says, rolling
+/// back when it fails. The caller holds the unit's lock.
+pub async fn install(
+    job: &Job<'_>,
+    observed: &Observed,
+    verdict: Verdict,
+    mut fallback: Fallback,
+    report: &mut UnitReport,
+) -> Ending {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let unit = &t.desired.unit;
+    if let Err(e) = write_unit(job, observed, &mut fallback).await {
+        let e = ApplyError::InstallFailed(error_chain(&e));
+        let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
+        return decide::install_failed(&e, put_back.map_err(|e| error_chain(&e)));
+    }
+    if verdict == Verdict::ReloadOnly {
+        record(job, "reloaded", None, report).await;
+        return decide::reloaded();
+    }
+    // The last moment to stop without a restart: a signal now leaves the server as it was.
+    if *options.cancel.borrow() {
+        let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
+        return decide::cancelled_before_restart(
+            &crate::signals::interrupted(),
+            put_back.map_err(|e| error_chain(&e)),
+        );
+    }
+    let invocation = match restart(host, unit, verdict).await {
+        Ok(id) => id,
+        Err(e) => {
+            let error = ApplyError::RestartFailed(error_chain(&e));
+            let failed = Failed {
+                stage: "restart",
+                error,
+                invocation: "",
+            };
+            return roll_back(job, &fallback, report, failed).await;
+        }
+    };
+    let check = Check {
+        unit,
+        spec: &t.verify,
+        expect: Expect::from_unit(&t.desired.model),
+        label: format!("{} {unit}", t.host),
+        cancel: &options.cancel,
+    };
+    match job.verifier.verify(host, check).await {
+        Ok(v) => {
+            let ending = decide::converged(&v);
+            record(job, "converged", Some(&v), report).await;
+            report.verification = Some(v);
+            ending
+        }
+        Err(Failure {
+            stage,
+            reason,
+            verification,
+        }) => {
+            report.verification = Some(verification);
+            let error = ApplyError::VerificationFailed {
+                stage: stage.to_string(),
+                reason,
+            };
+            let failed = Failed {
+                stage,
+                error,
+                invocation: &invocation,
+            };
+            roll_back(job, &fallback, report, failed).await
+        }
+    }
+}
+
+/// Keeps the current unit as a generation (noting where in `fallback`), writes the new one and
+/// has systemd reload.
+async fn write_unit(
+    job: &Job<'_>,
+    observed: &Observed,
+    fallback: &mut Fallback,
+) -> Result<(), RemoteError> {
+    let (host, t) = (job.host, job.t);
+    let unit = &t.desired.unit;
+    let path = format!("{UNIT_DIR}/{unit}");
+    // A temporary file left by a run cut off mid-write; we hold the lock, so it is not in use.
+    host.run_ok(&["rm", "-f", "--", &format!("{path}.reconcile-tmp")])
+        .await?;
+    if let Some(current) = observed
+        .unit_text
+        .as_deref()
+        .filter(|c| *c != t.desired.text)
+    {
+        fallback.kept = Some(state::keep_generation(host, unit, current).await?);
+    }
+    host.write_file(&path, &t.desired.text, "0644").await?;
+    host.run_ok(&["systemctl", "daemon-reload"]).await?;
+    Ok(())
+}
+
+/// Enables a new unit, restarts it, and returns the new invocation's id (for its journal).
+async fn restart(host: &Host, unit: &str, verdict: Verdict) -> Result<String, RemoteError> {
+    if verdict == Verdict::Install {
+        host.run_ok(&["systemctl", "enable", "--", unit]).await?;
+    }
+    host.run_ok(&["systemctl", "restart", "--", unit]).await?;
+    Ok(host.unit_state(unit).await?.invocation_id)
+}
+
+/// What failed in the new unit, for the rollback.
+struct Failed<'a> {
+    stage: &'a str,
+    error: ApplyError,
+    /// The failed invocation, whose journal goes into the report ("" when it never started).
+    invocation: &'a str,
+}
+
+/// Puts the previous unit back after the new one failed, through a host that may be going away.
+async fn roll_back(
+    job: &Job<'_>,
+    fallback: &Fallback,
+    report: &mut UnitReport,
+    failed: Failed<'_>,
+) -> Ending {
+    let (host, t) = (job.host, job.t);
+    let unit = &t.desired.unit;
+    report.failed_stage = Some(failed.stage.to_string());
+    let cause = failed.error.kind();
+    let mut text = failed.error.to_string();
+    // The host may go away under us (a reboot, a cut network): then wait for it and roll back as
+    // for any other failure. The new unit never passed verification and may be what brought the
+    // host down; enabled, it may be running again after a reboot, unverified. A host shutting
+    // down still answers for a moment, so a rollback that fails while it does starts over.
+    let window = t.verify.crash_window + RECONNECT_GRACE;
+    let until = Instant::now() + window;
+    let mut tried = false;
+    let ending = loop {
+        let now = presence(host).await;
+        if now == Presence::ShuttingDown && !text.contains(decide::SHUTTING_DOWN) {
+            text.push_str(decide::SHUTTING_DOWN);
+        }
+        if now == Presence::ShuttingDown && Instant::now() < until {
+            // Its sshd goes soon; reconnecting before would reach the host on its way down.
+            tokio::time::sleep(POLL_INTERVAL).await;
+            continue;
+        }
+        if now != Presence::Here {
+            match host
+                .reconnect(until.saturating_duration_since(Instant::now()))
+                .await
+            {
+                Ok(took) => text.push_str(&decide::reconnected(took.as_secs_f64())),
+                Err(e) => {
+                    let left = decide::left_behind(
+                        unit,
+                        fallback.previous.is_none(),
+                        fallback.kept.as_deref(),
+                        tried,
+                    );
+                    return decide::host_lost(&text, window.as_secs(), &error_chain(&e), &left);
+                }
+            }
+        }
+        tried = true;
+        let restore = Restore {
+            host,
+            unit,
+            previous: fallback.previous.as_deref(),
+            then: if fallback.was_running {
+                Then::Restart
+            } else {
+                Then::Stop
+            },
+            spec: &t.verify,
+            label: format!("{} {unit} (rollback)", t.host),
+        };
+        let result = restore_and_verify(restore, job.verifier).await;
+        let ending = decide::rolled_back(&text, cause, &result);
+        match result {
+            Ok(Restored::Verified(v)) => report.rollback = Some(v),
+            Err(NotRestored::Verify(f)) => report.rollback = Some(f.verification),
+            _ => {}
+        }
+        if ending.outcome != super::Outcome::RollbackFailed
+            || Instant::now() >= until
+            || presence(host).await == Presence::Here
+        {
+            break ending;
+        }
+    };
+    // Read after the rollback, which gives journald time to take in the failed process's last
+    // lines.
+    report.journal = redacted_journal(job, fallback, failed.invocation).await;
+    ending
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Presence {
+    Here,
+    /// Its systemd is stopping (a reboot or power-off under way).
+    ShuttingDown,
+    /// The connection broke.
+    Gone,
+}
+
+async fn presence(host: &Host) -> Presence {
+    if !host.connected().await {
+        return Presence::Gone;
+    }
+    match host.run(&["systemctl", "is-system-running"]).await {
+        Ok(out) if out.stdout.trim() == "stopping" => Presence::ShuttingDown,
+        // Past "stopping", PID 1 no longer answers on its bus while sshd still does.
+        Ok(out)
+            if out.stdout.trim() == "offline"
+                || out.stderr.contains("Failed to connect to bus") =>
+        {
+            Presence::ShuttingDown
+        }
+        Ok(_) => Presence::Here,
+        Err(_) => Presence::Gone,
+    }
+}
+
+/// Writes the deployment record; a failure to record is a note, not a failed deployment.
+async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: &mut UnitReport) {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let owner = &options.owner;
+    let plateau = v.and_then(|v| v.plateau.as_ref());
+    let record = state::Record {
+        unit: t.desired.unit.clone(),
+        manifest: t.source.clone(),
+        manifest_sha256: t.manifest_digest.clone(),
+        unit_sha256: state::sha256(&t.desired.text),
+        git_commit: options.git.commit.clone(),
+        git_author: options.git.author.clone(),
+        applied_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        applied_by: format!("{}@{} pid {}", owner.user, owner.machine, owner.pid),
+        outcome: outcome.to_string(),
+        load_seconds: v.and_then(|v| v.load_seconds),
+        plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
+        plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
+        restored_from: options.restoring,
+    };
+    if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
+        report.notes.push(format!(
+            "the deployment record could not be written: {}",
+            error_chain(&e)
+        ));
+    }
+}
+
+/// The failed invocation's journal with the secrets of both units redacted: SGLang logs its
+/// resolved arguments, secrets included.
+async fn redacted_journal(job: &Job<'_>, fallback: &Fallback, invocation: &str) -> Option<String> {
+    let secrets: Vec<Secret> = secret_values(&job.t.desired.model)
+        .into_iter()
+        .chain(
+            fallback
+                .previous
+                .as_deref()
+                .map(|p| secret_values(&parse_unit(p)))
+                .unwrap_or_default(),
+        )
+        .map(|(name, value)| Secret {
+            name,
+            value,
+            placeholder: REDACTED,
+        })
+        .collect();
+    journal(job.host, invocation)
+        .await
+        .map(|j| redact_text(&j, &secrets))
+}
+
+/// The last lines the failed invocation logged, and systemd's lines about it.
+async fn journal(host: &Host, invocation: &str) -> Option<String> {
+    if invocation.is_empty() {
+        return None;
+    }
+    let process = format!("_SYSTEMD_INVOCATION_ID={invocation}");
+    let manager = format!("INVOCATION_ID={invocation}");
+    let argv = [
+        "journalctl",
+        &process,
+        "+",
+        &manager,
+        "-n",
+        "50",
+        "--no-pager",
+        "-o",
+        "cat",
+    ];
+    Some(host.run(&argv).await.ok()?.stdout)
+}
