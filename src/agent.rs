@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Outcome, Owner, Rollout, UnitReport};
 use crate::cli::AgentArgs;
 use crate::manifest::ManifestErrors;
-use crate::remote::{error_chain, Host};
+use crate::remote::{error_chain, Limits, Local};
 use crate::report::{self, Format};
 use crate::targets::{self, Target};
 
@@ -64,12 +64,13 @@ pub struct Revision {
 
 /// `reconcile agent`: one round with `--once` (its exit code is apply's), else a round every
 /// `--interval` until SIGTERM or Ctrl-C, then exit 0: a failed round is reported and the next one
-/// runs, and being stopped is not a failure of the service.
-pub async fn run(args: AgentArgs) -> u8 {
+/// runs, and being stopped is not a failure of the service. Commands on this machine run under
+/// `limits`.
+pub async fn run(args: AgentArgs, limits: Limits) -> u8 {
     let stop = crate::signals::stop_on_signal();
     let names = local_names(&args.names);
     loop {
-        let code = round(&args, &names, &stop).await;
+        let code = round(&args, &names, &stop, limits).await;
         if args.once {
             return code;
         }
@@ -105,7 +106,12 @@ fn short_hostname() -> Option<String> {
 
 /// One round: prints one line (the commit and every unit's outcome), then the details of units
 /// that changed or failed, and returns apply's exit code for it.
-async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>) -> u8 {
+async fn round(
+    args: &AgentArgs,
+    names: &[String],
+    stop: &watch::Receiver<bool>,
+    limits: Limits,
+) -> u8 {
     let revision = match sync(args).await {
         Ok(r) => r,
         Err(e) => {
@@ -160,7 +166,7 @@ async fn round(args: &AgentArgs, names: &[String], stop: &watch::Receiver<bool>)
         },
         restoring: None,
     };
-    let reports = apply_here(&targets, &options).await;
+    let reports = apply_here(&targets, &options, limits).await;
     println!("{}", round_line(short, &revision.author, &reports));
     let eventful: Vec<UnitReport> = reports
         .iter()
@@ -203,8 +209,14 @@ fn targets_here(args: &AgentArgs, names: &[String]) -> Result<Vec<Target>, Manif
 
 /// Applies each unit on this machine in turn, through apply's own path; none starts once the
 /// agent is stopping.
-async fn apply_here(targets: &[Target], options: &ApplyOptions) -> Vec<UnitReport> {
-    apply::apply_units(&Host::Local, targets, options, "the agent is stopping").await
+async fn apply_here(targets: &[Target], options: &ApplyOptions, limits: Limits) -> Vec<UnitReport> {
+    apply::apply_units(
+        &Local::new(limits),
+        targets,
+        options,
+        "the agent is stopping",
+    )
+    .await
 }
 
 fn round_line(short: &str, author: &str, reports: &[UnitReport]) -> String {

@@ -10,7 +10,8 @@ use crate::observed::Observed;
 use crate::plan::{plan, UnitPlan, Verdict};
 use crate::plan_file::PlannedState;
 use crate::preflight;
-use crate::remote::{error_chain, Host, SshOptions};
+use crate::remote::{self, error_chain, SshOptions};
+use crate::systemd::Systemd;
 use crate::targets::Target;
 
 /// Units planned at once on one connection: sshd allows 10 sessions per connection by default, and
@@ -54,7 +55,7 @@ async fn plan_host(
 ) -> Vec<Outcome> {
     let span = tracing::info_span!("host", host = %name);
     let _guard = span.enter();
-    let host = match Host::connect(&name, ssh).await {
+    let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => {
             let error = error_chain(&e);
@@ -71,7 +72,7 @@ async fn plan_host(
             };
             let changes = |(_, p): &(Observed, UnitPlan)| p.verdict != Verdict::NoChange;
             let ((observed, mut planned), findings, sglang) =
-                match preflight::check_with(&host, t, deep, observe, |(o, _)| &o.state, changes)
+                match preflight::check_with(&*host, t, deep, observe, |(o, _)| &o.state, changes)
                     .await
                 {
                     Ok(all) => all,

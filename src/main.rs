@@ -1,7 +1,8 @@
 //! `reconcile`: GitOps for SGLang inference servers run as systemd services.
 //!
-//! The core is pure (manifest -> unit -> plan); `remote` is the only layer that reaches hosts, and
-//! `main` only parses the command line, runs it, and turns the result into an exit code.
+//! The core is pure (manifest -> unit -> plan); `remote` is the only layer that reaches hosts
+//! (`systemd` and `probe` say what to ask of them through it), and `main` only parses the command
+//! line, runs it, and turns the result into an exit code.
 
 mod agent;
 mod apply;
@@ -14,12 +15,14 @@ mod observed;
 mod plan;
 mod plan_file;
 mod preflight;
+mod probe;
 mod redact;
 mod remote;
 mod report;
 mod sglang;
 mod signals;
 mod status;
+mod systemd;
 mod targets;
 mod unit;
 mod verify;
@@ -69,23 +72,30 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
-    let _ = ACCEPT_NEW_HOST_KEYS.set(cli.accept_new_host_keys);
-    remote::set_command_timeout(cli.command_timeout);
+    // The global options that say how hosts are reached: every command's SSH options start here.
+    let reach = Reach {
+        accept_new_host_keys: cli.accept_new_host_keys,
+        limits: remote::Limits::with_command(cli.command_timeout),
+    };
     match cli.command {
-        Some(Command::Plan(args)) => plan(args.plan, args.out).await,
+        Some(Command::Plan(args)) => plan(args.plan, args.out, &reach).await,
         Some(Command::Render(args)) => render(args),
-        Some(Command::Apply(args)) => apply(args).await,
+        Some(Command::Apply(args)) => apply(args, &reach).await,
         Some(Command::Validate(args)) => validate(args),
-        Some(Command::Status(args)) => status(args).await,
-        Some(Command::History(args)) => history(args).await,
-        Some(Command::Rollback(args)) => rollback(args).await,
-        Some(Command::Agent(args)) => Ok(ExitCode::from(agent::run(args).await)),
-        None if cli.dry_run => plan(cli.plan, cli.out).await,
+        Some(Command::Status(args)) => status(args, &reach).await,
+        Some(Command::History(args)) => history(args, &reach).await,
+        Some(Command::Rollback(args)) => rollback(args, &reach).await,
+        Some(Command::Agent(args)) => Ok(ExitCode::from(agent::run(args, reach.limits).await)),
+        None if cli.dry_run => plan(cli.plan, cli.out, &reach).await,
         None => Err(Error::NoCommand),
     }
 }
 
-async fn plan(args: PlanArgs, out: Option<std::path::PathBuf>) -> Result<ExitCode, Error> {
+async fn plan(
+    args: PlanArgs,
+    out: Option<std::path::PathBuf>,
+    reach: &Reach,
+) -> Result<ExitCode, Error> {
     let manifests = load_manifests(&args.paths, args.strict)?;
     let targets = targets::targets(
         &manifests,
@@ -94,7 +104,7 @@ async fn plan(args: PlanArgs, out: Option<std::path::PathBuf>) -> Result<ExitCod
             selectors: args.selectors.clone(),
         },
     )?;
-    let ssh = ssh_options(&args.ssh_config);
+    let ssh = ssh_options(reach, &args.ssh_config);
     let outcomes = dry_run::plan_targets(targets, &ssh, args.parallel, args.deep).await;
     if let Some(out) = &out {
         let commit = git_info(&args.paths).commit;
@@ -114,7 +124,7 @@ async fn plan(args: PlanArgs, out: Option<std::path::PathBuf>) -> Result<ExitCod
     }))
 }
 
-async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
+async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let plan = &args.plan;
     let planned = plan_file::PlanFile::find(&plan.paths)?;
     let paths = match &planned {
@@ -137,7 +147,7 @@ async fn apply(args: ApplyArgs) -> Result<ExitCode, Error> {
         Some(p) => p.select(targets),
         None => (targets, Vec::new()),
     };
-    let ssh = ssh_options(&plan.ssh_config);
+    let ssh = ssh_options(reach, &plan.ssh_config);
     let cancel = signals::stop_on_signal();
     let live = live_display(plan.format);
     let options = apply::ApplyOptions {
@@ -182,19 +192,25 @@ fn live_display(format: report::Format) -> bool {
     format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr())
 }
 
-/// `--accept-new-host-keys`, global to the command line, read by every command's SSH options.
-static ACCEPT_NEW_HOST_KEYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+/// The options global to the command line that every command's SSH options carry.
+struct Reach {
+    /// `--accept-new-host-keys`.
+    accept_new_host_keys: bool,
+    /// `--command-timeout`.
+    limits: remote::Limits,
+}
 
-fn ssh_options(config_file: &Option<std::path::PathBuf>) -> remote::SshOptions {
+fn ssh_options(reach: &Reach, config_file: &Option<std::path::PathBuf>) -> remote::SshOptions {
     remote::SshOptions {
         config_file: config_file.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
-        accept_new_host_keys: ACCEPT_NEW_HOST_KEYS.get().copied().unwrap_or(false),
+        accept_new_host_keys: reach.accept_new_host_keys,
+        limits: reach.limits,
     }
 }
 
 /// `reconcile status`: every unit of the manifests, compared on its host.
-async fn status(args: StatusArgs) -> Result<ExitCode, Error> {
+async fn status(args: StatusArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let manifests = load_manifests(&args.paths, false)?;
     let targets = targets::targets(
         &manifests,
@@ -203,7 +219,7 @@ async fn status(args: StatusArgs) -> Result<ExitCode, Error> {
             selectors: args.selectors.clone(),
         },
     )?;
-    let ssh = ssh_options(&args.ssh_config);
+    let ssh = ssh_options(reach, &args.ssh_config);
     let statuses = status::status_targets(targets, &ssh, args.parallel).await;
     print!("{}", status::render(&statuses, args.format));
     Ok(ExitCode::from(status::exit_code(&statuses)))
@@ -247,9 +263,9 @@ fn service_hosts(
 }
 
 /// `reconcile history`: the deployments and generations each host keeps.
-async fn history(args: HistoryArgs) -> Result<ExitCode, Error> {
+async fn history(args: HistoryArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (unit, hosts, _) = service_hosts(&args)?;
-    let ssh = ssh_options(&args.ssh_config);
+    let ssh = ssh_options(reach, &args.ssh_config);
     let histories = history::history_hosts(&hosts, &unit, &ssh, 32).await;
     print!("{}", history::render(&histories, args.format));
     let failed = histories.iter().any(|h| h.error.is_some());
@@ -257,9 +273,9 @@ async fn history(args: HistoryArgs) -> Result<ExitCode, Error> {
 }
 
 /// `reconcile rollback`: a kept deployment restored through apply's path, host by host.
-async fn rollback(args: RollbackArgs) -> Result<ExitCode, Error> {
+async fn rollback(args: RollbackArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (unit, hosts, manifest) = service_hosts(&args.history)?;
-    let ssh = ssh_options(&args.history.ssh_config);
+    let ssh = ssh_options(reach, &args.history.ssh_config);
     let options = apply::ApplyOptions {
         owner: apply::Owner::this_process(),
         lock: apply::LockPolicy {

@@ -14,6 +14,7 @@ use crate::observed::Observed;
 use crate::plan::{Verdict, UNIT_DIR};
 use crate::redact::{redact_text, secret_values, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError};
+use crate::systemd::Systemd;
 use crate::unit::parse_unit;
 use crate::verify::{Expect, Failure, Verification, POLL_INTERVAL};
 
@@ -129,7 +130,7 @@ async fn write_unit(
 }
 
 /// Enables a new unit, restarts it, and returns the new invocation's id (for its journal).
-async fn restart(host: &Host, unit: &str, verdict: Verdict) -> Result<String, RemoteError> {
+async fn restart(host: &dyn Host, unit: &str, verdict: Verdict) -> Result<String, RemoteError> {
     if verdict == Verdict::Install {
         host.run_ok(&["systemctl", "enable", "--", unit]).await?;
     }
@@ -233,7 +234,7 @@ enum Presence {
     Gone,
 }
 
-async fn presence(host: &Host) -> Presence {
+async fn presence(host: &dyn Host) -> Presence {
     if !host.connected().await {
         return Presence::Gone;
     }
@@ -303,7 +304,7 @@ async fn redacted_journal(job: &Job<'_>, fallback: &Fallback, invocation: &str) 
 }
 
 /// The last lines the failed invocation logged, and systemd's lines about it.
-async fn journal(host: &Host, invocation: &str) -> Option<String> {
+async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
     if invocation.is_empty() {
         return None;
     }

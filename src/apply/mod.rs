@@ -35,7 +35,8 @@ use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
 use crate::preflight;
-use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
+use crate::systemd::Systemd;
 use crate::targets::Target;
 use crate::verify::Verification;
 use decide::{Ending, Previous, Start};
@@ -132,7 +133,7 @@ pub async fn apply_targets(
 
 /// Applies one target over a connection the caller holds (`reconcile rollback` reads the host's
 /// history over the same connection first).
-pub(crate) async fn apply_one(host: &Host, t: &Target, options: &ApplyOptions) -> UnitReport {
+pub(crate) async fn apply_one(host: &dyn Host, t: &Target, options: &ApplyOptions) -> UnitReport {
     let verifier = Live {
         progress: options.progress.as_ref(),
     };
@@ -148,7 +149,7 @@ pub(crate) async fn apply_one(host: &Host, t: &Target, options: &ApplyOptions) -
 /// Applies a host's units in turn over a connection the caller holds. Once `options.cancel` turns,
 /// no further unit starts; each is reported `not started: {stopping}`.
 pub(crate) async fn apply_units(
-    host: &Host,
+    host: &dyn Host,
     targets: &[Target],
     options: &ApplyOptions,
     stopping: &str,
@@ -224,12 +225,12 @@ pub(super) async fn apply_host(
             .map(|t| Report::new(t, started).fail(&e))
             .collect();
     }
-    let host = match Host::connect(&name, ssh).await {
+    let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => return unreachable(&targets, &e, started),
     };
     let reports = apply_units(
-        &host,
+        &*host,
         &targets,
         options,
         "interrupted before this unit's turn",
@@ -242,7 +243,7 @@ pub(super) async fn apply_host(
 /// Whether applying `t` would do anything: its unit differs from the manifest, or the last apply of
 /// it did not finish. A plan file's unit, and a unit or record that cannot be read, count as work:
 /// apply's own path checks and reports them.
-pub(super) async fn has_work(host: &Host, t: &Target) -> bool {
+pub(super) async fn has_work(host: &dyn Host, t: &Target) -> bool {
     if t.expected.is_some() {
         return true;
     }
@@ -324,7 +325,7 @@ impl Report {
 
 /// One unit's apply: its host, its target, the run's options, and how to verify.
 struct Job<'a> {
-    host: &'a Host,
+    host: &'a dyn Host,
     t: &'a Target,
     options: &'a ApplyOptions,
     verifier: &'a dyn Verifier,
@@ -404,7 +405,7 @@ async fn run_preflight(
 }
 
 /// Releases the unit's lock; a failure to is a note (the next apply from here breaks the lock).
-async fn unlock(host: &Host, unit: &str, report: &mut UnitReport) {
+async fn unlock(host: &dyn Host, unit: &str, report: &mut UnitReport) {
     if let Err(e) = state::unlock(host, unit).await {
         report.notes.push(format!(
             "the lock could not be released: {}",
@@ -417,7 +418,7 @@ async fn unlock(host: &Host, unit: &str, report: &mut UnitReport) {
 /// the plan file recorded. The unit file is read again, since another run may have changed it
 /// between the first look and the lock.
 async fn still_as_planned(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     expected: &plan_file::PlannedState,
     observed: &Observed,
@@ -456,7 +457,7 @@ async fn still_as_planned(
 /// that exists but cannot be read or parsed is an error, never "no record": that would restart a
 /// healthy server to finish an apply that did finish.
 async fn unfinished(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     observed: &Observed,
 ) -> Result<bool, state::RecordError> {

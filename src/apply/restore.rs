@@ -19,7 +19,7 @@ use crate::verify::{Expect, Failure, Verification};
 /// got in place (`previous: None` removes it), and has systemd reload it. Returns whether anything
 /// had to be put back.
 pub async fn put_back_file(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
     previous: Option<&str>,
 ) -> Result<bool, RemoteError> {
@@ -51,7 +51,7 @@ pub enum Then {
 /// Puts the previous unit back, then restarts, stops or only reloads as `then` says. A unit that
 /// was new (`previous: None`) is stopped, disabled and removed whatever `then` says.
 pub async fn restore(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
     previous: Option<&str>,
     then: Then,
@@ -102,7 +102,7 @@ pub enum NotRestored {
 
 /// A restore to do and verify.
 pub struct Restore<'a> {
-    pub host: &'a Host,
+    pub host: &'a dyn Host,
     pub unit: &'a str,
     pub previous: Option<&'a str>,
     pub then: Then,

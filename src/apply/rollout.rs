@@ -13,7 +13,7 @@ use super::schedule::{Schedule, Step};
 use super::verifier::Live;
 use super::{apply_host, state, ApplyOptions, Outcome, UnitReport};
 use crate::manifest::VerifySpec;
-use crate::remote::{error_chain, Host, SshOptions};
+use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::{by_host, Target};
 
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +49,7 @@ enum Turn {
 /// Looks at a host, changing nothing: is there work for the rollout?
 async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey {
     let started = std::time::Instant::now();
-    let host = match Host::connect(&name, ssh).await {
+    let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => {
             return Survey::Turn(Turn::Unreachable(super::unreachable(&targets, &e, started)))
@@ -57,7 +57,7 @@ async fn survey(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Survey 
     };
     let mut work = false;
     for t in &targets {
-        if super::has_work(&host, t).await {
+        if super::has_work(&*host, t).await {
             work = true;
             break;
         }
@@ -198,10 +198,10 @@ async fn rollback_all_unit(
     options: &ApplyOptions,
 ) {
     let result = async {
-        let host = Host::connect(&r.host, ssh)
+        let host = remote::connect(&r.host, ssh)
             .await
             .map_err(|e| error_chain(&e))?;
-        let undone = undo(&host, r, &spec, options).await;
+        let undone = undo(&*host, r, &spec, options).await;
         host.close().await;
         undone
     };
@@ -220,7 +220,7 @@ async fn rollback_all_unit(
 /// install kept, or nothing for a unit that was new. A converged unit is restarted and verified;
 /// a reload-only change is undone with a reload.
 async fn undo(
-    host: &Host,
+    host: &dyn Host,
     r: &UnitReport,
     spec: &VerifySpec,
     options: &ApplyOptions,

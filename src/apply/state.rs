@@ -58,7 +58,7 @@ pub struct LockPolicy {
 /// was a process on this machine that no longer exists is broken at once; an old lock from
 /// elsewhere only with `--break-stale-lock`. Returns a note when a lock was broken.
 pub async fn lock(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
     owner: &Owner,
     policy: LockPolicy,
@@ -131,14 +131,18 @@ pub async fn lock(
     })
 }
 
-pub async fn unlock(host: &Host, unit: &str) -> Result<(), RemoteError> {
+pub async fn unlock(host: &dyn Host, unit: &str) -> Result<(), RemoteError> {
     host.run_ok(&["rm", "-rf", "--", &format!("{}/lock", unit_dir(unit))])
         .await
         .map(|_| ())
 }
 
 /// Copies a unit's text into the generations, keeping the newest few; returns the copy's path.
-pub async fn keep_generation(host: &Host, unit: &str, text: &str) -> Result<String, RemoteError> {
+pub async fn keep_generation(
+    host: &dyn Host,
+    unit: &str,
+    text: &str,
+) -> Result<String, RemoteError> {
     let dir = format!("{}/generations", unit_dir(unit));
     host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir])
         .await?;
@@ -151,7 +155,7 @@ pub async fn keep_generation(host: &Host, unit: &str, text: &str) -> Result<Stri
 }
 
 /// The newest kept generation's text.
-pub async fn newest_generation(host: &Host, unit: &str) -> Result<Option<String>, RemoteError> {
+pub async fn newest_generation(host: &dyn Host, unit: &str) -> Result<Option<String>, RemoteError> {
     const NEWEST: &str = "cd \"$1\" 2>/dev/null || exit 0; f=$(ls -1 | sort -n | tail -n 1); [ -n \"$f\" ] && cat -- \"$f\"";
     let dir = format!("{}/generations", unit_dir(unit));
     let out = host.run(&["sh", "-c", NEWEST, "sh", &dir]).await?;
@@ -190,7 +194,7 @@ pub struct Record {
 /// copy no line points at, which the next deployment (same N) overwrites, never a line without its
 /// unit. The caller holds the unit's lock, so N cannot be taken by another run meanwhile.
 pub async fn write_record(
-    host: &Host,
+    host: &dyn Host,
     record: &Record,
     unit_text: &str,
 ) -> Result<(), RemoteError> {
@@ -231,7 +235,7 @@ pub async fn write_record(
 /// parse (written by a newer reconcile, or damaged) is kept as the reason, so the numbers stay
 /// right.
 pub async fn read_history(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
 ) -> Result<Vec<Result<Record, RecordProblem>>, RemoteError> {
     let text = host
@@ -304,7 +308,7 @@ pub fn parse_record(text: &str) -> Result<Record, RecordProblem> {
 }
 
 /// The deployments whose unit is kept under `deployed/`, ascending.
-pub async fn deployed_numbers(host: &Host, unit: &str) -> Result<Vec<usize>, RemoteError> {
+pub async fn deployed_numbers(host: &dyn Host, unit: &str) -> Result<Vec<usize>, RemoteError> {
     const LIST: &str = "cd \"$1\" 2>/dev/null || exit 0; ls -1";
     let dir = format!("{}/deployed", unit_dir(unit));
     let out = host.run_ok(&["sh", "-c", LIST, "sh", &dir]).await?;
@@ -318,7 +322,7 @@ pub async fn deployed_numbers(host: &Host, unit: &str) -> Result<Vec<usize>, Rem
 
 /// The unit deployment `n` installed, when it is kept.
 pub async fn read_deployed(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
     n: usize,
 ) -> Result<Option<String>, RemoteError> {
@@ -334,7 +338,7 @@ pub struct Generation {
 }
 
 /// The kept generations, oldest first.
-pub async fn generations(host: &Host, unit: &str) -> Result<Vec<Generation>, RemoteError> {
+pub async fn generations(host: &dyn Host, unit: &str) -> Result<Vec<Generation>, RemoteError> {
     const LIST: &str = "cd \"$1\" 2>/dev/null || exit 0; for f in $(ls -1 | sort -n); do printf '%s %s\\n' \"$f\" \"$(sha256sum < \"$f\" | cut -d' ' -f1)\"; done";
     let dir = format!("{}/generations", unit_dir(unit));
     let out = host.run_ok(&["sh", "-c", LIST, "sh", &dir]).await?;
@@ -352,7 +356,7 @@ pub async fn generations(host: &Host, unit: &str) -> Result<Vec<Generation>, Rem
 
 /// The unit's last deployment record (`current.json`): `None` when there is none, an error when
 /// there is one that cannot be read or parsed (see [`RecordError`]).
-pub async fn read_record(host: &Host, unit: &str) -> Result<Option<Record>, RecordError> {
+pub async fn read_record(host: &dyn Host, unit: &str) -> Result<Option<Record>, RecordError> {
     let path = format!("{}/current.json", unit_dir(unit));
     let read = host.read_file(&path).await;
     let error = |problem| RecordError {

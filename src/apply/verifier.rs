@@ -25,7 +25,7 @@ pub struct Check<'a> {
 pub trait Verifier: Sync {
     fn verify<'a>(
         &'a self,
-        host: &'a Host,
+        host: &'a dyn Host,
         check: Check<'a>,
     ) -> BoxFuture<'a, Result<Verification, Failure>>;
 }
@@ -38,7 +38,7 @@ pub struct Live<'p> {
 impl Verifier for Live<'_> {
     fn verify<'a>(
         &'a self,
-        host: &'a Host,
+        host: &'a dyn Host,
         check: Check<'a>,
     ) -> BoxFuture<'a, Result<Verification, Failure>> {
         Box::pin(async move {
@@ -84,7 +84,7 @@ pub mod fake {
     impl Verifier for Scripted {
         fn verify<'a>(
             &'a self,
-            _host: &'a Host,
+            _host: &'a dyn Host,
             check: Check<'a>,
         ) -> BoxFuture<'a, Result<Verification, Failure>> {
             self.asked.lock().unwrap().push(check.label);

@@ -6,7 +6,7 @@ use futures::stream::{self, StreamExt};
 use super::{deployments, disk_notes, generations, Deployment, HostHistory};
 use crate::apply::state;
 use crate::plan::UNIT_DIR;
-use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 
 /// The history of `unit` on each host, at most `parallel` hosts at once, in the hosts' order.
 pub async fn history_hosts(
@@ -18,8 +18,8 @@ pub async fn history_hosts(
     stream::iter(hosts)
         .map(|name| async move {
             let result = async {
-                let host = Host::connect(name, ssh).await?;
-                let history = read(&host, unit).await;
+                let host = remote::connect(name, ssh).await?;
+                let history = read(&*host, unit).await;
                 host.close().await;
                 history
             };
@@ -46,7 +46,7 @@ pub struct Read {
 }
 
 /// The deployments of `unit` on a connected host, numbered and marked (also used by rollback).
-pub async fn read_deployments(host: &Host, unit: &str) -> Result<Read, RemoteError> {
+pub async fn read_deployments(host: &dyn Host, unit: &str) -> Result<Read, RemoteError> {
     let (history, current, kept) = tokio::join!(
         state::read_history(host, unit),
         state::read_record(host, unit),
@@ -62,7 +62,7 @@ pub async fn read_deployments(host: &Host, unit: &str) -> Result<Read, RemoteErr
     })
 }
 
-async fn read(host: &Host, unit: &str) -> Result<HostHistory, RemoteError> {
+async fn read(host: &dyn Host, unit: &str) -> Result<HostHistory, RemoteError> {
     let path = format!("{UNIT_DIR}/{unit}");
     let (deployed, kept_generations, disk) = tokio::join!(
         read_deployments(host, unit),

@@ -13,7 +13,7 @@ use super::{choose, skipped_lines, Choice};
 use crate::apply::{self, state, ApplyError, ApplyOptions, GitInfo, UnitReport};
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
 use crate::plan::flags;
-use crate::remote::{error_chain, Host, SshOptions};
+use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::Target;
 use crate::unit::{parse_unit, Desired};
 
@@ -59,11 +59,11 @@ async fn rollback_host(
     options: &ApplyOptions,
 ) -> UnitReport {
     let error = |e: ApplyError| apply::refused_for(name, unit, "", &e);
-    let host = match Host::connect(name, ssh).await {
+    let host = match remote::connect(name, ssh).await {
         Ok(host) => host,
         Err(e) => return error(ApplyError::Unreachable(error_chain(&e))),
     };
-    let report = match prepare(&host, name, unit, to, manifest).await {
+    let report = match prepare(&*host, name, unit, to, manifest).await {
         Ok(Prepared {
             n,
             target,
@@ -80,7 +80,7 @@ async fn rollback_host(
                 rollout: options.rollout,
                 restoring: Some(n),
             };
-            let mut report = apply::apply_one(&host, &target, &options).await;
+            let mut report = apply::apply_one(&*host, &target, &options).await;
             report.detail = format!("rollback to deployment {n}: {}", report.detail);
             report.notes.splice(0..0, notes);
             report
@@ -101,7 +101,7 @@ struct Prepared {
 }
 
 async fn prepare(
-    host: &Host,
+    host: &dyn Host,
     name: &str,
     unit: &str,
     to: Option<usize>,

@@ -104,7 +104,7 @@ const DEEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60)
 /// alone whatever the checks say, while the version still tells whether the manifest's SGLang is
 /// what the host has. Also returns that version (`None`: none found), which a plan file records.
 pub async fn check_with<T>(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     deep: bool,
     observe: impl std::future::Future<Output = Result<T, RemoteError>>,
@@ -124,7 +124,7 @@ pub async fn check_with<T>(
 
 /// The SGLang version installed for the unit's Python, read as preflight reads it; `None` when
 /// there is none (or no such Python). Apply compares it with a plan file's, under the lock.
-pub async fn installed_sglang(host: &Host, t: &Target) -> Result<Option<String>, RemoteError> {
+pub async fn installed_sglang(host: &dyn Host, t: &Target) -> Result<Option<String>, RemoteError> {
     let want = super::Want::of(t);
     Ok(installed(&sglang_version(host, &want.python).await?))
 }
@@ -138,7 +138,7 @@ fn installed(python: &Python) -> Option<String> {
 
 /// Gathers the facts and judges them.
 pub async fn check(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     state: &UnitState,
     deep: bool,
@@ -150,7 +150,7 @@ pub async fn check(
 
 /// Every fact at once (the host's connection bounds how many commands run together), then the
 /// deep check when asked and when there is an SGLang to ask.
-async fn gather(host: &Host, t: &Target, deep: bool) -> Result<Facts, RemoteError> {
+async fn gather(host: &dyn Host, t: &Target, deep: bool) -> Result<Facts, RemoteError> {
     let want = super::Want::of(t);
     let (python, (model_path, gpus, port)) =
         tokio::try_join!(sglang_version(host, &want.python), checks(host, t))?;
@@ -159,7 +159,7 @@ async fn gather(host: &Host, t: &Target, deep: bool) -> Result<Facts, RemoteErro
 
 /// The facts besides the SGLang version, which the caller read already.
 async fn host_facts(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     deep: bool,
     python: Python,
@@ -168,7 +168,7 @@ async fn host_facts(
     with_deep(host, t, deep, python, model_path, gpus, port).await
 }
 
-async fn checks(host: &Host, t: &Target) -> Result<(Access, Gpus, Port), RemoteError> {
+async fn checks(host: &dyn Host, t: &Target) -> Result<(Access, Gpus, Port), RemoteError> {
     let want = super::Want::of(t);
     tokio::try_join!(
         access(host, &want.model_path),
@@ -178,7 +178,7 @@ async fn checks(host: &Host, t: &Target) -> Result<(Access, Gpus, Port), RemoteE
 }
 
 async fn with_deep(
-    host: &Host,
+    host: &dyn Host,
     t: &Target,
     deep: bool,
     python: Python,
@@ -203,7 +203,7 @@ async fn with_deep(
     })
 }
 
-async fn sglang_version(host: &Host, python: &str) -> Result<Python, RemoteError> {
+async fn sglang_version(host: &dyn Host, python: &str) -> Result<Python, RemoteError> {
     let out = host
         .run(&["sh", "-c", PYTHON, "sh", python, "-c", VERSION_SCRIPT])
         .await?;
@@ -215,7 +215,7 @@ async fn sglang_version(host: &Host, python: &str) -> Result<Python, RemoteError
     })
 }
 
-async fn access(host: &Host, path: &str) -> Result<Access, RemoteError> {
+async fn access(host: &dyn Host, path: &str) -> Result<Access, RemoteError> {
     let out = host.run(&["sh", "-c", ACCESS, "sh", path]).await?;
     match out.status {
         0 => Ok(Access::Readable),
@@ -225,7 +225,7 @@ async fn access(host: &Host, path: &str) -> Result<Access, RemoteError> {
     }
 }
 
-async fn gpus(host: &Host) -> Result<Gpus, RemoteError> {
+async fn gpus(host: &dyn Host) -> Result<Gpus, RemoteError> {
     let out = host.run(&["nvidia-smi", "-L"]).await?;
     Ok(match out.status {
         0 => Gpus::Listed(parse_gpu_list(&out.stdout)),
@@ -237,7 +237,7 @@ async fn gpus(host: &Host) -> Result<Gpus, RemoteError> {
     })
 }
 
-async fn listeners(host: &Host, port: u16) -> Result<Port, RemoteError> {
+async fn listeners(host: &dyn Host, port: u16) -> Result<Port, RemoteError> {
     let port = port.to_string();
     let out = host.run(&["sh", "-c", LISTENERS, "sh", &port]).await?;
     match out.status {
@@ -252,7 +252,11 @@ async fn listeners(host: &Host, port: u16) -> Result<Port, RemoteError> {
     }
 }
 
-async fn deep_check(host: &Host, python: &str, exec_start: &[String]) -> Result<Deep, RemoteError> {
+async fn deep_check(
+    host: &dyn Host,
+    python: &str,
+    exec_start: &[String],
+) -> Result<Deep, RemoteError> {
     // ExecStart is `<python> -m sglang.launch_server <args>`; the script gets the args.
     let args = exec_start.get(3..).unwrap_or_default();
     let mut argv = vec!["sh", "-c", PYTHON, "sh", python, "-c", DEEP_SCRIPT];
@@ -278,7 +282,7 @@ fn last_line(text: &str) -> String {
         .to_string()
 }
 
-fn failed(host: &Host, command: String, status: i32, stderr: &str) -> RemoteError {
+fn failed(host: &dyn Host, command: String, status: i32, stderr: &str) -> RemoteError {
     RemoteError::Failed {
         host: host.name().to_string(),
         command,

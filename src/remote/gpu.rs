@@ -2,11 +2,12 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use serde::Serialize;
 
-use super::{command_timeout, Host, RemoteError};
+use super::{Host, RemoteError};
 
 pub const NVIDIA_SMI_QUERY: [&str; 3] = [
     "nvidia-smi",
@@ -53,12 +54,11 @@ pub fn parse_query(csv: &str) -> Result<Vec<Gpu>, String> {
         .collect()
 }
 
-impl Host {
+impl<'h> dyn Host + 'h {
+    /// GPU memory without a command where the host can (NVML on `local`), else `nvidia-smi`.
     pub async fn gpu_memory(&self) -> Result<GpuReading, RemoteError> {
-        if let Host::Local = self {
-            if let Some(gpus) = nvml_memory().await? {
-                return Ok(GpuReading::Gpus(gpus));
-            }
+        if let Some(gpus) = self.native_gpu_memory().await? {
+            return Ok(GpuReading::Gpus(gpus));
         }
         let out = self.run(&NVIDIA_SMI_QUERY).await?;
         match out.status {
@@ -82,8 +82,9 @@ static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
 static NVML_HUNG: AtomicBool = AtomicBool::new(false);
 
 /// GPU memory through NVML, when this machine has it (`Ok(None)` when not). NVML calls block, so
-/// they run on tokio's blocking threads, never on the threads that drive the other checks.
-async fn nvml_memory() -> Result<Option<Vec<Gpu>>, RemoteError> {
+/// they run on tokio's blocking threads, never on the threads that drive the other checks; past
+/// `limit` (the host's command limit) NVML counts as hung.
+pub(super) async fn nvml_memory(limit: Duration) -> Result<Option<Vec<Gpu>>, RemoteError> {
     if NVML_HUNG.load(Ordering::Relaxed) {
         return Ok(None);
     }
@@ -91,7 +92,7 @@ async fn nvml_memory() -> Result<Option<Vec<Gpu>>, RemoteError> {
         let nvml = NVML.get_or_init(|| Nvml::init().ok()).as_ref()?;
         nvml_read(nvml)
     });
-    match tokio::time::timeout(command_timeout(), read).await {
+    match tokio::time::timeout(limit, read).await {
         Ok(Ok(gpus)) => Ok(gpus),
         // The blocking task panicked inside the driver's library: read with nvidia-smi instead.
         Ok(Err(_)) => Ok(None),
@@ -100,7 +101,7 @@ async fn nvml_memory() -> Result<Option<Vec<Gpu>>, RemoteError> {
             Err(RemoteError::TimedOut {
                 host: "local".into(),
                 command: "NVML".into(),
-                after: command_timeout(),
+                after: limit,
             })
         }
     }
@@ -143,12 +144,12 @@ mod tests {
     async fn nvml_is_loaded_once_and_read_off_the_async_threads() {
         // Whether or not this machine has a GPU, the second reading finds NVML (or its absence)
         // already settled and gives the same kind of answer.
-        let first = nvml_memory().await.unwrap();
+        let first = nvml_memory(super::super::COMMAND_TIMEOUT).await.unwrap();
         assert!(
             NVML.get().is_some(),
             "NVML was not settled by the first reading"
         );
-        let second = nvml_memory().await.unwrap();
+        let second = nvml_memory(super::super::COMMAND_TIMEOUT).await.unwrap();
         assert_eq!(first.is_some(), second.is_some());
         assert_eq!(first.is_some(), NVML.get().is_some_and(Option::is_some));
     }

@@ -92,7 +92,7 @@ pub struct Answer {
     pub finish_reason: Option<String>,
 }
 
-impl Host {
+impl<'h> dyn Host + 'h {
     /// The server of `endpoint` on this host: forwarded from a local port over the SSH
     /// connection, or at `url` when one is given.
     pub async fn server(
@@ -100,15 +100,13 @@ impl Host {
         endpoint: &Endpoint,
         url: Option<&str>,
     ) -> Result<Server, RemoteError> {
-        let base = match (url, self) {
-            (Some(url), _) => url.trim_end_matches('/').to_string(),
-            (None, Host::Local) => format!(
-                "http://{}",
-                socket(endpoint.forward_address(), endpoint.port)
-            ),
-            (None, Host::Ssh(h)) => {
-                let local = h.forward(endpoint.forward_address(), endpoint.port).await?;
-                format!("http://127.0.0.1:{local}")
+        let base = match url {
+            Some(url) => url.trim_end_matches('/').to_string(),
+            None => {
+                let (address, port) = self
+                    .forward(endpoint.forward_address(), endpoint.port)
+                    .await?;
+                format!("http://{}", socket(&address, port))
             }
         };
         let client = reqwest::Client::builder()

@@ -1,12 +1,64 @@
 //! `local`: this machine, without SSH, for running `reconcile` on the GPU host itself.
 
 use std::process::Stdio;
+use std::time::Duration;
 
+use async_trait::async_trait;
 use tokio::io::AsyncWriteExt;
 
-use super::{Output, RemoteError};
+use super::{gpu, Host, Limits, Output, RemoteError};
 
-pub async fn run(argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
+/// This machine as a host: commands run as child processes, GPUs are read through NVML.
+pub struct Local {
+    limits: Limits,
+}
+
+impl Local {
+    pub fn new(limits: Limits) -> Local {
+        Local { limits }
+    }
+}
+
+#[async_trait]
+impl Host for Local {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    async fn run_within(
+        &self,
+        argv: &[&str],
+        input: Option<&[u8]>,
+        limit: Duration,
+    ) -> Result<Output, RemoteError> {
+        super::within_limit(self.name(), argv, limit, run(argv, input)).await
+    }
+
+    /// No forward is needed: the server's own address is reachable from here.
+    async fn forward(&self, address: &str, port: u16) -> Result<(String, u16), RemoteError> {
+        Ok((address.to_string(), port))
+    }
+
+    async fn connected(&self) -> bool {
+        true
+    }
+
+    async fn reconnect(&self, _within: Duration) -> Result<Duration, RemoteError> {
+        Ok(Duration::ZERO)
+    }
+
+    async fn close(self: Box<Self>) {}
+
+    async fn native_gpu_memory(&self) -> Result<Option<Vec<gpu::Gpu>>, RemoteError> {
+        gpu::nvml_memory(self.limits.command).await
+    }
+}
+
+async fn run(argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
     let transport = |e: std::io::Error| RemoteError::Transport {
         host: "local".into(),
         command: super::label(argv),

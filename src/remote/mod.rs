@@ -3,23 +3,29 @@
 //!
 //! Commands are argv vectors; the SSH side escapes each argument for the remote shell, so no
 //! manifest value is ever pasted into a shell string.
+//!
+//! A host is a [`Host`]: a handful of primitives (run a command within a limit, read and write a
+//! file, forward a port, reconnect, close) that [`ssh`], [`local`] and, in tests, [`fake`]
+//! implement. The edge knows nothing of systemd or SGLang: what is asked of a host is decided one
+//! layer up (`crate::systemd`, `crate::probe`), so this module imports nothing from the crate.
 
+#[cfg(test)]
+pub mod fake;
 pub mod gpu;
 pub mod http;
-pub mod liveness;
 mod local;
 mod ssh;
 
 pub use gpu::GpuReading;
 pub use http::{Endpoint, Health, Model, Server};
+pub use local::Local;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::observed::{Observed, UnitState, SHOW_PROPERTIES};
-use crate::plan::UNIT_DIR;
+use async_trait::async_trait;
 
-/// How to reach hosts over SSH.
+/// How to reach hosts: over SSH, and how long their commands may take.
 #[derive(Debug, Clone, Default)]
 pub struct SshOptions {
     /// An ssh_config file to use instead of `~/.ssh/config`.
@@ -28,6 +34,8 @@ pub struct SshOptions {
     /// Record the keys of hosts never seen before instead of refusing them; a changed key is
     /// always refused.
     pub accept_new_host_keys: bool,
+    /// How long a command on the host may take (`--command-timeout`), held by each host.
+    pub limits: Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,42 +80,55 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// default, often raised for servers that drain), a restart for the stop and then the start.
 pub const SYSTEMD_JOB_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
-/// `--command-timeout`: set once from the command line, before any host is reached.
-static COMMAND_TIMEOUT_SET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-
-pub fn set_command_timeout(limit: Duration) {
-    let _ = COMMAND_TIMEOUT_SET.set(limit);
+/// How long a host's commands may take: set once from the command line and given to each host
+/// when it is reached, so every command of a run has the same limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Any command (`--command-timeout`).
+    pub command: Duration,
+    /// A systemctl verb that waits for its job; never shorter than `command`.
+    pub systemd_job: Duration,
 }
 
-pub fn command_timeout() -> Duration {
-    COMMAND_TIMEOUT_SET
-        .get()
-        .copied()
-        .unwrap_or(COMMAND_TIMEOUT)
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            command: COMMAND_TIMEOUT,
+            systemd_job: SYSTEMD_JOB_TIMEOUT,
+        }
+    }
 }
 
-/// The limit for `argv`: a systemd job's, or the default.
-pub fn timeout_for(argv: &[&str]) -> Duration {
-    let waits_for_a_job = |verb: &str| {
-        matches!(
-            verb,
-            "restart"
-                | "stop"
-                | "start"
-                | "try-restart"
-                | "reload-or-restart"
-                | "isolate"
-                | "reboot"
-        )
-    };
-    match argv {
-        ["systemctl", verb, ..] if waits_for_a_job(verb) => {
-            SYSTEMD_JOB_TIMEOUT.max(command_timeout())
+impl Limits {
+    /// The default limits with `command` for every command (`--command-timeout`).
+    pub fn with_command(command: Duration) -> Limits {
+        Limits {
+            command,
+            ..Limits::default()
         }
-        ["systemctl", "enable" | "disable", rest @ ..] if rest.contains(&"--now") => {
-            SYSTEMD_JOB_TIMEOUT.max(command_timeout())
+    }
+
+    /// The limit for `argv`: a systemd job's, or the default.
+    pub fn timeout_for(&self, argv: &[&str]) -> Duration {
+        let waits_for_a_job = |verb: &str| {
+            matches!(
+                verb,
+                "restart"
+                    | "stop"
+                    | "start"
+                    | "try-restart"
+                    | "reload-or-restart"
+                    | "isolate"
+                    | "reboot"
+            )
+        };
+        match argv {
+            ["systemctl", verb, ..] if waits_for_a_job(verb) => self.systemd_job.max(self.command),
+            ["systemctl", "enable" | "disable", rest @ ..] if rest.contains(&"--now") => {
+                self.systemd_job.max(self.command)
+            }
+            _ => self.command,
         }
-        _ => command_timeout(),
     }
 }
 
@@ -119,65 +140,71 @@ pub struct Output {
     pub stderr: String,
 }
 
-/// A host to read from and act on.
-pub enum Host {
-    Ssh(ssh::SshHost),
-    Local,
+/// Reaches `name`: this machine for `local`, else one SSH connection with `options`.
+pub async fn connect(name: &str, options: &SshOptions) -> Result<Box<dyn Host>, RemoteError> {
+    if name == "local" {
+        return Ok(Box::new(Local::new(options.limits)));
+    }
+    Ok(Box::new(ssh::SshHost::connect(name, options).await?))
 }
 
-impl Host {
-    pub async fn connect(name: &str, options: &SshOptions) -> Result<Host, RemoteError> {
-        if name == "local" {
-            return Ok(Host::Local);
-        }
-        ssh::SshHost::connect(name, options).await.map(Host::Ssh)
-    }
+/// A host to read from and act on. The required methods are what a way of reaching a host must
+/// provide; the provided ones are built on them, the same for every host.
+#[async_trait]
+pub trait Host: Send + Sync {
+    fn name(&self) -> &str;
 
-    pub fn name(&self) -> &str {
-        match self {
-            Host::Ssh(h) => h.name(),
-            Host::Local => "local",
-        }
-    }
+    /// The limits its commands run under.
+    fn limits(&self) -> &Limits;
 
-    /// Runs a command and returns what it printed, whatever its exit status.
-    pub async fn run(&self, argv: &[&str]) -> Result<Output, RemoteError> {
-        self.run_with_input(argv, None).await
-    }
-
-    /// Runs a command with `input` on its standard input, within [`timeout_for`] it.
-    pub async fn run_with_input(
-        &self,
-        argv: &[&str],
-        input: Option<&[u8]>,
-    ) -> Result<Output, RemoteError> {
-        self.run_within(argv, input, timeout_for(argv)).await
-    }
-
-    /// Runs a command that may take up to `limit`; past it, the host counts as hung.
-    pub async fn run_within(
+    /// Runs a command with `input` on its standard input, and returns what it printed, whatever
+    /// its exit status. Past `limit` the host counts as hung: [`RemoteError::TimedOut`].
+    async fn run_within(
         &self,
         argv: &[&str],
         input: Option<&[u8]>,
         limit: Duration,
+    ) -> Result<Output, RemoteError>;
+
+    /// Where on this machine the host's `address:port` answers: a free local port forwarded over
+    /// the connection (to the host's loopback, or the address the server binds), or the address
+    /// itself on `local`.
+    async fn forward(&self, address: &str, port: u16) -> Result<(String, u16), RemoteError>;
+
+    /// Whether commands still reach the host: not once its SSH connection broke (the host
+    /// rebooted, the network was cut). `local` always does.
+    async fn connected(&self) -> bool;
+
+    /// Connects again after the connection broke, retrying with backoff until `within` has
+    /// passed: a rebooting host refuses connections until its sshd is back. Returns how long it
+    /// took; the error is the last attempt's. Port forwards are not carried over.
+    async fn reconnect(&self, within: Duration) -> Result<Duration, RemoteError>;
+
+    async fn close(self: Box<Self>);
+
+    /// GPU memory read without a command (NVML on `local`); `Ok(None)` when the host has no such
+    /// way, and `nvidia-smi` is asked instead.
+    async fn native_gpu_memory(&self) -> Result<Option<Vec<gpu::Gpu>>, RemoteError> {
+        Ok(None)
+    }
+
+    /// Runs a command and returns what it printed, whatever its exit status.
+    async fn run(&self, argv: &[&str]) -> Result<Output, RemoteError> {
+        self.run_with_input(argv, None).await
+    }
+
+    /// Runs a command with `input` on its standard input, within [`Limits::timeout_for`] it.
+    async fn run_with_input(
+        &self,
+        argv: &[&str],
+        input: Option<&[u8]>,
     ) -> Result<Output, RemoteError> {
-        let run = async {
-            match self {
-                Host::Ssh(h) => h.run(argv, input).await,
-                Host::Local => local::run(argv, input).await,
-            }
-        };
-        tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
-            Err(RemoteError::TimedOut {
-                host: self.name().to_string(),
-                command: command_name(argv),
-                after: limit,
-            })
-        })
+        self.run_within(argv, input, self.limits().timeout_for(argv))
+            .await
     }
 
     /// Runs a command that must succeed.
-    pub async fn run_ok(&self, argv: &[&str]) -> Result<String, RemoteError> {
+    async fn run_ok(&self, argv: &[&str]) -> Result<String, RemoteError> {
         let out = self.run(argv).await?;
         if out.status != 0 {
             return Err(RemoteError::Failed {
@@ -191,7 +218,7 @@ impl Host {
     }
 
     /// A file's text, or `None` when it does not exist.
-    pub async fn read_file(&self, path: &str) -> Result<Option<String>, RemoteError> {
+    async fn read_file(&self, path: &str) -> Result<Option<String>, RemoteError> {
         // `test -e` first, so a missing file is told apart from one that cannot be read.
         let out = self
             .run(&[
@@ -216,12 +243,7 @@ impl Host {
 
     /// Replaces a file atomically: the content goes to a temporary file beside it, which is then
     /// renamed over it, so the file is always either complete old or complete new.
-    pub async fn write_file(
-        &self,
-        path: &str,
-        content: &str,
-        mode: &str,
-    ) -> Result<(), RemoteError> {
+    async fn write_file(&self, path: &str, content: &str, mode: &str) -> Result<(), RemoteError> {
         // A host shutting down (a reboot mid-apply) kills the script with SIGTERM: it takes its
         // temporary file with it rather than leave it beside the unit.
         const SCRIPT: &str = "umask 077; t=\"$1.reconcile-tmp\"; trap 'rm -f \"$t\"; exit 1' HUP INT TERM; cat > \"$t\" && chmod \"$2\" \"$t\" && mv -f \"$t\" \"$1\" || { rm -f \"$t\"; exit 1; }";
@@ -241,59 +263,23 @@ impl Host {
         }
         Ok(())
     }
+}
 
-    pub async fn unit_state(&self, unit: &str) -> Result<UnitState, RemoteError> {
-        let out = self
-            .run_ok(&["systemctl", "show", "-p", SHOW_PROPERTIES, "--", unit])
-            .await?;
-        Ok(UnitState::from_show(&out))
-    }
-
-    /// The unit's file and systemd's state for it, read concurrently over the one connection.
-    pub async fn observe(&self, unit: &str) -> Result<Observed, RemoteError> {
-        let path = format!("{UNIT_DIR}/{unit}");
-        let (unit_text, state) = tokio::try_join!(self.read_file(&path), self.unit_state(unit))?;
-        Ok(Observed { unit_text, state })
-    }
-
-    /// Whether commands still reach the host: not once its SSH connection broke (the host
-    /// rebooted, the network was cut). `local` always does.
-    pub async fn connected(&self) -> bool {
-        match self {
-            Host::Ssh(h) => h.connected().await,
-            Host::Local => true,
-        }
-    }
-
-    /// Connects again after the connection broke, retrying with backoff until `within` has
-    /// passed: a rebooting host refuses connections until its sshd is back. Returns how long it
-    /// took; the error is the last attempt's. Port forwards are not carried over.
-    pub async fn reconnect(&self, within: Duration) -> Result<Duration, RemoteError> {
-        let started = std::time::Instant::now();
-        let mut wait = Duration::from_millis(500);
-        loop {
-            let attempt = match self {
-                Host::Ssh(h) => h.reconnect().await,
-                Host::Local => Ok(()),
-            };
-            match attempt {
-                Ok(()) => return Ok(started.elapsed()),
-                Err(e) if started.elapsed() >= within => return Err(e),
-                Err(e) => {
-                    tracing::debug!(host = %self.name(), error = %error_chain(&e), "reconnecting")
-                }
-            }
-            // The last attempt falls on the deadline, not a backoff step before it.
-            tokio::time::sleep(wait.min(within.saturating_sub(started.elapsed()))).await;
-            wait = (wait * 2).min(Duration::from_secs(5));
-        }
-    }
-
-    pub async fn close(self) {
-        if let Host::Ssh(h) = self {
-            h.close().await;
-        }
-    }
+/// `run`, given up on past `limit` as [`RemoteError::TimedOut`] naming the command: how every
+/// host gives up on a hung command.
+async fn within_limit(
+    host: &str,
+    argv: &[&str],
+    limit: Duration,
+    run: impl std::future::Future<Output = Result<Output, RemoteError>>,
+) -> Result<Output, RemoteError> {
+    tokio::time::timeout(limit, run).await.unwrap_or_else(|_| {
+        Err(RemoteError::TimedOut {
+            host: host.to_string(),
+            command: command_name(argv),
+            after: limit,
+        })
+    })
 }
 
 /// A command as a person names it: `nvidia-smi`, `systemctl show`, a script by its first word.
@@ -367,19 +353,20 @@ mod tests {
 
     #[test]
     fn systemd_jobs_get_longer_than_other_commands() {
+        let limits = Limits::default();
         assert_eq!(
-            timeout_for(&["systemctl", "restart", "--", "a.service"]),
+            limits.timeout_for(&["systemctl", "restart", "--", "a.service"]),
             SYSTEMD_JOB_TIMEOUT
         );
         assert_eq!(
-            timeout_for(&["systemctl", "disable", "--now", "--", "a"]),
+            limits.timeout_for(&["systemctl", "disable", "--now", "--", "a"]),
             SYSTEMD_JOB_TIMEOUT
         );
         assert_eq!(
-            timeout_for(&["systemctl", "show", "-p", "X"]),
+            limits.timeout_for(&["systemctl", "show", "-p", "X"]),
             COMMAND_TIMEOUT
         );
-        assert_eq!(timeout_for(&["nvidia-smi", "-L"]), COMMAND_TIMEOUT);
+        assert_eq!(limits.timeout_for(&["nvidia-smi", "-L"]), COMMAND_TIMEOUT);
         assert_eq!(command_name(&["nvidia-smi", "--query-gpu=x"]), "nvidia-smi");
         assert_eq!(command_name(&["systemctl", "show", "-p"]), "systemctl show");
         assert_eq!(
@@ -388,10 +375,20 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_longer_command_timeout_also_holds_for_systemd_jobs() {
+        let limits = Limits::with_command(Duration::from_secs(3600));
+        assert_eq!(
+            limits.timeout_for(&["systemctl", "stop", "--", "a"]),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(limits.timeout_for(&["true"]), Duration::from_secs(3600));
+    }
+
     #[tokio::test]
     async fn a_command_past_its_limit_is_a_hung_host() {
         let started = std::time::Instant::now();
-        let e = Host::Local
+        let e = Local::new(Limits::default())
             .run_within(&["sleep", "5"], None, Duration::from_millis(200))
             .await
             .unwrap_err();

@@ -2,11 +2,13 @@
 //! strictly, batch mode (never a prompt).
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use async_trait::async_trait;
 use openssh::{ForwardType, KnownHosts, Session, SessionBuilder, Socket, Stdio};
 use tokio::io::AsyncWriteExt;
 
-use super::{Output, RemoteError, SshOptions};
+use super::{error_chain, Host, Limits, Output, RemoteError, SshOptions};
 
 pub struct SshHost {
     name: String,
@@ -34,21 +36,12 @@ impl SshHost {
         })
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     fn session(&self) -> Arc<Session> {
         Arc::clone(&self.session.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Whether the connection still carries commands.
-    pub async fn connected(&self) -> bool {
-        self.session().check().await.is_ok()
-    }
-
     /// Opens a new connection in place of the current one (port forwards do not carry over).
-    pub async fn reconnect(&self) -> Result<(), RemoteError> {
+    async fn reopen(&self) -> Result<(), RemoteError> {
         let session = Arc::new(open(&self.name, &self.options).await?);
         *self.session.lock().unwrap_or_else(|e| e.into_inner()) = session;
         Ok(())
@@ -111,8 +104,70 @@ async fn open(name: &str, options: &SshOptions) -> Result<Session, RemoteError> 
         })
 }
 
+#[async_trait]
+impl Host for SshHost {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn limits(&self) -> &Limits {
+        &self.options.limits
+    }
+
+    async fn run_within(
+        &self,
+        argv: &[&str],
+        input: Option<&[u8]>,
+        limit: Duration,
+    ) -> Result<Output, RemoteError> {
+        super::within_limit(&self.name, argv, limit, self.exec(argv, input)).await
+    }
+
+    /// Forwards a free local port to `address:port` as the host sees it (its loopback, or the
+    /// address the server binds); returns the local end.
+    async fn forward(&self, address: &str, port: u16) -> Result<(String, u16), RemoteError> {
+        self.forward_port(address, port)
+            .await
+            .map(|local| ("127.0.0.1".to_string(), local))
+    }
+
+    /// Whether the connection still carries commands.
+    async fn connected(&self) -> bool {
+        self.session().check().await.is_ok()
+    }
+
+    async fn reconnect(&self, within: Duration) -> Result<Duration, RemoteError> {
+        let started = std::time::Instant::now();
+        let mut wait = Duration::from_millis(500);
+        loop {
+            match self.reopen().await {
+                Ok(()) => return Ok(started.elapsed()),
+                Err(e) if started.elapsed() >= within => return Err(e),
+                Err(e) => {
+                    tracing::debug!(host = %self.name, error = %error_chain(&e), "reconnecting")
+                }
+            }
+            // The last attempt falls on the deadline, not a backoff step before it.
+            tokio::time::sleep(wait.min(within.saturating_sub(started.elapsed()))).await;
+            wait = (wait * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn close(self: Box<Self>) {
+        let session = self.session.into_inner().unwrap_or_else(|e| e.into_inner());
+        // Shared only while a command runs, and none runs once the host is closed.
+        let Ok(session) = Arc::try_unwrap(session) else {
+            return;
+        };
+        if let Err(e) = session.close().await {
+            tracing::debug!(host = %self.name, error = %e, "closing the ssh connection");
+        }
+    }
+}
+
 impl SshHost {
-    pub async fn run(&self, argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
+    /// Runs a command however long it takes; [`Host::run_within`] bounds it.
+    async fn exec(&self, argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError> {
         let transport = |source: Box<dyn std::error::Error + Send + Sync>| RemoteError::Transport {
             host: self.name.clone(),
             command: super::label(argv),
@@ -152,9 +207,8 @@ impl SshHost {
         })
     }
 
-    /// Forwards a free local port to `address:port` as the host sees it (its loopback, or the
-    /// address the server binds); returns the local port.
-    pub async fn forward(&self, address: &str, port: u16) -> Result<u16, RemoteError> {
+    /// Forwards a free local port to `address:port` as the host sees it; returns the local port.
+    async fn forward_port(&self, address: &str, port: u16) -> Result<u16, RemoteError> {
         let local = std::net::TcpListener::bind(("127.0.0.1", 0))
             .and_then(|l| l.local_addr())
             .map(|a| a.port())
@@ -176,17 +230,6 @@ impl SshHost {
                 source: Box::new(e),
             })?;
         Ok(local)
-    }
-
-    pub async fn close(self) {
-        let session = self.session.into_inner().unwrap_or_else(|e| e.into_inner());
-        // Shared only while a command runs, and none runs once the host is closed.
-        let Ok(session) = Arc::try_unwrap(session) else {
-            return;
-        };
-        if let Err(e) = session.close().await {
-            tracing::debug!(host = %self.name, error = %e, "closing the ssh connection");
-        }
     }
 }
 

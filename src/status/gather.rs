@@ -9,7 +9,7 @@ use futures::stream::{self, StreamExt};
 use super::{classify, split_nul, Facts, Running, Systemd, UnitStatus};
 use crate::apply::state::read_record;
 use crate::plan::UNIT_DIR;
-use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
 use crate::unit::parse_unit;
 use crate::verify::Expect;
@@ -38,7 +38,7 @@ pub async fn status_targets(
 }
 
 async fn status_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Vec<UnitStatus> {
-    let host = match Host::connect(&name, ssh).await {
+    let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => {
             let error = error_chain(&e);
@@ -47,7 +47,7 @@ async fn status_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Ve
     };
     let statuses = stream::iter(&targets)
         .map(|t| async {
-            match unit_status(&host, t).await {
+            match unit_status(&*host, t).await {
                 Ok(status) => status,
                 Err(e) => failed(t, error_chain(&e)),
             }
@@ -59,7 +59,7 @@ async fn status_host(name: String, targets: Vec<Target>, ssh: &SshOptions) -> Ve
     statuses
 }
 
-async fn unit_status(host: &Host, t: &Target) -> Result<UnitStatus, RemoteError> {
+async fn unit_status(host: &dyn Host, t: &Target) -> Result<UnitStatus, RemoteError> {
     let unit = &t.desired.unit;
     let path = format!("{UNIT_DIR}/{unit}");
     let (disk_text, record, systemd) = tokio::join!(
@@ -116,7 +116,7 @@ async fn unit_status(host: &Host, t: &Target) -> Result<UnitStatus, RemoteError>
     })
 }
 
-async fn systemd(host: &Host, unit: &str) -> Result<Systemd, RemoteError> {
+async fn systemd(host: &dyn Host, unit: &str) -> Result<Systemd, RemoteError> {
     let out = host
         .run_ok(&["systemctl", "show", "-p", SHOW, "--", unit])
         .await?;
@@ -136,7 +136,7 @@ async fn systemd(host: &Host, unit: &str) -> Result<Systemd, RemoteError> {
 }
 
 /// The main process's argv and environment; `None` when it exited meanwhile.
-async fn process(host: &Host, pid: u32) -> Result<Option<Running>, RemoteError> {
+async fn process(host: &dyn Host, pid: u32) -> Result<Option<Running>, RemoteError> {
     let (cmdline, environ) = (
         format!("/proc/{pid}/cmdline"),
         format!("/proc/{pid}/environ"),
@@ -159,7 +159,7 @@ async fn process(host: &Host, pid: u32) -> Result<Option<Running>, RemoteError> 
 }
 
 /// The model ids the server lists, or `None` when it does not answer in time.
-async fn models(host: &Host, unit_text: &str, url: Option<&str>) -> Option<Vec<String>> {
+async fn models(host: &dyn Host, unit_text: &str, url: Option<&str>) -> Option<Vec<String>> {
     let endpoint = Expect::from_unit(&parse_unit(unit_text)).endpoint;
     let ask = async {
         let server = host.server(&endpoint, url).await.ok()?;

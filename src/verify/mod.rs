@@ -30,8 +30,10 @@ pub use progress::Progress;
 use crate::manifest::VerifySpec;
 use crate::observed::UnitState;
 use crate::plan::flags;
+use crate::probe::liveness::ReadLiveness;
 use crate::remote::{error_chain, Endpoint, GpuReading, Health, Host, RemoteError, Server};
 use crate::sglang::human_readable_int_value;
+use crate::systemd::Systemd;
 use crate::unit::UnitModel;
 
 /// How often systemd is asked: well under a second, so a crash is reported moments after it
@@ -198,7 +200,7 @@ impl Drop for AbortOnDrop {
 
 /// Verifies a unit systemd has just (re)started. `cancel` turning true (Ctrl-C) fails it.
 pub async fn verify(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
     spec: &VerifySpec,
     expect: &Expect,
@@ -379,7 +381,7 @@ enum Meanwhile<T> {
 /// while the unit is healthy. Its first look comes a poll interval in, so a quick step never
 /// pays for one.
 async fn crash_meanwhile(
-    host: &Host,
+    host: &dyn Host,
     unit: &str,
     first: &UnitState,
 ) -> Result<String, RemoteError> {
@@ -475,7 +477,7 @@ impl Run<'_> {
     /// Memory, GPU memory and the other signs of life, read concurrently.
     async fn sample(
         &mut self,
-        host: &Host,
+        host: &dyn Host,
         unit: &str,
         first: &UnitState,
         state: &UnitState,
@@ -605,7 +607,7 @@ impl Run<'_> {
     #[allow(clippy::too_many_arguments)]
     async fn finish(
         &mut self,
-        host: &Host,
+        host: &dyn Host,
         unit: &str,
         first: &UnitState,
         state: &UnitState,

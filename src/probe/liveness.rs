@@ -3,9 +3,10 @@
 //! phases with flat memory (CUDA graph capture, DeepGEMM's JIT pre-compilation, "typically 10-20
 //! mins"), so memory alone cannot tell a busy server from a stuck one.
 
+use async_trait::async_trait;
 use serde::Serialize;
 
-use super::{Host, RemoteError};
+use crate::remote::{Host, RemoteError};
 
 /// Read in one round over the connection. cgroup v2 first (`/sys/fs/cgroup/<cg>`), then the
 /// hybrid layout systemd 252 uses on cgroup v1 hosts (`memory/`, `unified/`).
@@ -81,11 +82,24 @@ impl Liveness {
     }
 }
 
-impl Host {
+/// A server's signs of life on a host; import it to call `host.liveness(..)` on any [`Host`].
+#[async_trait]
+pub trait ReadLiveness {
     /// Reads the unit's signs of life and whether its `port` is open; `cursor` continues the
     /// journal where the last reading ended (the first reading counts the whole invocation's
     /// lines).
-    pub async fn liveness(
+    async fn liveness(
+        &self,
+        unit: &str,
+        invocation: &str,
+        cursor: Option<&str>,
+        port: u16,
+    ) -> Result<Liveness, RemoteError>;
+}
+
+#[async_trait]
+impl<H: Host + ?Sized> ReadLiveness for H {
+    async fn liveness(
         &self,
         unit: &str,
         invocation: &str,
@@ -144,5 +158,38 @@ mod tests {
         assert_eq!(l.listening, None);
         assert_eq!(l.cursor, None);
         assert_eq!(Liveness::parse("garbage\n\0=\n"), Liveness::default());
+    }
+}
+
+#[cfg(test)]
+mod reading_tests {
+    use super::*;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    #[tokio::test]
+    async fn a_hung_reading_is_named_for_what_it_reads() {
+        let host = FakeHost::new("gpu-a").on(&["sh", "-c", SCRIPT], Reply::Hang);
+        let e = host
+            .liveness("a.service", "inv", None, 30000)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`the liveness reading (systemctl show, cgroup files, ss, journalctl)` on gpu-a did not answer in 30s"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_cursor_carries_over_when_the_journal_has_nothing_new() {
+        let host = FakeHost::new("gpu-a").on(&["sh", "-c", SCRIPT], Reply::ok("journal_lines=0\n"));
+        let l = host
+            .liveness("a.service", "inv", Some("s=1"), 30000)
+            .await
+            .unwrap();
+        assert_eq!(l.cursor.as_deref(), Some("s=1"));
+        assert_eq!(
+            host.commands()[0][3..],
+            ["sh", "a.service", "s=1", "inv", "30000"].map(String::from)
+        );
     }
 }

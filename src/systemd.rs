@@ -1,0 +1,71 @@
+//! What is asked of systemd on a host, over the edge's primitives: a unit's state
+//! (`systemctl show`) and, with its unit file, what the host has of a unit. Kept out of
+//! `remote`, which only runs commands and moves files, so the edge knows nothing of systemd.
+
+use async_trait::async_trait;
+
+use crate::observed::{Observed, UnitState, SHOW_PROPERTIES};
+use crate::plan::UNIT_DIR;
+use crate::remote::{Host, RemoteError};
+
+/// systemd on a host; import it to call `host.unit_state(unit)` on any [`Host`].
+#[async_trait]
+pub trait Systemd {
+    async fn unit_state(&self, unit: &str) -> Result<UnitState, RemoteError>;
+
+    /// The unit's file and systemd's state for it, read concurrently over the one connection.
+    async fn observe(&self, unit: &str) -> Result<Observed, RemoteError>;
+}
+
+#[async_trait]
+impl<H: Host + ?Sized> Systemd for H {
+    async fn unit_state(&self, unit: &str) -> Result<UnitState, RemoteError> {
+        let out = self
+            .run_ok(&["systemctl", "show", "-p", SHOW_PROPERTIES, "--", unit])
+            .await?;
+        Ok(UnitState::from_show(&out))
+    }
+
+    async fn observe(&self, unit: &str) -> Result<Observed, RemoteError> {
+        let path = format!("{UNIT_DIR}/{unit}");
+        let (unit_text, state) = tokio::try_join!(self.read_file(&path), self.unit_state(unit))?;
+        Ok(Observed { unit_text, state })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    #[tokio::test]
+    async fn observing_reads_the_unit_file_and_asks_systemd() {
+        let fake = FakeHost::new("gpu-a")
+            .with_file("/etc/systemd/system/a.service", "[Service]\n")
+            .on(
+                &[
+                    "systemctl",
+                    "show",
+                    "-p",
+                    SHOW_PROPERTIES,
+                    "--",
+                    "a.service",
+                ],
+                Reply::ok("LoadState=loaded\nActiveState=active\nInvocationID=abc\n"),
+            );
+        let host: &dyn Host = &fake;
+        let observed = host.observe("a.service").await.unwrap();
+        assert_eq!(observed.unit_text.as_deref(), Some("[Service]\n"));
+        assert_eq!(observed.state.active_state, "active");
+        assert_eq!(observed.state.invocation_id, "abc");
+        assert_eq!(fake.commands().len(), 1);
+        let missing = host.observe("b.service").await.unwrap_err();
+        assert_eq!(
+            missing.to_string(),
+            "gpu-a: `systemctl show -p ".to_string()
+                + SHOW_PROPERTIES
+                + " -- b.service` exited with 127: fake: no answer scripted for `systemctl show -p "
+                + SHOW_PROPERTIES + " -- b.service`"
+        );
+    }
+}
