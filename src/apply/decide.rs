@@ -315,3 +315,353 @@ pub fn rolled_back_with_rollout(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::testing::{observed, target};
+    use crate::preflight::{Finding, Severity};
+    use crate::verify::{Failure, Stage};
+
+    fn record_error() -> state::RecordError {
+        state::RecordError {
+            host: "gpu-a".into(),
+            path: "/var/lib/reconcile/s.service/current.json".into(),
+            problem: state::RecordProblem::Unparsable("EOF".into()),
+        }
+    }
+
+    #[test]
+    fn a_changed_unit_is_installed_against_what_the_host_has() {
+        let running = observed(Some("old"), "activating");
+        assert_eq!(
+            start(Verdict::Restart, &running, None),
+            Start::Install(Install {
+                verdict: Verdict::Restart,
+                previous: Previous::Observed,
+                was_running: true,
+                note: None,
+            })
+        );
+        let Start::Install(i) = start(Verdict::Install, &observed(None, "inactive"), None) else {
+            panic!("installs");
+        };
+        assert_eq!((i.verdict, i.was_running), (Verdict::Install, false));
+    }
+
+    #[test]
+    fn no_change_is_unchanged_unless_the_last_apply_did_not_finish() {
+        let o = observed(Some("u"), "failed");
+        assert_eq!(
+            start(Verdict::NoChange, &o, Some(Ok(false))),
+            Start::Unchanged
+        );
+        assert_eq!(
+            start(Verdict::NoChange, &o, Some(Ok(true))),
+            Start::Install(Install {
+                verdict: Verdict::Restart,
+                previous: Previous::NewestGeneration,
+                was_running: true,
+                note: Some("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into()),
+            })
+        );
+        let Start::Refuse(e) = start(Verdict::NoChange, &o, Some(Err(record_error()))) else {
+            panic!("refused");
+        };
+        assert_eq!(e.kind(), ApplyErrorKind::RecordUnreadable);
+        assert_eq!(e.to_string(), "nothing was changed: the deployment record /var/lib/reconcile/s.service/current.json on gpu-a does not parse: EOF");
+    }
+
+    #[test]
+    fn a_plan_file_unit_is_stale_when_the_host_changed() {
+        let mut t = target();
+        t.expected = Some(plan_file::PlannedState {
+            desired_sha256: state::sha256(&t.desired.text),
+            current_sha256: Some(state::sha256("old")),
+            sglang_version: None,
+        });
+        assert_eq!(stale_plan(&t, &observed(Some("old"), "active")), None);
+        let e = stale_plan(&t, &observed(None, "inactive")).expect("stale");
+        assert_eq!(e.kind(), ApplyErrorKind::PlanStale);
+        assert!(
+            e.to_string().starts_with(
+                "nothing was changed: stale plan: the unit on gpu-a changed since the plan ("
+            ),
+            "{e}"
+        );
+        t.expected = None;
+        assert_eq!(stale_plan(&t, &observed(None, "inactive")), None);
+    }
+
+    fn finding(severity: Severity, check: &'static str, message: &str) -> Finding {
+        Finding {
+            severity,
+            check,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn errors_block_and_warnings_are_notes_except_manifest_checks_when_restoring() {
+        let findings = || {
+            vec![
+                finding(Severity::Error, "port", "port 30000 is taken"),
+                finding(Severity::Error, "sglang-version", "0.5.1 installed"),
+                finding(Severity::Warning, "gpus", "no nvidia-smi"),
+            ]
+        };
+        let (notes, refusal) = preflight(findings(), None);
+        assert_eq!(notes, ["preflight: no nvidia-smi"]);
+        assert_eq!(
+            refusal.unwrap().to_string(),
+            "preflight failed, nothing was changed: port 30000 is taken; 0.5.1 installed"
+        );
+        let (notes, refusal) = preflight(findings(), Some(3));
+        assert_eq!(
+            notes,
+            ["preflight: 0.5.1 installed", "preflight: no nvidia-smi"]
+        );
+        assert_eq!(
+            refusal.unwrap(),
+            ApplyError::PreflightFailed(vec!["port 30000 is taken".into()])
+        );
+        assert!(!blocks(&finding(Severity::Error, "flags", "x"), Some(1)));
+        assert!(blocks(&finding(Severity::Error, "flags", "x"), None));
+        assert_eq!(preflight(Vec::new(), None), (Vec::new(), None));
+    }
+
+    #[test]
+    fn a_failed_install_says_what_was_put_back() {
+        let e = ApplyError::InstallFailed("disk full".into());
+        let end = install_failed(&e, Ok(false));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::Error,
+                "installing failed: disk full; nothing changed on the host",
+                Some(ApplyErrorKind::InstallFailed)
+            )
+        );
+        assert_eq!(
+            install_failed(&e, Ok(true)).detail,
+            "installing failed: disk full; the previous unit is back in place (the server was not restarted)"
+        );
+        let end = install_failed(&e, Err("gone".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "installing failed: disk full; putting the previous unit back failed too: gone",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+    }
+
+    #[test]
+    fn reload_only_and_a_cancel_before_the_restart() {
+        assert_eq!(
+            reloaded(),
+            Ending {
+                outcome: Outcome::Reloaded,
+                detail: "unit replaced and daemon-reloaded; the server kept running".into(),
+                error: None
+            }
+        );
+        let i = "interrupted (SIGINT)";
+        for put_back in [Ok(true), Ok(false)] {
+            let end = cancelled_before_restart(i, put_back);
+            assert_eq!(
+                (end.outcome, end.detail.as_str(), end.error),
+                (
+                    Outcome::NotStarted,
+                    "not started: interrupted (SIGINT) before the restart; the previous unit is back in place and the server was not restarted",
+                    Some(ApplyErrorKind::Interrupted)
+                )
+            );
+        }
+        let end = cancelled_before_restart(i, Err("gone".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (
+                Outcome::RollbackFailed,
+                "not started: interrupted (SIGINT) before the restart; putting the previous unit back failed: gone"
+            )
+        );
+    }
+
+    fn verification(load: Option<f64>) -> Verification {
+        let stage = |name| Stage {
+            name,
+            passed: true,
+            seconds: 1.0,
+            at_unix: 0.0,
+            detail: String::new(),
+        };
+        Verification {
+            stages: vec![stage("health"), stage("smoke")],
+            load_seconds: load,
+            ..Verification::default()
+        }
+    }
+
+    #[test]
+    fn a_verified_restart_sums_up_its_stages() {
+        let end = converged(&verification(Some(12.34)));
+        assert_eq!(end.outcome, Outcome::Converged);
+        assert_eq!(end.error, None);
+        assert!(
+            end.detail.starts_with(
+                "restarted and verified: ready after 12.3s (health, smoke passed) memory "
+            ),
+            "{}",
+            end.detail
+        );
+        assert!(converged(&verification(None))
+            .detail
+            .starts_with("restarted and verified:  (health, smoke passed) memory "));
+    }
+
+    #[test]
+    fn each_rollback_result_has_its_detail() {
+        let f = "health failed: 503";
+        let cause = ApplyErrorKind::VerificationFailed;
+        let back = |r: Result<Restored, NotRestored>| rolled_back(f, cause, &r);
+        let end = back(Ok(Restored::Verified(verification(Some(3.0)))));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RolledBack,
+                "health failed: 503; the previous unit was restored and passed verification (ready after 3.0s)",
+                Some(cause)
+            )
+        );
+        assert_eq!(
+            back(Ok(Restored::Verified(verification(None)))).detail,
+            "health failed: 503; the previous unit was restored and passed verification"
+        );
+        assert_eq!(
+            back(Ok(Restored::Removed)).detail,
+            "health failed: 503; the new unit was stopped, disabled and removed"
+        );
+        assert_eq!(
+            back(Ok(Restored::LeftStopped)).detail,
+            "health failed: 503; the previous unit was restored and left stopped, as it was"
+        );
+        let end = back(Err(NotRestored::Restore("write failed".into())));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "health failed: 503; rollback failed: write failed",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+        let failure = Failure {
+            stage: "smoke",
+            reason: "timed out".into(),
+            verification: Verification::default(),
+        };
+        assert_eq!(
+            back(Err(NotRestored::Verify(failure))).detail,
+            "health failed: 503; the restored previous unit failed too: smoke: timed out"
+        );
+        assert_eq!(
+            format!("restart failed: x{SHUTTING_DOWN}{}", reconnected(4.25)),
+            "restart failed: x; the host was shutting down; the connection to the host was lost, reconnected after 4.2s"
+        );
+    }
+
+    #[test]
+    fn a_lost_host_says_what_it_left_behind() {
+        let dir = "/var/lib/reconcile/s.service";
+        let lock = format!("the lock {dir}/lock stays (an apply from this machine breaks it; from elsewhere, use --break-stale-lock)");
+        assert_eq!(
+            left_behind("s.service", true, None, false),
+            format!("the new unit is installed; it was new; the next apply will finish it or remove it; {lock}")
+        );
+        assert_eq!(
+            left_behind("s.service", false, Some("/g/1.service"), true),
+            format!("the new unit is installed, or the previous one if the rollback got that far; the previous is kept as generation /g/1.service; the next apply will finish or roll back; {lock}")
+        );
+        assert_eq!(
+            left_behind("s.service", false, None, false),
+            format!("the new unit is installed; the previous is kept as the newest generation in {dir}/generations; the next apply will finish or roll back; {lock}")
+        );
+        let end = host_lost("health failed: 503", 90, "cannot connect to gpu-a", "LEFT");
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "host needs attention: health failed: 503; the connection to the host was lost and it did not come back within 90s (cannot connect to gpu-a); LEFT",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+    }
+
+    #[test]
+    fn rollback_all_details() {
+        let why = "the canary failed, so the rollout stopped";
+        let done = |r: Restored| rolled_back_with_rollout("restarted and verified: x", why, Ok(&r));
+        let end = done(Restored::Verified(Verification::default()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RolledBack,
+                "restarted and verified: x; the canary failed, so the rollout stopped, and --rollback-all restored the previous unit, which passed verification",
+                Some(ApplyErrorKind::RolloutStopped)
+            )
+        );
+        assert!(done(Restored::Removed)
+            .detail
+            .ends_with("--rollback-all removed the new unit"));
+        assert!(done(Restored::Reloaded)
+            .detail
+            .ends_with("--rollback-all restored the previous unit (daemon-reload only)"));
+        let end = rolled_back_with_rollout("d", why, Err("locked".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "d; the canary failed, so the rollout stopped, and --rollback-all failed: locked",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+        let failure = Failure {
+            stage: "health",
+            reason: "503".into(),
+            verification: Verification::default(),
+        };
+        assert_eq!(
+            not_restored(&NotRestored::Verify(failure)),
+            "the restored unit failed health: 503"
+        );
+        assert_eq!(not_restored(&NotRestored::Restore("e".into())), "e");
+    }
+
+    #[test]
+    fn refusals_are_errors_and_interruptions_not_started() {
+        let end = Ending::refused(&ApplyError::Unreachable("cannot connect to gpu-a".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::Error,
+                "cannot connect to gpu-a",
+                Some(ApplyErrorKind::Unreachable)
+            )
+        );
+        let end = Ending::refused(&ApplyError::InterruptedBeforeHost);
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::NotStarted,
+                "interrupted before this host's turn",
+                Some(ApplyErrorKind::Interrupted)
+            )
+        );
+        let end = Ending::refused(&ApplyError::NotStarted("the canary failed".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (Outcome::NotStarted, "not started: the canary failed")
+        );
+    }
+}

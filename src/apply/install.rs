@@ -323,3 +323,262 @@ async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
     ];
     Some(host.run(&argv).await.ok()?.stdout)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant as StdInstant;
+
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::apply::error::ApplyErrorKind;
+    use crate::apply::testing::{observed, options, target};
+    use crate::apply::verifier::fake::Scripted;
+    use crate::apply::{Outcome, Report};
+    use crate::remote::fake::{FakeHost, Reply};
+
+    const PATH: &str = "/etc/systemd/system/s.service";
+
+    /// A host where every command succeeds, and systemd reports a running invocation `inv-1`.
+    fn host(unit: Option<&str>) -> FakeHost {
+        let fake = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .on(
+                &["systemctl", "show"],
+                Reply::ok("InvocationID=inv-1\nActiveState=active\n"),
+            )
+            .on(&["systemctl", "is-system-running"], Reply::ok("running\n"));
+        match unit {
+            Some(text) => fake.with_file(PATH, text),
+            None => fake,
+        }
+    }
+
+    fn passed() -> Result<Verification, Failure> {
+        Ok(Verification {
+            load_seconds: Some(2.0),
+            ..Verification::default()
+        })
+    }
+
+    fn failed(stage: &'static str) -> Result<Verification, Failure> {
+        Err(Failure {
+            stage,
+            reason: "503".into(),
+            verification: Verification::default(),
+        })
+    }
+
+    /// Installs `s.service` over what `host` has (`before`, `active_state`), as `verdict` says.
+    async fn install_on(
+        host: &FakeHost,
+        verifier: &Scripted,
+        before: &Observed,
+        verdict: Verdict,
+        cancel: bool,
+    ) -> (Ending, UnitReport) {
+        let t = target();
+        let (_tx, rx) = watch::channel(cancel);
+        let options = options(rx);
+        let job = Job {
+            host,
+            t: &t,
+            options: &options,
+            verifier,
+        };
+        let mut report = Report::new(&t, StdInstant::now()).report;
+        let fallback = Fallback {
+            previous: before.unit_text.clone(),
+            was_running: before.state.active_state == "active",
+            kept: None,
+        };
+        let ending = install(&job, before, verdict, fallback, &mut report).await;
+        (ending, report)
+    }
+
+    fn ran(host: &FakeHost, argv: &[&str]) -> bool {
+        host.commands().iter().any(|c| c == argv)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_verified_restart_converges_and_is_recorded() {
+        let host = host(Some("old"));
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
+        assert_eq!(end.error, None);
+        assert_eq!(host.file(PATH), Some(target().desired.text));
+        assert!(ran(&host, &["systemctl", "restart", "--", "s.service"]));
+        assert!(!ran(&host, &["systemctl", "enable", "--", "s.service"]));
+        assert!(host
+            .file("/var/lib/reconcile/s.service/current.json")
+            .is_some_and(|r| r.contains(r#""outcome":"converged""#)));
+        assert!(report.verification.is_some() && report.journal.is_none());
+        assert_eq!(*verifier.asked.lock().unwrap(), ["gpu-a s.service"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_stage_restores_restarts_and_verifies_the_previous_unit() {
+        let host = host(Some("old"));
+        let verifier = Scripted::new(vec![failed("health"), passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RolledBack,
+                "health failed: 503; the previous unit was restored and passed verification (ready after 2.0s)",
+                Some(ApplyErrorKind::VerificationFailed)
+            )
+        );
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert_eq!(report.failed_stage.as_deref(), Some("health"));
+        assert!(report.rollback.is_some() && report.journal.is_some());
+        assert!(host
+            .commands()
+            .iter()
+            .any(|c| c[0] == "journalctl" && c[1] == "_SYSTEMD_INVOCATION_ID=inv-1"));
+        assert_eq!(
+            *verifier.asked.lock().unwrap(),
+            ["gpu-a s.service", "gpu-a s.service (rollback)"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_unit_that_fails_is_removed_and_a_failing_restore_says_so() {
+        let host = host(None);
+        let verifier = Scripted::new(vec![failed("smoke")]);
+        let before = observed(None, "inactive");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Install, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (
+                Outcome::RolledBack,
+                "smoke failed: 503; the new unit was stopped, disabled and removed"
+            )
+        );
+        assert!(ran(&host, &["systemctl", "enable", "--", "s.service"]));
+        assert!(ran(
+            &host,
+            &["systemctl", "disable", "--now", "--", "s.service"]
+        ));
+        assert!(ran(&host, &["rm", "-f", "--", PATH]));
+
+        // The restored unit fails its own verification: the host needs attention.
+        let host = self::host(Some("old"));
+        let verifier = Scripted::new(vec![failed("health"), failed("smoke")]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "health failed: 503; the restored previous unit failed too: smoke: 503",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+        assert!(report.rollback.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_install_puts_the_file_back_without_a_restart() {
+        let host = host(Some("old")).once(
+            &["systemctl", "daemon-reload"],
+            Reply::exit(1, "", "no bus"),
+        );
+        let verifier = Scripted::new(Vec::new());
+        let before = observed(Some("old"), "active");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::Error);
+        assert_eq!(end.error, Some(ApplyErrorKind::InstallFailed));
+        assert!(
+            end.detail.starts_with("installing failed: ")
+                && end.detail.ends_with(
+                    "no bus; the previous unit is back in place (the server was not restarted)"
+                ),
+            "{}",
+            end.detail
+        );
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert!(!ran(&host, &["systemctl", "restart", "--", "s.service"]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reload_only_keeps_the_server_and_a_cancel_stops_before_the_restart() {
+        let host = host(Some("old"));
+        let verifier = Scripted::new(Vec::new());
+        let before = observed(Some("old"), "active");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::ReloadOnly, false).await;
+        assert_eq!(end, decide::reloaded());
+        assert!(!ran(&host, &["systemctl", "restart", "--", "s.service"]));
+        assert!(host
+            .file("/var/lib/reconcile/s.service/current.json")
+            .is_some_and(|r| r.contains(r#""outcome":"reloaded""#)));
+
+        let host = self::host(Some("old"));
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, true).await;
+        assert_eq!(end.outcome, Outcome::NotStarted);
+        assert_eq!(end.error, Some(ApplyErrorKind::Interrupted));
+        assert!(end.detail.ends_with(
+            "before the restart; the previous unit is back in place and the server was not restarted"
+        ));
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert!(!ran(&host, &["systemctl", "restart", "--", "s.service"]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_that_breaks_the_connection_reconnects_and_rolls_back() {
+        let host = host(Some("old")).once(&["systemctl", "restart"], Reply::Disconnect);
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
+        assert_eq!(end.error, Some(ApplyErrorKind::RestartFailed));
+        assert!(end.detail.starts_with("restart failed: "), "{}", end.detail);
+        assert!(
+            end.detail.contains("; the connection to the host was lost, reconnected after 0.0s; the previous unit was restored and passed verification"),
+            "{}",
+            end.detail
+        );
+        assert_eq!(report.failed_stage.as_deref(), Some("restart"));
+        // No invocation started, so there is no journal to read.
+        assert!(report.journal.is_none());
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rollback_that_fails_while_the_host_shuts_down_starts_over() {
+        let running = Reply::ok("running\n");
+        let stopping = Reply::ok("stopping\n");
+        let host = host(Some("old"))
+            // The new unit's restart, then the rollback's first restart, which fails.
+            .once(&["systemctl", "restart"], Reply::ok(""))
+            .once(
+                &["systemctl", "restart"],
+                Reply::exit(1, "", "shutting down"),
+            )
+            .once(&["systemctl", "is-system-running"], running)
+            .once(&["systemctl", "is-system-running"], stopping.clone())
+            .once(&["systemctl", "is-system-running"], stopping);
+        let verifier = Scripted::new(vec![failed("health"), passed()]);
+        let before = observed(Some("old"), "active");
+        let started = Instant::now();
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (
+                Outcome::RolledBack,
+                "health failed: 503; the host was shutting down; the previous unit was restored and passed verification (ready after 2.0s)"
+            )
+        );
+        // It waited (on the paused clock) for the shutdown to pass before trying again.
+        assert!(started.elapsed() >= POLL_INTERVAL);
+        let restarts = host
+            .commands()
+            .iter()
+            .filter(|c| c[..] == ["systemctl", "restart", "--", "s.service"])
+            .count();
+        assert_eq!(restarts, 3);
+    }
+}

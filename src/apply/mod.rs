@@ -19,6 +19,8 @@ mod restore;
 mod rollout;
 mod schedule;
 pub(crate) mod state;
+#[cfg(test)]
+mod testing;
 mod verifier;
 
 use std::time::Instant;
@@ -466,4 +468,55 @@ async fn unfinished(
     };
     let record = state::read_record(host, &t.desired.unit).await?;
     Ok(record.is_none_or(|r| r.unit_sha256 != state::sha256(text)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{options, target};
+    use super::*;
+    use crate::remote::fake::FakeHost;
+
+    #[tokio::test]
+    async fn once_cancelled_no_unit_starts_and_the_host_is_not_touched() {
+        let (_tx, rx) = watch::channel(true);
+        let host = FakeHost::new("gpu-a");
+        let reports = apply_units(
+            &host,
+            &[target(), target()],
+            &options(rx),
+            "the agent is stopping",
+        )
+        .await;
+        assert_eq!(reports.len(), 2);
+        for r in &reports {
+            assert_eq!(
+                (r.outcome, r.detail.as_str(), r.error),
+                (
+                    Outcome::NotStarted,
+                    "not started: the agent is stopping",
+                    Some(ApplyErrorKind::Interrupted)
+                )
+            );
+        }
+        assert!(host.commands().is_empty());
+    }
+
+    #[test]
+    fn the_error_kind_is_only_in_the_json_of_failed_units() {
+        let ok = refused(
+            "gpu-a",
+            "s.service",
+            "m.yaml",
+            Outcome::Unchanged,
+            "fine".into(),
+        );
+        let json = serde_json::to_string(&ok).unwrap();
+        assert!(!json.contains("\"error\""), "{json}");
+        let e = ApplyError::Unreachable("cannot connect to gpu-a".into());
+        let failed = refused_for("gpu-a", "s.service", "m.yaml", &e);
+        let json = serde_json::to_value(&failed).unwrap();
+        assert_eq!(json["error"], "unreachable");
+        assert_eq!(json["outcome"], "error");
+        assert_eq!(json["detail"], "cannot connect to gpu-a");
+    }
 }

@@ -141,3 +141,89 @@ pub async fn restore_and_verify(
         .map(Restored::Verified)
         .map_err(NotRestored::Verify)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::verifier::fake::Scripted;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    const PATH: &str = "/etc/systemd/system/s.service";
+
+    async fn run(
+        host: &FakeHost,
+        previous: Option<&str>,
+        then: Then,
+    ) -> Result<Restored, NotRestored> {
+        let spec = VerifySpec::default();
+        let restore = Restore {
+            host,
+            unit: "s.service",
+            previous,
+            then,
+            spec: &spec,
+            label: "gpu-a s.service (rollback)".into(),
+        };
+        restore_and_verify(restore, &Scripted::new(Vec::new())).await
+    }
+
+    fn ran(host: &FakeHost, argv: &[&str]) -> bool {
+        host.commands().iter().any(|c| c == argv)
+    }
+
+    #[tokio::test]
+    async fn only_a_restarted_unit_is_verified() {
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
+        let stopped = run(&host, Some("old"), Then::Stop).await;
+        assert!(matches!(stopped, Ok(Restored::LeftStopped)), "{stopped:?}");
+        assert!(ran(&host, &["systemctl", "stop", "--", "s.service"]));
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
+        let reloaded = run(&host, Some("old"), Then::Reload).await;
+        assert!(matches!(reloaded, Ok(Restored::Reloaded)), "{reloaded:?}");
+        assert_eq!(
+            host.commands(),
+            [vec!["systemctl".to_string(), "daemon-reload".to_string()]]
+        );
+
+        // A new unit is removed, whatever was asked after.
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
+        let removed = run(&host, None, Then::Restart).await;
+        assert!(matches!(removed, Ok(Restored::Removed)), "{removed:?}");
+        assert!(ran(
+            &host,
+            &["systemctl", "disable", "--now", "--", "s.service"]
+        ));
+        assert!(ran(
+            &host,
+            &["systemctl", "reset-failed", "--", "s.service"]
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_restore_that_fails_is_not_verified() {
+        let host = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .on(&["systemctl", "restart"], Reply::exit(1, "", "failed"));
+        let failed = run(&host, Some("old"), Then::Restart).await;
+        assert!(
+            matches!(&failed, Err(NotRestored::Restore(e)) if e.ends_with("failed")),
+            "{failed:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn putting_the_file_back_does_nothing_when_it_is_already_there() {
+        let host = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .with_file(PATH, "old");
+        assert!(!put_back_file(&host, "s.service", Some("old"))
+            .await
+            .unwrap());
+        assert!(host.commands().is_empty());
+        assert!(put_back_file(&host, "s.service", None).await.unwrap());
+        assert!(ran(&host, &["rm", "-f", "--", PATH]));
+        assert!(ran(&host, &["systemctl", "daemon-reload"]));
+    }
+}
