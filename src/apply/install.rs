@@ -26,6 +26,25 @@ pub struct Fallback {
     pub kept: Option<String>,
 }
 
+impl Fallback {
+    /// The rollback's restore: the previous unit back, and running again only if it ran.
+    fn restore<'a>(&'a self, job: &Job<'a>) -> Restore<'a> {
+        let t = job.t;
+        Restore {
+            host: job.host,
+            unit: &t.desired.unit,
+            previous: self.previous.as_deref(),
+            then: if self.was_running {
+                Then::Restart
+            } else {
+                Then::Stop
+            },
+            spec: &t.verify,
+            label: format!("{} {} (rollback)", t.host, t.desired.unit),
+        }
+    }
+}
+
 /// How long to wait, beyond the crash window, for a host whose connection broke mid-apply to
 /// take connections again: long enough for a server to reboot.
 const RECONNECT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -193,19 +212,7 @@ async fn roll_back(
             }
         }
         tried = true;
-        let restore = Restore {
-            host,
-            unit,
-            previous: fallback.previous.as_deref(),
-            then: if fallback.was_running {
-                Then::Restart
-            } else {
-                Then::Stop
-            },
-            spec: &t.verify,
-            label: format!("{} {unit} (rollback)", t.host),
-        };
-        let result = restore_and_verify(restore, job.verifier).await;
+        let result = restore_and_verify(fallback.restore(job), job.verifier).await;
         let ending = decide::rolled_back(&text, cause, &result);
         match result {
             Ok(Restored::Verified(v)) => report.rollback = Some(v),

@@ -30,7 +30,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 pub use error::{ApplyError, ApplyErrorKind};
-pub use rollout::Rollout;
+pub use schedule::Rollout;
 pub use state::{LockPolicy, Owner};
 
 use crate::observed::Observed;

@@ -16,18 +16,6 @@ use crate::manifest::VerifySpec;
 use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::{by_host, Target};
 
-#[derive(Debug, Clone, Copy)]
-pub struct Rollout {
-    /// Hosts that go first, alone, and must all pass.
-    pub canary: usize,
-    /// Hosts applied at once after the canary.
-    pub max_parallel: usize,
-    /// Failed hosts, across the whole rollout, after which no new host starts.
-    pub max_failures: usize,
-    /// When the rollout stops, roll back the hosts it already converged.
-    pub rollback_all: bool,
-}
-
 /// Hosts looked at at once before the rollout starts.
 const SURVEY_AT_ONCE: usize = 32;
 

@@ -8,7 +8,18 @@
 //! seen `max_failures` (at least 1) failed hosts, or the canary failed, no new turn starts: the
 //! rest are skipped. An unreachable host takes its turn like any other (and fails at it).
 
-use super::Rollout;
+/// How the rollout goes: the policy the schedule follows.
+#[derive(Debug, Clone, Copy)]
+pub struct Rollout {
+    /// Hosts that go first, alone, and must all pass.
+    pub canary: usize,
+    /// Hosts applied at once after the canary.
+    pub max_parallel: usize,
+    /// Failed hosts, across the whole rollout, after which no new host starts.
+    pub max_failures: usize,
+    /// When the rollout stops, roll back the hosts it already converged.
+    pub rollback_all: bool,
+}
 
 /// What the driver does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
