@@ -3,17 +3,17 @@
 //!
 //! Per unit: plan; nothing to do -> touch nothing. Otherwise run preflight (a unit whose host cannot
 //! run it is refused, untouched), take the unit's lock on the host, keep the current unit as a
-//! generation, write the new one atomically, daemon-reload, and restart only when the plan says so. A restarted server goes through staged verification (`verify`); when a
-//! stage fails, the previous unit is restored, restarted and verified the same way (a unit that
-//! was new is removed), and the report carries the failed invocation's journal.
-
+//! generation, write the new one atomically, daemon-reload, and restart only when the plan says
+//! so. A restarted server goes through staged verification (`verify`); when a stage fails, the
+//! previous unit is restored, restarted and verified the same way (a unit that was new is
+//! removed), and the report carries the failed invocation's journal.
 //!
 //! The layout: `decide` (what each fact means, and every detail text) and `schedule` (the
 //! rollout's order) are pure; `install`, `restore` and `rollout` do the remote calls they decide;
 //! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
 mod decide;
-pub mod error;
+mod error;
 mod install;
 mod restore;
 mod rollout;
