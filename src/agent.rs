@@ -220,24 +220,16 @@ fn targets_here(
         .collect())
 }
 
-/// Applies each unit on this machine in turn, through apply's own path.
+/// Applies each unit on this machine in turn, through apply's own path; none starts once the
+/// agent is stopping.
 async fn apply_here(targets: &[Target], options: &ApplyOptions, limits: Limits) -> Vec<UnitReport> {
-    let host = Local::new(limits);
-    let mut reports = Vec::new();
-    for t in targets {
-        if *options.cancel.borrow() {
-            reports.push(apply::refused(
-                &t.host,
-                &t.desired.unit,
-                &t.source,
-                Outcome::NotStarted,
-                "not started: the agent is stopping".into(),
-            ));
-            continue;
-        }
-        reports.push(apply::apply_one(&host, t, options).await);
-    }
-    reports
+    apply::apply_units(
+        &Local::new(limits),
+        targets,
+        options,
+        "the agent is stopping",
+    )
+    .await
 }
 
 fn round_line(short: &str, author: &str, reports: &[UnitReport]) -> String {

@@ -3,12 +3,25 @@
 //!
 //! Per unit: plan; nothing to do -> touch nothing. Otherwise run preflight (a unit whose host cannot
 //! run it is refused, untouched), take the unit's lock on the host, keep the current unit as a
-//! generation, write the new one atomically, daemon-reload, and restart only when the plan says so. A restarted server goes through staged verification (`verify`); when a
-//! stage fails, the previous unit is restored, restarted and verified the same way (a unit that
-//! was new is removed), and the report carries the failed invocation's journal.
+//! generation, write the new one atomically, daemon-reload, and restart only when the plan says
+//! so. A restarted server goes through staged verification (`verify`); when a stage fails, the
+//! previous unit is restored, restarted and verified the same way (a unit that was new is
+//! removed), and the report carries the failed invocation's journal.
+//!
+//! The layout: `decide` (what each fact means, and every detail text) and `schedule` (the
+//! rollout's order) are pure; `install`, `restore` and `rollout` do the remote calls they decide;
+//! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
+mod decide;
+mod error;
+mod install;
+mod restore;
 mod rollout;
+mod schedule;
 pub(crate) mod state;
+#[cfg(test)]
+mod testing;
+mod verifier;
 
 use std::time::Instant;
 
@@ -16,19 +29,22 @@ use indicatif::MultiProgress;
 use serde::Serialize;
 use tokio::sync::watch;
 
-pub use rollout::Rollout;
+pub use error::{ApplyError, ApplyErrorKind};
+pub use schedule::Rollout;
 pub use state::{LockPolicy, Owner};
 
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
 use crate::preflight;
-use crate::redact::{redact_text, Redactor, Secret, REDACTED};
+use crate::redact::Redactor;
 use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd;
 use crate::targets::Target;
-use crate::unit::parse_unit;
-use crate::verify::{verify, Expect, Failure, Progress, Verification, POLL_INTERVAL};
+use crate::verify::Verification;
+use decide::{Ending, Previous, Start};
+use install::Fallback;
+use verifier::{Live, Verifier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -69,6 +85,10 @@ pub struct UnitReport {
     pub outcome: Outcome,
     /// What happened, or why it failed.
     pub detail: String,
+    /// What kind of failure `detail` tells of: set for `error`, `not_started`, `rolled_back` and
+    /// `rollback_failed`, absent (not null) otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ApplyErrorKind>,
     /// The stage that failed, when one did.
     pub failed_stage: Option<String>,
     pub notes: Vec<String>,
@@ -119,7 +139,36 @@ pub async fn apply_targets(
 /// Applies one target over a connection the caller holds (`reconcile rollback` reads the host's
 /// history over the same connection first).
 pub(crate) async fn apply_one(host: &dyn Host, t: &Target, options: &ApplyOptions) -> UnitReport {
-    apply_unit(host, t, options).await
+    let verifier = Live {
+        progress: options.progress.as_ref(),
+    };
+    apply_unit(&Job {
+        host,
+        t,
+        options,
+        verifier: &verifier,
+    })
+    .await
+}
+
+/// Applies a host's units in turn over a connection the caller holds. Once `options.cancel` turns,
+/// no further unit starts; each is reported `not started: {stopping}`.
+pub(crate) async fn apply_units(
+    host: &dyn Host,
+    targets: &[Target],
+    options: &ApplyOptions,
+    stopping: &str,
+) -> Vec<UnitReport> {
+    let mut reports = Vec::new();
+    for t in targets {
+        if *options.cancel.borrow() {
+            let e = ApplyError::Interrupted(stopping.to_string());
+            reports.push(Report::new(t, Instant::now()).fail(&e));
+            continue;
+        }
+        reports.push(apply_one(host, t, options).await);
+    }
+    reports
 }
 
 /// A unit refused before anything was done on its host.
@@ -130,6 +179,11 @@ pub(crate) fn refused(
     outcome: Outcome,
     detail: String,
 ) -> UnitReport {
+    let error = match outcome {
+        Outcome::NotStarted => Some(ApplyErrorKind::NotStarted),
+        Outcome::Error => Some(ApplyErrorKind::Refused),
+        _ => None,
+    };
     UnitReport {
         host: host.to_string(),
         unit: unit.to_string(),
@@ -137,6 +191,7 @@ pub(crate) fn refused(
         verdict: None,
         outcome,
         detail,
+        error,
         failed_stage: None,
         notes: Vec::new(),
         verification: None,
@@ -146,10 +201,21 @@ pub(crate) fn refused(
     }
 }
 
-fn not_started(t: &Target, why: &str) -> UnitReport {
-    Report::new(t, Instant::now()).end(Outcome::NotStarted, &format!("not started: {why}"))
+/// A unit refused for `e` before anything was done on its host.
+pub(crate) fn refused_for(host: &str, unit: &str, source: &str, e: &ApplyError) -> UnitReport {
+    let ending = Ending::refused(e);
+    UnitReport {
+        error: ending.error,
+        ..refused(host, unit, source, ending.outcome, ending.detail)
+    }
 }
 
+/// A unit whose host's turn never came.
+fn not_started(t: &Target, e: &ApplyError) -> UnitReport {
+    Report::new(t, Instant::now()).fail(e)
+}
+
+/// A host's turn in the rollout: connect, apply its units, close.
 pub(super) async fn apply_host(
     name: String,
     targets: Vec<Target>,
@@ -158,26 +224,23 @@ pub(super) async fn apply_host(
 ) -> Vec<UnitReport> {
     let started = Instant::now();
     if *options.cancel.borrow() {
+        let e = ApplyError::InterruptedBeforeHost;
         return targets
             .iter()
-            .map(|t| {
-                Report::new(t, started)
-                    .end(Outcome::NotStarted, "interrupted before this host's turn")
-            })
+            .map(|t| Report::new(t, started).fail(&e))
             .collect();
     }
     let host = match remote::connect(&name, ssh).await {
         Ok(host) => host,
         Err(e) => return unreachable(&targets, &e, started),
     };
-    let mut reports = Vec::new();
-    for t in &targets {
-        if *options.cancel.borrow() {
-            reports.push(not_started(t, "interrupted before this unit's turn"));
-            continue;
-        }
-        reports.push(apply_unit(&*host, t, options).await);
-    }
+    let reports = apply_units(
+        &*host,
+        &targets,
+        options,
+        "interrupted before this unit's turn",
+    )
+    .await;
     host.close().await;
     reports
 }
@@ -212,10 +275,10 @@ pub(super) fn unreachable(
     e: &RemoteError,
     started: Instant,
 ) -> Vec<UnitReport> {
-    let detail = error_chain(e);
+    let e = ApplyError::Unreachable(error_chain(e));
     targets
         .iter()
-        .map(|t| Report::new(t, started).end(Outcome::Error, &detail))
+        .map(|t| Report::new(t, started).fail(&e))
         .collect()
 }
 
@@ -234,6 +297,7 @@ impl Report {
             verdict: None,
             outcome: Outcome::Error,
             detail: String::new(),
+            error: None,
             failed_stage: None,
             notes: Vec::new(),
             verification: None,
@@ -244,117 +308,116 @@ impl Report {
         Report { report, started }
     }
 
-    fn end(mut self, outcome: Outcome, detail: &str) -> UnitReport {
-        self.report.outcome = outcome;
-        self.report.detail = detail.to_string();
+    fn end(self, outcome: Outcome, detail: &str) -> UnitReport {
+        self.finish(Ending {
+            outcome,
+            detail: detail.to_string(),
+            error: None,
+        })
+    }
+
+    fn fail(self, e: &ApplyError) -> UnitReport {
+        self.finish(Ending::refused(e))
+    }
+
+    fn finish(mut self, ending: Ending) -> UnitReport {
+        self.report.outcome = ending.outcome;
+        self.report.detail = ending.detail;
+        self.report.error = ending.error;
         self.report.seconds = self.started.elapsed().as_secs_f64();
         self.report
     }
 }
 
-async fn apply_unit(host: &dyn Host, t: &Target, options: &ApplyOptions) -> UnitReport {
+/// One unit's apply: its host, its target, the run's options, and how to verify.
+struct Job<'a> {
+    host: &'a dyn Host,
+    t: &'a Target,
+    options: &'a ApplyOptions,
+    verifier: &'a dyn Verifier,
+}
+
+async fn apply_unit(job: &Job<'_>) -> UnitReport {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let unit = &t.desired.unit;
     let mut r = Report::new(t, Instant::now());
-    let span = tracing::info_span!("unit", host = %t.host, unit = %t.desired.unit);
+    let span = tracing::info_span!("unit", host = %t.host, unit = %unit);
     let _guard = span.enter();
-    let observed = match host.observe(&t.desired.unit).await {
+    let observed = match host.observe(unit).await {
         Ok(o) => o,
-        Err(e) => return r.end(Outcome::Error, &error_chain(&e)),
+        Err(e) => return r.fail(&ApplyError::ObserveFailed(error_chain(&e))),
     };
     // A plan file's unit: the host must still have what the plan was made against. Checked here
     // for an early refusal (and for a unit with nothing to do, which takes no lock), and again
     // under the lock below, where nothing else can change it before the install.
-    if let Some(expected) = &t.expected {
-        let current = observed.unit_text.as_deref().map(state::sha256);
-        if let Some(stale) = plan_file::unit_staleness(&t.host, expected, current.as_deref()) {
-            return r.end(Outcome::Error, &format!("nothing was changed: {stale}"));
-        }
+    if let Some(e) = decide::stale_plan(t, &observed) {
+        return r.fail(&e);
     }
-    let mut verdict = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict;
-    let mut previous = observed.unit_text.clone();
-    let mut was_running = matches!(
-        observed.state.active_state.as_str(),
-        "active" | "activating"
-    );
-    if verdict == Verdict::NoChange {
-        match unfinished(host, t, &observed).await {
-            Ok(false) => return unchanged(t, r.started),
-            Ok(true) => {}
-            Err(e) => return r.end(Outcome::Error, &format!("nothing was changed: {e}")),
-        }
-        // The unit on disk is the desired one but no run recorded it: an apply died after the
-        // rename. Finish that apply, with the generation it kept to fall back on.
-        r.report.notes.push("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into());
-        verdict = Verdict::Restart;
-        previous = state::newest_generation(host, &t.desired.unit)
-            .await
-            .ok()
-            .flatten();
-        was_running = true;
-    }
-    r.report.verdict = Some(verdict);
+    let verdict = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict;
+    let unfinished = match verdict {
+        Verdict::NoChange => Some(unfinished(host, t, &observed).await),
+        _ => None,
+    };
+    let todo = match decide::start(verdict, &observed, unfinished) {
+        Start::Unchanged => return unchanged(t, r.started),
+        Start::Refuse(e) => return r.fail(&e),
+        Start::Install(todo) => todo,
+    };
+    r.report.notes.extend(todo.note);
+    let previous = match todo.previous {
+        Previous::Observed => observed.unit_text.clone(),
+        Previous::NewestGeneration => state::newest_generation(host, unit).await.ok().flatten(),
+    };
+    r.report.verdict = Some(todo.verdict);
     // Preflight before the lock and any change: a unit its host cannot run is refused while the
     // old server still serves. A unit with nothing to do was left above, untouched, whatever
     // preflight would say (`plan` checks only its SGLang version).
-    match preflight::check(host, t, &observed.state, options.deep).await {
-        Ok(findings) => {
-            let (errors, warnings): (Vec<_>, Vec<_>) = findings
-                .into_iter()
-                .partition(|f| blocks(f, options.restoring));
-            r.report.notes.extend(
-                warnings
-                    .into_iter()
-                    .map(|f| format!("preflight: {}", f.message)),
-            );
-            if !errors.is_empty() {
-                let errors: Vec<String> = errors.into_iter().map(|f| f.message).collect();
-                let detail = format!(
-                    "preflight failed, nothing was changed: {}",
-                    errors.join("; ")
-                );
-                return r.end(Outcome::Error, &detail);
-            }
-        }
-        Err(e) => {
-            let detail = format!("preflight could not run: {}", error_chain(&e));
-            return r.end(Outcome::Error, &detail);
-        }
+    if let Err(e) = run_preflight(job, &observed, &mut r.report).await {
+        return r.fail(&e);
     }
-    match state::lock(host, &t.desired.unit, &options.owner, options.lock).await {
+    match state::lock(host, unit, &options.owner, options.lock).await {
         Ok(note) => r.report.notes.extend(note),
-        Err(e) => return r.end(Outcome::Error, &e),
+        Err(e) => return r.fail(&e),
     }
     if let Some(expected) = &t.expected {
-        if let Err(why) = still_as_planned(host, t, expected, &observed).await {
-            if let Err(e) = state::unlock(host, &t.desired.unit).await {
-                r.report.notes.push(format!(
-                    "the lock could not be released: {}",
-                    error_chain(&e)
-                ));
-            }
-            return r.end(Outcome::Error, &format!("nothing was changed: {why}"));
+        if let Err(e) = still_as_planned(host, t, expected, &observed).await {
+            unlock(host, unit, &mut r.report).await;
+            return r.fail(&e);
         }
     }
-    let (outcome, detail) = install(
-        host,
-        t,
-        &observed,
-        verdict,
-        Fallback {
-            previous,
-            was_running,
-            kept: None,
-        },
-        options,
-        &mut r.report,
-    )
-    .await;
-    if let Err(e) = state::unlock(host, &t.desired.unit).await {
-        r.report.notes.push(format!(
+    let fallback = Fallback {
+        previous,
+        was_running: todo.was_running,
+        kept: None,
+    };
+    let ending = install::install(job, &observed, todo.verdict, fallback, &mut r.report).await;
+    unlock(host, unit, &mut r.report).await;
+    r.finish(ending)
+}
+
+/// Preflight's findings: those that do not block become notes; any that blocks refuses the unit.
+async fn run_preflight(
+    job: &Job<'_>,
+    observed: &Observed,
+    report: &mut UnitReport,
+) -> Result<(), ApplyError> {
+    let options = job.options;
+    let findings = preflight::check(job.host, job.t, &observed.state, options.deep)
+        .await
+        .map_err(|e| ApplyError::PreflightCouldNotRun(error_chain(&e)))?;
+    let (notes, refusal) = decide::preflight(findings, options.restoring);
+    report.notes.extend(notes);
+    refusal.map_or(Ok(()), Err)
+}
+
+/// Releases the unit's lock; a failure to is a note (the next apply from here breaks the lock).
+async fn unlock(host: &dyn Host, unit: &str, report: &mut UnitReport) {
+    if let Err(e) = state::unlock(host, unit).await {
+        report.notes.push(format!(
             "the lock could not be released: {}",
             error_chain(&e)
         ));
     }
-    r.end(outcome, &detail)
 }
 
 /// Under the unit's lock: the unit file, the installed SGLang and the rendered unit are still what
@@ -365,13 +428,13 @@ async fn still_as_planned(
     t: &Target,
     expected: &plan_file::PlannedState,
     observed: &Observed,
-) -> Result<(), String> {
+) -> Result<(), ApplyError> {
     let path = format!("{UNIT_DIR}/{}", t.desired.unit);
     let read =
         async { tokio::try_join!(host.read_file(&path), preflight::installed_sglang(host, t)) };
     let (text, sglang) = read
         .await
-        .map_err(|e| format!("the plan could not be checked: {}", error_chain(&e)))?;
+        .map_err(|e| ApplyError::PlanCheckFailed(error_chain(&e)))?;
     let now = plan_file::PlannedState {
         desired_sha256: state::sha256(&t.desired.text),
         current_sha256: text.as_deref().map(state::sha256),
@@ -392,15 +455,8 @@ async fn still_as_planned(
     if stale.is_empty() {
         Ok(())
     } else {
-        Err(stale.join("; "))
+        Err(ApplyError::PlanStale(stale.join("; ")))
     }
-}
-
-/// Whether a preflight finding refuses the unit. When restoring a kept deployment, the manifest's
-/// SGLang version and flags say nothing about the unit being restored, so those findings are notes.
-fn blocks(f: &preflight::Finding, restoring: Option<usize>) -> bool {
-    let about_manifest = matches!(f.check, "sglang-version" | "flags");
-    f.severity == preflight::Severity::Error && !(restoring.is_some() && about_manifest)
 }
 
 /// Whether a managed unit on disk matches the manifest but was never recorded as deployed. A record
@@ -418,445 +474,53 @@ async fn unfinished(
     Ok(record.is_none_or(|r| r.unit_sha256 != state::sha256(text)))
 }
 
-/// What to go back to when the new unit fails.
-pub(super) struct Fallback {
-    pub previous: Option<String>,
-    pub was_running: bool,
-    /// Where this run kept the previous unit among the generations, once it has.
-    pub kept: Option<String>,
-}
+#[cfg(test)]
+mod tests {
+    use super::testing::{options, target};
+    use super::*;
+    use crate::remote::fake::FakeHost;
 
-/// How long to wait, beyond the crash window, for a host whose connection broke mid-apply to
-/// take connections again: long enough for a server to reboot.
-const RECONNECT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
-
-async fn install(
-    host: &dyn Host,
-    t: &Target,
-    observed: &Observed,
-    verdict: Verdict,
-    mut fallback: Fallback,
-    options: &ApplyOptions,
-    report: &mut UnitReport,
-) -> (Outcome, String) {
-    let unit = &t.desired.unit;
-    let path = format!("{UNIT_DIR}/{unit}");
-    let prepared = async {
-        // A temporary file left by a run cut off mid-write; we hold the lock, so it is not in use.
-        host.run_ok(&["rm", "-f", "--", &format!("{path}.reconcile-tmp")])
-            .await?;
-        if let Some(current) = observed
-            .unit_text
-            .as_deref()
-            .filter(|c| *c != t.desired.text)
-        {
-            fallback.kept = Some(state::keep_generation(host, unit, current).await?);
-        }
-        host.write_file(&path, &t.desired.text, "0644").await?;
-        host.run_ok(&["systemctl", "daemon-reload"]).await?;
-        Ok::<(), RemoteError>(())
-    };
-    if let Err(e) = prepared.await {
-        let detail = format!("installing failed: {}", error_chain(&e));
-        return match put_back(host, unit, &fallback).await {
-            Ok(false) => (
-                Outcome::Error,
-                format!("{detail}; nothing changed on the host"),
-            ),
-            Ok(true) => (
-                Outcome::Error,
-                format!(
-                    "{detail}; the previous unit is back in place (the server was not restarted)"
-                ),
-            ),
-            Err(e2) => (
-                Outcome::RollbackFailed,
-                format!(
-                    "{detail}; putting the previous unit back failed too: {}",
-                    error_chain(&e2)
-                ),
-            ),
-        };
-    }
-    if verdict == Verdict::ReloadOnly {
-        record(host, t, options, "reloaded", None, report).await;
-        return (
-            Outcome::Reloaded,
-            "unit replaced and daemon-reloaded; the server kept running".into(),
-        );
-    }
-    // The last moment to stop without a restart: a signal now leaves the server as it was.
-    if *options.cancel.borrow() {
-        let detail = format!(
-            "not started: {} before the restart",
-            crate::signals::interrupted()
-        );
-        return match put_back(host, unit, &fallback).await {
-            Ok(_) => (
-                Outcome::NotStarted,
-                format!(
-                    "{detail}; the previous unit is back in place and the server was not restarted"
-                ),
-            ),
-            Err(e) => (
-                Outcome::RollbackFailed,
-                format!(
-                    "{detail}; putting the previous unit back failed: {}",
-                    error_chain(&e)
-                ),
-            ),
-        };
-    }
-    let restarted = async {
-        if verdict == Verdict::Install {
-            host.run_ok(&["systemctl", "enable", "--", unit]).await?;
-        }
-        host.run_ok(&["systemctl", "restart", "--", unit]).await?;
-        Ok::<String, RemoteError>(host.unit_state(unit).await?.invocation_id)
-    };
-    let invocation = match restarted.await {
-        Ok(id) => id,
-        Err(e) => {
-            return rollback(
-                host,
-                t,
-                &fallback,
-                options,
-                report,
-                "restart",
-                error_chain(&e),
-                "",
-            )
-            .await
-        }
-    };
-    let progress = Progress::new(format!("{} {unit}", t.host), options.progress.as_ref());
-    let expect = Expect::from_unit(&t.desired.model);
-    match verify(host, unit, &t.verify, &expect, &progress, &options.cancel).await {
-        Ok(v) => {
-            let detail = format!("restarted and verified: {}", summary(&v));
-            record(host, t, options, "converged", Some(&v), report).await;
-            report.verification = Some(v);
-            (Outcome::Converged, detail)
-        }
-        Err(Failure {
-            stage,
-            reason,
-            verification,
-        }) => {
-            report.verification = Some(verification);
-            rollback(
-                host,
-                t,
-                &fallback,
-                options,
-                report,
-                stage,
-                reason,
-                &invocation,
-            )
-            .await
-        }
-    }
-}
-
-fn summary(v: &Verification) -> String {
-    let load = v
-        .load_seconds
-        .map_or(String::new(), |s| format!("ready after {s:.1}s"));
-    let stages: Vec<&str> = v.stages.iter().map(|s| s.name).collect();
-    format!(
-        "{load} ({} passed) memory {}",
-        stages.join(", "),
-        v.sparkline()
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn rollback(
-    host: &dyn Host,
-    t: &Target,
-    fallback: &Fallback,
-    options: &ApplyOptions,
-    report: &mut UnitReport,
-    stage: &str,
-    reason: String,
-    invocation: &str,
-) -> (Outcome, String) {
-    let unit = &t.desired.unit;
-    report.failed_stage = Some(stage.to_string());
-    let mut failed = format!("{stage} failed: {reason}");
-    // The host may go away under us (a reboot, a cut network): then wait for it and roll back as
-    // for any other failure. The new unit never passed verification and may be what brought the
-    // host down; enabled, it may be running again after a reboot, unverified. A host shutting
-    // down still answers for a moment, so a rollback that fails while it does starts over.
-    let until = Instant::now() + t.verify.crash_window + RECONNECT_GRACE;
-    let mut tried = false;
-    let (outcome, detail) = loop {
-        let now = presence(host).await;
-        if now == Presence::ShuttingDown && !failed.contains(SHUTTING_DOWN) {
-            failed.push_str(SHUTTING_DOWN);
-        }
-        if now == Presence::ShuttingDown && Instant::now() < until {
-            // Its sshd goes soon; reconnecting before would reach the host on its way down.
-            tokio::time::sleep(POLL_INTERVAL).await;
-            continue;
-        }
-        if now != Presence::Here {
-            const LOST: &str = "the connection to the host was lost";
-            match host
-                .reconnect(until.saturating_duration_since(Instant::now()))
-                .await
-            {
-                Ok(took) => failed.push_str(&format!(
-                    "; {LOST}, reconnected after {:.1}s",
-                    took.as_secs_f64()
-                )),
-                Err(e) => {
-                    let detail = format!(
-                        "host needs attention: {failed}; {LOST} and it did not come back within {}s ({}); {}",
-                        (t.verify.crash_window + RECONNECT_GRACE).as_secs(),
-                        error_chain(&e),
-                        left_behind(unit, fallback, tried)
-                    );
-                    return (Outcome::RollbackFailed, detail);
-                }
-            }
-        }
-        tried = true;
-        let done = put_previous_back(host, t, fallback, options, report, &failed).await;
-        if done.0 != Outcome::RollbackFailed
-            || Instant::now() >= until
-            || presence(host).await == Presence::Here
-        {
-            break done;
-        }
-    };
-    // Read after the rollback, which gives journald time to take in the failed process's last
-    // lines. SGLang logs its resolved arguments, secrets included.
-    let secrets: Vec<Secret> = options
-        .redactor
-        .secret_values(&t.desired.model)
-        .into_iter()
-        .chain(
-            fallback
-                .previous
-                .as_deref()
-                .map(|p| options.redactor.secret_values(&parse_unit(p)))
-                .unwrap_or_default(),
+    #[tokio::test]
+    async fn once_cancelled_no_unit_starts_and_the_host_is_not_touched() {
+        let (_tx, rx) = watch::channel(true);
+        let host = FakeHost::new("gpu-a");
+        let reports = apply_units(
+            &host,
+            &[target(), target()],
+            &options(rx),
+            "the agent is stopping",
         )
-        .map(|(name, value)| Secret {
-            name,
-            value,
-            placeholder: REDACTED,
-        })
-        .collect();
-    report.journal = journal(host, invocation)
-        .await
-        .map(|j| redact_text(&j, &secrets));
-    (outcome, detail)
-}
-
-const SHUTTING_DOWN: &str = "; the host was shutting down";
-
-#[derive(Debug, PartialEq, Eq)]
-enum Presence {
-    Here,
-    /// Its systemd is stopping (a reboot or power-off under way).
-    ShuttingDown,
-    /// The connection broke.
-    Gone,
-}
-
-async fn presence(host: &dyn Host) -> Presence {
-    if !host.connected().await {
-        return Presence::Gone;
-    }
-    match host.run(&["systemctl", "is-system-running"]).await {
-        Ok(out) if out.stdout.trim() == "stopping" => Presence::ShuttingDown,
-        // Past "stopping", PID 1 no longer answers on its bus while sshd still does.
-        Ok(out)
-            if out.stdout.trim() == "offline"
-                || out.stderr.contains("Failed to connect to bus") =>
-        {
-            Presence::ShuttingDown
+        .await;
+        assert_eq!(reports.len(), 2);
+        for r in &reports {
+            assert_eq!(
+                (r.outcome, r.detail.as_str(), r.error),
+                (
+                    Outcome::NotStarted,
+                    "not started: the agent is stopping",
+                    Some(ApplyErrorKind::Interrupted)
+                )
+            );
         }
-        Ok(_) => Presence::Here,
-        Err(_) => Presence::Gone,
+        assert!(host.commands().is_empty());
     }
-}
 
-/// Restores the previous unit (or removes a unit that was new) and verifies it when it ran.
-async fn put_previous_back(
-    host: &dyn Host,
-    t: &Target,
-    fallback: &Fallback,
-    options: &ApplyOptions,
-    report: &mut UnitReport,
-    failed: &str,
-) -> (Outcome, String) {
-    let unit = &t.desired.unit;
-    match restore(host, unit, fallback, fallback.was_running).await {
-        Err(e) => (
-            Outcome::RollbackFailed,
-            format!("{failed}; rollback failed: {}", error_chain(&e)),
-        ),
-        Ok(()) => match (&fallback.previous, fallback.was_running) {
-            (None, _) => (
-                Outcome::RolledBack,
-                format!("{failed}; the new unit was stopped, disabled and removed"),
-            ),
-            (Some(_), false) => (
-                Outcome::RolledBack,
-                format!("{failed}; the previous unit was restored and left stopped, as it was"),
-            ),
-            (Some(previous), true) => {
-                let progress = Progress::new(
-                    format!("{} {unit} (rollback)", t.host),
-                    options.progress.as_ref(),
-                );
-                let expect = Expect::from_unit(&parse_unit(previous));
-                // A second Ctrl-C must not abort the rollback itself.
-                let (_keep, never) = watch::channel(false);
-                match verify(host, unit, &t.verify, &expect, &progress, &never).await {
-                    Ok(v) => {
-                        let load = v
-                            .load_seconds
-                            .map_or(String::new(), |s| format!(" (ready after {s:.1}s)"));
-                        report.rollback = Some(v);
-                        (Outcome::RolledBack, format!("{failed}; the previous unit was restored and passed verification{load}"))
-                    }
-                    Err(f) => {
-                        report.rollback = Some(f.verification);
-                        (
-                            Outcome::RollbackFailed,
-                            format!(
-                                "{failed}; the restored previous unit failed too: {}: {}",
-                                f.stage, f.reason
-                            ),
-                        )
-                    }
-                }
-            }
-        },
+    #[test]
+    fn the_error_kind_is_only_in_the_json_of_failed_units() {
+        let ok = refused(
+            "gpu-a",
+            "s.service",
+            "m.yaml",
+            Outcome::Unchanged,
+            "fine".into(),
+        );
+        let json = serde_json::to_string(&ok).unwrap();
+        assert!(!json.contains("\"error\""), "{json}");
+        let e = ApplyError::Unreachable("cannot connect to gpu-a".into());
+        let failed = refused_for("gpu-a", "s.service", "m.yaml", &e);
+        let json = serde_json::to_value(&failed).unwrap();
+        assert_eq!(json["error"], "unreachable");
+        assert_eq!(json["outcome"], "error");
+        assert_eq!(json["detail"], "cannot connect to gpu-a");
     }
-}
-
-/// What a run that lost its host mid-apply leaves there, and what the next apply does about it.
-/// `tried`: a rollback had begun, so the previous unit may be back on disk already.
-fn left_behind(unit: &str, fallback: &Fallback, tried: bool) -> String {
-    let dir = state::unit_dir(unit);
-    let installed = if tried {
-        "the new unit is installed, or the previous one if the rollback got that far"
-    } else {
-        "the new unit is installed"
-    };
-    let next = match (&fallback.previous, &fallback.kept) {
-        (None, _) => "it was new; the next apply will finish it or remove it".to_string(),
-        (Some(_), Some(kept)) => {
-            format!("the previous is kept as generation {kept}; the next apply will finish or roll back")
-        }
-        (Some(_), None) => format!(
-            "the previous is kept as the newest generation in {dir}/generations; the next apply will finish or roll back"
-        ),
-    };
-    format!("{installed}; {next}; the lock {dir}/lock stays (an apply from this machine breaks it; from elsewhere, use --break-stale-lock)")
-}
-
-/// After a failed install (nothing was restarted): puts the previous unit file back if the new one
-/// got in place, and has systemd reload it. Returns whether anything had to be put back.
-async fn put_back(host: &dyn Host, unit: &str, fallback: &Fallback) -> Result<bool, RemoteError> {
-    let path = format!("{UNIT_DIR}/{unit}");
-    if host.read_file(&path).await? == fallback.previous {
-        return Ok(false);
-    }
-    match &fallback.previous {
-        Some(previous) => host.write_file(&path, previous, "0644").await?,
-        None => {
-            host.run_ok(&["rm", "-f", "--", &path]).await?;
-        }
-    }
-    host.run_ok(&["systemctl", "daemon-reload"]).await?;
-    Ok(true)
-}
-
-/// Puts the previous unit back (or removes a unit that was new), restarting it when asked.
-pub(super) async fn restore(
-    host: &dyn Host,
-    unit: &str,
-    fallback: &Fallback,
-    restart: bool,
-) -> Result<(), RemoteError> {
-    let path = format!("{UNIT_DIR}/{unit}");
-    match &fallback.previous {
-        Some(previous) => {
-            host.write_file(&path, previous, "0644").await?;
-            host.run_ok(&["systemctl", "daemon-reload"]).await?;
-            let action = if restart { "restart" } else { "stop" };
-            host.run_ok(&["systemctl", action, "--", unit]).await?;
-        }
-        None => {
-            host.run(&["systemctl", "disable", "--now", "--", unit])
-                .await?;
-            host.run_ok(&["rm", "-f", "--", &path]).await?;
-            host.run_ok(&["systemctl", "daemon-reload"]).await?;
-            host.run(&["systemctl", "reset-failed", "--", unit]).await?;
-        }
-    }
-    Ok(())
-}
-
-/// Writes the deployment record; a failure to record is a note, not a failed deployment.
-async fn record(
-    host: &dyn Host,
-    t: &Target,
-    options: &ApplyOptions,
-    outcome: &str,
-    v: Option<&Verification>,
-    report: &mut UnitReport,
-) {
-    let owner = &options.owner;
-    let plateau = v.and_then(|v| v.plateau.as_ref());
-    let record = state::Record {
-        unit: t.desired.unit.clone(),
-        manifest: t.source.clone(),
-        manifest_sha256: t.manifest_digest.clone(),
-        unit_sha256: state::sha256(&t.desired.text),
-        git_commit: options.git.commit.clone(),
-        git_author: options.git.author.clone(),
-        applied_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        applied_by: format!("{}@{} pid {}", owner.user, owner.machine, owner.pid),
-        outcome: outcome.to_string(),
-        load_seconds: v.and_then(|v| v.load_seconds),
-        plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
-        plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
-        restored_from: options.restoring,
-    };
-    if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
-        report.notes.push(format!(
-            "the deployment record could not be written: {}",
-            error_chain(&e)
-        ));
-    }
-}
-
-/// The last lines the failed invocation logged, and systemd's lines about it.
-async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
-    if invocation.is_empty() {
-        return None;
-    }
-    let process = format!("_SYSTEMD_INVOCATION_ID={invocation}");
-    let manager = format!("INVOCATION_ID={invocation}");
-    let argv = [
-        "journalctl",
-        &process,
-        "+",
-        &manager,
-        "-n",
-        "50",
-        "--no-pager",
-        "-o",
-        "cat",
-    ];
-    Some(host.run(&argv).await.ok()?.stdout)
 }

@@ -1,29 +1,20 @@
 //! Rolling out over a fleet: a canary first, which must pass every stage before any other host
 //! starts; then batches; no new host once the rollout has seen `max_failures` failed hosts; and,
-//! when asked, the hosts already converged in this rollout rolled back when it stops.
+//! when asked, the hosts already converged in this rollout rolled back when it stops. The order
+//! and when to stop are `schedule`'s; this file looks at the hosts and runs the turns it hands out.
 
 use futures::future::join_all;
 use futures::stream::{self, StreamExt};
 
-use super::{apply_host, restore, state, ApplyOptions, Fallback, Outcome, UnitReport};
+use super::decide;
+use super::error::ApplyError;
+use super::restore::{restore_and_verify, Restore, Restored, Then};
+use super::schedule::{Schedule, Step};
+use super::verifier::Live;
+use super::{apply_host, state, ApplyOptions, Outcome, UnitReport};
 use crate::manifest::VerifySpec;
-use crate::plan::UNIT_DIR;
-use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::{by_host, Target};
-use crate::unit::parse_unit;
-use crate::verify::{verify, Expect, Progress};
-
-#[derive(Debug, Clone, Copy)]
-pub struct Rollout {
-    /// Hosts that go first, alone, and must all pass.
-    pub canary: usize,
-    /// Hosts applied at once after the canary.
-    pub max_parallel: usize,
-    /// Failed hosts, across the whole rollout, after which no new host starts.
-    pub max_failures: usize,
-    /// When the rollout stops, roll back the hosts it already converged.
-    pub rollback_all: bool,
-}
 
 /// Hosts looked at at once before the rollout starts.
 const SURVEY_AT_ONCE: usize = 32;
@@ -88,7 +79,6 @@ pub async fn roll_out(
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
-    let rollout = options.rollout;
     let specs: Specs = targets
         .iter()
         .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.verify.clone()))
@@ -112,59 +102,51 @@ pub async fn roll_out(
             Survey::Turn(turn) => turns.push(turn),
         }
     }
-    let mut turns = turns.into_iter();
-    let mut failed_hosts = 0;
-    let mut stopped: Option<String> = None;
-    let mut first = true;
+    let mut turns: Vec<Option<Turn>> = turns.into_iter().map(Some).collect();
+    let mut schedule = Schedule::new(options.rollout, turns.len());
     loop {
-        let size = if first && rollout.canary > 0 {
-            rollout.canary
-        } else {
-            rollout.max_parallel.max(1)
-        };
-        let batch: Vec<Turn> = turns.by_ref().take(size).collect();
-        if batch.is_empty() {
-            break;
-        }
-        if let Some(why) = &stopped {
-            for turn in batch {
-                match turn {
-                    Turn::Work(_, targets) => {
-                        reports.extend(targets.iter().map(|t| super::not_started(t, why)))
+        match schedule.next() {
+            Step::Apply(batch) => {
+                let batch: Vec<Turn> = batch.iter().filter_map(|&i| turns[i].take()).collect();
+                let results =
+                    join_all(batch.into_iter().map(|turn| take_turn(turn, ssh, options))).await;
+                let failed = results
+                    .iter()
+                    .filter(|host| host.iter().any(|r| failed(r.outcome)))
+                    .count();
+                schedule.finished(failed);
+                reports.extend(results.into_iter().flatten());
+            }
+            Step::Skip {
+                turns: skipped,
+                why,
+            } => {
+                let e = ApplyError::NotStarted(why);
+                for turn in skipped.iter().filter_map(|&i| turns[i].take()) {
+                    match turn {
+                        Turn::Work(_, targets) => {
+                            reports.extend(targets.iter().map(|t| super::not_started(t, &e)))
+                        }
+                        Turn::Unreachable(failed) => reports.extend(failed),
                     }
-                    Turn::Unreachable(failed) => reports.extend(failed),
                 }
             }
-            continue;
-        }
-        let results = join_all(batch.into_iter().map(|turn| async move {
-            match turn {
-                Turn::Work(name, targets) => apply_host(name, targets, ssh, options).await,
-                Turn::Unreachable(failed) => failed,
+            Step::RollBackConverged { why } => {
+                rollback_all(&mut reports, &why, &specs, ssh, options).await
             }
-        }))
-        .await;
-        let failed = results
-            .iter()
-            .filter(|host| host.iter().any(|r| failed(r.outcome)))
-            .count();
-        failed_hosts += failed;
-        if first && rollout.canary > 0 && failed > 0 {
-            stopped = Some("the canary failed, so the rollout stopped".into());
-        } else if failed_hosts >= rollout.max_failures.max(1) {
-            stopped = Some(format!(
-                "{failed_hosts} host(s) failed (--max-failures {}), so the rollout stopped",
-                rollout.max_failures
-            ));
+            Step::Done => break,
         }
-        reports.extend(results.into_iter().flatten());
-        first = false;
-    }
-    if let (Some(why), true) = (&stopped, rollout.rollback_all) {
-        roll_back_converged(&mut reports, why, &specs, ssh, options).await;
     }
     reports.sort_by_key(|r| order.get(&r.host).copied().unwrap_or(usize::MAX));
     reports
+}
+
+/// A host's turn: applied, or (unreachable) failed as found.
+async fn take_turn(turn: Turn, ssh: &SshOptions, options: &ApplyOptions) -> Vec<UnitReport> {
+    match turn {
+        Turn::Work(name, targets) => apply_host(name, targets, ssh, options).await,
+        Turn::Unreachable(failed) => failed,
+    }
 }
 
 fn failed(outcome: Outcome) -> bool {
@@ -178,7 +160,7 @@ fn failed(outcome: Outcome) -> bool {
 type Specs = std::collections::HashMap<(String, String), VerifySpec>;
 
 /// `--rollback-all`: puts the previous unit back on every host this rollout changed.
-async fn roll_back_converged(
+async fn rollback_all(
     reports: &mut [UnitReport],
     why: &str,
     specs: &Specs,
@@ -194,12 +176,14 @@ async fn roll_back_converged(
             .get(&(r.host.clone(), r.unit.clone()))
             .cloned()
             .unwrap_or_default();
-        roll_back_one(r, spec, why, ssh, options)
+        rollback_all_unit(r, spec, why, ssh, options)
     }))
     .await;
 }
 
-async fn roll_back_one(
+/// `--rollback-all` for one unit: connects, undoes what this rollout did, and says so in the
+/// unit's report.
+async fn rollback_all_unit(
     r: &mut UnitReport,
     spec: VerifySpec,
     why: &str,
@@ -210,30 +194,30 @@ async fn roll_back_one(
         let host = remote::connect(&r.host, ssh)
             .await
             .map_err(|e| error_chain(&e))?;
-        let outcome = revert(&*host, r, &spec, options).await;
+        let undone = undo(&*host, r, &spec, options).await;
         host.close().await;
-        outcome
+        undone
     };
-    match result.await {
-        Ok(detail) => {
-            r.outcome = Outcome::RolledBack;
-            r.detail = format!("{}; {why}, and --rollback-all {detail}", r.detail);
-        }
-        Err(e) => {
-            r.outcome = Outcome::RollbackFailed;
-            r.detail = format!("{}; {why}, and --rollback-all failed: {e}", r.detail);
-        }
+    let restored = result.await;
+    let ending =
+        decide::rolled_back_with_rollout(&r.detail, why, restored.as_ref().map_err(Clone::clone));
+    if let Ok(Restored::Verified(v)) = restored {
+        r.rollback = Some(v);
     }
+    r.outcome = ending.outcome;
+    r.detail = ending.detail;
+    r.error = ending.error;
 }
 
-/// Restores what the unit was before this rollout: the generation the install kept, or nothing
-/// for a unit that was new.
-async fn revert(
+/// Under the unit's lock, restores what the unit was before this rollout: the generation the
+/// install kept, or nothing for a unit that was new. A converged unit is restarted and verified;
+/// a reload-only change is undone with a reload.
+async fn undo(
     host: &dyn Host,
-    r: &mut UnitReport,
+    r: &UnitReport,
     spec: &VerifySpec,
     options: &ApplyOptions,
-) -> Result<String, String> {
+) -> Result<Restored, String> {
     let unit = r.unit.clone();
     let was_new = r.verdict == Some(crate::plan::Verdict::Install);
     let previous = if was_new {
@@ -243,67 +227,26 @@ async fn revert(
             .await
             .map_err(|e| error_chain(&e))?
     };
-    let restart = r.outcome == Outcome::Converged;
-    state::lock(host, &unit, &options.owner, options.lock).await?;
-    let restored = match (&previous, restart) {
-        // A reload-only change: the server never restarted, so the old file and a reload suffice.
-        (Some(text), false) => reload_previous(host, &unit, text).await,
-        _ => {
-            restore(
-                host,
-                &unit,
-                &Fallback {
-                    previous: previous.clone(),
-                    was_running: true,
-                    kept: None,
-                },
-                true,
-            )
-            .await
-        }
+    let then = if r.outcome == Outcome::Converged {
+        Then::Restart
+    } else {
+        Then::Reload
     };
-    let verified = match (restored.map_err(|e| error_chain(&e)), &previous, restart) {
-        (Ok(()), Some(text), true) => {
-            let progress = Progress::new(
-                format!("{} {unit} (rollback-all)", r.host),
-                options.progress.as_ref(),
-            );
-            let (_keep, never) = tokio::sync::watch::channel(false);
-            match verify(
-                host,
-                &unit,
-                spec,
-                &Expect::from_unit(&parse_unit(text)),
-                &progress,
-                &never,
-            )
-            .await
-            {
-                Ok(v) => {
-                    r.rollback = Some(v);
-                    Ok(())
-                }
-                Err(f) => Err(format!(
-                    "the restored unit failed {}: {}",
-                    f.stage, f.reason
-                )),
-            }
-        }
-        (other, _, _) => other,
-    };
-    let _ = state::unlock(host, &unit).await;
-    verified?;
-    Ok(match (&previous, restart) {
-        (None, _) => "removed the new unit".into(),
-        (Some(_), true) => "restored the previous unit, which passed verification".into(),
-        (Some(_), false) => "restored the previous unit (daemon-reload only)".into(),
-    })
-}
-
-async fn reload_previous(host: &dyn Host, unit: &str, text: &str) -> Result<(), RemoteError> {
-    host.write_file(&format!("{UNIT_DIR}/{unit}"), text, "0644")
-        .await?;
-    host.run_ok(&["systemctl", "daemon-reload"])
+    state::lock(host, &unit, &options.owner, options.lock)
         .await
-        .map(|_| ())
+        .map_err(|e| e.to_string())?;
+    let restore = Restore {
+        host,
+        unit: &unit,
+        previous: previous.as_deref(),
+        then,
+        spec,
+        label: format!("{} {unit} (rollback-all)", r.host),
+    };
+    let verifier = Live {
+        progress: options.progress.as_ref(),
+    };
+    let restored = restore_and_verify(restore, &verifier).await;
+    let _ = state::unlock(host, &unit).await;
+    restored.map_err(|e| decide::not_restored(&e))
 }

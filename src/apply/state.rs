@@ -17,6 +17,8 @@ pub use crate::digest::sha256;
 pub use crate::record::{
     parse_history, parse_record, record_json, Record, RecordError, RecordProblem,
 };
+
+use super::error::ApplyError;
 use crate::remote::{error_chain, Host, RemoteError};
 
 pub const STATE_DIR: &str = "/var/lib/reconcile";
@@ -66,7 +68,7 @@ pub async fn lock(
     unit: &str,
     owner: &Owner,
     policy: LockPolicy,
-) -> Result<Option<String>, String> {
+) -> Result<Option<String>, ApplyError> {
     const TAKE: &str = "mkdir -p -m 0700 \"$1\" && mkdir -m 0700 \"$1/lock\" 2>/dev/null && printf '%s\\n' \"$2\" \"$3\" \"$4\" \"$5\" > \"$1/lock/owner\"";
     let dir = unit_dir(unit);
     let now = unix_now().to_string();
@@ -84,7 +86,8 @@ pub async fn lock(
     ];
     let mut note = None;
     for attempt in 0..2 {
-        let out = host.run(&take).await.map_err(|e| error_chain(&e))?;
+        let failed = |e: RemoteError| ApplyError::LockFailed(error_chain(&e));
+        let out = host.run(&take).await.map_err(failed)?;
         if out.status == 0 {
             return Ok(note);
         }
@@ -113,7 +116,7 @@ pub async fn lock(
         if attempt == 0 && (dead_here || stale) {
             host.run_ok(&["rm", "-rf", "--", &format!("{dir}/lock")])
                 .await
-                .map_err(|e| error_chain(&e))?;
+                .map_err(failed)?;
             let why = if dead_here {
                 "its process is gone"
             } else {
@@ -122,15 +125,16 @@ pub async fn lock(
             note = Some(format!("broke a stale lock held by {holder} ({why})"));
             continue;
         }
-        return Err(format!(
-            "{unit} on {} is locked by another apply ({holder}); if that run is dead, rerun with --break-stale-lock",
-            host.name()
-        ));
+        return Err(ApplyError::Locked {
+            unit: unit.to_string(),
+            host: host.name().to_string(),
+            holder,
+        });
     }
-    Err(format!(
-        "{unit} on {}: could not take the lock",
-        host.name()
-    ))
+    Err(ApplyError::LockNotTaken {
+        unit: unit.to_string(),
+        host: host.name().to_string(),
+    })
 }
 
 pub async fn unlock(host: &dyn Host, unit: &str) -> Result<(), RemoteError> {

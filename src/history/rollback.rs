@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::gather::{read_deployments, Read};
 use super::{choose, skipped_lines, Choice};
-use crate::apply::{self, state, ApplyOptions, GitInfo, Outcome, UnitReport};
+use crate::apply::{self, state, ApplyError, ApplyOptions, GitInfo, UnitReport};
 use crate::flags::flags;
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
 use crate::remote::{self, error_chain, Host, SshOptions};
@@ -28,19 +28,22 @@ pub async fn rollback(
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
     let mut reports = Vec::new();
-    let mut stopped: Option<String> = None;
+    let mut stopped: Option<ApplyError> = None;
     for name in hosts {
         if stopped.is_none() && *options.cancel.borrow() {
-            stopped = Some("interrupted before this host's turn".into());
+            stopped = Some(ApplyError::Interrupted(
+                "interrupted before this host's turn".into(),
+            ));
         }
         if let Some(why) = &stopped {
-            let detail = format!("not started: {why}");
-            reports.push(apply::refused(name, unit, "", Outcome::NotStarted, detail));
+            reports.push(apply::refused_for(name, unit, "", why));
             continue;
         }
         let report = rollback_host(name, unit, to, manifest, ssh, options).await;
         if report.outcome.exit_code() != 0 {
-            stopped = Some(format!("the rollback on {name} did not succeed"));
+            stopped = Some(ApplyError::NotStarted(format!(
+                "the rollback on {name} did not succeed"
+            )));
         }
         reports.push(report);
     }
@@ -55,10 +58,10 @@ async fn rollback_host(
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> UnitReport {
-    let error = |detail: String| apply::refused(name, unit, "", Outcome::Error, detail);
+    let error = |e: ApplyError| apply::refused_for(name, unit, "", &e);
     let host = match remote::connect(name, ssh).await {
         Ok(host) => host,
-        Err(e) => return error(error_chain(&e)),
+        Err(e) => return error(ApplyError::Unreachable(error_chain(&e))),
     };
     let report = match prepare(&*host, name, unit, to, manifest).await {
         Ok(Prepared {
@@ -83,7 +86,7 @@ async fn rollback_host(
             report.notes.splice(0..0, notes);
             report
         }
-        Err(detail) => error(format!("nothing was changed: {detail}")),
+        Err(detail) => error(ApplyError::Refused(detail)),
     };
     host.close().await;
     report

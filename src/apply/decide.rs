@@ -1,0 +1,667 @@
+//! Apply's decisions for one unit, as functions of what was found: no host, no clock. The driver
+//! (`apply_unit`, `install`) gathers the facts, asks here what they mean, and does what it is told;
+//! each outcome's detail text is written here and only here (reports, JSON and integration tests
+//! read it byte for byte).
+
+use super::error::{ApplyError, ApplyErrorKind};
+use super::restore::{NotRestored, Restored};
+use super::{state, Outcome};
+use crate::observed::Observed;
+use crate::plan::Verdict;
+use crate::plan_file;
+use crate::preflight;
+use crate::targets::Target;
+use crate::verify::Verification;
+
+/// How a unit's apply ended: what goes into its report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ending {
+    pub outcome: Outcome,
+    pub detail: String,
+    pub error: Option<ApplyErrorKind>,
+}
+
+impl Ending {
+    fn ok(outcome: Outcome, detail: impl Into<String>) -> Ending {
+        Ending {
+            outcome,
+            detail: detail.into(),
+            error: None,
+        }
+    }
+
+    fn failed(outcome: Outcome, detail: String, kind: ApplyErrorKind) -> Ending {
+        Ending {
+            outcome,
+            detail,
+            error: Some(kind),
+        }
+    }
+
+    /// The way back failed too: the host needs attention.
+    fn rollback_failed(detail: String) -> Ending {
+        let e = ApplyError::RollbackFailed(detail);
+        Ending::failed(Outcome::RollbackFailed, e.to_string(), e.kind())
+    }
+
+    /// A unit stopped by `e` before anything changed on its host.
+    pub fn refused(e: &ApplyError) -> Ending {
+        let outcome = match e.kind() {
+            ApplyErrorKind::Interrupted | ApplyErrorKind::NotStarted => Outcome::NotStarted,
+            _ => Outcome::Error,
+        };
+        Ending::failed(outcome, e.to_string(), e.kind())
+    }
+}
+
+/// A plan file's unit whose host no longer has the unit the plan was made against.
+pub fn stale_plan(t: &Target, observed: &Observed) -> Option<ApplyError> {
+    let expected = t.expected.as_ref()?;
+    let current = observed.unit_text.as_deref().map(state::sha256);
+    plan_file::unit_staleness(&t.host, expected, current.as_deref())
+        .map(|stale| ApplyError::PlanStale(stale.to_string()))
+}
+
+/// What to go back to if the new unit fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Previous {
+    /// The unit on the host now (`None`: there is none, the unit is new).
+    Observed,
+    /// The newest kept generation: the unit on disk is already the new one.
+    NewestGeneration,
+}
+
+/// An install to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Install {
+    pub verdict: Verdict,
+    pub previous: Previous,
+    pub was_running: bool,
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Start {
+    /// Nothing differs and the last apply finished: touch nothing.
+    Unchanged,
+    Refuse(ApplyError),
+    Install(Install),
+}
+
+/// What to do first with a unit, from the plan's verdict and, for a unit with no change, whether
+/// the last apply of it did not finish (`unfinished`: asked only then, so `None` otherwise).
+pub fn start(
+    verdict: Verdict,
+    observed: &Observed,
+    unfinished: Option<Result<bool, state::RecordError>>,
+) -> Start {
+    let was_running = matches!(
+        observed.state.active_state.as_str(),
+        "active" | "activating"
+    );
+    if verdict != Verdict::NoChange {
+        return Start::Install(Install {
+            verdict,
+            previous: Previous::Observed,
+            was_running,
+            note: None,
+        });
+    }
+    match unfinished {
+        None | Some(Ok(false)) => Start::Unchanged,
+        Some(Err(e)) => Start::Refuse(ApplyError::RecordUnreadable(e.to_string())),
+        // The unit on disk is the desired one but no run recorded it: an apply died after the
+        // rename. Finish that apply, with the generation it kept to fall back on.
+        Some(Ok(true)) => Start::Install(Install {
+            verdict: Verdict::Restart,
+            previous: Previous::NewestGeneration,
+            was_running: true,
+            note: Some("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into()),
+        }),
+    }
+}
+
+/// Whether a preflight finding refuses the unit. When restoring a kept deployment, the manifest's
+/// SGLang version and flags say nothing about the unit being restored, so those findings are notes.
+pub fn blocks(f: &preflight::Finding, restoring: Option<usize>) -> bool {
+    let about_manifest = matches!(f.check, "sglang-version" | "flags");
+    f.severity == preflight::Severity::Error && !(restoring.is_some() && about_manifest)
+}
+
+/// Preflight's findings as the report's notes (those that do not block) and the refusal, if any
+/// finding blocks.
+pub fn preflight(
+    findings: Vec<preflight::Finding>,
+    restoring: Option<usize>,
+) -> (Vec<String>, Option<ApplyError>) {
+    let (errors, warnings): (Vec<_>, Vec<_>) =
+        findings.into_iter().partition(|f| blocks(f, restoring));
+    let notes = warnings
+        .into_iter()
+        .map(|f| format!("preflight: {}", f.message))
+        .collect();
+    let refusal = (!errors.is_empty())
+        .then(|| ApplyError::PreflightFailed(errors.into_iter().map(|f| f.message).collect()));
+    (notes, refusal)
+}
+
+/// Writing the new unit failed; `put_back`: whether the previous file had to be put back, or why
+/// that failed.
+pub fn install_failed(e: &ApplyError, put_back: Result<bool, String>) -> Ending {
+    match put_back {
+        Ok(false) => Ending::failed(
+            Outcome::Error,
+            format!("{e}; nothing changed on the host"),
+            e.kind(),
+        ),
+        Ok(true) => Ending::failed(
+            Outcome::Error,
+            format!("{e}; the previous unit is back in place (the server was not restarted)"),
+            e.kind(),
+        ),
+        Err(e2) => Ending::rollback_failed(format!(
+            "{e}; putting the previous unit back failed too: {e2}"
+        )),
+    }
+}
+
+pub fn reloaded() -> Ending {
+    Ending::ok(
+        Outcome::Reloaded,
+        "unit replaced and daemon-reloaded; the server kept running",
+    )
+}
+
+/// A signal (`interrupted`: the signals module's words for it) came after the install and before
+/// the restart, and the previous file was put back (or not).
+pub fn cancelled_before_restart(interrupted: &str, put_back: Result<bool, String>) -> Ending {
+    let detail = format!("not started: {interrupted} before the restart");
+    match put_back {
+        Ok(_) => Ending::failed(
+            Outcome::NotStarted,
+            format!(
+                "{detail}; the previous unit is back in place and the server was not restarted"
+            ),
+            ApplyErrorKind::Interrupted,
+        ),
+        Err(e) => Ending::rollback_failed(format!(
+            "{detail}; putting the previous unit back failed: {e}"
+        )),
+    }
+}
+
+pub fn converged(v: &Verification) -> Ending {
+    Ending::ok(
+        Outcome::Converged,
+        format!("restarted and verified: {}", summary(v)),
+    )
+}
+
+fn summary(v: &Verification) -> String {
+    let load = v
+        .load_seconds
+        .map_or(String::new(), |s| format!("ready after {s:.1}s"));
+    let stages: Vec<&str> = v.stages.iter().map(|s| s.name).collect();
+    format!(
+        "{load} ({} passed) memory {}",
+        stages.join(", "),
+        v.sparkline()
+    )
+}
+
+/// Appended to what failed when the host was seen shutting down during the rollback.
+pub const SHUTTING_DOWN: &str = "; the host was shutting down";
+const LOST: &str = "the connection to the host was lost";
+
+/// Appended to what failed when the connection broke and came back after `seconds`.
+pub fn reconnected(seconds: f64) -> String {
+    format!("; {LOST}, reconnected after {seconds:.1}s")
+}
+
+/// The new unit failed (`failed`: what failed, with what was seen of the host since) and the
+/// previous one was put back, or not. `cause`: the kind of the first failure.
+pub fn rolled_back(
+    failed: &str,
+    cause: ApplyErrorKind,
+    result: &Result<Restored, NotRestored>,
+) -> Ending {
+    let back = |detail: String| Ending::failed(Outcome::RolledBack, detail, cause);
+    let failed_too = Ending::rollback_failed;
+    match result {
+        Err(NotRestored::Restore(e)) => failed_too(format!("{failed}; rollback failed: {e}")),
+        Err(NotRestored::Verify(f)) => failed_too(format!(
+            "{failed}; the restored previous unit failed too: {}: {}",
+            f.stage, f.reason
+        )),
+        Ok(Restored::Removed) => back(format!(
+            "{failed}; the new unit was stopped, disabled and removed"
+        )),
+        // A rollback restarts or stops; only --rollback-all reloads without either.
+        Ok(Restored::LeftStopped | Restored::Reloaded) => back(format!(
+            "{failed}; the previous unit was restored and left stopped, as it was"
+        )),
+        Ok(Restored::Verified(v)) => {
+            let load = v
+                .load_seconds
+                .map_or(String::new(), |s| format!(" (ready after {s:.1}s)"));
+            back(format!(
+                "{failed}; the previous unit was restored and passed verification{load}"
+            ))
+        }
+    }
+}
+
+/// The host went away during the rollback and did not come back within `window_secs`.
+pub fn host_lost(failed: &str, window_secs: u64, error: &str, left_behind: &str) -> Ending {
+    Ending::rollback_failed(format!(
+        "host needs attention: {failed}; {LOST} and it did not come back within {window_secs}s ({error}); {left_behind}"
+    ))
+}
+
+/// What a run that lost its host mid-apply leaves there, and what the next apply does about it.
+/// `new`: there was no previous unit; `kept`: where this run kept the previous one, once it had;
+/// `tried`: a rollback had begun, so the previous unit may be back on disk already.
+pub fn left_behind(unit: &str, new: bool, kept: Option<&str>, tried: bool) -> String {
+    let dir = state::unit_dir(unit);
+    let installed = if tried {
+        "the new unit is installed, or the previous one if the rollback got that far"
+    } else {
+        "the new unit is installed"
+    };
+    let next = match (new, kept) {
+        (true, _) => "it was new; the next apply will finish it or remove it".to_string(),
+        (false, Some(kept)) => {
+            format!("the previous is kept as generation {kept}; the next apply will finish or roll back")
+        }
+        (false, None) => format!(
+            "the previous is kept as the newest generation in {dir}/generations; the next apply will finish or roll back"
+        ),
+    };
+    format!("{installed}; {next}; the lock {dir}/lock stays (an apply from this machine breaks it; from elsewhere, use --break-stale-lock)")
+}
+
+/// Why `--rollback-all` could not put a unit back, as its detail says it.
+pub fn not_restored(e: &NotRestored) -> String {
+    match e {
+        NotRestored::Restore(e) => e.clone(),
+        NotRestored::Verify(f) => format!("the restored unit failed {}: {}", f.stage, f.reason),
+    }
+}
+
+/// A unit this rollout had changed (`before`: its detail then), after `--rollback-all` put it
+/// back or failed to (`result`) because the rollout stopped (`why`).
+pub fn rolled_back_with_rollout(
+    before: &str,
+    why: &str,
+    result: Result<&Restored, String>,
+) -> Ending {
+    match result {
+        Ok(restored) => {
+            let done = match restored {
+                Restored::Removed => "removed the new unit",
+                Restored::Verified(_) => "restored the previous unit, which passed verification",
+                Restored::Reloaded | Restored::LeftStopped => {
+                    "restored the previous unit (daemon-reload only)"
+                }
+            };
+            Ending::failed(
+                Outcome::RolledBack,
+                format!("{before}; {why}, and --rollback-all {done}"),
+                ApplyErrorKind::RolloutStopped,
+            )
+        }
+        Err(e) => {
+            Ending::rollback_failed(format!("{before}; {why}, and --rollback-all failed: {e}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::testing::{observed, target};
+    use crate::preflight::{Finding, Severity};
+    use crate::verify::{Failure, Stage};
+
+    fn record_error() -> state::RecordError {
+        state::RecordError {
+            host: "gpu-a".into(),
+            path: "/var/lib/reconcile/s.service/current.json".into(),
+            problem: state::RecordProblem::Unparsable("EOF".into()),
+        }
+    }
+
+    #[test]
+    fn a_changed_unit_is_installed_against_what_the_host_has() {
+        let running = observed(Some("old"), "activating");
+        assert_eq!(
+            start(Verdict::Restart, &running, None),
+            Start::Install(Install {
+                verdict: Verdict::Restart,
+                previous: Previous::Observed,
+                was_running: true,
+                note: None,
+            })
+        );
+        let Start::Install(i) = start(Verdict::Install, &observed(None, "inactive"), None) else {
+            panic!("installs");
+        };
+        assert_eq!((i.verdict, i.was_running), (Verdict::Install, false));
+    }
+
+    #[test]
+    fn no_change_is_unchanged_unless_the_last_apply_did_not_finish() {
+        let o = observed(Some("u"), "failed");
+        assert_eq!(
+            start(Verdict::NoChange, &o, Some(Ok(false))),
+            Start::Unchanged
+        );
+        assert_eq!(
+            start(Verdict::NoChange, &o, Some(Ok(true))),
+            Start::Install(Install {
+                verdict: Verdict::Restart,
+                previous: Previous::NewestGeneration,
+                was_running: true,
+                note: Some("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into()),
+            })
+        );
+        let Start::Refuse(e) = start(Verdict::NoChange, &o, Some(Err(record_error()))) else {
+            panic!("refused");
+        };
+        assert_eq!(e.kind(), ApplyErrorKind::RecordUnreadable);
+        assert_eq!(e.to_string(), "nothing was changed: the deployment record /var/lib/reconcile/s.service/current.json on gpu-a does not parse: EOF");
+    }
+
+    #[test]
+    fn a_plan_file_unit_is_stale_when_the_host_changed() {
+        let mut t = target();
+        t.expected = Some(plan_file::PlannedState {
+            desired_sha256: state::sha256(&t.desired.text),
+            current_sha256: Some(state::sha256("old")),
+            sglang_version: None,
+        });
+        assert_eq!(stale_plan(&t, &observed(Some("old"), "active")), None);
+        let e = stale_plan(&t, &observed(None, "inactive")).expect("stale");
+        assert_eq!(e.kind(), ApplyErrorKind::PlanStale);
+        assert!(
+            e.to_string().starts_with(
+                "nothing was changed: stale plan: the unit on gpu-a changed since the plan ("
+            ),
+            "{e}"
+        );
+        t.expected = None;
+        assert_eq!(stale_plan(&t, &observed(None, "inactive")), None);
+    }
+
+    fn finding(severity: Severity, check: &'static str, message: &str) -> Finding {
+        Finding {
+            severity,
+            check,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn errors_block_and_warnings_are_notes_except_manifest_checks_when_restoring() {
+        let findings = || {
+            vec![
+                finding(Severity::Error, "port", "port 30000 is taken"),
+                finding(Severity::Error, "sglang-version", "0.5.1 installed"),
+                finding(Severity::Warning, "gpus", "no nvidia-smi"),
+            ]
+        };
+        let (notes, refusal) = preflight(findings(), None);
+        assert_eq!(notes, ["preflight: no nvidia-smi"]);
+        assert_eq!(
+            refusal.unwrap().to_string(),
+            "preflight failed, nothing was changed: port 30000 is taken; 0.5.1 installed"
+        );
+        let (notes, refusal) = preflight(findings(), Some(3));
+        assert_eq!(
+            notes,
+            ["preflight: 0.5.1 installed", "preflight: no nvidia-smi"]
+        );
+        assert_eq!(
+            refusal.unwrap(),
+            ApplyError::PreflightFailed(vec!["port 30000 is taken".into()])
+        );
+        assert!(!blocks(&finding(Severity::Error, "flags", "x"), Some(1)));
+        assert!(blocks(&finding(Severity::Error, "flags", "x"), None));
+        assert_eq!(preflight(Vec::new(), None), (Vec::new(), None));
+    }
+
+    #[test]
+    fn a_failed_install_says_what_was_put_back() {
+        let e = ApplyError::InstallFailed("disk full".into());
+        let end = install_failed(&e, Ok(false));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::Error,
+                "installing failed: disk full; nothing changed on the host",
+                Some(ApplyErrorKind::InstallFailed)
+            )
+        );
+        assert_eq!(
+            install_failed(&e, Ok(true)).detail,
+            "installing failed: disk full; the previous unit is back in place (the server was not restarted)"
+        );
+        let end = install_failed(&e, Err("gone".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "installing failed: disk full; putting the previous unit back failed too: gone",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+    }
+
+    #[test]
+    fn reload_only_and_a_cancel_before_the_restart() {
+        assert_eq!(
+            reloaded(),
+            Ending {
+                outcome: Outcome::Reloaded,
+                detail: "unit replaced and daemon-reloaded; the server kept running".into(),
+                error: None
+            }
+        );
+        let i = "interrupted (SIGINT)";
+        for put_back in [Ok(true), Ok(false)] {
+            let end = cancelled_before_restart(i, put_back);
+            assert_eq!(
+                (end.outcome, end.detail.as_str(), end.error),
+                (
+                    Outcome::NotStarted,
+                    "not started: interrupted (SIGINT) before the restart; the previous unit is back in place and the server was not restarted",
+                    Some(ApplyErrorKind::Interrupted)
+                )
+            );
+        }
+        let end = cancelled_before_restart(i, Err("gone".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (
+                Outcome::RollbackFailed,
+                "not started: interrupted (SIGINT) before the restart; putting the previous unit back failed: gone"
+            )
+        );
+    }
+
+    fn verification(load: Option<f64>) -> Verification {
+        let stage = |name| Stage {
+            name,
+            passed: true,
+            seconds: 1.0,
+            at_unix: 0.0,
+            detail: String::new(),
+        };
+        Verification {
+            stages: vec![stage("health"), stage("smoke")],
+            load_seconds: load,
+            ..Verification::default()
+        }
+    }
+
+    #[test]
+    fn a_verified_restart_sums_up_its_stages() {
+        let end = converged(&verification(Some(12.34)));
+        assert_eq!(end.outcome, Outcome::Converged);
+        assert_eq!(end.error, None);
+        assert!(
+            end.detail.starts_with(
+                "restarted and verified: ready after 12.3s (health, smoke passed) memory "
+            ),
+            "{}",
+            end.detail
+        );
+        assert!(converged(&verification(None))
+            .detail
+            .starts_with("restarted and verified:  (health, smoke passed) memory "));
+    }
+
+    #[test]
+    fn each_rollback_result_has_its_detail() {
+        let f = "health failed: 503";
+        let cause = ApplyErrorKind::VerificationFailed;
+        let back = |r: Result<Restored, NotRestored>| rolled_back(f, cause, &r);
+        let end = back(Ok(Restored::Verified(verification(Some(3.0)))));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RolledBack,
+                "health failed: 503; the previous unit was restored and passed verification (ready after 3.0s)",
+                Some(cause)
+            )
+        );
+        assert_eq!(
+            back(Ok(Restored::Verified(verification(None)))).detail,
+            "health failed: 503; the previous unit was restored and passed verification"
+        );
+        assert_eq!(
+            back(Ok(Restored::Removed)).detail,
+            "health failed: 503; the new unit was stopped, disabled and removed"
+        );
+        assert_eq!(
+            back(Ok(Restored::LeftStopped)).detail,
+            "health failed: 503; the previous unit was restored and left stopped, as it was"
+        );
+        let end = back(Err(NotRestored::Restore("write failed".into())));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "health failed: 503; rollback failed: write failed",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+        let failure = Failure {
+            stage: "smoke",
+            reason: "timed out".into(),
+            verification: Verification::default(),
+        };
+        assert_eq!(
+            back(Err(NotRestored::Verify(failure))).detail,
+            "health failed: 503; the restored previous unit failed too: smoke: timed out"
+        );
+        assert_eq!(
+            format!("restart failed: x{SHUTTING_DOWN}{}", reconnected(4.25)),
+            "restart failed: x; the host was shutting down; the connection to the host was lost, reconnected after 4.2s"
+        );
+    }
+
+    #[test]
+    fn a_lost_host_says_what_it_left_behind() {
+        let dir = "/var/lib/reconcile/s.service";
+        let lock = format!("the lock {dir}/lock stays (an apply from this machine breaks it; from elsewhere, use --break-stale-lock)");
+        assert_eq!(
+            left_behind("s.service", true, None, false),
+            format!("the new unit is installed; it was new; the next apply will finish it or remove it; {lock}")
+        );
+        assert_eq!(
+            left_behind("s.service", false, Some("/g/1.service"), true),
+            format!("the new unit is installed, or the previous one if the rollback got that far; the previous is kept as generation /g/1.service; the next apply will finish or roll back; {lock}")
+        );
+        assert_eq!(
+            left_behind("s.service", false, None, false),
+            format!("the new unit is installed; the previous is kept as the newest generation in {dir}/generations; the next apply will finish or roll back; {lock}")
+        );
+        let end = host_lost("health failed: 503", 90, "cannot connect to gpu-a", "LEFT");
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "host needs attention: health failed: 503; the connection to the host was lost and it did not come back within 90s (cannot connect to gpu-a); LEFT",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+    }
+
+    #[test]
+    fn rollback_all_details() {
+        let why = "the canary failed, so the rollout stopped";
+        let done = |r: Restored| rolled_back_with_rollout("restarted and verified: x", why, Ok(&r));
+        let end = done(Restored::Verified(Verification::default()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RolledBack,
+                "restarted and verified: x; the canary failed, so the rollout stopped, and --rollback-all restored the previous unit, which passed verification",
+                Some(ApplyErrorKind::RolloutStopped)
+            )
+        );
+        assert!(done(Restored::Removed)
+            .detail
+            .ends_with("--rollback-all removed the new unit"));
+        assert!(done(Restored::Reloaded)
+            .detail
+            .ends_with("--rollback-all restored the previous unit (daemon-reload only)"));
+        let end = rolled_back_with_rollout("d", why, Err("locked".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "d; the canary failed, so the rollout stopped, and --rollback-all failed: locked",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+        let failure = Failure {
+            stage: "health",
+            reason: "503".into(),
+            verification: Verification::default(),
+        };
+        assert_eq!(
+            not_restored(&NotRestored::Verify(failure)),
+            "the restored unit failed health: 503"
+        );
+        assert_eq!(not_restored(&NotRestored::Restore("e".into())), "e");
+    }
+
+    #[test]
+    fn refusals_are_errors_and_interruptions_not_started() {
+        let end = Ending::refused(&ApplyError::Unreachable("cannot connect to gpu-a".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::Error,
+                "cannot connect to gpu-a",
+                Some(ApplyErrorKind::Unreachable)
+            )
+        );
+        let end = Ending::refused(&ApplyError::InterruptedBeforeHost);
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::NotStarted,
+                "interrupted before this host's turn",
+                Some(ApplyErrorKind::Interrupted)
+            )
+        );
+        let end = Ending::refused(&ApplyError::NotStarted("the canary failed".into()));
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (Outcome::NotStarted, "not started: the canary failed")
+        );
+    }
+}

@@ -1,0 +1,594 @@
+//! Installing a unit whose plan says so, under its lock: keep the current unit as a generation,
+//! write the new one, daemon-reload, and restart only when the plan says so; then verification,
+//! and the rollback when the restart or a stage fails. What each result means, and its detail
+//! text, is `decide`'s; this file does the remote calls in order.
+
+use tokio::time::Instant;
+
+use super::decide::{self, Ending};
+use super::error::ApplyError;
+use super::restore::{put_back_file, restore_and_verify, NotRestored, Restore, Restored, Then};
+use super::verifier::Check;
+use super::{state, Job, UnitReport};
+use crate::observed::Observed;
+use crate::plan::{Verdict, UNIT_DIR};
+use crate::redact::{redact_text, Secret, REDACTED};
+use crate::remote::{error_chain, Host, RemoteError};
+use crate::systemd::Systemd;
+use crate::unit::parse_unit;
+use crate::verify::{Expect, Failure, Verification, POLL_INTERVAL};
+
+/// What to go back to when the new unit fails.
+pub struct Fallback {
+    pub previous: Option<String>,
+    pub was_running: bool,
+    /// Where this run kept the previous unit among the generations, once it has.
+    pub kept: Option<String>,
+}
+
+impl Fallback {
+    /// The rollback's restore: the previous unit back, and running again only if it ran.
+    fn restore<'a>(&'a self, job: &Job<'a>) -> Restore<'a> {
+        let t = job.t;
+        Restore {
+            host: job.host,
+            unit: &t.desired.unit,
+            previous: self.previous.as_deref(),
+            then: if self.was_running {
+                Then::Restart
+            } else {
+                Then::Stop
+            },
+            spec: &t.verify,
+            label: format!("{} {} (rollback)", t.host, t.desired.unit),
+        }
+    }
+}
+
+/// How long to wait, beyond the crash window, for a host whose connection broke mid-apply to
+/// take connections again: long enough for a server to reboot.
+const RECONNECT_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Installs the new unit and takes it through restart and verification as `verdict` says, rolling
+/// back when it fails. The caller holds the unit's lock.
+pub async fn install(
+    job: &Job<'_>,
+    observed: &Observed,
+    verdict: Verdict,
+    mut fallback: Fallback,
+    report: &mut UnitReport,
+) -> Ending {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let unit = &t.desired.unit;
+    if let Err(e) = write_unit(job, observed, &mut fallback).await {
+        let e = ApplyError::InstallFailed(error_chain(&e));
+        let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
+        return decide::install_failed(&e, put_back.map_err(|e| error_chain(&e)));
+    }
+    if verdict == Verdict::ReloadOnly {
+        record(job, "reloaded", None, report).await;
+        return decide::reloaded();
+    }
+    // The last moment to stop without a restart: a signal now leaves the server as it was.
+    if *options.cancel.borrow() {
+        let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
+        return decide::cancelled_before_restart(
+            &crate::signals::interrupted(),
+            put_back.map_err(|e| error_chain(&e)),
+        );
+    }
+    let invocation = match restart(host, unit, verdict).await {
+        Ok(id) => id,
+        Err(e) => {
+            let error = ApplyError::RestartFailed(error_chain(&e));
+            let failed = Failed {
+                stage: "restart",
+                error,
+                invocation: "",
+            };
+            return roll_back(job, &fallback, report, failed).await;
+        }
+    };
+    let check = Check {
+        unit,
+        spec: &t.verify,
+        expect: Expect::from_unit(&t.desired.model),
+        label: format!("{} {unit}", t.host),
+        cancel: &options.cancel,
+    };
+    match job.verifier.verify(host, check).await {
+        Ok(v) => {
+            let ending = decide::converged(&v);
+            record(job, "converged", Some(&v), report).await;
+            report.verification = Some(v);
+            ending
+        }
+        Err(Failure {
+            stage,
+            reason,
+            verification,
+        }) => {
+            report.verification = Some(verification);
+            let error = ApplyError::VerificationFailed {
+                stage: stage.to_string(),
+                reason,
+            };
+            let failed = Failed {
+                stage,
+                error,
+                invocation: &invocation,
+            };
+            roll_back(job, &fallback, report, failed).await
+        }
+    }
+}
+
+/// Keeps the current unit as a generation (noting where in `fallback`), writes the new one and
+/// has systemd reload.
+async fn write_unit(
+    job: &Job<'_>,
+    observed: &Observed,
+    fallback: &mut Fallback,
+) -> Result<(), RemoteError> {
+    let (host, t) = (job.host, job.t);
+    let unit = &t.desired.unit;
+    let path = format!("{UNIT_DIR}/{unit}");
+    // A temporary file left by a run cut off mid-write; we hold the lock, so it is not in use.
+    host.run_ok(&["rm", "-f", "--", &format!("{path}.reconcile-tmp")])
+        .await?;
+    if let Some(current) = observed
+        .unit_text
+        .as_deref()
+        .filter(|c| *c != t.desired.text)
+    {
+        fallback.kept = Some(state::keep_generation(host, unit, current).await?);
+    }
+    host.write_file(&path, &t.desired.text, "0644").await?;
+    host.run_ok(&["systemctl", "daemon-reload"]).await?;
+    Ok(())
+}
+
+/// Enables a new unit, restarts it, and returns the new invocation's id (for its journal).
+async fn restart(host: &dyn Host, unit: &str, verdict: Verdict) -> Result<String, RemoteError> {
+    if verdict == Verdict::Install {
+        host.run_ok(&["systemctl", "enable", "--", unit]).await?;
+    }
+    host.run_ok(&["systemctl", "restart", "--", unit]).await?;
+    Ok(host.unit_state(unit).await?.invocation_id)
+}
+
+/// What failed in the new unit, for the rollback.
+struct Failed<'a> {
+    stage: &'a str,
+    error: ApplyError,
+    /// The failed invocation, whose journal goes into the report ("" when it never started).
+    invocation: &'a str,
+}
+
+/// Puts the previous unit back after the new one failed, through a host that may be going away.
+async fn roll_back(
+    job: &Job<'_>,
+    fallback: &Fallback,
+    report: &mut UnitReport,
+    failed: Failed<'_>,
+) -> Ending {
+    let (host, t) = (job.host, job.t);
+    let unit = &t.desired.unit;
+    report.failed_stage = Some(failed.stage.to_string());
+    let cause = failed.error.kind();
+    let mut text = failed.error.to_string();
+    // The host may go away under us (a reboot, a cut network): then wait for it and roll back as
+    // for any other failure. The new unit never passed verification and may be what brought the
+    // host down; enabled, it may be running again after a reboot, unverified. A host shutting
+    // down still answers for a moment, so a rollback that fails while it does starts over.
+    let window = t.verify.crash_window + RECONNECT_GRACE;
+    let until = Instant::now() + window;
+    let mut tried = false;
+    let ending = loop {
+        let now = presence(host).await;
+        if now == Presence::ShuttingDown && !text.contains(decide::SHUTTING_DOWN) {
+            text.push_str(decide::SHUTTING_DOWN);
+        }
+        if now == Presence::ShuttingDown && Instant::now() < until {
+            // Its sshd goes soon; reconnecting before would reach the host on its way down.
+            tokio::time::sleep(POLL_INTERVAL).await;
+            continue;
+        }
+        if now != Presence::Here {
+            match host
+                .reconnect(until.saturating_duration_since(Instant::now()))
+                .await
+            {
+                Ok(took) => text.push_str(&decide::reconnected(took.as_secs_f64())),
+                Err(e) => {
+                    let left = decide::left_behind(
+                        unit,
+                        fallback.previous.is_none(),
+                        fallback.kept.as_deref(),
+                        tried,
+                    );
+                    return decide::host_lost(&text, window.as_secs(), &error_chain(&e), &left);
+                }
+            }
+        }
+        tried = true;
+        let result = restore_and_verify(fallback.restore(job), job.verifier).await;
+        let ending = decide::rolled_back(&text, cause, &result);
+        match result {
+            Ok(Restored::Verified(v)) => report.rollback = Some(v),
+            Err(NotRestored::Verify(f)) => report.rollback = Some(f.verification),
+            _ => {}
+        }
+        if ending.outcome != super::Outcome::RollbackFailed
+            || Instant::now() >= until
+            || presence(host).await == Presence::Here
+        {
+            break ending;
+        }
+    };
+    // Read after the rollback, which gives journald time to take in the failed process's last
+    // lines.
+    report.journal = redacted_journal(job, fallback, failed.invocation).await;
+    ending
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Presence {
+    Here,
+    /// Its systemd is stopping (a reboot or power-off under way).
+    ShuttingDown,
+    /// The connection broke.
+    Gone,
+}
+
+async fn presence(host: &dyn Host) -> Presence {
+    if !host.connected().await {
+        return Presence::Gone;
+    }
+    match host.run(&["systemctl", "is-system-running"]).await {
+        Ok(out) if out.stdout.trim() == "stopping" => Presence::ShuttingDown,
+        // Past "stopping", PID 1 no longer answers on its bus while sshd still does.
+        Ok(out)
+            if out.stdout.trim() == "offline"
+                || out.stderr.contains("Failed to connect to bus") =>
+        {
+            Presence::ShuttingDown
+        }
+        Ok(_) => Presence::Here,
+        Err(_) => Presence::Gone,
+    }
+}
+
+/// Writes the deployment record; a failure to record is a note, not a failed deployment.
+async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: &mut UnitReport) {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let owner = &options.owner;
+    let plateau = v.and_then(|v| v.plateau.as_ref());
+    let record = state::Record {
+        unit: t.desired.unit.clone(),
+        manifest: t.source.clone(),
+        manifest_sha256: t.manifest_digest.clone(),
+        unit_sha256: state::sha256(&t.desired.text),
+        git_commit: options.git.commit.clone(),
+        git_author: options.git.author.clone(),
+        applied_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        applied_by: format!("{}@{} pid {}", owner.user, owner.machine, owner.pid),
+        outcome: outcome.to_string(),
+        load_seconds: v.and_then(|v| v.load_seconds),
+        plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
+        plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
+        restored_from: options.restoring,
+    };
+    if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
+        report.notes.push(format!(
+            "the deployment record could not be written: {}",
+            error_chain(&e)
+        ));
+    }
+}
+
+/// The failed invocation's journal with the secrets of both units redacted: SGLang logs its
+/// resolved arguments, secrets included.
+async fn redacted_journal(job: &Job<'_>, fallback: &Fallback, invocation: &str) -> Option<String> {
+    let secrets: Vec<Secret> = job
+        .options
+        .redactor
+        .secret_values(&job.t.desired.model)
+        .into_iter()
+        .chain(
+            fallback
+                .previous
+                .as_deref()
+                .map(|p| job.options.redactor.secret_values(&parse_unit(p)))
+                .unwrap_or_default(),
+        )
+        .map(|(name, value)| Secret {
+            name,
+            value,
+            placeholder: REDACTED,
+        })
+        .collect();
+    journal(job.host, invocation)
+        .await
+        .map(|j| redact_text(&j, &secrets))
+}
+
+/// The last lines the failed invocation logged, and systemd's lines about it.
+async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
+    if invocation.is_empty() {
+        return None;
+    }
+    let process = format!("_SYSTEMD_INVOCATION_ID={invocation}");
+    let manager = format!("INVOCATION_ID={invocation}");
+    let argv = [
+        "journalctl",
+        &process,
+        "+",
+        &manager,
+        "-n",
+        "50",
+        "--no-pager",
+        "-o",
+        "cat",
+    ];
+    Some(host.run(&argv).await.ok()?.stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant as StdInstant;
+
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::apply::error::ApplyErrorKind;
+    use crate::apply::testing::{observed, options, target};
+    use crate::apply::verifier::fake::Scripted;
+    use crate::apply::{Outcome, Report};
+    use crate::remote::fake::{FakeHost, Reply};
+
+    const PATH: &str = "/etc/systemd/system/s.service";
+
+    /// A host where every command succeeds, and systemd reports a running invocation `inv-1`.
+    fn host(unit: Option<&str>) -> FakeHost {
+        let fake = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .on(
+                &["systemctl", "show"],
+                Reply::ok("InvocationID=inv-1\nActiveState=active\n"),
+            )
+            .on(&["systemctl", "is-system-running"], Reply::ok("running\n"));
+        match unit {
+            Some(text) => fake.with_file(PATH, text),
+            None => fake,
+        }
+    }
+
+    fn passed() -> Result<Verification, Failure> {
+        Ok(Verification {
+            load_seconds: Some(2.0),
+            ..Verification::default()
+        })
+    }
+
+    fn failed(stage: &'static str) -> Result<Verification, Failure> {
+        Err(Failure {
+            stage,
+            reason: "503".into(),
+            verification: Verification::default(),
+        })
+    }
+
+    /// Installs `s.service` over what `host` has (`before`, `active_state`), as `verdict` says.
+    async fn install_on(
+        host: &FakeHost,
+        verifier: &Scripted,
+        before: &Observed,
+        verdict: Verdict,
+        cancel: bool,
+    ) -> (Ending, UnitReport) {
+        let t = target();
+        let (_tx, rx) = watch::channel(cancel);
+        let options = options(rx);
+        let job = Job {
+            host,
+            t: &t,
+            options: &options,
+            verifier,
+        };
+        let mut report = Report::new(&t, StdInstant::now()).report;
+        let fallback = Fallback {
+            previous: before.unit_text.clone(),
+            was_running: before.state.active_state == "active",
+            kept: None,
+        };
+        let ending = install(&job, before, verdict, fallback, &mut report).await;
+        (ending, report)
+    }
+
+    fn ran(host: &FakeHost, argv: &[&str]) -> bool {
+        host.commands().iter().any(|c| c == argv)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_verified_restart_converges_and_is_recorded() {
+        let host = host(Some("old"));
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
+        assert_eq!(end.error, None);
+        assert_eq!(host.file(PATH), Some(target().desired.text));
+        assert!(ran(&host, &["systemctl", "restart", "--", "s.service"]));
+        assert!(!ran(&host, &["systemctl", "enable", "--", "s.service"]));
+        assert!(host
+            .file("/var/lib/reconcile/s.service/current.json")
+            .is_some_and(|r| r.contains(r#""outcome":"converged""#)));
+        assert!(report.verification.is_some() && report.journal.is_none());
+        assert_eq!(*verifier.asked.lock().unwrap(), ["gpu-a s.service"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_stage_restores_restarts_and_verifies_the_previous_unit() {
+        let host = host(Some("old"));
+        let verifier = Scripted::new(vec![failed("health"), passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RolledBack,
+                "health failed: 503; the previous unit was restored and passed verification (ready after 2.0s)",
+                Some(ApplyErrorKind::VerificationFailed)
+            )
+        );
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert_eq!(report.failed_stage.as_deref(), Some("health"));
+        assert!(report.rollback.is_some() && report.journal.is_some());
+        assert!(host
+            .commands()
+            .iter()
+            .any(|c| c[0] == "journalctl" && c[1] == "_SYSTEMD_INVOCATION_ID=inv-1"));
+        assert_eq!(
+            *verifier.asked.lock().unwrap(),
+            ["gpu-a s.service", "gpu-a s.service (rollback)"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_unit_that_fails_is_removed_and_a_failing_restore_says_so() {
+        let host = host(None);
+        let verifier = Scripted::new(vec![failed("smoke")]);
+        let before = observed(None, "inactive");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Install, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (
+                Outcome::RolledBack,
+                "smoke failed: 503; the new unit was stopped, disabled and removed"
+            )
+        );
+        assert!(ran(&host, &["systemctl", "enable", "--", "s.service"]));
+        assert!(ran(
+            &host,
+            &["systemctl", "disable", "--now", "--", "s.service"]
+        ));
+        assert!(ran(&host, &["rm", "-f", "--", PATH]));
+
+        // The restored unit fails its own verification: the host needs attention.
+        let host = self::host(Some("old"));
+        let verifier = Scripted::new(vec![failed("health"), failed("smoke")]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::RollbackFailed,
+                "health failed: 503; the restored previous unit failed too: smoke: 503",
+                Some(ApplyErrorKind::RollbackFailed)
+            )
+        );
+        assert!(report.rollback.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_install_puts_the_file_back_without_a_restart() {
+        let host = host(Some("old")).once(
+            &["systemctl", "daemon-reload"],
+            Reply::exit(1, "", "no bus"),
+        );
+        let verifier = Scripted::new(Vec::new());
+        let before = observed(Some("old"), "active");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::Error);
+        assert_eq!(end.error, Some(ApplyErrorKind::InstallFailed));
+        assert!(
+            end.detail.starts_with("installing failed: ")
+                && end.detail.ends_with(
+                    "no bus; the previous unit is back in place (the server was not restarted)"
+                ),
+            "{}",
+            end.detail
+        );
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert!(!ran(&host, &["systemctl", "restart", "--", "s.service"]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reload_only_keeps_the_server_and_a_cancel_stops_before_the_restart() {
+        let host = host(Some("old"));
+        let verifier = Scripted::new(Vec::new());
+        let before = observed(Some("old"), "active");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::ReloadOnly, false).await;
+        assert_eq!(end, decide::reloaded());
+        assert!(!ran(&host, &["systemctl", "restart", "--", "s.service"]));
+        assert!(host
+            .file("/var/lib/reconcile/s.service/current.json")
+            .is_some_and(|r| r.contains(r#""outcome":"reloaded""#)));
+
+        let host = self::host(Some("old"));
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, true).await;
+        assert_eq!(end.outcome, Outcome::NotStarted);
+        assert_eq!(end.error, Some(ApplyErrorKind::Interrupted));
+        assert!(end.detail.ends_with(
+            "before the restart; the previous unit is back in place and the server was not restarted"
+        ));
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert!(!ran(&host, &["systemctl", "restart", "--", "s.service"]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restart_that_breaks_the_connection_reconnects_and_rolls_back() {
+        let host = host(Some("old")).once(&["systemctl", "restart"], Reply::Disconnect);
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
+        assert_eq!(end.error, Some(ApplyErrorKind::RestartFailed));
+        assert!(end.detail.starts_with("restart failed: "), "{}", end.detail);
+        assert!(
+            end.detail.contains("; the connection to the host was lost, reconnected after 0.0s; the previous unit was restored and passed verification"),
+            "{}",
+            end.detail
+        );
+        assert_eq!(report.failed_stage.as_deref(), Some("restart"));
+        // No invocation started, so there is no journal to read.
+        assert!(report.journal.is_none());
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rollback_that_fails_while_the_host_shuts_down_starts_over() {
+        let running = Reply::ok("running\n");
+        let stopping = Reply::ok("stopping\n");
+        let host = host(Some("old"))
+            // The new unit's restart, then the rollback's first restart, which fails.
+            .once(&["systemctl", "restart"], Reply::ok(""))
+            .once(
+                &["systemctl", "restart"],
+                Reply::exit(1, "", "shutting down"),
+            )
+            .once(&["systemctl", "is-system-running"], running)
+            .once(&["systemctl", "is-system-running"], stopping.clone())
+            .once(&["systemctl", "is-system-running"], stopping);
+        let verifier = Scripted::new(vec![failed("health"), passed()]);
+        let before = observed(Some("old"), "active");
+        let started = Instant::now();
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str()),
+            (
+                Outcome::RolledBack,
+                "health failed: 503; the host was shutting down; the previous unit was restored and passed verification (ready after 2.0s)"
+            )
+        );
+        // It waited (on the paused clock) for the shutdown to pass before trying again.
+        assert!(started.elapsed() >= POLL_INTERVAL);
+        let restarts = host
+            .commands()
+            .iter()
+            .filter(|c| c[..] == ["systemctl", "restart", "--", "s.service"])
+            .count();
+        assert_eq!(restarts, 3);
+    }
+}

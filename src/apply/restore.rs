@@ -1,0 +1,229 @@
+//! Putting a unit back the way it was, one name per act:
+//! - [`put_back_file`]: after a failed install or a cancel before the restart: only the file (and
+//!   daemon-reload); the server was never restarted, so it is left alone;
+//! - [`restore`]: the previous unit's file (or the removal of a unit that was new), daemon-reload,
+//!   then restart, stop, or nothing more, as asked;
+//! - [`restore_and_verify`]: `restore`, then verification of the restored unit when it was
+//!   restarted. Used by apply's rollback and by `--rollback-all`.
+
+use tokio::sync::watch;
+
+use super::verifier::{Check, Verifier};
+use crate::manifest::VerifySpec;
+use crate::plan::UNIT_DIR;
+use crate::remote::{error_chain, Host, RemoteError};
+use crate::unit::parse_unit;
+use crate::verify::{Expect, Failure, Verification};
+
+/// After a failed install (nothing was restarted): puts the previous unit file back if the new one
+/// got in place (`previous: None` removes it), and has systemd reload it. Returns whether anything
+/// had to be put back.
+pub async fn put_back_file(
+    host: &dyn Host,
+    unit: &str,
+    previous: Option<&str>,
+) -> Result<bool, RemoteError> {
+    let path = format!("{UNIT_DIR}/{unit}");
+    if host.read_file(&path).await?.as_deref() == previous {
+        return Ok(false);
+    }
+    match previous {
+        Some(previous) => host.write_file(&path, previous, "0644").await?,
+        None => {
+            host.run_ok(&["rm", "-f", "--", &path]).await?;
+        }
+    }
+    host.run_ok(&["systemctl", "daemon-reload"]).await?;
+    Ok(true)
+}
+
+/// What [`restore`] does once the previous unit file is back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// The server ran before: run the previous unit again.
+    Restart,
+    /// The server was stopped before: leave it stopped.
+    Stop,
+    /// A reload-only change, whose server never restarted: the file and a reload suffice.
+    Reload,
+}
+
+/// Puts the previous unit back, then restarts, stops or only reloads as `then` says. A unit that
+/// was new (`previous: None`) is stopped, disabled and removed whatever `then` says.
+pub async fn restore(
+    host: &dyn Host,
+    unit: &str,
+    previous: Option<&str>,
+    then: Then,
+) -> Result<(), RemoteError> {
+    let path = format!("{UNIT_DIR}/{unit}");
+    match previous {
+        Some(previous) => {
+            host.write_file(&path, previous, "0644").await?;
+            host.run_ok(&["systemctl", "daemon-reload"]).await?;
+            let action = match then {
+                Then::Restart => "restart",
+                Then::Stop => "stop",
+                Then::Reload => return Ok(()),
+            };
+            host.run_ok(&["systemctl", action, "--", unit]).await?;
+        }
+        None => {
+            host.run(&["systemctl", "disable", "--now", "--", unit])
+                .await?;
+            host.run_ok(&["rm", "-f", "--", &path]).await?;
+            host.run_ok(&["systemctl", "daemon-reload"]).await?;
+            host.run(&["systemctl", "reset-failed", "--", unit]).await?;
+        }
+    }
+    Ok(())
+}
+
+/// What was put back.
+#[derive(Debug)]
+pub enum Restored {
+    /// The unit was new: stopped, disabled and removed.
+    Removed,
+    /// The previous unit is back and stopped, as it was.
+    LeftStopped,
+    /// The previous unit is back, daemon-reloaded only.
+    Reloaded,
+    /// The previous unit runs again and passed verification.
+    Verified(Verification),
+}
+
+#[derive(Debug)]
+pub enum NotRestored {
+    /// Putting the unit back failed (the error chain).
+    Restore(String),
+    /// The restored unit failed its verification.
+    Verify(Failure),
+}
+
+/// A restore to do and verify.
+pub struct Restore<'a> {
+    pub host: &'a dyn Host,
+    pub unit: &'a str,
+    pub previous: Option<&'a str>,
+    pub then: Then,
+    /// How to judge the restored server.
+    pub spec: &'a VerifySpec,
+    /// The live display's label for its verification.
+    pub label: String,
+}
+
+/// Restores the unit and, when it was restarted, verifies it against what the previous unit says
+/// it serves. A second Ctrl-C does not abort the verification: this is the way back.
+pub async fn restore_and_verify(
+    r: Restore<'_>,
+    verifier: &dyn Verifier,
+) -> Result<Restored, NotRestored> {
+    restore(r.host, r.unit, r.previous, r.then)
+        .await
+        .map_err(|e| NotRestored::Restore(error_chain(&e)))?;
+    let previous = match (r.previous, r.then) {
+        (None, _) => return Ok(Restored::Removed),
+        (Some(_), Then::Stop) => return Ok(Restored::LeftStopped),
+        (Some(_), Then::Reload) => return Ok(Restored::Reloaded),
+        (Some(previous), Then::Restart) => previous,
+    };
+    let (_keep, never) = watch::channel(false);
+    let check = Check {
+        unit: r.unit,
+        spec: r.spec,
+        expect: Expect::from_unit(&parse_unit(previous)),
+        label: r.label,
+        cancel: &never,
+    };
+    verifier
+        .verify(r.host, check)
+        .await
+        .map(Restored::Verified)
+        .map_err(NotRestored::Verify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::verifier::fake::Scripted;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    const PATH: &str = "/etc/systemd/system/s.service";
+
+    async fn run(
+        host: &FakeHost,
+        previous: Option<&str>,
+        then: Then,
+    ) -> Result<Restored, NotRestored> {
+        let spec = VerifySpec::default();
+        let restore = Restore {
+            host,
+            unit: "s.service",
+            previous,
+            then,
+            spec: &spec,
+            label: "gpu-a s.service (rollback)".into(),
+        };
+        restore_and_verify(restore, &Scripted::new(Vec::new())).await
+    }
+
+    fn ran(host: &FakeHost, argv: &[&str]) -> bool {
+        host.commands().iter().any(|c| c == argv)
+    }
+
+    #[tokio::test]
+    async fn only_a_restarted_unit_is_verified() {
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
+        let stopped = run(&host, Some("old"), Then::Stop).await;
+        assert!(matches!(stopped, Ok(Restored::LeftStopped)), "{stopped:?}");
+        assert!(ran(&host, &["systemctl", "stop", "--", "s.service"]));
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
+        let reloaded = run(&host, Some("old"), Then::Reload).await;
+        assert!(matches!(reloaded, Ok(Restored::Reloaded)), "{reloaded:?}");
+        assert_eq!(
+            host.commands(),
+            [vec!["systemctl".to_string(), "daemon-reload".to_string()]]
+        );
+
+        // A new unit is removed, whatever was asked after.
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
+        let removed = run(&host, None, Then::Restart).await;
+        assert!(matches!(removed, Ok(Restored::Removed)), "{removed:?}");
+        assert!(ran(
+            &host,
+            &["systemctl", "disable", "--now", "--", "s.service"]
+        ));
+        assert!(ran(
+            &host,
+            &["systemctl", "reset-failed", "--", "s.service"]
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_restore_that_fails_is_not_verified() {
+        let host = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .on(&["systemctl", "restart"], Reply::exit(1, "", "failed"));
+        let failed = run(&host, Some("old"), Then::Restart).await;
+        assert!(
+            matches!(&failed, Err(NotRestored::Restore(e)) if e.ends_with("failed")),
+            "{failed:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn putting_the_file_back_does_nothing_when_it_is_already_there() {
+        let host = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .with_file(PATH, "old");
+        assert!(!put_back_file(&host, "s.service", Some("old"))
+            .await
+            .unwrap());
+        assert!(host.commands().is_empty());
+        assert!(put_back_file(&host, "s.service", None).await.unwrap());
+        assert!(ran(&host, &["rm", "-f", "--", PATH]));
+        assert!(ran(&host, &["systemctl", "daemon-reload"]));
+    }
+}
