@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use reconcile_fuzz::remote::liveness::Liveness;
+use reconcile_fuzz::probe::liveness::Liveness;
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

@@ -2,9 +2,10 @@
 //!
 //! Both crates are linked as libraries: the pure core (`reconcile-core`: manifests, units,
 //! `systemctl show`, preflight's parsers, deployment records) and the binary's library for the
-//! host-output parsers that live beside the code that reads hosts (`remote`).
+//! host-output parsers that live beside the code that reads hosts (`remote` for GPUs and HTTP,
+//! `probe` for the liveness reading).
 
-pub use reconcile::{manifest, observed, preflight, remote, unit};
+pub use reconcile::{manifest, observed, preflight, probe, remote, unit};
 
 /// Deployment records and history lines.
 pub use reconcile_core::record;
