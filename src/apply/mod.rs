@@ -38,7 +38,7 @@ use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
 use crate::preflight;
 use crate::redact::Redactor;
-use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd;
 use crate::targets::Target;
 use crate::verify::Verification;
@@ -215,34 +215,44 @@ fn not_started(t: &Target, e: &ApplyError) -> UnitReport {
     Report::new(t, Instant::now()).fail(e)
 }
 
-/// A host's turn in the rollout: connect, apply its units, close.
-pub(super) async fn apply_host(
-    name: String,
-    targets: Vec<Target>,
+/// A batch of the rollout's turns, all at once: per host connect, apply its units, close. Once
+/// `options.cancel` has turned, no host of the batch is contacted.
+pub(super) async fn apply_hosts(
+    hosts: Vec<(String, Vec<Target>)>,
     ssh: &SshOptions,
     options: &ApplyOptions,
-) -> Vec<UnitReport> {
-    let started = Instant::now();
+) -> Vec<Vec<UnitReport>> {
     if *options.cancel.borrow() {
         let e = ApplyError::InterruptedBeforeHost;
-        return targets
+        let started = Instant::now();
+        return hosts
             .iter()
-            .map(|t| Report::new(t, started).fail(&e))
+            .map(|(_, targets)| {
+                targets
+                    .iter()
+                    .map(|t| Report::new(t, started).fail(&e))
+                    .collect()
+            })
             .collect();
     }
-    let host = match remote::connect(&name, ssh).await {
-        Ok(host) => host,
-        Err(e) => return unreachable(&targets, &e, started),
-    };
-    let reports = apply_units(
-        &*host,
-        &targets,
-        options,
-        "interrupted before this unit's turn",
+    let at_once = hosts.len();
+    crate::fleet::each_host(
+        hosts,
+        ssh,
+        at_once,
+        crate::fleet::no_span,
+        async |host: &dyn Host, _: &crate::fleet::Visit<'_>, targets: Vec<Target>| {
+            apply_units(
+                host,
+                &targets,
+                options,
+                "interrupted before this unit's turn",
+            )
+            .await
+        },
+        |visit, targets, e| unreachable(&targets, &e, visit.started),
     )
-    .await;
-    host.close().await;
-    reports
+    .await
 }
 
 /// Whether applying `t` would do anything: its unit differs from the manifest, or the last apply of
