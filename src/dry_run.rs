@@ -6,11 +6,11 @@
 use futures::stream::{self, StreamExt};
 
 use crate::digest::sha256;
+use crate::fleet;
 use crate::observed::Observed;
 use crate::plan::{plan, PlannedState, UnitPlan, Verdict};
 use crate::preflight;
 use crate::redact::Redactor;
-use crate::fleet;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::systemd::Systemd;
 use crate::targets::Target;

@@ -108,6 +108,7 @@ pub struct GitInfo {
     pub author: Option<String>,
 }
 
+#[derive(Clone)]
 pub struct ApplyOptions {
     pub owner: Owner,
     pub lock: LockPolicy,
@@ -125,6 +126,59 @@ pub struct ApplyOptions {
     pub restoring: Option<usize>,
     /// What to hide in plans and journals: the secret names of the run's manifests.
     pub redactor: Redactor,
+}
+
+impl ApplyOptions {
+    /// Applying as `owner` under `lock`, stopping when `cancel` turns, hiding what `redactor`
+    /// hides; by default without git info, live display or the deep check, one host at a time, and
+    /// restoring nothing. Every command's options start here.
+    pub fn new(
+        owner: Owner,
+        lock: LockPolicy,
+        cancel: watch::Receiver<bool>,
+        redactor: Redactor,
+    ) -> ApplyOptions {
+        ApplyOptions {
+            owner,
+            lock,
+            git: GitInfo::default(),
+            cancel,
+            progress: None,
+            deep: false,
+            rollout: Rollout {
+                canary: 1,
+                max_parallel: 1,
+                max_failures: 1,
+                rollback_all: false,
+            },
+            restoring: None,
+            redactor,
+        }
+    }
+
+    pub fn git(self, git: GitInfo) -> ApplyOptions {
+        ApplyOptions { git, ..self }
+    }
+
+    pub fn progress(self, progress: Option<MultiProgress>) -> ApplyOptions {
+        ApplyOptions { progress, ..self }
+    }
+
+    pub fn deep(self, deep: bool) -> ApplyOptions {
+        ApplyOptions { deep, ..self }
+    }
+
+    pub fn rollout(self, rollout: Rollout) -> ApplyOptions {
+        ApplyOptions { rollout, ..self }
+    }
+
+    /// These options restoring deployment `n`, recorded with `git` (`reconcile rollback`).
+    pub fn restoring(&self, n: usize, git: GitInfo) -> ApplyOptions {
+        ApplyOptions {
+            restoring: Some(n),
+            ..self.clone().git(git)
+        }
+    }
 }
 
 /// Applies every target, host by host, as a rollout (canary, batches, failure budget).

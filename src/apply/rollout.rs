@@ -9,8 +9,8 @@ use super::restore::{restore_and_verify, Restore, Restored, Then};
 use super::schedule::{Schedule, Step};
 use super::verifier::Live;
 use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
-use crate::manifest::VerifySpec;
 use crate::fleet;
+use crate::manifest::VerifySpec;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::targets::{by_host, Target};
 
@@ -144,7 +144,11 @@ pub async fn roll_out(
 
 /// A batch's turns, at once: hosts with work applied, unreachable ones failed as found. The
 /// results are in the batch's order.
-async fn take_turns(batch: Vec<Turn>, ssh: &SshOptions, options: &ApplyOptions) -> Vec<Vec<UnitReport>> {
+async fn take_turns(
+    batch: Vec<Turn>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Vec<Vec<UnitReport>> {
     let mut results: Vec<Option<Vec<UnitReport>>> = Vec::new();
     let mut work = Vec::new();
     for turn in batch {

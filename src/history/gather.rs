@@ -3,8 +3,8 @@
 
 use super::{deployments, disk_notes, generations, Deployment, HostHistory};
 use crate::apply::state;
-use crate::plan::UNIT_DIR;
 use crate::fleet;
+use crate::plan::UNIT_DIR;
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 
 /// The history of `unit` on each host, at most `parallel` hosts at once, in the hosts' order.

@@ -7,10 +7,10 @@ use futures::stream::{self, StreamExt};
 
 use super::{classify, split_nul, Facts, Running, Systemd, UnitStatus};
 use crate::apply::state::read_record;
+use crate::fleet;
 use crate::observed::Show;
 use crate::plan::UNIT_DIR;
 use crate::redact::Redactor;
-use crate::fleet;
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
 use crate::unit::parse_unit;
