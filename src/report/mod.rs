@@ -1,7 +1,8 @@
 //! Showing what a command found: text for a terminal, markdown for a pull request comment, JSON
 //! for tools. A plan (here), an apply's reports, a status (`status`), a history (`history`) and an
 //! agent's rounds (`agent`): every format is built from the same redacted results, so none can
-//! show a secret. Nothing below the face prints.
+//! show a secret. No command's result is printed below the face (only live progress and signal
+//! notices go to stderr from there).
 
 pub mod agent;
 pub mod history;
