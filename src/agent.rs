@@ -6,6 +6,9 @@
 //! Each round: fetch and hard-reset the checkout to the branch, load every manifest (any error:
 //! report it and touch nothing, like `apply`), and apply this host's units. A round whose commit
 //! and host need nothing touches nothing, because apply leaves a unit with no change alone.
+//!
+//! The agent prints nothing itself: what each round comes to is an [`Event`], handed to the
+//! printer the face passes in (`report::agent` words them).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -14,12 +17,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Outcome, Owner, Rollout, UnitReport};
-use crate::cli::AgentArgs;
+use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Owner, Rollout, UnitReport};
 use crate::manifest::ManifestErrors;
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Limits, Local};
-use crate::report::{self, Format};
 use crate::targets::{self, Target};
 
 /// A fetch of a manifests repository is small; longer than this is a hung server or network, and
@@ -56,6 +57,55 @@ pub enum AgentError {
     Dash,
 }
 
+/// `reconcile agent`'s options, as the command line gave them.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The manifests' git repository: a URL git can clone or a path.
+    pub repo: String,
+    /// The branch whose newest commit is applied.
+    pub branch: String,
+    /// The agent's own checkout.
+    pub checkout: PathBuf,
+    /// Manifest files or folders, relative to the checkout.
+    pub paths: Vec<PathBuf>,
+    /// The `--as` names of this machine.
+    pub names: Vec<String>,
+    /// One round, then exit.
+    pub once: bool,
+    /// Time between rounds when not `once`.
+    pub interval: Duration,
+    /// Warnings count as errors.
+    pub strict: bool,
+    /// Preflight's deep check.
+    pub deep: bool,
+    pub lock: LockPolicy,
+}
+
+/// What a round tells, as it happens.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A warning about the checkout's manifests, as they load.
+    Warning(String),
+    /// The checkout could not be updated; nothing was touched. Both texts are free of credentials.
+    SyncFailed { repo: String, error: String },
+    /// The manifests at `commit` do not load; nothing was touched.
+    BadManifests {
+        commit: &'a str,
+        errors: &'a ManifestErrors,
+    },
+    /// No unit of the manifests at `commit` is for this machine (`names`).
+    NoUnits {
+        commit: &'a str,
+        names: &'a [String],
+    },
+    /// This machine's units at `commit` were applied.
+    Applied {
+        commit: &'a str,
+        author: &'a str,
+        reports: &'a [UnitReport],
+    },
+}
+
 /// The commit a round applies.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Revision {
@@ -66,24 +116,41 @@ pub struct Revision {
 /// `reconcile agent`: one round with `--once` (its exit code is apply's), else a round every
 /// `--interval` until SIGTERM or Ctrl-C, then exit 0: a failed round is reported and the next one
 /// runs, and being stopped is not a failure of the service. Commands on this machine run under
-/// `limits`.
-pub async fn run(args: AgentArgs, limits: Limits) -> u8 {
+/// `limits`; what the rounds come to goes to `print`.
+pub async fn run(options: AgentOptions, limits: Limits, print: &dyn Fn(Event<'_>)) -> u8 {
     let stop = crate::signals::stop_on_signal();
-    let names = local_names(&args.names);
+    let names = local_names(&options.names);
     // A name any round's manifests declared secret stays hidden for the life of the process, even
     // after a later commit drops it from `secret_env`: its value may still be in a journal.
     let mut redactor = Redactor::default();
+    let here = Here {
+        options: &options,
+        names: &names,
+        stop: &stop,
+        limits,
+        print,
+    };
     loop {
-        let code = round(&args, &names, &stop, limits, &mut redactor).await;
-        if args.once {
+        let code = round(&here, &mut redactor).await;
+        if options.once {
             return code;
         }
         let mut stopped = stop.clone();
         tokio::select! {
-            _ = tokio::time::sleep(args.interval) => {}
+            _ = tokio::time::sleep(options.interval) => {}
             _ = stopped.wait_for(|s| *s) => return 0,
         }
     }
+}
+
+/// What every round works with: the options, this machine's names, the stop signal, the limits on
+/// its commands and the printer.
+struct Here<'a> {
+    options: &'a AgentOptions,
+    names: &'a [String],
+    stop: &'a watch::Receiver<bool>,
+    limits: Limits,
+    print: &'a dyn Fn(Event<'_>),
 }
 
 /// The host names this machine answers to in manifests: `local`, and the `--as` names or, without
@@ -108,82 +175,45 @@ fn short_hostname() -> Option<String> {
     (!short.is_empty()).then_some(short)
 }
 
-/// One round: prints one line (the commit and every unit's outcome), then the details of units
-/// that changed or failed, and returns apply's exit code for it.
-async fn round(
-    args: &AgentArgs,
-    names: &[String],
-    stop: &watch::Receiver<bool>,
-    limits: Limits,
-    redactor: &mut Redactor,
-) -> u8 {
-    let revision = match sync(args).await {
+/// One round: tells the commit and every unit's outcome (the printer adds the details of units
+/// that changed or failed), and returns apply's exit code for it.
+async fn round(here: &Here<'_>, redactor: &mut Redactor) -> u8 {
+    let print = here.print;
+    let revision = match sync(here.options).await {
         Ok(r) => r,
         Err(e) => {
-            println!(
-                "round: updating the checkout from {} failed, nothing touched: {}",
-                redact_url(&args.repo),
-                redact_url(&error_chain(&e))
-            );
+            print(Event::SyncFailed {
+                repo: redact_url(&here.options.repo),
+                error: redact_url(&error_chain(&e)),
+            });
             return 1;
         }
     };
-    let short = crate::report::short(&revision.commit, crate::report::SHA_SHOWN);
-    let targets = match targets_here(args, names, redactor) {
+    let commit = revision.commit.as_str();
+    let targets = match targets_here(here, redactor) {
         Ok(t) => t,
         Err(errors) => {
-            println!("round {short}: {errors}, nothing touched");
-            for e in &errors.0 {
-                println!("  error: {}", error_chain(e));
-            }
+            print(Event::BadManifests {
+                commit,
+                errors: &errors,
+            });
             return 1;
         }
     };
     if targets.is_empty() {
-        println!(
-            "round {short}: no unit for this host (host `{}` in the manifests)",
-            names.join("`, `")
-        );
+        print(Event::NoUnits {
+            commit,
+            names: here.names,
+        });
         return 0;
     }
-    let options = ApplyOptions {
-        owner: Owner {
-            user: "reconcile-agent".into(),
-            ..Owner::this_process()
-        },
-        lock: LockPolicy {
-            break_stale: args.break_stale_lock,
-            ttl: args.lock_ttl,
-        },
-        git: GitInfo {
-            commit: Some(revision.commit.clone()),
-            author: Some(revision.author.clone()),
-        },
-        cancel: stop.clone(),
-        progress: None,
-        deep: args.deep,
-        // One host: there is nothing to roll out over.
-        rollout: Rollout {
-            canary: 0,
-            max_parallel: 1,
-            max_failures: 1,
-            rollback_all: false,
-        },
-        restoring: None,
-        redactor: redactor.clone(),
-    };
-    let reports = apply_here(&targets, &options, limits).await;
-    println!("{}", round_line(short, &revision.author, &reports));
-    let eventful: Vec<UnitReport> = reports
-        .iter()
-        .filter(|r| r.outcome != Outcome::Unchanged)
-        .cloned()
-        .collect();
-    if !eventful.is_empty() {
-        for line in report::render_apply(&eventful, Format::Text).lines() {
-            println!("  {line}");
-        }
-    }
+    let options = apply_options(here, &revision, redactor);
+    let reports = apply_here(&targets, &options, here.limits).await;
+    print(Event::Applied {
+        commit,
+        author: &revision.author,
+        reports: &reports,
+    });
     reports
         .iter()
         .map(|r| r.outcome.exit_code())
@@ -191,32 +221,56 @@ async fn round(
         .unwrap_or(0)
 }
 
+/// Apply's options for a round: as the agent's own user, recorded with the round's commit.
+fn apply_options(here: &Here<'_>, revision: &Revision, redactor: &Redactor) -> ApplyOptions {
+    let owner = Owner {
+        user: "reconcile-agent".into(),
+        ..Owner::this_process()
+    };
+    ApplyOptions::new(
+        owner,
+        here.options.lock,
+        here.stop.clone(),
+        redactor.clone(),
+    )
+    .git(GitInfo {
+        commit: Some(revision.commit.clone()),
+        author: Some(revision.author.clone()),
+    })
+    .deep(here.options.deep)
+    // One host: there is nothing to roll out over.
+    .rollout(Rollout {
+        canary: 0,
+        max_parallel: 1,
+        max_failures: 1,
+        rollback_all: false,
+    })
+}
+
 /// The manifests of the checkout, loaded whole (an error anywhere stops the round, as it stops
 /// `apply`), kept to the units whose host is this machine. `redactor` takes in the names they
 /// declare secret, loaded or not.
-fn targets_here(
-    args: &AgentArgs,
-    names: &[String],
-    redactor: &mut Redactor,
-) -> Result<Vec<Target>, ManifestErrors> {
+fn targets_here(here: &Here<'_>, redactor: &mut Redactor) -> Result<Vec<Target>, ManifestErrors> {
+    let args = here.options;
+    let warn = |w: &dyn std::fmt::Display| (here.print)(Event::Warning(w.to_string()));
     let paths: Vec<PathBuf> = args.paths.iter().map(|p| args.checkout.join(p)).collect();
     let loaded = crate::load::load(&paths, args.strict).map_err(|failed| {
         for w in &failed.warnings {
-            println!("  warning: {w}");
+            warn(w);
         }
         redactor.extend(&failed.redactor);
         failed.errors
     })?;
     redactor.extend(&loaded.redactor);
     for w in &loaded.warnings {
-        println!("  warning: {w}");
+        warn(w);
     }
     // `targets` fails only for a host the filter names that no manifest has; this filter names none.
     let all = targets::targets(&loaded.manifests, &targets::Filter::default())
         .expect("no filter names a host");
     Ok(all
         .into_iter()
-        .filter(|t| names.contains(&t.host))
+        .filter(|t| here.names.contains(&t.host))
         .collect())
 }
 
@@ -232,24 +286,31 @@ async fn apply_here(targets: &[Target], options: &ApplyOptions, limits: Limits) 
     .await
 }
 
-fn round_line(short: &str, author: &str, reports: &[UnitReport]) -> String {
-    let units: Vec<String> = reports
-        .iter()
-        .map(|r| {
-            let outcome = serde_json::to_value(r.outcome)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            format!("{} {} {outcome}", r.host, r.unit)
-        })
-        .collect();
-    format!("round {short} ({author}): {}", units.join("; "))
-}
-
 /// Brings the checkout to the branch's newest commit: cloned when missing, else fetched and hard
 /// reset, and cleaned of anything git does not track (the checkout is the agent's own, so nothing
 /// there is anyone's work).
-pub async fn sync(args: &AgentArgs) -> Result<Revision, AgentError> {
+pub async fn sync(args: &AgentOptions) -> Result<Revision, AgentError> {
+    refuse_unsafe(args)?;
+    let checkout = args.checkout.as_path();
+    if checkout.join(".git").exists() {
+        update(checkout, args).await?;
+    } else {
+        clone(checkout, args).await?;
+    }
+    let commit = git(Some(checkout), &args_of(&["rev-parse", "HEAD"])).await?;
+    let author = git(
+        Some(checkout),
+        &args_of(&["log", "-1", "--format=%an <%ae>"]),
+    )
+    .await?;
+    Ok(Revision {
+        commit: commit.trim().to_string(),
+        author: author.trim().to_string(),
+    })
+}
+
+/// A repository or branch git would read as an option, and a `--path` that leaves the checkout.
+fn refuse_unsafe(args: &AgentOptions) -> Result<(), AgentError> {
     if args.repo.starts_with('-') || args.branch.starts_with('-') {
         return Err(AgentError::Dash);
     }
@@ -264,77 +325,74 @@ pub async fn sync(args: &AgentArgs) -> Result<Revision, AgentError> {
             return Err(AgentError::PathOutside(p.display().to_string()));
         }
     }
-    let checkout = args.checkout.as_path();
+    Ok(())
+}
+
+/// An existing checkout: fetched, hard reset to the branch and cleaned.
+async fn update(checkout: &Path, args: &AgentOptions) -> Result<(), AgentError> {
     let remote_ref = format!("refs/remotes/origin/{}", args.branch);
-    if checkout.join(".git").exists() {
-        let repo = OsStr::new(&args.repo);
-        // The URL may have changed since the clone (a new --repo).
-        git(
-            Some(checkout),
-            &[
-                "remote".as_ref(),
-                "set-url".as_ref(),
-                "origin".as_ref(),
-                repo,
-            ],
-        )
-        .await?;
-        let refspec = format!("+refs/heads/{}:{remote_ref}", args.branch);
-        git(
-            Some(checkout),
-            &args_of(&[
-                "fetch",
-                "--quiet",
-                "--prune",
-                "--no-tags",
-                "origin",
-                &refspec,
-            ]),
-        )
-        .await?;
-        git(
-            Some(checkout),
-            &args_of(&["reset", "--quiet", "--hard", &remote_ref]),
-        )
-        .await?;
-        git(Some(checkout), &args_of(&["clean", "-ffdxq"])).await?;
-    } else {
-        let occupied = checkout
-            .read_dir()
-            .map(|mut entries| entries.next().is_some())
-            .unwrap_or(false);
-        if occupied {
-            return Err(AgentError::NotACheckout(checkout.display().to_string()));
-        }
-        if let Some(parent) = checkout.parent().filter(|p| !p.as_os_str().is_empty()) {
-            create_private_dir(parent)?;
-        }
-        git(
-            None,
-            &[
-                "clone".as_ref(),
-                "--quiet".as_ref(),
-                "--no-tags".as_ref(),
-                "--single-branch".as_ref(),
-                "--branch".as_ref(),
-                args.branch.as_ref(),
-                "--".as_ref(),
-                args.repo.as_ref(),
-                checkout.as_os_str(),
-            ],
-        )
-        .await?;
-    }
-    let commit = git(Some(checkout), &args_of(&["rev-parse", "HEAD"])).await?;
-    let author = git(
+    let repo = OsStr::new(&args.repo);
+    // The URL may have changed since the clone (a new --repo).
+    git(
         Some(checkout),
-        &args_of(&["log", "-1", "--format=%an <%ae>"]),
+        &[
+            "remote".as_ref(),
+            "set-url".as_ref(),
+            "origin".as_ref(),
+            repo,
+        ],
     )
     .await?;
-    Ok(Revision {
-        commit: commit.trim().to_string(),
-        author: author.trim().to_string(),
-    })
+    let refspec = format!("+refs/heads/{}:{remote_ref}", args.branch);
+    git(
+        Some(checkout),
+        &args_of(&[
+            "fetch",
+            "--quiet",
+            "--prune",
+            "--no-tags",
+            "origin",
+            &refspec,
+        ]),
+    )
+    .await?;
+    git(
+        Some(checkout),
+        &args_of(&["reset", "--quiet", "--hard", &remote_ref]),
+    )
+    .await?;
+    git(Some(checkout), &args_of(&["clean", "-ffdxq"])).await?;
+    Ok(())
+}
+
+/// No checkout yet: the branch cloned, into a folder that must be empty or missing.
+async fn clone(checkout: &Path, args: &AgentOptions) -> Result<(), AgentError> {
+    let occupied = checkout
+        .read_dir()
+        .map(|mut entries| entries.next().is_some())
+        .unwrap_or(false);
+    if occupied {
+        return Err(AgentError::NotACheckout(checkout.display().to_string()));
+    }
+    if let Some(parent) = checkout.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_private_dir(parent)?;
+    }
+    git(
+        None,
+        &[
+            "clone".as_ref(),
+            "--quiet".as_ref(),
+            "--no-tags".as_ref(),
+            "--single-branch".as_ref(),
+            "--branch".as_ref(),
+            args.branch.as_ref(),
+            "--".as_ref(),
+            args.repo.as_ref(),
+            checkout.as_os_str(),
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 fn args_of<'a>(args: &'a [&'a str]) -> Vec<&'a OsStr> {
@@ -459,7 +517,7 @@ mod tests {
         assert!(ok, "git {args:?}");
     }
 
-    fn agent_args(repo: &Path, checkout: &Path) -> AgentArgs {
+    fn agent_args(repo: &Path, checkout: &Path) -> AgentOptions {
         use clap::Parser;
         let cli = crate::cli::Cli::try_parse_from([
             "reconcile".as_ref(),
@@ -472,7 +530,7 @@ mod tests {
         ])
         .expect("parses");
         match cli.command {
-            Some(crate::cli::Command::Agent(a)) => a,
+            Some(crate::cli::Command::Agent(a)) => a.into(),
             other => panic!("{other:?}"),
         }
     }

@@ -1,10 +1,16 @@
 //! The command line. `reconcile --dry-run` and `reconcile plan` are the same command.
+//!
+//! Flags several commands share, with the same name, default, help and env, are one group each
+//! (`Manifests`, `HostFilter`, `SshArgs`, `LockArgs`, `RolloutArgs`), flattened where they appear;
+//! where the help differs (`plan`'s `--selector`, `history`'s paths, `apply`'s
+//! `--break-stale-lock`) the flag is the command's own. Help lists flags in field order.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::report::Format;
+use crate::{agent, apply, targets};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -151,6 +157,68 @@ pub struct AgentArgs {
     #[arg(long)]
     pub deep: bool,
 
+    #[command(flatten)]
+    pub lock: LockArgs,
+}
+
+impl From<AgentArgs> for agent::AgentOptions {
+    fn from(args: AgentArgs) -> agent::AgentOptions {
+        agent::AgentOptions {
+            repo: args.repo,
+            branch: args.branch,
+            checkout: args.checkout,
+            paths: args.paths,
+            names: args.names,
+            once: args.once,
+            interval: args.interval,
+            strict: args.strict,
+            deep: args.deep,
+            lock: args.lock.policy(),
+        }
+    }
+}
+
+/// Manifest files or folders, as most commands take them.
+#[derive(Debug, Args)]
+pub struct Manifests {
+    /// Manifest files or folders of them.
+    #[arg(default_value = "manifests")]
+    pub paths: Vec<PathBuf>,
+}
+
+/// Which of the manifests' hosts a command is about, when it only reads them.
+#[derive(Debug, Args)]
+pub struct HostFilter {
+    /// Only these hosts (as named in the manifests); may be repeated.
+    #[arg(long = "host", value_name = "NAME")]
+    pub hosts: Vec<String>,
+
+    /// Only hosts whose labels match (see `plan --help`).
+    #[arg(long = "selector", short = 'l', value_name = "SELECTOR")]
+    pub selectors: Vec<crate::targets::Selector>,
+}
+
+impl HostFilter {
+    pub fn filter(&self) -> targets::Filter {
+        targets::Filter {
+            hosts: self.hosts.clone(),
+            selectors: self.selectors.clone(),
+        }
+    }
+}
+
+/// How hosts are reached over SSH, besides the global options.
+#[derive(Debug, Args)]
+pub struct SshArgs {
+    /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
+    #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
+    pub ssh_config: Option<PathBuf>,
+}
+
+/// A lock another run left, for the commands that change hosts besides `apply` (whose
+/// `--break-stale-lock` says more, and whose `--lock-ttl` comes after its rollout flags).
+#[derive(Debug, Args)]
+pub struct LockArgs {
     /// Break a unit's lock left by a run that died elsewhere, once it is older than --lock-ttl.
     #[arg(long)]
     pub break_stale_lock: bool,
@@ -158,6 +226,47 @@ pub struct AgentArgs {
     /// Age after which --break-stale-lock may break a lock.
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub lock_ttl: std::time::Duration,
+}
+
+impl LockArgs {
+    pub fn policy(&self) -> apply::LockPolicy {
+        apply::LockPolicy {
+            break_stale: self.break_stale_lock,
+            ttl: self.lock_ttl,
+        }
+    }
+}
+
+/// How `apply` rolls out over the fleet.
+#[derive(Debug, Args)]
+pub struct RolloutArgs {
+    /// Hosts that go first, one batch, and must pass every verification stage before any other
+    /// host starts. Only hosts with something to change count: up-to-date hosts are skipped.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub canary: usize,
+
+    /// Hosts applied at once after the canary.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    pub max_parallel: usize,
+
+    /// Failed hosts, across the whole rollout, after which no new host is started.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub max_failures: usize,
+
+    /// When the rollout stops early, roll back the hosts it already converged.
+    #[arg(long)]
+    pub rollback_all: bool,
+}
+
+impl RolloutArgs {
+    pub fn rollout(&self) -> apply::Rollout {
+        apply::Rollout {
+            canary: self.canary,
+            max_parallel: self.max_parallel,
+            max_failures: self.max_failures,
+            rollback_all: self.rollback_all,
+        }
+    }
 }
 
 const STATUS_EXIT_CODES: &str = "\
@@ -168,25 +277,18 @@ Exit codes:
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Manifest files or folders of them.
-    #[arg(default_value = "manifests")]
-    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub manifests: Manifests,
 
-    /// Only these hosts (as named in the manifests); may be repeated.
-    #[arg(long = "host", value_name = "NAME")]
-    pub hosts: Vec<String>,
-
-    /// Only hosts whose labels match (see `plan --help`).
-    #[arg(long = "selector", short = 'l', value_name = "SELECTOR")]
-    pub selectors: Vec<crate::targets::Selector>,
+    #[command(flatten)]
+    pub filter: HostFilter,
 
     /// Output format: text for a terminal, markdown for a pull request comment, json for tools.
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 
-    /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
-    #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
-    pub ssh_config: Option<PathBuf>,
+    #[command(flatten)]
+    pub ssh: SshArgs,
 
     /// Hosts read at once.
     #[arg(long, default_value_t = 32, value_name = "N")]
@@ -211,9 +313,8 @@ pub struct HistoryArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 
-    /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
-    #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
-    pub ssh_config: Option<PathBuf>,
+    #[command(flatten)]
+    pub ssh: SshArgs,
 }
 
 #[derive(Debug, Args)]
@@ -226,13 +327,8 @@ pub struct RollbackArgs {
     #[arg(long, value_name = "N")]
     pub to: Option<usize>,
 
-    /// Break a unit's lock left by a run that died elsewhere, once it is older than --lock-ttl.
-    #[arg(long)]
-    pub break_stale_lock: bool,
-
-    /// Age after which --break-stale-lock may break a lock.
-    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
-    pub lock_ttl: std::time::Duration,
+    #[command(flatten)]
+    pub lock: LockArgs,
 }
 
 #[derive(Debug, Args)]
@@ -245,33 +341,27 @@ pub struct ApplyArgs {
     #[arg(long)]
     pub break_stale_lock: bool,
 
-    /// Hosts that go first, one batch, and must pass every verification stage before any other
-    /// host starts. Only hosts with something to change count: up-to-date hosts are skipped.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub canary: usize,
-
-    /// Hosts applied at once after the canary.
-    #[arg(long, default_value_t = 4, value_name = "N")]
-    pub max_parallel: usize,
-
-    /// Failed hosts, across the whole rollout, after which no new host is started.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub max_failures: usize,
-
-    /// When the rollout stops early, roll back the hosts it already converged.
-    #[arg(long)]
-    pub rollback_all: bool,
+    #[command(flatten)]
+    pub rollout: RolloutArgs,
 
     /// Age after which --break-stale-lock may break a lock.
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub lock_ttl: std::time::Duration,
 }
 
+impl ApplyArgs {
+    pub fn lock(&self) -> apply::LockPolicy {
+        apply::LockPolicy {
+            break_stale: self.break_stale_lock,
+            ttl: self.lock_ttl,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
-    /// Manifest files or folders of them.
-    #[arg(default_value = "manifests")]
-    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub manifests: Manifests,
 
     /// Treat warnings (flag abbreviations, deprecated flags, unknown SGLANG_* variables) as errors.
     #[arg(long)]
@@ -280,17 +370,11 @@ pub struct ValidateArgs {
 
 #[derive(Debug, Args)]
 pub struct RenderArgs {
-    /// Manifest files or folders of them.
-    #[arg(default_value = "manifests")]
-    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub manifests: Manifests,
 
-    /// Only these hosts (as named in the manifests); may be repeated.
-    #[arg(long = "host", value_name = "NAME")]
-    pub hosts: Vec<String>,
-
-    /// Only hosts whose labels match (see `plan --help`).
-    #[arg(long = "selector", short = 'l', value_name = "SELECTOR")]
-    pub selectors: Vec<crate::targets::Selector>,
+    #[command(flatten)]
+    pub filter: HostFilter,
 }
 
 #[derive(Debug, Args)]
@@ -307,9 +391,8 @@ pub struct PlanCommand {
 
 #[derive(Debug, Args)]
 pub struct PlanArgs {
-    /// Manifest files or folders of them.
-    #[arg(default_value = "manifests")]
-    pub paths: Vec<PathBuf>,
+    #[command(flatten)]
+    pub manifests: Manifests,
 
     /// Only these hosts (as named in the manifests); may be repeated.
     #[arg(long = "host", value_name = "NAME")]
@@ -324,9 +407,8 @@ pub struct PlanArgs {
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 
-    /// Read this ssh_config instead of ~/.ssh/config (known_hosts is always checked).
-    #[arg(long, value_name = "FILE", env = "RECONCILE_SSH_CONFIG")]
-    pub ssh_config: Option<PathBuf>,
+    #[command(flatten)]
+    pub ssh: SshArgs,
 
     /// Treat warnings (flag abbreviations, deprecated flags, unknown SGLANG_* variables) as errors.
     #[arg(long)]
@@ -345,6 +427,17 @@ pub struct PlanArgs {
     /// Colour the text output: auto (a terminal, unless NO_COLOR is set), always or never.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,
+}
+
+impl PlanArgs {
+    /// The hosts `--host` and `--selector` keep (their help differs from [`HostFilter`]'s: this
+    /// is where `plan --help` explains selectors).
+    pub fn filter(&self) -> targets::Filter {
+        targets::Filter {
+            hosts: self.hosts.clone(),
+            selectors: self.selectors.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

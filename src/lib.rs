@@ -15,6 +15,7 @@ pub mod agent;
 pub mod apply;
 pub mod cli;
 pub mod dry_run;
+pub mod fleet;
 pub mod history;
 pub mod load;
 pub mod plan_file;

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::{
-    ApplyArgs, Cli, Command, HistoryArgs, PlanArgs, RenderArgs, RollbackArgs, StatusArgs,
-    ValidateArgs,
+    AgentArgs, ApplyArgs, Cli, Command, HistoryArgs, PlanArgs, RenderArgs, RollbackArgs, SshArgs,
+    StatusArgs, ValidateArgs,
 };
 use crate::dry_run::Tally;
 use crate::redact::Redactor;
@@ -46,7 +46,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Status(args)) => status(args, &reach).await,
         Some(Command::History(args)) => history(args, &reach).await,
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
-        Some(Command::Agent(args)) => Ok(ExitCode::from(agent::run(args, reach.limits).await)),
+        Some(Command::Agent(args)) => Ok(ExitCode::from(agent_rounds(args, &reach).await)),
         None if cli.dry_run => plan(cli.plan, cli.out, &reach).await,
         None => Err(Error::NoCommand),
     }
@@ -57,19 +57,14 @@ async fn plan(
     out: Option<std::path::PathBuf>,
     reach: &Reach,
 ) -> Result<ExitCode, Error> {
-    let (manifests, redactor) = load_manifests(&args.paths, args.strict)?;
-    let targets = targets::targets(
-        &manifests,
-        &targets::Filter {
-            hosts: args.hosts.clone(),
-            selectors: args.selectors.clone(),
-        },
-    )?;
-    let ssh = ssh_options(reach, &args.ssh_config);
+    let paths = &args.manifests.paths;
+    let (manifests, redactor) = load_manifests(paths, args.strict)?;
+    let targets = targets::targets(&manifests, &args.filter())?;
+    let ssh = ssh_options(reach, &args.ssh);
     let outcomes = dry_run::plan_targets(targets, &ssh, args.parallel, args.deep, &redactor).await;
     if let Some(out) = &out {
-        let commit = git_info(&args.paths).commit;
-        plan_file::write(&plan_file::new(&args.paths, commit, &outcomes), out)?;
+        let commit = git_info(paths).commit;
+        plan_file::write(&plan_file::new(paths, commit, &outcomes), out)?;
     }
     print!(
         "{}",
@@ -87,49 +82,26 @@ async fn plan(
 
 async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let plan = &args.plan;
-    let planned = plan_file::find(&plan.paths)?;
+    let planned = plan_file::find(&plan.manifests.paths)?;
     let paths = match &planned {
         Some(_) if !plan.hosts.is_empty() || !plan.selectors.is_empty() => {
             return Err(Error::PlanFileFilter)
         }
         Some(p) => p.manifest_paths(),
-        None => plan.paths.clone(),
+        None => plan.manifests.paths.clone(),
     };
     let (manifests, redactor) = load_manifests(&paths, plan.strict)?;
-    let targets = targets::targets(
-        &manifests,
-        &targets::Filter {
-            hosts: plan.hosts.clone(),
-            selectors: plan.selectors.clone(),
-        },
-    )?;
+    let targets = targets::targets(&manifests, &plan.filter())?;
     // A plan file's units only, each checked on its host against what was planned.
     let (targets, refused) = match &planned {
         Some(p) => p.select(targets),
         None => (targets, Vec::new()),
     };
-    let ssh = ssh_options(reach, &plan.ssh_config);
-    let cancel = signals::stop_on_signal();
-    let live = live_display(plan.format);
-    let options = apply::ApplyOptions {
-        owner: apply::Owner::this_process(),
-        lock: apply::LockPolicy {
-            break_stale: args.break_stale_lock,
-            ttl: args.lock_ttl,
-        },
-        git: git_info(&paths),
-        cancel,
-        progress: live.then(indicatif::MultiProgress::new),
-        deep: plan.deep,
-        rollout: apply::Rollout {
-            canary: args.canary,
-            max_parallel: args.max_parallel,
-            max_failures: args.max_failures,
-            rollback_all: args.rollback_all,
-        },
-        restoring: None,
-        redactor,
-    };
+    let ssh = ssh_options(reach, &plan.ssh);
+    let options = apply_options(args.lock(), plan.format, redactor)
+        .git(git_info(&paths))
+        .deep(plan.deep)
+        .rollout(args.rollout.rollout());
     let mut reports = apply::apply_targets(targets, &ssh, &options).await;
     reports.extend(refused.into_iter().map(|r| {
         apply::refused(
@@ -149,6 +121,19 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
     Ok(ExitCode::from(worst))
 }
 
+/// Apply's options as `apply` and `rollback` start them: this process's, stopping on a signal,
+/// with spinners when [`live_display`] says so.
+fn apply_options(
+    lock: apply::LockPolicy,
+    format: report::Format,
+    redactor: Redactor,
+) -> apply::ApplyOptions {
+    let cancel = signals::stop_on_signal();
+    let progress = live_display(format).then(indicatif::MultiProgress::new);
+    apply::ApplyOptions::new(apply::Owner::this_process(), lock, cancel, redactor)
+        .progress(progress)
+}
+
 /// Spinners on stderr, only for text output on a terminal.
 fn live_display(format: report::Format) -> bool {
     format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr())
@@ -162,9 +147,9 @@ struct Reach {
     limits: remote::Limits,
 }
 
-fn ssh_options(reach: &Reach, config_file: &Option<std::path::PathBuf>) -> remote::SshOptions {
+fn ssh_options(reach: &Reach, ssh: &SshArgs) -> remote::SshOptions {
     remote::SshOptions {
-        config_file: config_file.clone(),
+        config_file: ssh.ssh_config.clone(),
         connect_timeout: Some(Duration::from_secs(10)),
         accept_new_host_keys: reach.accept_new_host_keys,
         limits: reach.limits,
@@ -173,17 +158,11 @@ fn ssh_options(reach: &Reach, config_file: &Option<std::path::PathBuf>) -> remot
 
 /// `reconcile status`: every unit of the manifests, compared on its host.
 async fn status(args: StatusArgs, reach: &Reach) -> Result<ExitCode, Error> {
-    let (manifests, redactor) = load_manifests(&args.paths, false)?;
-    let targets = targets::targets(
-        &manifests,
-        &targets::Filter {
-            hosts: args.hosts.clone(),
-            selectors: args.selectors.clone(),
-        },
-    )?;
-    let ssh = ssh_options(reach, &args.ssh_config);
+    let (manifests, redactor) = load_manifests(&args.manifests.paths, false)?;
+    let targets = targets::targets(&manifests, &args.filter.filter())?;
+    let ssh = ssh_options(reach, &args.ssh);
     let statuses = status::status_targets(targets, &ssh, args.parallel, &redactor).await;
-    print!("{}", status::render(&statuses, args.format));
+    print!("{}", report::status::render(&statuses, args.format));
     Ok(ExitCode::from(status::exit_code(&statuses)))
 }
 
@@ -228,9 +207,9 @@ fn service_hosts(
 /// `reconcile history`: the deployments and generations each host keeps.
 async fn history(args: HistoryArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (unit, hosts, _, _) = service_hosts(&args)?;
-    let ssh = ssh_options(reach, &args.ssh_config);
+    let ssh = ssh_options(reach, &args.ssh);
     let histories = history::history_hosts(&hosts, &unit, &ssh, 32).await;
-    print!("{}", history::render(&histories, args.format));
+    print!("{}", report::history::render(&histories, args.format));
     let failed = histories.iter().any(|h| h.error.is_some());
     Ok(ExitCode::from(u8::from(failed)))
 }
@@ -238,26 +217,8 @@ async fn history(args: HistoryArgs, reach: &Reach) -> Result<ExitCode, Error> {
 /// `reconcile rollback`: a kept deployment restored through apply's path, host by host.
 async fn rollback(args: RollbackArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (unit, hosts, manifest, redactor) = service_hosts(&args.history)?;
-    let ssh = ssh_options(reach, &args.history.ssh_config);
-    let options = apply::ApplyOptions {
-        owner: apply::Owner::this_process(),
-        lock: apply::LockPolicy {
-            break_stale: args.break_stale_lock,
-            ttl: args.lock_ttl,
-        },
-        git: apply::GitInfo::default(),
-        cancel: signals::stop_on_signal(),
-        progress: live_display(args.history.format).then(indicatif::MultiProgress::new),
-        deep: false,
-        rollout: apply::Rollout {
-            canary: 1,
-            max_parallel: 1,
-            max_failures: 1,
-            rollback_all: false,
-        },
-        restoring: None,
-        redactor,
-    };
+    let ssh = ssh_options(reach, &args.history.ssh);
+    let options = apply_options(args.lock.policy(), args.history.format, redactor);
     let reports =
         history::rollback::rollback(&hosts, &unit, args.to, manifest.as_ref(), &ssh, &options)
             .await;
@@ -268,6 +229,12 @@ async fn rollback(args: RollbackArgs, reach: &Reach) -> Result<ExitCode, Error> 
         .max()
         .unwrap_or(0);
     Ok(ExitCode::from(worst))
+}
+
+/// `reconcile agent`: its rounds, each printed as it happens.
+async fn agent_rounds(args: AgentArgs, reach: &Reach) -> u8 {
+    let print = |event: agent::Event<'_>| print!("{}", report::agent::render(&event));
+    agent::run(args.into(), reach.limits, &print).await
 }
 
 /// The commit and author of the manifests' git work tree, when they are in one.
@@ -303,14 +270,8 @@ fn git_info(paths: &[std::path::PathBuf]) -> apply::GitInfo {
 }
 
 fn render(args: RenderArgs) -> Result<ExitCode, Error> {
-    let (manifests, redactor) = load_manifests(&args.paths, false)?;
-    let targets = targets::targets(
-        &manifests,
-        &targets::Filter {
-            hosts: args.hosts.clone(),
-            selectors: args.selectors.clone(),
-        },
-    )?;
+    let (manifests, redactor) = load_manifests(&args.manifests.paths, false)?;
+    let targets = targets::targets(&manifests, &args.filter.filter())?;
     let many = targets.len() > 1;
     for t in &targets {
         if many {
@@ -323,7 +284,7 @@ fn render(args: RenderArgs) -> Result<ExitCode, Error> {
 
 /// `reconcile validate`: every finding of every manifest, offline.
 fn validate(args: ValidateArgs) -> Result<ExitCode, Error> {
-    let (loaded, _) = load_manifests(&args.paths, args.strict)?;
+    let (loaded, _) = load_manifests(&args.manifests.paths, args.strict)?;
     let units: usize = loaded.iter().map(|m| m.hosts.len()).sum();
     println!("{} manifests, {units} units: valid", loaded.len());
     Ok(ExitCode::SUCCESS)

@@ -1,6 +1,10 @@
 //! Digests of units and manifests, as recorded in plan files and deployment records, and their
 //! short form for showing.
 
+/// How many characters of a sha256 are shown, and of a git commit.
+pub const SHA_SHOWN: usize = 12;
+pub const COMMIT_SHOWN: usize = 7;
+
 /// The sha256 of a text, in lowercase hex.
 pub fn sha256(text: &str) -> String {
     use sha2::{Digest, Sha256};

@@ -38,7 +38,7 @@ use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
 use crate::preflight;
 use crate::redact::Redactor;
-use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd;
 use crate::targets::Target;
 use crate::verify::Verification;
@@ -108,6 +108,7 @@ pub struct GitInfo {
     pub author: Option<String>,
 }
 
+#[derive(Clone)]
 pub struct ApplyOptions {
     pub owner: Owner,
     pub lock: LockPolicy,
@@ -125,6 +126,59 @@ pub struct ApplyOptions {
     pub restoring: Option<usize>,
     /// What to hide in plans and journals: the secret names of the run's manifests.
     pub redactor: Redactor,
+}
+
+impl ApplyOptions {
+    /// Applying as `owner` under `lock`, stopping when `cancel` turns, hiding what `redactor`
+    /// hides; by default without git info, live display or the deep check, one host at a time, and
+    /// restoring nothing. Every command's options start here.
+    pub fn new(
+        owner: Owner,
+        lock: LockPolicy,
+        cancel: watch::Receiver<bool>,
+        redactor: Redactor,
+    ) -> ApplyOptions {
+        ApplyOptions {
+            owner,
+            lock,
+            git: GitInfo::default(),
+            cancel,
+            progress: None,
+            deep: false,
+            rollout: Rollout {
+                canary: 1,
+                max_parallel: 1,
+                max_failures: 1,
+                rollback_all: false,
+            },
+            restoring: None,
+            redactor,
+        }
+    }
+
+    pub fn git(self, git: GitInfo) -> ApplyOptions {
+        ApplyOptions { git, ..self }
+    }
+
+    pub fn progress(self, progress: Option<MultiProgress>) -> ApplyOptions {
+        ApplyOptions { progress, ..self }
+    }
+
+    pub fn deep(self, deep: bool) -> ApplyOptions {
+        ApplyOptions { deep, ..self }
+    }
+
+    pub fn rollout(self, rollout: Rollout) -> ApplyOptions {
+        ApplyOptions { rollout, ..self }
+    }
+
+    /// These options restoring deployment `n`, recorded with `git` (`reconcile rollback`).
+    pub fn restoring(&self, n: usize, git: GitInfo) -> ApplyOptions {
+        ApplyOptions {
+            restoring: Some(n),
+            ..self.clone().git(git)
+        }
+    }
 }
 
 /// Applies every target, host by host, as a rollout (canary, batches, failure budget).
@@ -215,34 +269,44 @@ fn not_started(t: &Target, e: &ApplyError) -> UnitReport {
     Report::new(t, Instant::now()).fail(e)
 }
 
-/// A host's turn in the rollout: connect, apply its units, close.
-pub(super) async fn apply_host(
-    name: String,
-    targets: Vec<Target>,
+/// A batch of the rollout's turns, all at once: per host connect, apply its units, close. Once
+/// `options.cancel` has turned, no host of the batch is contacted.
+pub(super) async fn apply_hosts(
+    hosts: Vec<(String, Vec<Target>)>,
     ssh: &SshOptions,
     options: &ApplyOptions,
-) -> Vec<UnitReport> {
-    let started = Instant::now();
+) -> Vec<Vec<UnitReport>> {
     if *options.cancel.borrow() {
         let e = ApplyError::InterruptedBeforeHost;
-        return targets
+        let started = Instant::now();
+        return hosts
             .iter()
-            .map(|t| Report::new(t, started).fail(&e))
+            .map(|(_, targets)| {
+                targets
+                    .iter()
+                    .map(|t| Report::new(t, started).fail(&e))
+                    .collect()
+            })
             .collect();
     }
-    let host = match remote::connect(&name, ssh).await {
-        Ok(host) => host,
-        Err(e) => return unreachable(&targets, &e, started),
-    };
-    let reports = apply_units(
-        &*host,
-        &targets,
-        options,
-        "interrupted before this unit's turn",
+    let at_once = hosts.len();
+    crate::fleet::each_host(
+        hosts,
+        ssh,
+        at_once,
+        crate::fleet::no_span,
+        async |host: &dyn Host, _: &crate::fleet::Visit<'_>, targets: Vec<Target>| {
+            apply_units(
+                host,
+                &targets,
+                options,
+                "interrupted before this unit's turn",
+            )
+            .await
+        },
+        |visit, targets, e| unreachable(&targets, &e, visit.started),
     )
-    .await;
-    host.close().await;
-    reports
+    .await
 }
 
 /// Whether applying `t` would do anything: its unit differs from the manifest, or the last apply of

@@ -3,17 +3,15 @@
 //! when asked, the hosts already converged in this rollout rolled back when it stops. The order
 //! and when to stop are `schedule`'s; this file looks at the hosts and runs the turns it hands out.
 
-use futures::future::join_all;
-use futures::stream::{self, StreamExt};
-
 use super::decide;
 use super::error::ApplyError;
 use super::restore::{restore_and_verify, Restore, Restored, Then};
 use super::schedule::{Schedule, Step};
 use super::verifier::Live;
-use super::{apply_host, state, ApplyOptions, Outcome, UnitReport};
+use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
+use crate::fleet;
 use crate::manifest::VerifySpec;
-use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::remote::{error_chain, Host, SshOptions};
 use crate::targets::{by_host, Target};
 
 /// Hosts looked at at once before the rollout starts.
@@ -34,38 +32,46 @@ enum Turn {
     Unreachable(Vec<UnitReport>),
 }
 
-/// Looks at a host, changing nothing: is there work for the rollout?
+/// Looks at each host, changing nothing, [`SURVEY_AT_ONCE`] at once: is there work for the
+/// rollout?
 async fn survey(
-    name: String,
-    targets: Vec<Target>,
+    hosts: Vec<(String, Vec<Target>)>,
     ssh: &SshOptions,
     options: &ApplyOptions,
-) -> Survey {
-    let started = std::time::Instant::now();
-    let host = match remote::connect(&name, ssh).await {
-        Ok(host) => host,
-        Err(e) => {
-            return Survey::Turn(Turn::Unreachable(super::unreachable(&targets, &e, started)))
-        }
-    };
-    let mut work = false;
-    for t in &targets {
-        if super::has_work(&*host, t, options).await {
-            work = true;
-            break;
-        }
-    }
-    host.close().await;
-    if work {
-        Survey::Turn(Turn::Work(name, targets))
-    } else {
-        Survey::UpToDate(
-            targets
-                .iter()
-                .map(|t| super::unchanged(t, started))
-                .collect(),
-        )
-    }
+) -> Vec<Survey> {
+    fleet::each_host(
+        hosts,
+        ssh,
+        SURVEY_AT_ONCE,
+        fleet::no_span,
+        async |host: &dyn Host, visit: &fleet::Visit<'_>, targets: Vec<Target>| {
+            let mut work = false;
+            for t in &targets {
+                if super::has_work(host, t, options).await {
+                    work = true;
+                    break;
+                }
+            }
+            if work {
+                Survey::Turn(Turn::Work(visit.name.to_string(), targets))
+            } else {
+                Survey::UpToDate(
+                    targets
+                        .iter()
+                        .map(|t| super::unchanged(t, visit.started))
+                        .collect(),
+                )
+            }
+        },
+        |visit, targets, e| {
+            Survey::Turn(Turn::Unreachable(super::unreachable(
+                &targets,
+                &e,
+                visit.started,
+            )))
+        },
+    )
+    .await
 }
 
 /// Applies every target host by host, in the rollout's order. Hosts never started are reported
@@ -89,11 +95,7 @@ pub async fn roll_out(
         .enumerate()
         .map(|(i, (name, _))| (name.clone(), i))
         .collect();
-    let surveys: Vec<Survey> = stream::iter(hosts)
-        .map(|(name, targets)| survey(name, targets, ssh, options))
-        .buffered(SURVEY_AT_ONCE)
-        .collect()
-        .await;
+    let surveys = survey(hosts.into_iter().collect(), ssh, options).await;
     let mut reports: Vec<UnitReport> = Vec::new();
     let mut turns = Vec::new();
     for survey in surveys {
@@ -108,8 +110,7 @@ pub async fn roll_out(
         match schedule.next() {
             Step::Apply(batch) => {
                 let batch: Vec<Turn> = batch.iter().filter_map(|&i| turns[i].take()).collect();
-                let results =
-                    join_all(batch.into_iter().map(|turn| take_turn(turn, ssh, options))).await;
+                let results = take_turns(batch, ssh, options).await;
                 let failed = results
                     .iter()
                     .filter(|host| host.iter().any(|r| failed(r.outcome)))
@@ -141,12 +142,29 @@ pub async fn roll_out(
     reports
 }
 
-/// A host's turn: applied, or (unreachable) failed as found.
-async fn take_turn(turn: Turn, ssh: &SshOptions, options: &ApplyOptions) -> Vec<UnitReport> {
-    match turn {
-        Turn::Work(name, targets) => apply_host(name, targets, ssh, options).await,
-        Turn::Unreachable(failed) => failed,
+/// A batch's turns, at once: hosts with work applied, unreachable ones failed as found. The
+/// results are in the batch's order.
+async fn take_turns(
+    batch: Vec<Turn>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Vec<Vec<UnitReport>> {
+    let mut results: Vec<Option<Vec<UnitReport>>> = Vec::new();
+    let mut work = Vec::new();
+    for turn in batch {
+        match turn {
+            Turn::Work(name, targets) => {
+                results.push(None);
+                work.push((name, targets));
+            }
+            Turn::Unreachable(failed) => results.push(Some(failed)),
+        }
     }
+    let mut applied = apply_hosts(work, ssh, options).await.into_iter();
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| applied.next().unwrap_or_default()))
+        .collect()
 }
 
 fn failed(outcome: Outcome) -> bool {
@@ -171,34 +189,33 @@ async fn rollback_all(
         .iter_mut()
         .filter(|r| matches!(r.outcome, Outcome::Converged | Outcome::Reloaded))
         .collect();
-    join_all(changed.into_iter().map(|r| {
-        let spec = specs
-            .get(&(r.host.clone(), r.unit.clone()))
-            .cloned()
-            .unwrap_or_default();
-        rollback_all_unit(r, spec, why, ssh, options)
-    }))
+    let units: Vec<(String, (&mut UnitReport, VerifySpec))> = changed
+        .into_iter()
+        .map(|r| {
+            let spec = specs
+                .get(&(r.host.clone(), r.unit.clone()))
+                .cloned()
+                .unwrap_or_default();
+            (r.host.clone(), (r, spec))
+        })
+        .collect();
+    let at_once = units.len();
+    fleet::each_host(
+        units,
+        ssh,
+        at_once,
+        fleet::no_span,
+        async |host: &dyn Host, _: &fleet::Visit<'_>, (r, spec): (&mut UnitReport, VerifySpec)| {
+            let undone = undo(host, r, &spec, options).await;
+            rolled_back(r, why, undone);
+        },
+        |_, (r, _), e| rolled_back(r, why, Err(error_chain(&e))),
+    )
     .await;
 }
 
-/// `--rollback-all` for one unit: connects, undoes what this rollout did, and says so in the
-/// unit's report.
-async fn rollback_all_unit(
-    r: &mut UnitReport,
-    spec: VerifySpec,
-    why: &str,
-    ssh: &SshOptions,
-    options: &ApplyOptions,
-) {
-    let result = async {
-        let host = remote::connect(&r.host, ssh)
-            .await
-            .map_err(|e| error_chain(&e))?;
-        let undone = undo(&*host, r, &spec, options).await;
-        host.close().await;
-        undone
-    };
-    let restored = result.await;
+/// `--rollback-all` for one unit: says in the unit's report what undoing this rollout came to.
+fn rolled_back(r: &mut UnitReport, why: &str, restored: Result<Restored, String>) {
     let ending =
         decide::rolled_back_with_rollout(&r.detail, why, restored.as_ref().map_err(Clone::clone));
     if let Ok(Restored::Verified(v)) = restored {

@@ -1,12 +1,11 @@
 //! The edge of `history`: a unit's records, kept units and generations, read over one connection
 //! per host. Nothing is changed.
 
-use futures::stream::{self, StreamExt};
-
 use super::{deployments, disk_notes, generations, Deployment, HostHistory};
 use crate::apply::state;
+use crate::fleet;
 use crate::plan::UNIT_DIR;
-use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 
 /// The history of `unit` on each host, at most `parallel` hosts at once, in the hosts' order.
 pub async fn history_hosts(
@@ -15,26 +14,31 @@ pub async fn history_hosts(
     ssh: &SshOptions,
     parallel: usize,
 ) -> Vec<HostHistory> {
-    stream::iter(hosts)
-        .map(|name| async move {
-            let result = async {
-                let host = remote::connect(name, ssh).await?;
-                let history = read(&*host, unit).await;
-                host.close().await;
-                history
-            };
-            result.await.unwrap_or_else(|e| HostHistory {
-                host: name.clone(),
-                unit: unit.to_string(),
-                deployments: Vec::new(),
-                generations: Vec::new(),
-                notes: Vec::new(),
-                error: Some(error_chain(&e)),
-            })
-        })
-        .buffered(parallel.max(1))
-        .collect()
-        .await
+    fleet::each_host(
+        hosts.iter().map(|name| (name.clone(), ())),
+        ssh,
+        parallel,
+        fleet::no_span,
+        async |host: &dyn Host, visit: &fleet::Visit<'_>, ()| {
+            read(host, unit)
+                .await
+                .unwrap_or_else(|e| unreadable(visit.name, unit, &e))
+        },
+        |visit, (), e| unreadable(visit.name, unit, &e),
+    )
+    .await
+}
+
+/// The history of a host that could not be reached or read.
+fn unreadable(name: &str, unit: &str, e: &RemoteError) -> HostHistory {
+    HostHistory {
+        host: name.to_string(),
+        unit: unit.to_string(),
+        deployments: Vec::new(),
+        generations: Vec::new(),
+        notes: Vec::new(),
+        error: Some(error_chain(e)),
+    }
 }
 
 /// A unit's deployments on a host, and what kept the current one from being known.

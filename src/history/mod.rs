@@ -8,12 +8,12 @@
 //! deployment N's kept unit through apply's own install, restart and staged verification.
 //!
 //! What is pure lives here (numbering, which deployment is current, which one a rollback takes,
-//! the output); `gather` reads a host; `rollback` runs the restore.
+//! the notes); `gather` reads a host; `rollback` runs the restore. The face's `report::history`
+//! prints it.
 
 mod gather;
 pub mod rollback;
 
-use std::fmt::Write;
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Serialize;
@@ -21,11 +21,11 @@ use serde::Serialize;
 pub use gather::history_hosts;
 
 use crate::apply::state::{Generation, Record, RecordProblem};
-use crate::report::{to_json, Format, COMMIT_SHOWN, SHA_SHOWN};
+use crate::digest::SHA_SHOWN;
 
 /// A sha256 as shown: its first 12 characters. Records come from hosts: any text may be there.
 fn short(sha: &str) -> &str {
-    crate::report::short(sha, SHA_SHOWN)
+    crate::digest::short(sha, SHA_SHOWN)
 }
 
 /// One line of `history.jsonl`.
@@ -218,99 +218,10 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, S
     ))
 }
 
-/// `converged`, or `rollback to 2 (converged)`.
-fn outcome(r: &Record) -> String {
-    match r.restored_from {
-        Some(n) => format!("rollback to {n} ({})", r.outcome),
-        None => r.outcome.clone(),
-    }
-}
-
-pub fn render(histories: &[HostHistory], format: Format) -> String {
-    if format == Format::Json {
-        return to_json(&serde_json::json!({ "hosts": histories }));
-    }
-    let mut out = String::new();
-    for h in histories {
-        if let Some(e) = &h.error {
-            let _ = writeln!(out, "{} {}: error: {e}", h.host, h.unit);
-            continue;
-        }
-        let current = h
-            .deployments
-            .iter()
-            .find(|d| d.current)
-            .map_or("none".to_string(), |d| d.n.to_string());
-        let _ = writeln!(
-            out,
-            "{} {}: {} deployments, current: {current}",
-            h.host,
-            h.unit,
-            h.deployments.len()
-        );
-        if !h.deployments.is_empty() {
-            let _ = writeln!(
-                out,
-                "     {:>3}  {:<20}  {:<7}  {:<12}  {:<12}  {:>6}  {:<4}  outcome",
-                "N", "applied at", "commit", "manifest", "unit", "load", "kept"
-            );
-        }
-        for d in &h.deployments {
-            let mark = if d.current { "*" } else { " " };
-            let Some(r) = &d.record else {
-                let why = d.unreadable.as_deref().unwrap_or("unknown reason");
-                let _ = writeln!(out, "   {mark} {:>3}  (unreadable record: {why})", d.n);
-                continue;
-            };
-            let commit = r
-                .git_commit
-                .as_deref()
-                .map_or("-", |c| crate::report::short(c, COMMIT_SHOWN));
-            let load = r
-                .load_seconds
-                .map_or("-".to_string(), |s| format!("{s:.1}s"));
-            let _ = writeln!(
-                out,
-                "   {mark} {:>3}  {:<20}  {:<7}  {:<12}  {:<12}  {:>6}  {:<4}  {}",
-                d.n,
-                r.applied_at,
-                commit,
-                short(&r.manifest_sha256),
-                short(&r.unit_sha256),
-                load,
-                if d.kept { "yes" } else { "no" },
-                outcome(r)
-            );
-        }
-        if !h.generations.is_empty() {
-            let _ = writeln!(
-                out,
-                "  generations (units an apply replaced, kept to fall back on):"
-            );
-            for g in &h.generations {
-                let from = g
-                    .deployment
-                    .map_or("not from a recorded deployment".to_string(), |n| {
-                        format!("deployment {n}'s unit")
-                    });
-                let _ = writeln!(
-                    out,
-                    "    {}  unit {}  {from}",
-                    g.kept_at,
-                    short(&g.unit_sha256)
-                );
-            }
-        }
-        for note in &h.notes {
-            let _ = writeln!(out, "  note: {note}");
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::{history::render, Format};
 
     fn record(unit_sha: &str, at: &str) -> Record {
         Record {

@@ -70,17 +70,7 @@ async fn rollback_host(
             git,
             notes,
         }) => {
-            let options = ApplyOptions {
-                owner: options.owner.clone(),
-                lock: options.lock,
-                git,
-                cancel: options.cancel.clone(),
-                progress: options.progress.clone(),
-                deep: options.deep,
-                rollout: options.rollout,
-                restoring: Some(n),
-                redactor: options.redactor.clone(),
-            };
+            let options = options.restoring(n, git);
             let mut report = apply::apply_one(&*host, &target, &options).await;
             report.detail = format!("rollback to deployment {n}: {}", report.detail);
             report.notes.splice(0..0, notes);

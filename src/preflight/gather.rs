@@ -152,9 +152,8 @@ pub async fn check(
 /// deep check when asked and when there is an SGLang to ask.
 async fn gather(host: &dyn Host, t: &Target, deep: bool) -> Result<Facts, RemoteError> {
     let want = super::Want::of(t);
-    let (python, (model_path, gpus, port)) =
-        tokio::try_join!(sglang_version(host, &want.python), checks(host, t))?;
-    with_deep(host, t, deep, python, model_path, gpus, port).await
+    let (python, checked) = tokio::try_join!(sglang_version(host, &want.python), checks(host, t))?;
+    with_deep(host, t, deep, python, checked).await
 }
 
 /// The facts besides the SGLang version, which the caller read already.
@@ -164,8 +163,8 @@ async fn host_facts(
     deep: bool,
     python: Python,
 ) -> Result<Facts, RemoteError> {
-    let (model_path, gpus, port) = checks(host, t).await?;
-    with_deep(host, t, deep, python, model_path, gpus, port).await
+    let checked = checks(host, t).await?;
+    with_deep(host, t, deep, python, checked).await
 }
 
 async fn checks(host: &dyn Host, t: &Target) -> Result<(Access, Gpus, Port), RemoteError> {
@@ -177,14 +176,14 @@ async fn checks(host: &dyn Host, t: &Target) -> Result<(Access, Gpus, Port), Rem
     )
 }
 
+/// The facts, with the deep check's when it is asked for and the host's python has SGLang.
+/// The last argument is what [`checks`] read.
 async fn with_deep(
     host: &dyn Host,
     t: &Target,
     deep: bool,
     python: Python,
-    model_path: Access,
-    gpus: Gpus,
-    port: Port,
+    (model_path, gpus, port): (Access, Gpus, Port),
 ) -> Result<Facts, RemoteError> {
     let want = super::Want::of(t);
     let deep = match (&python, deep) {

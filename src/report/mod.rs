@@ -1,7 +1,13 @@
-//! Showing a plan: text for a terminal, markdown for a pull request comment, JSON for tools.
-//! Every format is built from the same redacted plans, so none can show a secret.
+//! Showing what a command found: text for a terminal, markdown for a pull request comment, JSON
+//! for tools. A plan (here), an apply's reports, a status (`status`), a history (`history`) and an
+//! agent's rounds (`agent`): every format is built from the same redacted results, so none can
+//! show a secret. No command's result is printed below the face (only live progress and signal
+//! notices go to stderr from there).
 
+pub mod agent;
+pub mod history;
 mod markdown;
+pub mod status;
 mod text;
 
 use serde::Serialize;
@@ -16,11 +22,7 @@ pub enum Format {
     Json,
 }
 
-/// How many characters of a sha256 are shown, and of a git commit.
-pub const SHA_SHOWN: usize = 12;
-pub const COMMIT_SHOWN: usize = 7;
-
-pub use crate::digest::short;
+pub use crate::digest::{short, COMMIT_SHOWN, SHA_SHOWN};
 
 /// `value` as pretty JSON and a newline. serde_json fails only on a map with non-string keys or a
 /// `Serialize` that errors, and no type shown has either (a float that is not finite becomes

@@ -7,10 +7,11 @@ use futures::stream::{self, StreamExt};
 
 use super::{classify, split_nul, Facts, Running, Systemd, UnitStatus};
 use crate::apply::state::read_record;
+use crate::fleet;
 use crate::observed::Show;
 use crate::plan::UNIT_DIR;
 use crate::redact::Redactor;
-use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
 use crate::unit::parse_unit;
 use crate::verify::Expect;
@@ -31,39 +32,34 @@ pub async fn status_targets(
     parallel: usize,
     redactor: &Redactor,
 ) -> Vec<UnitStatus> {
-    let results: Vec<Vec<UnitStatus>> = stream::iter(crate::targets::by_host(targets))
-        .map(|(host, targets)| status_host(host, targets, ssh, redactor))
-        .buffered(parallel.max(1))
-        .collect()
-        .await;
+    let results: Vec<Vec<UnitStatus>> = fleet::each_host(
+        crate::targets::by_host(targets),
+        ssh,
+        parallel,
+        fleet::no_span,
+        async |host: &dyn Host, _: &fleet::Visit<'_>, targets: Vec<Target>| {
+            status_host(host, &targets, redactor).await
+        },
+        |_, targets, e| {
+            let error = error_chain(&e);
+            targets.iter().map(|t| failed(t, error.clone())).collect()
+        },
+    )
+    .await;
     results.into_iter().flatten().collect()
 }
 
-async fn status_host(
-    name: String,
-    targets: Vec<Target>,
-    ssh: &SshOptions,
-    redactor: &Redactor,
-) -> Vec<UnitStatus> {
-    let host = match remote::connect(&name, ssh).await {
-        Ok(host) => host,
-        Err(e) => {
-            let error = error_chain(&e);
-            return targets.iter().map(|t| failed(t, error.clone())).collect();
-        }
-    };
-    let statuses = stream::iter(&targets)
+async fn status_host(host: &dyn Host, targets: &[Target], redactor: &Redactor) -> Vec<UnitStatus> {
+    stream::iter(targets)
         .map(|t| async {
-            match unit_status(&*host, t, redactor).await {
+            match unit_status(host, t, redactor).await {
                 Ok(status) => status,
                 Err(e) => failed(t, error_chain(&e)),
             }
         })
         .buffered(UNITS_PER_HOST_AT_ONCE)
         .collect()
-        .await;
-    host.close().await;
-    statuses
+        .await
 }
 
 async fn unit_status(

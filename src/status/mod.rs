@@ -8,17 +8,15 @@
 //! the last apply, and the running process (systemd's view and `/proc/<pid>/cmdline`).
 //!
 //! The classification is pure (this file); `gather` reads the facts over the host's one
-//! connection; `report` prints them.
+//! connection; the face's `report::status` prints them.
 
 mod gather;
-mod report;
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 pub use gather::status_targets;
-pub use report::render;
 
 use crate::apply::state::{sha256, Record};
 use crate::flags::flags;
@@ -107,96 +105,139 @@ pub struct Facts {
 /// The classes of a unit, and a line per finding saying why.
 /// `redactor` hides the secret values of the running server's argv.
 pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
-    let mut classes = Vec::new();
-    let mut details = Vec::new();
+    let mut found = Found::default();
     let desired_sha = sha256(&f.desired_text);
     let disk_sha = f.disk_text.as_deref().map(sha256);
     let applied = f.record.as_ref().map(|r| r.unit_sha256.as_str());
     if let Some(e) = &f.record_error {
         // Compared below as if there were no record, except that the unit is not called unmanaged.
-        classes.push(Class::RecordUnreadable);
-        details.push(e.clone());
+        found.add(Class::RecordUnreadable, e.clone());
     }
-    // What the manifest is compared with: the last applied unit, or the file when none was applied.
-    match (applied, disk_sha.as_deref()) {
-        (Some(applied), _) if applied != desired_sha => {
-            classes.push(Class::PendingChange);
-            details.push(format!(
+    against_manifest(&mut found, &desired_sha, applied, disk_sha.as_deref());
+    let Some(disk_text) = &f.disk_text else {
+        found.classes.push(Class::Absent);
+        if applied.is_some() {
+            found
+                .details
+                .push("the unit file was removed after the last apply".into());
+        }
+        return found.sorted();
+    };
+    against_record(
+        &mut found,
+        applied,
+        &disk_sha.unwrap_or_default(),
+        f.record_error.is_some(),
+    );
+    against_process(&mut found, f, disk_text, redactor);
+    if found.classes.is_empty() {
+        found.classes.push(Class::InSync);
+    }
+    found.sorted()
+}
+
+/// The classes found so far, and their details.
+#[derive(Default)]
+struct Found {
+    classes: Vec<Class>,
+    details: Vec<String>,
+}
+
+impl Found {
+    fn add(&mut self, class: Class, detail: String) {
+        self.classes.push(class);
+        self.details.push(detail);
+    }
+
+    fn sorted(mut self) -> (Vec<Class>, Vec<String>) {
+        self.classes.sort();
+        (self.classes, self.details)
+    }
+}
+
+/// What the manifest is compared with: the last applied unit, or the file when none was applied.
+fn against_manifest(
+    found: &mut Found,
+    desired_sha: &str,
+    applied: Option<&str>,
+    disk_sha: Option<&str>,
+) {
+    match (applied, disk_sha) {
+        (Some(applied), _) if applied != desired_sha => found.add(
+            Class::PendingChange,
+            format!(
                 "the manifest renders a unit ({}) other than the one last applied ({})",
-                short(&desired_sha),
+                short(desired_sha),
                 short(applied)
-            ));
-        }
-        (None, Some(disk)) if disk != desired_sha => {
-            classes.push(Class::PendingChange);
-            details.push(format!(
+            ),
+        ),
+        (None, Some(disk)) if disk != desired_sha => found.add(
+            Class::PendingChange,
+            format!(
                 "the manifest renders a unit ({}) other than the one on the host ({})",
-                short(&desired_sha),
+                short(desired_sha),
                 short(disk)
-            ));
-        }
-        (None, None) => {
-            classes.push(Class::PendingChange);
-            details.push("not installed: an apply would install it".into());
-        }
+            ),
+        ),
+        (None, None) => found.add(
+            Class::PendingChange,
+            "not installed: an apply would install it".into(),
+        ),
         _ => {}
     }
-    let Some(disk_text) = &f.disk_text else {
-        classes.push(Class::Absent);
-        if applied.is_some() {
-            details.push("the unit file was removed after the last apply".into());
-        }
-        classes.sort();
-        return (classes, details);
-    };
-    let disk_sha = disk_sha.unwrap_or_default();
+}
+
+/// The unit on disk against the last deployment record (none, when it is unreadable).
+fn against_record(found: &mut Found, applied: Option<&str>, disk_sha: &str, unreadable: bool) {
     match applied {
-        None if f.record_error.is_some() => {}
-        None => {
-            classes.push(Class::Unmanaged);
-            details.push("no deployment record: reconcile never applied this unit here".into());
-        }
-        Some(applied) if applied != disk_sha => {
-            classes.push(Class::EditedOnHost);
-            details.push(format!(
+        None if unreadable => {}
+        None => found.add(
+            Class::Unmanaged,
+            "no deployment record: reconcile never applied this unit here".into(),
+        ),
+        Some(applied) if applied != disk_sha => found.add(
+            Class::EditedOnHost,
+            format!(
                 "the unit on disk ({}) is not the one last applied ({})",
-                short(&disk_sha),
+                short(disk_sha),
                 short(applied)
-            ));
-        }
+            ),
+        ),
         Some(_) => {}
     }
+}
+
+/// systemd's view and the running process against the unit on disk.
+fn against_process(found: &mut Found, f: &Facts, disk_text: &str, redactor: &Redactor) {
     let s = &f.systemd;
     if s.need_daemon_reload {
-        classes.push(Class::NotReloaded);
-        details.push("systemd has not loaded the unit file on disk (daemon-reload pending)".into());
+        found.add(
+            Class::NotReloaded,
+            "systemd has not loaded the unit file on disk (daemon-reload pending)".into(),
+        );
     }
     if s.active_state != "active" {
-        classes.push(Class::Down);
         let state = if s.active_state.is_empty() {
             "unknown".to_string()
         } else {
             format!("{} ({})", s.active_state, s.sub_state)
         };
-        details.push(format!("the service is {state}"));
+        found.add(Class::Down, format!("the service is {state}"));
     } else if let Some(running) = &f.running {
         let unit = parse_unit(disk_text);
         let mut differences = argv_differences(&running.argv, &unit.exec_start, redactor);
         differences.extend(env_differences(&running.env, &unit.env));
         if !differences.is_empty() {
-            classes.push(Class::NotRestarted);
-            details.push(format!(
-                "the running server (pid {}) was started from another unit than the one on disk: {}",
-                s.main_pid,
-                differences.join(", ")
-            ));
+            found.add(
+                Class::NotRestarted,
+                format!(
+                    "the running server (pid {}) was started from another unit than the one on disk: {}",
+                    s.main_pid,
+                    differences.join(", ")
+                ),
+            );
         }
     }
-    if classes.is_empty() {
-        classes.push(Class::InSync);
-    }
-    classes.sort();
-    (classes, details)
 }
 
 /// How the running argv differs from the unit's, in flags where it can (`~ tp-size 2 -> 4`).
@@ -258,7 +299,7 @@ fn env_differences(
 
 /// The first 12 hex digits of a sha256, as shown. Records come from hosts: any text may be there.
 fn short(sha: &str) -> &str {
-    crate::report::short(sha, crate::report::SHA_SHOWN)
+    crate::digest::short(sha, crate::digest::SHA_SHOWN)
 }
 
 /// One unit's status, as shown.

@@ -1,11 +1,11 @@
 //! Showing status: a line per unit for a terminal, a table for a pull request or a wiki, JSON for
-//! tools. Details never hold secret values (see `classify`).
+//! tools. Details never hold secret values (see `status::classify`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::{Class, UnitStatus};
-use crate::report::{short, to_json, Format, COMMIT_SHOWN};
+use super::{short, to_json, Format, COMMIT_SHOWN};
+use crate::status::{exit_code, Class, UnitStatus};
 
 pub fn render(statuses: &[UnitStatus], format: Format) -> String {
     match format {
@@ -115,7 +115,7 @@ fn json(statuses: &[UnitStatus]) -> String {
     to_json(&serde_json::json!({
         "units": statuses,
         "tally": tally(statuses),
-        "in_sync": super::exit_code(statuses) == 0,
+        "in_sync": exit_code(statuses) == 0,
     }))
 }
 

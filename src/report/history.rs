@@ -1,0 +1,117 @@
+//! Showing `reconcile history`: per host the numbered deployments (the current one marked), the
+//! generations an apply kept, and notes; or JSON for tools (markdown prints the text).
+
+use std::fmt::Write;
+
+use super::{short, to_json, Format, COMMIT_SHOWN, SHA_SHOWN};
+use crate::apply::state::Record;
+use crate::history::{Deployment, GenerationEntry, HostHistory};
+
+pub fn render(histories: &[HostHistory], format: Format) -> String {
+    if format == Format::Json {
+        return to_json(&serde_json::json!({ "hosts": histories }));
+    }
+    let mut out = String::new();
+    for h in histories {
+        if let Some(e) = &h.error {
+            let _ = writeln!(out, "{} {}: error: {e}", h.host, h.unit);
+            continue;
+        }
+        heading(&mut out, h);
+        for d in &h.deployments {
+            deployment_line(&mut out, d);
+        }
+        generation_lines(&mut out, &h.generations);
+        for note in &h.notes {
+            let _ = writeln!(out, "  note: {note}");
+        }
+    }
+    out
+}
+
+/// `gpu-a s.service: 3 deployments, current: 3`, and the table's header when there is a table.
+fn heading(out: &mut String, h: &HostHistory) {
+    let current = h
+        .deployments
+        .iter()
+        .find(|d| d.current)
+        .map_or("none".to_string(), |d| d.n.to_string());
+    let _ = writeln!(
+        out,
+        "{} {}: {} deployments, current: {current}",
+        h.host,
+        h.unit,
+        h.deployments.len()
+    );
+    if !h.deployments.is_empty() {
+        let _ = writeln!(
+            out,
+            "     {:>3}  {:<20}  {:<7}  {:<12}  {:<12}  {:>6}  {:<4}  outcome",
+            "N", "applied at", "commit", "manifest", "unit", "load", "kept"
+        );
+    }
+}
+
+/// A sha256 as shown. Records come from hosts: any text may be there.
+fn sha(sha: &str) -> &str {
+    short(sha, SHA_SHOWN)
+}
+
+fn deployment_line(out: &mut String, d: &Deployment) {
+    let mark = if d.current { "*" } else { " " };
+    let Some(r) = &d.record else {
+        let why = d.unreadable.as_deref().unwrap_or("unknown reason");
+        let _ = writeln!(out, "   {mark} {:>3}  (unreadable record: {why})", d.n);
+        return;
+    };
+    let commit = r
+        .git_commit
+        .as_deref()
+        .map_or("-", |c| short(c, COMMIT_SHOWN));
+    let load = r
+        .load_seconds
+        .map_or("-".to_string(), |s| format!("{s:.1}s"));
+    let _ = writeln!(
+        out,
+        "   {mark} {:>3}  {:<20}  {:<7}  {:<12}  {:<12}  {:>6}  {:<4}  {}",
+        d.n,
+        r.applied_at,
+        commit,
+        sha(&r.manifest_sha256),
+        sha(&r.unit_sha256),
+        load,
+        if d.kept { "yes" } else { "no" },
+        outcome(r)
+    );
+}
+
+fn generation_lines(out: &mut String, generations: &[GenerationEntry]) {
+    if generations.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  generations (units an apply replaced, kept to fall back on):"
+    );
+    for g in generations {
+        let from = g
+            .deployment
+            .map_or("not from a recorded deployment".to_string(), |n| {
+                format!("deployment {n}'s unit")
+            });
+        let _ = writeln!(
+            out,
+            "    {}  unit {}  {from}",
+            g.kept_at,
+            sha(&g.unit_sha256)
+        );
+    }
+}
+
+/// `converged`, or `rollback to 2 (converged)`.
+fn outcome(r: &Record) -> String {
+    match r.restored_from {
+        Some(n) => format!("rollback to {n} ({})", r.outcome),
+        None => r.outcome.clone(),
+    }
+}
