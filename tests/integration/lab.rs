@@ -22,6 +22,10 @@ pub const REBOOT: &str = "rl12";
 pub const AGENT: &str = "rl13";
 /// Host whose nvidia-smi and systemctl the hang tests wedge on purpose; nothing else may use it.
 pub const HANGS: &str = "rl14";
+/// The throughput gate, learned load times and failure diagnoses (issue 14): benchmark.rs uses
+/// ports 37011-37019 and GPUs 10-29, learned.rs 37021-37029 and GPUs 30-39, diagnosis.rs
+/// 37001-37009 and GPUs 0-9.
+pub const THROUGHPUT: &str = "rl15";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";

@@ -3,11 +3,14 @@
 
 mod agent;
 mod apply;
+mod benchmark;
+mod diagnosis;
 mod dry_run;
 mod faults;
 mod fleet;
 mod hangs;
 mod lab;
+mod learned;
 mod plan_file;
 mod preflight;
 mod real_sglang;

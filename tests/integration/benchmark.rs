@@ -1,0 +1,1 @@
+//! (issue 14: to be written)
