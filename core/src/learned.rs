@@ -80,6 +80,12 @@ pub fn downsample(points: &[Point], max: usize) -> Vec<Point> {
         .collect()
 }
 
+/// Which memory of a point to judge on.
+type Memory = fn(&Point) -> Option<u64>;
+/// GPU memory first: the service's includes page cache, which the kernel may reclaim.
+const GPU: Memory = |p| p.gpu_mib;
+const SERVICE: Memory = |p| p.service_bytes;
+
 /// What the unit's history says about its loads.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LoadHistory {
@@ -139,10 +145,8 @@ impl LoadHistory {
     }
 
     /// The share of the last plateau that `now` has, and which memory it is judged on.
-    fn share(&self, now: &Point) -> Option<(f64, fn(&Point) -> Option<u64>)> {
-        let gpu: fn(&Point) -> Option<u64> = |p| p.gpu_mib;
-        let service: fn(&Point) -> Option<u64> = |p| p.service_bytes;
-        [gpu, service].into_iter().find_map(|memory| {
+    fn share(&self, now: &Point) -> Option<(f64, Memory)> {
+        [GPU, SERVICE].into_iter().find_map(|memory| {
             let plateau = self.plateau(memory);
             let value = memory(now)?;
             (plateau > 0.0).then(|| ((value as f64 / plateau).min(1.0), memory))
@@ -150,7 +154,7 @@ impl LoadHistory {
     }
 
     /// The final value of a memory in the last trajectory, 0 when it has none.
-    fn plateau(&self, memory: fn(&Point) -> Option<u64>) -> f64 {
+    fn plateau(&self, memory: Memory) -> f64 {
         self.trajectory
             .last()
             .and_then(memory)
@@ -189,10 +193,8 @@ impl Against {
 /// Two sparklines of the same width: `now` and `last`, on a time axis as long as the longer of
 /// the two and on the scale of the larger. GPU memory when both have it, else the service's.
 pub fn aligned_sparklines(now: &[Point], last: &[Point], width: usize) -> Option<(String, String)> {
-    let has = |pts: &[Point], m: fn(&Point) -> Option<u64>| pts.iter().any(|p| m(p).is_some());
-    let gpu: fn(&Point) -> Option<u64> = |p| p.gpu_mib;
-    let service: fn(&Point) -> Option<u64> = |p| p.service_bytes;
-    let memory = [gpu, service]
+    let has = |pts: &[Point], m: Memory| pts.iter().any(|p| m(p).is_some());
+    let memory = [GPU, SERVICE]
         .into_iter()
         .find(|m| has(now, *m) && has(last, *m))?;
     let end = now
@@ -377,6 +379,24 @@ mod tests {
     }
 
     #[test]
+    fn records_keep_the_trajectory_and_records_without_one_read_and_write_as_before() {
+        use crate::record::{parse_record, record_json};
+        let with = record("converged", Some(2.0), vec![point(0.5, 1, Some(7))]);
+        let json = record_json(&with).unwrap();
+        assert!(
+            json.contains(
+                r#""trajectory":[{"seconds":0.5,"service_bytes":1073741824,"gpu_mib":7}]"#
+            ),
+            "{json}"
+        );
+        assert_eq!(parse_record(&json), Ok(with));
+        let without = record("converged", Some(2.0), Vec::new());
+        let json = record_json(&without).unwrap();
+        assert!(!json.contains("trajectory"), "{json}");
+        assert_eq!(parse_record(&json), Ok(without));
+    }
+
+    #[test]
     fn downsampling_keeps_at_most_the_limit_with_the_first_and_last_points() {
         let points: Vec<Point> = (0..1000).map(|i| point(f64::from(i), 1, None)).collect();
         let d = downsample(&points, 64);
@@ -398,7 +418,7 @@ mod tests {
             ..Sample::default()
         };
         assert_eq!(
-            trajectory(&[s.clone()]),
+            trajectory(std::slice::from_ref(&s)),
             [Point {
                 seconds: 3.0,
                 service_bytes: Some(5),
