@@ -11,6 +11,7 @@ pub mod digest;
 pub mod dry_run;
 pub mod finding;
 pub mod flags;
+pub mod learned;
 pub mod manifest;
 pub mod observed;
 pub mod plan;

@@ -26,6 +26,10 @@ pub struct Record {
     pub load_seconds: Option<f64>,
     pub plateau_service_bytes: Option<u64>,
     pub plateau_gpu_mib: Vec<u64>,
+    /// The load's memory over time, at most 64 points (`learned::TRAJECTORY_POINTS`), for the
+    /// next load to compare with. Absent in records from before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trajectory: Vec<crate::learned::Point>,
     /// Set by `reconcile rollback`: the deployment (history line) whose unit this one restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<usize>,
@@ -112,6 +116,7 @@ mod tests {
             load_seconds: Some(1.5),
             plateau_service_bytes: None,
             plateau_gpu_mib: vec![75000],
+            trajectory: Vec::new(),
             restored_from: Some(2),
         }
     }

@@ -3,6 +3,7 @@
 //! and the rollback when the restart or a stage fails. What each result means, and its detail
 //! text, is `decide`'s; this file does the remote calls in order.
 
+use reconcile_core::learned::{self, LoadHistory};
 use tokio::time::Instant;
 
 use super::decide::{self, Ending};
@@ -69,6 +70,10 @@ pub async fn install(
         record(job, "reloaded", None, report).await;
         return decide::reloaded();
     }
+    // The unit's last good loads, read before the restart: what this load is compared with, and
+    // the load deadline when the manifest leaves it unset.
+    let history = load_history(job, report).await;
+    let (spec, learned_notes) = learned::learned_spec(&t.verify, history.as_ref());
     // The last moment to stop without a restart: a signal now leaves the server as it was.
     if *options.cancel.borrow() {
         let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
@@ -91,13 +96,19 @@ pub async fn install(
     };
     let check = Check {
         unit,
-        spec: &t.verify,
+        spec: &spec,
         expect: Expect::from_unit(&t.desired.model),
         label: format!("{} {unit}", t.host),
         cancel: &options.cancel,
+        history: history.as_ref(),
+    };
+    let learned = |v: &mut Verification| {
+        v.notes.splice(0..0, learned_notes.iter().cloned());
+        v.previous_loads = history.clone();
     };
     match job.verifier.verify(host, check).await {
-        Ok(v) => {
+        Ok(mut v) => {
+            learned(&mut v);
             let ending = decide::converged(&v);
             record(job, "converged", Some(&v), report).await;
             report.verification = Some(v);
@@ -106,8 +117,9 @@ pub async fn install(
         Err(Failure {
             stage,
             reason,
-            verification,
+            mut verification,
         }) => {
+            learned(&mut verification);
             report.verification = Some(verification);
             let error = ApplyError::VerificationFailed {
                 stage: stage.to_string(),
@@ -119,6 +131,21 @@ pub async fn install(
                 invocation: &invocation,
             };
             roll_back(job, &fallback, report, failed).await
+        }
+    }
+}
+
+/// The unit's last good loads from its history on the host; none when it has none, or when the
+/// history cannot be read (a note then: the load is judged on the manifest's values alone).
+async fn load_history(job: &Job<'_>, report: &mut UnitReport) -> Option<LoadHistory> {
+    match state::read_history(job.host, &job.t.desired.unit).await {
+        Ok(lines) => LoadHistory::from_records(lines.iter().filter_map(|l| l.as_ref().ok())),
+        Err(e) => {
+            report.notes.push(format!(
+                "the unit's history could not be read ({}); verified without its past loads",
+                error_chain(&e)
+            ));
+            None
         }
     }
 }
@@ -277,6 +304,9 @@ async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: 
         load_seconds: v.and_then(|v| v.load_seconds),
         plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
         plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
+        trajectory: v
+            .map(|v| learned::trajectory(&v.samples))
+            .unwrap_or_default(),
         restored_from: options.restoring,
     };
     if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
@@ -346,6 +376,7 @@ mod tests {
     use crate::apply::verifier::fake::Scripted;
     use crate::apply::{Outcome, Report};
     use crate::remote::fake::{FakeHost, Reply};
+    use crate::verify::Sample;
 
     const PATH: &str = "/etc/systemd/system/s.service";
 
@@ -426,6 +457,53 @@ mod tests {
             .is_some_and(|r| r.contains(r#""outcome":"converged""#)));
         assert!(report.verification.is_some() && report.journal.is_none());
         assert_eq!(*verifier.asked.lock().unwrap(), ["gpu-a s.service"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn past_loads_are_noted_and_the_trajectory_is_recorded() {
+        const HISTORY: &str = "/var/lib/reconcile/s.service/history.jsonl";
+        let line = |load: f64| {
+            format!(
+                r#"{{"format":1,"unit":"s.service","manifest":"m","manifest_sha256":"m","unit_sha256":"u","git_commit":null,"git_author":null,"applied_at":"t","applied_by":"me","outcome":"converged","load_seconds":{load},"plateau_service_bytes":null,"plateau_gpu_mib":[],"trajectory":[{{"seconds":0.0,"gpu_mib":10}},{{"seconds":{load},"gpu_mib":100}}]}}"#
+            )
+        };
+        let host = host(Some("old")).with_file(
+            HISTORY,
+            &format!("{}\n{}\nnot a record\n", line(4.0), line(6.5)),
+        );
+        let sample = |seconds: f64, gpu: u64| Sample {
+            seconds,
+            gpu_mib: vec![gpu / 2, gpu / 2],
+            ..Sample::default()
+        };
+        let verifier = Scripted::new(vec![Ok(Verification {
+            load_seconds: Some(5.0),
+            samples: vec![sample(0.0, 20), sample(2.0, 60), sample(5.0, 100)],
+            ..Verification::default()
+        })]);
+        let before = observed(Some("old"), "active");
+        let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
+        let v = report.verification.unwrap();
+        assert_eq!(
+            v.notes,
+            [
+                "last good load 6.5s (2 converged loads in history)",
+                "load deadline 30m, the default: more than learned from history (2 × 6.5s, the slowest of the last 2 loads)"
+            ]
+        );
+        let h = v.previous_loads.unwrap();
+        assert_eq!(
+            (h.load_seconds.as_slice(), h.trajectory.len()),
+            (&[6.5, 4.0][..], 2)
+        );
+        let record = host
+            .file("/var/lib/reconcile/s.service/current.json")
+            .unwrap();
+        assert!(
+            record.contains(r#""trajectory":[{"seconds":0.0,"gpu_mib":20},{"seconds":2.0,"gpu_mib":60},{"seconds":5.0,"gpu_mib":100}]"#),
+            "{record}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

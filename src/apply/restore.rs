@@ -134,6 +134,7 @@ pub async fn restore_and_verify(
         expect: Expect::from_unit(&parse_unit(previous)),
         label: r.label,
         cancel: &never,
+        history: None,
     };
     verifier
         .verify(r.host, check)

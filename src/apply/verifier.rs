@@ -20,6 +20,8 @@ pub struct Check<'a> {
     pub label: String,
     /// Turning true fails the verification in progress.
     pub cancel: &'a watch::Receiver<bool>,
+    /// The unit's last good loads, for the live display to compare with.
+    pub history: Option<&'a reconcile_core::learned::LoadHistory>,
 }
 
 pub trait Verifier: Sync {
@@ -42,7 +44,8 @@ impl Verifier for Live<'_> {
         check: Check<'a>,
     ) -> BoxFuture<'a, Result<Verification, Failure>> {
         Box::pin(async move {
-            let progress = Progress::new(check.label, self.progress);
+            let progress =
+                Progress::new(check.label, self.progress).against(check.history.cloned());
             verify(
                 host,
                 check.unit,

@@ -237,6 +237,7 @@ mod tests {
             load_seconds: Some(1.25),
             plateau_service_bytes: None,
             plateau_gpu_mib: Vec::new(),
+            trajectory: Vec::new(),
             restored_from: None,
         }
     }

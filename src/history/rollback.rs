@@ -223,6 +223,7 @@ mod tests {
             load_seconds: None,
             plateau_service_bytes: None,
             plateau_gpu_mib: Vec::new(),
+            trajectory: Vec::new(),
             restored_from: None,
         };
         let t = restore_target("gpu-a", "s.service", text.into(), &record, None);

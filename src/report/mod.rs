@@ -111,10 +111,32 @@ fn verification_lines(out: &mut String, label: &str, v: &crate::verify::Verifica
             v.sparkline()
         ));
     }
+    learned_lines(out, label, v);
     for note in &v.notes {
         out.push_str(&format!("  {label}: note: {note}\n"));
     }
 }
+
+/// This load against the unit's last good one: its time, and both memory trajectories on one
+/// time axis ("this load" and "last load", aligned).
+fn learned_lines(out: &mut String, label: &str, v: &crate::verify::Verification) {
+    let Some(h) = &v.previous_loads else { return };
+    if let Some(load) = v.load_seconds {
+        out.push_str(&format!(
+            "  {label}: ready after {load:.1}s (last good load {:.1}s)\n",
+            h.last()
+        ));
+    }
+    let now = reconcile_core::learned::trajectory(&v.samples);
+    if let Some((this, last)) = h.sparklines(&now, SPARK_COLUMNS) {
+        out.push_str(&format!(
+            "  {label}: this load {this}\n  {label}: last load {last}\n"
+        ));
+    }
+}
+
+/// Columns of the aligned sparklines.
+const SPARK_COLUMNS: usize = 32;
 
 fn json(outcomes: &[PlanOutcome], tally: &Tally) -> String {
     #[derive(Serialize)]
@@ -173,6 +195,45 @@ fn preflight_line(f: &crate::preflight::Finding) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_verification_shows_the_last_good_load_beside_its_own() {
+        use reconcile_core::learned::{LoadHistory, Point};
+        let point = |seconds: f64, gpu: u64| Point {
+            seconds,
+            service_bytes: None,
+            gpu_mib: Some(gpu),
+        };
+        let sample = |seconds: f64, gpu: u64| crate::verify::Sample {
+            seconds,
+            gpu_mib: vec![gpu],
+            ..Default::default()
+        };
+        let mut v = crate::verify::Verification {
+            load_seconds: Some(9.4),
+            samples: vec![sample(0.0, 0), sample(4.0, 50), sample(9.4, 100)],
+            ..Default::default()
+        };
+        let mut without = String::new();
+        verification_lines(&mut without, "new unit", &v);
+        assert!(!without.contains("last"), "{without}");
+        v.previous_loads = Some(LoadHistory {
+            load_seconds: vec![9.8],
+            trajectory: vec![point(0.0, 0), point(8.0, 100), point(9.8, 100)],
+        });
+        let mut out = String::new();
+        verification_lines(&mut out, "new unit", &v);
+        assert!(
+            out.contains("  new unit: ready after 9.4s (last good load 9.8s)\n"),
+            "{out}"
+        );
+        let this = out.lines().find(|l| l.contains("this load")).unwrap();
+        let last = out.lines().find(|l| l.contains("last load")).unwrap();
+        assert!(this.starts_with("  new unit: this load ▁"), "{out}");
+        assert!(last.starts_with("  new unit: last load ▁"), "{out}");
+        // One time axis: the slower last load runs one column longer.
+        assert_eq!(this.chars().count() + 1, last.chars().count(), "{out}");
+    }
 
     #[test]
     fn short_cuts_on_characters_not_bytes() {

@@ -370,6 +370,7 @@ mod tests {
             load_seconds: Some(1.0),
             plateau_service_bytes: None,
             plateau_gpu_mib: Vec::new(),
+            trajectory: Vec::new(),
             restored_from: None,
         }
     }

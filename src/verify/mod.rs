@@ -120,6 +120,10 @@ pub struct Verification {
     /// The last sample once loaded.
     pub plateau: Option<Sample>,
     pub notes: Vec<String>,
+    /// The unit's last good loads, from its deployment history, when it has any: compared with
+    /// in the live display and the report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub previous_loads: Option<reconcile_core::learned::LoadHistory>,
 }
 
 impl Verification {

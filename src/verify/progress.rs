@@ -3,6 +3,8 @@
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
+use reconcile_core::learned::{LoadHistory, Point};
+
 use super::judge::{bytes, sparkline, Sample};
 use super::Verification;
 
@@ -10,6 +12,8 @@ use super::Verification;
 pub struct Progress {
     label: String,
     bar: Option<ProgressBar>,
+    /// The unit's last good loads, to show this one against.
+    last: Option<LoadHistory>,
 }
 
 impl Progress {
@@ -25,7 +29,17 @@ impl Progress {
             bar.enable_steady_tick(std::time::Duration::from_millis(120));
             bar
         });
-        Progress { label, bar }
+        Progress {
+            label,
+            bar,
+            last: None,
+        }
+    }
+
+    /// Shows the load against the unit's last good one, when it has one.
+    pub fn against(mut self, last: Option<LoadHistory>) -> Progress {
+        self.last = last;
+        self
     }
 
     pub fn update(&self, stage: &str, elapsed: f64, sample: &Sample, record: &Verification) {
@@ -41,8 +55,11 @@ impl Progress {
             .iter()
             .map(|s| s.service_bytes.unwrap_or(0))
             .collect();
+        let against = self.last.as_ref().map_or(String::new(), |h| {
+            format!(" {}", h.progress(elapsed, &Point::of(sample)).line())
+        });
         bar.set_message(format!(
-            "{stage} {elapsed:.0}s mem {memory}{gpus} {}",
+            "{stage} {elapsed:.0}s mem {memory}{gpus} {}{against}",
             sparkline(&spark)
         ));
     }

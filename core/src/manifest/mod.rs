@@ -92,6 +92,16 @@ pub struct VerifySpec {
     /// Reach the server at this URL instead of through an SSH port forward to its port.
     pub url: Option<String>,
     pub smoke: Option<Smoke>,
+    /// Which of the values above the manifest set; the others may be learned from the unit's
+    /// past loads (`learned::learned_spec`).
+    pub explicit: Explicit,
+}
+
+/// The verification values a manifest set itself, rather than left to their defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Explicit {
+    pub load_deadline: bool,
+    pub stall_timeout: bool,
 }
 
 /// One chat completion that a loaded server must answer sensibly.
@@ -135,6 +145,7 @@ impl Default for VerifySpec {
             gpu_memory_tolerance: 10.0,
             url: None,
             smoke: None,
+            explicit: Explicit::default(),
         }
     }
 }

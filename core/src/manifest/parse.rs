@@ -9,7 +9,7 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::error::{ManifestError, ManifestErrors, Position};
-use super::{FlagValue, HostSpec, Manifest, SglangSpec, Smoke, VerifySpec};
+use super::{Explicit, FlagValue, HostSpec, Manifest, SglangSpec, Smoke, VerifySpec};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -170,6 +170,10 @@ impl RawManifest {
             .to_string();
         let defaults = VerifySpec::default();
         let v = self.verify;
+        let explicit = Explicit {
+            load_deadline: v.load_deadline.is_some(),
+            stall_timeout: v.stall_timeout.is_some(),
+        };
         let labels = strings(self.labels);
         Manifest {
             source: source.to_string(),
@@ -212,6 +216,7 @@ impl RawManifest {
                     expect: s.expect,
                     max_tokens: s.max_tokens,
                 }),
+                explicit,
             },
         }
     }
