@@ -69,6 +69,9 @@ pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> Str
             r.seconds,
             r.detail
         ));
+        if let Some(d) = &r.diagnosis {
+            out.push_str(&format!("  cause: {}\n  advice: {}\n", d.cause, d.advice));
+        }
         for note in &r.notes {
             out.push_str(&format!("  note: {note}\n"));
         }
