@@ -63,7 +63,10 @@ fn first<'a>(lines: &[&'a str], pred: impl Fn(&str) -> bool) -> Option<(usize, &
 
 /// The text after `marker` on `line`, trimmed, at most 200 characters.
 fn after<'a>(line: &'a str, marker: &str) -> &'a str {
-    let rest = line.find(marker).map_or("", |i| &line[i + marker.len()..]).trim();
+    let rest = line
+        .find(marker)
+        .map_or("", |i| &line[i + marker.len()..])
+        .trim();
     match rest.char_indices().nth(200) {
         Some((i, _)) => &rest[..i],
         None => rest,
@@ -157,7 +160,8 @@ enum Phase {
 
 fn phase_of(line: &str, phase: Phase) -> Phase {
     let lower = line.to_ascii_lowercase();
-    if lower.contains("capture cuda graph failed") || lower.contains("capture prefill cuda graph failed")
+    if lower.contains("capture cuda graph failed")
+        || lower.contains("capture prefill cuda graph failed")
     {
         Phase::Graph
     } else if lower.contains("cuda graph end") {
@@ -221,7 +225,9 @@ fn cuda_oom(lines: &[&str]) -> Option<Diagnosis> {
 /// `sglang/srt/model_executor/pool_configurator.py`: `MemoryPoolConfig.__post_init__`; 0.5.9
 /// `sglang/srt/model_executor/model_runner_kv_cache_mixin.py`.
 fn kv_not_enough_memory(lines: &[&str]) -> Option<Diagnosis> {
-    first(lines, |l| l.contains("Not enough memory. Please try to increase --mem-fraction-static"))?;
+    first(lines, |l| {
+        l.contains("Not enough memory. Please try to increase --mem-fraction-static")
+    })?;
     Some(Diagnosis::new(
         "no GPU memory left for the KV cache after the weights (SGLang: \"Not enough memory\")",
         "raise --mem-fraction-static, or use more GPUs (raise --tp-size) or a smaller or \
@@ -256,8 +262,9 @@ fn port_in_use(lines: &[&str]) -> Option<Diagnosis> {
             || (l.contains(" is not available in ") && l.contains("seconds"))
     })?;
     let cause = if l.contains("error while attempting to bind on address") {
+        // `('::', 30000)`: up to the first `)`, which a host address never holds.
         let addr = after(l, "bind on address");
-        let addr = addr.split(':').next().unwrap_or("").trim();
+        let addr = addr.find(')').map_or(addr, |i| &addr[..=i]);
         format!("the HTTP port is already in use: {addr}")
     } else {
         "a port SGLang needs (--port or one derived from it) is already in use".to_string()
@@ -273,7 +280,9 @@ fn port_in_use(lines: &[&str]) -> Option<Diagnosis> {
 /// `NCCLLibrary.NCCL_CHECK`), and torch's `ProcessGroupNCCL` / `DistBackendError: NCCL error`.
 fn nccl_error(lines: &[&str]) -> Option<Diagnosis> {
     let (_, l) = first(lines, |l| {
-        l.contains("NCCL error") || l.contains("ProcessGroupNCCL") || l.contains("ncclInternalError")
+        l.contains("NCCL error")
+            || l.contains("ProcessGroupNCCL")
+            || l.contains("ncclInternalError")
     })?;
     let shown = match l.find("NCCL error") {
         Some(i) => after(&l[i..], ""),
@@ -311,7 +320,8 @@ mod tests {
 
     #[test]
     fn unrecognized_arguments_from_argparse() {
-        let j = "usage: sglang serve [-h] ...\nsglang serve: error: unrecognized arguments: --bogus 3";
+        let j =
+            "usage: sglang serve [-h] ...\nsglang serve: error: unrecognized arguments: --bogus 3";
         let d = diagnose(j).unwrap();
         assert_eq!(d.cause, "SGLang does not know these arguments: --bogus 3");
         assert!(d.advice.contains("flags"));
@@ -356,7 +366,10 @@ mod tests {
              [2026-01-01 00:00:01] Scheduler hit an exception: Traceback (most recent call last):\n{OOM}"
         );
         let d = diagnose(&j).unwrap();
-        assert_eq!(d.cause, "CUDA out of memory while loading the weights: the model does not fit the GPUs");
+        assert_eq!(
+            d.cause,
+            "CUDA out of memory while loading the weights: the model does not fit the GPUs"
+        );
         assert!(d.advice.contains("--tp-size"));
     }
 
@@ -367,7 +380,10 @@ mod tests {
              Load weight end. elapsed=3.00 s, type=X, avail mem=40.00 GB, mem usage=55.00 GB.\n{OOM}"
         );
         let d = diagnose(&j).unwrap();
-        assert_eq!(d.cause, "CUDA out of memory allocating the KV cache (memory pool)");
+        assert_eq!(
+            d.cause,
+            "CUDA out of memory allocating the KV cache (memory pool)"
+        );
         assert!(d.advice.contains("--mem-fraction-static"));
     }
 
@@ -381,17 +397,27 @@ mod tests {
         );
         let d = diagnose(&j).unwrap();
         assert_eq!(d.cause, "CUDA out of memory during CUDA graph capture");
-        assert!(d.advice.contains("--cuda-graph-max-bs-decode") && d.advice.contains("--mem-fraction-static"));
+        assert!(
+            d.advice.contains("--cuda-graph-max-bs-decode")
+                && d.advice.contains("--mem-fraction-static")
+        );
         let j = "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate 20.00 MiB.\nPossible solutions:";
         assert_eq!(cause(j), "CUDA out of memory during CUDA graph capture");
     }
 
     #[test]
     fn oom_after_capture_and_without_phase() {
-        let j = format!("Capture cuda graph begin.\nCapture cuda graph end. Time elapsed: 3 s\n{OOM}");
-        assert_eq!(cause(&j), "CUDA out of memory after start-up (warmup or the first requests)");
+        let j =
+            format!("Capture cuda graph begin.\nCapture cuda graph end. Time elapsed: 3 s\n{OOM}");
+        assert_eq!(
+            cause(&j),
+            "CUDA out of memory after start-up (warmup or the first requests)"
+        );
         assert_eq!(cause(OOM), "CUDA out of memory");
-        assert_eq!(cause("RuntimeError: CUDA error: out of memory"), "CUDA out of memory");
+        assert_eq!(
+            cause("RuntimeError: CUDA error: out of memory"),
+            "CUDA out of memory"
+        );
     }
 
     #[test]
@@ -405,15 +431,23 @@ mod tests {
     #[test]
     fn graph_capture_failed_without_oom() {
         let j = "Exception: Capture cuda graph failed: an illegal instruction\nPossible solutions:";
-        assert_eq!(cause(j), "CUDA graph capture failed: an illegal instruction");
+        assert_eq!(
+            cause(j),
+            "CUDA graph capture failed: an illegal instruction"
+        );
     }
 
     #[test]
     fn port_in_use() {
         let j = "[2026-01-01 00:00:05] ERROR: [Errno 98] error while attempting to bind on address ('127.0.0.1', 37001): address already in use";
         let d = diagnose(j).unwrap();
-        assert_eq!(d.cause, "the HTTP port is already in use: ('127.0.0.1', 37001)");
+        assert_eq!(
+            d.cause,
+            "the HTTP port is already in use: ('127.0.0.1', 37001)"
+        );
         assert!(d.advice.contains("--port"));
+        let j = "ERROR: [Errno 98] error while attempting to bind on address ('::', 30000): address already in use";
+        assert_eq!(cause(j), "the HTTP port is already in use: ('::', 30000)");
         let j = "Port is already in use. dist_init_port=30001 port_base=30002";
         assert!(cause(j).contains("already in use"));
         let j = "ValueError: port_base at 30002 is not available in 30 seconds. port_base at 30002 is not available";
@@ -440,7 +474,8 @@ mod tests {
     #[test]
     fn none_without_a_signature() {
         assert_eq!(diagnose(""), None);
-        let j = "[2026-01-01] Load weight begin. avail mem=95.00 GB\nRuntimeError: simulated crash\n\
+        let j =
+            "[2026-01-01] Load weight begin. avail mem=95.00 GB\nRuntimeError: simulated crash\n\
                  Received sigquit from a child process. It usually means the child failed.";
         assert_eq!(diagnose(j), None);
     }
@@ -449,7 +484,10 @@ mod tests {
     fn order_causes_before_consequences() {
         // An OOM on one rank and NCCL errors on the others: the OOM.
         let j = format!("[rank1]: NCCL error: unhandled cuda error\nLoad weight begin.\n{OOM}");
-        assert_eq!(cause(&j), "CUDA out of memory while loading the weights: the model does not fit the GPUs");
+        assert_eq!(
+            cause(&j),
+            "CUDA out of memory while loading the weights: the model does not fit the GPUs"
+        );
         // The rank that died of it: still the OOM.
         let j = format!("{OOM}\nRank 0 scheduler died during initialization (exit code: -9).");
         assert_eq!(cause(&j), "CUDA out of memory");
