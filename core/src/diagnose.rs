@@ -284,9 +284,10 @@ fn nccl_error(lines: &[&str]) -> Option<Diagnosis> {
             || l.contains("ProcessGroupNCCL")
             || l.contains("ncclInternalError")
     })?;
-    let shown = match l.find("NCCL error") {
-        Some(i) => after(&l[i..], ""),
-        None => after(l, "]"),
+    let shown = match (l.find("NCCL error"), l.contains("exception:")) {
+        (Some(i), _) => after(&l[i..], ""),
+        (None, true) => after(l, "exception:"),
+        (None, false) => after(l, ""),
     };
     Some(Diagnosis::new(
         format!("NCCL (the GPUs' collective communication) failed: {shown}"),
@@ -463,6 +464,12 @@ mod tests {
             "NCCL (the GPUs' collective communication) failed: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"
         );
         assert!(d.advice.contains("NCCL_DEBUG"));
+        // torch's watchdog line (as the stand-in's dead-rank mode prints it).
+        let j = "[rank3]:[E1201 09:09:48.753042 29333 ProcessGroupNCCL.cpp:1910] [PG ID 0 PG GUID 0(default_pg) Rank 3] Process group watchdog thread terminated with exception: CUDA error: an illegal memory access was encountered";
+        assert_eq!(
+            cause(j),
+            "NCCL (the GPUs' collective communication) failed: CUDA error: an illegal memory access was encountered"
+        );
     }
 
     #[test]

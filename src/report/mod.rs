@@ -196,6 +196,28 @@ mod tests {
         assert_eq!(to_json(&f64::NAN), "null\n");
     }
 
+    #[test]
+    fn a_diagnosis_is_two_lines_under_its_unit_and_absent_from_json_without_one() {
+        use crate::apply::{refused, Outcome};
+        let mut report = refused("h", "s.service", "a.yaml", Outcome::RolledBack, "d".into());
+        let json = render_apply(std::slice::from_ref(&report), Format::Json);
+        assert!(!json.contains("diagnosis"), "{json}");
+        report.diagnosis = Some(reconcile_core::diagnose::Diagnosis {
+            cause: "CUDA out of memory".into(),
+            advice: "lower --mem-fraction-static".into(),
+        });
+        let text = render_apply(std::slice::from_ref(&report), Format::Text);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("h s.service: rolled back in "), "{text}");
+        assert_eq!(lines[1], "  cause: CUDA out of memory");
+        assert_eq!(lines[2], "  advice: lower --mem-fraction-static");
+        let json = render_apply(std::slice::from_ref(&report), Format::Json);
+        assert!(
+            json.contains("\"diagnosis\": {\n        \"cause\": \"CUDA out of memory\""),
+            "{json}"
+        );
+    }
+
     proptest! {
         #[test]
         fn short_is_a_prefix_of_at_most_n_characters(s in any::<String>(), n in 0usize..40) {
