@@ -208,13 +208,18 @@ mod tests {
         });
         let text = render_apply(std::slice::from_ref(&report), Format::Text);
         let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].starts_with("h s.service: rolled back in "), "{text}");
+        assert!(
+            lines[0].starts_with("h s.service: rolled back in "),
+            "{text}"
+        );
         assert_eq!(lines[1], "  cause: CUDA out of memory");
         assert_eq!(lines[2], "  advice: lower --mem-fraction-static");
-        let json = render_apply(std::slice::from_ref(&report), Format::Json);
-        assert!(
-            json.contains("\"diagnosis\": {\n        \"cause\": \"CUDA out of memory\""),
-            "{json}"
+        let json: serde_json::Value =
+            serde_json::from_str(&render_apply(std::slice::from_ref(&report), Format::Json))
+                .unwrap();
+        assert_eq!(
+            json["units"][0]["diagnosis"],
+            serde_json::json!({"cause": "CUDA out of memory", "advice": "lower --mem-fraction-static"})
         );
     }
 
