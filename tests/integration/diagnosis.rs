@@ -143,19 +143,36 @@ fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
     fresh(unit);
 }
 
+/// Waits until the unit is active, then holds the port: a listening socket that never accepts,
+/// so the verifier's probes hang (they time out after 10 s and more) and never see an answer from
+/// it, while systemd's polling sees the stand-in exit when its own bind fails.
+const SQUATTER: &str = r#"import socket, subprocess, sys, time
+unit, port = sys.argv[1], int(sys.argv[2])
+while subprocess.run(["systemctl", "is-active", "-q", unit]).returncode != 0:
+    time.sleep(0.05)
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", port))
+s.listen(16)
+time.sleep(3600)
+"#;
+
 #[test]
 fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
     let unit = "t-diag-port.service";
     let port = 37003;
     fresh(unit);
     // Preflight refuses a port that is taken, so the squatter takes it only once the new unit is
-    // active, while the stand-in loads (3 s); its bind then fails as uvicorn's does.
-    let squat = format!(
-        "systemctl stop t-diag-squatter 2>/dev/null; systemctl reset-failed t-diag-squatter 2>/dev/null; \
-         systemd-run --unit=t-diag-squatter sh -c 'until systemctl is-active -q {unit}; do sleep 0.05; done; \
-         exec python3 -m http.server {port} --bind 0.0.0.0'"
+    // active, while the stand-in loads (3 s); the stand-in's bind then fails as uvicorn's does,
+    // and it exits 1 inside the crash window.
+    lab().put(THROUGHPUT, "/tmp/t-diag-squatter.py", SQUATTER);
+    lab().sh(
+        THROUGHPUT,
+        &format!(
+            "systemctl stop t-diag-squatter 2>/dev/null; systemctl reset-failed t-diag-squatter 2>/dev/null; \
+             systemd-run --unit=t-diag-squatter /usr/bin/python3 /tmp/t-diag-squatter.py {unit} {port}"
+        ),
     );
-    lab().sh(THROUGHPUT, &squat);
     let _squatter = Undo::new(
         THROUGHPUT,
         "systemctl stop t-diag-squatter 2>/dev/null; systemctl reset-failed t-diag-squatter 2>/dev/null; true",
@@ -163,6 +180,7 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
     let text = service("t-diag-port", port, 4, ", FAKE_SGLANG_LOAD_SECONDS: \"3\"");
     let (code, report) = apply_json(&text);
     assert_eq!(code, 3, "{report:#}");
+    assert_eq!(report["failed_stage"], "crash window", "{report:#}");
     assert!(
         report["journal"]
             .as_str()
@@ -171,10 +189,9 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
         "{report:#}"
     );
     let (cause, advice) = rolled_back_with_diagnosis(&report);
-    assert!(
-        cause.starts_with("the HTTP port is already in use: (")
-            && cause.contains(&port.to_string()),
-        "{cause}"
+    assert_eq!(
+        cause,
+        format!("the HTTP port is already in use: ('127.0.0.1', {port})")
     );
     assert!(advice.contains("--port"), "{advice}");
     assert!(unit_gone(unit), "the new unit was not removed");
