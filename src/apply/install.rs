@@ -3,6 +3,7 @@
 //! and the rollback when the restart or a stage fails. What each result means, and its detail
 //! text, is `decide`'s; this file does the remote calls in order.
 
+use reconcile_core::diagnose::diagnose;
 use reconcile_core::learned::{self, LoadHistory};
 use tokio::time::Instant;
 
@@ -256,6 +257,7 @@ async fn roll_back(
     // Read after the rollback, which gives journald time to take in the failed process's last
     // lines.
     report.journal = redacted_journal(job, fallback, failed.invocation).await;
+    report.diagnosis = report.journal.as_deref().and_then(diagnose);
     ending
 }
 

@@ -26,6 +26,7 @@ mod verifier;
 use std::time::Instant;
 
 use indicatif::MultiProgress;
+use reconcile_core::diagnose::Diagnosis;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -98,6 +99,10 @@ pub struct UnitReport {
     pub rollback: Option<Verification>,
     /// The failed invocation's last journal lines (secrets redacted).
     pub journal: Option<String>,
+    /// A known SGLang failure read from `journal` (`reconcile_core::diagnose`): the cause and what
+    /// to change. Absent (not null) when there is no journal or no known signature in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diagnosis: Option<Diagnosis>,
     pub seconds: f64,
 }
 
@@ -251,6 +256,7 @@ pub(crate) fn refused(
         verification: None,
         rollback: None,
         journal: None,
+        diagnosis: None,
         seconds: 0.0,
     }
 }
@@ -367,6 +373,7 @@ impl Report {
             verification: None,
             rollback: None,
             journal: None,
+            diagnosis: None,
             seconds: 0.0,
         };
         Report { report, started }

@@ -69,6 +69,9 @@ pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> Str
             r.seconds,
             r.detail
         ));
+        if let Some(d) = &r.diagnosis {
+            out.push_str(&format!("  cause: {}\n  advice: {}\n", d.cause, d.advice));
+        }
         for note in &r.notes {
             out.push_str(&format!("  note: {note}\n"));
         }
@@ -252,6 +255,33 @@ mod tests {
         assert_eq!(to_json(&serde_json::json!({"a": 1})), "{\n  \"a\": 1\n}\n");
         // A float that is not finite is `null`, not an error.
         assert_eq!(to_json(&f64::NAN), "null\n");
+    }
+
+    #[test]
+    fn a_diagnosis_is_two_lines_under_its_unit_and_absent_from_json_without_one() {
+        use crate::apply::{refused, Outcome};
+        let mut report = refused("h", "s.service", "a.yaml", Outcome::RolledBack, "d".into());
+        let json = render_apply(std::slice::from_ref(&report), Format::Json);
+        assert!(!json.contains("diagnosis"), "{json}");
+        report.diagnosis = Some(reconcile_core::diagnose::Diagnosis {
+            cause: "CUDA out of memory".into(),
+            advice: "lower --mem-fraction-static".into(),
+        });
+        let text = render_apply(std::slice::from_ref(&report), Format::Text);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with("h s.service: rolled back in "),
+            "{text}"
+        );
+        assert_eq!(lines[1], "  cause: CUDA out of memory");
+        assert_eq!(lines[2], "  advice: lower --mem-fraction-static");
+        let json: serde_json::Value =
+            serde_json::from_str(&render_apply(std::slice::from_ref(&report), Format::Json))
+                .unwrap();
+        assert_eq!(
+            json["units"][0]["diagnosis"],
+            serde_json::json!({"cause": "CUDA out of memory", "advice": "lower --mem-fraction-static"})
+        );
     }
 
     proptest! {
