@@ -19,7 +19,7 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::manifest::VerifySpec;
 use crate::record::Record;
@@ -32,17 +32,8 @@ pub const TRAJECTORY_POINTS: usize = 64;
 /// The learned load deadline is this many times the slowest kept load.
 pub const DEADLINE_FACTOR: u32 = 2;
 
-/// One point of a load's memory trajectory.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct Point {
-    /// Since the restart.
-    pub seconds: f64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service_bytes: Option<u64>,
-    /// The sum over the unit's GPUs, in MiB; absent without GPU tooling.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gpu_mib: Option<u64>,
-}
+/// The record keeps the points; building one from a sample is the learning side's.
+pub use crate::record::Point;
 
 impl Point {
     pub fn of(sample: &Sample) -> Point {

@@ -29,10 +29,22 @@ pub struct Record {
     /// The load's memory over time, at most 64 points (`learned::TRAJECTORY_POINTS`), for the
     /// next load to compare with. Absent in records from before it existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub trajectory: Vec<crate::learned::Point>,
+    pub trajectory: Vec<Point>,
     /// Set by `reconcile rollback`: the deployment (history line) whose unit this one restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<usize>,
+}
+
+/// One point of a load's memory trajectory.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    /// Since the restart.
+    pub seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_bytes: Option<u64>,
+    /// The sum over the unit's GPUs, in MiB; absent without GPU tooling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_mib: Option<u64>,
 }
 
 /// The lines of `history.jsonl`, each a record or why it is not one.
