@@ -371,6 +371,7 @@ mod tests {
             plateau_service_bytes: None,
             plateau_gpu_mib: Vec::new(),
             restored_from: None,
+            benchmark: None,
         }
     }
 
