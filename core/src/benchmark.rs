@@ -245,6 +245,124 @@ pub fn summary(levels: &[Level]) -> String {
         .join(", ")
 }
 
+/// What the benchmark stage came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// No comparable previous figures: these are the baseline.
+    Baseline,
+    /// Within `max_regression` of the previous figures at every level.
+    Passed,
+    /// A drop beyond `max_regression` at some level.
+    Regressed,
+    /// Requests failed, or the benchmark could not run.
+    Failed,
+}
+
+/// The benchmark stage's result, as reports show it (`benchmark` of a unit's JSON).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchmarkReport {
+    pub verdict: Verdict,
+    /// Whether a regression or a failure fails the stage (`gate`).
+    pub gate: bool,
+    pub detail: String,
+    /// The figures measured (empty when it could not run).
+    pub settings_key: String,
+    pub levels: Vec<Level>,
+    /// Against the previous deployment's figures, when they were comparable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
+}
+
+impl BenchmarkReport {
+    /// The stage fails: a regression or failed requests, with the gate on.
+    pub fn fails(&self) -> bool {
+        self.gate && matches!(self.verdict, Verdict::Regressed | Verdict::Failed)
+    }
+
+    /// The figures to keep in the deployment record.
+    pub fn record(&self) -> Option<BenchmarkRecord> {
+        (!self.levels.is_empty()).then(|| BenchmarkRecord {
+            settings_key: self.settings_key.clone(),
+            levels: self.levels.clone(),
+        })
+    }
+
+    /// A benchmark that could not run at all (no connection to the server, interrupted).
+    pub fn could_not_run(spec: &BenchmarkSpec, why: &str) -> BenchmarkReport {
+        BenchmarkReport {
+            verdict: Verdict::Failed,
+            gate: spec.gate,
+            detail: format!("the benchmark could not run: {why}"),
+            settings_key: settings_key(spec),
+            levels: Vec::new(),
+            comparison: None,
+        }
+    }
+}
+
+/// Judges the figures `measured` with `spec` against the previous deployment's (`previous`).
+/// `first_error` is the first failed request's reason, when one failed.
+pub fn judge(
+    spec: &BenchmarkSpec,
+    measured: BenchmarkRecord,
+    previous: Option<&BenchmarkRecord>,
+    first_error: Option<&str>,
+) -> BenchmarkReport {
+    let figures = summary(&measured.levels);
+    let failed: Vec<String> = measured
+        .levels
+        .iter()
+        .filter(|l| l.errors > 0)
+        .map(|l| format!("{} at {}", l.errors, l.concurrency))
+        .collect();
+    let comparable = previous.filter(|p| p.settings_key == measured.settings_key);
+    let comparison = comparable.map(|p| compare(&p.levels, &measured.levels, spec.max_regression));
+    let gate_off = if spec.gate {
+        ""
+    } else {
+        " (gate off: not rolled back)"
+    };
+    let (verdict, detail) = if !failed.is_empty() {
+        (
+            Verdict::Failed,
+            format!(
+                "requests failed ({}){gate_off}: {}",
+                failed.join(", "),
+                first_error.unwrap_or("unknown error")
+            ),
+        )
+    } else {
+        match &comparison {
+            None if previous.is_some_and(|p| p.settings_key != measured.settings_key) => (
+                Verdict::Baseline,
+                format!("baseline recorded (the previous figures were measured with other settings): {figures}"),
+            ),
+            None => (Verdict::Baseline, format!("baseline recorded: {figures}")),
+            Some(c) if c.regressed() => (
+                Verdict::Regressed,
+                format!("throughput regressed{gate_off}: {}", c.text()),
+            ),
+            Some(c) => (
+                Verdict::Passed,
+                format!(
+                    "throughput within {}% of the previous deployment: {} ({figures})",
+                    trim(spec.max_regression),
+                    c.text()
+                ),
+            ),
+        }
+    };
+    BenchmarkReport {
+        verdict,
+        gate: spec.gate,
+        detail,
+        settings_key: measured.settings_key,
+        levels: measured.levels,
+        comparison,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -374,5 +492,82 @@ mod tests {
             summary(&[at(1, 210.0), at(64, 1540.0)]),
             "1: 210 tok/s, 64: 1,540 tok/s"
         );
+    }
+
+    #[test]
+    fn the_stage_records_a_baseline_passes_or_fails_on_a_regression() {
+        let spec = BenchmarkSpec {
+            levels: vec![1, 4],
+            ..BenchmarkSpec::default()
+        };
+        let measured = |a, b| BenchmarkRecord {
+            settings_key: settings_key(&spec),
+            levels: vec![at(1, a), at(4, b)],
+        };
+        let first = judge(&spec, measured(200.0, 700.0), None, None);
+        assert_eq!(first.verdict, Verdict::Baseline);
+        assert_eq!(
+            first.detail,
+            "baseline recorded: 1: 200 tok/s, 4: 700 tok/s"
+        );
+        assert!(!first.fails() && first.record().is_some());
+        let before = first.record().unwrap();
+
+        let faster = judge(&spec, measured(210.0, 800.0), Some(&before), None);
+        assert_eq!(faster.verdict, Verdict::Passed);
+        assert_eq!(
+            faster.detail,
+            "throughput within 10% of the previous deployment: +5.0% at 1, +14.3% at 4 (1: 210 tok/s, 4: 800 tok/s)"
+        );
+
+        let slower = judge(&spec, measured(100.0, 700.0), Some(&before), None);
+        assert_eq!(
+            (slower.verdict, slower.fails(), slower.detail.as_str()),
+            (
+                Verdict::Regressed,
+                true,
+                "throughput regressed: -50.0% at 1 (over the 10% allowed), +0.0% at 4"
+            )
+        );
+        let off = BenchmarkSpec {
+            gate: false,
+            ..spec.clone()
+        };
+        let reported = judge(&off, measured(100.0, 700.0), Some(&before), None);
+        assert!(!reported.fails());
+        assert!(reported
+            .detail
+            .starts_with("throughput regressed (gate off: not rolled back): -50.0% at 1"));
+
+        let other = BenchmarkRecord {
+            settings_key: "v1 other".into(),
+            ..before.clone()
+        };
+        let rebased = judge(&spec, measured(100.0, 700.0), Some(&other), None);
+        assert_eq!(rebased.verdict, Verdict::Baseline);
+        assert!(
+            rebased.detail.contains("other settings"),
+            "{}",
+            rebased.detail
+        );
+
+        let mut broken = measured(100.0, 700.0);
+        broken.levels[1].errors = 3;
+        let failed = judge(
+            &spec,
+            broken,
+            Some(&before),
+            Some("503 Service Unavailable"),
+        );
+        assert_eq!(
+            (failed.verdict, failed.fails(), failed.detail.as_str()),
+            (
+                Verdict::Failed,
+                true,
+                "requests failed (3 at 4): 503 Service Unavailable"
+            )
+        );
+        let none = BenchmarkReport::could_not_run(&spec, "connection refused");
+        assert!(none.fails() && none.record().is_none());
     }
 }

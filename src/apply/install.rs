@@ -77,6 +77,12 @@ pub async fn install(
             put_back.map_err(|e| error_chain(&e)),
         );
     }
+    // The current deployment's record, read before the restart: the figures the benchmark stage
+    // compares with.
+    let before = match &t.verify.benchmark {
+        Some(_) => state::read_record(host, unit).await.ok().flatten(),
+        None => None,
+    };
     let invocation = match restart(host, unit, verdict).await {
         Ok(id) => id,
         Err(e) => {
@@ -97,8 +103,30 @@ pub async fn install(
         cancel: &options.cancel,
     };
     match job.verifier.verify(host, check).await {
-        Ok(v) => {
-            let ending = decide::converged(&v);
+        Ok(mut v) => {
+            if let Some(spec) = &t.verify.benchmark {
+                let b = super::benchmark::stage(job, spec, &mut v, before.as_ref()).await;
+                let failed = b.fails().then(|| b.detail.clone());
+                report.benchmark = Some(b);
+                if let Some(reason) = failed {
+                    report.verification = Some(v);
+                    let stage = "benchmark";
+                    let error = ApplyError::VerificationFailed {
+                        stage: stage.to_string(),
+                        reason,
+                    };
+                    let failed = Failed {
+                        stage,
+                        error,
+                        invocation: &invocation,
+                    };
+                    return roll_back(job, &fallback, report, failed).await;
+                }
+            }
+            let mut ending = decide::converged(&v);
+            if let Some(b) = &report.benchmark {
+                ending.detail.push_str(&decide::benchmark_passed(&b.detail));
+            }
             record(job, "converged", Some(&v), report).await;
             report.verification = Some(v);
             ending
@@ -278,6 +306,7 @@ async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: 
         plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
         plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
         restored_from: options.restoring,
+        benchmark: report.benchmark.as_ref().and_then(|b| b.record()),
     };
     if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
         report.notes.push(format!(

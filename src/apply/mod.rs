@@ -12,6 +12,7 @@
 //! rollout's order) are pure; `install`, `restore` and `rollout` do the remote calls they decide;
 //! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
+mod benchmark;
 mod decide;
 mod error;
 mod install;
@@ -99,6 +100,9 @@ pub struct UnitReport {
     /// The failed invocation's last journal lines (secrets redacted).
     pub journal: Option<String>,
     pub seconds: f64,
+    /// The benchmark stage's figures and verdict, when the manifest has `verify.benchmark`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub benchmark: Option<crate::benchmark::BenchmarkReport>,
 }
 
 /// The git commit the manifests were read from, for deployment records.
@@ -252,6 +256,7 @@ pub(crate) fn refused(
         rollback: None,
         journal: None,
         seconds: 0.0,
+        benchmark: None,
     }
 }
 
@@ -368,6 +373,7 @@ impl Report {
             rollback: None,
             journal: None,
             seconds: 0.0,
+            benchmark: None,
         };
         Report { report, started }
     }
