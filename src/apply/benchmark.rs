@@ -13,21 +13,6 @@ use crate::manifest::BenchmarkSpec;
 use crate::remote::error_chain;
 use crate::verify::{Expect, Progress, Stage, Verification};
 
-/// The line of a finished level, for live progress.
-pub fn level_line(l: &Level) -> String {
-    format!(
-        "benchmark at {}: {} tok/s, {:.2} req/s, TTFT p50 {:.0} ms p99 {:.0} ms, ITL p50 {:.1} ms p99 {:.1} ms{}",
-        l.concurrency,
-        crate::benchmark::thousands(l.output_tokens_per_s),
-        l.requests_per_s,
-        l.ttft_p50_ms,
-        l.ttft_p99_ms,
-        l.itl_p50_ms,
-        l.itl_p99_ms,
-        if l.errors > 0 { format!(", {} errors", l.errors) } else { String::new() }
-    )
-}
-
 /// Runs the benchmark against the unit just verified (`v`, which gains the stage) and judges it
 /// against `before`, the deployment record read before the restart.
 pub async fn stage(
@@ -50,7 +35,7 @@ pub async fn stage(
             .server(&expect.endpoint, t.verify.url.as_deref())
             .await
             .map_err(|e| error_chain(&e))?;
-        let on_level = |l: &Level| progress.line(&level_line(l));
+        let on_level = |l: &Level| progress.line(&bench::level_line(l));
         Ok::<_, String>(bench::run(&server, &expect.model_id, spec, &on_level).await)
     };
     let report = tokio::select! {

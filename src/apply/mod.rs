@@ -586,6 +586,8 @@ mod tests {
         );
         let json = serde_json::to_string(&ok).unwrap();
         assert!(!json.contains("\"error\""), "{json}");
+        // A unit without a benchmark has no `benchmark` field: its JSON is as before.
+        assert!(!json.contains("benchmark"), "{json}");
         let e = ApplyError::Unreachable("cannot connect to gpu-a".into());
         let failed = refused_for("gpu-a", "s.service", "m.yaml", &e);
         let json = serde_json::to_value(&failed).unwrap();

@@ -47,6 +47,21 @@ pub async fn run(
     }
 }
 
+/// The line of a finished level, for live progress.
+pub fn level_line(l: &Level) -> String {
+    format!(
+        "benchmark at {}: {} tok/s, {:.2} req/s, TTFT p50 {:.0} ms p99 {:.0} ms, ITL p50 {:.1} ms p99 {:.1} ms{}",
+        l.concurrency,
+        crate::benchmark::thousands(l.output_tokens_per_s),
+        l.requests_per_s,
+        l.ttft_p50_ms,
+        l.ttft_p99_ms,
+        l.itl_p50_ms,
+        l.itl_p99_ms,
+        if l.errors > 0 { format!(", {} errors", l.errors) } else { String::new() }
+    )
+}
+
 /// One level: `concurrency` workers, each sending one request after another, until the level's
 /// requests are taken (or its duration is over; requests in flight then still finish and count).
 async fn run_level(
