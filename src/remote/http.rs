@@ -169,15 +169,26 @@ impl Server {
             ));
         }
         let mut events = SseLines::default();
+        let (mut any, mut start) = (false, Vec::new());
         while let Some(chunk) = response
             .chunk()
             .await
             .map_err(|e| request_error(e, CHAT_TIMEOUT))?
         {
             let now = Instant::now();
+            if !any && start.len() < 200 {
+                start.extend_from_slice(&chunk[..chunk.len().min(200 - start.len())]);
+            }
             for data in events.push(&chunk) {
+                any = true;
                 on_data(now, &data);
             }
+        }
+        if !any && !start.is_empty() {
+            return Err(format!(
+                "the answer is not a stream of server-sent events (does the server stream?): {}",
+                String::from_utf8_lossy(&start)
+            ));
         }
         Ok(())
     }
