@@ -213,12 +213,12 @@ impl Stream {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
-    fn chunk(content: &str) -> String {
+    pub(crate) fn chunk(content: &str) -> String {
         format!(
             r#"{{"id":"1","object":"chat.completion.chunk","choices":[{{"index":0,"delta":{{"content":"{content}"}},"finish_reason":null}}],"usage":null}}"#
         )
@@ -278,7 +278,9 @@ mod tests {
 
     /// A tiny SSE chat server: each request streams `tokens` chunks, usage and `[DONE]`; it counts
     /// the requests it served and the most it had in flight at once.
-    async fn serve(tokens: u32) -> (String, std::sync::Arc<(AtomicU32, AtomicU32, AtomicU32)>) {
+    pub(crate) async fn serve(
+        tokens: u32,
+    ) -> (String, std::sync::Arc<(AtomicU32, AtomicU32, AtomicU32)>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let counts = std::sync::Arc::new((AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)));
