@@ -95,6 +95,11 @@ pub enum Command {
     /// The deployments each host keeps for a service (numbered, 1 = oldest; the current one
     /// marked), and the generations an apply kept.
     History(HistoryArgs),
+    /// Run the throughput benchmark (the manifest's `verify.benchmark`, or its defaults) against
+    /// the server each host runs now, without a restart, and keep its figures in the host's current
+    /// deployment record: the baseline the next apply's `benchmark` stage compares with.
+    #[command(after_help = BENCH_HELP)]
+    Bench(BenchArgs),
     /// Restore a kept deployment (default: the one before the current) through apply's install,
     /// restart and staged verification, host by host.
     #[command(after_help = APPLY_EXIT_CODES)]
@@ -103,6 +108,29 @@ pub enum Command {
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
     #[command(after_help = AGENT_EXIT_CODES)]
     Agent(AgentArgs),
+}
+
+const BENCH_HELP: &str = "\
+Example:
+  reconcile bench sglang-qwen --host gpu-a
+  gpu-a sglang-qwen.service: baseline stored in 41.3s: baseline recorded: 1: 212 tok/s, 16: 1,130 tok/s, 64: 1,540 tok/s
+
+Exit codes:
+  0  every host was benchmarked and its figures stored
+  1  a host could not be reached or benchmarked (requests failed, the unit is not running, no
+     deployment record to keep the figures in, locked)";
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub history: HistoryArgs,
+
+    #[command(flatten)]
+    pub lock: LockArgs,
+
+    /// Benchmark the server at this URL alone: no host, nothing stored (bench/client.sh).
+    #[arg(long, hide = true, value_name = "URL")]
+    pub url: Option<String>,
 }
 
 const AGENT_EXIT_CODES: &str = "\

@@ -8,11 +8,13 @@
 //! runs it (`run`), and turns the result into an exit code.
 
 pub use reconcile_core::{
-    digest, finding, flags, manifest, observed, plan, record, redact, sglang, targets, unit,
+    benchmark, digest, finding, flags, manifest, observed, plan, record, redact, sglang, targets,
+    unit,
 };
 
 pub mod agent;
 pub mod apply;
+pub mod bench;
 pub mod cli;
 pub mod dry_run;
 pub mod fleet;

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::{
-    AgentArgs, ApplyArgs, Cli, Command, HistoryArgs, PlanArgs, RenderArgs, RollbackArgs, SshArgs,
-    StatusArgs, ValidateArgs,
+    AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, PlanArgs, RenderArgs, RollbackArgs,
+    SshArgs, StatusArgs, ValidateArgs,
 };
 use crate::dry_run::Tally;
 use crate::redact::Redactor;
@@ -46,6 +46,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Status(args)) => status(args, &reach).await,
         Some(Command::History(args)) => history(args, &reach).await,
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
+        Some(Command::Bench(args)) => bench(args, &reach).await,
         Some(Command::Agent(args)) => Ok(ExitCode::from(agent_rounds(args, &reach).await)),
         None if cli.dry_run => plan(cli.plan, cli.out, &reach).await,
         None => Err(Error::NoCommand),
@@ -212,6 +213,41 @@ async fn history(args: HistoryArgs, reach: &Reach) -> Result<ExitCode, Error> {
     print!("{}", report::history::render(&histories, args.format));
     let failed = histories.iter().any(|h| h.error.is_some());
     Ok(ExitCode::from(u8::from(failed)))
+}
+
+/// `reconcile bench`: the benchmark against each host's running server, its figures stored as the
+/// baseline (or, with the hidden `--url`, against that URL alone, storing nothing).
+async fn bench(args: BenchArgs, reach: &Reach) -> Result<ExitCode, Error> {
+    let (unit, hosts, manifest, _) = service_hosts(&args.history)?;
+    let spec = manifest
+        .as_ref()
+        .and_then(|m| m.verify.benchmark.clone())
+        .unwrap_or_default();
+    let on_level = |host: &str, l: &crate::benchmark::Level| {
+        eprintln!("{host} {unit}: {}", crate::bench::level_line(l));
+    };
+    let options = crate::bench::hosts::BenchOptions {
+        spec: &spec,
+        url: manifest.as_ref().and_then(|m| m.verify.url.as_deref()),
+        owner: apply::Owner::this_process(),
+        lock: args.lock.policy(),
+        cancel: signals::stop_on_signal(),
+        on_level: &on_level,
+    };
+    let results = match &args.url {
+        Some(url) => {
+            let model = manifest.as_ref().map_or(unit.as_str(), |m| m.model_id());
+            vec![crate::bench::hosts::bench_url(url, model, &options).await]
+        }
+        None => {
+            let ssh = ssh_options(reach, &args.history.ssh);
+            crate::bench::hosts::bench_hosts(&hosts, &unit, &ssh, 8, &options).await
+        }
+    };
+    print!("{}", report::bench::render(&results, args.history.format));
+    Ok(ExitCode::from(u8::from(
+        results.iter().any(|r| r.error.is_some()),
+    )))
 }
 
 /// `reconcile rollback`: a kept deployment restored through apply's path, host by host.

@@ -333,6 +333,7 @@ mod tests {
             plateau_gpu_mib: Vec::new(),
             trajectory,
             restored_from: None,
+            benchmark: None,
         }
     }
 

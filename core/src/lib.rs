@@ -7,6 +7,7 @@
 //! fuzzed) without a host or root. The modules import each other without cycles; the leaves are
 //! `finding`, `digest`, `flags`, `observed` and `manifest`.
 
+pub mod benchmark;
 pub mod diagnose;
 pub mod digest;
 pub mod dry_run;

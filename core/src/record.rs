@@ -33,6 +33,9 @@ pub struct Record {
     /// Set by `reconcile rollback`: the deployment (history line) whose unit this one restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_from: Option<usize>,
+    /// The throughput gate's figures (`verify.benchmark`, or `reconcile bench`), when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub benchmark: Option<crate::benchmark::BenchmarkRecord>,
 }
 
 /// One point of a load's memory trajectory.
@@ -130,6 +133,7 @@ mod tests {
             plateau_gpu_mib: vec![75000],
             trajectory: Vec::new(),
             restored_from: Some(2),
+            benchmark: None,
         }
     }
 
@@ -151,6 +155,8 @@ mod tests {
     fn records_from_before_the_format_field_still_read() {
         let r = parse_record(OLD).unwrap();
         assert_eq!((r.unit.as_str(), r.restored_from), ("s.service", None));
+        assert_eq!(r.benchmark, None);
+        assert!(!record_json(&r).unwrap().contains("benchmark"));
         // And a field this version does not know, in a record of a format it does.
         let extra = OLD.replacen('{', r#"{"format":1,"note":"from a patch release","#, 1);
         assert!(parse_record(&extra).is_ok());

@@ -197,6 +197,11 @@ pub fn converged(v: &Verification) -> Ending {
     )
 }
 
+/// What a converged unit's detail adds for its benchmark stage.
+pub fn benchmark_passed(detail: &str) -> String {
+    format!("; benchmark: {detail}")
+}
+
 fn summary(v: &Verification) -> String {
     let load = v
         .load_seconds

@@ -83,6 +83,12 @@ pub async fn install(
             put_back.map_err(|e| error_chain(&e)),
         );
     }
+    // The current deployment's record, read before the restart: the figures the benchmark stage
+    // compares with.
+    let before = match &t.verify.benchmark {
+        Some(_) => state::read_record(host, unit).await.ok().flatten(),
+        None => None,
+    };
     let invocation = match restart(host, unit, verdict).await {
         Ok(id) => id,
         Err(e) => {
@@ -110,7 +116,29 @@ pub async fn install(
     match job.verifier.verify(host, check).await {
         Ok(mut v) => {
             learned(&mut v);
-            let ending = decide::converged(&v);
+            if let Some(spec) = &t.verify.benchmark {
+                let b = super::benchmark::stage(job, spec, &mut v, before.as_ref()).await;
+                let failed = b.fails().then(|| b.detail.clone());
+                report.benchmark = Some(b);
+                if let Some(reason) = failed {
+                    report.verification = Some(v);
+                    let stage = "benchmark";
+                    let error = ApplyError::VerificationFailed {
+                        stage: stage.to_string(),
+                        reason,
+                    };
+                    let failed = Failed {
+                        stage,
+                        error,
+                        invocation: &invocation,
+                    };
+                    return roll_back(job, &fallback, report, failed).await;
+                }
+            }
+            let mut ending = decide::converged(&v);
+            if let Some(b) = &report.benchmark {
+                ending.detail.push_str(&decide::benchmark_passed(&b.detail));
+            }
             record(job, "converged", Some(&v), report).await;
             report.verification = Some(v);
             ending
@@ -310,6 +338,7 @@ async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: 
             .map(|v| learned::trajectory(&v.samples))
             .unwrap_or_default(),
         restored_from: options.restoring,
+        benchmark: report.benchmark.as_ref().and_then(|b| b.record()),
     };
     if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
         report.notes.push(format!(
@@ -670,5 +699,103 @@ mod tests {
             .filter(|c| c[..] == ["systemctl", "restart", "--", "s.service"])
             .count();
         assert_eq!(restarts, 3);
+    }
+
+    /// Installs `t` over a host that had `old` and ran it, the verifier passing every stage.
+    async fn install_target(
+        host: &FakeHost,
+        t: &crate::targets::Target,
+        answers: usize,
+    ) -> (Ending, UnitReport) {
+        let verifier = Scripted::new((0..answers).map(|_| passed()).collect());
+        let before = observed(Some("old"), "active");
+        let (_tx, rx) = watch::channel(false);
+        let options = options(rx);
+        let job = Job {
+            host,
+            t,
+            options: &options,
+            verifier: &verifier,
+        };
+        let mut report = Report::new(t, StdInstant::now()).report;
+        let fallback = Fallback {
+            previous: Some("old".into()),
+            was_running: true,
+            kept: None,
+        };
+        let ending = install(&job, &before, Verdict::Restart, fallback, &mut report).await;
+        (ending, report)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_benchmark_stage_records_a_baseline_then_rolls_back_a_regression() {
+        let (base, _) = crate::bench::tests::serve(4).await;
+        let mut t = target();
+        t.verify.url = Some(base);
+        t.verify.benchmark = Some(crate::manifest::BenchmarkSpec {
+            levels: vec![1, 2],
+            prompt_tokens: 4,
+            output_tokens: 4,
+            requests: Some(2),
+            ..Default::default()
+        });
+        let current = "/var/lib/reconcile/s.service/current.json";
+        let first = host(Some("old"));
+        let (end, report) = install_target(&first, &t, 1).await;
+        assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
+        assert!(
+            end.detail.contains("benchmark passed) memory"),
+            "{}",
+            end.detail
+        );
+        assert!(
+            end.detail.contains("; benchmark: baseline recorded: 1: "),
+            "{}",
+            end.detail
+        );
+        let b = report.benchmark.as_ref().unwrap();
+        assert_eq!(b.verdict, crate::benchmark::Verdict::Baseline);
+        let written = first.file(current).unwrap();
+        let mut record = state::parse_record(written.trim()).unwrap();
+        assert_eq!(record.benchmark, b.record());
+
+        // The deployment before was ten times as fast: the gate fails the stage and rolls back.
+        for level in &mut record.benchmark.as_mut().unwrap().levels {
+            level.output_tokens_per_s *= 10.0;
+        }
+        let faster = state::record_json(&record).unwrap();
+        let second = host(Some("old")).with_file(current, &faster);
+        let (end, report) = install_target(&second, &t, 2).await;
+        assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
+        assert_eq!(end.error, Some(ApplyErrorKind::VerificationFailed));
+        assert!(
+            end.detail
+                .starts_with("benchmark failed: throughput regressed: -"),
+            "{}",
+            end.detail
+        );
+        assert!(
+            end.detail.contains("(over the 10% allowed)"),
+            "{}",
+            end.detail
+        );
+        assert_eq!(report.failed_stage.as_deref(), Some("benchmark"));
+        let stages = &report.verification.as_ref().unwrap().stages;
+        assert_eq!((stages[0].name, stages[0].passed), ("benchmark", false));
+        // The record of the deployment that still runs is left as it was.
+        assert_eq!(second.file(current).as_deref(), Some(faster.as_str()));
+        assert_eq!(second.file(PATH).as_deref(), Some("old"));
+
+        // With the gate off the same drop converges, and says so.
+        t.verify.benchmark.as_mut().unwrap().gate = false;
+        let third = host(Some("old")).with_file(current, &faster);
+        let (end, _) = install_target(&third, &t, 1).await;
+        assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
+        assert!(
+            end.detail
+                .contains("; benchmark: throughput regressed (gate off: not rolled back): -"),
+            "{}",
+            end.detail
+        );
     }
 }

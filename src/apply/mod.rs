@@ -12,6 +12,7 @@
 //! rollout's order) are pure; `install`, `restore` and `rollout` do the remote calls they decide;
 //! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
+mod benchmark;
 mod decide;
 mod error;
 mod install;
@@ -104,6 +105,9 @@ pub struct UnitReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diagnosis: Option<Diagnosis>,
     pub seconds: f64,
+    /// The benchmark stage's figures and verdict, when the manifest has `verify.benchmark`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub benchmark: Option<crate::benchmark::BenchmarkReport>,
 }
 
 /// The git commit the manifests were read from, for deployment records.
@@ -258,6 +262,7 @@ pub(crate) fn refused(
         journal: None,
         diagnosis: None,
         seconds: 0.0,
+        benchmark: None,
     }
 }
 
@@ -375,6 +380,7 @@ impl Report {
             journal: None,
             diagnosis: None,
             seconds: 0.0,
+            benchmark: None,
         };
         Report { report, started }
     }
@@ -587,6 +593,8 @@ mod tests {
         );
         let json = serde_json::to_string(&ok).unwrap();
         assert!(!json.contains("\"error\""), "{json}");
+        // A unit without a benchmark has no `benchmark` field: its JSON is as before.
+        assert!(!json.contains("benchmark"), "{json}");
         let e = ApplyError::Unreachable("cannot connect to gpu-a".into());
         let failed = refused_for("gpu-a", "s.service", "m.yaml", &e);
         let json = serde_json::to_value(&failed).unwrap();

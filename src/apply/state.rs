@@ -210,6 +210,18 @@ pub async fn write_record(
     Ok(())
 }
 
+/// Rewrites `current.json` alone (`reconcile bench` adding figures to the current deployment).
+/// `history.jsonl` stays append-only: its line for this deployment keeps what the apply recorded.
+pub async fn write_current(host: &dyn Host, record: &Record) -> Result<(), RemoteError> {
+    let json = record_json(record).map_err(|e| RemoteError::Transport {
+        host: host.name().to_string(),
+        command: "write the deployment record".into(),
+        source: Box::new(e),
+    })?;
+    let path = format!("{}/current.json", unit_dir(&record.unit));
+    host.write_file(&path, &format!("{json}\n"), "0600").await
+}
+
 /// Every record of `history.jsonl`, oldest first; line N is deployment N. A line that does not
 /// parse (written by a newer reconcile, or damaged) is kept as the reason, so the numbers stay
 /// right.

@@ -79,6 +79,11 @@ pub fn deployments(
         .enumerate()
         .map(|(i, line)| {
             let (record, unreadable) = match line {
+                // `reconcile bench` adds figures to `current.json` alone (history is append-only).
+                Ok(mut record) if current_n == Some(i + 1) && record.benchmark.is_none() => {
+                    record.benchmark = current.and_then(|c| c.benchmark.clone());
+                    (Some(record), None)
+                }
                 Ok(record) => (Some(record), None),
                 Err(problem) => (None, Some(problem.to_string())),
             };
@@ -239,6 +244,7 @@ mod tests {
             plateau_gpu_mib: Vec::new(),
             trajectory: Vec::new(),
             restored_from: None,
+            benchmark: None,
         }
     }
 

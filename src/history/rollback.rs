@@ -225,6 +225,7 @@ mod tests {
             plateau_gpu_mib: Vec::new(),
             trajectory: Vec::new(),
             restored_from: None,
+            benchmark: None,
         };
         let t = restore_target("gpu-a", "s.service", text.into(), &record, None);
         assert_eq!(t.desired.text, text);

@@ -109,20 +109,10 @@ impl<'h> dyn Host + 'h {
                 format!("http://{}", socket(&address, port))
             }
         };
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .no_proxy()
-            .build()
-            .map_err(|e| RemoteError::Transport {
-                host: self.name().to_string(),
-                command: "HTTP client".into(),
-                source: Box::new(e),
-            })?;
-        Ok(Server {
-            client,
-            base,
-            api_key: endpoint.api_key.clone(),
-            has_ready: Arc::new(AtomicBool::new(true)),
+        Server::at(&base, endpoint.api_key.clone()).map_err(|e| RemoteError::Transport {
+            host: self.name().to_string(),
+            command: "HTTP client".into(),
+            source: Box::new(e),
         })
     }
 }
@@ -136,6 +126,73 @@ fn socket(address: &str, port: u16) -> String {
 }
 
 impl Server {
+    /// The server at `base` (`http://127.0.0.1:30000`), with one client (and its connection pool)
+    /// for every request made through it and its clones.
+    pub fn at(base: &str, api_key: Option<String>) -> Result<Server, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(3))
+            .no_proxy()
+            .build()?;
+        Ok(Server {
+            client,
+            base: base.trim_end_matches('/').to_string(),
+            api_key,
+            has_ready: Arc::new(AtomicBool::new(true)),
+        })
+    }
+
+    /// One streamed chat completion (`request` must ask for `stream: true`): `on_data` gets each
+    /// server-sent event's `data:` payload with when it arrived, as it arrives.
+    pub async fn stream_chat(
+        &self,
+        request: &serde_json::Value,
+        mut on_data: impl FnMut(Instant, &str),
+    ) -> Result<(), String> {
+        let mut response = self
+            .authorized(
+                self.client
+                    .post(format!("{}/v1/chat/completions", self.base)),
+            )
+            .timeout(CHAT_TIMEOUT)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream")
+            .body(request.to_string())
+            .send()
+            .await
+            .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(format!(
+                "chat completion answered {status}: {}",
+                body.chars().take(200).collect::<String>()
+            ));
+        }
+        let mut events = SseLines::default();
+        let (mut any, mut start) = (false, Vec::new());
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| request_error(e, CHAT_TIMEOUT))?
+        {
+            let now = Instant::now();
+            if !any && start.len() < 200 {
+                start.extend_from_slice(&chunk[..chunk.len().min(200 - start.len())]);
+            }
+            for data in events.push(&chunk) {
+                any = true;
+                on_data(now, &data);
+            }
+        }
+        if !any && !start.is_empty() {
+            return Err(format!(
+                "the answer is not a stream of server-sent events (does the server stream?): {}",
+                String::from_utf8_lossy(&start)
+            ));
+        }
+        Ok(())
+    }
+
     /// One look at readiness: `/ready` first where the version has it (it answers at once and
     /// tells warmup from a closed port without a generation), then `/health`, which sends a
     /// one-token generation and so proves the scheduler serves.
@@ -253,6 +310,29 @@ impl Server {
     }
 }
 
+/// Splits a server-sent event stream, as it arrives in arbitrary pieces, into its `data:` payloads
+/// (`data: {...}` or `data:{...}`; other fields and comments are skipped).
+#[derive(Default)]
+pub struct SseLines {
+    pending: Vec<u8>,
+}
+
+impl SseLines {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line[..end]);
+            let line = line.strip_suffix('\r').unwrap_or(&line);
+            if let Some(data) = line.strip_prefix("data:") {
+                out.push(data.strip_prefix(' ').unwrap_or(data).to_string());
+            }
+        }
+        out
+    }
+}
+
 enum Probe {
     TimedOut,
     Closed(String),
@@ -335,6 +415,17 @@ mod tests {
         assert_eq!(a.finish_reason.as_deref(), Some("length"));
         assert!(parse_answer(r#"{"choices":[]}"#).is_err());
         assert!(parse_answer("<html>").is_err());
+    }
+
+    #[test]
+    fn server_sent_events_split_into_data_payloads_across_pieces() {
+        let mut sse = SseLines::default();
+        assert!(sse.push(b"data: {\"a\"").is_empty());
+        assert_eq!(
+            sse.push(b":1}\r\n\n: keep-alive\nevent: x\ndata:[DONE]\n"),
+            [r#"{"a":1}"#, "[DONE]"]
+        );
+        assert!(sse.push(b"data: tail").is_empty());
     }
 
     #[test]

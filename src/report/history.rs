@@ -108,10 +108,19 @@ fn generation_lines(out: &mut String, generations: &[GenerationEntry]) {
     }
 }
 
-/// `converged`, or `rollback to 2 (converged)`.
+/// `converged`, or `rollback to 2 (converged)`; then the output tokens/s at the benchmark's
+/// highest level when it ran (`converged  64: 1,540 tok/s`).
 fn outcome(r: &Record) -> String {
-    match r.restored_from {
+    let outcome = match r.restored_from {
         Some(n) => format!("rollback to {n} ({})", r.outcome),
         None => r.outcome.clone(),
+    };
+    match r.benchmark.as_ref().and_then(|b| b.highest()) {
+        Some(l) => format!(
+            "{outcome}  {}: {} tok/s",
+            l.concurrency,
+            crate::benchmark::thousands(l.output_tokens_per_s)
+        ),
+        None => outcome,
     }
 }

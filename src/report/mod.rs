@@ -5,6 +5,7 @@
 //! notices go to stderr from there).
 
 pub mod agent;
+pub mod bench;
 pub mod history;
 mod markdown;
 pub mod status;
@@ -79,6 +80,9 @@ pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> Str
             if let Some(v) = v {
                 verification_lines(&mut out, label, v);
             }
+        }
+        if let Some(b) = &r.benchmark {
+            bench::level_lines(&mut out, "  benchmark: ", &b.levels);
         }
         if let Some(journal) = r.journal.as_deref().filter(|j| !j.trim().is_empty()) {
             out.push_str("  journal of the failed start (last lines):\n");

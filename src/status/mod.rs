@@ -372,6 +372,7 @@ mod tests {
             plateau_gpu_mib: Vec::new(),
             trajectory: Vec::new(),
             restored_from: None,
+            benchmark: None,
         }
     }
 

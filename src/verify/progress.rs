@@ -88,3 +88,17 @@ impl Drop for Progress {
         }
     }
 }
+
+impl Progress {
+    /// A line of its own under the unit's label (the benchmark's figures, level by level).
+    pub fn line(&self, text: &str) {
+        if self.label.is_empty() {
+            return;
+        }
+        let line = format!("  {}: {text}", self.label);
+        match &self.bar {
+            Some(bar) => bar.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+}

@@ -1,1 +1,304 @@
-//! (issue 14: to be written)
+//! The throughput gate (issue 14) against the SGLang stand-in on its own host (`THROUGHPUT`,
+//! ports 37011-37019, GPUs 10-29): the benchmark stage records a baseline, passes a faster change,
+//! rolls back a slower one (failed stage `benchmark`, exit 3), only reports it with `gate: false`,
+//! and `reconcile bench` stores a baseline for a running unit without restarting it.
+//!
+//! The stand-in streams at `FAKE_SGLANG_TOKENS_PER_SECOND` per request (default 200), and
+//! `FAKE_SGLANG_SLOW_FLAG="--chunked-prefill-size=0.5"` halves its rates while that flag is on
+//! its command line. The benchmarks are tiny (levels 1 and 4, 16 output tokens, 8 requests), so
+//! each takes well under a second.
+
+use crate::lab::{lab, manifest, Reconcile, THROUGHPUT};
+
+/// The change that makes the stand-in slower: a flag, with the stand-in told to halve its rates
+/// when it sees it.
+const SLOW: &str = "    chunked-prefill-size: 4096\n";
+const SLOW_ENV: &str = ", FAKE_SGLANG_SLOW_FLAG: \"--chunked-prefill-size=0.5\"";
+
+/// A service on the throughput host with its own port and two GPUs (10 + 2 x (port - 37011)),
+/// `flags` added (indented), `env` added to the unit's env (`, NAME: "value"`), and the tiny
+/// benchmark with `bench` added to its settings (`, gate: false`); `bench: None` leaves the
+/// benchmark out.
+fn service(name: &str, port: u16, flags: &str, env: &str, bench: Option<&str>) -> String {
+    let gpu = 10 + 2 * (port - 37011);
+    let env = format!(
+        "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"1\"{env}",
+        gpu + 1
+    );
+    let benchmark = bench.map_or(String::new(), |b| {
+        format!(", benchmark: {{ levels: [1, 4], prompt_tokens: 16, output_tokens: 16, requests: 8{b} }}")
+    });
+    format!(
+        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s{benchmark} }}\n",
+        manifest(name, &[THROUGHPUT], flags)
+            .replace("port: 30000", &format!("port: {port}"))
+            .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", &env)
+    )
+}
+
+fn apply(text: &str) -> (i32, serde_json::Value) {
+    let ran = Reconcile::new()
+        .manifest("a.yaml", text)
+        .args(&["apply", "--format", "json"])
+        .run();
+    let json = ran.json();
+    assert_eq!(
+        json["units"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        ran.stdout
+    );
+    (ran.code, json["units"][0].clone())
+}
+
+/// Removes what an earlier run of the same test left.
+fn fresh(unit: &str) {
+    lab().sh(
+        THROUGHPUT,
+        &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"),
+    );
+}
+
+fn stop(unit: &str) {
+    lab().sh(THROUGHPUT, &format!("systemctl disable --now {unit}"));
+}
+
+/// The unit's `current.json` on the host.
+fn current(unit: &str) -> serde_json::Value {
+    let text = lab().sh(
+        THROUGHPUT,
+        &format!("cat /var/lib/reconcile/{unit}/current.json"),
+    );
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("current.json ({e}): {text}"))
+}
+
+/// Output tokens/s at concurrency `level` in a record's (or a report's) figures.
+fn tokens_at(benchmark: &serde_json::Value, level: u64) -> f64 {
+    benchmark["levels"]
+        .as_array()
+        .and_then(|levels| levels.iter().find(|l| l["concurrency"] == level))
+        .and_then(|l| l["output_tokens_per_s"].as_f64())
+        .unwrap_or_else(|| panic!("no figures at {level}: {benchmark}"))
+}
+
+fn identity(unit: &str) -> String {
+    lab().sh(
+        THROUGHPUT,
+        &format!("systemctl show -p InvocationID -p NRestarts --value {unit} | paste -sd' '"),
+    )
+}
+
+#[test]
+fn a_first_deployment_records_a_baseline() {
+    let unit = "t-bench-baseline.service";
+    fresh(unit);
+    let (code, report) = apply(&service("t-bench-baseline", 37011, "", "", Some("")));
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged");
+    let b = &report["benchmark"];
+    assert_eq!(b["verdict"], "baseline", "{report}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("benchmark passed)") || detail.contains(", benchmark passed"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("; benchmark: baseline recorded: 1: "),
+        "{detail}"
+    );
+    assert_eq!(b["levels"].as_array().unwrap().len(), 2);
+    assert!(
+        b["levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["errors"] == 0),
+        "{b}"
+    );
+    // Four in flight stream about four times as much as one (the stand-in's total cap is far off).
+    assert!(tokens_at(b, 4) > 2.0 * tokens_at(b, 1), "{b}");
+
+    let record = current(unit);
+    assert_eq!(
+        record["benchmark"]["settings_key"],
+        "v1 levels 1,4 prompt 16 output 16 requests 8,8"
+    );
+    assert_eq!(tokens_at(&record["benchmark"], 4), tokens_at(b, 4));
+
+    let ran = Reconcile::new()
+        .args(&["history", "t-bench-baseline", "--host", THROUGHPUT])
+        .run();
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    assert!(
+        ran.stdout.contains("converged  4: ") && ran.stdout.contains(" tok/s"),
+        "{}",
+        ran.stdout
+    );
+    let ran = Reconcile::new()
+        .args(&[
+            "history",
+            "t-bench-baseline",
+            "--host",
+            THROUGHPUT,
+            "--format",
+            "json",
+        ])
+        .run();
+    let deployments = &ran.json()["hosts"][0]["deployments"];
+    assert!(
+        deployments[0]["record"]["benchmark"]["levels"].is_array(),
+        "{deployments}"
+    );
+    stop(unit);
+}
+
+#[test]
+fn a_faster_change_converges_and_records_its_figures() {
+    let unit = "t-bench-faster.service";
+    fresh(unit);
+    let (code, first) = apply(&service("t-bench-faster", 37012, "", "", Some("")));
+    assert_eq!(
+        (code, &first["benchmark"]["verdict"]),
+        (0, &"baseline".into()),
+        "{first}"
+    );
+    let faster = ", FAKE_SGLANG_TOKENS_PER_SECOND: \"400\"";
+    let (code, report) = apply(&service("t-bench-faster", 37012, "", faster, Some("")));
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged");
+    let b = &report["benchmark"];
+    assert_eq!(b["verdict"], "passed", "{report}");
+    let changes = b["comparison"]["levels"].as_array().unwrap();
+    assert_eq!(changes.len(), 2);
+    assert!(
+        changes
+            .iter()
+            .all(|c| c["change_percent"].as_f64().unwrap() > 20.0),
+        "{b}"
+    );
+    assert!(
+        report["detail"]
+            .as_str()
+            .unwrap()
+            .contains("; benchmark: throughput within 10% of the previous deployment: +"),
+        "{report}"
+    );
+    // The new figures are the record's now: the next apply compares with them.
+    assert_eq!(tokens_at(&current(unit)["benchmark"], 4), tokens_at(b, 4));
+    assert!(tokens_at(b, 4) > tokens_at(&first["benchmark"], 4));
+    stop(unit);
+}
+
+#[test]
+fn a_slower_change_beyond_the_threshold_rolls_back() {
+    let unit = "t-bench-slower.service";
+    fresh(unit);
+    let (code, first) = apply(&service("t-bench-slower", 37013, "", SLOW_ENV, Some("")));
+    assert_eq!(code, 0, "{first}");
+    let baseline = current(unit);
+    let (code, report) = apply(&service("t-bench-slower", 37013, SLOW, SLOW_ENV, Some("")));
+    assert_eq!(code, 3, "{report}");
+    assert_eq!(report["outcome"], "rolled_back");
+    assert_eq!(report["failed_stage"], "benchmark");
+    assert_eq!(report["error"], "verification_failed");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with("benchmark failed: throughput regressed: -"),
+        "{detail}"
+    );
+    assert!(detail.contains("(over the 10% allowed)"), "{detail}");
+    assert!(
+        detail.contains("the previous unit was restored and passed verification"),
+        "{detail}"
+    );
+    assert_eq!(report["benchmark"]["verdict"], "regressed");
+    let stages = report["verification"]["stages"].as_array().unwrap();
+    let last = stages.last().unwrap();
+    assert_eq!(
+        (&last["name"], &last["passed"]),
+        (&"benchmark".into(), &false.into())
+    );
+    // The previous unit runs again, and its record (with its figures) is still the current one.
+    let on_disk = lab().sh(THROUGHPUT, &format!("cat /etc/systemd/system/{unit}"));
+    assert!(!on_disk.contains("chunked-prefill-size"), "{on_disk}");
+    assert_eq!(current(unit), baseline);
+    stop(unit);
+}
+
+#[test]
+fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
+    let unit = "t-bench-gate-off.service";
+    fresh(unit);
+    let off = Some(", gate: false");
+    let (code, first) = apply(&service("t-bench-gate-off", 37014, "", SLOW_ENV, off));
+    assert_eq!(code, 0, "{first}");
+    let (code, report) = apply(&service("t-bench-gate-off", 37014, SLOW, SLOW_ENV, off));
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged");
+    assert_eq!(report["benchmark"]["verdict"], "regressed");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("; benchmark: throughput regressed (gate off: not rolled back): -"),
+        "{detail}"
+    );
+    let on_disk = lab().sh(THROUGHPUT, &format!("cat /etc/systemd/system/{unit}"));
+    assert!(on_disk.contains("chunked-prefill-size"), "{on_disk}");
+    // The slower figures are recorded: they are what runs now.
+    let slower = tokens_at(&current(unit)["benchmark"], 4);
+    assert!(slower < tokens_at(&first["benchmark"], 4), "{slower}");
+    stop(unit);
+}
+
+#[test]
+fn reconcile_bench_on_a_running_unit_records_a_baseline() {
+    let unit = "t-bench-cli.service";
+    fresh(unit);
+    let (code, report) = apply(&service("t-bench-cli", 37015, "", SLOW_ENV, None));
+    assert_eq!(code, 0, "{report}");
+    assert!(report.get("benchmark").is_none(), "{report}");
+    assert!(current(unit).get("benchmark").is_none());
+    let before = identity(unit);
+
+    let text = service("t-bench-cli", 37015, "", SLOW_ENV, Some(""));
+    let run = Reconcile::new().manifest("a.yaml", &text);
+    let ran = run.run_args(&["bench", "t-bench-cli", "--format", "json"]);
+    assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
+    let host = &ran.json()["hosts"][0];
+    assert_eq!(host["host"], THROUGHPUT);
+    assert_eq!(host["stored"], true, "{host}");
+    assert_eq!(host["benchmark"]["verdict"], "baseline");
+    assert!(ran.stderr.contains("benchmark at 4: "), "{}", ran.stderr);
+    // No restart, and the figures are in the current record.
+    assert_eq!(identity(unit), before);
+    let record = current(unit);
+    assert_eq!(
+        tokens_at(&record["benchmark"], 4),
+        tokens_at(&host["benchmark"], 4)
+    );
+    let text_run = run.run_args(&["bench", "t-bench-cli"]);
+    assert_eq!(text_run.code, 0, "{}", text_run.stderr);
+    assert!(
+        text_run.stdout.contains(": baseline stored in "),
+        "{}",
+        text_run.stdout
+    );
+    // A second run compares with the first (within 10% or not: the stand-in's timing varies).
+    assert!(
+        text_run.stdout.contains("throughput "),
+        "{}",
+        text_run.stdout
+    );
+
+    // The manifest's benchmark changes nothing in the unit: apply has nothing to do...
+    let (code, report) = apply(&text);
+    assert_eq!(
+        (code, &report["outcome"]),
+        (0, &"unchanged".into()),
+        "{report}"
+    );
+    // ... and the next change is judged against the stored figures.
+    let (code, report) = apply(&service("t-bench-cli", 37015, SLOW, SLOW_ENV, Some("")));
+    assert_eq!(code, 3, "{report}");
+    assert_eq!(report["failed_stage"], "benchmark");
+    stop(unit);
+}

@@ -95,6 +95,8 @@ pub struct VerifySpec {
     /// Which of the values above the manifest set; the others may be learned from the unit's
     /// past loads (`learned::learned_spec`).
     pub explicit: Explicit,
+    /// The throughput gate run after every other stage passed (`verify.benchmark`).
+    pub benchmark: Option<BenchmarkSpec>,
 }
 
 /// The verification values a manifest set itself, rather than left to their defaults.
@@ -102,6 +104,49 @@ pub struct VerifySpec {
 pub struct Explicit {
     pub load_deadline: bool,
     pub stall_timeout: bool,
+}
+
+/// A fixed, reproducible load test: streamed chat completions at each concurrency level in turn.
+/// Its figures are kept in the deployment record and compared with the previous deployment's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchmarkSpec {
+    /// Concurrency levels, run one after another.
+    pub levels: Vec<u32>,
+    /// Words in the (seeded, deterministic) prompt.
+    pub prompt_tokens: u32,
+    /// `max_tokens` of each request, with `ignore_eos`, so every request generates exactly this.
+    pub output_tokens: u32,
+    /// Requests per level; `None`: [`BenchmarkSpec::requests_at`]'s default (4 x level, at
+    /// least 8). Exclusive with `duration`.
+    pub requests: Option<u32>,
+    /// Run each level this long instead of a number of requests.
+    pub duration: Option<Duration>,
+    /// A drop in output tokens/s beyond this many percent at any level is a regression.
+    pub max_regression: f64,
+    /// A regression fails the stage (and rolls back); `false`: it is reported only.
+    pub gate: bool,
+}
+
+impl Default for BenchmarkSpec {
+    fn default() -> Self {
+        BenchmarkSpec {
+            levels: vec![1, 16, 64],
+            prompt_tokens: 128,
+            output_tokens: 128,
+            requests: None,
+            duration: None,
+            max_regression: 10.0,
+            gate: true,
+        }
+    }
+}
+
+impl BenchmarkSpec {
+    /// Requests run at `level` when the spec counts requests (not a duration).
+    pub fn requests_at(&self, level: u32) -> u32 {
+        self.requests
+            .unwrap_or_else(|| level.saturating_mul(4).max(8))
+    }
 }
 
 /// One chat completion that a loaded server must answer sensibly.
@@ -146,6 +191,7 @@ impl Default for VerifySpec {
             url: None,
             smoke: None,
             explicit: Explicit::default(),
+            benchmark: None,
         }
     }
 }

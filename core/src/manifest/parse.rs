@@ -9,7 +9,9 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::error::{ManifestError, ManifestErrors, Position};
-use super::{Explicit, FlagValue, HostSpec, Manifest, SglangSpec, Smoke, VerifySpec};
+use super::{
+    BenchmarkSpec, Explicit, FlagValue, HostSpec, Manifest, SglangSpec, Smoke, VerifySpec,
+};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -124,6 +126,34 @@ struct RawVerify {
     gpu_memory_tolerance: Option<f64>,
     url: Option<String>,
     smoke: Option<RawSmoke>,
+    benchmark: Option<RawBenchmark>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBenchmark {
+    levels: Option<Vec<u32>>,
+    prompt_tokens: Option<u32>,
+    output_tokens: Option<u32>,
+    requests: Option<u32>,
+    duration: Option<HumanDuration>,
+    max_regression: Option<f64>,
+    gate: Option<bool>,
+}
+
+impl RawBenchmark {
+    fn into_spec(self) -> BenchmarkSpec {
+        let d = BenchmarkSpec::default();
+        BenchmarkSpec {
+            levels: self.levels.unwrap_or(d.levels),
+            prompt_tokens: self.prompt_tokens.unwrap_or(d.prompt_tokens),
+            output_tokens: self.output_tokens.unwrap_or(d.output_tokens),
+            requests: self.requests,
+            duration: self.duration.map(|d| d.0),
+            max_regression: self.max_regression.unwrap_or(d.max_regression),
+            gate: self.gate.unwrap_or(d.gate),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -217,6 +247,7 @@ impl RawManifest {
                     max_tokens: s.max_tokens,
                 }),
                 explicit,
+                benchmark: v.benchmark.map(RawBenchmark::into_spec),
             },
         }
     }
@@ -471,5 +502,34 @@ mod tests {
         let (_, field, message) = error_of(&format!("{MINIMAL}verify: {{ crash_window: soon }}\n"));
         assert_eq!(field, "verify.crash_window");
         assert!(message.contains("not a duration"), "{message}");
+    }
+
+    #[test]
+    fn benchmark_settings_parse_with_their_defaults() {
+        let text = format!("{MINIMAL}verify: {{ benchmark: {{}} }}\n");
+        let b = parse("m.yaml", &text).unwrap().verify.benchmark.unwrap();
+        assert_eq!(b, BenchmarkSpec::default());
+        assert_eq!((b.requests_at(1), b.requests_at(16)), (8, 64));
+        let text = format!("{MINIMAL}verify:\n  benchmark: {{ levels: [1, 4], output_tokens: 16, requests: 8, gate: false, max_regression: 5 }}\n");
+        let b = parse("m.yaml", &text).unwrap().verify.benchmark.unwrap();
+        assert_eq!(
+            (
+                b.levels.clone(),
+                b.output_tokens,
+                b.requests_at(4),
+                b.gate,
+                b.max_regression
+            ),
+            (vec![1, 4], 16, 8, false, 5.0)
+        );
+        assert!(parse(
+            "m.yaml",
+            &format!("{MINIMAL}verify: {{ benchmark: {{ lvls: [1] }} }}\n")
+        )
+        .is_err());
+        let (_, field, _) = error_of(&format!(
+            "{MINIMAL}verify:\n  benchmark:\n    levels: [one]\n"
+        ));
+        assert_eq!(field, "verify.benchmark.levels[0]");
     }
 }

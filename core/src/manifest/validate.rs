@@ -36,6 +36,9 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     check.sglang(m);
     check.env(&[Seg::Key("env")], &m.env);
     check.settings(&[Seg::Key("systemd")], &m.systemd);
+    if let Some(b) = &m.verify.benchmark {
+        check.benchmark(b);
+    }
     if check.errors.is_empty() {
         Ok(())
     } else {
@@ -257,6 +260,57 @@ impl Checker<'_> {
         }
     }
 
+    /// `verify.benchmark`: numbers a load test can run with, and one way to size a level.
+    fn benchmark(&mut self, b: &super::BenchmarkSpec) {
+        let at = |key| [Seg::Key("verify"), Seg::Key("benchmark"), Seg::Key(key)];
+        if b.levels.is_empty() {
+            self.fail(&at("levels"), "list at least one concurrency level");
+        }
+        for (i, level) in b.levels.iter().enumerate() {
+            if !(1..=4096).contains(level) {
+                let path = [
+                    Seg::Key("verify"),
+                    Seg::Key("benchmark"),
+                    Seg::Key("levels"),
+                    Seg::Index(i),
+                ];
+                self.fail(&path, "a concurrency level must be between 1 and 4096");
+            }
+        }
+        let mut sorted = b.levels.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != b.levels.len() {
+            self.fail(&at("levels"), "a concurrency level is listed twice");
+        }
+        for (key, value) in [
+            ("prompt_tokens", b.prompt_tokens),
+            ("output_tokens", b.output_tokens),
+        ] {
+            if !(1..=1_000_000).contains(&value) {
+                self.fail(&at(key), format!("{key} must be between 1 and 1000000"));
+            }
+        }
+        if b.requests == Some(0) {
+            self.fail(&at("requests"), "requests must be at least 1");
+        }
+        if b.requests.is_some() && b.duration.is_some() {
+            self.fail(
+                &at("duration"),
+                "give `requests` or `duration` per level, not both",
+            );
+        }
+        if b.duration.is_some_and(|d| d.is_zero()) {
+            self.fail(&at("duration"), "duration must be longer than 0s");
+        }
+        if !(b.max_regression >= 0.0 && b.max_regression < 100.0) {
+            self.fail(
+                &at("max_regression"),
+                "max_regression is a percentage: at least 0 and under 100",
+            );
+        }
+    }
+
     fn settings(&mut self, base: &[Seg], settings: &BTreeMap<String, String>) {
         for (key, value) in settings {
             let path = with(base, key);
@@ -423,5 +477,26 @@ mod tests {
             "{}",
             e.0[0]
         );
+    }
+
+    #[test]
+    fn benchmark_settings_are_checked_with_their_positions() {
+        let text = format!("{BASE}verify:\n  benchmark:\n    levels: [1, 0, 1]\n    requests: 4\n    duration: 10s\n    max_regression: 120\n");
+        let e = errors(&text);
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(e[0].contains("verify.benchmark.levels[1]"), "{e:?}");
+        assert!(e[1].contains("listed twice"), "{e:?}");
+        assert!(
+            e[2].contains("verify.benchmark.duration") && e[2].contains("not both"),
+            "{e:?}"
+        );
+        assert!(
+            e[3].contains(":13:") && e[3].contains("verify.benchmark.max_regression"),
+            "{e:?}"
+        );
+        assert!(errors(&format!(
+            "{BASE}verify: {{ benchmark: {{ levels: [1, 4], requests: 8 }} }}\n"
+        ))
+        .is_empty());
     }
 }

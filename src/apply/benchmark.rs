@@ -1,0 +1,65 @@
+//! The `benchmark` stage: after every other stage passed, when the manifest has
+//! `verify.benchmark`, the throughput benchmark (`crate::bench`) runs against the new server, and
+//! its figures are judged against the previous deployment's (`reconcile_core::benchmark::judge`).
+//! A regression with the gate on fails the stage, which rolls back like any other.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use super::state::Record;
+use super::Job;
+use crate::bench;
+use crate::benchmark::{judge, BenchmarkReport, Level};
+use crate::manifest::BenchmarkSpec;
+use crate::remote::error_chain;
+use crate::verify::{Expect, Progress, Stage, Verification};
+
+/// Runs the benchmark against the unit just verified (`v`, which gains the stage) and judges it
+/// against `before`, the deployment record read before the restart.
+pub async fn stage(
+    job: &Job<'_>,
+    spec: &BenchmarkSpec,
+    v: &mut Verification,
+    before: Option<&Record>,
+) -> BenchmarkReport {
+    let t = job.t;
+    let expect = Expect::from_unit(&t.desired.model);
+    let progress = Progress::new(
+        format!("{} {} (benchmark)", t.host, t.desired.unit),
+        job.options.progress.as_ref(),
+    );
+    let started = Instant::now();
+    let mut cancel = job.options.cancel.clone();
+    let measured = async {
+        let server = job
+            .host
+            .server(&expect.endpoint, t.verify.url.as_deref())
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let on_level = |l: &Level| progress.line(&bench::level_line(l));
+        Ok::<_, String>(bench::run(&server, &expect.model_id, spec, &on_level).await)
+    };
+    let report = tokio::select! {
+        m = measured => match m {
+            Ok(m) => judge(
+                spec,
+                m.record,
+                before.and_then(|r| r.benchmark.as_ref()),
+                m.first_error.as_deref(),
+            ),
+            Err(e) => BenchmarkReport::could_not_run(spec, &e),
+        },
+        _ = cancel.wait_for(|c| *c) => BenchmarkReport::could_not_run(spec, &crate::signals::interrupted()),
+    };
+    let since_restart = v.stages.last().map_or(0.0, |s| s.seconds);
+    v.stages.push(Stage {
+        name: "benchmark",
+        passed: !report.fails(),
+        seconds: since_restart + started.elapsed().as_secs_f64(),
+        at_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        detail: report.detail.clone(),
+    });
+    progress.stage("benchmark", !report.fails(), &report.detail);
+    report
+}
