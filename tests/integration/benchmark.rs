@@ -220,7 +220,8 @@ fn a_slower_change_beyond_the_threshold_rolls_back() {
     );
     // The previous unit runs again, and its record (with its figures) is still the current one.
     let on_disk = lab().sh(THROUGHPUT, &format!("cat /etc/systemd/system/{unit}"));
-    assert!(!on_disk.contains("chunked-prefill-size"), "{on_disk}");
+    // The flag is gone from ExecStart (the stand-in's env still names it, as before).
+    assert!(!on_disk.contains("\t--chunked-prefill-size"), "{on_disk}");
     assert_eq!(current(unit), baseline);
     stop(unit);
 }
@@ -242,7 +243,7 @@ fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
         "{detail}"
     );
     let on_disk = lab().sh(THROUGHPUT, &format!("cat /etc/systemd/system/{unit}"));
-    assert!(on_disk.contains("chunked-prefill-size"), "{on_disk}");
+    assert!(on_disk.contains("\t--chunked-prefill-size"), "{on_disk}");
     // The slower figures are recorded: they are what runs now.
     let slower = tokens_at(&current(unit)["benchmark"], 4);
     assert!(slower < tokens_at(&first["benchmark"], 4), "{slower}");
