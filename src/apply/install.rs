@@ -101,39 +101,55 @@ pub async fn install(
             return roll_back(job, &fallback, report, failed).await;
         }
     };
+    let restarted = Restarted {
+        spec: &spec,
+        history: history.as_ref(),
+        learned_notes: &learned_notes,
+        before: before.as_ref(),
+        invocation: &invocation,
+    };
+    verify_restarted(job, &fallback, report, restarted).await
+}
+
+/// What a restarted unit is verified with: the settings (learned from history where the manifest
+/// left them), the last good loads, the figures to compare with, and its invocation.
+struct Restarted<'a> {
+    spec: &'a crate::manifest::VerifySpec,
+    history: Option<&'a LoadHistory>,
+    learned_notes: &'a [String],
+    before: Option<&'a crate::record::Record>,
+    invocation: &'a str,
+}
+
+/// Verifies the restarted unit, then its throughput when asked: converged and recorded, or rolled
+/// back through the same path for any failed stage.
+async fn verify_restarted(
+    job: &Job<'_>,
+    fallback: &Fallback,
+    report: &mut UnitReport,
+    r: Restarted<'_>,
+) -> Ending {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let unit = &t.desired.unit;
     let check = Check {
         unit,
-        spec: &spec,
+        spec: r.spec,
         expect: Expect::from_unit(&t.desired.model),
         label: format!("{} {unit}", t.host),
         cancel: &options.cancel,
-        history: history.as_ref(),
+        history: r.history,
     };
     let learned = |v: &mut Verification| {
-        v.notes.splice(0..0, learned_notes.iter().cloned());
-        v.previous_loads = history.clone();
+        v.notes.splice(0..0, r.learned_notes.iter().cloned());
+        v.previous_loads = r.history.cloned();
     };
     match job.verifier.verify(host, check).await {
         Ok(mut v) => {
             learned(&mut v);
-            if let Some(spec) = &t.verify.benchmark {
-                let b = super::benchmark::stage(job, spec, &mut v, before.as_ref()).await;
-                let failed = b.fails().then(|| b.detail.clone());
-                report.benchmark = Some(b);
-                if let Some(reason) = failed {
-                    report.verification = Some(v);
-                    let stage = "benchmark";
-                    let error = ApplyError::VerificationFailed {
-                        stage: stage.to_string(),
-                        reason,
-                    };
-                    let failed = Failed {
-                        stage,
-                        error,
-                        invocation: &invocation,
-                    };
-                    return roll_back(job, &fallback, report, failed).await;
-                }
+            if let Some(reason) = throughput_gate(job, &mut v, r.before, report).await {
+                report.verification = Some(v);
+                let failed = Failed::stage("benchmark", reason, r.invocation);
+                return roll_back(job, fallback, report, failed).await;
             }
             let mut ending = decide::converged(&v);
             if let Some(b) = &report.benchmark {
@@ -150,18 +166,25 @@ pub async fn install(
         }) => {
             learned(&mut verification);
             report.verification = Some(verification);
-            let error = ApplyError::VerificationFailed {
-                stage: stage.to_string(),
-                reason,
-            };
-            let failed = Failed {
-                stage,
-                error,
-                invocation: &invocation,
-            };
-            roll_back(job, &fallback, report, failed).await
+            let failed = Failed::stage(stage, reason, r.invocation);
+            roll_back(job, fallback, report, failed).await
         }
     }
+}
+
+/// The throughput gate, when the manifest asks for one (`verify.benchmark`): its figures go into
+/// the report; a regression beyond the allowance with the gate on is the reason the stage failed.
+async fn throughput_gate(
+    job: &Job<'_>,
+    v: &mut Verification,
+    before: Option<&crate::record::Record>,
+    report: &mut UnitReport,
+) -> Option<String> {
+    let spec = job.t.verify.benchmark.as_ref()?;
+    let b = super::benchmark::stage(job, spec, v, before).await;
+    let failed = b.fails().then(|| b.detail.clone());
+    report.benchmark = Some(b);
+    failed
 }
 
 /// The unit's last good loads from its history on the host; none when it has none, or when the
@@ -219,6 +242,21 @@ struct Failed<'a> {
     error: ApplyError,
     /// The failed invocation, whose journal goes into the report ("" when it never started).
     invocation: &'a str,
+}
+
+impl<'a> Failed<'a> {
+    /// A verification stage (or the throughput gate) that failed for `reason`.
+    fn stage(stage: &'a str, reason: String, invocation: &'a str) -> Failed<'a> {
+        let error = ApplyError::VerificationFailed {
+            stage: stage.to_string(),
+            reason,
+        };
+        Failed {
+            stage,
+            error,
+            invocation,
+        }
+    }
 }
 
 /// Puts the previous unit back after the new one failed, through a host that may be going away.
