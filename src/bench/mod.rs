@@ -128,6 +128,38 @@ async fn one_request(server: &Server, body: &serde_json::Value) -> RequestSample
     stream.finish(result.err())
 }
 
+/// The parts of a `chat.completion.chunk` (or SGLang's `{"error": ...}`) the figures need, read
+/// without building the whole JSON tree: at 64 streams a chunk arrives every few microseconds, and
+/// the client must measure the server, not itself. Unknown fields are skipped.
+#[derive(serde::Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<ChunkChoice<'a>>,
+    #[serde(default)]
+    usage: Option<ChunkUsage>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkChoice<'a> {
+    #[serde(default, borrow)]
+    delta: ChunkDelta<'a>,
+}
+
+#[derive(serde::Deserialize, Default)]
+struct ChunkDelta<'a> {
+    #[serde(default, borrow)]
+    content: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkUsage {
+    completion_tokens: Option<u64>,
+}
+
 /// One request's stream as it arrives: the content chunks' times and the usage.
 struct Stream {
     sent: Instant,
@@ -157,14 +189,14 @@ impl Stream {
             self.done = true;
             return;
         }
-        let Ok(chunk) = serde_json::from_str::<serde_json::Value>(data) else {
+        let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
             self.fail(format!(
                 "a stream chunk is not JSON: {}",
                 data.chars().take(100).collect::<String>()
             ));
             return;
         };
-        if let Some(e) = chunk.get("error").filter(|e| !e.is_null()) {
+        if let Some(e) = chunk.error.filter(|e| !e.is_null()) {
             let message = e["message"]
                 .as_str()
                 .map_or_else(|| e.to_string(), str::to_string);
@@ -173,13 +205,14 @@ impl Stream {
             ));
             return;
         }
-        if let Some(tokens) = chunk["usage"]["completion_tokens"].as_u64() {
+        if let Some(tokens) = chunk.usage.and_then(|u| u.completion_tokens) {
             self.usage_tokens = Some(tokens);
         }
-        let delta = &chunk["choices"][0]["delta"];
-        let has_content = ["content", "reasoning_content"]
-            .iter()
-            .any(|k| delta[*k].as_str().is_some_and(|t| !t.is_empty()));
+        let has_content = chunk.choices.first().is_some_and(|c| {
+            [&c.delta.content, &c.delta.reasoning_content]
+                .iter()
+                .any(|t| t.as_deref().is_some_and(|t| !t.is_empty()))
+        });
         if has_content {
             self.content(at);
         }

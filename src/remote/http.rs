@@ -321,14 +321,19 @@ impl SseLines {
     pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
         self.pending.extend_from_slice(bytes);
         let mut out = Vec::new();
-        while let Some(end) = self.pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = self.pending.drain(..=end).collect();
-            let line = String::from_utf8_lossy(&line[..end]);
-            let line = line.strip_suffix('\r').unwrap_or(&line);
-            if let Some(data) = line.strip_prefix("data:") {
-                out.push(data.strip_prefix(' ').unwrap_or(data).to_string());
+        // Complete lines are read in place and dropped at once: a stream delivers many small
+        // pieces, and the client must cost little beside the server it measures.
+        let mut start = 0;
+        while let Some(at) = self.pending[start..].iter().position(|b| *b == b'\n') {
+            let line = &self.pending[start..start + at];
+            start += at + 1;
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            if let Some(data) = line.strip_prefix(b"data:") {
+                let data = data.strip_prefix(b" ").unwrap_or(data);
+                out.push(String::from_utf8_lossy(data).into_owned());
             }
         }
+        self.pending.drain(..start);
         out
     }
 }
