@@ -70,6 +70,44 @@ async fn run_level(
     spec: &BenchmarkSpec,
     concurrency: u32,
 ) -> (Level, Option<String>) {
+    // One thread with a runtime of its own drives every stream of the level and reads their
+    // sockets itself: on the shared runtime each token cost a wake-up across threads, most of the
+    // client's CPU at thousands of tokens a second (bench/client.sh measures it).
+    let server = match server.with_own_client() {
+        Ok(server) => server,
+        Err(e) => return failed_level(concurrency, format!("no HTTP client: {e}")),
+    };
+    let (model, spec) = (model.to_string(), spec.clone());
+    let level = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok::<_, std::io::Error>(runtime.block_on(drive_level(&server, &model, &spec, concurrency)))
+    })
+    .await;
+    match level {
+        Ok(Ok(level)) => level,
+        Ok(Err(e)) => failed_level(concurrency, format!("no runtime for the benchmark: {e}")),
+        Err(e) => failed_level(concurrency, format!("the benchmark stopped: {e}")),
+    }
+}
+
+/// A level that could not run at all: every request counts as failed.
+fn failed_level(concurrency: u32, why: String) -> (Level, Option<String>) {
+    let sample = RequestSample {
+        error: Some(why.clone()),
+        ..RequestSample::default()
+    };
+    (level(concurrency, &[sample], 0.0), Some(why))
+}
+
+/// The level itself, on the runtime `run_level` made for it.
+async fn drive_level(
+    server: &Server,
+    model: &str,
+    spec: &BenchmarkSpec,
+    concurrency: u32,
+) -> (Level, Option<String>) {
     let total = spec.requests_at(concurrency);
     let taken = AtomicU32::new(0);
     let started = Instant::now();

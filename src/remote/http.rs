@@ -141,6 +141,13 @@ impl Server {
         })
     }
 
+    /// The same server through a client (and connection pool) of its own: connections belong to
+    /// the runtime that opened them, and a caller driving requests on a runtime of its own wants
+    /// none of another's.
+    pub fn with_own_client(&self) -> Result<Server, reqwest::Error> {
+        Server::at(&self.base, self.api_key.clone())
+    }
+
     /// One streamed chat completion (`request` must ask for `stream: true`): `on_data` gets each
     /// server-sent event's `data:` payload with when it arrived, as it arrives.
     pub async fn stream_chat(
