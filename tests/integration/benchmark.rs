@@ -8,7 +8,7 @@
 //! its command line. The benchmarks are tiny (levels 1 and 4, 16 output tokens, 8 requests), so
 //! each takes well under a second.
 
-use crate::lab::{lab, manifest, Reconcile, THROUGHPUT};
+use crate::lab::{apply_one_unit, lab, manifest, Reconcile, THROUGHPUT};
 
 /// The change that makes the stand-in slower: a flag, with the stand-in told to halve its rates
 /// when it sees it.
@@ -34,29 +34,6 @@ fn service(name: &str, port: u16, flags: &str, env: &str, bench: Option<&str>) -
             .replace("port: 30000", &format!("port: {port}"))
             .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", &env)
     )
-}
-
-fn apply(text: &str) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", text)
-        .args(&["apply", "--format", "json"])
-        .run();
-    let json = ran.json();
-    assert_eq!(
-        json["units"].as_array().map(Vec::len),
-        Some(1),
-        "{}",
-        ran.stdout
-    );
-    (ran.code, json["units"][0].clone())
-}
-
-/// Removes what an earlier run of the same test left.
-fn fresh(unit: &str) {
-    lab().sh(
-        THROUGHPUT,
-        &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"),
-    );
 }
 
 fn stop(unit: &str) {
@@ -91,8 +68,8 @@ fn identity(unit: &str) -> String {
 #[test]
 fn a_first_deployment_records_a_baseline() {
     let unit = "t-bench-baseline.service";
-    fresh(unit);
-    let (code, report) = apply(&service("t-bench-baseline", 37011, "", "", Some("")));
+    lab().remove_unit(THROUGHPUT, unit);
+    let (code, report) = apply_one_unit(&service("t-bench-baseline", 37011, "", "", Some("")));
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged");
     let b = &report["benchmark"];
@@ -155,15 +132,15 @@ fn a_first_deployment_records_a_baseline() {
 #[test]
 fn a_faster_change_converges_and_records_its_figures() {
     let unit = "t-bench-faster.service";
-    fresh(unit);
-    let (code, first) = apply(&service("t-bench-faster", 37012, "", "", Some("")));
+    lab().remove_unit(THROUGHPUT, unit);
+    let (code, first) = apply_one_unit(&service("t-bench-faster", 37012, "", "", Some("")));
     assert_eq!(
         (code, &first["benchmark"]["verdict"]),
         (0, &"baseline".into()),
         "{first}"
     );
     let faster = ", FAKE_SGLANG_TOKENS_PER_SECOND: \"400\"";
-    let (code, report) = apply(&service("t-bench-faster", 37012, "", faster, Some("")));
+    let (code, report) = apply_one_unit(&service("t-bench-faster", 37012, "", faster, Some("")));
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged");
     let b = &report["benchmark"];
@@ -192,11 +169,12 @@ fn a_faster_change_converges_and_records_its_figures() {
 #[test]
 fn a_slower_change_beyond_the_threshold_rolls_back() {
     let unit = "t-bench-slower.service";
-    fresh(unit);
-    let (code, first) = apply(&service("t-bench-slower", 37013, "", SLOW_ENV, Some("")));
+    lab().remove_unit(THROUGHPUT, unit);
+    let (code, first) = apply_one_unit(&service("t-bench-slower", 37013, "", SLOW_ENV, Some("")));
     assert_eq!(code, 0, "{first}");
     let baseline = current(unit);
-    let (code, report) = apply(&service("t-bench-slower", 37013, SLOW, SLOW_ENV, Some("")));
+    let (code, report) =
+        apply_one_unit(&service("t-bench-slower", 37013, SLOW, SLOW_ENV, Some("")));
     assert_eq!(code, 3, "{report}");
     assert_eq!(report["outcome"], "rolled_back");
     assert_eq!(report["failed_stage"], "benchmark");
@@ -229,11 +207,11 @@ fn a_slower_change_beyond_the_threshold_rolls_back() {
 #[test]
 fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
     let unit = "t-bench-gate-off.service";
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
     let off = Some(", gate: false");
-    let (code, first) = apply(&service("t-bench-gate-off", 37014, "", SLOW_ENV, off));
+    let (code, first) = apply_one_unit(&service("t-bench-gate-off", 37014, "", SLOW_ENV, off));
     assert_eq!(code, 0, "{first}");
-    let (code, report) = apply(&service("t-bench-gate-off", 37014, SLOW, SLOW_ENV, off));
+    let (code, report) = apply_one_unit(&service("t-bench-gate-off", 37014, SLOW, SLOW_ENV, off));
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged");
     assert_eq!(report["benchmark"]["verdict"], "regressed");
@@ -253,8 +231,8 @@ fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
 #[test]
 fn reconcile_bench_on_a_running_unit_records_a_baseline() {
     let unit = "t-bench-cli.service";
-    fresh(unit);
-    let (code, report) = apply(&service("t-bench-cli", 37015, "", SLOW_ENV, None));
+    lab().remove_unit(THROUGHPUT, unit);
+    let (code, report) = apply_one_unit(&service("t-bench-cli", 37015, "", SLOW_ENV, None));
     assert_eq!(code, 0, "{report}");
     assert!(report.get("benchmark").is_none(), "{report}");
     assert!(current(unit).get("benchmark").is_none());
@@ -291,14 +269,14 @@ fn reconcile_bench_on_a_running_unit_records_a_baseline() {
     );
 
     // The manifest's benchmark changes nothing in the unit: apply has nothing to do...
-    let (code, report) = apply(&text);
+    let (code, report) = apply_one_unit(&text);
     assert_eq!(
         (code, &report["outcome"]),
         (0, &"unchanged".into()),
         "{report}"
     );
     // ... and the next change is judged against the stored figures.
-    let (code, report) = apply(&service("t-bench-cli", 37015, SLOW, SLOW_ENV, Some("")));
+    let (code, report) = apply_one_unit(&service("t-bench-cli", 37015, SLOW, SLOW_ENV, Some("")));
     assert_eq!(code, 3, "{report}");
     assert_eq!(report["failed_stage"], "benchmark");
     stop(unit);

@@ -4,7 +4,7 @@
 //! SGLang lines (fixtures/fake-sglang/README.md). Host `THROUGHPUT` (rl15): ports 37001-37009,
 //! GPUs 0-9.
 
-use crate::lab::{lab, manifest, Reconcile, Undo, THROUGHPUT};
+use crate::lab::{apply_one_unit, lab, manifest, Reconcile, Undo, THROUGHPUT};
 
 /// A test service on the throughput host: its port, its two GPUs (`gpu`, `gpu + 1`), the
 /// stand-in's env (`, KEY: value` pairs) and short verification windows.
@@ -21,23 +21,6 @@ fn service(name: &str, port: u16, gpu: u32, env: &str) -> String {
                 ),
             )
     )
-}
-
-/// Removes what an earlier run of the same test left.
-fn fresh(unit: &str) {
-    lab().sh(
-        THROUGHPUT,
-        &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"),
-    );
-}
-
-fn apply_json(text: &str) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", text)
-        .args(&["apply", "--format", "json"])
-        .run();
-    let json = ran.json();
-    (ran.code, json["units"][0].clone())
 }
 
 fn unit_gone(unit: &str) -> bool {
@@ -64,7 +47,7 @@ fn rolled_back_with_diagnosis(unit: &serde_json::Value) -> (String, String) {
 #[test]
 fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
     let unit = "t-diag-oom.service";
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
     // The OOM 2 s into a 5-s weights phase: SGLang's traceback from `load_model`, then SIGKILL.
     let text = service(
         "t-diag-oom",
@@ -72,7 +55,7 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
         0,
         ", FAKE_SGLANG_LOAD_SECONDS: \"5\", FAKE_SGLANG_FAIL: oom, FAKE_SGLANG_FAIL_AT: \"2\", FAKE_SGLANG_OOM_CAP_MB: \"300\"",
     );
-    let (code, report) = apply_json(&text);
+    let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
     let journal = report["journal"].as_str().unwrap_or_default();
     assert!(
@@ -110,13 +93,13 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
         "{}",
         ran.stdout
     );
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
 }
 
 #[test]
 fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
     let unit = "t-diag-graph.service";
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
     // Weights in 1 s, then a 6-s capture; the OOM comes 3 s in, inside the capture.
     let text = service(
         "t-diag-graph",
@@ -124,7 +107,7 @@ fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
         2,
         ", FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_GRAPH_SECONDS: \"6\", FAKE_SGLANG_FAIL: oom, FAKE_SGLANG_FAIL_AT: \"3\", FAKE_SGLANG_OOM_CAP_MB: \"300\"",
     );
-    let (code, report) = apply_json(&text);
+    let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
     assert!(
         report["journal"]
@@ -140,7 +123,7 @@ fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
         "{advice}"
     );
     assert!(unit_gone(unit), "the new unit was not removed");
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
 }
 
 /// Waits until the unit is active, then holds the port: a listening socket that never accepts,
@@ -161,7 +144,7 @@ time.sleep(3600)
 fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
     let unit = "t-diag-port.service";
     let port = 37003;
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
     // Preflight refuses a port that is taken, so the squatter takes it only once the new unit is
     // active, while the stand-in loads (3 s); the stand-in's bind then fails as uvicorn's does,
     // and it exits 1 inside the crash window.
@@ -178,7 +161,7 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
         "systemctl stop t-diag-squatter 2>/dev/null; systemctl reset-failed t-diag-squatter 2>/dev/null; true",
     );
     let text = service("t-diag-port", port, 4, ", FAKE_SGLANG_LOAD_SECONDS: \"3\"");
-    let (code, report) = apply_json(&text);
+    let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["failed_stage"], "crash window", "{report:#}");
     assert!(
@@ -195,5 +178,5 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
     );
     assert!(advice.contains("--port"), "{advice}");
     assert!(unit_gone(unit), "the new unit was not removed");
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
 }

@@ -123,6 +123,15 @@ impl Lab {
         );
     }
 
+    /// Removes a unit, its state folder and its deployment records from a host: what an earlier
+    /// run of the same test left.
+    pub fn remove_unit(&self, host: &str, unit: &str) {
+        self.sh(
+            host,
+            &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"),
+        );
+    }
+
     /// Writes a file on a host.
     pub fn put(&self, host: &str, path: &str, content: &str) {
         let out = self.ssh(host, &format!("cat > '{path}'"), Some(content.as_bytes()));
@@ -202,6 +211,23 @@ pub fn manifest(service: &str, hosts: &[&str], extra_flags: &str) -> String {
          systemd: {{ Restart: on-failure, RestartSec: 1 }}\n",
         hosts.join(", ")
     )
+}
+
+/// `reconcile apply --format json` of one manifest with one unit: the exit code and that unit's
+/// report.
+pub fn apply_one_unit(text: &str) -> (i32, serde_json::Value) {
+    let ran = Reconcile::new()
+        .manifest("a.yaml", text)
+        .args(&["apply", "--format", "json"])
+        .run();
+    let json = ran.json();
+    assert_eq!(
+        json["units"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        ran.stdout
+    );
+    (ran.code, json["units"][0].clone())
 }
 
 /// One run of the binary in a folder of its own.

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::lab::{lab, manifest, Reconcile, THROUGHPUT};
+use crate::lab::{apply_one_unit, lab, manifest, Reconcile, THROUGHPUT};
 
 /// A service on the throughput host that loads in two seconds, on GPUs `gpu` and `gpu + 1`, with
 /// `flags` (lines of `sglang.flags`) and extra `verify` settings.
@@ -21,23 +21,6 @@ fn service(name: &str, port: u16, gpu: u32, flags: &str, verify: &str) -> String
                 )
             )
     )
-}
-
-/// Removes what an earlier run of the same test left, so a rerun starts with no history.
-fn fresh(unit: &str) {
-    lab().sh(
-        THROUGHPUT,
-        &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"),
-    );
-}
-
-fn apply_json(text: &str) -> (i32, Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", text)
-        .args(&["apply", "--format", "json"])
-        .run();
-    let json = ran.json();
-    (ran.code, json["units"][0].clone())
 }
 
 fn notes(report: &Value) -> Vec<String> {
@@ -63,11 +46,11 @@ fn current(unit: &str) -> Value {
 #[test]
 fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
     let unit = "t-learned.service";
-    fresh(unit);
+    lab().remove_unit(THROUGHPUT, unit);
     let first = service("t-learned", 37021, 30, "    mem-fraction-static: 0.8\n", "");
 
     // The first load has no history: nothing is learned or compared.
-    let (code, report) = apply_json(&first);
+    let (code, report) = apply_one_unit(&first);
     assert_eq!(
         (code, report["outcome"].as_str()),
         (0, Some("converged")),
@@ -115,7 +98,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
         "    mem-fraction-static: 0.85\n",
         "",
     );
-    let (code, report) = apply_json(&second);
+    let (code, report) = apply_one_unit(&second);
     assert_eq!(
         (code, report["outcome"].as_str()),
         (0, Some("converged")),
