@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "tests/run.sh: needs root (test hosts are containers); try: sudo $0" >&2; exit 1; }
 export STATE=${STATE:-/tmp/reconcile-lab}
-HOSTS=${HOSTS:-15}
+HOSTS=${HOSTS:-21}
 
 bash tests/hostlab/build-rootfs.sh
 cargo build --locked --all-targets
