@@ -152,9 +152,12 @@ run 3 "${APPLY[@]}" -- reconcile apply
 step "Status: the hosts run the last good unit; git still says 0.93 (pending_change)"
 run 2 "${STATUS[@]}" -- reconcile status
 
-step "History: gpu-a's deployments, and the units kept to fall back on"
+step "History: gpu-a's deployments (the rolled-back change is not one) and the units kept to fall back on"
 run 0 "0: shown" "1: error" -- reconcile history sglang-qwen --host gpu-a
 
-printf '\nThe loop took %ds (set-up %ds before it). The hosts are torn down now.\n' \
-  $((SECONDS - loop_start)) $((loop_start - start))
+cat <<EOF
+
+What an operator does next: fix the change, or revert it (git revert HEAD), and apply again.
+The loop took $((SECONDS - loop_start))s (set-up $((loop_start - start))s before it). The hosts are torn down now.
+EOF
 [ "$unexpected" = 0 ] || { echo "demo: $unexpected step(s) ended with an unexpected exit code" >&2; exit 1; }
