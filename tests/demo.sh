@@ -5,7 +5,7 @@
 # rolled back, then status and history. The hosts are containers (tests/hostlab/) running the
 # SGLang stand-in (fixtures/fake-sglang/), and are torn down at the end.
 #
-#   tests/demo.sh                       the loop (about two minutes after the first build)
+#   tests/demo.sh                       the loop (about 80 s once the image and build exist)
 #   tests/demo.sh --dry-run [OPTIONS]   only `reconcile --dry-run manifests/ [OPTIONS]`
 #
 # Needs root (containers); as another user it builds, then re-runs itself through sudo.
@@ -117,6 +117,17 @@ APPLY=("0: every unit converged or needed nothing" "1: error before any change o
   "3: verification failed on some host, which was rolled back to its previous unit, verified"
   "4: verification failed and so did the rollback")
 STATUS=("0: every unit in sync" "1: a host could not be read" "2: some unit not in sync")
+# edit SED-ARGS...: edits the copy of the 122B manifest and shows the change; a pattern that no
+# longer matches (manifests/ changed) stops the demo rather than show a step that changed nothing.
+edit() {
+  sed -i "$@" manifests/sglang-qwen3.5-122b.yaml
+  if git diff --quiet; then
+    echo "demo: the edit of manifests/sglang-qwen3.5-122b.yaml matched nothing; update tests/demo.sh" >&2
+    exit 1
+  fi
+  printf '$ git diff\n'
+  git --no-pager diff --color=auto
+}
 
 step "The plan: gpu-a's hand-written unit adopted (a restart: flags change), two new units"
 run 2 "${PLAN[@]}" -- reconcile plan
@@ -128,10 +139,7 @@ step "Apply again: nothing changed, so nothing is touched (no upload, reload or 
 run 0 "${APPLY[@]}" -- reconcile apply
 
 step "A misspelt flag, caught offline: no host is contacted"
-sed -i 's/enable-fused-moe-sum-all-reduce: true/enable-fused-moe-sum-allreduce: true/' \
-  manifests/sglang-qwen3.5-122b.yaml
-printf '$ git diff\n'
-git --no-pager diff --color=auto
+edit 's/enable-fused-moe-sum-all-reduce: true/enable-fused-moe-sum-allreduce: true/'
 run 1 "${APPLY[@]}" -- reconcile apply
 printf '$ git checkout manifests/   # the typo is dropped\n'
 git checkout -q manifests/
@@ -140,11 +148,8 @@ step "A change whose server crashes while loading: rolled back, with the failed 
 # A higher static memory fraction leaves too little GPU memory for CUDA graph capture: SGLang then
 # dies in capture with CUDA out of memory. The stand-in has no GPU to run out of, so the change
 # also sets its failure knob: FAKE_SGLANG_FAIL=oom, 0.5 s into the 1.5 s capture (5 s load).
-sed -i -e 's/mem-fraction-static: 0.85/mem-fraction-static: 0.93/' \
-  -e 's/^env:$/env:\n  FAKE_SGLANG_FAIL: oom           # the stand-in: CUDA out of memory at FAIL_AT\n  FAKE_SGLANG_FAIL_AT: "5.5"/' \
-  manifests/sglang-qwen3.5-122b.yaml
-printf '$ git diff\n'
-git --no-pager diff --color=auto
+edit -e 's/mem-fraction-static: 0.85/mem-fraction-static: 0.93/' \
+  -e 's/^env:$/env:\n  FAKE_SGLANG_FAIL: oom           # the stand-in: CUDA out of memory at FAIL_AT\n  FAKE_SGLANG_FAIL_AT: "5.5"/'
 printf '$ git commit -am "sglang-qwen: mem-fraction-static 0.93"\n'
 git commit -qam "sglang-qwen: mem-fraction-static 0.93"
 run 3 "${APPLY[@]}" -- reconcile apply
