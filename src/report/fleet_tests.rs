@@ -2,7 +2,7 @@
 //! GitHub's limit for a comment, and JSON still one entry per unit. Built from the repository's
 //! 122B manifest, the largest unit it ships, rendered and planned as a real run would.
 
-use super::markdown::BUDGET;
+use super::markdown::{self, BUDGET};
 use super::{render, Format};
 use crate::dry_run::PlanOutcome;
 use crate::manifest::parse;
@@ -73,6 +73,20 @@ fn outcomes(new: &str, old: Option<&str>) -> Vec<PlanOutcome> {
         .collect()
 }
 
+/// The markdown as it was before changes were grouped: a row and a diff for each unit.
+fn one_block_per_unit(outcomes: &[PlanOutcome]) -> usize {
+    let tally = format!(
+        "\n{}\n\n",
+        super::tally_line(&crate::dry_run::Tally::of(outcomes))
+    );
+    let blocks: usize = outcomes
+        .iter()
+        .flat_map(|o| reconcile_core::grouping::group(std::slice::from_ref(o)))
+        .map(|g| markdown::row(&g).len() + markdown::details(&g).map_or(0, |d| d.len()))
+        .sum();
+    markdown::HEAD.len() + tally.len() + blocks
+}
+
 fn no_extra(_: usize) -> String {
     String::new()
 }
@@ -136,12 +150,9 @@ fn forty_hosts_with_one_change_show_it_once_in_text_and_markdown() {
         "{markdown}"
     );
     assert!(!markdown.contains("Left out"), "{markdown}");
-    let per_host: usize = outcomes
-        .iter()
-        .map(|o| render(std::slice::from_ref(o), Format::Markdown, false).len())
-        .sum();
+    let per_host = one_block_per_unit(&outcomes);
     println!(
-        "40 hosts, one restart of the 122B unit: markdown {} characters (40 one-host plans: {per_host} in all)",
+        "40 hosts, one restart of the 122B unit: markdown {} characters (one block per unit: {per_host})",
         markdown.len()
     );
     assert!(markdown.len() < 4_000, "{}", markdown.len());
@@ -166,12 +177,9 @@ fn sixty_four_hosts_given_the_122b_unit_fit_in_one_comment() {
     let PlanOutcome::Planned(one) = &outcomes[0] else {
         unreachable!()
     };
-    let one_host_plans: usize = outcomes
-        .iter()
-        .map(|o| render(std::slice::from_ref(o), Format::Markdown, false).len())
-        .sum();
+    let one_host_plans = one_block_per_unit(&outcomes);
     println!(
-        "64 hosts, the 122B unit new on each: its diff {} characters; markdown {} characters (limit 65,536; 64 one-host plans: {one_host_plans} in all)",
+        "64 hosts, the 122B unit new on each: its diff {} characters; markdown {} characters (limit 65,536; one block per unit: {one_host_plans})",
         one.diff.len(),
         markdown.len()
     );

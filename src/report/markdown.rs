@@ -25,7 +25,7 @@ pub const BUDGET: usize = GITHUB_COMMENT_LIMIT - WRAPPER_ROOM;
 /// Room kept at the end, past the budget's cut, for the line that says what was left out.
 const LEFT_OUT_ROOM: usize = 400;
 
-const HEAD: &str =
+pub(super) const HEAD: &str =
     "### reconcile plan\n\n| hosts | unit | verdict | changes |\n|---|---|---|---|\n";
 
 pub fn render(outcomes: &[PlanOutcome], tally: &Tally) -> String {
@@ -96,7 +96,7 @@ fn within_budget(rows: &[String], tally: &str, diffs: &[String]) -> String {
 }
 
 /// One row of the summary table: a change, with every host it is on.
-fn row(g: &Group<'_>) -> String {
+pub(super) fn row(g: &Group<'_>) -> String {
     let (unit, verdict, changes) = match g.outcome {
         PlanOutcome::Planned(p) => (&p.unit, verdict_cell(p.verdict), changes_cell(p)),
         PlanOutcome::Error { unit, error, .. } => (unit, "**error**".to_string(), cell(error)),
@@ -117,7 +117,7 @@ fn hosts_cell(g: &Group<'_>) -> String {
 }
 
 /// A change's diff, folded away; none for an error or a unit that does not change.
-fn details(g: &Group<'_>) -> Option<String> {
+pub(super) fn details(g: &Group<'_>) -> Option<String> {
     let PlanOutcome::Planned(p) = g.outcome else {
         return None;
     };
