@@ -340,3 +340,26 @@ fn a_table_too_long_for_the_budget_is_cut_with_the_count_left_out() {
         "{markdown}"
     );
 }
+
+#[test]
+fn the_same_error_on_many_hosts_is_one_block_and_one_row() {
+    let error = |host: &str| PlanOutcome::Error {
+        host: host.into(),
+        unit: "sglang-qwen.service".into(),
+        source: SOURCE.into(),
+        error: "the manifest's SGLang catalog is missing".into(),
+    };
+    let outcomes: Vec<PlanOutcome> = ["gpu-03", "gpu-01", "gpu-02"].map(error).into();
+    let text = render(&outcomes, Format::Text, false);
+    assert_eq!(
+        text,
+        "sglang-qwen.service (manifests/sglang-qwen3.5-122b.yaml): error: the manifest's SGLang catalog is missing\n  \
+         same error on 3 hosts: gpu-01..gpu-03\n\n\
+         Plan: 0 to install, 0 to restart, 0 reload only, 0 unchanged, 3 failed to plan\n"
+    );
+    let markdown = render(&outcomes, Format::Markdown, false);
+    assert!(
+        markdown.contains("\n| gpu-01..gpu-03 (3 hosts) | sglang-qwen.service | **error** | the manifest's SGLang catalog is missing |\n\n"),
+        "{markdown}"
+    );
+}
