@@ -13,6 +13,7 @@ pub mod digest;
 pub mod dry_run;
 pub mod finding;
 pub mod flags;
+pub mod grouping;
 pub mod learned;
 pub mod manifest;
 pub mod observed;

@@ -6,6 +6,8 @@
 
 pub mod agent;
 pub mod bench;
+#[cfg(test)]
+mod fleet_tests;
 pub mod history;
 mod markdown;
 pub mod status;
@@ -145,15 +147,50 @@ fn learned_lines(out: &mut String, label: &str, v: &crate::verify::Verification)
 /// Columns of the aligned sparklines.
 const SPARK_COLUMNS: usize = 32;
 
+/// The version of the plan's JSON (`--format json`); it goes up when a field changes meaning or
+/// goes away, not when one is added.
+pub const PLAN_JSON_VERSION: u32 = 1;
+
 fn json(outcomes: &[PlanOutcome], tally: &Tally) -> String {
     #[derive(Serialize)]
     struct Document<'a> {
+        format_version: u32,
         units: &'a [PlanOutcome],
         tally: &'a Tally,
+        groups: Vec<GroupJson<'a>>,
     }
+    /// The same change on many hosts, as text and markdown show it once: its `unit` on each of
+    /// `hosts` names an entry of `units`. `outcome` and `verdict` are those of the entries.
+    #[derive(Serialize)]
+    struct GroupJson<'a> {
+        unit: &'a str,
+        outcome: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        verdict: Option<crate::plan::Verdict>,
+        hosts: Vec<&'a str>,
+        hosts_shown: String,
+    }
+    let groups = reconcile_core::grouping::group(outcomes)
+        .into_iter()
+        .map(|g| {
+            let (unit, outcome, verdict) = match g.outcome {
+                PlanOutcome::Planned(p) => (p.unit.as_str(), "planned", Some(p.verdict)),
+                PlanOutcome::Error { unit, .. } => (unit.as_str(), "error", None),
+            };
+            GroupJson {
+                unit,
+                outcome,
+                verdict,
+                hosts_shown: g.hosts_shown(),
+                hosts: g.hosts,
+            }
+        })
+        .collect();
     to_json(&Document {
+        format_version: PLAN_JSON_VERSION,
         units: outcomes,
         tally,
+        groups,
     })
 }
 

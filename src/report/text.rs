@@ -1,10 +1,12 @@
-//! The terminal view: a heading per unit, the change in operator terms, then the diff.
+//! The terminal view: a heading per change (a unit, on one host or on every host it is the same
+//! change on), the change in operator terms, then the diff.
 
 use std::fmt::Write;
 
 use super::{delta_line, preflight_line, tally_line};
 use crate::dry_run::{PlanOutcome, Tally};
 use crate::plan::{Delta, UnitPlan, Verdict};
+use reconcile_core::grouping::{group, Group};
 
 const RED: &str = "\x1b[31m";
 const GREEN: &str = "\x1b[32m";
@@ -22,21 +24,22 @@ pub fn render(outcomes: &[PlanOutcome], tally: &Tally, color: bool) -> String {
         }
     };
     let mut out = String::new();
-    for o in outcomes {
-        match o {
-            PlanOutcome::Planned(p) => unit(&mut out, p, &paint),
+    for g in group(outcomes) {
+        match g.outcome {
+            PlanOutcome::Planned(p) => unit(&mut out, &g, p, &paint),
             PlanOutcome::Error {
                 host,
                 unit,
                 source,
                 error,
             } => {
-                let _ = writeln!(
-                    out,
-                    "{} {unit} ({source}): {}",
-                    paint(BOLD, host),
-                    paint(RED, &format!("error: {error}"))
-                );
+                let error = paint(RED, &format!("error: {error}"));
+                if g.hosts.len() == 1 {
+                    let _ = writeln!(out, "{} {unit} ({source}): {error}", paint(BOLD, host));
+                } else {
+                    let _ = writeln!(out, "{} ({source}): {error}", paint(BOLD, unit));
+                    let _ = writeln!(out, "  {}", hosts_line("same error", &g));
+                }
             }
         }
         out.push('\n');
@@ -45,19 +48,29 @@ pub fn render(outcomes: &[PlanOutcome], tally: &Tally, color: bool) -> String {
     out
 }
 
-fn unit(out: &mut String, p: &UnitPlan, paint: &dyn Fn(&str, &str) -> String) {
+/// `same change on 16 hosts: gpu-01..gpu-16`.
+fn hosts_line(what: &str, g: &Group<'_>) -> String {
+    format!("{what} on {} hosts: {}", g.hosts.len(), g.hosts_shown())
+}
+
+fn unit(out: &mut String, g: &Group<'_>, p: &UnitPlan, paint: &dyn Fn(&str, &str) -> String) {
     let verdict_color = match p.verdict {
         Verdict::NoChange => GREEN,
         Verdict::ReloadOnly => CYAN,
         Verdict::Restart | Verdict::Install => YELLOW,
     };
-    let _ = writeln!(
-        out,
-        "{} {}: {}",
-        paint(BOLD, &p.host),
-        p.unit,
-        paint(verdict_color, p.verdict.describe())
-    );
+    let verdict = paint(verdict_color, p.verdict.describe());
+    if g.hosts.len() == 1 {
+        let _ = writeln!(out, "{} {}: {verdict}", paint(BOLD, &p.host), p.unit);
+    } else {
+        let _ = writeln!(out, "{}: {verdict}", paint(BOLD, &p.unit));
+        let what = if p.verdict == Verdict::NoChange {
+            "the same"
+        } else {
+            "same change"
+        };
+        let _ = writeln!(out, "  {}", hosts_line(what, g));
+    }
     let state = if p.state.is_loaded() {
         p.state.summary()
     } else {
@@ -89,26 +102,31 @@ fn unit(out: &mut String, p: &UnitPlan, paint: &dyn Fn(&str, &str) -> String) {
         };
         let _ = writeln!(out, "  preflight: {}", paint(code, &preflight_line(f)));
     }
-    if !p.diff.is_empty() {
-        out.push('\n');
-        for line in p.diff.lines() {
-            let code = match line.as_bytes().first() {
-                _ if line.starts_with("+++") || line.starts_with("---") => BOLD,
-                Some(b'+') => GREEN,
-                Some(b'-') => RED,
-                Some(b'@') => CYAN,
-                _ => "",
-            };
-            let _ = writeln!(
-                out,
-                "    {}",
-                if code.is_empty() {
-                    line.to_string()
-                } else {
-                    paint(code, line)
-                }
-            );
-        }
+    diff_lines(out, &g.diff(), paint);
+}
+
+fn diff_lines(out: &mut String, diff: &str, paint: &dyn Fn(&str, &str) -> String) {
+    if diff.is_empty() {
+        return;
+    }
+    out.push('\n');
+    for line in diff.lines() {
+        let code = match line.as_bytes().first() {
+            _ if line.starts_with("+++") || line.starts_with("---") => BOLD,
+            Some(b'+') => GREEN,
+            Some(b'-') => RED,
+            Some(b'@') => CYAN,
+            _ => "",
+        };
+        let _ = writeln!(
+            out,
+            "    {}",
+            if code.is_empty() {
+                line.to_string()
+            } else {
+                paint(code, line)
+            }
+        );
     }
 }
 

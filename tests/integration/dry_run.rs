@@ -58,7 +58,9 @@ fn an_identical_unit_means_nothing_to_do() {
     install_rendered(&run, SHARED, "t-same.service");
     let ran = run.run();
     assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
-    let unit = &ran.json()["units"][0];
+    let json = ran.json();
+    assert_eq!(json["format_version"], 1);
+    let unit = &json["units"][0];
     assert_eq!(unit["verdict"], "no_change");
     assert_eq!(unit["diff"], "");
     assert_eq!(unit["state"]["load_state"], "loaded");
@@ -148,6 +150,48 @@ fn a_new_description_only_needs_a_reload() {
         changed_lines(&ran.stdout.replace("    ", "")),
         ["-Description=test service t-desc", "+Description=renamed"]
     );
+}
+
+/// Five hosts of the fleet tests' (fleet.rs), only read here: planning writes nothing on a host.
+const FIVE: [&str; 5] = ["rl9", "rl5", "rl7", "rl6", "rl8"];
+
+#[test]
+fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
+    let text = manifest("t-group", &FIVE, "");
+    let plan = |format: &str| {
+        let ran = Reconcile::new()
+            .manifest("a.yaml", &text)
+            .args(&["plan", "--format", format])
+            .run();
+        assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+        ran
+    };
+    let shown = plan("text").stdout;
+    assert!(
+        shown.contains(
+            "t-group.service: new unit (install, enable, start)\n  same change on 5 hosts: rl5..rl9\n"
+        ),
+        "{shown}"
+    );
+    assert_eq!(shown.matches("--- /dev/null").count(), 1, "{shown}");
+    assert!(shown.contains("Plan: 5 to install,"), "{shown}");
+
+    let markdown = plan("markdown").stdout;
+    assert!(
+        markdown.contains("| rl5..rl9 (5 hosts) | t-group.service | **install** |"),
+        "{markdown}"
+    );
+    assert_eq!(markdown.matches("<details>").count(), 1, "{markdown}");
+
+    let json = plan("json").json();
+    assert_eq!(json["format_version"], 1);
+    assert_eq!(
+        json["units"].as_array().unwrap().len(),
+        5,
+        "one entry per unit"
+    );
+    assert_eq!(json["groups"].as_array().unwrap().len(), 1);
+    assert_eq!(json["groups"][0]["hosts_shown"], "rl5..rl9");
 }
 
 #[test]
