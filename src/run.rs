@@ -48,6 +48,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
         Some(Command::Bench(args)) => bench(args, &reach).await,
         Some(Command::Agent(args)) => Ok(ExitCode::from(agent_rounds(args, &reach).await)),
+        Some(Command::Completions(args)) => {
+            crate::cli::completions(args.shell, &mut std::io::stdout().lock());
+            Ok(ExitCode::SUCCESS)
+        }
         None if cli.dry_run => plan(cli.plan, cli.out, &reach).await,
         None => Err(Error::NoCommand),
     }
