@@ -139,9 +139,20 @@ fn apply_options(
         .progress(progress)
 }
 
-/// Spinners on stderr, only for text output on a terminal.
+/// Spinners on stderr, only for text output on a terminal that may be drawn on.
 fn live_display(format: report::Format) -> bool {
-    format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr())
+    format == report::Format::Text
+        && std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && may_redraw(
+            std::env::var_os("NO_COLOR").as_deref(),
+            std::env::var_os("TERM").as_deref(),
+        )
+}
+
+/// A spinner redraws its line with escape codes: `NO_COLOR` (plain output asked for) and
+/// `TERM=dumb` (a terminal that cannot move its cursor) get the plain stage lines instead.
+fn may_redraw(no_color: Option<&std::ffi::OsStr>, term: Option<&std::ffi::OsStr>) -> bool {
+    no_color.is_none_or(|v| v.is_empty()) && term.is_none_or(|t| t != "dumb")
 }
 
 /// The options global to the command line that every command's SSH options carry.
@@ -385,4 +396,23 @@ pub fn init_logging(verbose: u8) {
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::may_redraw;
+
+    #[test]
+    fn no_color_and_a_dumb_terminal_get_plain_lines() {
+        let set = |v: &'static str| Some(OsStr::new(v));
+        assert!(may_redraw(None, set("xterm-256color")));
+        assert!(
+            may_redraw(set(""), None),
+            "an empty NO_COLOR does not count"
+        );
+        assert!(!may_redraw(set("1"), set("xterm-256color")));
+        assert!(!may_redraw(None, set("dumb")));
+    }
 }
