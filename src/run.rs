@@ -141,17 +141,22 @@ fn apply_options(
 
 /// Spinners on stderr, only for text output on a terminal that may be drawn on.
 fn live_display(format: report::Format) -> bool {
-    format == report::Format::Text
-        && std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && may_redraw(
+    format == report::Format::Text && stderr_takes_escapes()
+}
+
+/// Whether stderr is a terminal that escape codes (a spinner's redraws, the logs' colours) may be
+/// written to.
+fn stderr_takes_escapes() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && escapes_allowed(
             std::env::var_os("NO_COLOR").as_deref(),
             std::env::var_os("TERM").as_deref(),
         )
 }
 
-/// A spinner redraws its line with escape codes: `NO_COLOR` (plain output asked for) and
-/// `TERM=dumb` (a terminal that cannot move its cursor) get the plain stage lines instead.
-fn may_redraw(no_color: Option<&std::ffi::OsStr>, term: Option<&std::ffi::OsStr>) -> bool {
+/// `NO_COLOR` (plain output asked for) and `TERM=dumb` (a terminal that cannot move its cursor)
+/// get plain lines: a spinner's line is redrawn with escape codes.
+fn escapes_allowed(no_color: Option<&std::ffi::OsStr>, term: Option<&std::ffi::OsStr>) -> bool {
     no_color.is_none_or(|v| v.is_empty()) && term.is_none_or(|t| t != "dumb")
 }
 
@@ -394,6 +399,8 @@ pub fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // tracing colours even a pipe (it only checks NO_COLOR): logs kept in a file stay plain.
+        .with_ansi(stderr_takes_escapes())
         .with_target(false)
         .init();
 }
@@ -402,17 +409,17 @@ pub fn init_logging(verbose: u8) {
 mod tests {
     use std::ffi::OsStr;
 
-    use super::may_redraw;
+    use super::escapes_allowed;
 
     #[test]
     fn no_color_and_a_dumb_terminal_get_plain_lines() {
         let set = |v: &'static str| Some(OsStr::new(v));
-        assert!(may_redraw(None, set("xterm-256color")));
+        assert!(escapes_allowed(None, set("xterm-256color")));
         assert!(
-            may_redraw(set(""), None),
+            escapes_allowed(set(""), None),
             "an empty NO_COLOR does not count"
         );
-        assert!(!may_redraw(set("1"), set("xterm-256color")));
-        assert!(!may_redraw(None, set("dumb")));
+        assert!(!escapes_allowed(set("1"), set("xterm-256color")));
+        assert!(!escapes_allowed(None, set("dumb")));
     }
 }
