@@ -626,7 +626,7 @@ impl ColorChoice {
 mod tests {
     use clap::Parser;
 
-    use super::{Cli, Command};
+    use super::{completions, Cli, Command, Shell};
 
     /// The `reconcile ...` command lines of a file: a line (or a YAML `run:` value, or a systemd
     /// `ExecStart=`) whose first word is the binary, cut at the first shell redirection or pipe.
@@ -775,10 +775,9 @@ mod tests {
         );
     }
 
-    /// Each shell's script names every command, and bash really loads its own.
+    /// Each shell's script names every command and some flags of each kind.
     #[test]
-    fn completions_name_every_command_and_bash_loads_them() {
-        use super::{completions, Shell};
+    fn completions_name_every_command_and_flag() {
         use clap::CommandFactory;
         let names: Vec<String> = Cli::command()
             .get_subcommands()
@@ -806,36 +805,55 @@ mod tests {
                 );
             }
         }
-        let Ok(bash) = which("bash") else {
-            eprintln!("no bash here: the bash script was not loaded");
-            return;
+    }
+
+    /// Runs `code` in `shell` (when this machine has it) with the completion script as its last
+    /// argument (`$1`; in fish, whose `-c` has no `$0`, `$argv[-1]`): its stdout, or `None`
+    /// without that shell.
+    fn in_shell(shell: Shell, program: &str, flags: &[&str], code: &str) -> Option<String> {
+        let Ok(program) = which(program) else {
+            eprintln!("no {shell:?} here: its completion script was not loaded");
+            return None;
         };
         let dir = tempfile::tempdir().expect("temp dir");
-        let file = dir.path().join("reconcile.bash");
+        let file = dir.path().join("reconcile-completions");
         let mut script = Vec::new();
-        completions(Shell::Bash, &mut script);
+        completions(shell, &mut script);
         std::fs::write(&file, script).expect("write script");
-        // Completing `reconcile ap` and `reconcile apply --max` the way bash's readline does.
-        let out = std::process::Command::new(bash)
+        let out = std::process::Command::new(program)
+            .args(flags)
             .arg("-c")
-            .arg(
-                r#"source "$1" && complete -p reconcile &&
-                COMP_WORDS=(reconcile ap) COMP_CWORD=1 && _reconcile reconcile ap reconcile &&
-                echo "[${COMPREPLY[*]}]" &&
-                COMP_WORDS=(reconcile apply --max) COMP_CWORD=2 && _reconcile reconcile --max apply &&
-                echo "[${COMPREPLY[*]}]""#,
-            )
-            .arg("bash")
+            .arg(code)
+            .arg("shell")
             .arg(&file)
+            // zsh's compinit keeps its cache in $HOME; fish its history.
+            .env("HOME", dir.path())
+            .env("XDG_DATA_HOME", dir.path())
+            .env("XDG_CONFIG_HOME", dir.path())
             .output()
-            .expect("run bash");
-        let stdout = String::from_utf8_lossy(&out.stdout);
+            .expect("the shell runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(
             out.status.success(),
-            "bash: {}\n{stdout}{}",
+            "{shell:?}: {}\n{stdout}{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
+        Some(stdout)
+    }
+
+    /// bash registers the script for `reconcile`, and completes a command and a flag with it the
+    /// way its readline calls it.
+    #[test]
+    fn bash_completes_with_the_script() {
+        let code = r#"source "$1" && complete -p reconcile &&
+            COMP_WORDS=(reconcile ap) COMP_CWORD=1 && _reconcile reconcile ap reconcile &&
+            echo "[${COMPREPLY[*]}]" &&
+            COMP_WORDS=(reconcile apply --max) COMP_CWORD=2 && _reconcile reconcile --max apply &&
+            echo "[${COMPREPLY[*]}]""#;
+        let Some(stdout) = in_shell(Shell::Bash, "bash", &["--norc"], code) else {
+            return;
+        };
         let lines: Vec<&str> = stdout.lines().collect();
         assert_eq!(lines.len(), 3, "{stdout}");
         assert!(
@@ -846,6 +864,35 @@ mod tests {
         let flags: Vec<&str> = lines[2].trim_matches(['[', ']']).split(' ').collect();
         assert!(
             flags.contains(&"--max-parallel") && flags.contains(&"--max-failures"),
+            "{stdout}"
+        );
+    }
+
+    /// zsh parses the script, and once compinit has run, sourcing it registers `_reconcile`.
+    #[test]
+    fn zsh_registers_the_script() {
+        let code = r#"zsh -n "$1" && autoload -U compinit && compinit -u -D && source "$1" &&
+            print -r -- "$_comps[reconcile]""#;
+        let Some(stdout) = in_shell(Shell::Zsh, "zsh", &["-f"], code) else {
+            return;
+        };
+        assert_eq!(stdout.trim(), "_reconcile");
+    }
+
+    /// fish completes a command and a flag with the script, as it would on a Tab.
+    #[test]
+    fn fish_completes_with_the_script() {
+        let code = r#"source $argv[-1]; and complete -C "reconcile ap"; and complete -C "reconcile apply --max""#;
+        let Some(stdout) = in_shell(Shell::Fish, "fish", &["--no-config"], code) else {
+            return;
+        };
+        let words: Vec<&str> = stdout
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            words,
+            ["apply", "--max-failures", "--max-parallel"],
             "{stdout}"
         );
     }
