@@ -161,6 +161,20 @@ pub struct Cli {
     pub command_timeout: std::time::Duration,
 }
 
+impl Cli {
+    /// A command named after a global flag (`reconcile -v plan`). Top-level arguments rule out a
+    /// command after them (so `reconcile --dry-run apply` cannot apply), and clap then reads the
+    /// name as a manifest path.
+    pub fn misplaced_command(&self) -> Option<String> {
+        use clap::CommandFactory;
+        let first = self.plan.manifests.paths.first()?.to_str()?;
+        let known = Cli::command()
+            .get_subcommands()
+            .any(|c| c.get_name() == first);
+        (self.command.is_none() && known).then(|| first.to_string())
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show what would change on each host, and change nothing.
@@ -904,6 +918,35 @@ mod tests {
             .map(|dir| dir.join(program))
             .find(|p| p.is_file())
             .ok_or(())
+    }
+
+    #[test]
+    fn a_command_after_a_global_flag_is_named() {
+        let misplaced = |argv: &[&str]| {
+            Cli::try_parse_from(argv)
+                .expect("parses")
+                .misplaced_command()
+        };
+        assert_eq!(misplaced(&["reconcile", "-v", "plan"]), Some("plan".into()));
+        assert_eq!(
+            misplaced(
+                &[
+                    "reconcile",
+                    "--command-timeout",
+                    "5s",
+                    "apply",
+                    "--host",
+                    "a"
+                ][..4]
+            ),
+            Some("apply".into())
+        );
+        assert_eq!(misplaced(&["reconcile", "plan", "-v"]), None);
+        assert_eq!(
+            misplaced(&["reconcile", "-v", "--dry-run", "manifests"]),
+            None
+        );
+        assert_eq!(misplaced(&["reconcile", "-v"]), None);
     }
 
     /// Every `reconcile` command in examples/ parses with the real command line, so the examples

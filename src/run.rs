@@ -26,6 +26,8 @@ pub enum Error {
     NoHosts(String),
     #[error("say what to do: `reconcile --dry-run` (or `reconcile plan`) shows what would change")]
     NoCommand,
+    #[error("`{0}` came after a flag, so it was read as a manifest path: name the command first (`reconcile {0} -v ...`)")]
+    CommandAfterFlag(String),
     #[error(transparent)]
     PlanFile(#[from] plan_file::Error),
     #[error("a plan file fixes the units it applies; --host and --selector cannot narrow it (plan again with them)")]
@@ -38,6 +40,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         accept_new_host_keys: cli.accept_new_host_keys,
         limits: remote::Limits::with_command(cli.command_timeout),
     };
+    let misplaced = cli.misplaced_command();
     match cli.command {
         Some(Command::Plan(args)) => plan(args.plan, args.out, &reach).await,
         Some(Command::Render(args)) => render(args),
@@ -53,7 +56,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         None if cli.dry_run => plan(cli.plan, cli.out, &reach).await,
-        None => Err(Error::NoCommand),
+        None => Err(misplaced.map_or(Error::NoCommand, Error::CommandAfterFlag)),
     }
 }
 
