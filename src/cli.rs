@@ -929,16 +929,14 @@ mod tests {
         };
         assert_eq!(misplaced(&["reconcile", "-v", "plan"]), Some("plan".into()));
         assert_eq!(
-            misplaced(
-                &[
-                    "reconcile",
-                    "--command-timeout",
-                    "5s",
-                    "apply",
-                    "--host",
-                    "a"
-                ][..4]
-            ),
+            misplaced(&[
+                "reconcile",
+                "--command-timeout",
+                "5s",
+                "apply",
+                "--host",
+                "a"
+            ]),
             Some("apply".into())
         );
         assert_eq!(misplaced(&["reconcile", "plan", "-v"]), None);
