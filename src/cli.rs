@@ -783,10 +783,8 @@ mod tests {
                 parsed += 1;
             }
         }
-        assert!(
-            parsed >= root.get_subcommands().count() + 1,
-            "{parsed} examples"
-        );
+        // At least one for the top level and one for each command.
+        assert!(parsed > root.get_subcommands().count(), "{parsed} examples");
     }
 
     /// Each shell's script names every command and some flags of each kind.
