@@ -6,10 +6,15 @@
 #                      reconcile's rollback verification saw it (target <= the stand-in's time to
 #                      ready + 2 s: its weights load, 0.3 s of graph capture, 0.3 s of warmup and
 #                      a /health that answers after 1 s, as SGLang's does).
-# Usage: sudo bench/apply.sh [TRIALS]   (default 5; ~10 s a trial)
+# Usage: bench/apply.sh [TRIALS]   (default 5; ~10 s a trial)
 set -euo pipefail
+# Needs root (the test host is a container). Through sudo when there is one (root shells on servers
+# and containers often have none); -E keeps the environment variables this script reads.
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "bench/apply.sh: needs root (the test host is a container) and there is no sudo: run it from a root shell" >&2; exit 1; }
+  exec sudo -E -- "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
-[ "$(id -u)" = 0 ] || { echo "bench/apply.sh: needs root (the test host is a container)" >&2; exit 1; }
 TRIALS=${1:-5}
 LOAD=3
 export STATE=/tmp/reconcile-bench PREFIX=bench SUBNET=10.214  # apart from the test lab

@@ -5,10 +5,15 @@
 #   reconcile's own CPU time and peak RSS for the dry-run at N = 16 (target: peak RSS < 64 MiB);
 #   a no-op apply over 8 hosts vs the same floor;
 #   a rolling apply over 8 hosts with one failing: total time and time to stop.
-# Usage: sudo bench/fleet.sh [REPEATS]   (default 5; about two minutes)
+# Usage: bench/fleet.sh [REPEATS]   (default 5; about two minutes)
 set -euo pipefail
+# Needs root (the test hosts are containers). Through sudo when there is one (root shells on servers
+# and containers often have none); -E keeps the environment variables this script reads.
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "bench/fleet.sh: needs root (the test hosts are containers) and there is no sudo: run it from a root shell" >&2; exit 1; }
+  exec sudo -E -- "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
-[ "$(id -u)" = 0 ] || { echo "bench/fleet.sh: needs root (the test hosts are containers)" >&2; exit 1; }
 REPEATS=${1:-5}
 export STATE=/tmp/reconcile-fleet-bench PREFIX=fb SUBNET=10.216
 bash tests/hostlab/build-rootfs.sh >/dev/null

@@ -11,13 +11,15 @@
 #   crash, /health hung: the server's /health never answers; its main process is killed while a
 #                      probe waits; from systemd seeing the exit to reconcile failing the stage
 #                      (target <= 1.5 s).
-# Usage: sudo bench/verify.sh [HEALTHY_LOADS] [TRIALS]   (defaults 20 and 5; ~8 minutes)
+# Usage: bench/verify.sh [HEALTHY_LOADS] [TRIALS]   (defaults 20 and 5; ~8 minutes)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# Needs root (the test host is a container). Through sudo when there is one (root shells on servers
+# and containers often have none); -E keeps the environment variables this script reads.
 if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null && exec sudo -E "$0" "$@"
-  echo "bench/verify.sh: needs root (the test host is a container)" >&2; exit 1
+  command -v sudo >/dev/null || { echo "bench/verify.sh: needs root (the test host is a container) and there is no sudo: run it from a root shell" >&2; exit 1; }
+  exec sudo -E -- "$0" "$@"
 fi
+cd "$(dirname "$0")/.."
 LOADS=${1:-20}
 TRIALS=${2:-5}
 export STATE=/tmp/reconcile-bench-verify PREFIX=bv SUBNET=10.216  # apart from the test lab

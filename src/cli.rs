@@ -12,14 +12,25 @@ use clap::{Args, Parser, Subcommand};
 use crate::report::Format;
 use crate::{agent, apply, targets};
 
-const EXIT_CODES: &str = "\
+// The help texts after the flags: an "Examples:" block, then the exit codes. They are macros, not
+// consts, so `concat!` can join them into one literal per command. Every two-space-indented line
+// of an Examples block is a command line that the tests parse with this very `Cli`; deeper lines
+// are sample output.
+
+macro_rules! exit_codes {
+    () => {
+        "\
 Exit codes:
   0  nothing to change (every unit on every host matches its manifest)
   1  error: bad manifests (no host was contacted), a host could not be read, or a unit failed
      preflight (its host cannot run it: SGLang version, model path, GPUs, port)
-  2  changes pending (dry-run/plan only)";
+  2  changes pending (dry-run/plan only)"
+    };
+}
 
-const APPLY_EXIT_CODES: &str = "\
+macro_rules! apply_exit_codes {
+    () => {
+        "\
 Exit codes:
   0  every unit converged (or needed nothing)
   1  error before any change on some host (bad manifests, unreachable, preflight failed, locked,
@@ -28,14 +39,95 @@ Exit codes:
   4  verification failed and the rollback failed too: that host needs attention
 
 Ctrl-C during verification fails the stage in progress and rolls that unit back (verified like any
-rollback); hosts not started yet are left untouched.";
+rollback); hosts not started yet are left untouched."
+    };
+}
+
+const TOP_HELP: &str = concat!(
+    "\
+Examples:
+  reconcile --dry-run                              # plan manifests/ against every host they name
+  reconcile --dry-run --format markdown > plan.md  # the same, as a pull request comment
+  reconcile apply --host gpu-a                     # change gpu-a only, verified, or rolled back
+  reconcile completions bash > ~/.local/share/bash-completion/completions/reconcile
+
+Every command's --help has examples of its own.
+
+",
+    exit_codes!()
+);
+
+const PLAN_HELP: &str = concat!(
+    "\
+Examples:
+  reconcile plan                                # manifests/, every host
+  reconcile plan manifests/sglang-qwen3.5-122b.yaml --host gpu-a
+  reconcile plan -l service=sglang-qwen -l zone!=b
+  reconcile plan --format markdown > plan.md    # a pull request comment
+  reconcile plan --deep --out plan.json         # also ask each host's SGLang; keep the plan to apply
+
+",
+    exit_codes!()
+);
+
+const APPLY_HELP: &str = concat!(
+    "\
+Examples:
+  reconcile apply                                # manifests/, every host, canary first
+  reconcile apply --host gpu-a --deep
+  reconcile apply plan.json                      # exactly what `plan --out plan.json` showed
+  reconcile apply --canary 1 --max-parallel 3 --max-failures 1 --rollback-all
+  reconcile apply --break-stale-lock --lock-ttl 30m
+
+",
+    apply_exit_codes!()
+);
+
+const ROLLBACK_HELP: &str = concat!(
+    "\
+Examples:
+  reconcile rollback sglang-qwen                 # back to the deployment before the current one
+  reconcile rollback sglang-qwen --to 9 --host gpu-a    # deployment 9 of `reconcile history`
+
+",
+    apply_exit_codes!()
+);
+
+const VALIDATE_HELP: &str = "\
+Examples:
+  reconcile validate
+  reconcile validate manifests/sglang-qwen3.5-122b.yaml --strict
+
+Exit codes:
+  0  valid (warnings, if any, are printed)
+  1  errors (or warnings, with --strict)";
+
+const RENDER_HELP: &str = "\
+Examples:
+  reconcile render                               # every unit of manifests/, for every host
+  reconcile render manifests/sglang-qwen3.5-122b.yaml --host gpu-b";
+
+const HISTORY_HELP: &str = "\
+Examples:
+  reconcile history sglang-qwen
+  reconcile history sglang-qwen.service --host gpu-a --format json";
+
+const COMPLETIONS_HELP: &str = "\
+Examples:
+  reconcile completions bash > ~/.local/share/bash-completion/completions/reconcile
+  reconcile completions zsh > ~/.zfunc/_reconcile       # with fpath+=(~/.zfunc) before compinit
+  reconcile completions fish > ~/.config/fish/completions/reconcile.fish
+
+bash loads the file on demand when bash-completion is installed; without it, add
+`source <(reconcile completions bash)` to ~/.bashrc. zsh reads `_reconcile` from a folder on its
+fpath when compinit runs. fish reads its completions folder by itself. A new shell picks them up.";
 
 #[derive(Debug, Parser)]
 #[command(
     name = "reconcile",
     version,
     about = "GitOps for SGLang servers under systemd: render units from manifests, diff them against hosts over SSH",
-    after_help = EXIT_CODES,
+    after_help = TOP_HELP,
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -69,31 +161,45 @@ pub struct Cli {
     pub command_timeout: std::time::Duration,
 }
 
+impl Cli {
+    /// A command named after a global flag (`reconcile -v plan`). Top-level arguments rule out a
+    /// command after them (so `reconcile --dry-run apply` cannot apply), and clap then reads the
+    /// name as a manifest path.
+    pub fn misplaced_command(&self) -> Option<String> {
+        use clap::CommandFactory;
+        let first = self.plan.manifests.paths.first()?.to_str()?;
+        let known = Cli::command()
+            .get_subcommands()
+            .any(|c| c.get_name() == first);
+        (self.command.is_none() && known).then(|| first.to_string())
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Show what would change on each host, and change nothing.
-    #[command(after_help = EXIT_CODES)]
+    #[command(after_help = PLAN_HELP)]
     Plan(PlanCommand),
     /// Make hosts run what the manifests say: install, restart only when needed, watch the crash
     /// window, and roll back a unit that fails it. Given a plan file (`reconcile apply plan.json`,
     /// written by `plan --out`), applies exactly the units it planned, refusing each one whose
     /// manifests, unit file on the host or installed SGLang changed since.
-    #[command(after_help = APPLY_EXIT_CODES)]
+    #[command(after_help = APPLY_HELP)]
     Apply(ApplyArgs),
     /// Check manifests offline, against the flag catalog of the SGLang version each names.
-    #[command(
-        after_help = "Exit codes:\n  0  valid (warnings, if any, are printed)\n  1  errors (or warnings, with --strict)"
-    )]
+    #[command(after_help = VALIDATE_HELP)]
     Validate(ValidateArgs),
     /// Print the units the manifests render, without contacting any host (secrets redacted).
+    #[command(after_help = RENDER_HELP)]
     Render(RenderArgs),
     /// What each host really runs: the manifest, the unit on disk, the last deployment and the
     /// running process compared (in_sync, pending_change, edited_on_host, not_reloaded,
     /// not_restarted, down, unmanaged, absent).
-    #[command(after_help = STATUS_EXIT_CODES)]
+    #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
     /// The deployments each host keeps for a service (numbered, 1 = oldest; the current one
     /// marked), and the generations an apply kept.
+    #[command(after_help = HISTORY_HELP)]
     History(HistoryArgs),
     /// Run the throughput benchmark (the manifest's `verify.benchmark`, or its defaults) against
     /// the server each host runs now, without a restart, and keep its figures in the host's current
@@ -102,18 +208,50 @@ pub enum Command {
     Bench(BenchArgs),
     /// Restore a kept deployment (default: the one before the current) through apply's install,
     /// restart and staged verification, host by host.
-    #[command(after_help = APPLY_EXIT_CODES)]
+    #[command(after_help = ROLLBACK_HELP)]
     Rollback(RollbackArgs),
     /// Pull mode, run on the GPU host itself: keep a checkout of the manifests' git repository
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
-    #[command(after_help = AGENT_EXIT_CODES)]
+    #[command(after_help = AGENT_HELP)]
     Agent(AgentArgs),
+    /// Print a completion script for bash, zsh or fish on stdout (see the examples for where each
+    /// shell reads it).
+    #[command(after_help = COMPLETIONS_HELP)]
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    pub shell: Shell,
+}
+
+/// The shells `completions` writes for: the ones its tests check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Writes `shell`'s completion script for the whole command line, generated from [`Cli`] itself
+/// so it cannot miss a flag.
+pub fn completions(shell: Shell, out: &mut dyn std::io::Write) {
+    use clap::CommandFactory;
+    let shell = match shell {
+        Shell::Bash => clap_complete::Shell::Bash,
+        Shell::Zsh => clap_complete::Shell::Zsh,
+        Shell::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(shell, &mut Cli::command(), "reconcile", out);
 }
 
 const BENCH_HELP: &str = "\
-Example:
+Examples:
   reconcile bench sglang-qwen --host gpu-a
-  gpu-a sglang-qwen.service: baseline stored in 41.3s: baseline recorded: 1: 212 tok/s, 16: 1,130 tok/s, 64: 1,540 tok/s
+    gpu-a sglang-qwen.service: baseline stored in 41.3s: baseline recorded: 1: 212 tok/s, 16: 1,130 tok/s, 64: 1,540 tok/s
+  reconcile bench sglang-qwen --format json
 
 Exit codes:
   0  every host was benchmarked and its figures stored
@@ -133,7 +271,11 @@ pub struct BenchArgs {
     pub url: Option<String>,
 }
 
-const AGENT_EXIT_CODES: &str = "\
+const AGENT_HELP: &str = "\
+Examples:
+  reconcile agent --repo https://git.example.com/infra/llm-manifests.git --once
+  reconcile agent --repo /srv/llm-manifests.git --branch prod --as gpu-a --interval 10m
+
 Exit codes (of --once; an interval agent reports each round and keeps going until SIGTERM):
   0  every unit of this host converged or needed nothing (or the host has none)
   1  the checkout could not be updated, the manifests at the commit are bad (nothing was touched),
@@ -297,7 +439,12 @@ impl RolloutArgs {
     }
 }
 
-const STATUS_EXIT_CODES: &str = "\
+const STATUS_HELP: &str = "\
+Examples:
+  reconcile status
+  reconcile status --host gpu-a --host gpu-b --format json
+  reconcile status -l service=sglang-qwen --format markdown
+
 Exit codes:
   0  every unit is in sync (manifest, last deployment, unit on disk and running process agree)
   1  error: bad manifests, or a host could not be read
@@ -493,7 +640,7 @@ impl ColorChoice {
 mod tests {
     use clap::Parser;
 
-    use super::{Cli, Command};
+    use super::{completions, Cli, Command, Shell};
 
     /// The `reconcile ...` command lines of a file: a line (or a YAML `run:` value, or a systemd
     /// `ExecStart=`) whose first word is the binary, cut at the first shell redirection or pipe.
@@ -573,6 +720,229 @@ mod tests {
             shell_words("reconcile plan x 2>err"),
             ["reconcile", "plan", "x"]
         );
+    }
+
+    /// The command lines of a help text's "Examples:" block: its two-space-indented lines (deeper
+    /// ones are sample output), up to the first blank line.
+    fn help_examples(help: &str) -> Vec<String> {
+        help.lines()
+            .skip_while(|l| *l != "Examples:")
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+            .map(|l| l.trim().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn help_examples_take_the_block_and_skip_sample_output() {
+        let help = "Examples:\n  reconcile a   # why\n    output line\n  reconcile b\n\nExit codes:\n  0  ok";
+        assert_eq!(help_examples(help), ["reconcile a   # why", "reconcile b"]);
+        assert!(help_examples("Exit codes:\n  0  ok").is_empty());
+    }
+
+    /// Every example in the top-level help and in each command's help parses with the real
+    /// command line, as the command whose help shows it, so `--help` cannot drift from the flags.
+    #[test]
+    fn every_help_has_examples_and_they_parse() {
+        use clap::CommandFactory;
+        let root = Cli::command();
+        let helps = std::iter::once((None, &root))
+            .chain(root.get_subcommands().map(|c| (Some(c.get_name()), c)));
+        let mut parsed = 0;
+        for (name, cmd) in helps {
+            let help = cmd
+                .get_after_help()
+                .map(|h| h.to_string())
+                .unwrap_or_default();
+            let examples = help_examples(&help);
+            assert!(
+                !examples.is_empty(),
+                "{name:?}: no Examples: block in\n{help}"
+            );
+            for line in examples {
+                let argv = shell_words(&line);
+                assert_eq!(
+                    argv.first().map(String::as_str),
+                    Some("reconcile"),
+                    "{name:?}: `{line}`"
+                );
+                Cli::try_parse_from(&argv)
+                    .unwrap_or_else(|e| panic!("{name:?}: `{line}` does not parse:\n{e}"));
+                let matches = Cli::command()
+                    .try_get_matches_from(&argv)
+                    .expect("parsed above");
+                // The top-level help may show any command; a command's help shows only its own.
+                if name.is_some() {
+                    assert_eq!(
+                        matches.subcommand_name(),
+                        name,
+                        "`{line}` in {name:?}'s help"
+                    );
+                }
+                parsed += 1;
+            }
+        }
+        // At least one for the top level and one for each command.
+        assert!(parsed > root.get_subcommands().count(), "{parsed} examples");
+    }
+
+    /// Each shell's script names every command and some flags of each kind.
+    #[test]
+    fn completions_name_every_command_and_flag() {
+        use clap::CommandFactory;
+        let names: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_string())
+            .collect();
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            let mut script = Vec::new();
+            completions(shell, &mut script);
+            let script = String::from_utf8(script).expect("utf-8");
+            for name in &names {
+                assert!(
+                    script.contains(name.as_str()),
+                    "{shell:?} script lacks `{name}`"
+                );
+            }
+            for flag in ["dry-run", "max-parallel", "break-stale-lock"] {
+                // fish names a long flag `-l NAME`; bash and zsh write `--NAME`.
+                let written = match shell {
+                    Shell::Fish => format!("-l {flag}"),
+                    Shell::Bash | Shell::Zsh => format!("--{flag}"),
+                };
+                assert!(
+                    script.contains(&written),
+                    "{shell:?} script lacks `{written}`"
+                );
+            }
+        }
+    }
+
+    /// Runs `code` in `shell` (when this machine has it) with the completion script as its last
+    /// argument (`$1`; in fish, whose `-c` has no `$0`, `$argv[-1]`): its stdout, or `None`
+    /// without that shell.
+    fn in_shell(shell: Shell, program: &str, flags: &[&str], code: &str) -> Option<String> {
+        let Ok(program) = which(program) else {
+            eprintln!("no {shell:?} here: its completion script was not loaded");
+            return None;
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let file = dir.path().join("reconcile-completions");
+        let mut script = Vec::new();
+        completions(shell, &mut script);
+        std::fs::write(&file, script).expect("write script");
+        let out = std::process::Command::new(program)
+            .args(flags)
+            .arg("-c")
+            .arg(code)
+            .arg("shell")
+            .arg(&file)
+            // zsh's compinit keeps its cache in $HOME; fish its history.
+            .env("HOME", dir.path())
+            .env("XDG_DATA_HOME", dir.path())
+            .env("XDG_CONFIG_HOME", dir.path())
+            .output()
+            .expect("the shell runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{shell:?}: {}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Some(stdout)
+    }
+
+    /// bash registers the script for `reconcile`, and completes a command and a flag with it the
+    /// way its readline calls it.
+    #[test]
+    fn bash_completes_with_the_script() {
+        let code = r#"source "$1" && complete -p reconcile &&
+            COMP_WORDS=(reconcile ap) COMP_CWORD=1 && _reconcile reconcile ap reconcile &&
+            echo "[${COMPREPLY[*]}]" &&
+            COMP_WORDS=(reconcile apply --max) COMP_CWORD=2 && _reconcile reconcile --max apply &&
+            echo "[${COMPREPLY[*]}]""#;
+        let Some(stdout) = in_shell(Shell::Bash, "bash", &["--norc"], code) else {
+            return;
+        };
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 3, "{stdout}");
+        assert!(
+            lines[0].starts_with("complete ") && lines[0].ends_with(" reconcile"),
+            "{stdout}"
+        );
+        assert_eq!(lines[1], "[apply]");
+        let flags: Vec<&str> = lines[2].trim_matches(['[', ']']).split(' ').collect();
+        assert!(
+            flags.contains(&"--max-parallel") && flags.contains(&"--max-failures"),
+            "{stdout}"
+        );
+    }
+
+    /// zsh parses the script, and once compinit has run, sourcing it registers `_reconcile`.
+    #[test]
+    fn zsh_registers_the_script() {
+        let code = r#"zsh -n "$1" && autoload -U compinit && compinit -u -D && source "$1" &&
+            print -r -- "$_comps[reconcile]""#;
+        let Some(stdout) = in_shell(Shell::Zsh, "zsh", &["-f"], code) else {
+            return;
+        };
+        assert_eq!(stdout.trim(), "_reconcile");
+    }
+
+    /// fish completes a command and a flag with the script, as it would on a Tab.
+    #[test]
+    fn fish_completes_with_the_script() {
+        let code = r#"source $argv[-1]; and complete -C "reconcile ap"; and complete -C "reconcile apply --max""#;
+        let Some(stdout) = in_shell(Shell::Fish, "fish", &["--no-config"], code) else {
+            return;
+        };
+        let words: Vec<&str> = stdout
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            words,
+            ["apply", "--max-failures", "--max-parallel"],
+            "{stdout}"
+        );
+    }
+
+    /// The program's path on PATH, as the shell would find it.
+    fn which(program: &str) -> Result<std::path::PathBuf, ()> {
+        let path = std::env::var_os("PATH").ok_or(())?;
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+            .ok_or(())
+    }
+
+    #[test]
+    fn a_command_after_a_global_flag_is_named() {
+        let misplaced = |argv: &[&str]| {
+            Cli::try_parse_from(argv)
+                .expect("parses")
+                .misplaced_command()
+        };
+        assert_eq!(misplaced(&["reconcile", "-v", "plan"]), Some("plan".into()));
+        assert_eq!(
+            misplaced(&[
+                "reconcile",
+                "--command-timeout",
+                "5s",
+                "apply",
+                "--host",
+                "a"
+            ]),
+            Some("apply".into())
+        );
+        assert_eq!(misplaced(&["reconcile", "plan", "-v"]), None);
+        assert_eq!(
+            misplaced(&["reconcile", "-v", "--dry-run", "manifests"]),
+            None
+        );
+        assert_eq!(misplaced(&["reconcile", "-v"]), None);
     }
 
     /// Every `reconcile` command in examples/ parses with the real command line, so the examples

@@ -26,6 +26,8 @@ pub enum Error {
     NoHosts(String),
     #[error("say what to do: `reconcile --dry-run` (or `reconcile plan`) shows what would change")]
     NoCommand,
+    #[error("`{0}` came after a flag, so it was read as a manifest path: name the command first (`reconcile {0} -v ...`)")]
+    CommandAfterFlag(String),
     #[error(transparent)]
     PlanFile(#[from] plan_file::Error),
     #[error("a plan file fixes the units it applies; --host and --selector cannot narrow it (plan again with them)")]
@@ -38,6 +40,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         accept_new_host_keys: cli.accept_new_host_keys,
         limits: remote::Limits::with_command(cli.command_timeout),
     };
+    let misplaced = cli.misplaced_command();
     match cli.command {
         Some(Command::Plan(args)) => plan(args.plan, args.out, &reach).await,
         Some(Command::Render(args)) => render(args),
@@ -48,8 +51,12 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
         Some(Command::Bench(args)) => bench(args, &reach).await,
         Some(Command::Agent(args)) => Ok(ExitCode::from(agent_rounds(args, &reach).await)),
+        Some(Command::Completions(args)) => {
+            crate::cli::completions(args.shell, &mut std::io::stdout().lock());
+            Ok(ExitCode::SUCCESS)
+        }
         None if cli.dry_run => plan(cli.plan, cli.out, &reach).await,
-        None => Err(Error::NoCommand),
+        None => Err(misplaced.map_or(Error::NoCommand, Error::CommandAfterFlag)),
     }
 }
 
@@ -135,9 +142,25 @@ fn apply_options(
         .progress(progress)
 }
 
-/// Spinners on stderr, only for text output on a terminal.
+/// Spinners on stderr, only for text output on a terminal that may be drawn on.
 fn live_display(format: report::Format) -> bool {
-    format == report::Format::Text && std::io::IsTerminal::is_terminal(&std::io::stderr())
+    format == report::Format::Text && stderr_takes_escapes()
+}
+
+/// Whether stderr is a terminal that escape codes (a spinner's redraws, the logs' colours) may be
+/// written to.
+fn stderr_takes_escapes() -> bool {
+    std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && escapes_allowed(
+            std::env::var_os("NO_COLOR").as_deref(),
+            std::env::var_os("TERM").as_deref(),
+        )
+}
+
+/// `NO_COLOR` (plain output asked for) and `TERM=dumb` (a terminal that cannot move its cursor)
+/// get plain lines: a spinner's line is redrawn with escape codes.
+fn escapes_allowed(no_color: Option<&std::ffi::OsStr>, term: Option<&std::ffi::OsStr>) -> bool {
+    no_color.is_none_or(|v| v.is_empty()) && term.is_none_or(|t| t != "dumb")
 }
 
 /// The options global to the command line that every command's SSH options carry.
@@ -379,6 +402,27 @@ pub fn init_logging(verbose: u8) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // tracing colours even a pipe (it only checks NO_COLOR): logs kept in a file stay plain.
+        .with_ansi(stderr_takes_escapes())
         .with_target(false)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+
+    use super::escapes_allowed;
+
+    #[test]
+    fn no_color_and_a_dumb_terminal_get_plain_lines() {
+        let set = |v: &'static str| Some(OsStr::new(v));
+        assert!(escapes_allowed(None, set("xterm-256color")));
+        assert!(
+            escapes_allowed(set(""), None),
+            "an empty NO_COLOR does not count"
+        );
+        assert!(!escapes_allowed(set("1"), set("xterm-256color")));
+        assert!(!escapes_allowed(None, set("dumb")));
+    }
 }

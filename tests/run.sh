@@ -3,8 +3,13 @@
 # (systemd-nspawn containers with a real systemd and sshd, see tests/hostlab/). Needs root.
 # The hosts are booted once for the run and always torn down, whatever happens.
 set -euo pipefail
+# Needs root (the test hosts are containers). Through sudo when there is one (root shells on servers
+# and containers often have none); -E keeps the environment variables this script reads.
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "tests/run.sh: needs root (the test hosts are containers) and there is no sudo: run it from a root shell" >&2; exit 1; }
+  exec sudo -E -- "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
-[ "$(id -u)" = 0 ] || { echo "tests/run.sh: needs root (test hosts are containers); try: sudo $0" >&2; exit 1; }
 export STATE=${STATE:-/tmp/reconcile-lab}
 HOSTS=${HOSTS:-21}
 

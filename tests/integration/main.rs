@@ -13,6 +13,7 @@ mod lab;
 mod learned;
 mod plan_file;
 mod preflight;
+mod pty;
 mod real_sglang;
 mod security;
 mod status;
