@@ -38,10 +38,11 @@ fn heading(out: &mut String, h: &HostHistory) {
         .map_or("none".to_string(), |d| d.n.to_string());
     let _ = writeln!(
         out,
-        "{} {}: {} deployments, current: {current}",
+        "{} {}: {} deployment{}, current: {current}",
         h.host,
         h.unit,
-        h.deployments.len()
+        h.deployments.len(),
+        if h.deployments.len() == 1 { "" } else { "s" }
     );
     if !h.deployments.is_empty() {
         let _ = writeln!(
