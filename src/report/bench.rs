@@ -9,7 +9,9 @@ use crate::benchmark::{thousands, Level};
 
 pub fn render(results: &[HostBench], format: Format) -> String {
     if format == Format::Json {
-        return to_json(&serde_json::json!({ "hosts": results }));
+        return to_json(
+            &serde_json::json!({ "format_version": super::JSON_FORMAT_VERSION, "hosts": results }),
+        );
     }
     let mut out = String::new();
     for r in results {

@@ -9,7 +9,9 @@ use crate::history::{Deployment, GenerationEntry, HostHistory};
 
 pub fn render(histories: &[HostHistory], format: Format) -> String {
     if format == Format::Json {
-        return to_json(&serde_json::json!({ "hosts": histories }));
+        return to_json(
+            &serde_json::json!({ "format_version": super::JSON_FORMAT_VERSION, "hosts": histories }),
+        );
     }
     let mut out = String::new();
     for h in histories {

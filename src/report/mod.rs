@@ -56,7 +56,9 @@ pub fn render(outcomes: &[PlanOutcome], format: Format, color: bool) -> String {
 /// the journal of a failed start.
 pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> String {
     if format == Format::Json {
-        return to_json(&serde_json::json!({ "units": reports }));
+        return to_json(
+            &serde_json::json!({ "format_version": JSON_FORMAT_VERSION, "units": reports }),
+        );
     }
     let mut out = String::new();
     for r in reports {
@@ -147,9 +149,9 @@ fn learned_lines(out: &mut String, label: &str, v: &crate::verify::Verification)
 /// Columns of the aligned sparklines.
 const SPARK_COLUMNS: usize = 32;
 
-/// The version of the plan's JSON (`--format json`); it goes up when a field changes meaning or
-/// goes away, not when one is added.
-pub const PLAN_JSON_VERSION: u32 = 1;
+/// The version of every JSON document reconcile prints (`--format json` of plan, apply, status,
+/// history and bench); it goes up when a field changes meaning or goes away, not when one is added.
+pub const JSON_FORMAT_VERSION: u32 = 1;
 
 fn json(outcomes: &[PlanOutcome], tally: &Tally) -> String {
     #[derive(Serialize)]
@@ -187,7 +189,7 @@ fn json(outcomes: &[PlanOutcome], tally: &Tally) -> String {
         })
         .collect();
     to_json(&Document {
-        format_version: PLAN_JSON_VERSION,
+        format_version: JSON_FORMAT_VERSION,
         units: outcomes,
         tally,
         groups,

@@ -113,6 +113,7 @@ fn markdown(statuses: &[UnitStatus]) -> String {
 
 fn json(statuses: &[UnitStatus]) -> String {
     to_json(&serde_json::json!({
+        "format_version": super::JSON_FORMAT_VERSION,
         "units": statuses,
         "tally": tally(statuses),
         "in_sync": exit_code(statuses) == 0,
@@ -190,6 +191,7 @@ mod tests {
         let json: serde_json::Value =
             serde_json::from_str(&render(&[status(vec![Class::Down])], Format::Json)).unwrap();
         assert_eq!(json["units"][0]["classes"], serde_json::json!(["down"]));
+        assert_eq!(json["format_version"], super::super::JSON_FORMAT_VERSION);
         assert_eq!(json["tally"]["down"], 1);
         assert_eq!(json["in_sync"], false);
     }

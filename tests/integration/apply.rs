@@ -53,6 +53,7 @@ pub fn apply(text: &str) -> (i32, serde_json::Value) {
         .args(&["apply", "--format", "json"])
         .run();
     let json = ran.json();
+    assert_eq!(json["format_version"], 1, "{json}");
     (ran.code, json["units"][0].clone())
 }
 
