@@ -23,6 +23,7 @@ ratio of the medians.
 
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -144,21 +145,30 @@ def close_masters(control_dir):
                        capture_output=True)
 
 
+def children_cpu():
+    """User+sys CPU seconds of this process's finished children so far."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def check_once(playbook, d, run):
-    """One timed `ansible-playbook --check --diff`; returns (wall seconds, recap, output)."""
+    """One timed `ansible-playbook --check --diff`; returns (wall seconds, CPU seconds, recap,
+    output). The CPU is user+sys of it, its forks and ssh clients, but not of its ssh masters:
+    ControlPersist detaches them, so they are no child of ours and Ansible's CPU is a lower bound."""
     control_dir = os.path.join(d, f"cp-{run}")
     os.makedirs(control_dir)
     env = dict(os.environ, ANSIBLE_CONFIG=f"{d}/ansible.cfg", ANSIBLE_HOME=f"{d}/home",
                ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir, LC_ALL="C.UTF-8")
-    start = time.perf_counter()
+    cpu, start = children_cpu(), time.perf_counter()
     p = subprocess.run([playbook, "--check", "--diff", f"{d}/site.yml"], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    cpu = children_cpu() - cpu
     close_masters(control_dir)
-    return wall, recap(p.stdout), p.stdout + p.stderr
+    return wall, cpu, recap(p.stdout), p.stdout + p.stderr
 
 
 def check_runs(ssh_config, hosts, unit_name, rendered_unit_text, ansible_playbook=None):
-    """A function that runs one timed check per call and returns (wall seconds, recap); raises
+    """A function that runs one timed check per call and returns (wall s, CPU s, recap); raises
     when a host fails or is unreachable, as a time for a run that did not read every host would
     flatter Ansible."""
     units = rendered_unit_text if isinstance(rendered_unit_text, dict) else {h: rendered_unit_text for h in hosts}
@@ -168,11 +178,11 @@ def check_runs(ssh_config, hosts, unit_name, rendered_unit_text, ansible_playboo
     runs = iter(range(1 << 30))
 
     def once():
-        wall, rc, out = check_once(playbook, d, next(runs))
+        wall, cpu, rc, out = check_once(playbook, d, next(runs))
         bad = [h for h in hosts if h not in rc or rc[h][2] or rc[h][3]]
         if bad:
             raise RuntimeError(f"ansible-playbook --check --diff failed on {bad}:\n{out[-4000:]}")
-        return wall, rc
+        return wall, cpu, rc
 
     return once
 
@@ -195,15 +205,43 @@ verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_dea
 """
 
 
+def hosts_cpu(hosts):
+    """CPU seconds the hosts' containers have used so far (from each one's cgroup, as
+    bench/fleet.py reads them), or None off the test hosts. The hosts share this machine's cores,
+    so what a tool makes them run slows the tool itself too."""
+    try:
+        total = 0
+        for h in hosts:
+            with open(f"/sys/fs/cgroup/unified/hostlab/{h}/cpu.stat") as f:
+                total += int(next(l for l in f if l.startswith("usage_usec")).split()[1])
+        return total / 1e6
+    except OSError:
+        return None
+
+
+def on_hosts(hosts, fn):
+    """(fn's result, the CPU seconds it cost on the hosts, or None)."""
+    before = hosts_cpu(hosts)
+    result = fn()
+    after = hosts_cpu(hosts)
+    return result, (None if before is None else after - before)
+
+
+def cpu_text(local, remote):
+    return f"CPU {local:.2f} s" + ("" if remote is None else f" here + {remote:.2f} s on the hosts")
+
+
 def reconcile_plan(binary, workdir, ssh_config, hosts):
-    """Wall seconds of one `reconcile plan` (the dry-run) over hosts."""
+    """(wall seconds, user+sys CPU seconds with its ssh clients) of one `reconcile plan` (the
+    dry-run) over hosts."""
     args = [a for h in hosts for a in ("--host", h)]
-    start = time.perf_counter()
+    cpu, start = children_cpu(), time.perf_counter()
     p = subprocess.run([binary, "plan", *args, "--ssh-config", ssh_config], cwd=workdir, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    cpu = children_cpu() - cpu
     if p.returncode != 0:
         raise RuntimeError(f"reconcile plan exited {p.returncode}:\n{p.stdout}{p.stderr}")
-    return wall
+    return wall, cpu
 
 
 def main(argv):
@@ -227,19 +265,22 @@ def main(argv):
           f"gather_facts false, interpreter {HOST_PYTHON}")
     ours, theirs = [], []
     for i in range(repeats):
-        wall, rc = once()
+        (wall, cpu, rc), remote = on_hosts(hosts, once)
         changed = sum(r[1] for r in rc.values())
-        theirs.append(wall)
-        line = f"run {i + 1}: ansible --check --diff {wall:.3f} s (hosts reporting a change: {changed})"
+        theirs.append((wall, cpu, remote or 0))
+        line = f"run {i + 1}: ansible --check --diff {wall:.3f} s, {cpu_text(cpu, remote)} (hosts reporting a change: {changed})"
         if "--compare" in flags:
-            ours.append(reconcile_plan(binary, workdir, ssh_config, hosts))
-            line += f"; reconcile plan {ours[-1]:.3f} s"
+            (wall, cpu), remote = on_hosts(hosts, lambda: reconcile_plan(binary, workdir, ssh_config, hosts))
+            ours.append((wall, cpu, remote or 0))
+            line += f"; reconcile plan {wall:.3f} s, {cpu_text(cpu, remote)}"
         print(line)
-    a = statistics.median(theirs)
-    print(f"median: ansible {a:.3f} s")
+    a = [statistics.median(x[k] for x in theirs) for k in range(3)]
+    print(f"median: ansible {a[0]:.3f} s wall, CPU {a[1]:.2f} s here + {a[2]:.2f} s on the hosts")
     if ours:
-        r = statistics.median(ours)
-        print(f"median: reconcile {r:.3f} s; ansible / reconcile {a / r:.2f}x")
+        r = [statistics.median(x[k] for x in ours) for k in range(3)]
+        print(f"median: reconcile {r[0]:.3f} s wall, CPU {r[1]:.2f} s here + {r[2]:.2f} s on the hosts")
+        print(f"ansible / reconcile: {a[0] / r[0]:.2f}x wall, {a[1] / r[1]:.2f}x CPU here"
+              + (f", {a[2] / r[2]:.2f}x CPU on the hosts" if r[2] else ""))
 
 
 if __name__ == "__main__":
