@@ -157,19 +157,57 @@ def children_cpu():
     return r.ru_utime + r.ru_stime
 
 
+CGROUPS = "/sys/fs/cgroup/unified"  # the cgroup v2 tree, where bench/fleet.py reads the hosts' CPU
+
+
+def new_cgroup(name):
+    """A cgroup of our own to run one command in, or None where we may not make one."""
+    path = f"{CGROUPS}/reconcile-bench-{os.getpid()}-{name}"
+    try:
+        os.mkdir(path)
+        return path
+    except OSError:
+        return None
+
+
+def cgroup_cpu(path):
+    """CPU seconds used in the cgroup, once everything in it has ended (up to 5 s for ssh masters
+    told to exit); then removes it."""
+    deadline = time.monotonic() + 5
+    while open(f"{path}/cgroup.procs").read().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(f"{path}/cpu.stat") as f:
+        usec = int(next(l for l in f if l.startswith("usage_usec")).split()[1])
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+    return usec / 1e6
+
+
+def timed(name, argv, after=lambda: None, **kw):
+    """Runs argv; returns (process, wall seconds, CPU seconds). The clock stops when argv exits;
+    `after` runs then (closing ssh masters). The CPU is that of argv and all it started, detached
+    ssh masters too, from a cgroup of its own; without one, of argv and its waited-for children
+    only (a lower bound for Ansible, whose ControlPersist masters detach)."""
+    cg = new_cgroup(name)
+    join = (lambda: open(f"{cg}/cgroup.procs", "w").write(str(os.getpid()))) if cg else None
+    cpu, start = children_cpu(), time.perf_counter()
+    p = subprocess.run(argv, preexec_fn=join, capture_output=True, text=True, **kw)
+    wall = time.perf_counter() - start
+    after()
+    return p, wall, (cgroup_cpu(cg) if cg else children_cpu() - cpu)
+
+
 def check_once(playbook, d, run):
     """One timed `ansible-playbook --check --diff`; returns (wall seconds, CPU seconds, recap,
-    output). The CPU is user+sys of it, its forks and ssh clients, but not of its ssh masters:
-    ControlPersist detaches them, so they are no child of ours and Ansible's CPU is a lower bound."""
+    output), the CPU as `timed` measures it."""
     control_dir = os.path.join(d, f"cp-{run}")
     os.makedirs(control_dir)
     env = dict(os.environ, ANSIBLE_CONFIG=f"{d}/ansible.cfg", ANSIBLE_HOME=f"{d}/home",
                ANSIBLE_SSH_CONTROL_PATH_DIR=control_dir, LC_ALL="C.UTF-8")
-    cpu, start = children_cpu(), time.perf_counter()
-    p = subprocess.run([playbook, "--check", "--diff", f"{d}/site.yml"], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    cpu = children_cpu() - cpu
-    close_masters(control_dir)
+    p, wall, cpu = timed(f"ansible-{run}", [playbook, "--check", "--diff", f"{d}/site.yml"],
+                         after=lambda: close_masters(control_dir), env=env)
     return wall, cpu, recap(p.stdout), p.stdout + p.stderr
 
 
@@ -238,14 +276,10 @@ def cpu_text(local, remote):
 
 
 def reconcile_plan(binary, workdir, ssh_config, hosts):
-    """(wall seconds, user+sys CPU seconds with its ssh clients) of one `reconcile plan` (the
-    dry-run) over hosts."""
+    """(wall seconds, CPU seconds with its ssh masters) of one `reconcile plan` (the dry-run)."""
     args = [a for h in hosts for a in ("--host", h)]
-    cpu, start = children_cpu(), time.perf_counter()
-    p = subprocess.run([binary, "plan", *args, "--ssh-config", ssh_config], cwd=workdir, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    cpu = children_cpu() - cpu
-    if p.returncode != 0:
+    p, wall, cpu = timed("reconcile", [binary, "plan", *args, "--ssh-config", ssh_config], cwd=workdir)
+    if p.returncode not in (0, 2):  # 2: changes pending, a plan like any other
         raise RuntimeError(f"reconcile plan exited {p.returncode}:\n{p.stdout}{p.stderr}")
     return wall, cpu
 
