@@ -14,7 +14,8 @@ Each timed run starts cold, like each reconcile run: a control-path folder of it
 masters are closed after the clock stops. The wall time is the whole `ansible-playbook` process,
 its start-up included, which is what a person running it waits for.
 
-Used by bench/fleet.py (ensure_venv, render_units, time_ansible_check), or alone:
+Used by bench/fleet.py (ensure_venv, render_units, then check_runs for runs paired with its own,
+or time_ansible_check for a list of times), or alone:
     python3 bench/ansible.py SSH_CONFIG REPEATS HOST... [--apply] [--compare]
 renders the fleet bench's manifest for HOST... with target/release/reconcile, optionally applies it
 first (--apply, so the hosts hold the unit and both tools find no change), prints each run's time
