@@ -26,6 +26,8 @@ pub const HANGS: &str = "rl14";
 /// ports 37011-37019 and GPUs 10-29, learned.rs 37021-37029 and GPUs 30-39, diagnosis.rs
 /// 37001-37009 and GPUs 0-9.
 pub const THROUGHPUT: &str = "rl15";
+/// Drain before a restart (issue 16): drain.rs uses ports 37101-37109 and GPUs 0-17.
+pub const DRAIN: &str = "rl17";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
