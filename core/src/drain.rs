@@ -267,7 +267,8 @@ pub fn summary(spec: &DrainSpec, ended: Ended, seconds: f64, last: &Reading) -> 
         (_, false) => "; the server was not restarted (drain.on_timeout: refuse)",
     };
     let what = match (ended, last) {
-        (Ended::Idle, _) if seconds < 0.05 => "drain: the server was idle".to_string(),
+        // Idle within a second is idle at the first reading: the binary reads once a second.
+        (Ended::Idle, _) if seconds < 1.0 => "drain: the server was idle".to_string(),
         (Ended::Idle, _) => format!("drained in {seconds:.1}s"),
         (Ended::NotRunning, _) => "drain: the server was not running; nothing to wait for".into(),
         (Ended::Interrupted, _) => format!("drain interrupted after {seconds:.1}s"),
@@ -468,7 +469,7 @@ mod tests {
         let idle = Reading::Load(Load::default());
         assert_eq!(summary(&s, Ended::Idle, 8.24, &idle), "drained in 8.2s");
         assert_eq!(
-            summary(&s, Ended::Idle, 0.01, &idle),
+            summary(&s, Ended::Idle, 0.3, &idle),
             "drain: the server was idle"
         );
         let blind = Reading::NotExposed("/metrics answered 404".into());
