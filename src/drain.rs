@@ -130,8 +130,8 @@ pub struct Running<'a> {
 
 /// Apply's drain: the server the old unit runs, reached as verification reaches servers (a port
 /// forward to its `--port`, with its `--api-key`), waited on by [`wait_until_idle`]. A server
-/// that is not running has nothing to wait for; one whose unit has no `--enable-metrics` cannot
-/// be seen, which `spec.on_timeout` then decides, without a request.
+/// that is not running has nothing to wait for; one whose unit has no `--enable-metrics`, or
+/// that no forward reaches, cannot be seen, which `spec.on_timeout` then decides at once.
 pub async fn before_restart(
     host: &dyn Host,
     running: &Running<'_>,
@@ -153,12 +153,13 @@ pub async fn before_restart(
     let endpoint = Expect::from_unit(&model).endpoint;
     let server = match host.server(&endpoint, running.url).await {
         Ok(s) => s,
+        // No forward, no reading: as blind as a server without metrics.
         Err(e) => {
-            let why = Reading::Failed(format!(
+            let why = Reading::NotExposed(format!(
                 "the server could not be reached: {}",
                 error_chain(&e)
             ));
-            return DrainReport::ended(spec, Ended::TimedOut, 0.0, &why);
+            return DrainReport::ended(spec, Ended::Blind, 0.0, &why);
         }
     };
     wait_until_idle(&server, spec, label, options.0, options.1).await
