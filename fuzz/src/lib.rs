@@ -7,5 +7,8 @@
 
 pub use reconcile::{manifest, observed, preflight, probe, remote, unit};
 
+/// SGLang's `/metrics` as a drain reads it.
+pub use reconcile_core::drain;
+
 /// Deployment records and history lines.
 pub use reconcile_core::record;

@@ -28,6 +28,8 @@ pub const HANGS: &str = "rl14";
 pub const THROUGHPUT: &str = "rl15";
 /// `reconcile apply` on a real terminal (pty.rs): ports 37031-37039, GPUs 0-9.
 pub const PTY: &str = "rl16";
+/// Drain before a restart (issue 16): drain.rs uses ports 37101-37109 and GPUs 0-17.
+pub const DRAIN: &str = "rl17";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";

@@ -5,6 +5,7 @@ mod agent;
 mod apply;
 mod benchmark;
 mod diagnosis;
+mod drain;
 mod dry_run;
 mod faults;
 mod fleet;

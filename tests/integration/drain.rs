@@ -1,0 +1,256 @@
+//! Drain before a restart (issue 16) against the SGLang stand-in on its own host (`DRAIN`, ports
+//! 37101-37109, GPUs 0-17): a restart waits for a slow request to finish; a drain that times out
+//! refuses the unit (the old server keeps serving, exit 1) or restarts anyway, as
+//! `drain.on_timeout` says; a reload-only change never drains; and a server without
+//! `--enable-metrics` is never restarted blind.
+//!
+//! The slow request is made from the host itself (python3, the test hosts have no curl) to the
+//! server's loopback port, in the background; it writes its HTTP status and the moment it ended
+//! (CLOCK_MONOTONIC, the clock of systemd's `*TimestampMonotonic`) to a file. The stand-in makes
+//! every chat completion take `FAKE_SGLANG_REQUEST_SECONDS` and counts it in
+//! `sglang:num_running_reqs` meanwhile.
+
+use std::time::Duration;
+
+use crate::lab::{apply_one_unit, lab, manifest, Reconcile, DRAIN};
+
+/// A service on the drain host with its own port and two GPUs (2 x (port - 37101)), metrics on,
+/// each chat request taking `request_seconds`; `drain` is the manifest's `drain:` value (`None`:
+/// no drain) and `flags` more flags (indented).
+fn service(
+    name: &str,
+    port: u16,
+    request_seconds: u32,
+    drain: Option<&str>,
+    flags: &str,
+) -> String {
+    let gpu = 2 * (port - 37101);
+    let env = format!(
+        "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_REQUEST_SECONDS: \"{request_seconds}\"",
+        gpu + 1
+    );
+    let drain = drain.map_or(String::new(), |d| format!("drain: {d}\n"));
+    format!(
+        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 10s, load_deadline: 30s }}\n{drain}",
+        manifest(name, &[DRAIN], flags)
+            .replace("port: 30000", &format!("port: {port}"))
+            .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", &env)
+    )
+}
+
+const METRICS: &str = "    enable-metrics: true\n";
+/// The change that restarts the server.
+const CHANGE: &str = "    enable-metrics: true\n    mem-fraction-static: 0.8\n";
+
+/// Starts one chat completion on the host, in the background; `result` gets
+/// `STATUS MONOTONIC_END_SECONDS` (or `error ...`) when it ends. Waits until the server counts it.
+/// Every stream of the background job is redirected, or ssh would wait for it to end.
+fn slow_request(port: u16, result: &str) {
+    let script = format!(
+        r#"rm -f {result}; ( python3 -c '
+import http.client, json, time
+try:
+    c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=120)
+    c.request("POST", "/v1/chat/completions", body=json.dumps({{"model": "test-model", "messages": [{{"role": "user", "content": "hi"}}]}}), headers={{"Content-Type": "application/json"}})
+    r = c.getresponse()
+    r.read()
+    out = "%d %.3f" % (r.status, time.monotonic())
+except Exception as e:
+    out = "error %s %.3f" % (type(e).__name__, time.monotonic())
+open("{result}.tmp", "w").write(out)
+' && mv {result}.tmp {result} ) </dev/null >/dev/null 2>&1 &"#
+    );
+    lab().sh(DRAIN, &script);
+    let running = format!(
+        r#"python3 -c 'import sys, urllib.request; b = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode(); sys.exit(0 if any(l.startswith("sglang:num_running_reqs") and not l.endswith(" 0.0") for l in b.splitlines()) else 1)' 2>/dev/null"#
+    );
+    lab().wait_until(DRAIN, &running, Duration::from_secs(10));
+}
+
+/// The slow request's result, once it has ended: its status (or `error`) and when it ended.
+fn request_result(result: &str) -> (String, f64) {
+    lab().wait_until(DRAIN, &format!("[ -s {result} ]"), Duration::from_secs(60));
+    let text = lab().sh(DRAIN, &format!("cat {result}"));
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    let end = fields
+        .last()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(f64::NAN);
+    (fields[0].to_string(), end)
+}
+
+/// When the unit's current main process started, in CLOCK_MONOTONIC seconds.
+fn started_at(unit: &str) -> f64 {
+    let us = lab().sh(
+        DRAIN,
+        &format!("systemctl show -p ExecMainStartTimestampMonotonic --value {unit}"),
+    );
+    us.trim().parse::<f64>().expect("a monotonic timestamp") / 1e6
+}
+
+fn deploy(text: &str) {
+    let (code, report) = apply_one_unit(text);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged", "{report}");
+}
+
+#[test]
+fn drain_waits_for_a_slow_request_before_restarting() {
+    let unit = "t-drain-wait.service";
+    lab().remove_unit(DRAIN, unit);
+    let drain = Some("{ timeout: 60s }");
+    deploy(&service("t-drain-wait", 37101, 12, drain, METRICS));
+    let before = lab().invocation(DRAIN, unit);
+    let result = "/tmp/t-drain-wait.result";
+    slow_request(37101, result);
+    let (code, report) = apply_one_unit(&service("t-drain-wait", 37101, 12, drain, CHANGE));
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged", "{report}");
+    assert_ne!(lab().invocation(DRAIN, unit), before, "restarted");
+    let d = &report["drain"];
+    assert_eq!(
+        (&d["outcome"], &d["restarted"]),
+        (&serde_json::json!("idle"), &serde_json::json!(true)),
+        "{report}"
+    );
+    // The request had most of its 12 s left when apply began.
+    let waited = d["seconds"].as_f64().unwrap();
+    assert!(waited >= 1.0, "drained after {waited}s: {report}");
+    let (status, ended) = request_result(result);
+    assert_eq!(status, "200", "the request in flight completed");
+    let restarted = started_at(unit);
+    assert!(
+        ended <= restarted,
+        "the restart (at {restarted}) came after the request ended (at {ended})"
+    );
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("drained in "), "{report}");
+    lab().remove_unit(DRAIN, unit);
+}
+
+#[test]
+fn a_drain_that_times_out_refuses_and_the_old_server_keeps_serving() {
+    let unit = "t-drain-refuse.service";
+    lab().remove_unit(DRAIN, unit);
+    let drain = Some("{ timeout: 3s, on_timeout: refuse }");
+    deploy(&service("t-drain-refuse", 37102, 30, drain, METRICS));
+    let before = lab().invocation(DRAIN, unit);
+    let unit_file = lab().sh(DRAIN, &format!("cat /etc/systemd/system/{unit}"));
+    let result = "/tmp/t-drain-refuse.result";
+    slow_request(37102, result);
+    let (code, report) = apply_one_unit(&service("t-drain-refuse", 37102, 30, drain, CHANGE));
+    // A refused unit: exit 1, nothing changed on the host.
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(report["outcome"], "error", "{report}");
+    assert_eq!(report["error"], "drain_refused", "{report}");
+    assert_eq!(
+        report["detail"],
+        "drain timed out after 3s with 1 running, 0 queued; the server was not restarted (drain.on_timeout: refuse); nothing was changed on the host",
+        "{report}"
+    );
+    assert_eq!(report["drain"]["outcome"], "timed_out", "{report}");
+    assert_eq!(lab().invocation(DRAIN, unit), before, "not restarted");
+    assert_eq!(
+        lab().sh(DRAIN, &format!("cat /etc/systemd/system/{unit}")),
+        unit_file,
+        "the old unit is in place"
+    );
+    lab().sh(DRAIN, &format!("systemctl is-active {unit}"));
+    lab().remove_unit(DRAIN, unit);
+}
+
+#[test]
+fn a_drain_that_times_out_restarts_anyway_when_told_to() {
+    let unit = "t-drain-anyway.service";
+    lab().remove_unit(DRAIN, unit);
+    let drain = Some("{ timeout: 3s, on_timeout: restart }");
+    deploy(&service("t-drain-anyway", 37103, 30, drain, METRICS));
+    let before = lab().invocation(DRAIN, unit);
+    let result = "/tmp/t-drain-anyway.result";
+    slow_request(37103, result);
+    let (code, report) = apply_one_unit(&service("t-drain-anyway", 37103, 30, drain, CHANGE));
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged", "{report}");
+    assert_ne!(lab().invocation(DRAIN, unit), before, "restarted");
+    let d = &report["drain"];
+    assert_eq!(
+        (&d["outcome"], &d["restarted"], &d["last"]["running"]),
+        (
+            &serde_json::json!("timed_out"),
+            &serde_json::json!(true),
+            &serde_json::json!(1)
+        ),
+        "{report}"
+    );
+    assert!(
+        report["notes"]
+            .to_string()
+            .contains("drain timed out after 3s with 1 running, 0 queued; restarted anyway (drain.on_timeout: restart)"),
+        "{report}"
+    );
+    // The request in flight was cut off by the restart.
+    let (status, _) = request_result(result);
+    assert_ne!(status, "200", "{status}");
+    lab().remove_unit(DRAIN, unit);
+}
+
+#[test]
+fn a_reload_only_change_does_not_drain() {
+    let unit = "t-drain-reload.service";
+    lab().remove_unit(DRAIN, unit);
+    let drain = Some("{ timeout: 60s }");
+    let text = service("t-drain-reload", 37104, 20, drain, METRICS);
+    deploy(&text);
+    let before = lab().invocation(DRAIN, unit);
+    let result = "/tmp/t-drain-reload.result";
+    slow_request(37104, result);
+    let changed = text.replace(
+        "description: test service t-drain-reload",
+        "description: test service t-drain-reload, renamed",
+    );
+    let (code, report) = apply_one_unit(&changed);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "reloaded", "{report}");
+    assert!(report.get("drain").is_none(), "{report}");
+    // It did not wait for the 20 s request.
+    let took = report["seconds"].as_f64().unwrap();
+    assert!(took < 15.0, "took {took}s: {report}");
+    assert_eq!(lab().invocation(DRAIN, unit), before);
+    let (status, _) = request_result(result);
+    assert_eq!(status, "200");
+    lab().remove_unit(DRAIN, unit);
+}
+
+#[test]
+fn a_server_without_enable_metrics_is_not_restarted_blind() {
+    let unit = "t-drain-blind.service";
+    lab().remove_unit(DRAIN, unit);
+    // Offline: `drain:` without --enable-metrics is a manifest error naming file, line and field.
+    let bad = service("t-drain-blind", 37105, 1, Some("{ timeout: 60s }"), "");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &bad)
+        .args(&["validate"])
+        .run();
+    assert_eq!(ran.code, 1, "{}\n{}", ran.stdout, ran.stderr);
+    let said = format!("{}{}", ran.stdout, ran.stderr);
+    assert!(
+        said.contains("a.yaml:") && said.contains(": drain: drain reads the server's /metrics, which SGLang serves only with --enable-metrics"),
+        "{said}"
+    );
+    // Running without metrics, then a change that turns drain and metrics on: the old server
+    // cannot be seen, so it is not restarted.
+    deploy(&service("t-drain-blind", 37105, 1, None, ""));
+    let before = lab().invocation(DRAIN, unit);
+    let drain = Some("{ timeout: 60s, on_timeout: refuse }");
+    let (code, report) = apply_one_unit(&service("t-drain-blind", 37105, 1, drain, METRICS));
+    assert_eq!(code, 1, "{report}");
+    assert_eq!(report["error"], "drain_refused", "{report}");
+    assert_eq!(
+        report["detail"],
+        "drain cannot see the server's requests: the running unit has no --enable-metrics, so its server has no /metrics; the server was not restarted (drain.on_timeout: refuse); nothing was changed on the host",
+        "{report}"
+    );
+    assert_eq!(report["drain"]["outcome"], "blind", "{report}");
+    assert_eq!(lab().invocation(DRAIN, unit), before, "not restarted");
+    lab().remove_unit(DRAIN, unit);
+}
