@@ -98,6 +98,7 @@ struct RawManifest {
     /// Env names whose values are secret whatever they are called.
     #[serde(default)]
     secret_env: Vec<String>,
+    router: Option<super::router::RawRouter>,
 }
 
 #[derive(Deserialize)]
@@ -189,7 +190,7 @@ struct Scalar(String);
 
 struct RawFlag(FlagValue);
 
-struct HumanDuration(Duration);
+pub(super) struct HumanDuration(pub(super) Duration);
 
 impl RawManifest {
     fn into_manifest(self, source: &str, text: &str) -> Manifest {
@@ -249,6 +250,7 @@ impl RawManifest {
                 explicit,
                 benchmark: v.benchmark.map(RawBenchmark::into_spec),
             },
+            router: self.router.map(super::router::RawRouter::into_spec),
         }
     }
 }

@@ -39,6 +39,7 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     if let Some(b) = &m.verify.benchmark {
         check.benchmark(b);
     }
+    check.errors.extend(super::router::check(m, text));
     if check.errors.is_empty() {
         Ok(())
     } else {
@@ -338,7 +339,13 @@ fn with<'a>(base: &[Seg<'a>], key: &'a str) -> Vec<Seg<'a>> {
     path
 }
 
-fn invalid(file: &str, text: &str, path: &[Seg], field: &str, message: String) -> ManifestError {
+pub(super) fn invalid(
+    file: &str,
+    text: &str,
+    path: &[Seg],
+    field: &str,
+    message: String,
+) -> ManifestError {
     ManifestError::Invalid {
         file: file.to_string(),
         position: locate(text, path),
@@ -347,7 +354,7 @@ fn invalid(file: &str, text: &str, path: &[Seg], field: &str, message: String) -
     }
 }
 
-fn field_name(path: &[Seg]) -> String {
+pub(super) fn field_name(path: &[Seg]) -> String {
     let mut name = String::new();
     for seg in path {
         match seg {
