@@ -2,6 +2,10 @@
 //! starts; then batches; no new host once the rollout has seen `max_failures` failed hosts; and,
 //! when asked, the hosts already converged in this rollout rolled back when it stops. The order
 //! and when to stop are `schedule`'s; this file looks at the hosts and runs the turns it hands out.
+//!
+//! A replica whose manifest has `router:` is applied [`behind_router`]: taken out of the router,
+//! drained, applied (install, restart, every stage of verification, or rolled back), and put back
+//! once the router lists it healthy; then the next.
 
 use super::decide;
 use super::error::ApplyError;
@@ -12,6 +16,8 @@ use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
 use crate::manifest::VerifySpec;
 use crate::remote::{error_chain, Host, SshOptions};
+use crate::router::{wait_until_idle, Router, Routers, TakeOutError};
+use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
 
 /// Hosts looked at at once before the rollout starts.
@@ -89,12 +95,24 @@ pub async fn roll_out(
         .iter()
         .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.verify.clone()))
         .collect();
+    let all = targets.clone();
     let hosts = by_host(targets);
     let order: std::collections::HashMap<String, usize> = hosts
         .iter()
         .enumerate()
         .map(|(i, (name, _))| (name.clone(), i))
         .collect();
+    let routers = Routers::connect(&all, ssh).await;
+    let with_routers;
+    let options = if routers.is_empty() {
+        options
+    } else {
+        with_routers = ApplyOptions {
+            routers: Some(std::sync::Arc::new(routers)),
+            ..options.clone()
+        };
+        &with_routers
+    };
     let surveys = survey(hosts.into_iter().collect(), ssh, options).await;
     let mut reports: Vec<UnitReport> = Vec::new();
     let mut turns = Vec::new();
@@ -266,4 +284,115 @@ async fn undo(
     let restored = restore_and_verify(restore, &verifier).await;
     let _ = state::unlock(host, &unit).await;
     restored.map_err(|e| decide::not_restored(&e))
+}
+
+/// Whether applying `t` restarts its server (or starts a new one): only then does the replica
+/// leave the router. A reload-only change keeps it serving; a unit that cannot be read is left to
+/// apply to report.
+async fn restarts(host: &dyn Host, t: &Target, options: &ApplyOptions) -> bool {
+    let Ok(observed) = host.observe(&t.desired.unit).await else {
+        return false;
+    };
+    match crate::plan::plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict {
+        crate::plan::Verdict::Restart | crate::plan::Verdict::Install => true,
+        crate::plan::Verdict::ReloadOnly => false,
+        crate::plan::Verdict::NoChange => super::has_work(host, t, options).await,
+    }
+}
+
+/// One replica's apply behind its router: out of the router (refused when that would leave fewer
+/// than `min_available` healthy replicas of its model), its in-flight requests finished, applied,
+/// then back in and listed healthy. A replica rolled back (a stage failed, or Ctrl-C/SIGTERM during
+/// verification) runs its verified old unit and goes back in too; only one whose rollback failed,
+/// or a new one that never passed, stays out. The notes time each step.
+pub(super) async fn behind_router(
+    host: &dyn Host,
+    t: &Target,
+    options: &ApplyOptions,
+    router: Result<std::sync::Arc<Router>, String>,
+) -> UnitReport {
+    let refuse = |e: ApplyError| super::refused_for(&t.host, &t.desired.unit, &t.source, &e);
+    let router = match router {
+        Ok(router) => router,
+        Err(e) => return refuse(ApplyError::Router(e)),
+    };
+    if !restarts(host, t, options).await {
+        return super::apply_one(host, t, options).await;
+    }
+    let endpoint = crate::verify::Expect::from_unit(&t.desired.model).endpoint;
+    let url = router.spec.worker_url(&t.host, endpoint.port);
+    let started = std::time::Instant::now();
+    let listed = match router.take_out(&url).await {
+        Ok(listed) => listed.is_some(),
+        Err(TakeOutError::Refused(why)) => return refuse(ApplyError::Refused(why)),
+        Err(TakeOutError::Router(e)) => return refuse(ApplyError::Router(e.to_string())),
+    };
+    let out = started.elapsed();
+    let mut notes = Vec::new();
+    if listed {
+        let url_override = t.verify.url.as_deref();
+        match wait_until_idle(host, &endpoint, url_override, router.spec.drain_timeout).await {
+            Ok(Some(_)) => {}
+            Ok(None) => notes.push(
+                "router: the replica has no /metrics (--enable-metrics off): in-flight requests were not waited for".to_string(),
+            ),
+            Err(why) => {
+                let back = router.put_back(&url, endpoint.api_key.as_deref()).await;
+                let why = format!("{url} did not drain ({why}); it was put back in the router");
+                return match back {
+                    Ok(()) => refuse(ApplyError::Refused(why)),
+                    Err(e) => refuse(ApplyError::Router(format!("{why}, which failed: {e}"))),
+                };
+            }
+        }
+    }
+    let drained = started.elapsed();
+    let mut report = super::apply_one(host, t, options).await;
+    let back = match report.outcome {
+        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => true,
+        Outcome::RollbackFailed => false,
+        // Refused or interrupted before a change, or rolled back: the old unit serves again.
+        Outcome::Error | Outcome::NotStarted | Outcome::RolledBack => listed,
+    };
+    let applied = started.elapsed();
+    if back {
+        match router.put_back(&url, endpoint.api_key.as_deref()).await {
+            Ok(()) => {
+                let bookkeeping = drained + (started.elapsed() - applied);
+                notes.push(format!(
+                    "router: {url} out in {:.1}s, drained in {:.1}s, back in {} and healthy after {:.1}s (bookkeeping {:.1}s)",
+                    out.as_secs_f64(),
+                    (drained - out).as_secs_f64(),
+                    router.spec.url,
+                    (started.elapsed() - applied).as_secs_f64(),
+                    bookkeeping.as_secs_f64()
+                ));
+            }
+            Err(e) => router_failed(&mut report, &e.to_string()),
+        }
+    } else if listed {
+        notes.push(format!(
+            "router: {url} stays out of {}: it needs attention before it serves again",
+            router.spec.url
+        ));
+    }
+    report.notes.extend(notes);
+    report
+}
+
+/// The replica was applied but the router did not take it back: a converged replica counts as
+/// failed (the rollout stops); a rolled-back one keeps its outcome and says so.
+fn router_failed(report: &mut UnitReport, why: &str) {
+    let what = format!("the router did not take it back: {why}");
+    if matches!(
+        report.outcome,
+        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged
+    ) {
+        let e = ApplyError::Router(format!("{}; but {what}", report.detail));
+        report.outcome = Outcome::Error;
+        report.error = Some(e.kind());
+        report.detail = e.to_string();
+    } else {
+        report.detail = format!("{}; {what}", report.detail);
+    }
 }

@@ -4,11 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Deserialize;
-
-use super::error::ManifestError;
 use super::locate::Seg;
-use super::validate::{field_name, invalid};
 use super::Manifest;
 
 /// Where the router is and how a rollout treats it.
@@ -70,44 +66,6 @@ impl RouterSpec {
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawRouter {
-    url: String,
-    via: Option<String>,
-    admin_key_env: Option<String>,
-    admin_key_file: Option<String>,
-    #[serde(default)]
-    workers: BTreeMap<String, String>,
-    min_available: Option<usize>,
-    drain_timeout: Option<super::parse::HumanDuration>,
-    healthy_timeout: Option<super::parse::HumanDuration>,
-}
-
-impl RawRouter {
-    /// Both key sources given is reported by [`check`]; the file wins here.
-    pub(super) fn into_spec(self) -> RouterSpec {
-        let admin_key = match (self.admin_key_file, self.admin_key_env) {
-            (Some(path), _) => Some(AdminKey::File(path)),
-            (None, Some(name)) => Some(AdminKey::Env(name)),
-            (None, None) => None,
-        };
-        RouterSpec {
-            url: self.url.trim_end_matches('/').to_string(),
-            via: self.via,
-            admin_key,
-            workers: self.workers,
-            min_available: self.min_available.unwrap_or(1),
-            drain_timeout: self
-                .drain_timeout
-                .map_or(RouterSpec::DRAIN_TIMEOUT, |d| d.0),
-            healthy_timeout: self
-                .healthy_timeout
-                .map_or(RouterSpec::HEALTHY_TIMEOUT, |d| d.0),
-        }
-    }
-}
-
 /// Whether `text` has both `admin_key_env` and `admin_key_file` under `router:`: the typed spec
 /// keeps one, so the rule is read from the raw keys.
 fn both_keys(text: &str) -> bool {
@@ -118,14 +76,10 @@ fn both_keys(text: &str) -> bool {
     key("admin_key_env") && key("admin_key_file")
 }
 
-/// The rules of `router:`, every failure with its position.
-pub(super) fn check(m: &Manifest, text: &str) -> Vec<ManifestError> {
+/// The rules of `router:`; `fail` gets each failure's field path (`validate` adds the position).
+pub(super) fn check(m: &Manifest, text: &str, fail: &mut dyn FnMut(&[Seg], String)) {
     let Some(r) = &m.router else {
-        return Vec::new();
-    };
-    let mut errors = Vec::new();
-    let mut fail = |path: &[Seg], message: String| {
-        errors.push(invalid(&m.source, text, path, &field_name(path), message))
+        return;
     };
     let at = |key| [Seg::Key("router"), Seg::Key(key)];
     if let Err(why) = http_url(&r.url) {
@@ -176,7 +130,6 @@ pub(super) fn check(m: &Manifest, text: &str) -> Vec<ManifestError> {
             fail(&at(key), format!("{key} must be longer than 0s"));
         }
     }
-    errors
 }
 
 /// reconcile's HTTP client speaks plain HTTP only (no TLS: the same limit as `verify.url`).

@@ -39,7 +39,7 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     if let Some(b) = &m.verify.benchmark {
         check.benchmark(b);
     }
-    check.errors.extend(super::router::check(m, text));
+    super::router::check(m, text, &mut |path, message| check.fail(path, message));
     if check.errors.is_empty() {
         Ok(())
     } else {
@@ -354,7 +354,7 @@ pub(super) fn invalid(
     }
 }
 
-pub(super) fn field_name(path: &[Seg]) -> String {
+fn field_name(path: &[Seg]) -> String {
     let mut name = String::new();
     for seg in path {
         match seg {
