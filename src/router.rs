@@ -330,12 +330,13 @@ impl Routers {
 
 /// How long the replica's in-flight requests took to finish, polling its `/metrics`
 /// (`sglang:num_running_reqs` + `sglang:num_queue_reqs`); `Ok(None)` when it has no such metrics
-/// (`--enable-metrics` off), so nothing could be waited for.
+/// (`--enable-metrics` off), so nothing could be waited for. A signal (`cancel`) stops the wait.
 pub async fn wait_until_idle(
     host: &dyn Host,
     endpoint: &remote::Endpoint,
     url: Option<&str>,
     within: Duration,
+    cancel: &tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<Duration>, String> {
     let base = match url {
         Some(url) => url.trim_end_matches('/').to_string(),
@@ -354,6 +355,9 @@ pub async fn wait_until_idle(
         .map_err(|e| e.to_string())?;
     let started = Instant::now();
     loop {
+        if *cancel.borrow() {
+            return Err(crate::signals::interrupted());
+        }
         let response = client
             .get(format!("{base}/metrics"))
             .timeout(ADMIN_TIMEOUT)

@@ -331,7 +331,8 @@ pub(super) async fn behind_router(
     let mut notes = Vec::new();
     if listed {
         let url_override = t.verify.url.as_deref();
-        match wait_until_idle(host, &endpoint, url_override, router.spec.drain_timeout).await {
+        let within = router.spec.drain_timeout;
+        match wait_until_idle(host, &endpoint, url_override, within, &options.cancel).await {
             Ok(Some(_)) => {}
             Ok(None) => notes.push(
                 "router: the replica has no /metrics (--enable-metrics off): in-flight requests were not waited for".to_string(),
@@ -340,6 +341,7 @@ pub(super) async fn behind_router(
                 let back = router.put_back(&url, endpoint.api_key.as_deref()).await;
                 let why = format!("{url} did not drain ({why}); it was put back in the router");
                 return match back {
+                    Ok(()) if *options.cancel.borrow() => refuse(ApplyError::Interrupted(why)),
                     Ok(()) => refuse(ApplyError::Refused(why)),
                     Err(e) => refuse(ApplyError::Router(format!("{why}, which failed: {e}"))),
                 };

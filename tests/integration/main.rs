@@ -14,6 +14,7 @@ mod learned;
 mod plan_file;
 mod preflight;
 mod real_sglang;
+mod router;
 mod security;
 mod status;
 mod systemd_escaping;
