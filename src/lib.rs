@@ -16,6 +16,7 @@ pub mod agent;
 pub mod apply;
 pub mod bench;
 pub mod cli;
+pub mod drain;
 pub mod dry_run;
 pub mod fleet;
 pub mod history;

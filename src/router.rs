@@ -6,7 +6,8 @@
 //! `{"url": ...}` and `DELETE /workers/{id}` answer 202 and queue the change; `GET /workers`
 //! lists workers with `is_healthy`. With `--control-plane-api-keys id:name:admin:KEY`, every admin
 //! route wants `Authorization: Bearer KEY` (401 otherwise). The router is reached through an SSH
-//! port forward from `router.via`, or directly at `router.url`.
+//! port forward from `router.via`, or directly at `router.url`. Draining a replica taken out is
+//! `drain`'s (`apply` drains before the restart).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,8 +23,8 @@ use crate::targets::Target;
 /// The admin API answers from the router's memory; a slow answer means a loaded router, and 10 s
 /// is the same bound as SGLang's own `/ready` (answered at once, `remote::http`).
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// Polling a queued change or a draining replica: the router's job queue applies a change within
-/// milliseconds (seen against 0.3.2), so a fine poll keeps the bookkeeping short.
+/// Polling a queued change: the router's job queue applies one within milliseconds (seen against
+/// 0.3.2), so a fine poll keeps the bookkeeping short.
 const POLL: Duration = Duration::from_millis(100);
 /// A queued removal: a job the router's queue runs at once.
 const GONE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -325,60 +326,6 @@ impl Routers {
     pub fn of(&self, t: &Target) -> Option<Result<Arc<Router>, String>> {
         let spec = t.manifest.router.as_ref()?;
         self.0.get(&(spec.url.clone(), spec.via.clone())).cloned()
-    }
-}
-
-/// How long the replica's in-flight requests took to finish, polling its `/metrics`
-/// (`sglang:num_running_reqs` + `sglang:num_queue_reqs`); `Ok(None)` when it has no such metrics
-/// (`--enable-metrics` off), so nothing could be waited for. A signal (`cancel`) stops the wait.
-pub async fn wait_until_idle(
-    host: &dyn Host,
-    endpoint: &remote::Endpoint,
-    url: Option<&str>,
-    within: Duration,
-    cancel: &tokio::sync::watch::Receiver<bool>,
-) -> Result<Option<Duration>, String> {
-    let base = match url {
-        Some(url) => url.trim_end_matches('/').to_string(),
-        None => {
-            let (address, port) = host
-                .forward(endpoint.forward_address(), endpoint.port)
-                .await
-                .map_err(|e| error_chain(&e))?;
-            format!("http://{}", socket(&address, port))
-        }
-    };
-    let client = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(3))
-        .no_proxy()
-        .build()
-        .map_err(|e| e.to_string())?;
-    let started = Instant::now();
-    loop {
-        if *cancel.borrow() {
-            return Err(crate::signals::interrupted());
-        }
-        let response = client
-            .get(format!("{base}/metrics"))
-            .timeout(ADMIN_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| format!("/metrics: {}", e.without_url()))?;
-        if !response.status().is_success() {
-            return Ok(None);
-        }
-        let text = response.text().await.unwrap_or_default();
-        match decide::in_flight(&text) {
-            None => return Ok(None),
-            Some(n) if n <= 0.0 => return Ok(Some(started.elapsed())),
-            Some(n) if started.elapsed() >= within => {
-                return Err(format!(
-                    "{n} request(s) still in flight after {}s",
-                    within.as_secs()
-                ))
-            }
-            Some(_) => tokio::time::sleep(POLL).await,
-        }
     }
 }
 

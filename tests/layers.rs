@@ -36,9 +36,9 @@ fn layer_of(krate: Krate, module: &[String]) -> Option<Layer> {
     Some(match first.as_str() {
         "remote" => Layer::Edge,
         "cli" | "report" | "run" => Layer::Face,
-        "agent" | "apply" | "bench" | "dry_run" | "fleet" | "history" | "load" | "plan_io"
-        | "preflight" | "probe" | "router" | "signals" | "status" | "systemd" | "verify"
-        | "plan_file" | "options" => Layer::Orchestration,
+        "agent" | "apply" | "bench" | "drain" | "dry_run" | "fleet" | "history" | "load"
+        | "plan_io" | "preflight" | "probe" | "router" | "signals" | "status" | "systemd"
+        | "verify" | "plan_file" | "options" => Layer::Orchestration,
         _ => return None,
     })
 }

@@ -10,6 +10,7 @@
 pub mod benchmark;
 pub mod diagnose;
 pub mod digest;
+pub mod drain;
 pub mod dry_run;
 pub mod finding;
 pub mod flags;

@@ -115,31 +115,6 @@ pub fn listed(workers: &[Worker], url: &str) -> Listed {
     }
 }
 
-/// The sum of `sglang:num_running_reqs` and `sglang:num_queue_reqs` in a Prometheus `/metrics`
-/// text (SGLang 0.5.23, `srt/observability/metrics_collector.py`; one series per label set, all
-/// summed), or `None` when neither gauge is there (metrics off: `--enable-metrics` not given).
-pub fn in_flight(metrics: &str) -> Option<f64> {
-    let mut total = None;
-    for line in metrics.lines() {
-        let line = line.trim();
-        if line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        let name = &line[..name_end];
-        if name != "sglang:num_running_reqs" && name != "sglang:num_queue_reqs" {
-            continue;
-        }
-        let value = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        *total.get_or_insert(0.0) += value;
-    }
-    total
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,18 +202,5 @@ mod tests {
         assert_eq!(listed(&w, "http://a:1/"), Listed::Healthy);
         assert_eq!(listed(&w, "http://b:1"), Listed::Unhealthy);
         assert_eq!(listed(&w, "http://c:1"), Listed::Absent);
-    }
-
-    #[test]
-    fn in_flight_sums_running_and_queued_over_every_series() {
-        let text = "# HELP sglang:num_running_reqs The number of running requests.\n\
-                    # TYPE sglang:num_running_reqs gauge\n\
-                    sglang:num_running_reqs{model_name=\"q\",tp_rank=\"0\"} 3.0\n\
-                    sglang:num_running_reqs{model_name=\"q\",tp_rank=\"1\"} 1.0\n\
-                    sglang:num_queue_reqs{model_name=\"q\"} 2.0\n\
-                    sglang:num_running_reqs_offline_batch{model_name=\"q\"} 9.0\n";
-        assert_eq!(in_flight(text), Some(6.0));
-        assert_eq!(in_flight("sglang:num_queue_reqs 0.0\n"), Some(0.0));
-        assert_eq!(in_flight("# nothing\nother_metric 4\n"), None);
     }
 }

@@ -190,6 +190,25 @@ pub fn cancelled_before_restart(interrupted: &str, put_back: Result<bool, String
     }
 }
 
+/// A drain that did not see the server idle, with `drain.on_timeout: refuse` (`e`: what the
+/// drain saw). It ran before the install, so nothing changed.
+pub fn drain_refused(e: &ApplyError) -> Ending {
+    Ending::failed(
+        Outcome::Error,
+        format!("{e}; nothing was changed on the host"),
+        e.kind(),
+    )
+}
+
+/// A signal (`interrupted`) stopped the drain (`drained`: its summary); nothing changed.
+pub fn drain_interrupted(interrupted: &str, drained: &str) -> Ending {
+    Ending::failed(
+        Outcome::NotStarted,
+        format!("not started: {interrupted} during the drain ({drained}); nothing was changed on the host"),
+        ApplyErrorKind::Interrupted,
+    )
+}
+
 pub fn converged(v: &Verification) -> Ending {
     Ending::ok(
         Outcome::Converged,

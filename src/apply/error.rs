@@ -48,6 +48,10 @@ pub enum ApplyError {
     InstallFailed(String),
     #[error("restart failed: {0}")]
     RestartFailed(String),
+    /// A drain before the restart did not see the server idle (or could not see it at all), and
+    /// the manifest says `drain.on_timeout: refuse`: the old server keeps running.
+    #[error("{0}")]
+    DrainRefused(String),
     /// A stage of the new unit's verification failed.
     #[error("{stage} failed: {reason}")]
     VerificationFailed { stage: String, reason: String },
@@ -88,6 +92,7 @@ pub enum ApplyErrorKind {
     LockFailed,
     InstallFailed,
     RestartFailed,
+    DrainRefused,
     VerificationFailed,
     RollbackFailed,
     Interrupted,
@@ -114,6 +119,7 @@ impl ApplyError {
             ApplyError::LockFailed(_) => K::LockFailed,
             ApplyError::InstallFailed(_) => K::InstallFailed,
             ApplyError::RestartFailed(_) => K::RestartFailed,
+            ApplyError::DrainRefused(_) => K::DrainRefused,
             ApplyError::VerificationFailed { .. } => K::VerificationFailed,
             ApplyError::RollbackFailed(_) => K::RollbackFailed,
             ApplyError::InterruptedBeforeHost | ApplyError::Interrupted(_) => K::Interrupted,

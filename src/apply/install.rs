@@ -62,6 +62,11 @@ pub async fn install(
 ) -> Ending {
     let (host, t, options) = (job.host, job.t, job.options);
     let unit = &t.desired.unit;
+    // Drained before anything changes: during a long wait the host keeps the old unit, so a
+    // server that crashes meanwhile comes back as it was, and a refusal has nothing to undo.
+    if let Some(ending) = drain(job, verdict, &fallback, report).await {
+        return ending;
+    }
     if let Err(e) = write_unit(job, observed, &mut fallback).await {
         let e = ApplyError::InstallFailed(error_chain(&e));
         let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
@@ -109,6 +114,47 @@ pub async fn install(
         invocation: &invocation,
     };
     verify_restarted(job, &fallback, report, restarted).await
+}
+
+/// The drain before a restart, when the manifest asks for one (`drain:`) and the change restarts a
+/// unit the host has: `Some` ending when the restart must not happen (the drain timed out or
+/// could not see the server, with `on_timeout: refuse`, or a signal came). Nothing has changed on
+/// the host yet then.
+async fn drain(
+    job: &Job<'_>,
+    verdict: Verdict,
+    fallback: &Fallback,
+    report: &mut UnitReport,
+) -> Option<Ending> {
+    let (t, options) = (job.t, job.options);
+    let spec = t.manifest.drain.as_ref()?;
+    let previous = fallback
+        .previous
+        .as_deref()
+        .filter(|_| verdict == Verdict::Restart)?;
+    let running = crate::drain::Running {
+        unit_text: previous,
+        running: fallback.was_running,
+        url: t.verify.url.as_deref(),
+    };
+    let label = format!("{} {}", t.host, t.desired.unit);
+    let watch = (options.progress.as_ref(), &options.cancel);
+    let d = crate::drain::before_restart(job.host, &running, spec, &label, watch).await;
+    let ending = match (d.restarted, d.outcome) {
+        (true, _) => {
+            report.notes.push(d.detail.clone());
+            None
+        }
+        (false, crate::drain::Ended::Interrupted) => Some(decide::drain_interrupted(
+            &crate::signals::interrupted(),
+            &d.detail,
+        )),
+        (false, _) => Some(decide::drain_refused(&ApplyError::DrainRefused(
+            d.detail.clone(),
+        ))),
+    };
+    report.drain = Some(d);
+    ending
 }
 
 /// What a restarted unit is verified with: the settings (learned from history where the manifest
@@ -487,7 +533,17 @@ mod tests {
         verdict: Verdict,
         cancel: bool,
     ) -> (Ending, UnitReport) {
-        let t = target();
+        install_as(target(), host, verifier, before, verdict, cancel).await
+    }
+
+    async fn install_as(
+        t: crate::targets::Target,
+        host: &FakeHost,
+        verifier: &Scripted,
+        before: &Observed,
+        verdict: Verdict,
+        cancel: bool,
+    ) -> (Ending, UnitReport) {
         let (_tx, rx) = watch::channel(cancel);
         let options = options(rx);
         let job = Job {
@@ -508,6 +564,78 @@ mod tests {
 
     fn ran(host: &FakeHost, argv: &[&str]) -> bool {
         host.commands().iter().any(|c| c == argv)
+    }
+
+    fn draining(on_timeout: crate::manifest::OnTimeout) -> crate::targets::Target {
+        let mut t = target();
+        std::sync::Arc::make_mut(&mut t.manifest).drain = Some(crate::manifest::DrainSpec {
+            timeout: std::time::Duration::from_secs(60),
+            on_timeout,
+        });
+        t
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_that_cannot_see_the_server_refuses_before_anything_changes() {
+        // "old" has no --enable-metrics: its server has no /metrics to read.
+        let host = host(Some("old"));
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let t = draining(crate::manifest::OnTimeout::Refuse);
+        let (end, report) = install_as(t, &host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(
+            (end.outcome, end.detail.as_str(), end.error),
+            (
+                Outcome::Error,
+                "drain cannot see the server's requests: the running unit has no --enable-metrics, so its server has no /metrics; the server was not restarted (drain.on_timeout: refuse); nothing was changed on the host",
+                Some(ApplyErrorKind::DrainRefused)
+            )
+        );
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert!(host.commands().is_empty(), "{:?}", host.commands());
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            (&json["drain"]["outcome"], &json["drain"]["restarted"]),
+            (&serde_json::json!("blind"), &serde_json::json!(false))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_on_timeout_restart_a_blind_drain_restarts_and_says_so() {
+        let host = host(Some("old"));
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let t = draining(crate::manifest::OnTimeout::Restart);
+        let (end, report) = install_as(t, &host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
+        assert!(ran(&host, &["systemctl", "restart", "--", "s.service"]));
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.starts_with("drain cannot see")
+                    && n.ends_with("restarted anyway (drain.on_timeout: restart)")),
+            "{:?}",
+            report.notes
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_only_change_and_a_new_unit_never_drain() {
+        let t = || draining(crate::manifest::OnTimeout::Refuse);
+        let host = host(Some("old"));
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, report) =
+            install_as(t(), &host, &verifier, &before, Verdict::ReloadOnly, false).await;
+        assert_eq!(end.outcome, Outcome::Reloaded, "{}", end.detail);
+        assert!(report.drain.is_none());
+        let fresh = super::super::testing::observed(None, "inactive");
+        let host = self::host(None);
+        let (end, report) =
+            install_as(t(), &host, &verifier, &fresh, Verdict::Install, false).await;
+        assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
+        assert!(report.drain.is_none());
     }
 
     #[tokio::test(start_paused = true)]

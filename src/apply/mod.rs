@@ -108,6 +108,9 @@ pub struct UnitReport {
     /// The benchmark stage's figures and verdict, when the manifest has `verify.benchmark`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub benchmark: Option<crate::benchmark::BenchmarkReport>,
+    /// The drain before the restart, when the manifest has `drain:` and the unit was to restart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain: Option<crate::drain::DrainReport>,
 }
 
 /// The git commit the manifests were read from, for deployment records.
@@ -271,6 +274,7 @@ pub(crate) fn refused(
         diagnosis: None,
         seconds: 0.0,
         benchmark: None,
+        drain: None,
     }
 }
 
@@ -389,6 +393,7 @@ impl Report {
             diagnosis: None,
             seconds: 0.0,
             benchmark: None,
+            drain: None,
         };
         Report { report, started }
     }

@@ -16,7 +16,7 @@ use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
 use crate::manifest::VerifySpec;
 use crate::remote::{error_chain, Host, SshOptions};
-use crate::router::{wait_until_idle, Router, Routers, TakeOutError};
+use crate::router::{Router, Routers, TakeOutError};
 use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
 
@@ -301,10 +301,12 @@ async fn restarts(host: &dyn Host, t: &Target, options: &ApplyOptions) -> bool {
 }
 
 /// One replica's apply behind its router: out of the router (refused when that would leave fewer
-/// than `min_available` healthy replicas of its model), its in-flight requests finished, applied,
-/// then back in and listed healthy. A replica rolled back (a stage failed, or Ctrl-C/SIGTERM during
-/// verification) runs its verified old unit and goes back in too; only one whose rollback failed,
-/// or a new one that never passed, stays out. The notes time each step.
+/// than `min_available` healthy replicas of its model), applied with a drain before its restart
+/// (the manifest's `drain:`, else one of `router.drain_timeout` that refuses when it cannot see the
+/// server idle), then back in and listed healthy. A replica rolled back (a stage failed, or
+/// Ctrl-C/SIGTERM during verification), or refused before a change (a drain that timed out or was
+/// interrupted), runs its old unit and goes back in too; only one whose rollback failed, or a new
+/// one that never passed, stays out. The notes time each step.
 pub(super) async fn behind_router(
     host: &dyn Host,
     t: &Target,
@@ -328,58 +330,47 @@ pub(super) async fn behind_router(
         Err(TakeOutError::Router(e)) => return refuse(ApplyError::Router(e.to_string())),
     };
     let out = started.elapsed();
-    let mut notes = Vec::new();
-    if listed {
-        let url_override = t.verify.url.as_deref();
-        let within = router.spec.drain_timeout;
-        match wait_until_idle(host, &endpoint, url_override, within, &options.cancel).await {
-            Ok(Some(_)) => {}
-            Ok(None) => notes.push(
-                "router: the replica has no /metrics (--enable-metrics off): in-flight requests were not waited for".to_string(),
-            ),
-            Err(why) => {
-                let back = router.put_back(&url, endpoint.api_key.as_deref()).await;
-                let why = format!("{url} did not drain ({why}); it was put back in the router");
-                return match back {
-                    Ok(()) if *options.cancel.borrow() => refuse(ApplyError::Interrupted(why)),
-                    Ok(()) => refuse(ApplyError::Refused(why)),
-                    Err(e) => refuse(ApplyError::Router(format!("{why}, which failed: {e}"))),
-                };
-            }
-        }
-    }
-    let drained = started.elapsed();
-    let mut report = super::apply_one(host, t, options).await;
+    let mut report = super::apply_one(host, &draining(t, &router), options).await;
     let back = match report.outcome {
         Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => true,
         Outcome::RollbackFailed => false,
-        // Refused or interrupted before a change, or rolled back: the old unit serves again.
         Outcome::Error | Outcome::NotStarted | Outcome::RolledBack => listed,
     };
-    let applied = started.elapsed();
+    let applied = std::time::Instant::now();
     if back {
         match router.put_back(&url, endpoint.api_key.as_deref()).await {
             Ok(()) => {
-                let bookkeeping = drained + (started.elapsed() - applied);
-                notes.push(format!(
-                    "router: {url} out in {:.1}s, drained in {:.1}s, back in {} and healthy after {:.1}s (bookkeeping {:.1}s)",
+                let drained = report.drain.as_ref().map_or(0.0, |d| d.seconds);
+                let back = applied.elapsed().as_secs_f64();
+                report.notes.push(format!(
+                    "router: {url} out in {:.1}s, drained in {drained:.1}s, back in {} and healthy after {back:.1}s (bookkeeping {:.1}s)",
                     out.as_secs_f64(),
-                    (drained - out).as_secs_f64(),
                     router.spec.url,
-                    (started.elapsed() - applied).as_secs_f64(),
-                    bookkeeping.as_secs_f64()
+                    out.as_secs_f64() + drained + back
                 ));
             }
             Err(e) => router_failed(&mut report, &e.to_string()),
         }
     } else if listed {
-        notes.push(format!(
+        report.notes.push(format!(
             "router: {url} stays out of {}: it needs attention before it serves again",
             router.spec.url
         ));
     }
-    report.notes.extend(notes);
     report
+}
+
+/// `t` with the drain its apply runs once the replica is out of the router: the manifest's own, or
+/// `router.drain_timeout` refusing on timeout (cutting requests off is the operator's call).
+fn draining(t: &Target, router: &Router) -> Target {
+    let mut t = t.clone();
+    if t.manifest.drain.is_none() {
+        std::sync::Arc::make_mut(&mut t.manifest).drain = Some(crate::manifest::DrainSpec {
+            timeout: router.spec.drain_timeout,
+            on_timeout: crate::manifest::OnTimeout::Refuse,
+        });
+    }
+    t
 }
 
 /// The replica was applied but the router did not take it back: a converged replica counts as

@@ -176,6 +176,7 @@ pub fn restore_target(
         systemd: Default::default(),
         verify: VerifySpec::default(),
         router: None,
+        drain: None,
     });
     if let Some(python) = command.first() {
         m.sglang.python = python.clone();

@@ -18,6 +18,9 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// `/v1/models` is served by the HTTP process from memory, but behind a loaded event loop.
 const MODELS_TIMEOUT: Duration = Duration::from_secs(60);
+/// `/metrics` is prometheus_client's ASGI app in the HTTP process, reading the schedulers' files
+/// (`add_prometheus_middleware`): like `/ready`, a slow answer means a busy event loop.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(10);
 /// A first chat request can JIT-compile kernels for minutes (a 108 s compile is on record in
 /// rllm-org/rllm#926); the smoke completion must outlast that.
 const CHAT_TIMEOUT: Duration = Duration::from_secs(600);
@@ -241,6 +244,22 @@ impl Server {
             Ok(r) => Ok(r.status().as_u16()),
             Err(e) if e.is_timeout() => Err(Probe::TimedOut),
             Err(e) => Err(Probe::Closed(e.without_url().to_string())),
+        }
+    }
+
+    /// `/metrics` (Prometheus text; SGLang serves it only with `--enable-metrics`, and needs no
+    /// API key for it): `Ok(None)` when it answers 404.
+    pub async fn metrics(&self) -> Result<Option<String>, String> {
+        let response = self
+            .authorized(self.client.get(format!("{}/metrics", self.base)))
+            .timeout(METRICS_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| request_error(e, METRICS_TIMEOUT))?;
+        match response.status().as_u16() {
+            404 => Ok(None),
+            200..=299 => response.text().await.map(Some).map_err(|e| e.to_string()),
+            code => Err(format!("/metrics answered {code}")),
         }
     }
 

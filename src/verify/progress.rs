@@ -90,6 +90,13 @@ impl Drop for Progress {
 }
 
 impl Progress {
+    /// The spinner's text, on a terminal (a wait that is not a verification stage: a drain).
+    pub fn status(&self, text: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_message(text.to_string());
+        }
+    }
+
     /// A line of its own under the unit's label (the benchmark's figures, level by level).
     pub fn line(&self, text: &str) {
         if self.label.is_empty() {

@@ -42,6 +42,39 @@ pub struct Manifest {
     pub verify: VerifySpec,
     /// The sglang-router the replicas sit behind (`router:`), for rollouts that take each out.
     pub router: Option<RouterSpec>,
+    /// Wait for the server to finish its requests before a restart (`drain:`); `None`: restart at
+    /// once, as before.
+    pub drain: Option<DrainSpec>,
+}
+
+/// `drain:`: before a restart, wait until the running server has no running or queued requests
+/// (SGLang's `/metrics`, served with `--enable-metrics`), for at most `timeout`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainSpec {
+    pub timeout: Duration,
+    pub on_timeout: OnTimeout,
+}
+
+/// What a drain that did not see the server idle in time does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeout {
+    /// Restart anyway: the requests still in flight are cut off.
+    Restart,
+    /// Leave the old unit and server as they are and report the unit as refused.
+    Refuse,
+}
+
+impl Default for DrainSpec {
+    fn default() -> Self {
+        DrainSpec {
+            // The OpenAI clients most SGLang callers use give up on a request after 600 s
+            // (openai-python's DEFAULT_TIMEOUT); waiting longer keeps nothing alive that they
+            // still wait for.
+            timeout: Duration::from_secs(600),
+            // Cutting requests off is the operator's call, never the default.
+            on_timeout: OnTimeout::Refuse,
+        }
+    }
 }
 
 /// A host entry, with what it overrides of the service-wide settings.

@@ -10,7 +10,8 @@ use serde::Deserialize;
 
 use super::error::{ManifestError, ManifestErrors, Position};
 use super::{
-    BenchmarkSpec, Explicit, FlagValue, HostSpec, Manifest, SglangSpec, Smoke, VerifySpec,
+    BenchmarkSpec, DrainSpec, Explicit, FlagValue, HostSpec, Manifest, OnTimeout, SglangSpec,
+    Smoke, VerifySpec,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -92,6 +93,7 @@ struct RawManifest {
     systemd: BTreeMap<String, Scalar>,
     #[serde(default)]
     verify: RawVerify,
+    drain: Option<RawDrain>,
     /// Labels every host of this service carries, for `--selector`.
     #[serde(default)]
     labels: BTreeMap<String, Scalar>,
@@ -153,6 +155,34 @@ impl RawBenchmark {
             duration: self.duration.map(|d| d.0),
             max_regression: self.max_regression.unwrap_or(d.max_regression),
             gate: self.gate.unwrap_or(d.gate),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDrain {
+    timeout: Option<HumanDuration>,
+    on_timeout: Option<RawOnTimeout>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum RawOnTimeout {
+    Restart,
+    Refuse,
+}
+
+impl RawDrain {
+    fn into_spec(self) -> DrainSpec {
+        let d = DrainSpec::default();
+        DrainSpec {
+            timeout: self.timeout.map_or(d.timeout, |t| t.0),
+            on_timeout: match self.on_timeout {
+                None => d.on_timeout,
+                Some(RawOnTimeout::Restart) => OnTimeout::Restart,
+                Some(RawOnTimeout::Refuse) => OnTimeout::Refuse,
+            },
         }
     }
 }
@@ -290,6 +320,7 @@ impl RawManifest {
                 benchmark: v.benchmark.map(RawBenchmark::into_spec),
             },
             router: self.router.map(RawRouter::into_spec),
+            drain: self.drain.map(RawDrain::into_spec),
         }
     }
 }
@@ -543,6 +574,42 @@ mod tests {
         let (_, field, message) = error_of(&format!("{MINIMAL}verify: {{ crash_window: soon }}\n"));
         assert_eq!(field, "verify.crash_window");
         assert!(message.contains("not a duration"), "{message}");
+    }
+
+    #[test]
+    fn drain_parses_with_its_defaults_and_names_bad_values() {
+        assert_eq!(parse("m.yaml", MINIMAL).unwrap().drain, None);
+        let d = parse("m.yaml", &format!("{MINIMAL}drain: {{}}\n"))
+            .unwrap()
+            .drain
+            .unwrap();
+        assert_eq!(
+            (d.timeout, d.on_timeout),
+            (Duration::from_secs(600), OnTimeout::Refuse)
+        );
+        let d = parse(
+            "m.yaml",
+            &format!("{MINIMAL}drain:\n  timeout: 90s\n  on_timeout: restart\n"),
+        )
+        .unwrap()
+        .drain
+        .unwrap();
+        assert_eq!(
+            (d.timeout, d.on_timeout),
+            (Duration::from_secs(90), OnTimeout::Restart)
+        );
+        let (position, field, message) =
+            error_of(&format!("{MINIMAL}drain:\n  on_timeout: wait\n"));
+        assert_eq!(
+            (position.unwrap().line, field.as_str()),
+            (9, "drain.on_timeout")
+        );
+        assert!(message.contains("unknown variant `wait`"), "{message}");
+        let (_, field, message) = error_of(&format!("{MINIMAL}drain: {{ timeout: later }}\n"));
+        assert_eq!(field, "drain.timeout");
+        assert!(message.contains("not a duration"), "{message}");
+        let (_, field, _) = error_of(&format!("{MINIMAL}drain: {{ timout: 1m }}\n"));
+        assert_eq!(field, "drain.timout");
     }
 
     #[test]

@@ -20,7 +20,8 @@ pub struct RouterSpec {
     pub workers: BTreeMap<String, String>,
     /// Healthy replicas of the model that must stay in the router while one is out.
     pub min_available: usize,
-    /// How long to wait for a removed replica's in-flight requests to finish.
+    /// How long to wait for a removed replica's in-flight requests to finish, when the manifest
+    /// has no `drain:` of its own (which then decides).
     pub drain_timeout: Duration,
     /// How long to wait, after adding a replica, for the router to list it healthy.
     pub healthy_timeout: Duration,
@@ -46,8 +47,8 @@ impl std::fmt::Debug for AdminKey {
 }
 
 impl RouterSpec {
-    /// A streamed completion can run for minutes; this matches the smoke completion's limit (a
-    /// first request that JIT-compiles, 600 s in the binary's `remote::http`).
+    /// The same as `drain:`'s default: the OpenAI clients most SGLang callers use give up on a
+    /// request after 600 s (openai-python's DEFAULT_TIMEOUT).
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
     /// The router's registration job checks `/health` at once (`--health-check-timeout-secs` 5,
     /// real SGLang answers in 1-20 s) and then every `--health-check-interval-secs` (60), both

@@ -40,6 +40,9 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
         check.benchmark(b);
     }
     super::router::check(m, text, &mut |path, message| check.fail(path, message));
+    if let Some(d) = &m.drain {
+        check.drain(m, d);
+    }
     if check.errors.is_empty() {
         Ok(())
     } else {
@@ -312,6 +315,44 @@ impl Checker<'_> {
         }
     }
 
+    /// `drain:` reads the server's `/metrics`, which SGLang mounts only with `--enable-metrics`
+    /// (`entrypoints/http_server.py`, `add_prometheus_middleware`): without it on every host a
+    /// drain could not see the requests it waits for.
+    fn drain(&mut self, m: &Manifest, d: &super::DrainSpec) {
+        if d.timeout.is_zero() {
+            self.fail(
+                &[Seg::Key("drain"), Seg::Key("timeout")],
+                "timeout must be longer than 0s (leave `drain:` out to restart at once)",
+            );
+        }
+        let on = |flags: &BTreeMap<String, FlagValue>| {
+            flags
+                .get("enable-metrics")
+                .map(|v| *v == FlagValue::Switch(true))
+        };
+        let service = on(&m.sglang.flags).unwrap_or(false);
+        let off: Vec<&str> = m
+            .hosts
+            .iter()
+            .filter(|h| !on(&h.flags).unwrap_or(service))
+            .map(|h| h.name.as_str())
+            .collect();
+        if off.len() == m.hosts.len() && !off.is_empty() {
+            self.fail(
+                &[Seg::Key("drain")],
+                "drain reads the server's /metrics, which SGLang serves only with --enable-metrics: add `enable-metrics: true` to sglang.flags",
+            );
+        } else if !off.is_empty() {
+            self.fail(
+                &[Seg::Key("drain")],
+                format!(
+                    "drain reads the server's /metrics, which SGLang serves only with --enable-metrics, and host {} turns it off",
+                    off.join(", ")
+                ),
+            );
+        }
+    }
+
     fn settings(&mut self, base: &[Seg], settings: &BTreeMap<String, String>) {
         for (key, value) in settings {
             let path = with(base, key);
@@ -483,6 +524,35 @@ mod tests {
                 .contains("port 30000 on host `a` is also claimed by a.yaml"),
             "{}",
             e.0[0]
+        );
+    }
+
+    #[test]
+    fn drain_needs_enable_metrics_on_every_host() {
+        let e = errors(&format!("{BASE}drain:\n  timeout: 0s\n"));
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("m.yaml:9:3: drain.timeout: timeout must be longer than 0s"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("m.yaml:8:1: drain: drain reads the server's /metrics, which SGLang serves only with --enable-metrics: add `enable-metrics: true`"),
+            "{e:?}"
+        );
+        let with = BASE.replace(
+            "  port: 30000\n",
+            "  port: 30000\n  flags: { enable-metrics: true }\n",
+        );
+        assert!(errors(&format!("{with}drain: {{ timeout: 5m }}\n")).is_empty());
+        let one_off = with.replace(
+            "hosts: [a]",
+            "hosts:\n  - a\n  - name: b\n    flags: { enable-metrics: false }",
+        );
+        let e = errors(&format!("{one_off}drain: {{}}\n"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("drain: ") && e[0].ends_with("and host b turns it off"),
+            "{e:?}"
         );
     }
 
