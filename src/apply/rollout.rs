@@ -331,11 +331,7 @@ pub(super) async fn behind_router(
     };
     let out = started.elapsed();
     let mut report = super::apply_one(host, &draining(t, &router), options).await;
-    let back = match report.outcome {
-        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => true,
-        Outcome::RollbackFailed => false,
-        Outcome::Error | Outcome::NotStarted | Outcome::RolledBack => listed,
-    };
+    let back = goes_back(report.outcome, listed);
     let applied = std::time::Instant::now();
     if back {
         match router.put_back(&url, endpoint.api_key.as_deref()).await {
@@ -358,6 +354,18 @@ pub(super) async fn behind_router(
         ));
     }
     report
+}
+
+/// Whether a replica goes (back) into the router after its apply ended in `outcome`; `listed`:
+/// it was in before. What converged serves the new unit; refused, interrupted or rolled back, the
+/// old unit serves (a rollback passed verification), so it goes back where it was; a failed
+/// rollback leaves a server nobody verified, which stays out.
+fn goes_back(outcome: Outcome, listed: bool) -> bool {
+    match outcome {
+        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => true,
+        Outcome::RollbackFailed => false,
+        Outcome::Error | Outcome::NotStarted | Outcome::RolledBack => listed,
+    }
 }
 
 /// `t` with the drain its apply runs once the replica is out of the router: the manifest's own, or
@@ -387,5 +395,28 @@ fn router_failed(report: &mut UnitReport, why: &str) {
         report.detail = e.to_string();
     } else {
         report.detail = format!("{}; {what}", report.detail);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_goes_back_into_the_router() {
+        // A new replica (not listed before) goes in only once it converged.
+        assert!(goes_back(Outcome::Converged, false));
+        assert!(!goes_back(Outcome::RolledBack, false));
+        assert!(!goes_back(Outcome::Error, false));
+        // A listed one goes back on its new unit, or on its verified old one.
+        for outcome in [
+            Outcome::Converged,
+            Outcome::RolledBack,
+            Outcome::Error,
+            Outcome::NotStarted,
+        ] {
+            assert!(goes_back(outcome, true), "{outcome:?}");
+        }
+        assert!(!goes_back(Outcome::RollbackFailed, true));
     }
 }
