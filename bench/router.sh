@@ -10,11 +10,16 @@
 # Usage: sudo bench/router.sh
 #   BIN=target/debug/reconcile   use this binary (default: a release build)
 #   KEEP_LAB=1                   use hosts already up under STATE/PREFIX/SUBNET (booted with ROUTE=1)
+#   REQUEST_SECONDS=0.2 THREADS=8  how long each request takes on a replica, and how many at once
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "bench/router.sh: needs root (the test hosts are containers)" >&2; exit 1; }
 export STATE=${STATE:-/tmp/reconcile-router-bench} PREFIX=${PREFIX:-rb} SUBNET=${SUBNET:-10.219} ROUTE=1
 MIN_REQUESTS=${MIN_REQUESTS:-500}
+# Each request takes this long on a replica (the stand-in's FAKE_SGLANG_REQUEST_SECONDS), so a
+# replica taken out of the router has requests in flight to drain.
+REQUEST_SECONDS=${REQUEST_SECONDS:-0.2}
+THREADS=${THREADS:-8}             # the client loop's requests at once
 if [ -z "${BIN:-}" ]; then cargo build --locked --release --quiet; BIN=target/release/reconcile; fi
 if [ "${KEEP_LAB:-0}" != 1 ]; then
   bash tests/hostlab/build-rootfs.sh >/dev/null
@@ -39,9 +44,9 @@ DIR=$(mktemp -d); mkdir -p "$DIR/manifests"
 manifest() {  # $1: the value of BENCH_GENERATION (a new one restarts every replica)
   {
     echo "service: bench-replica"
-    echo "hosts: [${REPLICAS[*]}]" | sed 's/ /, /g; s/\[, /[/'
+    echo "hosts: [$(IFS=,; echo "${REPLICAS[*]}")]"
     echo "sglang: { python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: bench-model, host: 0.0.0.0, port: 30000, flags: { enable-metrics: true } }"
-    echo "env: { FAKE_SGLANG_LOAD_SECONDS: \"2\", FAKE_SGLANG_MEMORY_MB: \"10\", BENCH_GENERATION: \"$1\" }"
+    echo "env: { FAKE_SGLANG_LOAD_SECONDS: \"2\", FAKE_SGLANG_MEMORY_MB: \"10\", FAKE_SGLANG_REQUEST_SECONDS: \"$REQUEST_SECONDS\", BENCH_GENERATION: \"$1\" }"
     echo "verify: { crash_window: 3s }"
     echo "router:"
     echo "  url: http://127.0.0.1:30100"
@@ -51,16 +56,16 @@ manifest() {  # $1: the value of BENCH_GENERATION (a new one restarts every repl
     for h in "${REPLICAS[@]}"; do echo "    $h: http://$(ip_of "$h"):30000"; done
   } > "$DIR/manifests/bench.yaml"
 }
-rc() { (cd "$DIR" && "$OLDPWD/$BIN" --ssh-config "$STATE/ssh_config" "$@"); }
+rc() { (cd "$DIR" && "$OLDPWD/$BIN" "$@" --ssh-config "$STATE/ssh_config"); }
 manifest 1
-rc apply --format json > "$DIR/first.json" || { cat "$DIR/first.json"; exit 1; }
+rc apply --format json > "$DIR/first.json" 2> "$DIR/first.log" || { cat "$DIR/first.json" "$DIR/first.log"; exit 1; }
 on "$R" "python3 -c \"$LIST\"" | python3 -c '
 import json, sys; w = json.load(sys.stdin)["workers"]; print("router lists %d worker(s), healthy: %d" % (len(w), sum(x["is_healthy"] for x in w)))'
-on "$R" "rm -f /root/stop; nohup python3 /root/router_client.py http://127.0.0.1:30100 bench-model /root/stop 4 > /root/client.json 2>&1 &"
+on "$R" "rm -f /root/stop; nohup python3 /root/router_client.py http://127.0.0.1:30100 bench-model /root/stop $THREADS > /root/client.json 2>&1 &"
 sleep 2
 manifest 2
 started=$(date +%s.%N)
-rc apply --format json > "$DIR/rollout.json" || true
+rc apply --format json > "$DIR/rollout.json" 2> "$DIR/rollout.log" || true
 took=$(awk -v a="$(date +%s.%N)" -v b="$started" 'BEGIN{printf "%.1f", a-b}')
 # Keep the loop going until it has sent enough requests, then stop it and read what it saw.
 sleep 2

@@ -339,7 +339,7 @@ pub(super) async fn behind_router(
                 let drained = report.drain.as_ref().map_or(0.0, |d| d.seconds);
                 let back = applied.elapsed().as_secs_f64();
                 report.notes.push(format!(
-                    "router: {url} out in {:.1}s, drained in {drained:.1}s, back in {} and healthy after {back:.1}s (bookkeeping {:.1}s)",
+                    "router: {url} out in {:.2}s, drained in {drained:.2}s, back in {} and healthy after {back:.2}s (bookkeeping {:.2}s)",
                     out.as_secs_f64(),
                     router.spec.url,
                     out.as_secs_f64() + drained + back
