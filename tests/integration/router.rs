@@ -107,10 +107,11 @@ fn manifest(hosts: &[&str], generation: u32, failing: Option<&str>) -> String {
     )
 }
 
-fn apply(text: &str) -> (i32, serde_json::Value) {
+fn apply(text: &str, extra: &[&str]) -> (i32, serde_json::Value) {
     let ran = Reconcile::new()
         .manifest("replicas.yaml", text)
         .args(&["apply", "--format", "json"])
+        .args(extra)
         .run();
     assert!(
         !ran.stdout
@@ -178,14 +179,14 @@ fn starts_since(host: &str, since: u64) -> usize {
 fn a_rolling_apply_behind_the_router_loses_no_request() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     fresh_router();
-    let (code, first) = apply(&manifest(&REPLICAS, 1, None));
+    let (code, first) = apply(&manifest(&REPLICAS, 1, None), &[]);
     assert_eq!(code, 0, "{first}");
     // New replicas are not in the router yet: each is added once verified.
     assert_eq!(listed(), all_healthy(&REPLICAS));
     let client = Client::start();
     std::thread::sleep(Duration::from_secs(1));
     let since = since_epoch();
-    let (code, report) = apply(&manifest(&REPLICAS, 2, None));
+    let (code, report) = apply(&manifest(&REPLICAS, 2, None), &[]);
     std::thread::sleep(Duration::from_secs(1));
     let seen = client.stop();
     assert_eq!(code, 0, "{report}");
@@ -211,10 +212,13 @@ fn a_rolling_apply_behind_the_router_loses_no_request() {
 fn a_replica_failing_verification_is_back_in_the_router_on_its_old_unit() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     fresh_router();
-    let (code, first) = apply(&manifest(&REPLICAS, 1, None));
+    let (code, first) = apply(&manifest(&REPLICAS, 1, None), &[]);
     assert_eq!(code, 0, "{first}");
     let client = Client::start();
-    let (code, report) = apply(&manifest(&REPLICAS, 2, Some(REPLICAS[1])));
+    let (code, report) = apply(
+        &manifest(&REPLICAS, 2, Some(REPLICAS[1])),
+        &["--max-parallel", "1"],
+    );
     let seen = client.stop();
     assert_eq!(code, 3, "{report}");
     assert_eq!(unit_of(&report, REPLICAS[0])["outcome"], "converged");
@@ -224,7 +228,7 @@ fn a_replica_failing_verification_is_back_in_the_router_on_its_old_unit() {
         failed["notes"].to_string().contains("healthy after"),
         "{failed}"
     );
-    // The rollout stopped there (one failure allowed by default).
+    // One replica at a time: the rollout stopped there (one failure allowed by default).
     assert_eq!(unit_of(&report, REPLICAS[2])["outcome"], "not_started");
     let unit = lab().sh(
         REPLICAS[1],
@@ -250,11 +254,11 @@ fn the_last_healthy_replica_is_never_taken_out() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     fresh_router();
     let only = &REPLICAS[..1];
-    let (code, first) = apply(&manifest(only, 1, None));
+    let (code, first) = apply(&manifest(only, 1, None), &[]);
     assert_eq!(code, 0, "{first}");
     let unit = format!("{SERVICE}.service");
     let before = lab().invocation(only[0], &unit);
-    let (code, report) = apply(&manifest(only, 2, None));
+    let (code, report) = apply(&manifest(only, 2, None), &[]);
     assert_eq!(code, 1, "{report}");
     let u = unit_of(&report, only[0]);
     assert_eq!(u["outcome"], "error", "{u}");
