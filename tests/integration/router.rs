@@ -276,3 +276,43 @@ fn the_last_healthy_replica_is_never_taken_out() {
         .contains("GENERATION=1"));
     assert_eq!(listed(), all_healthy(only), "it stayed in the router");
 }
+
+#[test]
+fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    fresh_router();
+    let two = &REPLICAS[..2];
+    let (code, first) = apply(&manifest(two, 1, None), &[]);
+    assert_eq!(code, 0, "{first}");
+    let unit = format!("{SERVICE}.service");
+    let slow = manifest(two, 2, None).replace(
+        "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
+        "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
+    );
+    let before = lab().invocation(two[0], &unit);
+    let child = Reconcile::new()
+        .manifest("replicas.yaml", &slow)
+        .args(&["apply", "--format", "json", "--max-parallel", "1"])
+        .spawn(&[]);
+    lab().wait_for_restart(two[0], &unit, &before);
+    assert_eq!(listed(), all_healthy(&two[1..]), "out while it restarts");
+    std::thread::sleep(Duration::from_millis(500));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let ran = crate::lab::Ran::from(child.wait_with_output().unwrap());
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let report = ran.json();
+    let u = unit_of(&report, two[0]);
+    assert_eq!(u["outcome"], "rolled_back", "{u}");
+    assert!(
+        u["detail"].to_string().contains("interrupted (SIGTERM)"),
+        "{u}"
+    );
+    assert!(lab()
+        .sh(two[0], &format!("cat /etc/systemd/system/{unit}"))
+        .contains("GENERATION=1"));
+    assert_eq!(listed(), all_healthy(two), "back in the router");
+}
