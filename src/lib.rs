@@ -26,6 +26,7 @@ pub mod preflight;
 pub mod probe;
 pub mod remote;
 pub mod report;
+pub mod router;
 pub mod run;
 pub mod signals;
 pub mod status;

@@ -23,6 +23,7 @@ pub mod plan_file;
 pub mod preflight;
 pub mod record;
 pub mod redact;
+pub mod router;
 pub mod sglang;
 pub mod targets;
 pub mod unit;

@@ -72,6 +72,9 @@ pub enum ApplyError {
     /// deployment that cannot be restored).
     #[error("nothing was changed: {0}")]
     Refused(String),
+    /// The router could not be reached or did not take the replica back.
+    #[error("{0}")]
+    Router(String),
 }
 
 /// The report's `error`: which kind of failure a unit's outcome is about.
@@ -97,6 +100,8 @@ pub enum ApplyErrorKind {
     Refused,
     /// Converged, then rolled back by `--rollback-all` because the rollout stopped elsewhere.
     RolloutStopped,
+    /// The router a replica sits behind could not be reached, or did not take it back.
+    RouterFailed,
 }
 
 impl ApplyError {
@@ -120,6 +125,7 @@ impl ApplyError {
             ApplyError::InterruptedBeforeHost | ApplyError::Interrupted(_) => K::Interrupted,
             ApplyError::NotStarted(_) => K::NotStarted,
             ApplyError::Refused(_) => K::Refused,
+            ApplyError::Router(_) => K::RouterFailed,
         }
     }
 }

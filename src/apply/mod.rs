@@ -138,6 +138,9 @@ pub struct ApplyOptions {
     pub restoring: Option<usize>,
     /// What to hide in plans and journals: the secret names of the run's manifests.
     pub redactor: Redactor,
+    /// The routers a rollout's replicas sit behind (set by `rollout::roll_out`); a replica behind
+    /// one is taken out of it for its apply (`rollout::behind_router`).
+    pub routers: Option<std::sync::Arc<crate::router::Routers>>,
 }
 
 impl ApplyOptions {
@@ -165,6 +168,7 @@ impl ApplyOptions {
             },
             restoring: None,
             redactor,
+            routers: None,
         }
     }
 
@@ -232,7 +236,11 @@ pub(crate) async fn apply_units(
             reports.push(Report::new(t, Instant::now()).fail(&e));
             continue;
         }
-        reports.push(apply_one(host, t, options).await);
+        let report = match options.routers.as_ref().and_then(|r| r.of(t)) {
+            Some(router) => rollout::behind_router(host, t, options, router).await,
+            None => apply_one(host, t, options).await,
+        };
+        reports.push(report);
     }
     reports
 }

@@ -2,6 +2,10 @@
 //! starts; then batches; no new host once the rollout has seen `max_failures` failed hosts; and,
 //! when asked, the hosts already converged in this rollout rolled back when it stops. The order
 //! and when to stop are `schedule`'s; this file looks at the hosts and runs the turns it hands out.
+//!
+//! A replica whose manifest has `router:` is applied [`behind_router`]: taken out of the router,
+//! drained, applied (install, restart, every stage of verification, or rolled back), and put back
+//! once the router lists it healthy; then the next.
 
 use super::decide;
 use super::error::ApplyError;
@@ -12,6 +16,8 @@ use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
 use crate::manifest::VerifySpec;
 use crate::remote::{error_chain, Host, SshOptions};
+use crate::router::{Router, Routers, TakeOutError};
+use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
 
 /// Hosts looked at at once before the rollout starts.
@@ -89,12 +95,24 @@ pub async fn roll_out(
         .iter()
         .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.verify.clone()))
         .collect();
+    let all = targets.clone();
     let hosts = by_host(targets);
     let order: std::collections::HashMap<String, usize> = hosts
         .iter()
         .enumerate()
         .map(|(i, (name, _))| (name.clone(), i))
         .collect();
+    let routers = Routers::connect(&all, ssh).await;
+    let with_routers;
+    let options = if routers.is_empty() {
+        options
+    } else {
+        with_routers = ApplyOptions {
+            routers: Some(std::sync::Arc::new(routers)),
+            ..options.clone()
+        };
+        &with_routers
+    };
     let surveys = survey(hosts.into_iter().collect(), ssh, options).await;
     let mut reports: Vec<UnitReport> = Vec::new();
     let mut turns = Vec::new();
@@ -266,4 +284,139 @@ async fn undo(
     let restored = restore_and_verify(restore, &verifier).await;
     let _ = state::unlock(host, &unit).await;
     restored.map_err(|e| decide::not_restored(&e))
+}
+
+/// Whether applying `t` restarts its server (or starts a new one): only then does the replica
+/// leave the router. A reload-only change keeps it serving; a unit that cannot be read is left to
+/// apply to report.
+async fn restarts(host: &dyn Host, t: &Target, options: &ApplyOptions) -> bool {
+    let Ok(observed) = host.observe(&t.desired.unit).await else {
+        return false;
+    };
+    match crate::plan::plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict {
+        crate::plan::Verdict::Restart | crate::plan::Verdict::Install => true,
+        crate::plan::Verdict::ReloadOnly => false,
+        crate::plan::Verdict::NoChange => super::has_work(host, t, options).await,
+    }
+}
+
+/// One replica's apply behind its router: out of the router (refused when that would leave fewer
+/// than `min_available` healthy replicas of its model), applied with a drain before its restart
+/// (the manifest's `drain:`, else one of `router.drain_timeout` that refuses when it cannot see the
+/// server idle), then back in and listed healthy. A replica rolled back (a stage failed, or
+/// Ctrl-C/SIGTERM during verification), or refused before a change (a drain that timed out or was
+/// interrupted), runs its old unit and goes back in too; only one whose rollback failed, or a new
+/// one that never passed, stays out. The notes time each step.
+pub(super) async fn behind_router(
+    host: &dyn Host,
+    t: &Target,
+    options: &ApplyOptions,
+    router: Result<std::sync::Arc<Router>, String>,
+) -> UnitReport {
+    let refuse = |e: ApplyError| super::refused_for(&t.host, &t.desired.unit, &t.source, &e);
+    let router = match router {
+        Ok(router) => router,
+        Err(e) => return refuse(ApplyError::Router(e)),
+    };
+    if !restarts(host, t, options).await {
+        return super::apply_one(host, t, options).await;
+    }
+    let endpoint = crate::verify::Expect::from_unit(&t.desired.model).endpoint;
+    let url = router.spec.worker_url(&t.host, endpoint.port);
+    let started = std::time::Instant::now();
+    let listed = match router.take_out(&url).await {
+        Ok(listed) => listed.is_some(),
+        Err(TakeOutError::Refused(why)) => return refuse(ApplyError::Refused(why)),
+        Err(TakeOutError::Router(e)) => return refuse(ApplyError::Router(e.to_string())),
+    };
+    let out = started.elapsed();
+    let mut report = super::apply_one(host, &draining(t, &router), options).await;
+    let back = goes_back(report.outcome, listed);
+    let applied = std::time::Instant::now();
+    if back {
+        match router.put_back(&url, endpoint.api_key.as_deref()).await {
+            Ok(()) => {
+                let drained = report.drain.as_ref().map_or(0.0, |d| d.seconds);
+                let back = applied.elapsed().as_secs_f64();
+                report.notes.push(format!(
+                    "router: {url} out in {:.2}s, drained in {drained:.2}s, back in {} and healthy after {back:.2}s (bookkeeping {:.2}s)",
+                    out.as_secs_f64(),
+                    router.spec.url,
+                    out.as_secs_f64() + drained + back
+                ));
+            }
+            Err(e) => router_failed(&mut report, &e.to_string()),
+        }
+    } else if listed {
+        report.notes.push(format!(
+            "router: {url} stays out of {}: it needs attention before it serves again",
+            router.spec.url
+        ));
+    }
+    report
+}
+
+/// Whether a replica goes (back) into the router after its apply ended in `outcome`; `listed`:
+/// it was in before. What converged serves the new unit; refused, interrupted or rolled back, the
+/// old unit serves (a rollback passed verification), so it goes back where it was; a failed
+/// rollback leaves a server nobody verified, which stays out.
+fn goes_back(outcome: Outcome, listed: bool) -> bool {
+    match outcome {
+        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => true,
+        Outcome::RollbackFailed => false,
+        Outcome::Error | Outcome::NotStarted | Outcome::RolledBack => listed,
+    }
+}
+
+/// `t` with the drain its apply runs once the replica is out of the router: the manifest's own, or
+/// `router.drain_timeout` refusing on timeout (cutting requests off is the operator's call).
+fn draining(t: &Target, router: &Router) -> Target {
+    let mut t = t.clone();
+    if t.manifest.drain.is_none() {
+        std::sync::Arc::make_mut(&mut t.manifest).drain = Some(crate::manifest::DrainSpec {
+            timeout: router.spec.drain_timeout,
+            on_timeout: crate::manifest::OnTimeout::Refuse,
+        });
+    }
+    t
+}
+
+/// The replica was applied but the router did not take it back: a converged replica counts as
+/// failed (the rollout stops); a rolled-back one keeps its outcome and says so.
+fn router_failed(report: &mut UnitReport, why: &str) {
+    let what = format!("the router did not take it back: {why}");
+    if matches!(
+        report.outcome,
+        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged
+    ) {
+        let e = ApplyError::Router(format!("{}; but {what}", report.detail));
+        report.outcome = Outcome::Error;
+        report.error = Some(e.kind());
+        report.detail = e.to_string();
+    } else {
+        report.detail = format!("{}; {what}", report.detail);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_goes_back_into_the_router() {
+        // A new replica (not listed before) goes in only once it converged.
+        assert!(goes_back(Outcome::Converged, false));
+        assert!(!goes_back(Outcome::RolledBack, false));
+        assert!(!goes_back(Outcome::Error, false));
+        // A listed one goes back on its new unit, or on its verified old one.
+        for outcome in [
+            Outcome::Converged,
+            Outcome::RolledBack,
+            Outcome::Error,
+            Outcome::NotStarted,
+        ] {
+            assert!(goes_back(outcome, true), "{outcome:?}");
+        }
+        assert!(!goes_back(Outcome::RollbackFailed, true));
+    }
 }

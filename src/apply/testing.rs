@@ -42,6 +42,7 @@ pub fn options(cancel: watch::Receiver<bool>) -> ApplyOptions {
         },
         restoring: None,
         redactor: Default::default(),
+        routers: None,
     }
 }
 

@@ -175,6 +175,7 @@ pub fn restore_target(
         env: Default::default(),
         systemd: Default::default(),
         verify: VerifySpec::default(),
+        router: None,
         drain: None,
     });
     if let Some(python) = command.first() {

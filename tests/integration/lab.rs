@@ -30,6 +30,11 @@ pub const THROUGHPUT: &str = "rl15";
 pub const PTY: &str = "rl16";
 /// Drain before a restart (issue 16): drain.rs uses ports 37101-37109 and GPUs 0-17.
 pub const DRAIN: &str = "rl17";
+/// Zero-downtime rollouts (issue 16): the host running the real sglang-router (a systemd unit the
+/// router tests start), and the three replica hosts behind it. The lab must be booted with
+/// `ROUTE=1` (tests/hostlab/up.sh) so the router host reaches the replicas.
+pub const ROUTER: &str = "rl18";
+pub const REPLICAS: [&str; 3] = ["rl19", "rl20", "rl21"];
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
@@ -61,6 +66,16 @@ impl Lab {
     /// A file of the lab's state folder (known_hosts files, keys).
     pub fn file(&self, name: &str) -> PathBuf {
         self.state.join(name)
+    }
+
+    /// A host's address on its veth (`hosts.tsv`, written by up.sh).
+    pub fn address(&self, host: &str) -> String {
+        let tsv = std::fs::read_to_string(self.state.join("hosts.tsv")).expect("hosts.tsv");
+        tsv.lines()
+            .map(|l| l.split('\t').collect::<Vec<_>>())
+            .find(|f| f.first() == Some(&host))
+            .and_then(|f| f.get(1).map(|a| a.to_string()))
+            .unwrap_or_else(|| panic!("{host} is not in hosts.tsv: boot more test hosts"))
     }
 
     /// Holds the counted host for one test at a time.

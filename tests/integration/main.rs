@@ -16,6 +16,7 @@ mod plan_file;
 mod preflight;
 mod pty;
 mod real_sglang;
+mod router;
 mod security;
 mod status;
 mod systemd_escaping;

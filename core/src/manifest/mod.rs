@@ -8,6 +8,7 @@
 pub(crate) mod error;
 pub(crate) mod locate;
 mod parse;
+mod router;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 pub use error::{ManifestError, ManifestErrors, Position};
 pub use parse::parse;
+pub use router::{AdminKey, RouterSpec};
 pub use validate::{validate, validate_fleet};
 
 /// One service (one systemd unit) deployed to one or more hosts.
@@ -38,6 +40,8 @@ pub struct Manifest {
     /// Extra unit settings (`User`, `Restart`, `LimitNOFILE`, `After`, ...).
     pub systemd: BTreeMap<String, String>,
     pub verify: VerifySpec,
+    /// The sglang-router the replicas sit behind (`router:`), for rollouts that take each out.
+    pub router: Option<RouterSpec>,
     /// Wait for the server to finish its requests before a restart (`drain:`); `None`: restart at
     /// once, as before.
     pub drain: Option<DrainSpec>,

@@ -100,6 +100,7 @@ struct RawManifest {
     /// Env names whose values are secret whatever they are called.
     #[serde(default)]
     secret_env: Vec<String>,
+    router: Option<RawRouter>,
 }
 
 #[derive(Deserialize)]
@@ -221,6 +222,45 @@ struct RawFlag(FlagValue);
 
 struct HumanDuration(Duration);
 
+/// `router:` (`RouterSpec`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouter {
+    url: String,
+    via: Option<String>,
+    admin_key_env: Option<String>,
+    admin_key_file: Option<String>,
+    #[serde(default)]
+    workers: BTreeMap<String, String>,
+    min_available: Option<usize>,
+    drain_timeout: Option<HumanDuration>,
+    healthy_timeout: Option<HumanDuration>,
+}
+
+impl RawRouter {
+    /// Both key sources given is reported by [`check`]; the file wins here.
+    fn into_spec(self) -> super::RouterSpec {
+        let admin_key = match (self.admin_key_file, self.admin_key_env) {
+            (Some(path), _) => Some(super::AdminKey::File(path)),
+            (None, Some(name)) => Some(super::AdminKey::Env(name)),
+            (None, None) => None,
+        };
+        super::RouterSpec {
+            url: self.url.trim_end_matches('/').to_string(),
+            via: self.via,
+            admin_key,
+            workers: self.workers,
+            min_available: self.min_available.unwrap_or(1),
+            drain_timeout: self
+                .drain_timeout
+                .map_or(super::RouterSpec::DRAIN_TIMEOUT, |d| d.0),
+            healthy_timeout: self
+                .healthy_timeout
+                .map_or(super::RouterSpec::HEALTHY_TIMEOUT, |d| d.0),
+        }
+    }
+}
+
 impl RawManifest {
     fn into_manifest(self, source: &str, text: &str) -> Manifest {
         let service = self
@@ -279,6 +319,7 @@ impl RawManifest {
                 explicit,
                 benchmark: v.benchmark.map(RawBenchmark::into_spec),
             },
+            router: self.router.map(RawRouter::into_spec),
             drain: self.drain.map(RawDrain::into_spec),
         }
     }

@@ -39,6 +39,7 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     if let Some(b) = &m.verify.benchmark {
         check.benchmark(b);
     }
+    super::router::check(m, text, &mut |path, message| check.fail(path, message));
     if let Some(d) = &m.drain {
         check.drain(m, d);
     }
@@ -379,7 +380,13 @@ fn with<'a>(base: &[Seg<'a>], key: &'a str) -> Vec<Seg<'a>> {
     path
 }
 
-fn invalid(file: &str, text: &str, path: &[Seg], field: &str, message: String) -> ManifestError {
+pub(super) fn invalid(
+    file: &str,
+    text: &str,
+    path: &[Seg],
+    field: &str,
+    message: String,
+) -> ManifestError {
     ManifestError::Invalid {
         file: file.to_string(),
         position: locate(text, path),

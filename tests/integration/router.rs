@@ -1,0 +1,318 @@
+//! Zero-downtime rollouts behind the real sglang-router 0.3.2 (issue 16): the router runs on
+//! `ROUTER` as a systemd unit (the test-host image has it in /opt/sglang-router), three SGLang
+//! stand-in replicas on `REPLICAS`, and a client loop on the router host sends chat completions
+//! through it while `reconcile apply` rolls a restarting change over the replicas.
+//!
+//! The tests share these hosts, so they take turns (`TURN`).
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::lab::{lab, Reconcile, REPLICAS, ROUTER};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+const ROUTER_UNIT: &str = "it-sglang-router";
+const ROUTER_PORT: u16 = 30100;
+const SERVICE: &str = "router-replica";
+const MODEL: &str = "router-model";
+const KEY_FILE: &str = "/etc/sglang-router/admin-key";
+const CLIENT: &str = include_str!("../../bench/router_client.py");
+
+/// The router's `/workers`, read on its host with its admin key (the image has no curl).
+fn workers() -> Vec<serde_json::Value> {
+    let script = format!(
+        "python3 -c \"import urllib.request as u; k = open('{KEY_FILE}').read().strip(); \
+         print(u.urlopen(u.Request('http://127.0.0.1:{ROUTER_PORT}/workers', \
+         headers={{'Authorization': 'Bearer ' + k}}), timeout=10).read().decode())\""
+    );
+    let out = lab().sh(ROUTER, &script);
+    let list: serde_json::Value = serde_json::from_str(&out).expect("the router's /workers");
+    list["workers"].as_array().cloned().unwrap_or_default()
+}
+
+fn worker_url(host: &str) -> String {
+    format!("http://{}:30000", lab().address(host))
+}
+
+/// Each listed worker's URL and health.
+fn listed() -> Vec<(String, bool)> {
+    let mut w: Vec<(String, bool)> = workers()
+        .iter()
+        .map(|w| {
+            (
+                w["url"].as_str().unwrap_or_default().to_string(),
+                w["is_healthy"] == true,
+            )
+        })
+        .collect();
+    w.sort();
+    w
+}
+
+fn all_healthy(hosts: &[&str]) -> Vec<(String, bool)> {
+    let mut w: Vec<(String, bool)> = hosts.iter().map(|h| (worker_url(h), true)).collect();
+    w.sort();
+    w
+}
+
+/// Clean replica hosts and a fresh router with no workers and a random admin key.
+fn fresh_router() {
+    for host in REPLICAS {
+        lab().remove_unit(host, &format!("{SERVICE}.service"));
+    }
+    lab().sh(
+        ROUTER,
+        &format!(
+            "systemctl stop {ROUTER_UNIT} 2>/dev/null; systemctl reset-failed {ROUTER_UNIT} 2>/dev/null; \
+             mkdir -p /etc/sglang-router; (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \\n' > {KEY_FILE}); \
+             systemd-run -q --unit {ROUTER_UNIT} /opt/sglang-router/bin/python -m sglang_router.launch_router \
+             --host 127.0.0.1 --port {ROUTER_PORT} --policy round_robin --health-check-interval-secs 2 \
+             --control-plane-api-keys \"reconcile:reconcile:admin:$(cat {KEY_FILE})\""
+        ),
+    );
+    lab().wait_until(
+        ROUTER,
+        &format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {ROUTER_PORT}), 1)' 2>/dev/null"),
+        Duration::from_secs(30),
+    );
+    assert_eq!(listed(), vec![], "a fresh router lists no worker");
+}
+
+/// The replicas' manifest. `generation` is an env value (a new one restarts every replica);
+/// `failing` makes that host's stand-in crash as it starts.
+fn manifest(hosts: &[&str], generation: u32, failing: Option<&str>) -> String {
+    let entries: Vec<String> = hosts
+        .iter()
+        .map(|h| match failing {
+            Some(f) if f == *h => format!(
+                "  - name: {h}\n    env: {{ FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\" }}\n"
+            ),
+            _ => format!("  - {h}\n"),
+        })
+        .collect();
+    let workers: Vec<String> = hosts
+        .iter()
+        .map(|h| format!("    {h}: \"{}\"\n", worker_url(h)))
+        .collect();
+    format!(
+        "service: {SERVICE}\n\
+         hosts:\n{}\
+         sglang: {{ python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: {MODEL}, host: 0.0.0.0, port: 30000, flags: {{ enable-metrics: true }} }}\n\
+         env: {{ FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_MEMORY_MB: \"10\", GENERATION: \"{generation}\" }}\n\
+         verify: {{ crash_window: 2s }}\n\
+         router:\n  url: http://127.0.0.1:{ROUTER_PORT}\n  via: {ROUTER}\n  admin_key_file: {KEY_FILE}\n  workers:\n{}",
+        entries.concat(),
+        workers.concat()
+    )
+}
+
+fn apply(text: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+    let ran = Reconcile::new()
+        .manifest("replicas.yaml", text)
+        .args(&["apply", "--format", "json"])
+        .args(extra)
+        .run();
+    assert!(
+        !ran.stdout
+            .contains(&lab().sh(ROUTER, &format!("cat {KEY_FILE}"))),
+        "the admin key is in the output"
+    );
+    (ran.code, ran.json())
+}
+
+fn unit_of<'a>(report: &'a serde_json::Value, host: &str) -> &'a serde_json::Value {
+    report["units"]
+        .as_array()
+        .and_then(|u| u.iter().find(|u| u["host"] == host))
+        .unwrap_or_else(|| panic!("no unit of {host} in {report}"))
+}
+
+/// The client loop on the router host, sending through the router until stopped.
+struct Client;
+
+impl Client {
+    fn start() -> Client {
+        lab().put(ROUTER, "/root/router_client.py", CLIENT);
+        lab().sh(
+            ROUTER,
+            &format!("rm -f /root/stop /root/client.json; nohup python3 /root/router_client.py http://127.0.0.1:{ROUTER_PORT} {MODEL} /root/stop 4 > /root/client.json 2>&1 < /dev/null &"),
+        );
+        Client
+    }
+
+    /// Stops the loop: what it saw.
+    fn stop(self) -> serde_json::Value {
+        lab().sh(ROUTER, "touch /root/stop");
+        lab().wait_until(ROUTER, "[ -s /root/client.json ]", Duration::from_secs(150));
+        let out = lab().sh(ROUTER, "cat /root/client.json");
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("client output ({e}): {out}"))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        lab().sh_quietly(ROUTER, "touch /root/stop");
+    }
+}
+
+fn since_epoch() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Starts of the replica's unit since `since` (seconds since the epoch), from its journal.
+fn starts_since(host: &str, since: u64) -> usize {
+    lab()
+        .sh(
+            host,
+            &format!("journalctl -u {SERVICE}.service --since @{since} -o cat --no-pager | grep -c '^Started ' || true"),
+        )
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_rolling_apply_behind_the_router_loses_no_request() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    fresh_router();
+    let (code, first) = apply(&manifest(&REPLICAS, 1, None), &[]);
+    assert_eq!(code, 0, "{first}");
+    // New replicas are not in the router yet: each is added once verified.
+    assert_eq!(listed(), all_healthy(&REPLICAS));
+    let client = Client::start();
+    std::thread::sleep(Duration::from_secs(1));
+    let since = since_epoch();
+    let (code, report) = apply(&manifest(&REPLICAS, 2, None), &[]);
+    std::thread::sleep(Duration::from_secs(1));
+    let seen = client.stop();
+    assert_eq!(code, 0, "{report}");
+    for host in REPLICAS {
+        let u = unit_of(&report, host);
+        assert_eq!(u["outcome"], "converged", "{u}");
+        let notes = u["notes"].to_string();
+        assert!(
+            notes.contains("router: ") && notes.contains("healthy after"),
+            "{notes}"
+        );
+        assert_eq!(starts_since(host, since), 1, "{host} restarted once");
+    }
+    assert_eq!(
+        seen["failed"], 0,
+        "requests failed through the router: {seen}"
+    );
+    assert!(seen["ok"].as_u64().unwrap_or(0) > 0, "{seen}");
+    assert_eq!(listed(), all_healthy(&REPLICAS), "the worker list is whole");
+}
+
+#[test]
+fn a_replica_failing_verification_is_back_in_the_router_on_its_old_unit() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    fresh_router();
+    let (code, first) = apply(&manifest(&REPLICAS, 1, None), &[]);
+    assert_eq!(code, 0, "{first}");
+    let client = Client::start();
+    let (code, report) = apply(
+        &manifest(&REPLICAS, 2, Some(REPLICAS[1])),
+        &["--max-parallel", "1"],
+    );
+    let seen = client.stop();
+    assert_eq!(code, 3, "{report}");
+    assert_eq!(unit_of(&report, REPLICAS[0])["outcome"], "converged");
+    let failed = unit_of(&report, REPLICAS[1]);
+    assert_eq!(failed["outcome"], "rolled_back", "{failed}");
+    assert!(
+        failed["notes"].to_string().contains("healthy after"),
+        "{failed}"
+    );
+    // One replica at a time: the rollout stopped there (one failure allowed by default).
+    assert_eq!(unit_of(&report, REPLICAS[2])["outcome"], "not_started");
+    let unit = lab().sh(
+        REPLICAS[1],
+        &format!("cat /etc/systemd/system/{SERVICE}.service"),
+    );
+    assert!(
+        unit.contains("GENERATION=1") && !unit.contains("FAKE_SGLANG_FAIL"),
+        "{unit}"
+    );
+    assert_eq!(
+        listed(),
+        all_healthy(&REPLICAS),
+        "every replica is back in the router"
+    );
+    assert_eq!(
+        seen["failed"], 0,
+        "requests failed through the router: {seen}"
+    );
+}
+
+#[test]
+fn the_last_healthy_replica_is_never_taken_out() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    fresh_router();
+    let only = &REPLICAS[..1];
+    let (code, first) = apply(&manifest(only, 1, None), &[]);
+    assert_eq!(code, 0, "{first}");
+    let unit = format!("{SERVICE}.service");
+    let before = lab().invocation(only[0], &unit);
+    let (code, report) = apply(&manifest(only, 2, None), &[]);
+    assert_eq!(code, 1, "{report}");
+    let u = unit_of(&report, only[0]);
+    assert_eq!(u["outcome"], "error", "{u}");
+    assert_eq!(u["error"], "refused", "{u}");
+    let detail = u["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(&format!(
+            "would leave 0 healthy replica(s) of `{MODEL}` (min_available 1)"
+        )),
+        "{detail}"
+    );
+    assert_eq!(lab().invocation(only[0], &unit), before, "not restarted");
+    assert!(lab()
+        .sh(only[0], &format!("cat /etc/systemd/system/{unit}"))
+        .contains("GENERATION=1"));
+    assert_eq!(listed(), all_healthy(only), "it stayed in the router");
+}
+
+#[test]
+fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    fresh_router();
+    let two = &REPLICAS[..2];
+    let (code, first) = apply(&manifest(two, 1, None), &[]);
+    assert_eq!(code, 0, "{first}");
+    let unit = format!("{SERVICE}.service");
+    let slow = manifest(two, 2, None).replace(
+        "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
+        "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
+    );
+    let before = lab().invocation(two[0], &unit);
+    let child = Reconcile::new()
+        .manifest("replicas.yaml", &slow)
+        .args(&["apply", "--format", "json", "--max-parallel", "1"])
+        .spawn(&[]);
+    lab().wait_for_restart(two[0], &unit, &before);
+    assert_eq!(listed(), all_healthy(&two[1..]), "out while it restarts");
+    std::thread::sleep(Duration::from_millis(500));
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let ran = crate::lab::Ran::from(child.wait_with_output().unwrap());
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let report = ran.json();
+    let u = unit_of(&report, two[0]);
+    assert_eq!(u["outcome"], "rolled_back", "{u}");
+    assert!(
+        u["detail"].to_string().contains("interrupted (SIGTERM)"),
+        "{u}"
+    );
+    assert!(lab()
+        .sh(two[0], &format!("cat /etc/systemd/system/{unit}"))
+        .contains("GENERATION=1"));
+    assert_eq!(listed(), all_healthy(two), "back in the router");
+}
