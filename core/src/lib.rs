@@ -22,6 +22,7 @@ pub mod preflight;
 pub mod record;
 pub mod redact;
 pub mod sglang;
+pub mod survey;
 pub mod targets;
 pub mod unit;
 pub mod verify;

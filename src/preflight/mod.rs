@@ -8,6 +8,8 @@
 //! units at once, eight sessions, under sshd's default of ten per connection).
 
 mod gather;
+pub mod survey;
 
-pub use gather::{check, check_with, installed_sglang};
+pub use gather::{check, check_surveyed, check_with, installed_sglang};
 pub use reconcile_core::preflight::*;
+pub use survey::{survey, Survey};
