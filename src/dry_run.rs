@@ -9,7 +9,7 @@ use crate::digest::sha256;
 use crate::fleet;
 use crate::observed::Observed;
 use crate::plan::{plan, PlannedState, UnitPlan, Verdict};
-use crate::preflight::{self, Survey};
+use crate::preflight::{self, Ask, Survey};
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::systemd::Systemd;
@@ -59,7 +59,7 @@ async fn plan_host(
     deep: bool,
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
-    let survey = match preflight::survey(host, targets, None).await {
+    let survey = match preflight::survey(host, targets, Ask::PLAN).await {
         Ok(Some(survey)) => survey,
         Ok(None) => {
             return stream::iter(targets)

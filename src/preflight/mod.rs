@@ -12,4 +12,4 @@ pub mod survey;
 
 pub use gather::{check, check_surveyed, check_with, installed_sglang};
 pub use reconcile_core::preflight::*;
-pub use survey::{survey, Survey};
+pub use survey::{survey, Ask, Survey};

@@ -29,7 +29,7 @@ const PER_UNIT: usize = 6;
 
 /// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$6` the fixed
 /// scripts of the parts (see gather.rs), then the number of Pythons and each, then the number of
-/// units and each one's [`PER_UNIT`] arguments. Every part writes to files of its own, never to
+/// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change). Every part writes to files of its own, never to
 /// the script's stdout, so a part that outlives its `timeout` cannot hold the session open.
 const SCRIPT: &str = r#"# the survey (unit files, systemctl show, SGLang versions, model paths, nvidia-smi, ss, records)
 t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6
@@ -57,7 +57,7 @@ while [ "$i" -lt "$n" ]; do
   part "unit.$i" sh -c "$read_file" sh "$2"
   part "show.$i" systemctl show -p "$props" -- "$1"
   [ -n "$6" ] && part "record.$i" sh -c "$read_file" sh "$6"
-  if [ "$(sha256sum 2>/dev/null < "$2" | cut -d' ' -f1)" != "$3" ]; then
+  if [ -n "$4" ] && [ "$(sha256sum 2>/dev/null < "$2" | cut -d' ' -f1)" != "$3" ]; then
     changed=1
     part "access.$i" sh -c "$acc" sh "$4"
     part "ports.$i" sh -c "$lis" sh "$5"
@@ -93,8 +93,22 @@ pub struct Survey {
     records: Option<String>,
 }
 
-/// The state directory's records asked for with the units (`apply`), or none (`plan`).
-pub type Records<'a> = Option<&'a str>;
+/// What a survey asks besides each unit's file and `systemctl show`.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// Each Python's SGLang version, and for units that change, the checks a change needs.
+    pub preflight: bool,
+    /// The deployment records under this state directory (`apply`).
+    pub records: Option<&'a str>,
+}
+
+impl Ask<'_> {
+    /// What `plan` needs.
+    pub const PLAN: Ask<'static> = Ask {
+        preflight: true,
+        records: None,
+    };
+}
 
 /// Asks `host` for every fact of `targets` at once. `Ok(None)`: the host could not run the survey
 /// (no `mktemp`, `base64` or `sha256sum`, or an output that does not read): the caller falls back
@@ -103,12 +117,13 @@ pub type Records<'a> = Option<&'a str>;
 pub async fn survey(
     host: &dyn Host,
     targets: &[Target],
-    records: Records<'_>,
+    ask: Ask<'_>,
 ) -> Result<Option<Survey>, RemoteError> {
+    let records = ask.records;
     let limit = host.limits().command;
     let wants: Vec<Want> = targets.iter().map(Want::of).collect();
     let mut pythons: Vec<String> = Vec::new();
-    for w in &wants {
+    for w in wants.iter().filter(|_| ask.preflight) {
         if !pythons.contains(&w.python) {
             pythons.push(w.python.clone());
         }
@@ -132,7 +147,12 @@ pub async fn survey(
             unit.clone(),
             format!("{UNIT_DIR}/{unit}"),
             sha256(&t.desired.text),
-            w.model_path.clone(),
+            // An empty model path: no change-only checks (see the script).
+            if ask.preflight {
+                w.model_path.clone()
+            } else {
+                String::new()
+            },
             w.port.to_string(),
             record_path(unit).unwrap_or_default(),
         ];
@@ -384,7 +404,8 @@ pub(crate) mod tests {
         assert_eq!(survey::file(s.get("record.1").unwrap(), "/r"), Ok(None));
     }
 
-    /// What a fake host answers for the survey: every unit missing, systemd not knowing it, the
+    /// What a fake host answers for the survey: the units and records `files` has, systemd not
+    /// knowing any unit, the
     /// Python with SGLang `version`, and, for units that change, the model readable, four GPUs
     /// and the port free. Reads the survey's own arguments, as the script does.
     pub(crate) fn fake_answer(argv: &[&str], version: &str, files: &[(&str, &str)]) -> String {
@@ -416,7 +437,18 @@ pub(crate) mod tests {
                 &format!("show.{i}"),
                 &ok("LoadState=not-found\nActiveState=inactive\n"),
             );
-            if file.map(sha256).as_deref() != Some(u[2]) {
+            if !u[5].is_empty() {
+                let record = files.iter().find(|(p, _)| *p == u[5]).map(|(_, t)| *t);
+                let section = record.map_or(
+                    Section {
+                        status: 100,
+                        ..Section::default()
+                    },
+                    ok,
+                );
+                text += &encode(&format!("record.{i}"), &section);
+            }
+            if !u[3].is_empty() && file.map(sha256).as_deref() != Some(u[2]) {
                 changed = true;
                 text += &encode(&format!("access.{i}"), &ok(""));
                 text += &encode(&format!("ports.{i}"), &ok("#cgroups\n"));
