@@ -37,6 +37,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
     let reach = Reach {
         accept_new_host_keys: cli.accept_new_host_keys,
         limits: remote::Limits::with_command(cli.command_timeout),
+        trace: cli.trace_remote.then(remote::Trace::stderr),
     };
     match cli.command {
         Some(Command::Plan(args)) => plan(args.plan, args.out, &reach).await,
@@ -146,6 +147,8 @@ struct Reach {
     accept_new_host_keys: bool,
     /// `--command-timeout`.
     limits: remote::Limits,
+    /// `--trace-remote`.
+    trace: Option<remote::Trace>,
 }
 
 fn ssh_options(reach: &Reach, ssh: &SshArgs) -> remote::SshOptions {
@@ -154,6 +157,7 @@ fn ssh_options(reach: &Reach, ssh: &SshArgs) -> remote::SshOptions {
         connect_timeout: Some(Duration::from_secs(10)),
         accept_new_host_keys: reach.accept_new_host_keys,
         limits: reach.limits,
+        trace: reach.trace.clone(),
     }
 }
 

@@ -31,7 +31,7 @@ const PER_UNIT: usize = 6;
 /// scripts of the parts (see gather.rs), then the number of Pythons and each, then the number of
 /// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change). Every part writes to files of its own, never to
 /// the script's stdout, so a part that outlives its `timeout` cannot hold the session open.
-const SCRIPT: &str = r#"# the survey (unit files, systemctl show, SGLang versions, model paths, nvidia-smi, ss, records)
+const SCRIPT: &str = r#"# survey: unit files, systemctl show, SGLang versions, model paths, nvidia-smi, ss, records
 t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6
 shift 6
 command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
