@@ -9,3 +9,6 @@ pub use reconcile::{manifest, observed, preflight, probe, remote, unit};
 
 /// Deployment records and history lines.
 pub use reconcile_core::record;
+
+/// What the one command per host (the survey) printed.
+pub use reconcile_core::survey;
