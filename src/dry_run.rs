@@ -1,5 +1,6 @@
-//! `reconcile --dry-run`: read every host concurrently, one SSH connection each, and plan each
-//! unit, with its preflight checks (the hosts visited through `fleet`). Nothing on a host is changed. An unreachable host is reported;
+//! `reconcile --dry-run`: read every host concurrently, one SSH connection each and one command
+//! (the survey) for all of a host's units, and plan each unit, with its preflight checks (the hosts
+//! visited through `fleet`). Nothing on a host is changed. An unreachable host is reported;
 //! the others are planned. What a unit's planning comes to ([`PlanOutcome`]) and its tally are
 //! pure, in `reconcile_core::dry_run`.
 
@@ -18,7 +19,8 @@ use crate::targets::Target;
 pub use reconcile_core::dry_run::{PlanOutcome, Tally};
 
 /// Units planned at once on one connection: sshd allows 10 sessions per connection by default, and
-/// a unit runs at most two commands at once (observing it, then its preflight).
+/// a unit runs at most two commands at once (observing it, then its preflight) when there is no
+/// survey; with one, only the deep check and facts the survey lacks take commands.
 const UNITS_PER_HOST_AT_ONCE: usize = 4;
 
 /// Plans every target, at most `parallel` hosts at once. Results come back in the targets' order.

@@ -164,14 +164,7 @@ pub async fn survey(
     let out = host
         .run_within(&argv, None, limit + SLACK)
         .await
-        .map_err(|e| match e {
-            RemoteError::TimedOut { host, after, .. } => RemoteError::TimedOut {
-                host,
-                command: NAME.to_string(),
-                after,
-            },
-            e => e,
-        })?;
+        .map_err(named)?;
     if out.status != 0 {
         tracing::debug!(host = host.name(), status = out.status, stderr = %out.stderr.trim(), "the survey did not run; one command per fact instead");
         return Ok(None);
@@ -189,6 +182,23 @@ pub async fn survey(
             tracing::debug!(host = host.name(), error = %e, "one command per fact instead");
             Ok(None)
         }
+    }
+}
+
+/// The survey's error, naming it rather than showing its argv (its fixed scripts, every value).
+fn named(e: RemoteError) -> RemoteError {
+    match e {
+        RemoteError::TimedOut { host, after, .. } => RemoteError::TimedOut {
+            host,
+            command: NAME.to_string(),
+            after,
+        },
+        RemoteError::Transport { host, source, .. } => RemoteError::Transport {
+            host,
+            command: NAME.to_string(),
+            source,
+        },
+        e => e,
     }
 }
 
