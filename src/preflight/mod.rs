@@ -10,6 +10,7 @@
 //! default of ten per connection).
 
 mod gather;
+mod scripts;
 pub mod survey;
 
 pub use gather::{check, check_surveyed, check_with, installed_sglang};

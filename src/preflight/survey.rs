@@ -133,10 +133,10 @@ pub async fn survey(
     let mut args: Vec<String> = vec![
         format!("{:.3}", limit.as_secs_f64()),
         SHOW_PROPERTIES.to_string(),
-        super::gather::PYTHON.to_string(),
-        super::gather::VERSION_SCRIPT.to_string(),
-        super::gather::ACCESS.to_string(),
-        super::gather::LISTENERS.to_string(),
+        super::scripts::PYTHON.to_string(),
+        super::scripts::VERSION_SCRIPT.to_string(),
+        super::scripts::ACCESS.to_string(),
+        super::scripts::LISTENERS.to_string(),
         pythons.len().to_string(),
     ];
     args.extend(pythons.iter().cloned());
@@ -364,8 +364,8 @@ pub(crate) mod tests {
         let started = std::time::Instant::now();
         #[rustfmt::skip]
         let (status, out) = run_script(&bin, &[
-            "0.5", "LoadState", super::super::gather::PYTHON, "import sys; print('0.5.9')",
-            super::super::gather::ACCESS, super::super::gather::LISTENERS,
+            "0.5", "LoadState", super::super::scripts::PYTHON, "import sys; print('0.5.9')",
+            super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
             "1", "/usr/bin/python3",
             "2",
             "a.service", unit, "0000", evil, "30000", "",
