@@ -28,12 +28,15 @@ use crate::targets::Target;
 const PER_UNIT: usize = 6;
 
 /// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$6` the fixed
-/// scripts of the parts (see gather.rs), then the number of Pythons and each, then the number of
-/// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change). Every part writes to files of its own, never to
-/// the script's stdout, so a part that outlives its `timeout` cannot hold the session open.
+/// scripts of the parts (`scripts.rs`), then the number of Pythons and each, then the number of
+/// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
+/// Every part writes to files of its own, never to the script's stdout, so a part that outlives
+/// its `timeout` cannot hold the session open. Without `base64` or `sha256sum` it exits 101 before
+/// printing anything: empty bodies would read as empty files.
 const SCRIPT: &str = r#"# survey: unit files, systemctl show, SGLang versions, model paths, nvidia-smi, ss, records
 t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6
 shift 6
+command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 || exit 101
 command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
 d=$(mktemp -d) || exit 1
 trap 'rm -rf "$d"' EXIT
