@@ -160,7 +160,7 @@ mod tests {
         // s2 is on the host as rendered: no change, so no change-only checks for it.
         let s2 = format!("{}/s2.service", crate::plan::UNIT_DIR);
         let s2_text = targets[1].desired.text.clone();
-        let files = vec![(s2.clone(), s2_text)];
+        let files = [(s2.clone(), s2_text)];
         let fake = FakeHost::new("gpu-a").on_with(&["sh", "-c"], move |argv, _| {
             let files: Vec<(&str, &str)> = files
                 .iter()
