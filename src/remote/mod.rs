@@ -398,6 +398,11 @@ mod tests {
             command_name(&["sh", "-c", "\ncg=$(x)\ntest -r", "sh"]),
             "sh -c test…"
         );
+        // A script that names itself on its first line is called by that name.
+        assert_eq!(
+            command_name(&["sh", "-c", "# survey: unit files, ...\nt=$1", "sh", "30"]),
+            "survey"
+        );
     }
 
     #[test]
