@@ -328,22 +328,32 @@ fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
         .manifest("a.yaml", &round_trip_service(1))
         .manifest("b.yaml", &round_trip_service(2))
         .manifest("c.yaml", &round_trip_service(3))
-        .args(&["plan", "--trace-remote"]);
+        .args(&["plan", "--format", "json", "--trace-remote"]);
     let ran = run.run();
     lab().sh(
         SHARED,
         "rm -f /etc/systemd/system/t-round-2.service; systemctl daemon-reload",
     );
     assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    let json = ran.json();
+    let verdicts: Vec<(String, String)> = json["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            (
+                u["unit"].as_str().unwrap().to_string(),
+                u["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
     assert!(
-        ran.stdout.contains("rl1 t-round-2.service: no change"),
-        "{}",
-        ran.stdout
+        verdicts.contains(&("t-round-2.service".into(), "no_change".into())),
+        "{verdicts:?}"
     );
     assert!(
-        ran.stdout.contains("rl1 t-round-1.service: new unit"),
-        "{}",
-        ran.stdout
+        verdicts.contains(&("t-round-1.service".into(), "install".into())),
+        "{verdicts:?}"
     );
     let traced: Vec<&str> = ran
         .stderr
