@@ -53,6 +53,41 @@ def reconcile(workdir, *args):
     return wall, cpu, after.ru_maxrss, p.returncode, p.stdout
 
 
+def round_trips(trace):
+    """Sequential round trips per host after connect, from --trace-remote's lines: each connection
+    counts its longest chain of commands (`rounds=`), and a host reached twice (apply's look at
+    every host, then its turn) adds its connections up. Returns {host: round trips}."""
+    per_host, current = {}, {}
+    for line in trace.splitlines():
+        if not line.startswith("trace-remote "):
+            continue
+        fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f and not f.startswith("command="))
+        host = fields["host"]
+        if '"connect"' in line:
+            per_host[host] = per_host.get(host, 0) + current.pop(host, 0)
+            current[host] = 0
+        else:
+            current[host] = max(current.get(host, 0), int(fields["rounds"]))
+    for host, rounds in current.items():
+        per_host[host] = per_host.get(host, 0) + rounds
+    return per_host
+
+
+def traced(workdir, *args):
+    """Runs reconcile once with --trace-remote; returns (exit code, stdout, round trips per host)."""
+    p = subprocess.run([BIN, *args, "--ssh-config", SSH_CONFIG, "--trace-remote"], cwd=workdir,
+                       capture_output=True, text=True)
+    return p.returncode, p.stdout, round_trips(p.stderr)
+
+
+def trips(per_host):
+    """Round trips per host as `min-max` (one figure when every host took the same)."""
+    if not per_host:
+        return "?"
+    low, high = min(per_host.values()), max(per_host.values())
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def floor(hosts):
     """Plain parallel ssh, one fresh connection per host, reading the unit. Returns wall seconds."""
     return floor_run(hosts)[0]
@@ -104,12 +139,15 @@ wall, _, _, code, out = reconcile(v1, "apply", "--format", "json", "--canary", "
 assert code == 0, out
 print(f"setup: applied release 1 to {len(HOSTS)} hosts in {wall:.1f} s\n")
 
-print(f"{'what':<34} {'reconcile (s)':>14} {'ssh floor (s)':>14} {'ratio':>7}")
+# Round trips: sequential remote commands per host after connect (target: <= 2 for a plan and a
+# no-op apply), read from --trace-remote; each costs tens of ms on a real network, ~0 here.
+print(f"{'what':<34} {'reconcile (s)':>14} {'ssh floor (s)':>14} {'ratio':>7} {'round trips/host':>17}")
 for n in (1, 4, 8, 16):
     hosts = HOSTS[:n]
     ours = median_of(lambda: reconcile(v1, "plan", *host_args(hosts))[0])
     base = median_of(lambda: floor(hosts))
-    print(f"{'dry-run, ' + str(n) + ' hosts':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f}")
+    rt = trips(traced(v1, "plan", *host_args(hosts))[2])
+    print(f"{'dry-run, ' + str(n) + ' hosts':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f} {rt:>17}")
 
 cpu_rss = [reconcile(v1, "plan", *host_args(HOSTS)) for _ in range(REPEATS)]
 cpu = statistics.median(r[1] for r in cpu_rss)
@@ -123,7 +161,17 @@ floor_cpu = statistics.median(floor_run(HOSTS)[1] for _ in range(REPEATS))
 eight = HOSTS[:8]
 noop = median_of(lambda: reconcile(v1, "apply", "--max-parallel", "8", *host_args(eight))[0])
 base8 = median_of(lambda: floor(eight))
-print(f"{'no-op apply, 8 hosts':<34} {noop:>14.3f} {base8:>14.3f} {noop / base8:>7.2f}")
+rt = trips(traced(v1, "apply", "--max-parallel", "8", *host_args(eight))[2])
+print(f"{'no-op apply, 8 hosts':<34} {noop:>14.3f} {base8:>14.3f} {noop / base8:>7.2f} {rt:>17}")
+
+# A restart: one host to release 2 and back, traced (write, daemon-reload, restart, and the
+# verification's polling, which is as many round trips as the load takes samples).
+restart_v2 = write(manifest(HOSTS[:1], release="2"))
+code, out, per_host = traced(restart_v2, "apply", "--host", HOSTS[0])
+assert code == 0, out
+print(f"{'restart, 1 host (round trips)':<34} {'':>14} {'':>14} {'':>7} {trips(per_host):>17}")
+code, out, _ = traced(v1, "apply", "--host", HOSTS[0])
+assert code == 0, out
 
 v2 = write(manifest(eight, failing=("fb5",), release="2"))
 start = time.time()

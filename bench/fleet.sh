@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Fleet benchmark against the SSH floor, on throwaway test hosts of its own (16 by default):
 #   dry-run over N = 1, 4, 8, 16 hosts vs a plain parallel `ssh host cat <unit>` over the same
-#   hosts, one fresh connection each (target: <= 1.3x the floor at N = 16);
+#   hosts, one fresh connection each (target: <= 1.2x the floor at N = 16);
 #   reconcile's own CPU time and peak RSS for the dry-run at N = 16 (target: peak RSS < 64 MiB);
 #   a no-op apply over 8 hosts vs the same floor;
+#   beside each, the sequential round trips per host after connect (from --trace-remote; target:
+#   <= 2 for a plan and a no-op apply), and those of one restart;
 #   a rolling apply over 8 hosts with one failing: total time and time to stop.
 # Usage: bench/fleet.sh [REPEATS]   (default 5; about two minutes)
 set -euo pipefail

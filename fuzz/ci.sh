@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Short fuzz run for CI: each target for FUZZ_SECONDS (default 30) seconds, FUZZ_JOBS (default 2)
-# targets at a time, starting from the checked-in corpus: the eleven targets take 6 x 30 s = 3
+# targets at a time, starting from the checked-in corpus: the twelve targets take 6 x 30 s = 3
 # minutes on 2 cores, after the build. Exits non-zero when a target crashes (panics, times out,
 # runs out of memory), after printing the input that did it and how to reproduce it.
 #
@@ -13,7 +13,7 @@ jobs=${FUZZ_JOBS:-2}
 targets=(
   manifest_parse render_roundtrip
   systemctl_show ss_listeners nvidia_smi_list nvidia_smi_query
-  sglang_models sglang_answer sglang_metrics liveness deployment_record
+  sglang_models sglang_answer sglang_metrics liveness deployment_record survey
 )
 
 # The manifest targets mutate YAML; the others what hosts answer.

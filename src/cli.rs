@@ -159,6 +159,11 @@ pub struct Cli {
     /// jobs (restart, stop) get at least 10 minutes, the --deep check 5.
     #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION", env = "RECONCILE_COMMAND_TIMEOUT")]
     pub command_timeout: std::time::Duration,
+
+    /// Print a line on stderr for every command run on a host: host, command name (never its
+    /// arguments), duration, exit status, and the sequential round trips so far.
+    #[arg(long, global = true)]
+    pub trace_remote: bool,
 }
 
 impl Cli {

@@ -1,5 +1,6 @@
-//! `reconcile --dry-run`: read every host concurrently, one SSH connection each, and plan each
-//! unit, with its preflight checks (the hosts visited through `fleet`). Nothing on a host is changed. An unreachable host is reported;
+//! `reconcile --dry-run`: read every host concurrently, one SSH connection each and one command
+//! (the survey) for all of a host's units, and plan each unit, with its preflight checks (the hosts
+//! visited through `fleet`). Nothing on a host is changed. An unreachable host is reported;
 //! the others are planned. What a unit's planning comes to ([`PlanOutcome`]) and its tally are
 //! pure, in `reconcile_core::dry_run`.
 
@@ -9,7 +10,7 @@ use crate::digest::sha256;
 use crate::fleet;
 use crate::observed::Observed;
 use crate::plan::{plan, PlannedState, UnitPlan, Verdict};
-use crate::preflight;
+use crate::preflight::{self, Ask, Survey};
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::systemd::Systemd;
@@ -18,7 +19,8 @@ use crate::targets::Target;
 pub use reconcile_core::dry_run::{PlanOutcome, Tally};
 
 /// Units planned at once on one connection: sshd allows 10 sessions per connection by default, and
-/// a unit runs at most two commands at once (observing it, then its preflight).
+/// a unit runs at most two commands at once (observing it, then its preflight) when there is no
+/// survey; with one, only the deep check and facts the survey lacks take commands.
 const UNITS_PER_HOST_AT_ONCE: usize = 4;
 
 /// Plans every target, at most `parallel` hosts at once. Results come back in the targets' order.
@@ -50,20 +52,60 @@ pub async fn plan_targets(
     results.into_iter().flatten().collect()
 }
 
-/// A connected host's units, planned a few at once.
+/// A connected host's units: every fact they need read in one survey, then planned a few at once
+/// (only the deep check, and facts the survey lacks, take commands of their own). A host that
+/// cannot run the survey is planned with one command per fact, as before it.
 async fn plan_host(
     host: &dyn Host,
     targets: &[Target],
     deep: bool,
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
+    let survey = match preflight::survey(host, targets, Ask::PLAN).await {
+        Ok(Some(survey)) => survey,
+        Ok(None) => {
+            return stream::iter(targets)
+                .map(|t| plan_unit(host, t, deep, redactor))
+                .buffered(UNITS_PER_HOST_AT_ONCE)
+                .collect()
+                .await
+        }
+        Err(e) => {
+            let error = error_chain(&e);
+            return targets
+                .iter()
+                .map(|t| PlanOutcome::failed(t, error.clone()))
+                .collect();
+        }
+    };
     stream::iter(targets)
-        .map(|t| plan_unit(host, t, deep, redactor))
+        .map(|t| plan_surveyed(host, &survey, t, deep, redactor))
         .buffered(UNITS_PER_HOST_AT_ONCE)
         .collect()
         .await
 }
 
+async fn plan_surveyed(
+    host: &dyn Host,
+    survey: &Survey,
+    t: &Target,
+    deep: bool,
+    redactor: &Redactor,
+) -> PlanOutcome {
+    let observed = match survey.observed(&t.desired.unit) {
+        Ok(observed) => observed,
+        Err(e) => return PlanOutcome::failed(t, error_chain(&e)),
+    };
+    let planned = plan(&t.host, &t.source, &t.desired, &observed, redactor);
+    let changes = planned.verdict != Verdict::NoChange;
+    let checked = preflight::check_surveyed(host, t, survey, &observed.state, changes, deep).await;
+    match checked {
+        Ok((findings, sglang)) => planned_with(t, &observed, planned, findings, sglang),
+        Err(e) => PlanOutcome::failed(t, error_chain(&e)),
+    }
+}
+
+/// A unit planned without a survey: observed, then its preflight, over commands of their own.
 async fn plan_unit(host: &dyn Host, t: &Target, deep: bool, redactor: &Redactor) -> PlanOutcome {
     // Planned as soon as it is observed: preflight's other checks depend on the verdict.
     let observe = async {
@@ -72,11 +114,21 @@ async fn plan_unit(host: &dyn Host, t: &Target, deep: bool, redactor: &Redactor)
         Ok((observed, planned))
     };
     let changes = |(_, p): &(Observed, UnitPlan)| p.verdict != Verdict::NoChange;
-    let ((observed, mut planned), findings, sglang) =
+    let ((observed, planned), findings, sglang) =
         match preflight::check_with(host, t, deep, observe, |(o, _)| &o.state, changes).await {
             Ok(all) => all,
             Err(e) => return PlanOutcome::failed(t, error_chain(&e)),
         };
+    planned_with(t, &observed, planned, findings, sglang)
+}
+
+fn planned_with(
+    t: &Target,
+    observed: &Observed,
+    mut planned: UnitPlan,
+    findings: Vec<preflight::Finding>,
+    sglang: Option<String>,
+) -> PlanOutcome {
     planned.preflight = findings;
     planned.recorded = Some(PlannedState {
         desired_sha256: sha256(&t.desired.text),
@@ -84,4 +136,89 @@ async fn plan_unit(host: &dyn Host, t: &Target, deep: bool, redactor: &Redactor)
         sglang_version: sglang,
     });
     PlanOutcome::Planned(Box::new(planned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preflight::survey::tests::fake_answer;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    fn targets() -> Vec<Target> {
+        let manifests: Vec<_> = (1..=3)
+            .map(|i| {
+                let text = format!("service: s{i}\nhosts: [gpu-a]\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: /models/m\n  port: 3000{i}\nenv: {{ CUDA_VISIBLE_DEVICES: \"{}\" }}\n", i - 1);
+                crate::manifest::parse(&format!("manifests/s{i}.yaml"), &text).expect("parses")
+            })
+            .collect();
+        crate::targets::targets(&manifests, &Default::default()).expect("targets")
+    }
+
+    #[tokio::test]
+    async fn a_host_with_three_units_is_planned_from_one_command() {
+        let targets = targets();
+        // s2 is on the host as rendered: no change, so no change-only checks for it.
+        let s2 = format!("{}/s2.service", crate::plan::UNIT_DIR);
+        let s2_text = targets[1].desired.text.clone();
+        let files = [(s2.clone(), s2_text)];
+        let fake = FakeHost::new("gpu-a").on_with(&["sh", "-c"], move |argv, _| {
+            let files: Vec<(&str, &str)> = files
+                .iter()
+                .map(|(p, t)| (p.as_str(), t.as_str()))
+                .collect();
+            Reply::ok(&fake_answer(argv, "0.5.23", &files))
+        });
+        let outcomes = plan_host(&fake, &targets, false, &Redactor::default()).await;
+        assert_eq!(fake.commands().len(), 1, "{:?}", fake.commands());
+        let verdicts: Vec<Verdict> = outcomes
+            .iter()
+            .map(|o| match o {
+                PlanOutcome::Planned(p) => {
+                    assert!(!preflight::has_errors(&p.preflight), "{:?}", p.preflight);
+                    p.verdict
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            verdicts,
+            [Verdict::Install, Verdict::NoChange, Verdict::Install]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_hung_part_fails_the_units_that_need_it_naming_it() {
+        let targets = targets();
+        let fake = FakeHost::new("gpu-a").on_with(&["sh", "-c"], |argv, _| {
+            let answer = fake_answer(argv, "0.5.23", &[]);
+            // nvidia-smi ended by its `timeout`.
+            let gpus = answer.find("== gpus 0").expect("asked for the GPUs");
+            let hung = reconcile_core::survey::encode("gpus", &Default::default())
+                .replace("== gpus 0", "== gpus 124");
+            Reply::ok(&(answer[..gpus].to_string() + &hung + &reconcile_core::survey::end()))
+        });
+        let outcomes = plan_host(&fake, &targets, false, &Redactor::default()).await;
+        assert_eq!(fake.commands().len(), 1);
+        for o in &outcomes {
+            match o {
+                PlanOutcome::Error { error, .. } => {
+                    assert_eq!(error, "`nvidia-smi` on gpu-a did not answer in 30s")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_host_that_cannot_run_the_survey_is_planned_one_command_a_fact() {
+        let targets = targets();
+        let fake = FakeHost::new("gpu-a")
+            .once(&["sh", "-c"], Reply::exit(1, "", "mktemp: failed"))
+            .on(&["sh", "-c"], Reply::ok("0.5.23\n"))
+            .on(&["systemctl", "show"], Reply::ok("LoadState=not-found\n"))
+            .on(&["nvidia-smi"], Reply::ok("GPU 0: H100 (UUID: GPU-a)\n"));
+        let outcomes = plan_host(&fake, &targets[..1], false, &Redactor::default()).await;
+        assert!(matches!(&outcomes[0], PlanOutcome::Planned(p) if p.verdict == Verdict::Install));
+        assert!(fake.commands().len() > 1);
+    }
 }

@@ -39,6 +39,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
     let reach = Reach {
         accept_new_host_keys: cli.accept_new_host_keys,
         limits: remote::Limits::with_command(cli.command_timeout),
+        trace: cli.trace_remote.then(remote::Trace::stderr),
     };
     let misplaced = cli.misplaced_command();
     match cli.command {
@@ -169,6 +170,8 @@ struct Reach {
     accept_new_host_keys: bool,
     /// `--command-timeout`.
     limits: remote::Limits,
+    /// `--trace-remote`.
+    trace: Option<remote::Trace>,
 }
 
 fn ssh_options(reach: &Reach, ssh: &SshArgs) -> remote::SshOptions {
@@ -177,6 +180,7 @@ fn ssh_options(reach: &Reach, ssh: &SshArgs) -> remote::SshOptions {
         connect_timeout: Some(Duration::from_secs(10)),
         accept_new_host_keys: reach.accept_new_host_keys,
         limits: reach.limits,
+        trace: reach.trace.clone(),
     }
 }
 

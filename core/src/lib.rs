@@ -25,6 +25,7 @@ pub mod record;
 pub mod redact;
 pub mod router;
 pub mod sglang;
+pub mod survey;
 pub mod targets;
 pub mod unit;
 pub mod verify;

@@ -12,3 +12,6 @@ pub use reconcile_core::drain;
 
 /// Deployment records and history lines.
 pub use reconcile_core::record;
+
+/// What the one command per host (the survey) printed.
+pub use reconcile_core::survey;

@@ -38,7 +38,7 @@ pub use state::{LockPolicy, Owner};
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
-use crate::preflight;
+use crate::preflight::{self, Survey};
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd;
@@ -349,6 +349,47 @@ pub(super) async fn has_work(host: &dyn Host, t: &Target, options: &ApplyOptions
     }
 }
 
+/// Whether any of a host's targets has work ([`has_work`]), from one survey of the host: their
+/// unit files, systemd's states and deployment records in one command. A host that cannot run
+/// the survey is asked unit by unit.
+pub(super) async fn host_has_work(
+    host: &dyn Host,
+    targets: &[Target],
+    options: &ApplyOptions,
+) -> bool {
+    if targets.iter().any(|t| t.expected.is_some()) {
+        return true;
+    }
+    let ask = preflight::Ask {
+        preflight: false,
+        records: Some(state::STATE_DIR),
+    };
+    match preflight::survey(host, targets, ask).await {
+        Ok(Some(survey)) => targets.iter().any(|t| surveyed_work(&survey, t, options)),
+        Ok(None) => {
+            for t in targets {
+                if has_work(host, t, options).await {
+                    return true;
+                }
+            }
+            false
+        }
+        Err(_) => true,
+    }
+}
+
+/// [`has_work`], read from a survey.
+fn surveyed_work(survey: &Survey, t: &Target, options: &ApplyOptions) -> bool {
+    match survey.observed(&t.desired.unit) {
+        Ok(observed) => {
+            plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict
+                != Verdict::NoChange
+                || recorded(&observed, survey.record(&t.desired.unit)).unwrap_or(true)
+        }
+        Err(_) => true,
+    }
+}
+
 /// The report of a unit found up to date, untouched.
 pub(super) fn unchanged(t: &Target, started: Instant) -> UnitReport {
     let mut r = Report::new(t, started);
@@ -433,7 +474,18 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
     let mut r = Report::new(t, Instant::now());
     let span = tracing::info_span!("unit", host = %t.host, unit = %unit);
     let _guard = span.enter();
-    let observed = match host.observe(unit).await {
+    // Everything read before a decision (the unit, systemd's state, the record, preflight's
+    // facts) comes from one survey of the host.
+    let ask = preflight::Ask {
+        preflight: true,
+        records: Some(state::STATE_DIR),
+    };
+    let observed = match preflight::survey(host, std::slice::from_ref(t), ask).await {
+        Ok(Some(survey)) => survey.observed(unit).map(|o| (o, Some(survey))),
+        Ok(None) => host.observe(unit).await.map(|o| (o, None)),
+        Err(e) => Err(e),
+    };
+    let (observed, survey) = match observed {
         Ok(o) => o,
         Err(e) => return r.fail(&ApplyError::ObserveFailed(error_chain(&e))),
     };
@@ -445,7 +497,10 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
     }
     let verdict = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict;
     let unfinished = match verdict {
-        Verdict::NoChange => Some(unfinished(host, t, &observed).await),
+        Verdict::NoChange => Some(match survey.as_ref().and_then(|s| s.record(unit)) {
+            Some(record) => recorded(&observed, Some(record)),
+            None => unfinished(host, t, &observed).await,
+        }),
         _ => None,
     };
     let todo = match decide::start(verdict, &observed, unfinished) {
@@ -462,7 +517,7 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
     // Preflight before the lock and any change: a unit its host cannot run is refused while the
     // old server still serves. A unit with nothing to do was left above, untouched, whatever
     // preflight would say (`plan` checks only its SGLang version).
-    if let Err(e) = run_preflight(job, &observed, &mut r.report).await {
+    if let Err(e) = run_preflight(job, &observed, survey.as_ref(), &mut r.report).await {
         return r.fail(&e);
     }
     match state::lock(host, unit, &options.owner, options.lock).await {
@@ -489,12 +544,17 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
 async fn run_preflight(
     job: &Job<'_>,
     observed: &Observed,
+    survey: Option<&Survey>,
     report: &mut UnitReport,
 ) -> Result<(), ApplyError> {
-    let options = job.options;
-    let findings = preflight::check(job.host, job.t, &observed.state, options.deep)
-        .await
-        .map_err(|e| ApplyError::PreflightCouldNotRun(error_chain(&e)))?;
+    let (host, t, options) = (job.host, job.t, job.options);
+    let findings = match survey {
+        Some(s) => preflight::check_surveyed(host, t, s, &observed.state, true, options.deep)
+            .await
+            .map(|(findings, _)| findings),
+        None => preflight::check(host, t, &observed.state, options.deep).await,
+    }
+    .map_err(|e| ApplyError::PreflightCouldNotRun(error_chain(&e)))?;
     let (notes, refusal) = decide::preflight(findings, options.restoring);
     report.notes.extend(notes);
     refusal.map_or(Ok(()), Err)
@@ -557,10 +617,24 @@ async fn unfinished(
     t: &Target,
     observed: &Observed,
 ) -> Result<bool, state::RecordError> {
+    if observed.unit_text.is_none() {
+        return Ok(false);
+    }
+    let record = state::read_record(host, &t.desired.unit).await;
+    recorded(observed, Some(record))
+}
+
+/// [`unfinished`] with the record read already (`None`: not read, which counts as unfinished).
+fn recorded(
+    observed: &Observed,
+    record: Option<Result<Option<state::Record>, state::RecordError>>,
+) -> Result<bool, state::RecordError> {
     let Some(text) = &observed.unit_text else {
         return Ok(false);
     };
-    let record = state::read_record(host, &t.desired.unit).await?;
+    let Some(record) = record.transpose()? else {
+        return Ok(true);
+    };
     Ok(record.is_none_or(|r| r.unit_sha256 != state::sha256(text)))
 }
 
@@ -593,6 +667,70 @@ mod tests {
             );
         }
         assert!(host.commands().is_empty());
+    }
+
+    fn record_of(t: &Target) -> String {
+        state::record_json(&state::Record {
+            unit: t.desired.unit.clone(),
+            manifest: t.source.clone(),
+            manifest_sha256: t.manifest_digest.clone(),
+            unit_sha256: state::sha256(&t.desired.text),
+            git_commit: None,
+            git_author: None,
+            applied_at: "2026-01-01T00:00:00Z".into(),
+            applied_by: "me@box pid 1".into(),
+            outcome: "converged".into(),
+            load_seconds: None,
+            plateau_service_bytes: None,
+            plateau_gpu_mib: Vec::new(),
+            trajectory: Vec::new(),
+            restored_from: None,
+            benchmark: None,
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_host_up_to_date_is_told_from_one_command() {
+        use crate::preflight::survey::tests::fake_answer;
+        use crate::remote::fake::Reply;
+        let manifests: Vec<_> = (1..=3)
+            .map(|i| {
+                let text = super::testing::MANIFEST
+                    .replace("service: s", &format!("service: s{i}"))
+                    .replace("30000", &format!("3000{i}"));
+                crate::manifest::parse(&format!("manifests/s{i}.yaml"), &text).unwrap()
+            })
+            .collect();
+        let targets = crate::targets::targets(&manifests, &Default::default()).unwrap();
+        let mut files: Vec<(String, String)> = Vec::new();
+        for t in &targets {
+            let unit = &t.desired.unit;
+            files.push((format!("{UNIT_DIR}/{unit}"), t.desired.text.clone()));
+            files.push((
+                format!("{}/current.json", state::unit_dir(unit)),
+                record_of(t),
+            ));
+        }
+        let host = |files: Vec<(String, String)>| {
+            FakeHost::new("gpu-a").on_with(&["sh", "-c"], move |argv, _| {
+                let files: Vec<(&str, &str)> = files
+                    .iter()
+                    .map(|(p, t)| (p.as_str(), t.as_str()))
+                    .collect();
+                Reply::ok(&fake_answer(argv, "0.5.23", &files))
+            })
+        };
+        let (_tx, rx) = watch::channel(false);
+        let options = options(rx);
+        let fake = host(files.clone());
+        assert!(!host_has_work(&fake, &targets, &options).await);
+        assert_eq!(fake.commands().len(), 1, "{:?}", fake.commands());
+        // The last unit's record is gone: its apply did not finish, so there is work.
+        files.pop();
+        let fake = host(files);
+        assert!(host_has_work(&fake, &targets, &options).await);
+        assert_eq!(fake.commands().len(), 1);
     }
 
     #[test]

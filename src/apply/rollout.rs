@@ -51,14 +51,7 @@ async fn survey(
         SURVEY_AT_ONCE,
         fleet::no_span,
         async |host: &dyn Host, visit: &fleet::Visit<'_>, targets: Vec<Target>| {
-            let mut work = false;
-            for t in &targets {
-                if super::has_work(host, t, options).await {
-                    work = true;
-                    break;
-                }
-            }
-            if work {
+            if super::host_has_work(host, &targets, options).await {
                 Survey::Turn(Turn::Work(visit.name.to_string(), targets))
             } else {
                 Survey::UpToDate(

@@ -2,64 +2,14 @@
 //! Python path, the model path, the port) are positional arguments of fixed scripts, never part
 //! of a shell string.
 
+use super::scripts::{ACCESS, LISTENERS, PYTHON, VERSION_SCRIPT};
+use super::survey::Survey;
 use super::{
     judge, parse_gpu_list, parse_listeners, Access, Deep, Facts, Finding, Gpus, Port, Python,
 };
 use crate::observed::UnitState;
 use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
-
-/// Reads the installed version from the distribution's metadata, as `importlib.metadata` does:
-/// the first `sglang-<version>.dist-info` (or `.egg-info`) along `sys.path`. Importing `sglang`
-/// would take seconds (it imports torch); importing `importlib.metadata` alone costs ~0.1 s of CPU
-/// a host, which a 16-host plan feels, so the folder scan comes first and `importlib.metadata`
-/// (same answer, same PackageNotFoundError) only when the scan finds nothing.
-const VERSION_SCRIPT: &str = r#"import os, sys
-def scan():
-    for d in sys.path:
-        try:
-            names = os.listdir(d or ".")
-        except OSError:
-            continue
-        for n in names:
-            low = n.lower()
-            if not (low.startswith("sglang-") and low[7:8].isdigit()):
-                continue
-            meta = {".dist-info": "METADATA", ".egg-info": "PKG-INFO"}.get(os.path.splitext(low)[1])
-            if meta is None:
-                continue
-            try:
-                with open(os.path.join(d or ".", n, meta), encoding="utf-8") as f:
-                    for line in f:
-                        if line.startswith("Version:"):
-                            return line.split(":", 1)[1].strip()
-                        if not line.strip():
-                            break
-            except OSError:
-                pass
-found = scan()
-if found is None:
-    from importlib.metadata import version
-    found = version("sglang")
-print(found)
-"#;
-
-/// Runs the Python only when it is an executable file, so a missing one is told apart from one
-/// that fails (status 100).
-const PYTHON: &str =
-    "test -f \"$1\" && test -x \"$1\" || exit 100; p=$1; shift; exec \"$p\" \"$@\"";
-
-/// 0: readable, 100: missing, 101: there but unreadable.
-const ACCESS: &str = "test -e \"$1\" || exit 100; test -r \"$1\" || exit 101";
-
-/// The listeners on a TCP port and the cgroups of their processes (see `parse_listeners`).
-const LISTENERS: &str = "command -v ss >/dev/null 2>&1 || exit 100
-out=$(ss -Htlnp \"sport = :$1\") || exit 101
-[ -n \"$out\" ] && printf '%s\\n' \"$out\"
-echo '#cgroups'
-for pid in $(printf '%s\\n' \"$out\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-  printf '%s %s\\n' \"$pid\" \"$(tr '\\n' ' ' < /proc/$pid/cgroup 2>/dev/null)\"
-done";
 
 /// The deep check: the host's SGLang parses the unit's exact arguments as `launch_server` would,
 /// without starting a server. What that checks depends on the version (read from each wheel's
@@ -120,6 +70,31 @@ pub async fn check_with<T>(
     let mut facts = host_facts(host, t, deep, python).await?;
     facts.main_pid = state_of(&observed).main_pid;
     Ok((observed, judge(t, &facts), version))
+}
+
+/// Preflight from a survey: as [`check_with`], with the unit already observed (`state`) and
+/// judged (`changes`), and the facts read from `survey`. Only what it lacks is asked of the host:
+/// the deep check, and the change-only checks of a unit the survey found unchanged.
+pub async fn check_surveyed(
+    host: &dyn Host,
+    t: &Target,
+    survey: &Survey,
+    state: &UnitState,
+    changes: bool,
+    deep: bool,
+) -> Result<(Vec<Finding>, Option<String>), RemoteError> {
+    let python = survey.python(t)?;
+    let version = installed(&python);
+    if !changes {
+        return Ok((super::judge_unchanged(t, &python), version));
+    }
+    let checked = match survey.checks(t) {
+        Some(checked) => checked?,
+        None => checks(host, t).await?,
+    };
+    let mut facts = with_deep(host, t, deep, python, checked).await?;
+    facts.main_pid = state.main_pid;
+    Ok((judge(t, &facts), version))
 }
 
 /// The SGLang version installed for the unit's Python, read as preflight reads it; `None` when
@@ -292,7 +267,7 @@ fn failed(host: &dyn Host, command: String, status: i32, stderr: &str) -> Remote
 
 #[cfg(test)]
 mod tests {
-    use super::VERSION_SCRIPT;
+    use super::super::scripts::VERSION_SCRIPT;
     use std::process::Command;
 
     fn version_with(dists: &[(&str, &str, &str)]) -> (bool, String, String) {

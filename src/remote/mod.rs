@@ -15,10 +15,12 @@ pub mod gpu;
 pub mod http;
 mod local;
 mod ssh;
+mod trace;
 
 pub use gpu::GpuReading;
 pub use http::{Endpoint, Health, Model, Server};
 pub use local::Local;
+pub use trace::{Trace, Traced};
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -36,6 +38,8 @@ pub struct SshOptions {
     pub accept_new_host_keys: bool,
     /// How long a command on the host may take (`--command-timeout`), held by each host.
     pub limits: Limits,
+    /// `--trace-remote`: every host reached is [`Traced`] to this.
+    pub trace: Option<Trace>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,11 +145,22 @@ pub struct Output {
 }
 
 /// Reaches `name`: this machine for `local`, else one SSH connection with `options`.
+/// With `options.trace`, the host is [`Traced`].
 pub async fn connect(name: &str, options: &SshOptions) -> Result<Box<dyn Host>, RemoteError> {
-    if name == "local" {
-        return Ok(Box::new(Local::new(options.limits)));
-    }
-    Ok(Box::new(ssh::SshHost::connect(name, options).await?))
+    let started = std::time::Instant::now();
+    let host: Result<Box<dyn Host>, RemoteError> = if name == "local" {
+        Ok(Box::new(Local::new(options.limits)))
+    } else {
+        match ssh::SshHost::connect(name, options).await {
+            Ok(host) => Ok(Box::new(host)),
+            Err(e) => Err(e),
+        }
+    };
+    let Some(trace) = &options.trace else {
+        return host;
+    };
+    trace.connected(name, started.elapsed(), host.is_ok());
+    Ok(Box::new(Traced::new(host?, trace.clone())))
 }
 
 /// A host to read from and act on. The required methods are what a way of reaching a host must
@@ -285,6 +300,16 @@ async fn within_limit(
 /// A command as a person names it: `nvidia-smi`, `systemctl show`, a script by its first word.
 fn command_name(argv: &[&str]) -> String {
     match argv {
+        // A script that names itself: `# survey: ...`.
+        ["sh", "-c", script, ..] if script.starts_with("# ") => {
+            let first = script.lines().next().unwrap_or_default();
+            first[2..]
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        }
         ["sh", "-c", script, ..] => {
             let first = script
                 .split(|c: char| c.is_whitespace() || c == ';')
@@ -372,6 +397,11 @@ mod tests {
         assert_eq!(
             command_name(&["sh", "-c", "\ncg=$(x)\ntest -r", "sh"]),
             "sh -c test…"
+        );
+        // A script that names itself on its first line is called by that name.
+        assert_eq!(
+            command_name(&["sh", "-c", "# survey: unit files, ...\nt=$1", "sh", "30"]),
+            "survey"
         );
     }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::lab::{lab, manifest, Ran, Reconcile, APPLY};
+use crate::lab::{lab, manifest, round_trips, Ran, Reconcile, APPLY};
 
 /// A test service that loads in one second and is judged over a three-second crash window.
 /// Each test has its own service and port on the shared apply host. The stand-in loads in one
@@ -100,6 +100,23 @@ fn a_new_unit_starts_and_a_second_apply_restarts_nothing() {
         "InvocationID or NRestarts changed on a no-op apply"
     );
     lab().sh(APPLY, "systemctl disable --now t-apply-new.service");
+}
+
+#[test]
+fn a_no_op_apply_costs_one_round_trip_after_connect() {
+    fresh("t-apply-rounds.service");
+    let text = service("t-apply-rounds", 32025, "");
+    let (code, unit) = apply(&text);
+    assert_eq!(code, 0, "{unit}");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["apply", "--format", "json", "--trace-remote"])
+        .run();
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    assert_eq!(ran.json()["units"][0]["outcome"], "unchanged");
+    let rounds = round_trips(&ran.stderr, APPLY);
+    assert!((1..=2).contains(&rounds), "{rounds}: {}", ran.stderr);
+    lab().sh(APPLY, "systemctl disable --now t-apply-rounds.service");
 }
 
 #[test]

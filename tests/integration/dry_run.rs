@@ -1,6 +1,6 @@
 //! `reconcile --dry-run` against real hosts.
 
-use crate::lab::{lab, manifest, Reconcile, BAD_KEY, COUNTED, SHARED, UNREACHABLE};
+use crate::lab::{lab, manifest, round_trips, Reconcile, BAD_KEY, COUNTED, SHARED, UNREACHABLE};
 
 /// Installs what `run` renders for `host` as the host's unit, and has systemd load it.
 fn install_rendered(run: &Reconcile, host: &str, unit: &str) {
@@ -355,4 +355,56 @@ fn one_ssh_connection_per_host_per_run() {
         2,
         "one login for reconcile (three units), one for this count"
     );
+}
+
+/// One of three services on the shared host, with a port and GPUs of its own.
+fn round_trip_service(i: u16) -> String {
+    manifest(&format!("t-round-{i}"), &[SHARED], "")
+        .replace("port: 30000", &format!("port: {}", 30410 + i))
+        .replace("\"0,1\"", &format!("\"{},{}\"", 2 * i, 2 * i + 1))
+}
+
+#[test]
+fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
+    let one = Reconcile::new().manifest("a.yaml", &round_trip_service(2));
+    install_rendered(&one, SHARED, "t-round-2.service");
+    let run = Reconcile::new()
+        .manifest("a.yaml", &round_trip_service(1))
+        .manifest("b.yaml", &round_trip_service(2))
+        .manifest("c.yaml", &round_trip_service(3))
+        .args(&["plan", "--format", "json", "--trace-remote"]);
+    let ran = run.run();
+    lab().sh(
+        SHARED,
+        "rm -f /etc/systemd/system/t-round-2.service; systemctl daemon-reload",
+    );
+    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    let json = ran.json();
+    let verdicts: Vec<(String, String)> = json["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            (
+                u["unit"].as_str().unwrap().to_string(),
+                u["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        verdicts.contains(&("t-round-2.service".into(), "no_change".into())),
+        "{verdicts:?}"
+    );
+    assert!(
+        verdicts.contains(&("t-round-1.service".into(), "install".into())),
+        "{verdicts:?}"
+    );
+    let traced: Vec<&str> = ran
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("trace-remote host=rl1 "))
+        .collect();
+    assert_eq!(round_trips(&ran.stderr, SHARED), 1, "{traced:#?}");
+    assert_eq!(traced.len(), 2, "a connect and one command: {traced:#?}");
+    assert!(traced[1].contains("command=\"survey\" "), "{traced:#?}");
 }

@@ -232,6 +232,23 @@ pub fn manifest(service: &str, hosts: &[&str], extra_flags: &str) -> String {
     )
 }
 
+/// Sequential round trips to `host` after connecting, from `--trace-remote`'s lines on stderr:
+/// each connection's longest chain (`rounds=`), added up over the connections the run made.
+pub fn round_trips(stderr: &str, host: &str) -> u32 {
+    let mut total = 0;
+    let mut current = 0;
+    let prefix = format!("trace-remote host={host} ");
+    for line in stderr.lines().filter(|l| l.starts_with(&prefix)) {
+        if line.contains("command=\"connect\"") {
+            total += current;
+            current = 0;
+        } else if let Some(rounds) = line.rsplit_once(" rounds=") {
+            current = current.max(rounds.1.trim().parse().unwrap_or(0));
+        }
+    }
+    total + current
+}
+
 /// `reconcile apply --format json` of one manifest with one unit: the exit code and that unit's
 /// report.
 pub fn apply_one_unit(text: &str) -> (i32, serde_json::Value) {

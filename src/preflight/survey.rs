@@ -1,0 +1,475 @@
+//! The survey: everything `plan` and `apply` read from a host before deciding, in one command per
+//! host. On a real network each sequential command costs a round trip (tens of ms across sites),
+//! and a host's units used to cost two or three each.
+//!
+//! One fixed script, with every manifest value as a positional argument (never part of its text),
+//! runs each part in the background under `timeout`, so the parts overlap as the separate
+//! commands did, and a hung part (`nvidia-smi` on a GPU that fell off the bus, `test -r` on a stale
+//! NFS mount) ends at the command limit and is named as its own command was. Its output, one
+//! section per part with the part's exit status, is read by `reconcile_core::survey`.
+//!
+//! The checks only a change needs (model path, GPUs, port) are skipped for a unit whose file on the
+//! host is byte-identical to the rendered one (same sha256: the plan's "no change"), as before.
+
+use std::time::Duration;
+
+use reconcile_core::survey::{self, Fault, Sections};
+
+use super::{Access, Gpus, Port, Python, Want};
+use crate::digest::sha256;
+use crate::observed::{Observed, SHOW_PROPERTIES};
+use crate::plan::UNIT_DIR;
+use crate::record::{parse_record, Record, RecordError, RecordProblem};
+use crate::remote::{Host, RemoteError};
+use crate::targets::Target;
+
+/// Arguments a unit takes in the script: name, unit path, sha256 of the rendered unit, model
+/// path, port, record path ("" for none).
+const PER_UNIT: usize = 6;
+
+/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$6` the fixed
+/// scripts of the parts (`scripts.rs`), then the number of Pythons and each, then the number of
+/// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
+/// Every part writes to files of its own, never to the script's stdout, so a part that outlives
+/// its `timeout` cannot hold the session open. Without `base64` or `sha256sum` it exits 101 before
+/// printing anything: empty bodies would read as empty files.
+const SCRIPT: &str = r#"# survey: unit files, systemctl show, SGLang versions, model paths, nvidia-smi, ss, records
+t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6
+shift 6
+command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 || exit 101
+command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
+d=$(mktemp -d) || exit 1
+trap 'rm -rf "$d"' EXIT
+keys=
+part() {
+  k=$1; shift
+  { timeout -k 1 "$t" "$@" >"$d/$k.o" 2>"$d/$k.e"; echo $? >"$d/$k.s"; } </dev/null &
+  keys="$keys $k"
+}
+read_file='test -e "$1" || exit 100; cat -- "$1"'
+n=$1; shift
+i=0
+while [ "$i" -lt "$n" ]; do
+  part "python.$i" sh -c "$py" sh "$1" -c "$ver"
+  shift; i=$((i + 1))
+done
+n=$1; shift
+i=0
+changed=0
+while [ "$i" -lt "$n" ]; do
+  part "unit.$i" sh -c "$read_file" sh "$2"
+  part "show.$i" systemctl show -p "$props" -- "$1"
+  [ -n "$6" ] && part "record.$i" sh -c "$read_file" sh "$6"
+  if [ -n "$4" ] && [ "$(sha256sum 2>/dev/null < "$2" | cut -d' ' -f1)" != "$3" ]; then
+    changed=1
+    part "access.$i" sh -c "$acc" sh "$4"
+    part "ports.$i" sh -c "$lis" sh "$5"
+  fi
+  shift 6; i=$((i + 1))
+done
+[ "$changed" = 1 ] && part gpus nvidia-smi -L
+wait
+for k in $keys; do
+  s=$(cat "$d/$k.s" 2>/dev/null)
+  printf '== %s %s\n' "$k" "${s:-125}"
+  base64 < "$d/$k.o"
+  echo --
+  base64 < "$d/$k.e"
+done
+echo '== end 0'
+"#;
+
+/// What the whole survey may take beyond one part's limit: `timeout -k 1`'s second for a part
+/// that ignores TERM, and the start of the script and its Pythons (~0.1 s each on a real host).
+const SLACK: Duration = Duration::from_secs(5);
+
+/// The name of the survey in errors and traces.
+pub const NAME: &str = "the survey (unit files, systemctl show, SGLang versions, model paths, nvidia-smi, ss, records)";
+
+/// What a host answered for a set of targets, read once.
+pub struct Survey {
+    host: String,
+    limit: Duration,
+    sections: Sections,
+    pythons: Vec<String>,
+    units: Vec<String>,
+    records: Option<String>,
+}
+
+/// What a survey asks besides each unit's file and `systemctl show`.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// Each Python's SGLang version, and for units that change, the checks a change needs.
+    pub preflight: bool,
+    /// The deployment records under this state directory (`apply`).
+    pub records: Option<&'a str>,
+}
+
+impl Ask<'_> {
+    /// What `plan` needs.
+    pub const PLAN: Ask<'static> = Ask {
+        preflight: true,
+        records: None,
+    };
+}
+
+/// Asks `host` for every fact of `targets` at once. `Ok(None)`: the host could not run the survey
+/// (no `mktemp`, `base64` or `sha256sum`, or an output that does not read): the caller falls back
+/// to one command per fact. An error is the connection's, or the survey hung past every part's
+/// limit.
+pub async fn survey(
+    host: &dyn Host,
+    targets: &[Target],
+    ask: Ask<'_>,
+) -> Result<Option<Survey>, RemoteError> {
+    let records = ask.records;
+    let limit = host.limits().command;
+    let wants: Vec<Want> = targets.iter().map(Want::of).collect();
+    let mut pythons: Vec<String> = Vec::new();
+    for w in wants.iter().filter(|_| ask.preflight) {
+        if !pythons.contains(&w.python) {
+            pythons.push(w.python.clone());
+        }
+    }
+    let units: Vec<String> = targets.iter().map(|t| t.desired.unit.clone()).collect();
+    let record_path = |unit: &str| records.map(|dir| format!("{dir}/{unit}/current.json"));
+    let mut args: Vec<String> = vec![
+        format!("{:.3}", limit.as_secs_f64()),
+        SHOW_PROPERTIES.to_string(),
+        super::scripts::PYTHON.to_string(),
+        super::scripts::VERSION_SCRIPT.to_string(),
+        super::scripts::ACCESS.to_string(),
+        super::scripts::LISTENERS.to_string(),
+        pythons.len().to_string(),
+    ];
+    args.extend(pythons.iter().cloned());
+    args.push(targets.len().to_string());
+    for (t, w) in targets.iter().zip(&wants) {
+        let unit = &t.desired.unit;
+        let fields = [
+            unit.clone(),
+            format!("{UNIT_DIR}/{unit}"),
+            sha256(&t.desired.text),
+            // An empty model path: no change-only checks (see the script).
+            if ask.preflight {
+                w.model_path.clone()
+            } else {
+                String::new()
+            },
+            w.port.to_string(),
+            record_path(unit).unwrap_or_default(),
+        ];
+        debug_assert_eq!(fields.len(), PER_UNIT);
+        args.extend(fields);
+    }
+    let mut argv: Vec<&str> = vec!["sh", "-c", SCRIPT, "sh"];
+    argv.extend(args.iter().map(String::as_str));
+    let out = host
+        .run_within(&argv, None, limit + SLACK)
+        .await
+        .map_err(named)?;
+    if out.status != 0 {
+        tracing::debug!(host = host.name(), status = out.status, stderr = %out.stderr.trim(), "the survey did not run; one command per fact instead");
+        return Ok(None);
+    }
+    match Sections::parse(&out.stdout) {
+        Ok(sections) => Ok(Some(Survey {
+            host: host.name().to_string(),
+            limit,
+            sections,
+            pythons,
+            units,
+            records: records.map(str::to_string),
+        })),
+        Err(e) => {
+            tracing::debug!(host = host.name(), error = %e, "one command per fact instead");
+            Ok(None)
+        }
+    }
+}
+
+/// The survey's error, naming it rather than showing its argv (its fixed scripts, every value).
+fn named(e: RemoteError) -> RemoteError {
+    match e {
+        RemoteError::TimedOut { host, after, .. } => RemoteError::TimedOut {
+            host,
+            command: NAME.to_string(),
+            after,
+        },
+        RemoteError::Transport { host, source, .. } => RemoteError::Transport {
+            host,
+            command: NAME.to_string(),
+            source,
+        },
+        e => e,
+    }
+}
+
+impl Survey {
+    /// Which of the surveyed units `unit` is.
+    fn index(&self, unit: &str) -> Result<usize, RemoteError> {
+        self.units
+            .iter()
+            .position(|u| u == unit)
+            .ok_or_else(|| self.error(Fault::Absent { key: unit.into() }))
+    }
+
+    fn error(&self, fault: Fault) -> RemoteError {
+        match fault {
+            Fault::TimedOut { command } => RemoteError::TimedOut {
+                host: self.host.clone(),
+                command,
+                after: self.limit,
+            },
+            Fault::Failed {
+                command,
+                status,
+                stderr,
+            } => RemoteError::Failed {
+                host: self.host.clone(),
+                command,
+                status,
+                stderr,
+            },
+            Fault::Absent { key } => RemoteError::Failed {
+                host: self.host.clone(),
+                command: NAME.to_string(),
+                status: -1,
+                stderr: format!("its answer has no section {key}"),
+            },
+        }
+    }
+
+    fn read<T>(
+        &self,
+        key: &str,
+        read: impl FnOnce(&survey::Section) -> Result<T, Fault>,
+    ) -> Result<T, RemoteError> {
+        self.sections
+            .get(key)
+            .and_then(read)
+            .map_err(|f| self.error(f))
+    }
+
+    /// The unit's file and systemd's state for it, as `Systemd::observe` reads them.
+    pub fn observed(&self, unit: &str) -> Result<Observed, RemoteError> {
+        let i = self.index(unit)?;
+        let path = format!("{UNIT_DIR}/{unit}");
+        let unit_text = self.read(&format!("unit.{i}"), |s| survey::file(s, &path))?;
+        let state = self.read(&format!("show.{i}"), |s| survey::show(s, unit))?;
+        Ok(Observed { unit_text, state })
+    }
+
+    /// The SGLang installed for the target's Python.
+    pub fn python(&self, t: &Target) -> Result<Python, RemoteError> {
+        let python = Want::of(t).python;
+        let j = self
+            .pythons
+            .iter()
+            .position(|p| *p == python)
+            .ok_or_else(|| self.error(Fault::Absent { key: python }))?;
+        self.read(&format!("python.{j}"), survey::python)
+    }
+
+    /// The checks a change needs (model path, GPUs, port); `None` when they were skipped (the
+    /// unit on the host was the rendered one).
+    pub fn checks(&self, t: &Target) -> Option<Result<(Access, Gpus, Port), RemoteError>> {
+        let i = self.index(&t.desired.unit).ok()?;
+        let (access, ports) = (format!("access.{i}"), format!("ports.{i}"));
+        if !self.sections.contains(&access) || !self.sections.contains(&ports) {
+            return None;
+        }
+        let want = Want::of(t);
+        let read = || {
+            Ok((
+                self.read(&access, |s| survey::access(s, &want.model_path))?,
+                self.read("gpus", survey::gpus)?,
+                self.read(&ports, |s| survey::listeners(s, want.port))?,
+            ))
+        };
+        Some(read())
+    }
+
+    /// The unit's deployment record (`current.json`), as `apply::state::read_record` reads it;
+    /// `None` when the survey did not ask for records.
+    pub fn record(&self, unit: &str) -> Option<Result<Option<Record>, RecordError>> {
+        let dir = self.records.as_deref()?;
+        let path = format!("{dir}/{unit}/current.json");
+        let error = |problem| RecordError {
+            host: self.host.clone(),
+            path: path.clone(),
+            problem,
+        };
+        let read = self
+            .index(unit)
+            .and_then(|i| self.read(&format!("record.{i}"), |s| survey::file(s, &path)));
+        Some(match read {
+            Ok(None) => Ok(None),
+            Ok(Some(text)) => parse_record(&text).map(Some).map_err(error),
+            Err(e) => Err(error(RecordProblem::Unreadable(
+                crate::remote::error_chain(&e),
+            ))),
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use reconcile_core::survey::{encode, end, Section};
+    use std::process::Command;
+
+    /// Runs the real script here, with `bin` first on PATH (stand-ins for systemctl, nvidia-smi
+    /// and ss), and reads its answer.
+    pub(crate) fn run_script(bin: &std::path::Path, args: &[&str]) -> (i32, String) {
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let out = Command::new("sh")
+            .args(["-c", SCRIPT, "sh"])
+            .args(args)
+            .env("PATH", path)
+            .output()
+            .expect("sh runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    fn stand_in(bin: &std::path::Path, name: &str, body: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = bin.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn the_script_answers_every_part_and_a_hung_one_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        stand_in(
+            &bin,
+            "systemctl",
+            "echo \"LoadState=loaded\"; echo \"Id=$5\"",
+        );
+        stand_in(&bin, "nvidia-smi", "exec sleep 30");
+        stand_in(&bin, "ss", "exit 0");
+        let unit = dir.path().join("a.service");
+        std::fs::write(&unit, "[Service]\n== end 0\n").unwrap();
+        let same = dir.path().join("b.service");
+        std::fs::write(&same, "same\n").unwrap();
+        let (unit, same) = (unit.to_str().unwrap(), same.to_str().unwrap());
+        let evil = "$(touch /tmp/reconcile-survey-pwned)'\"";
+        let started = std::time::Instant::now();
+        #[rustfmt::skip]
+        let (status, out) = run_script(&bin, &[
+            "0.5", "LoadState", super::super::scripts::PYTHON, "import sys; print('0.5.9')",
+            super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
+            "1", "/usr/bin/python3",
+            "2",
+            "a.service", unit, "0000", evil, "30000", "",
+            "b.service", same, &sha256("same\n"), "/nonexistent", "30001", "/nonexistent/current.json",
+        ]);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the hung part ended at its limit"
+        );
+        assert_eq!(status, 0, "{out}");
+        let s = Sections::parse(&out).unwrap();
+        assert_eq!(
+            survey::file(s.get("unit.0").unwrap(), unit)
+                .unwrap()
+                .as_deref(),
+            Some("[Service]\n== end 0\n")
+        );
+        assert_eq!(
+            survey::show(s.get("show.1").unwrap(), "b")
+                .unwrap()
+                .load_state,
+            "loaded"
+        );
+        assert!(s.get("show.1").unwrap().stdout.contains("Id=b.service"));
+        assert_eq!(
+            survey::python(s.get("python.0").unwrap()),
+            Ok(Python::Sglang("0.5.9".into()))
+        );
+        assert_eq!(
+            survey::access(s.get("access.0").unwrap(), evil),
+            Ok(Access::Missing)
+        );
+        assert!(!std::path::Path::new("/tmp/reconcile-survey-pwned").exists());
+        assert_eq!(
+            survey::listeners(s.get("ports.0").unwrap(), 30000),
+            Ok(Port::Listeners(vec![]))
+        );
+        assert_eq!(
+            survey::gpus(s.get("gpus").unwrap()),
+            Err(Fault::TimedOut {
+                command: "nvidia-smi".into()
+            })
+        );
+        // b is unchanged: no change-only checks, and its record is absent.
+        assert!(!s.contains("access.1") && !s.contains("ports.1") && !s.contains("record.0"));
+        assert_eq!(survey::file(s.get("record.1").unwrap(), "/r"), Ok(None));
+    }
+
+    /// What a fake host answers for the survey: the units and records `files` has, systemd not
+    /// knowing any unit, the
+    /// Python with SGLang `version`, and, for units that change, the model readable, four GPUs
+    /// and the port free. Reads the survey's own arguments, as the script does.
+    pub(crate) fn fake_answer(argv: &[&str], version: &str, files: &[(&str, &str)]) -> String {
+        let args = &argv[4..];
+        let ok = |stdout: &str| Section {
+            status: 0,
+            stdout: stdout.into(),
+            stderr: String::new(),
+        };
+        let pythons: usize = args[6].parse().unwrap();
+        let mut text = String::new();
+        for j in 0..pythons {
+            text += &encode(&format!("python.{j}"), &ok(&format!("{version}\n")));
+        }
+        let units: usize = args[7 + pythons].parse().unwrap();
+        let mut changed = false;
+        for i in 0..units {
+            let u = &args[8 + pythons + i * PER_UNIT..][..PER_UNIT];
+            let file = files.iter().find(|(p, _)| *p == u[1]).map(|(_, t)| *t);
+            let unit = match file {
+                Some(t) => ok(t),
+                None => Section {
+                    status: 100,
+                    ..Section::default()
+                },
+            };
+            text += &encode(&format!("unit.{i}"), &unit);
+            text += &encode(
+                &format!("show.{i}"),
+                &ok("LoadState=not-found\nActiveState=inactive\n"),
+            );
+            if !u[5].is_empty() {
+                let record = files.iter().find(|(p, _)| *p == u[5]).map(|(_, t)| *t);
+                let section = record.map_or(
+                    Section {
+                        status: 100,
+                        ..Section::default()
+                    },
+                    ok,
+                );
+                text += &encode(&format!("record.{i}"), &section);
+            }
+            if !u[3].is_empty() && file.map(sha256).as_deref() != Some(u[2]) {
+                changed = true;
+                text += &encode(&format!("access.{i}"), &ok(""));
+                text += &encode(&format!("ports.{i}"), &ok("#cgroups\n"));
+            }
+        }
+        if changed {
+            text += &encode("gpus", &ok("GPU 0: H100 (UUID: GPU-a)\nGPU 1: H100 (UUID: GPU-b)\nGPU 2: H100 (UUID: GPU-c)\nGPU 3: H100 (UUID: GPU-d)\n"));
+        }
+        text + &end()
+    }
+}
