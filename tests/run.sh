@@ -17,7 +17,8 @@ bash tests/hostlab/build-rootfs.sh
 cargo build --locked --all-targets
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
 trap 'bash tests/hostlab/down.sh' EXIT
-bash tests/hostlab/up.sh "$HOSTS"
+# ROUTE=1: the router host (rl18) reaches the replica hosts behind it (rl19..rl21).
+ROUTE=1 bash tests/hostlab/up.sh "$HOSTS"
 log=$(mktemp)
 status=0
 RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" 2>&1 | tee "$log" || status=$?
