@@ -290,10 +290,15 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
         "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
     );
     let before = lab().invocation(two[0], &unit);
-    let child = Reconcile::new()
-        .manifest("replicas.yaml", &slow)
-        .args(&["apply", "--format", "json", "--max-parallel", "1"])
-        .spawn(&[]);
+    // Bound, not a temporary: the run's folder (its manifests) lives as long as this value.
+    let run = Reconcile::new().manifest("replicas.yaml", &slow).args(&[
+        "apply",
+        "--format",
+        "json",
+        "--max-parallel",
+        "1",
+    ]);
+    let child = run.spawn(&[]);
     lab().wait_for_restart(two[0], &unit, &before);
     assert_eq!(listed(), all_healthy(&two[1..]), "out while it restarts");
     std::thread::sleep(Duration::from_millis(500));
