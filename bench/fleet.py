@@ -10,6 +10,8 @@ import sys
 import tempfile
 import time
 
+import ansible as ansible_peer  # bench/ansible.py (this script's folder comes first on sys.path)
+
 SSH_CONFIG, REPEATS = sys.argv[1], int(sys.argv[2])
 BIN = os.path.abspath("target/release/reconcile")
 HOSTS = [f"fb{i}" for i in range(1, 17)]
@@ -148,6 +150,16 @@ for n in (1, 4, 8, 16):
     base = median_of(lambda: floor(hosts))
     rt = trips(traced(v1, "plan", *host_args(hosts))[2])
     print(f"{'dry-run, ' + str(n) + ' hosts':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f} {rt:>17}")
+
+# The peer: Ansible's --check --diff of the same rendered unit on the same hosts, in pairs with
+# reconcile's dry-run (bench/ansible.py says which of Ansible's fast settings it uses).
+check = ansible_peer.check_runs(SSH_CONFIG, HOSTS, UNIT, ansible_peer.render_units(BIN, v1, HOSTS),
+                                ansible_peer.ensure_venv())
+pairs = [(check()[0], reconcile(v1, "plan", *host_args(HOSTS))[0]) for _ in range(REPEATS)]
+theirs, ours = (statistics.median(p[k] for p in pairs) for k in (0, 1))
+print(f"{'ansible --check --diff, 16 hosts':<34} {theirs:>14.3f} s; reconcile in the same pairs {ours:.3f} s; "
+      f"ansible / reconcile {theirs / ours:.2f}x (target >= 10x)")
+print(f"  ansible-core {ansible_peer.ANSIBLE_VERSION}: {ansible_peer.SETTINGS.format(forks=len(HOSTS))}")
 
 cpu_rss = [reconcile(v1, "plan", *host_args(HOSTS)) for _ in range(REPEATS)]
 cpu = statistics.median(r[1] for r in cpu_rss)

@@ -6,8 +6,12 @@
 #   a no-op apply over 8 hosts vs the same floor;
 #   beside each, the sequential round trips per host after connect (from --trace-remote; target:
 #   <= 2 for a plan and a no-op apply), and those of one restart;
+#   Ansible's `--check --diff` of the same rendered unit on the same 16 hosts, in pairs with
+#   reconcile's dry-run (bench/ansible.py: ansible-core pinned in a venv it makes, forks = N,
+#   pipelining; target: Ansible / reconcile >= 10x);
 #   a rolling apply over 8 hosts with one failing: total time and time to stop.
-# Usage: bench/fleet.sh [REPEATS]   (default 5; about two minutes)
+# Usage: bench/fleet.sh [REPEATS]   (default 5; about four minutes, plus ~2.5 minutes the first time
+# for Ansible's venv)
 set -euo pipefail
 # Needs root (the test hosts are containers). Through sudo when there is one (root shells on servers
 # and containers often have none); -E keeps the environment variables this script reads.
