@@ -4,12 +4,11 @@
 
 use super::scripts::{ACCESS, LISTENERS, PYTHON, VERSION_SCRIPT};
 use super::survey::Survey;
-use super::{
-    judge, parse_gpu_list, parse_listeners, Access, Deep, Facts, Finding, Gpus, Port, Python,
-};
+use super::{judge, Access, Deep, Facts, Finding, Gpus, Port, Python};
 use crate::observed::UnitState;
 use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
+use reconcile_core::survey as answer;
 
 /// The deep check: the host's SGLang parses the unit's exact arguments as `launch_server` would,
 /// without starting a server. What that checks depends on the version (read from each wheel's
@@ -178,52 +177,56 @@ async fn with_deep(
 }
 
 async fn sglang_version(host: &dyn Host, python: &str) -> Result<Python, RemoteError> {
-    let out = host
-        .run(&["sh", "-c", PYTHON, "sh", python, "-c", VERSION_SCRIPT])
-        .await?;
-    Ok(match out.status {
-        0 => Python::Sglang(out.stdout.trim().to_string()),
-        100 => Python::NotExecutable,
-        _ if out.stderr.contains("PackageNotFoundError") => Python::NoSglang,
-        status => Python::Failed(format!("exited with {status}: {}", last_line(&out.stderr))),
-    })
+    let argv = ["sh", "-c", PYTHON, "sh", python, "-c", VERSION_SCRIPT];
+    read_one(host, &argv, answer::python).await
 }
 
 async fn access(host: &dyn Host, path: &str) -> Result<Access, RemoteError> {
-    let out = host.run(&["sh", "-c", ACCESS, "sh", path]).await?;
-    match out.status {
-        0 => Ok(Access::Readable),
-        100 => Ok(Access::Missing),
-        101 => Ok(Access::Unreadable),
-        status => Err(failed(host, format!("test -r {path}"), status, &out.stderr)),
-    }
+    let argv = ["sh", "-c", ACCESS, "sh", path];
+    read_one(host, &argv, |s| answer::access(s, path)).await
 }
 
 async fn gpus(host: &dyn Host) -> Result<Gpus, RemoteError> {
-    let out = host.run(&["nvidia-smi", "-L"]).await?;
-    Ok(match out.status {
-        0 => Gpus::Listed(parse_gpu_list(&out.stdout)),
-        127 => Gpus::Unknown("nvidia-smi is not installed".into()),
-        status => Gpus::Unknown(format!(
-            "nvidia-smi -L exited with {status}: {}",
-            last_line(&out.stderr)
-        )),
-    })
+    read_one(host, &["nvidia-smi", "-L"], answer::gpus).await
 }
 
 async fn listeners(host: &dyn Host, port: u16) -> Result<Port, RemoteError> {
-    let port = port.to_string();
-    let out = host.run(&["sh", "-c", LISTENERS, "sh", &port]).await?;
-    match out.status {
-        0 => Ok(Port::Listeners(parse_listeners(&out.stdout))),
-        100 => Ok(Port::Unknown("ss (iproute2) is not installed".into())),
-        status => Err(failed(
-            host,
-            format!("ss -Htlnp sport = :{port}"),
+    let arg = port.to_string();
+    let argv = ["sh", "-c", LISTENERS, "sh", &arg];
+    read_one(host, &argv, |s| answer::listeners(s, port)).await
+}
+
+/// One fact read by a command of its own (where the survey cannot run), through the survey's
+/// own reader of that fact, so both paths read a host's answer the same way.
+async fn read_one<T>(
+    host: &dyn Host,
+    argv: &[&str],
+    read: impl FnOnce(&answer::Section) -> Result<T, answer::Fault>,
+) -> Result<T, RemoteError> {
+    let out = host.run(argv).await?;
+    let section = answer::Section {
+        status: out.status,
+        stdout: out.stdout,
+        stderr: out.stderr,
+    };
+    read(&section).map_err(|fault| {
+        let (command, status, stderr) = match fault {
+            answer::Fault::Failed {
+                command,
+                status,
+                stderr,
+            } => (command, status, stderr),
+            // Not under `timeout` here: a status of 124 is the command's own.
+            answer::Fault::TimedOut { command } => (command, section.status, section.stderr),
+            answer::Fault::Absent { key } => (key, section.status, section.stderr),
+        };
+        RemoteError::Failed {
+            host: host.name().to_string(),
+            command,
             status,
-            &out.stderr,
-        )),
-    }
+            stderr,
+        }
+    })
 }
 
 async fn deep_check(
@@ -236,7 +239,7 @@ async fn deep_check(
     let mut argv = vec!["sh", "-c", PYTHON, "sh", python, "-c", DEEP_SCRIPT];
     argv.extend(args.iter().map(String::as_str));
     let out = host.run_within(&argv, None, DEEP_TIMEOUT).await?;
-    let last = last_line(&out.stderr);
+    let last = answer::last_line(&out.stderr);
     Ok(match out.status {
         0 => Deep::Accepted,
         _ if out.stderr.contains("No module named 'sglang.srt") => Deep::Unavailable(format!(
@@ -245,24 +248,6 @@ async fn deep_check(
         3 => Deep::ParsedOnly(last),
         _ => Deep::Refused(last),
     })
-}
-
-fn last_line(text: &str) -> String {
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
-fn failed(host: &dyn Host, command: String, status: i32, stderr: &str) -> RemoteError {
-    RemoteError::Failed {
-        host: host.name().to_string(),
-        command,
-        status,
-        stderr: stderr.trim().to_string(),
-    }
 }
 
 #[cfg(test)]

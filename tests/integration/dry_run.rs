@@ -366,7 +366,8 @@ fn round_trip_service(i: u16) -> String {
 
 #[test]
 fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
-    let one = Reconcile::new().manifest("a.yaml", &round_trip_service(2));
+    // b.yaml, as in the plan below: the rendered unit's header names its manifest file.
+    let one = Reconcile::new().manifest("b.yaml", &round_trip_service(2));
     install_rendered(&one, SHARED, "t-round-2.service");
     let run = Reconcile::new()
         .manifest("a.yaml", &round_trip_service(1))
