@@ -22,10 +22,11 @@ use reconcile_core::drain::{self as judge, MetricsError, Reading, Step};
 pub use reconcile_core::drain::{Ended, Load};
 
 /// How often `/metrics` is read. SGLang 0.5.23 publishes the gauges at each batch report and,
-/// once idle, at the scheduler's next idle pass when they are stale (`metrics_reporter.py`,
-/// `_maybe_log_idle_metrics`), so a second is within a reading of the truth; one small request
-/// a second costs the server nothing.
-pub const POLL: Duration = Duration::from_secs(1);
+/// once idle, at the scheduler's next idle pass as soon as the running-requests gauge disagrees
+/// with the running batch (`metrics_reporter.py`, `_maybe_log_idle_metrics`), so a reading is
+/// current within a scheduler pass. A quarter second keeps the wait after the last request ends
+/// short (a rollout behind a router drains each replica) at four small requests a second.
+pub const POLL: Duration = Duration::from_millis(250);
 
 /// Off a terminal, a line every this often, so a CI log shows the wait without a line a second.
 const LOG_EVERY: Duration = Duration::from_secs(10);
@@ -45,7 +46,13 @@ pub struct DrainReport {
 }
 
 impl DrainReport {
-    fn ended(spec: &DrainSpec, ended: Ended, seconds: f64, last: &Reading) -> DrainReport {
+    fn ended(
+        spec: &DrainSpec,
+        ended: Ended,
+        seconds: f64,
+        readings: u32,
+        last: &Reading,
+    ) -> DrainReport {
         DrainReport {
             outcome: ended,
             seconds,
@@ -54,7 +61,7 @@ impl DrainReport {
                 _ => None,
             },
             restarted: judge::restarts(spec, ended),
-            detail: judge::summary(spec, ended, seconds, last),
+            detail: judge::summary(spec, ended, seconds, readings, last),
         }
     }
 }
@@ -75,14 +82,16 @@ pub async fn wait_until_idle(
     let show = Progress::new(label.to_string(), progress);
     let mut cancel = cancel.clone();
     let mut logged: Option<Instant> = None;
+    let mut readings = 0;
     loop {
         let reading = tokio::select! {
             r = read(server) => r,
             _ = cancel.wait_for(|c| *c) => return interrupted(spec, started),
         };
         let elapsed = started.elapsed();
+        readings += 1;
         if let Step::Done(ended) = judge::step(spec, elapsed, &reading) {
-            return DrainReport::ended(spec, ended, elapsed.as_secs_f64(), &reading);
+            return DrainReport::ended(spec, ended, elapsed.as_secs_f64(), readings, &reading);
         }
         let line = judge::progress_line(&reading, elapsed);
         show.status(&line);
@@ -100,7 +109,7 @@ pub async fn wait_until_idle(
 fn interrupted(spec: &DrainSpec, started: Instant) -> DrainReport {
     let seconds = started.elapsed().as_secs_f64();
     let none = Reading::Failed(String::new());
-    DrainReport::ended(spec, Ended::Interrupted, seconds, &none)
+    DrainReport::ended(spec, Ended::Interrupted, seconds, 0, &none)
 }
 
 /// One look at the server's requests.
@@ -141,14 +150,14 @@ pub async fn before_restart(
 ) -> DrainReport {
     let none = Reading::Failed(String::new());
     if !running.running {
-        return DrainReport::ended(spec, Ended::NotRunning, 0.0, &none);
+        return DrainReport::ended(spec, Ended::NotRunning, 0.0, 0, &none);
     }
     let model = parse_unit(running.unit_text);
     if !flags(&model.exec_start).1.contains_key("enable-metrics") {
         let why = Reading::NotExposed(
             "the running unit has no --enable-metrics, so its server has no /metrics".into(),
         );
-        return DrainReport::ended(spec, Ended::Blind, 0.0, &why);
+        return DrainReport::ended(spec, Ended::Blind, 0.0, 0, &why);
     }
     let endpoint = Expect::from_unit(&model).endpoint;
     let server = match host.server(&endpoint, running.url).await {
@@ -159,7 +168,7 @@ pub async fn before_restart(
                 "the server could not be reached: {}",
                 error_chain(&e)
             ));
-            return DrainReport::ended(spec, Ended::Blind, 0.0, &why);
+            return DrainReport::ended(spec, Ended::Blind, 0.0, 0, &why);
         }
     };
     wait_until_idle(&server, spec, label, options.0, options.1).await
@@ -220,8 +229,9 @@ mod tests {
         assert_eq!((d.outcome, d.restarted), (Ended::Idle, true));
         assert_eq!(d.last, Some(Load::default()));
         // Two busy readings, a poll apart each.
-        assert!(d.seconds >= 2.0 && d.seconds < 10.0, "{}", d.seconds);
-        assert!(d.detail.starts_with("drained in 2."), "{}", d.detail);
+        let two_polls = 2.0 * POLL.as_secs_f64();
+        assert!(d.seconds >= two_polls && d.seconds < 10.0, "{}", d.seconds);
+        assert!(d.detail.starts_with("drained in "), "{}", d.detail);
     }
 
     #[tokio::test]

@@ -260,15 +260,21 @@ pub fn progress_line(reading: &Reading, elapsed: Duration) -> String {
 }
 
 /// What the drain did, for the unit's report: `drained in 8.2s` or why it did not.
-pub fn summary(spec: &DrainSpec, ended: Ended, seconds: f64, last: &Reading) -> String {
+/// `readings`: how many times the server's requests were read (1: idle at the first look).
+pub fn summary(
+    spec: &DrainSpec,
+    ended: Ended,
+    seconds: f64,
+    readings: u32,
+    last: &Reading,
+) -> String {
     let then = match (ended, restarts(spec, ended)) {
         (Ended::Idle | Ended::NotRunning | Ended::Interrupted, _) => "",
         (_, true) => "; restarted anyway (drain.on_timeout: restart)",
         (_, false) => "; the server was not restarted (drain.on_timeout: refuse)",
     };
     let what = match (ended, last) {
-        // Idle within a second is idle at the first reading: the binary reads once a second.
-        (Ended::Idle, _) if seconds < 1.0 => "drain: the server was idle".to_string(),
+        (Ended::Idle, _) if readings <= 1 => "drain: the server was idle".to_string(),
         (Ended::Idle, _) => format!("drained in {seconds:.1}s"),
         (Ended::NotRunning, _) => "drain: the server was not running; nothing to wait for".into(),
         (Ended::Interrupted, _) => format!("drain interrupted after {seconds:.1}s"),
@@ -458,23 +464,25 @@ mod tests {
         );
         let s = spec(600, OnTimeout::Refuse);
         assert_eq!(
-            summary(&s, Ended::TimedOut, 600.2, &busy),
+            summary(&s, Ended::TimedOut, 600.2, 2401, &busy),
             "drain timed out after 10m with 3 running, 12 queued; the server was not restarted (drain.on_timeout: refuse)"
         );
         let s = spec(90, OnTimeout::Restart);
         assert_eq!(
-            summary(&s, Ended::TimedOut, 90.0, &busy),
+            summary(&s, Ended::TimedOut, 90.0, 361, &busy),
             "drain timed out after 1m 30s with 3 running, 12 queued; restarted anyway (drain.on_timeout: restart)"
         );
         let idle = Reading::Load(Load::default());
-        assert_eq!(summary(&s, Ended::Idle, 8.24, &idle), "drained in 8.2s");
+        assert_eq!(summary(&s, Ended::Idle, 8.24, 34, &idle), "drained in 8.2s");
+        // Busy at the first look, idle at the second: a wait, however short.
+        assert_eq!(summary(&s, Ended::Idle, 0.3, 2, &idle), "drained in 0.3s");
         assert_eq!(
-            summary(&s, Ended::Idle, 0.3, &idle),
+            summary(&s, Ended::Idle, 0.3, 1, &idle),
             "drain: the server was idle"
         );
         let blind = Reading::NotExposed("/metrics answered 404".into());
         assert_eq!(
-            summary(&s, Ended::Blind, 0.1, &blind),
+            summary(&s, Ended::Blind, 0.1, 1, &blind),
             "drain cannot see the server's requests: /metrics answered 404; restarted anyway (drain.on_timeout: restart)"
         );
     }
