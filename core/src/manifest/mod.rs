@@ -136,11 +136,11 @@ pub struct VerifySpec {
     pub benchmark: Option<BenchmarkSpec>,
 }
 
-/// The verification values a manifest set itself, rather than left to their defaults.
+/// The verification values a manifest set itself, rather than left to their defaults: a load
+/// deadline the manifest leaves to its default is learned from past loads (`learned.rs`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Explicit {
     pub load_deadline: bool,
-    pub stall_timeout: bool,
 }
 
 /// A fixed, reproducible load test: streamed chat completions at each concurrency level in turn.

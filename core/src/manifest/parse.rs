@@ -272,7 +272,6 @@ impl RawManifest {
         let v = self.verify;
         let explicit = Explicit {
             load_deadline: v.load_deadline.is_some(),
-            stall_timeout: v.stall_timeout.is_some(),
         };
         let labels = strings(self.labels);
         Manifest {
