@@ -340,13 +340,20 @@ pub(super) async fn has_work(host: &dyn Host, t: &Target, options: &ApplyOptions
         return true;
     }
     match host.observe(&t.desired.unit).await {
-        Ok(observed) => {
-            plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict
-                != Verdict::NoChange
-                || unfinished(host, t, &observed).await.unwrap_or(true)
-        }
+        Ok(observed) => observed_work(host, t, options, &observed).await,
         Err(_) => true,
     }
+}
+
+/// [`has_work`] for a unit observed already (a plan file's unit is not asked about here).
+pub(super) async fn observed_work(
+    host: &dyn Host,
+    t: &Target,
+    options: &ApplyOptions,
+    observed: &Observed,
+) -> bool {
+    plan(&t.host, &t.source, &t.desired, observed, &options.redactor).verdict != Verdict::NoChange
+        || unfinished(host, t, observed).await.unwrap_or(true)
 }
 
 /// Whether any of a host's targets has work ([`has_work`]), from one survey of the host: their

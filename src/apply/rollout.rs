@@ -289,7 +289,10 @@ async fn restarts(host: &dyn Host, t: &Target, options: &ApplyOptions) -> bool {
     match crate::plan::plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict {
         crate::plan::Verdict::Restart | crate::plan::Verdict::Install => true,
         crate::plan::Verdict::ReloadOnly => false,
-        crate::plan::Verdict::NoChange => super::has_work(host, t, options).await,
+        // Unchanged, but its last apply did not finish: apply restarts it.
+        crate::plan::Verdict::NoChange => {
+            t.expected.is_some() || super::observed_work(host, t, options, &observed).await
+        }
     }
 }
 
