@@ -2,6 +2,15 @@
 # The whole test suite: unit tests, then the integration tests against throwaway test hosts
 # (systemd-nspawn containers with a real systemd and sshd, see tests/hostlab/). Needs root.
 # The hosts are booted once for the run and always torn down, whatever happens.
+#
+# Two tiers of integration tests, one after the other on the same hosts:
+#   1. the SGLang stand-in (fixtures/fake-sglang/): everything a CPU cannot show (GPU memory, CUDA
+#      OOM, NCCL, several ranks) and the faults, four tests at a time;
+#   2. the real SGLang 0.5.23 on its CPU engine (tests/integration/real_server/, installed by
+#      tests/hostlab/sglang-cpu/install.sh: 3.6 GB of wheels the first time, cached after), two
+#      tests at a time, since one real server takes 3.8 GB.
+# REAL_SGLANG=0 skips the second tier (a machine without ~12 GB of disk and ~8 GB of memory
+# to spare); the run then says so at the end.
 set -euo pipefail
 # Needs root (the test hosts are containers). Through sudo when there is one (root shells on servers
 # and containers often have none); -E keeps the environment variables this script reads.
@@ -11,16 +20,27 @@ if [ "$(id -u)" != 0 ]; then
 fi
 cd "$(dirname "$0")/.."
 export STATE=${STATE:-/tmp/reconcile-lab}
-HOSTS=${HOSTS:-21}
+HOSTS=${HOSTS:-23}
+REAL_SGLANG=${REAL_SGLANG:-1}
 
 bash tests/hostlab/build-rootfs.sh
+if [ "$REAL_SGLANG" = 1 ]; then
+  SGLANG_CPU=$(bash tests/hostlab/sglang-cpu/install.sh)
+  export SGLANG_CPU
+fi
 cargo build --locked --all-targets
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
 trap 'bash tests/hostlab/down.sh' EXIT
-# ROUTE=1: the router host (rl18) reaches the replica hosts behind it (rl19..rl21).
+# ROUTE=1: the router host (rl18) reaches the replica hosts behind it (rl19..rl23).
 ROUTE=1 bash tests/hostlab/up.sh "$HOSTS"
 log=$(mktemp)
 status=0
-RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" 2>&1 | tee "$log" || status=$?
+RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" --skip real_server:: 2>&1 | tee "$log" || status=$?
 bash tests/fault-matrix.sh "$log" || status=1
+if [ "$REAL_SGLANG" = 1 ]; then
+  RECONCILE_LAB=$STATE RECONCILE_SGLANG_CPU=/opt/sglang-cpu \
+    cargo test --locked --test integration real_server:: -- --test-threads 2 || status=$?
+else
+  echo "tests/run.sh: REAL_SGLANG=0: the integration tests against the real SGLang server did not run"
+fi
 exit "$status"

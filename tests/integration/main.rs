@@ -15,6 +15,7 @@ mod learned;
 mod plan_file;
 mod preflight;
 mod pty;
+mod real_server;
 mod real_sglang;
 mod router;
 mod security;

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use crate::lab::{lab, Reconcile, REPLICAS, ROUTER};
 
-static TURN: Mutex<()> = Mutex::new(());
+pub(crate) static TURN: Mutex<()> = Mutex::new(());
 
 const ROUTER_UNIT: &str = "it-sglang-router";
-const ROUTER_PORT: u16 = 30100;
-const SERVICE: &str = "router-replica";
-const MODEL: &str = "router-model";
-const KEY_FILE: &str = "/etc/sglang-router/admin-key";
+pub(crate) const ROUTER_PORT: u16 = 30100;
+pub(crate) const SERVICE: &str = "router-replica";
+pub(crate) const MODEL: &str = "router-model";
+pub(crate) const KEY_FILE: &str = "/etc/sglang-router/admin-key";
 const CLIENT: &str = include_str!("../../bench/router_client.py");
 
 /// The router's `/workers`, read on its host with its admin key (the image has no curl).
@@ -31,12 +31,12 @@ fn workers() -> Vec<serde_json::Value> {
     list["workers"].as_array().cloned().unwrap_or_default()
 }
 
-fn worker_url(host: &str) -> String {
+pub(crate) fn worker_url(host: &str) -> String {
     format!("http://{}:30000", lab().address(host))
 }
 
 /// Each listed worker's URL and health.
-fn listed() -> Vec<(String, bool)> {
+pub(crate) fn listed() -> Vec<(String, bool)> {
     let mut w: Vec<(String, bool)> = workers()
         .iter()
         .map(|w| {
@@ -50,15 +50,15 @@ fn listed() -> Vec<(String, bool)> {
     w
 }
 
-fn all_healthy(hosts: &[&str]) -> Vec<(String, bool)> {
+pub(crate) fn all_healthy(hosts: &[&str]) -> Vec<(String, bool)> {
     let mut w: Vec<(String, bool)> = hosts.iter().map(|h| (worker_url(h), true)).collect();
     w.sort();
     w
 }
 
 /// Clean replica hosts and a fresh router with no workers and a random admin key.
-fn fresh_router() {
-    for host in REPLICAS {
+pub(crate) fn fresh_router() {
+    for host in REPLICAS.iter().chain(&crate::real_server::HOSTS) {
         lab().remove_unit(host, &format!("{SERVICE}.service"));
     }
     lab().sh(
@@ -107,7 +107,7 @@ fn manifest(hosts: &[&str], generation: u32, failing: Option<&str>) -> String {
     )
 }
 
-fn apply(text: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+pub(crate) fn apply(text: &str, extra: &[&str]) -> (i32, serde_json::Value) {
     let ran = Reconcile::new()
         .manifest("replicas.yaml", text)
         .args(&["apply", "--format", "json"])
@@ -121,7 +121,7 @@ fn apply(text: &str, extra: &[&str]) -> (i32, serde_json::Value) {
     (ran.code, ran.json())
 }
 
-fn unit_of<'a>(report: &'a serde_json::Value, host: &str) -> &'a serde_json::Value {
+pub(crate) fn unit_of<'a>(report: &'a serde_json::Value, host: &str) -> &'a serde_json::Value {
     report["units"]
         .as_array()
         .and_then(|u| u.iter().find(|u| u["host"] == host))
@@ -129,10 +129,10 @@ fn unit_of<'a>(report: &'a serde_json::Value, host: &str) -> &'a serde_json::Val
 }
 
 /// The client loop on the router host, sending through the router until stopped.
-struct Client;
+pub(crate) struct Client;
 
 impl Client {
-    fn start() -> Client {
+    pub(crate) fn start() -> Client {
         lab().put(ROUTER, "/root/router_client.py", CLIENT);
         lab().sh(
             ROUTER,
@@ -142,7 +142,7 @@ impl Client {
     }
 
     /// Stops the loop: what it saw.
-    fn stop(self) -> serde_json::Value {
+    pub(crate) fn stop(self) -> serde_json::Value {
         lab().sh(ROUTER, "touch /root/stop");
         lab().wait_until(ROUTER, "[ -s /root/client.json ]", Duration::from_secs(150));
         let out = lab().sh(ROUTER, "cat /root/client.json");
@@ -156,7 +156,7 @@ impl Drop for Client {
     }
 }
 
-fn since_epoch() -> u64 {
+pub(crate) fn since_epoch() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -164,7 +164,7 @@ fn since_epoch() -> u64 {
 }
 
 /// Starts of the replica's unit since `since` (seconds since the epoch), from its journal.
-fn starts_since(host: &str, since: u64) -> usize {
+pub(crate) fn starts_since(host: &str, since: u64) -> usize {
     lab()
         .sh(
             host,

@@ -1,0 +1,168 @@
+//! Every start failure the real server produces on this machine, each on a host running a good
+//! unit of the same service: the failed start is rolled back, the previous unit is verified again
+//! and serves, and the report names the cause (its diagnosis, from the real journal). The ones
+//! the host's SGLang can name before anything stops are also refused at plan time, host untouched.
+//!
+//! Apply's preflight would refuse the first two before the restart (see `refused_at_plan_time`),
+//! so their rollback tests skip it with `--no-deep`, as an operator who skipped it would.
+
+use super::{slots, Service, HOSTS, MODEL_CONTEXT, ROOT};
+use crate::lab::{lab, Reconcile};
+
+/// Deploys `s`, then applies `bad` (its manifest) with `args`: asserts the bad start was rolled
+/// back to the good unit, which serves again, and returns the failed unit's report.
+fn rolled_back(s: &Service, bad: &str, args: &[&str]) -> serde_json::Value {
+    s.fresh();
+    s.converge();
+    let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
+    let (code, report) = s.apply_with(bad, args);
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    let detail = report["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("the previous unit was restored and passed verification"),
+        "the previous unit was verified again: {report:#}"
+    );
+    assert_eq!(
+        lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())),
+        good,
+        "the host runs its previous unit"
+    );
+    assert_eq!(s.http("GET", "/health", None, None).0, 200, "the previous unit serves");
+    report
+}
+
+fn cause(report: &serde_json::Value) -> String {
+    report["diagnosis"]["cause"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no diagnosis: {report:#}"))
+        .to_string()
+}
+
+#[test]
+fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-ctxlen", HOSTS[0], 38011);
+    let bad = Service::new("t-rs-ctxlen", HOSTS[0], 38011)
+        .flags(&format!("    context-length: {}\n", 2 * MODEL_CONTEXT));
+    let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
+    let cause = cause(&report);
+    assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
+    let advice = report["diagnosis"]["advice"].as_str().unwrap();
+    assert!(advice.contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"), "{advice}");
+    s.stop();
+}
+
+/// A copy of the tiny model on the host, without `config.json`.
+fn model_without_config(host: &str) -> &'static str {
+    let path = "/models/rs-noconfig";
+    lab().sh(
+        host,
+        &format!("rm -rf {path}; mkdir -p {path}; cp -r {ROOT}/tiny-model/. {path}/; rm {path}/config.json"),
+    );
+    path
+}
+
+#[test]
+fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-noconfig", HOSTS[1], 38012);
+    let path = model_without_config(s.host);
+    let bad = s.manifest().replace(&format!("model_path: {ROOT}/tiny-model"), &format!("model_path: {path}"));
+    let report = rolled_back(&s, &bad, &["--no-deep"]);
+    let cause = cause(&report);
+    assert!(cause.contains("config"), "{cause}");
+    s.stop();
+}
+
+#[test]
+fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-template", HOSTS[0], 38013);
+    let bad = Service::new("t-rs-template", HOSTS[0], 38013)
+        .flags("    chat-template: /models/no-such-template.jinja\n");
+    let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
+    let cause = cause(&report);
+    assert!(cause.contains("/models/no-such-template.jinja"), "{cause}");
+    s.stop();
+}
+
+#[test]
+fn a_quantization_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-quant", HOSTS[1], 38014);
+    let bad = Service::new("t-rs-quant", HOSTS[1], 38014).flags("    quantization: fp8\n");
+    let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
+    let cause = cause(&report);
+    assert!(cause.to_lowercase().contains("fp8"), "{cause}");
+    s.stop();
+}
+
+#[test]
+fn a_killed_scheduler_is_rolled_back_with_its_cause() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-killed", HOSTS[0], 38015);
+    s.fresh();
+    s.converge();
+    let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
+    let before = s.invocation();
+    // The change's server has its scheduler killed while it loads, as the OOM killer would.
+    let changed = Service::new("t-rs-killed", HOSTS[0], 38015).flags("    max-running-requests: 9\n");
+    let child = Reconcile::new()
+        .manifest("a.yaml", &changed.manifest())
+        .args(&["apply", "--format", "json"])
+        .spawn(&[]);
+    lab().wait_for_restart(s.host, &s.unit(), &before);
+    let cgroup = format!("/sys/fs/cgroup/system.slice/{}/cgroup.procs", s.unit());
+    let scheduler = format!(
+        "for p in $(cat {cgroup}); do grep -q '^sglang::scheduler' /proc/$p/cmdline 2>/dev/null && echo $p; done"
+    );
+    lab().wait_until(
+        s.host,
+        &format!("[ -n \"$({scheduler})\" ]"),
+        std::time::Duration::from_secs(120),
+    );
+    lab().sh(s.host, &format!("kill -9 $({scheduler})"));
+    let ran = crate::lab::Ran::from(child.wait_with_output().unwrap());
+    let report = &ran.json()["units"][0];
+    assert_eq!(ran.code, 3, "{report:#}");
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    assert_eq!(lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())), good);
+    assert_eq!(s.http("GET", "/health", None, None).0, 200);
+    let cause = cause(report);
+    assert!(cause.contains("scheduler"), "{cause}");
+    s.stop();
+}
+
+#[test]
+fn what_the_hosts_sglang_refuses_is_refused_at_plan_time_and_the_server_keeps_serving() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-plan", HOSTS[1], 38016);
+    s.fresh();
+    s.converge();
+    let before = s.invocation();
+    let path = model_without_config(s.host);
+    let context = Service::new("t-rs-plan", HOSTS[1], 38016)
+        .flags(&format!("    context-length: {}\n", 2 * MODEL_CONTEXT))
+        .manifest();
+    let no_config = s
+        .manifest()
+        .replace(&format!("model_path: {ROOT}/tiny-model"), &format!("model_path: {path}"));
+    for (what, text, field) in [
+        ("context length", &context, "sglang.flags.context-length"),
+        ("no config.json", &no_config, "sglang.model_path"),
+    ] {
+        for command in ["plan", "apply"] {
+            let started = std::time::Instant::now();
+            let ran = Reconcile::new().manifest("a.yaml", text).args(&[command]).run();
+            let took = started.elapsed();
+            assert_eq!(ran.code, 1, "{what}, {command}: {}{}", ran.stdout, ran.stderr);
+            let out = format!("{}{}", ran.stdout, ran.stderr);
+            assert!(out.contains("a.yaml:") && out.contains(field), "{what}, {command}: {out}");
+            eprintln!("{what}: {command} refused in {:.1}s", took.as_secs_f64());
+        }
+    }
+    assert_eq!(s.invocation(), before, "the running server was not restarted");
+    assert_eq!(s.http("GET", "/health", None, None).0, 200);
+    s.stop();
+}

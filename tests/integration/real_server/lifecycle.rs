@@ -1,0 +1,203 @@
+//! A real server's life through `reconcile`: first install, a no-op, a flag change, an API key,
+//! drain of a long generation, and `reconcile` stopped by SIGTERM or Ctrl-C while it verifies.
+
+use std::time::Duration;
+
+use super::{slots, stage, Service, HOSTS};
+use crate::lab::{lab, Ran, Reconcile};
+
+#[test]
+fn first_install_converges_and_a_second_apply_touches_nothing() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-first", HOSTS[0], 38001);
+    s.fresh();
+    let report = s.converge();
+    let v = &report["verification"];
+    // Identity from the real /v1/models, readiness from the real /health (a one-token generation,
+    // never sooner than about a second).
+    let identity = stage(v, "identity")["detail"].as_str().unwrap();
+    assert!(identity.contains("`tiny-t-rs-first`"), "{identity}");
+    let readiness = stage(v, "readiness")["detail"].as_str().unwrap();
+    let took: f64 = readiness
+        .split("the probe took ")
+        .nth(1)
+        .and_then(|t| t.trim_end_matches("s)").parse().ok())
+        .unwrap_or_else(|| panic!("no probe time in {readiness}"));
+    assert!(took >= 0.95, "a real /health answered in {took}s: {readiness}");
+    // The real server's processes: the scheduler and detokenizer set their titles.
+    let titles = lab().sh(
+        s.host,
+        &format!("for p in $(cat /sys/fs/cgroup/system.slice/{}/cgroup.procs 2>/dev/null || systemctl show -p MainPID --value {}); do cat /proc/$p/cmdline | tr '\\0' ' '; echo; done", s.unit(), s.unit()),
+    );
+    assert!(titles.contains("sglang::scheduler"), "{titles}");
+    let (status, models) = s.http("GET", "/v1/models", None, None);
+    assert_eq!(status, 200);
+    assert!(models.contains("\"max_model_len\":2048"), "{models}");
+
+    let before = lab().sh(
+        s.host,
+        &format!("systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '", s.unit()),
+    );
+    let (code, again) = s.apply();
+    assert_eq!((code, &again["outcome"]), (0, &"unchanged".into()), "{again:#}");
+    let after = lab().sh(
+        s.host,
+        &format!("systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '", s.unit()),
+    );
+    assert_eq!(before, after, "a no-op apply restarted the real server");
+    s.stop();
+}
+
+#[test]
+fn a_flag_change_restarts_the_real_server_which_runs_it() {
+    let _slot = slots(1);
+    let s = Service::new("t-rs-flag", HOSTS[1], 38002);
+    s.fresh();
+    s.converge();
+    let before = s.invocation();
+    let changed = Service::new("t-rs-flag", HOSTS[1], 38002).flags("    max-running-requests: 7\n");
+    let (code, report) = changed.apply();
+    assert_eq!((code, &report["outcome"]), (0, &"converged".into()), "{report:#}");
+    assert_ne!(s.invocation(), before, "restarted");
+    // The real server resolved the new flag: its /server_info says so.
+    let (status, info) = s.http("GET", "/server_info", None, None);
+    assert_eq!(status, 200, "{info}");
+    let info: serde_json::Value = serde_json::from_str(&info).expect("server_info is JSON");
+    assert_eq!(info["max_running_requests"], 7, "{info:#}");
+    s.stop();
+}
+
+#[test]
+fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
+    let _slot = slots(1);
+    let key = "sk-reconcile-real-3e9b27";
+    let s = Service::new("t-rs-apikey", HOSTS[0], 38003).flags(&format!("    api-key: {key}\n"));
+    s.fresh();
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &s.manifest())
+        .args(&["apply", "--format", "json"])
+        .run();
+    assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
+    assert_eq!(ran.json()["units"][0]["outcome"], "converged", "{}", ran.stdout);
+    assert!(!ran.stdout.contains(key) && !ran.stderr.contains(key), "the key was shown");
+    let plan = Reconcile::new()
+        .manifest("a.yaml", &s.manifest().replace("max-total-tokens: 4096", "max-total-tokens: 4000"))
+        .args(&["plan"])
+        .run();
+    assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
+    assert!(!plan.stdout.contains(key) && !plan.stderr.contains(key), "the key is in the diff");
+    // The real server refuses requests without it, and serves them with it.
+    assert_eq!(s.http("GET", "/v1/models", None, None).0, 401);
+    assert_eq!(s.http("GET", "/v1/models", None, Some(key)).0, 200);
+    s.stop();
+}
+
+/// A long generation in flight on the host (`ignore_eos`, many tokens); `result` gets
+/// `STATUS COMPLETION_TOKENS MONOTONIC_END` when it ends.
+fn long_generation(s: &Service, tokens: u32, result: &str) {
+    let script = format!(
+        r#"rm -f {result}; ( python3 -c '
+import http.client, json, time
+try:
+    c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=300)
+    c.request("POST", "/v1/chat/completions", body=json.dumps({{"model": "m", "messages": [{{"role": "user", "content": "tell me a story"}}], "max_tokens": {tokens}, "ignore_eos": True}}), headers={{"Content-Type": "application/json"}})
+    r = c.getresponse()
+    body = json.loads(r.read())
+    out = "%d %d %.3f" % (r.status, body.get("usage", {{}}).get("completion_tokens", -1), time.monotonic())
+except Exception as e:
+    out = "error -1 %.3f %s" % (time.monotonic(), type(e).__name__)
+open("{result}.tmp", "w").write(out)
+' && mv {result}.tmp {result} ) </dev/null >/dev/null 2>&1 &"#,
+        port = s.port,
+    );
+    lab().sh(s.host, &script);
+    let running = format!(
+        r#"python3 -c 'import sys, urllib.request; b = urllib.request.urlopen("http://127.0.0.1:{}/metrics", timeout=5).read().decode(); sys.exit(0 if any(l.startswith("sglang:num_running_reqs") and not l.endswith(" 0.0") for l in b.splitlines()) else 1)' 2>/dev/null"#,
+        s.port
+    );
+    lab().wait_until(s.host, &running, Duration::from_secs(30));
+}
+
+#[test]
+fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
+    let _slot = slots(1);
+    let drain = "drain: { timeout: 240s }\n";
+    let s = Service::new("t-rs-drain", HOSTS[1], 38004)
+        .flags("    enable-metrics: true\n")
+        .extra(drain);
+    s.fresh();
+    s.converge();
+    let before = s.invocation();
+    let result = "/tmp/t-rs-drain.result";
+    // 1500 tokens of the tiny model on one CPU thread: several seconds of generation.
+    long_generation(&s, 1500, result);
+    let changed = Service::new("t-rs-drain", HOSTS[1], 38004)
+        .flags("    enable-metrics: true\n    max-running-requests: 6\n")
+        .extra(drain);
+    let (code, report) = changed.apply();
+    assert_eq!((code, &report["outcome"]), (0, &"converged".into()), "{report:#}");
+    assert_ne!(s.invocation(), before, "restarted");
+    assert_eq!(report["drain"]["outcome"], "idle", "{report:#}");
+    lab().wait_until(s.host, &format!("[ -s {result} ]"), Duration::from_secs(60));
+    let text = lab().sh(s.host, &format!("cat {result}"));
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(fields[0], "200", "the generation in flight: {text}");
+    assert_eq!(fields[1], "1500", "it was answered in full: {text}");
+    let ended: f64 = fields[2].parse().unwrap();
+    let us = lab().sh(
+        s.host,
+        &format!("systemctl show -p ExecMainStartTimestampMonotonic --value {}", s.unit()),
+    );
+    let started = us.trim().parse::<f64>().unwrap() / 1e6;
+    assert!(ended < started, "the new server started at {started}, before the generation ended at {ended}");
+    s.stop();
+}
+
+/// Starts an apply of `s`, sends `signal` once the restarted server is verifying, and returns
+/// what the run reported.
+fn signalled(s: &Service, text: &str, signal: &str) -> (Ran, serde_json::Value) {
+    let before = s.invocation();
+    let child = Reconcile::new()
+        .manifest("a.yaml", text)
+        .args(&["apply", "--format", "json"])
+        .spawn(&[]);
+    lab().wait_for_restart(s.host, &s.unit(), &before);
+    // The real server is importing torch for several seconds: verification is under way.
+    std::thread::sleep(Duration::from_secs(2));
+    let sent = std::process::Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    let ran = Ran::from(child.wait_with_output().unwrap());
+    let json = ran.json();
+    (ran, json)
+}
+
+fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str, says: &str) {
+    let _slot = slots(1);
+    let s = Service::new(name, host, port);
+    s.fresh();
+    s.converge();
+    let good = lab().sh(host, &format!("cat /etc/systemd/system/{}", s.unit()));
+    let changed = Service::new(name, host, port).flags("    max-running-requests: 5\n");
+    let (ran, json) = signalled(&s, &changed.manifest(), signal);
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let report = &json["units"][0];
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    assert!(report["detail"].as_str().unwrap().contains(says), "{report:#}");
+    assert_eq!(lab().sh(host, &format!("cat /etc/systemd/system/{}", s.unit())), good);
+    // The previous unit was verified again and the real server serves.
+    assert_eq!(s.http("GET", "/health", None, None).0, 200);
+    s.stop();
+}
+
+#[test]
+fn sigterm_during_verification_of_a_real_server_rolls_back() {
+    interrupted_apply_rolls_back("t-rs-sigterm", 38005, HOSTS[0], "-TERM", "interrupted (SIGTERM)");
+}
+
+#[test]
+fn ctrl_c_during_verification_of_a_real_server_rolls_back() {
+    interrupted_apply_rolls_back("t-rs-ctrlc", 38006, HOSTS[1], "-INT", "interrupted (Ctrl-C)");
+}

@@ -1,0 +1,229 @@
+//! The real-SGLang tier: `reconcile` against the real, unmodified `sglang==0.5.23` on its CPU
+//! engine, serving a tiny random Qwen2 (tests/hostlab/sglang-cpu/). `tests/run.sh` installs it,
+//! binds it read-only into every test host at `/opt/sglang-cpu`, and runs these tests after the
+//! stand-in's, two at a time (`RECONCILE_SGLANG_CPU` says the tier is there).
+//!
+//! One real server holds about 3.8 GB, so at most two run at once on the lab's machine: every test
+//! takes its servers' slots from [`slots`] first, and a test of two servers takes both.
+//!
+//! Verification settings are the real server's: it is ready in 15-40 s on these machines (almost
+//! all of it Python imports), and its `/health` answers no sooner than a second. The deadlines
+//! below are bounds from the real start-up (140 s was measured on a cold page cache under load),
+//! not what makes a test pass.
+
+mod compare;
+mod failures;
+mod lifecycle;
+mod rollout;
+mod throughput;
+
+use std::sync::{Condvar, Mutex};
+
+use crate::lab::{lab, Reconcile};
+
+/// The two hosts of the tier; the router test also uses `crate::lab::ROUTER` in front of them.
+pub const HOSTS: [&str; 2] = ["rl22", "rl23"];
+
+/// Where the tier's folder is in a host (up.sh binds it there).
+pub const ROOT: &str = "/opt/sglang-cpu";
+/// The tiny model's `max_position_embeddings` (make_model.py): the context length SGLang derives.
+pub const MODEL_CONTEXT: u32 = 2048;
+
+/// Slots for real servers: two on this machine (3.8 GB each).
+pub struct Slots {
+    free: Mutex<u32>,
+    freed: Condvar,
+}
+
+pub struct Held<'a> {
+    slots: &'a Slots,
+    n: u32,
+}
+
+static SLOTS: Slots = Slots {
+    free: Mutex::new(2),
+    freed: Condvar::new(),
+};
+
+/// Takes `n` of the two slots, waiting for them; they are given back when the guard drops.
+pub fn slots(n: u32) -> Held<'static> {
+    tier();
+    let mut free = SLOTS.free.lock().unwrap_or_else(|p| p.into_inner());
+    while *free < n {
+        free = SLOTS.freed.wait(free).unwrap_or_else(|p| p.into_inner());
+    }
+    *free -= n;
+    Held { slots: &SLOTS, n }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        *self.slots.free.lock().unwrap_or_else(|p| p.into_inner()) += self.n;
+        self.slots.freed.notify_all();
+    }
+}
+
+/// Panics unless the tier is there: these tests never pass by skipping.
+fn tier() {
+    let root = std::env::var("RECONCILE_SGLANG_CPU").expect(
+        "RECONCILE_SGLANG_CPU is not set: the real-SGLang tests need the tier tests/run.sh installs and binds into the hosts",
+    );
+    assert_eq!(root, ROOT, "the tier is bound at {ROOT} in the hosts");
+}
+
+/// A real SGLang service on one of the tier's hosts. `flags` are more `launch_server` flags
+/// (YAML lines, four spaces in), `env` more environment (`KEY: value` pairs after a comma),
+/// `verify` more verification settings (after a comma).
+pub struct Service<'a> {
+    pub name: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+    pub flags: String,
+    pub env: String,
+    pub verify: String,
+    pub extra: String,
+}
+
+impl<'a> Service<'a> {
+    pub fn new(name: &'a str, host: &'a str, port: u16) -> Service<'a> {
+        Service {
+            name,
+            host,
+            port,
+            flags: String::new(),
+            env: String::new(),
+            verify: String::new(),
+            extra: String::new(),
+        }
+    }
+
+    pub fn unit(&self) -> String {
+        format!("{}.service", self.name)
+    }
+
+    pub fn flags(mut self, flags: &str) -> Self {
+        self.flags.push_str(flags);
+        self
+    }
+
+    pub fn verify(mut self, verify: &str) -> Self {
+        self.verify.push_str(verify);
+        self
+    }
+
+    /// More top-level manifest sections (`drain:`, `secrets:`), as YAML lines.
+    pub fn extra(mut self, extra: &str) -> Self {
+        self.extra.push_str(extra);
+        self
+    }
+
+    /// The manifest. The flags every CPU launch needs: the CPU device, its attention and sampling
+    /// backends, and a KV pool of 4096 tokens (without it the pool takes 15 GB of this machine).
+    /// The crash window is the stand-in tests' 3 s; the stall timeout is SGLang's own
+    /// `--watchdog-timeout` default (300 s); the load deadline bounds a start that took 140 s
+    /// under load here.
+    pub fn manifest(&self) -> String {
+        format!(
+            "service: {name}\n\
+             description: real SGLang {name}\n\
+             hosts: [{host}]\n\
+             sglang:\n  python: {ROOT}/bin/python3\n  version: 0.5.23\n  model_path: {ROOT}/tiny-model\n  served_model_name: tiny-{name}\n  port: {port}\n  flags:\n    device: cpu\n    attention-backend: torch_native\n    sampling-backend: pytorch\n    max-total-tokens: 4096\n{flags}\
+             env: {{ OMP_NUM_THREADS: \"1\"{env} }}\n\
+             systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
+             verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 300s, load_deadline: 240s{verify} }}\n{extra}",
+            name = self.name,
+            host = self.host,
+            port = self.port,
+            flags = self.flags,
+            env = self.env,
+            verify = self.verify,
+            extra = self.extra,
+        )
+    }
+
+    /// Removes what an earlier run left: the unit, its state and records.
+    pub fn fresh(&self) {
+        lab().remove_unit(self.host, &self.unit());
+    }
+
+    pub fn stop(&self) {
+        lab().sh_quietly(self.host, &format!("systemctl disable --now {}", self.unit()));
+    }
+
+    /// `reconcile apply --format json` of this manifest: the exit code and the unit's report.
+    pub fn apply(&self) -> (i32, serde_json::Value) {
+        self.apply_text(&self.manifest())
+    }
+
+    pub fn apply_text(&self, text: &str) -> (i32, serde_json::Value) {
+        self.apply_with(text, &[])
+    }
+
+    /// `reconcile apply --format json ARGS` of `text`: the exit code and the unit's report.
+    pub fn apply_with(&self, text: &str, args: &[&str]) -> (i32, serde_json::Value) {
+        let ran = Reconcile::new()
+            .manifest("a.yaml", text)
+            .args(&["apply", "--format", "json"])
+            .args(args)
+            .run();
+        let json = ran.json();
+        (ran.code, json["units"][0].clone())
+    }
+
+    /// Applies and asserts the unit converged.
+    pub fn converge(&self) -> serde_json::Value {
+        let (code, report) = self.apply();
+        assert_eq!(code, 0, "{report:#}");
+        assert_eq!(report["outcome"], "converged", "{report:#}");
+        report
+    }
+
+    pub fn invocation(&self) -> String {
+        lab().invocation(self.host, &self.unit())
+    }
+
+    /// One HTTP request made on the host to the server's loopback port (the hosts have python3,
+    /// no curl): `STATUS BODY`.
+    pub fn http(&self, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> (u16, String) {
+        http(self.host, self.port, method, path, body, key)
+    }
+}
+
+/// One HTTP request on `host` to its loopback `port`: the status and the body.
+pub fn http(
+    host: &str,
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    key: Option<&str>,
+) -> (u16, String) {
+    let script = format!(
+        r#"python3 - <<'PY'
+import http.client, sys
+c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=60)
+h = {{"Content-Type": "application/json"}}
+key = {key:?}
+if key:
+    h["Authorization"] = "Bearer " + key
+body = {body:?}
+c.request({method:?}, {path:?}, body=body.encode() if body else None, headers=h)
+r = c.getresponse()
+sys.stdout.write("%d\n" % r.status)
+sys.stdout.write(r.read().decode("utf-8", "replace"))
+PY"#,
+        key = key.unwrap_or(""),
+        body = body.unwrap_or(""),
+    );
+    let out = lab().sh(host, &script);
+    let (status, rest) = out.split_once('\n').unwrap_or((&out, ""));
+    (status.trim().parse().expect("an HTTP status"), rest.to_string())
+}
+
+/// The stage of a verification by name.
+pub fn stage<'v>(verification: &'v serde_json::Value, name: &str) -> &'v serde_json::Value {
+    verification["stages"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["name"] == name))
+        .unwrap_or_else(|| panic!("no stage {name} in {verification:#}"))
+}

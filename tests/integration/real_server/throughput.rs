@@ -1,0 +1,58 @@
+//! The throughput gate on the real server: a first deployment records a baseline, a neutral
+//! change passes, and a change that really is slower (`--max-running-requests 1`, which makes the
+//! real scheduler run the benchmark's four concurrent requests one at a time) is rolled back.
+//!
+//! The test takes both slots: a second real server loading beside it would take the CPU the
+//! benchmark measures.
+
+use super::{slots, Service, HOSTS};
+use crate::lab::lab;
+
+/// Output tokens/s at a concurrency level.
+fn tokens_at(benchmark: &serde_json::Value, level: u64) -> f64 {
+    benchmark["levels"]
+        .as_array()
+        .and_then(|l| l.iter().find(|l| l["concurrency"] == level))
+        .and_then(|l| l["output_tokens_per_s"].as_f64())
+        .unwrap_or_else(|| panic!("no figures at {level}: {benchmark:#}"))
+}
+
+#[test]
+fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
+    let _slots = slots(2);
+    let bench = ", benchmark: { levels: [1, 4], prompt_tokens: 32, output_tokens: 64, requests: 16 }";
+    let s = Service::new("t-rs-bench", HOSTS[0], 38021).verify(bench);
+    s.fresh();
+    let first = s.converge();
+    assert_eq!(first["benchmark"]["verdict"], "baseline", "{first:#}");
+    let baseline = tokens_at(&first["benchmark"], 4);
+    assert!(baseline > 0.0, "{first:#}");
+
+    // Neutral: a cap above what the benchmark ever runs at once.
+    let neutral = Service::new("t-rs-bench", HOSTS[0], 38021)
+        .verify(bench)
+        .flags("    max-running-requests: 64\n");
+    let (code, report) = neutral.apply();
+    assert_eq!((code, &report["outcome"]), (0, &"converged".into()), "{report:#}");
+    assert_eq!(report["benchmark"]["verdict"], "passed", "{report:#}");
+    let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
+
+    let slower = Service::new("t-rs-bench", HOSTS[0], 38021)
+        .verify(bench)
+        .flags("    max-running-requests: 1\n");
+    let (code, report) = slower.apply();
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    assert_eq!(report["failed_stage"], "benchmark", "{report:#}");
+    assert_eq!(report["benchmark"]["verdict"], "regressed", "{report:#}");
+    let regressed = tokens_at(&report["benchmark"], 4);
+    assert!(
+        regressed < baseline * 0.9,
+        "max-running-requests 1 ran at {regressed} tokens/s at concurrency 4, the baseline {baseline}"
+    );
+    assert_eq!(lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())), good);
+    eprintln!(
+        "real throughput at concurrency 4: baseline {baseline:.1}, max-running-requests 1 {regressed:.1} tokens/s"
+    );
+    s.stop();
+}
