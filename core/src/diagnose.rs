@@ -5,18 +5,29 @@
 //! The signatures are tried in this order and the first that matches wins:
 //!
 //! 1. argparse refused the command line (`error: unrecognized arguments`, `error: argument ...`);
-//! 2. the model path is missing (transformers / huggingface_hub);
-//! 3. `CUDA error: invalid device ordinal` (fewer GPUs visible than `--tp-size` asks for);
-//! 4. CUDA out of memory, with its phase (weights, KV cache pool, CUDA graph capture, later);
-//! 5. SGLang's own "Not enough memory" for the KV cache (no room left after the weights);
-//! 6. CUDA graph capture failed for another reason;
-//! 7. a port already in use (uvicorn's bind error, SGLang's port checks);
-//! 8. an NCCL error;
-//! 9. a scheduler killed by SIGKILL during initialization (the OS OOM killer, host memory).
+//! 2. the model path is missing, or its folder has no usable `config.json` (transformers /
+//!    huggingface_hub);
+//! 3. `--context-length` above the model's derived context length (SGLang's `ModelConfig`);
+//! 4. a chat template (`--chat-template`) that is neither a built-in name nor a file;
+//! 5. a dtype or quantization this device or checkpoint refuses (`--kv-cache-dtype`,
+//!    `--quantization`);
+//! 6. `CUDA error: invalid device ordinal` (fewer GPUs visible than `--tp-size` asks for);
+//! 7. CUDA out of memory, with its phase (weights, KV cache pool, CUDA graph capture, later);
+//! 8. SGLang's own "Not enough memory" for the KV cache (no room left after the weights);
+//! 9. CUDA graph capture failed for another reason;
+//! 10. a port already in use (uvicorn's bind error, SGLang's port checks);
+//! 11. an NCCL error;
+//! 12. a scheduler killed by SIGKILL: during initialization (the OS OOM killer, host memory) or
+//!     after start-up (SGLang's subprocess watchdog).
 //!
-//! Causes before consequences: argparse exits before anything runs; a CUDA OOM often ends in NCCL
-//! errors on the other ranks, and a rank that died of it in "scheduler died during
-//! initialization", so those come later. Pure: the journal text in, a value out.
+//! Causes before consequences: argparse exits before anything runs; the model's config is read
+//! next, and the context length is judged against it, both while the arguments are resolved,
+//! before any process starts; the chat template is loaded when the tokenizer manager starts and a
+//! refused dtype or quantization fails while the scheduler loads the model, both before a GPU
+//! allocation could run out; a CUDA OOM often ends in NCCL errors on the other ranks, and a rank
+//! that died of it in "scheduler died during initialization", so those come later. Rows 1 to 5
+//! and 12 (after start-up) match lines of real SGLang 0.5.23 journals, kept as fixtures in
+//! `fixtures/journals/sglang-0.5.23-cpu/`. Pure: the journal text in, a value out.
 
 use serde::Serialize;
 
@@ -45,9 +56,12 @@ pub fn diagnose(journal: &str) -> Option<Diagnosis> {
 type Check = fn(&[&str]) -> Option<Diagnosis>;
 
 /// In the documented order (see the module's comment and README.md "Diagnoses").
-const SIGNATURES: [Check; 9] = [
+const SIGNATURES: [Check; 12] = [
     bad_arguments,
     missing_model,
+    context_too_long,
+    missing_chat_template,
+    refused_dtype,
     invalid_device_ordinal,
     cuda_oom,
     kv_not_enough_memory,
@@ -105,7 +119,29 @@ fn bad_arguments(lines: &[&str]) -> Option<Diagnosis> {
 /// load the configuration of '...'`, and huggingface_hub (`utils/_validators.py`:
 /// `validate_repo_id`) `Repo id must be in the form 'repo_name' or 'namespace/repo_name'` for an
 /// absolute path that does not exist.
+///
+/// A folder that exists but holds no `config.json` is no `OSError` (real 0.5.23 journal,
+/// `missing-config-json.log`): `cached_file` finds no file, the config is empty, and
+/// transformers' `models/auto/configuration_auto.py` (`AutoConfig.from_pretrained`, reached from
+/// `HfModelConfigParser.parse` in the same `config.py` while the arguments are resolved) raises
+/// ``ValueError: Unrecognized model in /models/x. Should have a `model_type` key in its
+/// config.json.``, which a `config.json` without `model_type` gives too.
 fn missing_model(lines: &[&str]) -> Option<Diagnosis> {
+    if let Some((_, l)) = first(lines, |l| {
+        l.contains("Unrecognized model in ") && l.contains("Should have a `model_type` key in its")
+    }) {
+        let rest = after(l, "Unrecognized model in ");
+        let folder = rest.find(". Should have").map_or(rest, |i| &rest[..i]);
+        return Some(Diagnosis::new(
+            format!(
+                "the model folder {folder} has no config.json (or its config.json has no \
+                 `model_type`)"
+            ),
+            "put the checkpoint's config.json in that folder on the host (a complete copy of the \
+             model) or point --model-path at the folder that holds it; a config.json without \
+             `model_type` is not a transformers model config",
+        ));
+    }
     let (_, l) = first(lines, |l| {
         l.contains("is not a local folder and is not a valid model identifier")
             || l.contains("Can't load the configuration of")
@@ -121,6 +157,146 @@ fn missing_model(lines: &[&str]) -> Option<Diagnosis> {
         format!("the model was not found: {shown}"),
         "check --model-path: the folder must exist on the host (with its config.json) or be a \
          Hub id the host can download; also check that the unit's user can read it",
+    ))
+}
+
+/// The number in the first `(...)` after `marker` on `line`.
+fn number_after(line: &str, marker: &str) -> Option<u64> {
+    let rest = &line[line.find(marker)? + marker.len()..];
+    let open = rest.find('(')?;
+    let close = open + rest[open..].find(')')?;
+    rest[open + 1..close].trim().parse().ok()
+}
+
+/// 0.5.23 `sglang/srt/configs/model_config.py`: `ModelConfig._derive_context_length` (run while
+/// the arguments are resolved, `srt/server_args.py`: `ServerArgs.resolve_once`) raises
+/// `ValueError: Warning: User-specified context_length (1000000) is greater than the derived
+/// context_length (2048). This may lead to incorrect model outputs or CUDA errors. ... To allow
+/// overriding this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1`
+/// (real journal, `context-length-too-long.log`). With a draft model it says `Target model's
+/// context_length (N)` instead, about the draft's derived length. With the variable set it only
+/// logs the same text as a warning, without the variable's name, and the server starts: that
+/// line is no cause.
+fn context_too_long(lines: &[&str]) -> Option<Diagnosis> {
+    let (_, l) = first(lines, |l| {
+        l.contains("context_length (")
+            && l.contains("is greater than the derived context_length (")
+            && l.contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN")
+    })?;
+    let asked = number_after(l, "context_length");
+    let derived = number_after(l, "the derived context_length");
+    let (Some(asked), Some(derived)) = (asked, derived) else {
+        return Some(Diagnosis::new(
+            format!("the context length is above the model's: {}", after(l, "")),
+            "lower --context-length to at most the model's derived context length, or set \
+             SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in the manifest's env only if the model \
+             really supports the longer context (past it outputs can be wrong, or CUDA errors)",
+        ));
+    };
+    if l.contains("Target model's context_length") {
+        return Some(Diagnosis::new(
+            format!(
+                "the target model's context length {asked} is above the draft model's derived \
+                 context length {derived}"
+            ),
+            format!(
+                "lower --context-length to at most {derived}, or use a draft model with a longer \
+                 context; SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in the manifest's env \
+                 overrides it at the risk of wrong drafts"
+            ),
+        ));
+    }
+    Some(Diagnosis::new(
+        format!(
+            "--context-length {asked} is above the model's derived context length {derived} \
+             (from its config.json)"
+        ),
+        format!(
+            "lower --context-length to at most {derived}; or, only if the model really supports \
+             {asked} tokens (e.g. with rope scaling), set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 \
+             in the manifest's env: past the length the model was made for, SGLang warns of \
+             incorrect outputs or CUDA errors"
+        ),
+    ))
+}
+
+/// 0.5.23 `sglang/srt/parser/template_manager.py`: `TemplateManager._load_explicit_chat_template`
+/// (from `initialize_templates`, which `srt/entrypoints/engine.py`: `init_tokenizer_manager`
+/// runs after the scheduler started, before the HTTP port opens) raises `RuntimeError: Chat
+/// template /x.jinja is not a built-in template name or a valid chat template file path.` (real
+/// journal, `missing-chat-template.log`).
+fn missing_chat_template(lines: &[&str]) -> Option<Diagnosis> {
+    let (_, l) = first(lines, |l| {
+        l.contains("is not a built-in template name or a valid chat template file path")
+    })?;
+    let rest = after(l, "Chat template ");
+    let template = rest
+        .find(" is not a built-in template name")
+        .map_or(rest, |i| &rest[..i]);
+    Some(Diagnosis::new(
+        format!(
+            "the chat template {template} is neither a built-in template name nor a file on the host"
+        ),
+        "copy the template to that path on the host (readable by the unit's user), fix \
+         --chat-template (a file path or a built-in name), or drop it to use the tokenizer's own \
+         chat template",
+    ))
+}
+
+/// A dtype or quantization that the device or the checkpoint refuses, raised in the scheduler
+/// while it loads the model (`Scheduler hit an exception:`), each from a real 0.5.23 journal on
+/// the CPU engine:
+/// - `ValueError: --kv-cache-dtype fp8_e5m2 is not supported on CPU.`
+///   (`sglang/srt/mem_cache/kv_cache_dtype.py`: `configure_kv_cache_dtype`;
+///   `kv-cache-dtype-fp8-e5m2-cpu.log`);
+/// - `AssertionError: Fp8LinearMethod on CPU requires that CPU has AMX support` (`Fp8MoEMethod`
+///   for MoE layers; `sglang/srt/layers/quantization/fp8.py`:
+///   `Fp8LinearMethod.process_weights_after_loading`; AMX there is `srt/utils/common.py`:
+///   `cpu_has_amx_support`, AMX tiles and sgl-kernel's CPU op `convert_weight_packed`;
+///   `quantization-fp8-cpu-without-amx.log`);
+/// - `ValueError: Cannot find the config file for awq`: `--quantization` names a method whose
+///   config the checkpoint lacks (`sglang/srt/model_loader/weight_utils.py`:
+///   `get_quant_config`; `quantization-awq-unquantized-model.log`).
+fn refused_dtype(lines: &[&str]) -> Option<Diagnosis> {
+    // Not the traceback's source line (`raise ValueError("--kv-cache-dtype fp8_e5m2 ...")`,
+    // `raise ValueError(f"Cannot find the config file for {model_config.quantization}")`), the
+    // exception's own.
+    let (_, l) = first(lines, |l| {
+        !l.trim_start().starts_with("raise ")
+            && ((l.contains("--kv-cache-dtype ") && l.contains(" is not supported on "))
+                || l.contains("on CPU requires that CPU has AMX support")
+                || l.contains("Cannot find the config file for "))
+    })?;
+    if l.contains("--kv-cache-dtype ") {
+        let shown = &l[l.find("--kv-cache-dtype ").unwrap_or(0)..];
+        let shown = shown.trim_end();
+        let shown = shown.strip_suffix('.').unwrap_or(shown);
+        return Some(Diagnosis::new(
+            format!("SGLang refused the KV cache dtype: {shown}"),
+            "remove --kv-cache-dtype (auto: the model's dtype) or choose one this device \
+             supports",
+        ));
+    }
+    if l.contains("AMX support") {
+        return Some(Diagnosis::new(
+            "FP8 (--quantization fp8 or an FP8 checkpoint) on SGLang's CPU engine needs Intel \
+             AMX, which this host lacks (a CPU with AMX tiles and the CPU build of sgl-kernel)",
+            "drop --quantization fp8 and serve an unquantized (bf16) checkpoint on this host, or \
+             move the unit to a host with AMX (`grep -o amx_tile /proc/cpuinfo`) and sgl-kernel's \
+             CPU build",
+        ));
+    }
+    let method = after(l, "Cannot find the config file for ");
+    Some(Diagnosis::new(
+        format!(
+            "--quantization {method} needs a checkpoint quantized with {method}, and the model \
+             folder has no quantization config for it"
+        ),
+        format!(
+            "remove --quantization {method} if the checkpoint is not a {method} one (the \
+             checkpoint's config.json names its own quantization), or point --model-path at a \
+             {method} checkpoint"
+        ),
     ))
 }
 
@@ -299,7 +475,32 @@ fn nccl_error(lines: &[&str]) -> Option<Diagnosis> {
 /// 0.5.23 `sglang/srt/entrypoints/engine.py`: `_scheduler_died_error`: `Rank N scheduler died
 /// during initialization (exit code: -9). If exit code is -9 (SIGKILL), a common cause is the OS
 /// OOM killer.`
+///
+/// After start-up (real 0.5.23 journal, `scheduler-sigkill-after-ready.log`), the subprocess
+/// watchdog that `Engine._launch_subprocesses` starts (`sglang/srt/utils/watchdog.py`:
+/// `SubprocessWatchdog._check_processes`, once a second) logs `Subprocess scheduler_0 (pid=N)
+/// crashed with exit code -9. Triggering SIGQUIT for cleanup...`; the tokenizer manager's
+/// handler (`srt/managers/tokenizer_manager.py`: `SignalHandler.running_phase_sigquit_handler`)
+/// sleeps 5 s and `kill_process_tree` (`srt/utils/common.py`) SIGKILLs the tree and the main
+/// process itself: the unit's main process ends killed by signal 9 (exit status 137).
 fn scheduler_killed(lines: &[&str]) -> Option<Diagnosis> {
+    if let Some((_, l)) = first(lines, |l| {
+        l.contains("Subprocess ") && l.contains(" crashed with exit code -9")
+    }) {
+        let rest = after(l, "Subprocess ");
+        let name = rest.find(" (pid=").map_or("a subprocess", |i| &rest[..i]);
+        let pid = after(rest, "(pid=");
+        let pid = pid.find(')').map_or("", |i| &pid[..i]);
+        return Some(Diagnosis::new(
+            format!(
+                "SGLang's {name} process (pid {pid}) was killed (SIGKILL) after start-up, and \
+                 SGLang then killed the whole server"
+            ),
+            "something outside SGLang sent SIGKILL: most often the OS OOM killer (check `dmesg \
+             -T | grep -i oom` and the unit's MemoryMax), else an operator's or a tool's `kill \
+             -9`; give the unit more host memory or lower what it holds in RAM",
+        ));
+    }
     first(lines, |l| {
         l.contains("scheduler died during initialization (exit code: -9)")
     })?;
@@ -476,6 +677,160 @@ mod tests {
     fn scheduler_killed() {
         let j = "RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. Run `dmesg -T | grep -i oom` to check.";
         assert!(cause(j).contains("OOM killer"));
+    }
+
+    // Real SGLang 0.5.23 journals (CPU engine, 2026-12-01), the last 50 lines as `journalctl -n
+    // 50 -o cat` gives them, redacted; see fixtures/journals/sglang-0.5.23-cpu/README.md.
+    macro_rules! real {
+        ($name:literal) => {
+            include_str!(concat!("../../fixtures/journals/sglang-0.5.23-cpu/", $name))
+        };
+    }
+
+    #[test]
+    fn real_context_length_too_long() {
+        let d = diagnose(real!("context-length-too-long.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "--context-length 1000000 is above the model's derived context length 2048 (from its config.json)"
+        );
+        assert!(d
+            .advice
+            .starts_with("lower --context-length to at most 2048;"));
+        assert!(d
+            .advice
+            .contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"));
+        assert!(d.advice.contains("incorrect outputs or CUDA errors"));
+    }
+
+    #[test]
+    fn context_length_of_a_draft_model() {
+        let j = "ValueError: Warning: Target model's context_length (65536) is greater than the derived context_length (4096). This may lead to incorrect model outputs or CUDA errors.";
+        let j = format!("{j} To allow overriding this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1");
+        let d = diagnose(&j).unwrap();
+        assert_eq!(
+            d.cause,
+            "the target model's context length 65536 is above the draft model's derived context length 4096"
+        );
+        assert!(d
+            .advice
+            .starts_with("lower --context-length to at most 4096"));
+    }
+
+    #[test]
+    fn context_length_allowed_by_the_variable_is_only_a_warning() {
+        // With SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 the same text is a warning and the
+        // start goes on: a later failure is the cause.
+        let j = format!(
+            "[2026-12-01 21:31:14] Warning: User-specified context_length (1000000) is greater than the derived context_length (2048). This may lead to incorrect model outputs or CUDA errors.\n\
+             Load weight begin. avail mem=95.00 GB\n{OOM}"
+        );
+        assert_eq!(
+            cause(&j),
+            "CUDA out of memory while loading the weights: the model does not fit the GPUs"
+        );
+    }
+
+    #[test]
+    fn real_missing_config_json() {
+        let d = diagnose(real!("missing-config-json.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "the model folder /models/tiny-model-without-config has no config.json (or its config.json has no `model_type`)"
+        );
+        assert!(d.advice.contains("config.json") && d.advice.contains("--model-path"));
+    }
+
+    #[test]
+    fn real_missing_chat_template() {
+        let d = diagnose(real!("missing-chat-template.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "the chat template /nonexistent/template.jinja is neither a built-in template name nor a file on the host"
+        );
+        assert!(d.advice.contains("--chat-template"));
+    }
+
+    #[test]
+    fn real_refused_kv_cache_dtype() {
+        let d = diagnose(real!("kv-cache-dtype-fp8-e5m2-cpu.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "SGLang refused the KV cache dtype: --kv-cache-dtype fp8_e5m2 is not supported on CPU"
+        );
+        assert!(d.advice.starts_with("remove --kv-cache-dtype"));
+    }
+
+    #[test]
+    fn real_fp8_without_amx() {
+        let d = diagnose(real!("quantization-fp8-cpu-without-amx.log")).unwrap();
+        assert!(d.cause.starts_with(
+            "FP8 (--quantization fp8 or an FP8 checkpoint) on SGLang's CPU engine needs Intel AMX"
+        ));
+        assert!(d.advice.starts_with("drop --quantization fp8"));
+    }
+
+    #[test]
+    fn real_quantization_without_its_config() {
+        let d = diagnose(real!("quantization-awq-unquantized-model.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "--quantization awq needs a checkpoint quantized with awq, and the model folder has no quantization config for it"
+        );
+        assert!(d.advice.starts_with("remove --quantization awq"));
+    }
+
+    #[test]
+    fn real_scheduler_killed_after_start_up() {
+        let d = diagnose(real!("scheduler-sigkill-after-ready.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "SGLang's scheduler_0 process (pid 30844) was killed (SIGKILL) after start-up, and SGLang then killed the whole server"
+        );
+        assert!(d.advice.contains("OOM killer") && d.advice.contains("MemoryMax"));
+    }
+
+    #[test]
+    fn real_scheduler_killed_during_initialization() {
+        let d = diagnose(real!("scheduler-sigkill-during-init.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "a scheduler was killed (SIGKILL) during initialization, most likely by the OS OOM killer (host memory)"
+        );
+        assert!(d.advice.contains("dmesg"));
+    }
+
+    #[test]
+    fn real_unrecognized_argument() {
+        let d = diagnose(real!("unrecognized-argument.log")).unwrap();
+        assert_eq!(
+            d.cause,
+            "SGLang does not know these arguments: --tp-sizee 1"
+        );
+    }
+
+    /// Every real journal kept as a fixture gets a diagnosis: a new fixture without one fails.
+    #[test]
+    fn every_real_journal_has_a_diagnosis() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/journals/sglang-0.5.23-cpu");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("the fixtures folder") {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("log") {
+                continue;
+            }
+            let journal = std::fs::read_to_string(&path).unwrap();
+            assert!(
+                journal.lines().count() <= 50,
+                "{}: more than the 50 lines apply reads",
+                path.display()
+            );
+            let d = diagnose(&journal);
+            assert!(d.is_some(), "no diagnosis for {}", path.display());
+            seen += 1;
+        }
+        assert!(seen >= 8, "only {seen} real journals in {}", dir.display());
     }
 
     #[test]

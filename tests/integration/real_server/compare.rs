@@ -14,6 +14,7 @@ const MODEL: &str = "compare-model";
 /// What probe.py saw of one server, started with `python` and `model_path` and `env`.
 fn probe(unit: &str, python: &str, model_path: &str, env: &[&str]) -> serde_json::Value {
     let host = HOSTS[1];
+    let _stopped = super::stopped(host, unit);
     lab().put(host, "/root/probe.py", PROBE);
     let argv = format!(
         "{python} -m sglang.launch_server --model-path {model_path} --served-model-name {MODEL} \

@@ -12,7 +12,7 @@ use crate::lab::{lab, Reconcile};
 /// Deploys `s`, then applies `bad` (its manifest) with `args`: asserts the bad start was rolled
 /// back to the good unit, which serves again, and returns the failed unit's report.
 fn rolled_back(s: &Service, bad: &str, args: &[&str]) -> serde_json::Value {
-    s.fresh();
+    let _stopped = s.fresh();
     s.converge();
     let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
     let (code, report) = s.apply_with(bad, args);
@@ -88,13 +88,15 @@ fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
 }
 
 #[test]
-fn a_quantization_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
+fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
+    // `--quantization fp8` is refused only on a CPU without AMX, and `--dtype float16` is served:
+    // an fp8 KV cache is what the CPU engine refuses on every machine.
     let _slot = slots(1);
-    let s = Service::new("t-rs-quant", HOSTS[1], 38014);
-    let bad = Service::new("t-rs-quant", HOSTS[1], 38014).flags("    quantization: fp8\n");
+    let s = Service::new("t-rs-kvdtype", HOSTS[1], 38014);
+    let bad = Service::new("t-rs-kvdtype", HOSTS[1], 38014).flags("    kv-cache-dtype: fp8_e5m2\n");
     let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
-    assert!(cause.to_lowercase().contains("fp8"), "{cause}");
+    assert!(cause.contains("fp8_e5m2"), "{cause}");
     s.stop();
 }
 
@@ -102,7 +104,7 @@ fn a_quantization_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
 fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-killed", HOSTS[0], 38015);
-    s.fresh();
+    let _stopped = s.fresh();
     s.converge();
     let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
     let before = s.invocation();
@@ -112,17 +114,17 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
         .manifest("a.yaml", &changed.manifest())
         .args(&["apply", "--format", "json"])
         .spawn(&[]);
-    lab().wait_for_restart(s.host, &s.unit(), &before);
-    let cgroup = format!("/sys/fs/cgroup/system.slice/{}/cgroup.procs", s.unit());
+    super::wait_for_restart(s.host, &s.unit(), &before);
     let scheduler = format!(
-        "for p in $(cat {cgroup}); do grep -q '^sglang::scheduler' /proc/$p/cmdline 2>/dev/null && echo $p; done"
+        "$({}; for p in $(cat \"$procs\"); do grep -q '^sglang::scheduler' /proc/$p/cmdline 2>/dev/null && echo $p; done)",
+        super::procs(&s.unit())
     );
     lab().wait_until(
         s.host,
-        &format!("[ -n \"$({scheduler})\" ]"),
+        &format!("[ -n \"{scheduler}\" ]"),
         std::time::Duration::from_secs(120),
     );
-    lab().sh(s.host, &format!("kill -9 $({scheduler})"));
+    lab().sh(s.host, &format!("kill -9 {scheduler}"));
     let ran = crate::lab::Ran::from(child.wait_with_output().unwrap());
     let report = &ran.json()["units"][0];
     assert_eq!(ran.code, 3, "{report:#}");
@@ -138,7 +140,7 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
 fn what_the_hosts_sglang_refuses_is_refused_at_plan_time_and_the_server_keeps_serving() {
     let _slot = slots(1);
     let s = Service::new("t-rs-plan", HOSTS[1], 38016);
-    s.fresh();
+    let _stopped = s.fresh();
     s.converge();
     let before = s.invocation();
     let path = model_without_config(s.host);

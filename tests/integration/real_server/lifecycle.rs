@@ -10,7 +10,7 @@ use crate::lab::{lab, Ran, Reconcile};
 fn first_install_converges_and_a_second_apply_touches_nothing() {
     let _slot = slots(1);
     let s = Service::new("t-rs-first", HOSTS[0], 38001);
-    s.fresh();
+    let _stopped = s.fresh();
     let report = s.converge();
     let v = &report["verification"];
     // Identity from the real /v1/models, readiness from the real /health (a one-token generation,
@@ -25,10 +25,7 @@ fn first_install_converges_and_a_second_apply_touches_nothing() {
         .unwrap_or_else(|| panic!("no probe time in {readiness}"));
     assert!(took >= 0.95, "a real /health answered in {took}s: {readiness}");
     // The real server's processes: the scheduler and detokenizer set their titles.
-    let titles = lab().sh(
-        s.host,
-        &format!("for p in $(cat /sys/fs/cgroup/system.slice/{}/cgroup.procs 2>/dev/null || systemctl show -p MainPID --value {}); do cat /proc/$p/cmdline | tr '\\0' ' '; echo; done", s.unit(), s.unit()),
-    );
+    let titles = s.processes();
     assert!(titles.contains("sglang::scheduler"), "{titles}");
     let (status, models) = s.http("GET", "/v1/models", None, None);
     assert_eq!(status, 200);
@@ -52,7 +49,7 @@ fn first_install_converges_and_a_second_apply_touches_nothing() {
 fn a_flag_change_restarts_the_real_server_which_runs_it() {
     let _slot = slots(1);
     let s = Service::new("t-rs-flag", HOSTS[1], 38002);
-    s.fresh();
+    let _stopped = s.fresh();
     s.converge();
     let before = s.invocation();
     let changed = Service::new("t-rs-flag", HOSTS[1], 38002).flags("    max-running-requests: 7\n");
@@ -72,7 +69,7 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
     let _slot = slots(1);
     let key = "sk-reconcile-real-3e9b27";
     let s = Service::new("t-rs-apikey", HOSTS[0], 38003).flags(&format!("    api-key: {key}\n"));
-    s.fresh();
+    let _stopped = s.fresh();
     let ran = Reconcile::new()
         .manifest("a.yaml", &s.manifest())
         .args(&["apply", "--format", "json"])
@@ -125,7 +122,7 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     let s = Service::new("t-rs-drain", HOSTS[1], 38004)
         .flags("    enable-metrics: true\n")
         .extra(drain);
-    s.fresh();
+    let _stopped = s.fresh();
     s.converge();
     let before = s.invocation();
     let result = "/tmp/t-rs-drain.result";
@@ -161,7 +158,7 @@ fn signalled(s: &Service, text: &str, signal: &str) -> (Ran, serde_json::Value) 
         .manifest("a.yaml", text)
         .args(&["apply", "--format", "json"])
         .spawn(&[]);
-    lab().wait_for_restart(s.host, &s.unit(), &before);
+    super::wait_for_restart(s.host, &s.unit(), &before);
     // The real server is importing torch for several seconds: verification is under way.
     std::thread::sleep(Duration::from_secs(2));
     let sent = std::process::Command::new("kill")
@@ -177,7 +174,7 @@ fn signalled(s: &Service, text: &str, signal: &str) -> (Ran, serde_json::Value) 
 fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str, says: &str) {
     let _slot = slots(1);
     let s = Service::new(name, host, port);
-    s.fresh();
+    let _stopped = s.fresh();
     s.converge();
     let good = lab().sh(host, &format!("cat /etc/systemd/system/{}", s.unit()));
     let changed = Service::new(name, host, port).flags("    max-running-requests: 5\n");

@@ -141,9 +141,12 @@ impl<'a> Service<'a> {
         )
     }
 
-    /// Removes what an earlier run left: the unit, its state and records.
-    pub fn fresh(&self) {
+    /// Removes what an earlier run left: the unit, its state and records. The guard stops the
+    /// unit when the test ends, passed or failed: an idle real CPU scheduler polls a core.
+    #[must_use]
+    pub fn fresh(&self) -> Stopped {
         lab().remove_unit(self.host, &self.unit());
+        stopped(self.host, &self.unit())
     }
 
     pub fn stop(&self) {
@@ -182,11 +185,55 @@ impl<'a> Service<'a> {
         lab().invocation(self.host, &self.unit())
     }
 
+    /// The command lines of the unit's processes, one a line (SGLang titles its scheduler
+    /// `sglang::scheduler...` and its detokenizer `sglang::detokenizer`).
+    pub fn processes(&self) -> String {
+        lab().sh(self.host, &format!("{}; for p in $(cat \"$procs\" 2>/dev/null); do tr '\\0' ' ' < /proc/$p/cmdline; echo; done", procs(&self.unit())))
+    }
+
     /// One HTTP request made on the host to the server's loopback port (the hosts have python3,
     /// no curl): `STATUS BODY`.
     pub fn http(&self, method: &str, path: &str, body: Option<&str>, key: Option<&str>) -> (u16, String) {
         http(self.host, self.port, method, path, body, key)
     }
+}
+
+/// Stops a unit when dropped.
+pub struct Stopped {
+    host: String,
+    unit: String,
+}
+
+/// A guard that stops `unit` on `host` when dropped.
+#[must_use]
+pub fn stopped(host: &str, unit: &str) -> Stopped {
+    Stopped {
+        host: host.to_string(),
+        unit: unit.to_string(),
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        lab().sh_quietly(&self.host, &format!("systemctl disable --now {}", self.unit));
+    }
+}
+
+/// Waits until `unit` on `host` has been started again since invocation `before`. A real server's
+/// apply runs preflight first (the host's SGLang resolves the arguments: imports of torch), so this
+/// waits longer than the stand-in tests do.
+pub fn wait_for_restart(host: &str, unit: &str, before: &str) {
+    lab().wait_until(
+        host,
+        &format!("[ \"$(systemctl show -p InvocationID --value {unit})\" != '{before}' ]"),
+        std::time::Duration::from_secs(240),
+    );
+}
+
+/// A shell assignment of `procs` to the unit's `cgroup.procs` file (the hosts' cgroup v2 tree is
+/// mounted at /sys/fs/cgroup/unified).
+pub fn procs(unit: &str) -> String {
+    format!("procs=/sys/fs/cgroup/unified$(systemctl show -p ControlGroup --value {unit})/cgroup.procs")
 }
 
 /// One HTTP request on `host` to its loopback `port`: the status and the body.

@@ -37,6 +37,10 @@ fn a_rolling_apply_of_real_replicas_behind_the_router_loses_no_request() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     let _slots = slots(2);
     fresh_router();
+    let _stopped: Vec<_> = HOSTS
+        .iter()
+        .map(|h| super::stopped(h, &format!("{SERVICE}.service")))
+        .collect();
     let (code, first) = apply(&manifest(1), &[]);
     assert_eq!(code, 0, "{first:#}");
     assert_eq!(listed(), all_healthy(&HOSTS));

@@ -22,7 +22,7 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
     let _slots = slots(2);
     let bench = ", benchmark: { levels: [1, 4], prompt_tokens: 32, output_tokens: 64, requests: 16 }";
     let s = Service::new("t-rs-bench", HOSTS[0], 38021).verify(bench);
-    s.fresh();
+    let _stopped = s.fresh();
     let first = s.converge();
     assert_eq!(first["benchmark"]["verdict"], "baseline", "{first:#}");
     let baseline = tokens_at(&first["benchmark"], 4);
