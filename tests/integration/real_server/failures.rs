@@ -110,10 +110,11 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let before = s.invocation();
     // The change's server has its scheduler killed while it loads, as the OOM killer would.
     let changed = Service::new("t-rs-killed", HOSTS[0], 38015).flags("    max-running-requests: 9\n");
-    let child = Reconcile::new()
+    // The run's folder (its manifests) must outlive the child.
+    let run = Reconcile::new()
         .manifest("a.yaml", &changed.manifest())
-        .args(&["apply", "--format", "json"])
-        .spawn(&[]);
+        .args(&["apply", "--format", "json"]);
+    let child = run.spawn(&[]);
     super::wait_for_restart(s.host, &s.unit(), &before);
     let scheduler = format!(
         "$({}; for p in $(cat \"$procs\"); do grep -q '^sglang::scheduler' /proc/$p/cmdline 2>/dev/null && echo $p; done)",

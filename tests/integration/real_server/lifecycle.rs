@@ -154,10 +154,11 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
 /// what the run reported.
 fn signalled(s: &Service, text: &str, signal: &str) -> (Ran, serde_json::Value) {
     let before = s.invocation();
-    let child = Reconcile::new()
+    // The run's folder (its manifests) must outlive the child.
+    let run = Reconcile::new()
         .manifest("a.yaml", text)
-        .args(&["apply", "--format", "json"])
-        .spawn(&[]);
+        .args(&["apply", "--format", "json"]);
+    let child = run.spawn(&[]);
     super::wait_for_restart(s.host, &s.unit(), &before);
     // The real server is importing torch for several seconds: verification is under way.
     std::thread::sleep(Duration::from_secs(2));
