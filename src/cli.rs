@@ -23,7 +23,8 @@ macro_rules! exit_codes {
 Exit codes:
   0  nothing to change (every unit on every host matches its manifest)
   1  error: bad manifests (no host was contacted), a host could not be read, or a unit failed
-     preflight (its host cannot run it: SGLang version, model path, GPUs, port)
+     preflight (its host cannot run it: SGLang version, model path, GPUs, port, or the host's
+     SGLang refuses its arguments or its model's config)
   2  changes pending (dry-run/plan only)"
     };
 }
@@ -64,7 +65,8 @@ Examples:
   reconcile plan manifests/sglang-qwen3.5-122b.yaml --host gpu-a
   reconcile plan -l service=sglang-qwen -l zone!=b
   reconcile plan --format markdown > plan.md    # a pull request comment
-  reconcile plan --deep --out plan.json         # also ask each host's SGLang; keep the plan to apply
+  reconcile plan --out plan.json                # keep the plan to apply
+  reconcile plan --deep                         # SGLang's deep check for reload-only units too
 
 ",
     exit_codes!()
@@ -156,7 +158,7 @@ pub struct Cli {
 
     /// How long one command on a host may take before the host counts as hung (a GPU that fell
     /// off the bus hangs nvidia-smi; a stale NFS mount hangs a look at the model path). systemd
-    /// jobs (restart, stop) get at least 10 minutes, the --deep check 5.
+    /// jobs (restart, stop) get at least 10 minutes, the deep check 2 (5 with --deep).
     #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION", env = "RECONCILE_COMMAND_TIMEOUT")]
     pub command_timeout: std::time::Duration,
 
@@ -328,7 +330,8 @@ pub struct AgentArgs {
     #[arg(long)]
     pub strict: bool,
 
-    /// Preflight also asks the host's SGLang to parse each unit's arguments (about 10 s a unit).
+    /// Preflight's deep check for every unit that changes, saying what it could not check (it
+    /// runs for units that restart or are new either way).
     #[arg(long)]
     pub deep: bool,
 
@@ -598,15 +601,35 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = 32, value_name = "N")]
     pub parallel: usize,
 
-    /// Also ask each host's own SGLang to parse each unit's exact arguments, without starting a
-    /// server (`sglang.srt.server_args.prepare_server_args`). Catches what no catalog knows, at
-    /// about 10 s a unit on a real host (it imports torch).
-    #[arg(long)]
-    pub deep: bool,
+    #[command(flatten)]
+    pub deep: DeepArgs,
 
     /// Colour the text output: auto (a terminal, unless NO_COLOR is set), always or never.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,
+}
+
+/// When preflight asks each host's own SGLang (the deep check).
+#[derive(Debug, Clone, Copy, Args)]
+pub struct DeepArgs {
+    /// The deep check for every unit that changes, reload-only ones too, and say what it could
+    /// not check (it needs a GPU for some, and this SGLang may lack others). Without it, the check
+    /// runs for each unit that restarts or is new, and speaks only when SGLang refuses the unit.
+    #[arg(long, conflicts_with = "no_deep")]
+    pub deep: bool,
+
+    /// Skip the deep check: each host's SGLang parses each restarting unit's exact arguments and
+    /// builds its model's config (config.json, dtype, --context-length, quantization) and checks
+    /// --chat-template, as a launch would before loading weights. It costs 10-30 s a unit
+    /// (importing torch), and catches what no catalog knows before the old server stops.
+    #[arg(long)]
+    pub no_deep: bool,
+}
+
+impl From<DeepArgs> for crate::preflight::DeepWhen {
+    fn from(args: DeepArgs) -> crate::preflight::DeepWhen {
+        crate::preflight::DeepWhen::from_flags(args.deep, args.no_deep)
+    }
 }
 
 impl PlanArgs {

@@ -9,8 +9,8 @@ use futures::stream::{self, StreamExt};
 use crate::digest::sha256;
 use crate::fleet;
 use crate::observed::Observed;
-use crate::plan::{plan, PlannedState, UnitPlan, Verdict};
-use crate::preflight::{self, Ask, Survey};
+use crate::plan::{plan, PlannedState, UnitPlan};
+use crate::preflight::{self, Ask, DeepWhen, Survey};
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::systemd::Systemd;
@@ -24,14 +24,16 @@ pub use reconcile_core::dry_run::{PlanOutcome, Tally};
 const UNITS_PER_HOST_AT_ONCE: usize = 4;
 
 /// Plans every target, at most `parallel` hosts at once. Results come back in the targets' order.
-/// `deep` adds preflight's deep check (the host's SGLang parses each unit's argv, ~10 s a unit).
+/// `deep` says which units get preflight's deep check (the host's SGLang checks the unit's argv
+/// and its model's config, 10-30 s a unit; by default those that restart or are new).
 pub async fn plan_targets(
     targets: Vec<Target>,
     ssh: &SshOptions,
     parallel: usize,
-    deep: bool,
+    deep: impl Into<DeepWhen>,
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
+    let deep = deep.into();
     let results: Vec<Vec<PlanOutcome>> = fleet::each_host(
         crate::targets::by_host(targets),
         ssh,
@@ -58,7 +60,7 @@ pub async fn plan_targets(
 async fn plan_host(
     host: &dyn Host,
     targets: &[Target],
-    deep: bool,
+    deep: DeepWhen,
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
     let survey = match preflight::survey(host, targets, Ask::PLAN).await {
@@ -89,7 +91,7 @@ async fn plan_surveyed(
     host: &dyn Host,
     survey: &Survey,
     t: &Target,
-    deep: bool,
+    deep: DeepWhen,
     redactor: &Redactor,
 ) -> PlanOutcome {
     let observed = match survey.observed(&t.desired.unit) {
@@ -97,8 +99,8 @@ async fn plan_surveyed(
         Err(e) => return PlanOutcome::failed(t, error_chain(&e)),
     };
     let planned = plan(&t.host, &t.source, &t.desired, &observed, redactor);
-    let changes = planned.verdict != Verdict::NoChange;
-    let checked = preflight::check_surveyed(host, t, survey, &observed.state, changes, deep).await;
+    let verdict = planned.verdict;
+    let checked = preflight::check_surveyed(host, t, survey, &observed.state, verdict, deep).await;
     match checked {
         Ok((findings, sglang)) => planned_with(t, &observed, planned, findings, sglang),
         Err(e) => PlanOutcome::failed(t, error_chain(&e)),
@@ -106,16 +108,21 @@ async fn plan_surveyed(
 }
 
 /// A unit planned without a survey: observed, then its preflight, over commands of their own.
-async fn plan_unit(host: &dyn Host, t: &Target, deep: bool, redactor: &Redactor) -> PlanOutcome {
+async fn plan_unit(
+    host: &dyn Host,
+    t: &Target,
+    deep: DeepWhen,
+    redactor: &Redactor,
+) -> PlanOutcome {
     // Planned as soon as it is observed: preflight's other checks depend on the verdict.
     let observe = async {
         let observed = host.observe(&t.desired.unit).await?;
         let planned = plan(&t.host, &t.source, &t.desired, &observed, redactor);
         Ok((observed, planned))
     };
-    let changes = |(_, p): &(Observed, UnitPlan)| p.verdict != Verdict::NoChange;
+    let verdict = |(_, p): &(Observed, UnitPlan)| p.verdict;
     let ((observed, planned), findings, sglang) =
-        match preflight::check_with(host, t, deep, observe, |(o, _)| &o.state, changes).await {
+        match preflight::check_with(host, t, deep, observe, |(o, _)| &o.state, verdict).await {
             Ok(all) => all,
             Err(e) => return PlanOutcome::failed(t, error_chain(&e)),
         };
@@ -141,6 +148,7 @@ fn planned_with(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Verdict;
     use crate::preflight::survey::tests::fake_answer;
     use crate::remote::fake::{FakeHost, Reply};
 
@@ -161,15 +169,31 @@ mod tests {
         let s2 = format!("{}/s2.service", crate::plan::UNIT_DIR);
         let s2_text = targets[1].desired.text.clone();
         let files = [(s2.clone(), s2_text)];
-        let fake = FakeHost::new("gpu-a").on_with(&["sh", "-c"], move |argv, _| {
-            let files: Vec<(&str, &str)> = files
-                .iter()
-                .map(|(p, t)| (p.as_str(), t.as_str()))
-                .collect();
-            Reply::ok(&fake_answer(argv, "0.5.23", &files))
+        let (deep, accepted) = preflight::deep_command("/venv/bin/python3");
+        let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
+        let fake = FakeHost::new("gpu-a")
+            .on_with(&["sh", "-c"], move |argv, _| {
+                let files: Vec<(&str, &str)> = files
+                    .iter()
+                    .map(|(p, t)| (p.as_str(), t.as_str()))
+                    .collect();
+                Reply::ok(&fake_answer(argv, "0.5.23", &files))
+            })
+            .on(&deep, Reply::ok(&accepted));
+        let outcomes = plan_host(&fake, &targets, DeepWhen::default(), &Redactor::default()).await;
+        // The survey, then the deep check of each new unit (s1, s3); none for s2, unchanged.
+        let commands = fake.commands();
+        assert_eq!(commands.len(), 3, "{commands:?}");
+        let checked: Vec<&str> = commands[1..]
+            .iter()
+            .map(|c| c[c.len() - 1].as_str())
+            .collect();
+        assert_eq!(checked, ["30001", "30003"], "each unit's own --port");
+        let without = FakeHost::new("gpu-a").on_with(&["sh", "-c"], |argv, _| {
+            Reply::ok(&fake_answer(argv, "0.5.23", &[]))
         });
-        let outcomes = plan_host(&fake, &targets, false, &Redactor::default()).await;
-        assert_eq!(fake.commands().len(), 1, "{:?}", fake.commands());
+        plan_host(&without, &targets, DeepWhen::Never, &Redactor::default()).await;
+        assert_eq!(without.commands().len(), 1, "--no-deep: one command");
         let verdicts: Vec<Verdict> = outcomes
             .iter()
             .map(|o| match o {
@@ -197,7 +221,7 @@ mod tests {
                 .replace("== gpus 0", "== gpus 124");
             Reply::ok(&(answer[..gpus].to_string() + &hung + &reconcile_core::survey::end()))
         });
-        let outcomes = plan_host(&fake, &targets, false, &Redactor::default()).await;
+        let outcomes = plan_host(&fake, &targets, DeepWhen::default(), &Redactor::default()).await;
         assert_eq!(fake.commands().len(), 1);
         for o in &outcomes {
             match o {
@@ -217,7 +241,13 @@ mod tests {
             .on(&["sh", "-c"], Reply::ok("0.5.23\n"))
             .on(&["systemctl", "show"], Reply::ok("LoadState=not-found\n"))
             .on(&["nvidia-smi"], Reply::ok("GPU 0: H100 (UUID: GPU-a)\n"));
-        let outcomes = plan_host(&fake, &targets[..1], false, &Redactor::default()).await;
+        let outcomes = plan_host(
+            &fake,
+            &targets[..1],
+            DeepWhen::default(),
+            &Redactor::default(),
+        )
+        .await;
         assert!(matches!(&outcomes[0], PlanOutcome::Planned(p) if p.verdict == Verdict::Install));
         assert!(fake.commands().len() > 1);
     }

@@ -38,7 +38,7 @@ pub use state::{LockPolicy, Owner};
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
-use crate::preflight::{self, Survey};
+use crate::preflight::{self, DeepWhen, Survey};
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd;
@@ -129,8 +129,9 @@ pub struct ApplyOptions {
     pub cancel: watch::Receiver<bool>,
     /// Live display on a terminal.
     pub progress: Option<MultiProgress>,
-    /// Preflight's deep check: the host's SGLang parses each unit's argv first (~10 s a unit).
-    pub deep: bool,
+    /// Which units get preflight's deep check (the host's SGLang checks the unit's argv and its
+    /// model's config first, 10-30 s a unit): by default those that restart or are new.
+    pub deep: DeepWhen,
     pub rollout: Rollout,
     /// Set by `reconcile rollback`: the deployment whose kept unit is being restored. Its record
     /// says so, and preflight's SGLang version check (against the manifest, which may have moved on
@@ -145,8 +146,8 @@ pub struct ApplyOptions {
 
 impl ApplyOptions {
     /// Applying as `owner` under `lock`, stopping when `cancel` turns, hiding what `redactor`
-    /// hides; by default without git info, live display or the deep check, one host at a time, and
-    /// restoring nothing. Every command's options start here.
+    /// hides; by default without git info or live display, with the deep check for units that
+    /// restart, one host at a time, and restoring nothing. Every command's options start here.
     pub fn new(
         owner: Owner,
         lock: LockPolicy,
@@ -159,7 +160,7 @@ impl ApplyOptions {
             git: GitInfo::default(),
             cancel,
             progress: None,
-            deep: false,
+            deep: DeepWhen::default(),
             rollout: Rollout {
                 canary: 1,
                 max_parallel: 1,
@@ -180,8 +181,12 @@ impl ApplyOptions {
         ApplyOptions { progress, ..self }
     }
 
-    pub fn deep(self, deep: bool) -> ApplyOptions {
-        ApplyOptions { deep, ..self }
+    /// `--deep` / `--no-deep` (or the agent's `--deep` alone).
+    pub fn deep(self, deep: impl Into<DeepWhen>) -> ApplyOptions {
+        ApplyOptions {
+            deep: deep.into(),
+            ..self
+        }
     }
 
     pub fn rollout(self, rollout: Rollout) -> ApplyOptions {
@@ -524,7 +529,9 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
     // Preflight before the lock and any change: a unit its host cannot run is refused while the
     // old server still serves. A unit with nothing to do was left above, untouched, whatever
     // preflight would say (`plan` checks only its SGLang version).
-    if let Err(e) = run_preflight(job, &observed, survey.as_ref(), &mut r.report).await {
+    if let Err(e) =
+        run_preflight(job, &observed, todo.verdict, survey.as_ref(), &mut r.report).await
+    {
         return r.fail(&e);
     }
     match state::lock(host, unit, &options.owner, options.lock).await {
@@ -551,15 +558,17 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
 async fn run_preflight(
     job: &Job<'_>,
     observed: &Observed,
+    verdict: Verdict,
     survey: Option<&Survey>,
     report: &mut UnitReport,
 ) -> Result<(), ApplyError> {
     let (host, t, options) = (job.host, job.t, job.options);
+    let state = &observed.state;
     let findings = match survey {
-        Some(s) => preflight::check_surveyed(host, t, s, &observed.state, true, options.deep)
+        Some(s) => preflight::check_surveyed(host, t, s, state, verdict, options.deep)
             .await
             .map(|(findings, _)| findings),
-        None => preflight::check(host, t, &observed.state, options.deep).await,
+        None => preflight::check(host, t, state, verdict, options.deep).await,
     }
     .map_err(|e| ApplyError::PreflightCouldNotRun(error_chain(&e)))?;
     let (notes, refusal) = decide::preflight(findings, options.restoring);
@@ -738,6 +747,43 @@ mod tests {
         let fake = host(files);
         assert!(host_has_work(&fake, &targets, &options).await);
         assert_eq!(fake.commands().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_unit_sglang_refuses_is_refused_before_its_host_is_touched() {
+        use crate::preflight::survey::tests::fake_answer;
+        use crate::remote::fake::Reply;
+        let text = format!(
+            "{}  flags:\n    context-length: 1000000\n",
+            super::testing::MANIFEST
+        );
+        let m = crate::manifest::parse("manifests/s.yaml", &text).unwrap();
+        let t = crate::targets::targets(&[m], &Default::default())
+            .unwrap()
+            .remove(0);
+        let (deep, _) = crate::preflight::deep_command("/venv/bin/python3");
+        let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
+        let reason = "ValueError: Warning: User-specified context_length (1000000) is greater than the derived context_length (2048).";
+        let answer = format!(
+            "{}{{\"verdict\": \"refused\", \"stage\": \"model-config\", \"flag\": \"context-length\", \"reason\": \"{reason}\", \"unchecked\": []}}\n",
+            preflight::ANSWER_PREFIX
+        );
+        let fake = FakeHost::new("gpu-a")
+            .on_with(&["sh", "-c"], |argv, _| {
+                Reply::ok(&fake_answer(argv, "0.5.23", &[]))
+            })
+            .on(&deep, Reply::exit(1, &answer, "Traceback ...\n"));
+        let (_tx, rx) = watch::channel(false);
+        let reports = apply_units(&fake, &[t], &options(rx), "stopping").await;
+        assert_eq!(reports[0].outcome, Outcome::Error, "{:?}", reports[0]);
+        assert_eq!(
+            reports[0].detail,
+            format!("preflight failed, nothing was changed: manifests/s.yaml:9:5: sglang.flags.context-length: the host's SGLang refuses s.service's arguments: {reason}")
+        );
+        // The survey and the deep check, and nothing else: no lock, no unit file, no systemctl.
+        let commands = fake.commands();
+        assert_eq!(commands.len(), 2, "{commands:?}");
+        assert!(commands[1].starts_with(&deep.iter().map(|a| a.to_string()).collect::<Vec<_>>()));
     }
 
     #[test]

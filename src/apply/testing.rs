@@ -33,7 +33,7 @@ pub fn options(cancel: watch::Receiver<bool>) -> ApplyOptions {
         git: GitInfo::default(),
         cancel,
         progress: None,
-        deep: false,
+        deep: crate::preflight::DeepWhen::default(),
         rollout: Rollout {
             canary: 0,
             max_parallel: 1,

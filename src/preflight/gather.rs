@@ -4,96 +4,75 @@
 
 use super::scripts::{ACCESS, LISTENERS, PYTHON, VERSION_SCRIPT};
 use super::survey::Survey;
-use super::{judge, Access, Deep, Facts, Finding, Gpus, Port, Python};
+use super::{judge, read_deep, Access, Deep, DeepWhen, Facts, Finding, Gpus, Port, Python};
 use crate::observed::UnitState;
+use crate::plan::Verdict;
 use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
 use reconcile_core::survey as answer;
 
-/// The deep check: the host's SGLang parses the unit's exact arguments as `launch_server` would,
-/// without starting a server. What that checks depends on the version (read from each wheel's
-/// `launch_server.py` and `srt/server_args.py`):
-/// - 0.5.2x: `load_plugins()`, then `prepare_server_args` (argparse only: `ServerArgs.__post_init__`
-///   checks nothing there), then `ServerArgs.resolve_once()`, which `run_server` calls and where the
-///   checks live. It asks for an accelerator and queries the GPUs; the GPUs belong to the running
-///   server, so they are hidden from it, and what needs one is reported as not checked (exit 3);
-/// - 0.5.9 and older: `prepare_server_args`, whose `__post_init__` runs the checks.
-///
-/// Exit 0: accepted; 2: argparse refused; 1: resolution refused; 3: resolution needs a GPU.
-/// On a real host this imports torch: about 10 s.
-const DEEP_SCRIPT: &str = r#"import os, sys
-try:
-    from sglang.srt.plugins import load_plugins
-except ImportError:
-    load_plugins = None
-if load_plugins is not None:
-    load_plugins()
-from sglang.srt.server_args import prepare_server_args
-args = prepare_server_args(sys.argv[1:])
-resolve = getattr(args, "resolve_once", None)
-if resolve is None:
-    sys.exit(0)
-os.environ["CUDA_VISIBLE_DEVICES"] = ""
-try:
-    resolve()
-except Exception as e:
-    text = ("%s: %s" % (type(e).__name__, e)).strip().splitlines()[0]
-    gpu = any(w in text.lower() for w in ("accelerator", "cuda", "nvidia-smi", "gpu", "nvml"))
-    print(text, file=sys.stderr)
-    sys.exit(3 if gpu else 1)
-"#;
-
-/// Importing torch takes about 10 s on a warm host, and minutes from a cold network filesystem.
-const DEEP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+/// The deep check (`deep.py`, read there with what it runs and where SGLang 0.5.23 does it): the
+/// host's SGLang parses the unit's exact arguments, resolves them, builds the model's config
+/// (config.json, dtype, context length, quantization) and checks `--chat-template`, as a launch
+/// would before it loads any weights, with the unit's environment and working directory and the
+/// GPUs hidden. Its answer is read by `reconcile_core::preflight::read_deep`.
+const DEEP_SCRIPT: &str = include_str!("deep.py");
 
 /// Preflight for a plan: the unit is observed and its SGLang version read at the same time, over
-/// the same connection. A unit that `changes` (judged on what was observed) then gets the other
-/// checks; the port check needs the unit's `MainPID`. A unit with nothing to change gets only the
-/// version check: preflight vets a change before apply makes it, and apply leaves such a unit
-/// alone whatever the checks say, while the version still tells whether the manifest's SGLang is
-/// what the host has. Also returns that version (`None`: none found), which a plan file records.
+/// the same connection. A unit that changes (its `verdict`, judged on what was observed) then gets
+/// the other checks, and the deep check when `deep` runs for that verdict; the port check needs
+/// the unit's `MainPID`. A unit with nothing to change gets only the version check: preflight vets
+/// a change before apply makes it, and apply leaves such a unit alone whatever the checks say,
+/// while the version still tells whether the manifest's SGLang is what the host has. Also returns
+/// that version (`None`: none found), which a plan file records.
 pub async fn check_with<T>(
     host: &dyn Host,
     t: &Target,
-    deep: bool,
+    deep: DeepWhen,
     observe: impl std::future::Future<Output = Result<T, RemoteError>>,
     state_of: impl Fn(&T) -> &UnitState,
-    changes: impl Fn(&T) -> bool,
+    verdict: impl Fn(&T) -> Verdict,
 ) -> Result<(T, Vec<Finding>, Option<String>), RemoteError> {
     let want = super::Want::of(t);
     let (observed, python) = tokio::try_join!(observe, sglang_version(host, &want.python))?;
     let version = installed(&python);
-    if !changes(&observed) {
+    let verdict = verdict(&observed);
+    if verdict == Verdict::NoChange {
         return Ok((observed, super::judge_unchanged(t, &python), version));
     }
-    let mut facts = host_facts(host, t, deep, python).await?;
+    let mut facts = host_facts(host, t, deep_for(deep, verdict), python).await?;
     facts.main_pid = state_of(&observed).main_pid;
     Ok((observed, judge(t, &facts), version))
 }
 
 /// Preflight from a survey: as [`check_with`], with the unit already observed (`state`) and
-/// judged (`changes`), and the facts read from `survey`. Only what it lacks is asked of the host:
+/// judged (`verdict`), and the facts read from `survey`. Only what it lacks is asked of the host:
 /// the deep check, and the change-only checks of a unit the survey found unchanged.
 pub async fn check_surveyed(
     host: &dyn Host,
     t: &Target,
     survey: &Survey,
     state: &UnitState,
-    changes: bool,
-    deep: bool,
+    verdict: Verdict,
+    deep: DeepWhen,
 ) -> Result<(Vec<Finding>, Option<String>), RemoteError> {
     let python = survey.python(t)?;
     let version = installed(&python);
-    if !changes {
+    if verdict == Verdict::NoChange {
         return Ok((super::judge_unchanged(t, &python), version));
     }
     let checked = match survey.checks(t) {
         Some(checked) => checked?,
         None => checks(host, t).await?,
     };
-    let mut facts = with_deep(host, t, deep, python, checked).await?;
+    let mut facts = with_deep(host, t, deep_for(deep, verdict), python, checked).await?;
     facts.main_pid = state.main_pid;
     Ok((judge(t, &facts), version))
+}
+
+/// The deep check's mode for a unit planned as `verdict`: `None` where it does not run.
+fn deep_for(deep: DeepWhen, verdict: Verdict) -> Option<DeepWhen> {
+    deep.runs(verdict).then_some(deep)
 }
 
 /// The SGLang version installed for the unit's Python, read as preflight reads it; `None` when
@@ -110,21 +89,22 @@ fn installed(python: &Python) -> Option<String> {
     }
 }
 
-/// Gathers the facts and judges them.
+/// Gathers the facts of a unit apply is to change as `verdict`, and judges them.
 pub async fn check(
     host: &dyn Host,
     t: &Target,
     state: &UnitState,
-    deep: bool,
+    verdict: Verdict,
+    deep: DeepWhen,
 ) -> Result<Vec<Finding>, RemoteError> {
-    let mut facts = gather(host, t, deep).await?;
+    let mut facts = gather(host, t, deep_for(deep, verdict)).await?;
     facts.main_pid = state.main_pid;
     Ok(judge(t, &facts))
 }
 
 /// Every fact at once (the host's connection bounds how many commands run together), then the
 /// deep check when asked and when there is an SGLang to ask.
-async fn gather(host: &dyn Host, t: &Target, deep: bool) -> Result<Facts, RemoteError> {
+async fn gather(host: &dyn Host, t: &Target, deep: Option<DeepWhen>) -> Result<Facts, RemoteError> {
     let want = super::Want::of(t);
     let (python, checked) = tokio::try_join!(sglang_version(host, &want.python), checks(host, t))?;
     with_deep(host, t, deep, python, checked).await
@@ -134,7 +114,7 @@ async fn gather(host: &dyn Host, t: &Target, deep: bool) -> Result<Facts, Remote
 async fn host_facts(
     host: &dyn Host,
     t: &Target,
-    deep: bool,
+    deep: Option<DeepWhen>,
     python: Python,
 ) -> Result<Facts, RemoteError> {
     let checked = checks(host, t).await?;
@@ -150,20 +130,17 @@ async fn checks(host: &dyn Host, t: &Target) -> Result<(Access, Gpus, Port), Rem
     )
 }
 
-/// The facts, with the deep check's when it is asked for and the host's python has SGLang.
+/// The facts, with the deep check's when it runs (`deep`) and the host's python has SGLang.
 /// The last argument is what [`checks`] read.
 async fn with_deep(
     host: &dyn Host,
     t: &Target,
-    deep: bool,
+    deep: Option<DeepWhen>,
     python: Python,
     (model_path, gpus, port): (Access, Gpus, Port),
 ) -> Result<Facts, RemoteError> {
-    let want = super::Want::of(t);
     let deep = match (&python, deep) {
-        (Python::Sglang(_), true) => {
-            Some(deep_check(host, &want.python, &t.desired.model.exec_start).await?)
-        }
+        (Python::Sglang(_), Some(when)) => Some(deep_check(host, t, when).await?),
         _ => None,
     };
     Ok(Facts {
@@ -229,25 +206,107 @@ async fn read_one<T>(
     })
 }
 
-async fn deep_check(
-    host: &dyn Host,
-    python: &str,
-    exec_start: &[String],
-) -> Result<Deep, RemoteError> {
-    // ExecStart is `<python> -m sglang.launch_server <args>`; the script gets the args.
+/// The deep check of one unit, within `when`'s limit. Run by default, a check past its limit is a
+/// warning (it could not say); asked for with `--deep`, it fails the unit's preflight, as before.
+async fn deep_check(host: &dyn Host, t: &Target, when: DeepWhen) -> Result<Deep, RemoteError> {
+    let python = super::Want::of(t).python;
+    let argv = deep_argv(&python, &t.desired.model.exec_start);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let input = deep_input(t);
+    let limit = when.limit();
+    let out = match host.run_within(&argv, Some(input.as_bytes()), limit).await {
+        Ok(out) => out,
+        Err(RemoteError::TimedOut { .. }) if when == DeepWhen::Restarts => {
+            return Ok(Deep::TimedOut(limit))
+        }
+        Err(e) => return Err(named(e)),
+    };
+    let (deep, unchecked) = read_deep(out.status, &out.stdout, &out.stderr);
+    for what in &unchecked {
+        tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check did not check the {what}");
+    }
+    if let Deep::ParsedOnly(why) | Deep::Unavailable(why) = &deep {
+        tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check was partial: {why}");
+    }
+    Ok(when.shown(deep))
+}
+
+/// The deep check in errors and traces (`--trace-remote` shows `command="deep check"`).
+const DEEP_NAME: &str = "deep check";
+
+/// The deep check's command: the unit's Python running [`DEEP_SCRIPT`] with the unit's arguments
+/// (ExecStart is `<python> -m sglang.launch_server <args>`), each its own argument. The wrapper's
+/// first line names it for traces.
+fn deep_argv(python: &str, exec_start: &[String]) -> Vec<String> {
     let args = exec_start.get(3..).unwrap_or_default();
-    let mut argv = vec!["sh", "-c", PYTHON, "sh", python, "-c", DEEP_SCRIPT];
-    argv.extend(args.iter().map(String::as_str));
-    let out = host.run_within(&argv, None, DEEP_TIMEOUT).await?;
-    let last = answer::last_line(&out.stderr);
-    Ok(match out.status {
-        0 => Deep::Accepted,
-        _ if out.stderr.contains("No module named 'sglang.srt") => Deep::Unavailable(format!(
-            "this SGLang has no sglang.srt.server_args to parse arguments with ({last})"
-        )),
-        3 => Deep::ParsedOnly(last),
-        _ => Deep::Refused(last),
-    })
+    let wrapper =
+        format!("# {DEEP_NAME}: the unit's SGLang checks its arguments and model config\n{PYTHON}");
+    let mut argv: Vec<String> = ["sh", "-c", &wrapper, "sh", python, "-c", DEEP_SCRIPT]
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    argv.extend(args.iter().cloned());
+    argv
+}
+
+/// An error of the deep check, naming it rather than showing its argv (the whole script).
+fn named(e: RemoteError) -> RemoteError {
+    let command =
+        format!("the {DEEP_NAME} (SGLang checking the unit's arguments and model config)");
+    match e {
+        RemoteError::TimedOut { host, after, .. } => RemoteError::TimedOut {
+            host,
+            command,
+            after,
+        },
+        RemoteError::Transport { host, source, .. } => RemoteError::Transport {
+            host,
+            command,
+            source,
+        },
+        RemoteError::Failed {
+            host,
+            status,
+            stderr,
+            ..
+        } => RemoteError::Failed {
+            host,
+            command,
+            status,
+            stderr,
+        },
+        e => e,
+    }
+}
+
+/// What the deep check reads on its standard input (never on a command line, where `ps` shows
+/// it): the unit's `Environment=` and its working directory (systemd's default, `/`, unless the
+/// unit sets an absolute `WorkingDirectory=`), so SGLang reads the environment variables the
+/// server will have (`SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`, `HF_HUB_OFFLINE`, ...) and
+/// relative paths resolve as the server's will.
+fn deep_input(t: &Target) -> String {
+    let model = &t.desired.model;
+    let cwd = model
+        .settings
+        .get("Service.WorkingDirectory")
+        .and_then(|v| v.last())
+        .map(|d| d.trim_start_matches('-'))
+        .filter(|d| d.starts_with('/'))
+        .unwrap_or("/");
+    serde_json::json!({ "env": model.env, "cwd": cwd }).to_string()
+}
+
+/// For fakes: the start of the deep check's command for `python` (its arguments follow), and the
+/// answer of a check SGLang accepted.
+#[cfg(test)]
+pub(crate) fn deep_command(python: &str) -> (Vec<String>, String) {
+    let mut argv = deep_argv(python, &[]);
+    argv.truncate(7);
+    let accepted = format!(
+        "{}{{\"verdict\": \"accepted\", \"unchecked\": []}}\n",
+        super::ANSWER_PREFIX
+    );
+    (argv, accepted)
 }
 
 #[cfg(test)]
@@ -292,5 +351,293 @@ mod tests {
         let (ok, _, err) = version_with(&[("sglang_router-0.2.1.dist-info", "METADATA", router)]);
         assert!(!ok, "no sglang installed, yet a version was found");
         assert!(err.contains("PackageNotFoundError"), "{err}");
+    }
+
+    /// A small SGLang written from 0.5.23's source, each check under the name it has there (so
+    /// the script's reading of tracebacks is tested): `resolve_once` asks for an accelerator
+    /// (`get_device`), `ModelConfig` reads config.json (`get_config`) and checks the context length
+    /// (`_derive_context_length`, with its message and environment variable), `TemplateManager`
+    /// checks a chat template. No torch: it runs in a moment.
+    const SMALL_SGLANG: &[(&str, &str)] = &[
+        ("sglang/__init__.py", ""),
+        ("sglang/srt/__init__.py", ""),
+        (
+            "sglang/srt/server_args.py",
+            r#"import argparse, os
+def get_device():
+    raise RuntimeError("No accelerator (CUDA, XPU, HPU, NPU, MUSA, MPS) or platform plugin is available.")
+class ServerArgs(argparse.Namespace):
+    def resolve_once(self):
+        get_device()
+def prepare_server_args(argv):
+    need = os.environ.get("NEED_AT_START")
+    if need and ("NEED_AT_START=" + need).encode() not in open("/proc/self/environ", "rb").read().split(b"\0"):
+        raise ImportError("libneeded.so: cannot open shared object file")
+    p = argparse.ArgumentParser(prog="sglang serve")
+    for flag in ("--model-path", "--chat-template"):
+        p.add_argument(flag)
+    for flag in ("--context-length", "--port"):
+        p.add_argument(flag, type=int)
+    return ServerArgs(**vars(p.parse_args(argv)))
+"#,
+        ),
+        ("sglang/srt/configs/__init__.py", ""),
+        (
+            "sglang/srt/configs/model_config.py",
+            r#"import json, os
+def get_config(path):
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            return json.load(f)
+    except OSError:
+        raise ValueError(f"Unrecognized model in {path}. Should have a `model_type` key in its config.json.")
+class ModelConfig:
+    def __init__(self, model_path, context_length=None):
+        self.hf_config = get_config(model_path)
+        self._derive_context_length(context_length)
+    @staticmethod
+    def from_server_args(server_args):
+        return ModelConfig(server_args.model_path, server_args.context_length)
+    def _derive_context_length(self, context_length):
+        derived = self.hf_config["max_position_embeddings"]
+        if context_length is not None and context_length > derived:
+            msg = f"Warning: User-specified context_length ({context_length}) is greater than the derived context_length ({derived}). This may lead to incorrect model outputs or CUDA errors."
+            if os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN") != "1":
+                raise ValueError(f"{msg} To allow overriding this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+"#,
+        ),
+        ("sglang/srt/parser/__init__.py", ""),
+        (
+            "sglang/srt/parser/conversation.py",
+            "def chat_template_exists(name):\n    return name == \"chatml\"\n",
+        ),
+        (
+            "sglang/srt/parser/template_manager.py",
+            r#"import os
+class TemplateManager:
+    def _load_explicit_chat_template(self, tokenizer_manager, chat_template_arg):
+        if not os.path.exists(chat_template_arg):
+            raise RuntimeError(f"Chat template {chat_template_arg} is not a built-in template name or a valid chat template file path.")
+"#,
+        ),
+    ];
+
+    /// Runs the deep script here, as a host would: `tree`'s files on PYTHONPATH, `input` on stdin.
+    fn deep_with(
+        tree: &[(&str, &str)],
+        args: &[&str],
+        input: &str,
+    ) -> (super::Deep, Vec<String>, String) {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in tree {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let model = dir.path().join("model");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(
+            model.join("config.json"),
+            r#"{"max_position_embeddings": 2048}"#,
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("empty")).unwrap();
+        std::fs::write(model.join("t.jinja"), "{{ messages }}").unwrap();
+        let root = dir.path().to_str().unwrap();
+        let args: Vec<String> = args.iter().map(|a| a.replace("$ROOT", root)).collect();
+        let mut child = Command::new("python3")
+            .args(["-c", super::DEEP_SCRIPT])
+            .args(&args)
+            .env("PYTHONPATH", dir.path())
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs (the tests need it, as the hosts do)");
+        let input = input.replace("$ROOT", root);
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        let (deep, unchecked) = super::read_deep(out.status.code().unwrap_or(-1), &stdout, &stderr);
+        (deep, unchecked, stderr.into_owned())
+    }
+
+    use super::super::Refusal;
+    use super::Deep;
+
+    const NO_ENV: &str = r#"{"env": {}, "cwd": "/"}"#;
+
+    #[test]
+    fn the_deep_script_checks_the_model_config_when_resolution_needs_a_gpu() {
+        let ok = ["--model-path", "$ROOT/model", "--context-length", "2048"];
+        let (deep, unchecked, err) = deep_with(SMALL_SGLANG, &ok, NO_ENV);
+        // resolve_once() needed the hidden GPUs; the model's config was read all the same.
+        assert!(
+            matches!(&deep, Deep::ParsedOnly(why) if why.starts_with("RuntimeError: No accelerator")),
+            "{deep:?} {err}"
+        );
+        assert!(unchecked.is_empty(), "{unchecked:?}");
+
+        let long = ["--model-path", "$ROOT/model", "--context-length", "1000000"];
+        let (deep, _, err) = deep_with(SMALL_SGLANG, &long, NO_ENV);
+        let Deep::Refused(r) = &deep else {
+            panic!("{deep:?} {err}")
+        };
+        assert_eq!(
+            (r.stage.as_str(), r.flag.as_deref()),
+            ("model-config", Some("context-length"))
+        );
+        assert!(
+            r.reason.starts_with("ValueError: Warning: User-specified context_length (1000000) is greater than the derived context_length (2048).")
+                && r.reason.ends_with("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"),
+            "{}",
+            r.reason
+        );
+        // The unit's environment reaches SGLang: the override it allows is allowed.
+        let allowed = r#"{"env": {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}, "cwd": "/"}"#;
+        assert!(matches!(
+            deep_with(SMALL_SGLANG, &long, allowed).0,
+            Deep::ParsedOnly(_)
+        ));
+
+        let (deep, _, _) = deep_with(SMALL_SGLANG, &["--model-path", "$ROOT/empty"], NO_ENV);
+        assert!(
+            matches!(&deep, Deep::Refused(r) if r.flag.as_deref() == Some("model-path") && r.reason.contains("config.json")),
+            "{deep:?}"
+        );
+    }
+
+    #[test]
+    fn the_deep_script_checks_the_chat_template_from_the_units_working_directory() {
+        let with = |template: &str, cwd: &str| {
+            let args = ["--model-path", "$ROOT/model", "--chat-template", template];
+            let input = format!(r#"{{"env": {{}}, "cwd": "{cwd}"}}"#);
+            deep_with(SMALL_SGLANG, &args, &input).0
+        };
+        assert!(matches!(with("chatml", "/"), Deep::ParsedOnly(_)));
+        assert!(matches!(
+            with("t.jinja", "$ROOT/model"),
+            Deep::ParsedOnly(_)
+        ));
+        assert_eq!(
+            with("t.jinja", "/"),
+            Deep::Refused(Refusal::new(
+                "chat-template",
+                Some("chat-template"),
+                "RuntimeError: Chat template t.jinja is not a built-in template name or a valid chat template file path."
+            ))
+        );
+    }
+
+    #[test]
+    fn the_deep_script_gives_the_environment_at_the_start_and_reads_argparse() {
+        // The loader reads LD_LIBRARY_PATH only when the process starts: so must the check.
+        let env = r#"{"env": {"NEED_AT_START": "yes"}, "cwd": "/"}"#;
+        let (deep, _, err) = deep_with(SMALL_SGLANG, &["--model-path", "$ROOT/model"], env);
+        assert!(matches!(deep, Deep::ParsedOnly(_)), "{deep:?} {err}");
+        let (deep, _, _) = deep_with(
+            SMALL_SGLANG,
+            &["--model-path", "m", "--tp-sizee", "2"],
+            NO_ENV,
+        );
+        assert_eq!(
+            deep,
+            Deep::Refused(Refusal::new(
+                "arguments",
+                None,
+                "sglang serve: error: unrecognized arguments: --tp-sizee 2"
+            ))
+        );
+        // No sglang.srt at all: the check cannot run.
+        let (deep, _, _) = deep_with(
+            &[("sglang/__init__.py", "")],
+            &["--model-path", "m"],
+            NO_ENV,
+        );
+        assert!(matches!(deep, Deep::Unavailable(_)), "{deep:?}");
+    }
+
+    #[test]
+    fn the_deep_script_on_the_test_stand_in_checks_no_model_config() {
+        // The stand-in (fixtures/fake-sglang) has no configs.model_config, and its hosts' model
+        // folder has no config.json: accepted, the model config listed as not checked.
+        let here = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/fake-sglang");
+        let run = |args: &[&str]| {
+            let mut child = Command::new("python3")
+                .args(["-c", super::DEEP_SCRIPT])
+                .args(args)
+                .env("PYTHONPATH", &here)
+                .env("PYTHONDONTWRITEBYTECODE", "1")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(NO_ENV.as_bytes())
+                .unwrap();
+            let out = child.wait_with_output().unwrap();
+            super::read_deep(
+                out.status.code().unwrap_or(-1),
+                &String::from_utf8_lossy(&out.stdout),
+                &String::from_utf8_lossy(&out.stderr),
+            )
+        };
+        let (deep, unchecked) = run(&[
+            "--model-path",
+            "/models/test",
+            "--tp-size",
+            "2",
+            "--chat-template",
+            "x.jinja",
+        ]);
+        assert_eq!(deep, Deep::Accepted);
+        assert_eq!(unchecked.len(), 2, "{unchecked:?}");
+        assert!(
+            unchecked[0].starts_with("model config: ModuleNotFoundError"),
+            "{unchecked:?}"
+        );
+        let (deep, _) = run(&["--model-path", "/models/test", "--bogus"]);
+        assert_eq!(
+            deep,
+            Deep::Refused(Refusal::new(
+                "arguments",
+                None,
+                "launch_server.py: error: unrecognized arguments: --bogus"
+            ))
+        );
+    }
+
+    #[test]
+    fn the_deep_check_reads_the_units_environment_on_stdin_never_its_argv() {
+        let text = "service: s\nhosts: [h]\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: /models/m\n  port: 30000\nenv: { HF_TOKEN: hf_secret }\nsystemd: { WorkingDirectory: -/srv/s }\n";
+        let m = crate::manifest::parse("m.yaml", text).unwrap();
+        let t = crate::targets::targets(&[m], &Default::default())
+            .unwrap()
+            .remove(0);
+        let input: serde_json::Value = serde_json::from_str(&super::deep_input(&t)).unwrap();
+        assert_eq!(
+            input,
+            serde_json::json!({"env": {"HF_TOKEN": "hf_secret"}, "cwd": "/srv/s"})
+        );
+        let argv = super::deep_argv("/venv/bin/python3", &t.desired.model.exec_start);
+        assert!(!argv.iter().any(|a| a.contains("hf_secret")));
+        assert_eq!(argv[7..], ["--model-path", "/models/m", "--port", "30000"]);
+        // `# name: ...` names a script in traces (`remote::command_name`).
+        assert!(argv[2].starts_with("# deep check: "), "{}", argv[2]);
     }
 }

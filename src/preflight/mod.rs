@@ -13,6 +13,8 @@ mod gather;
 mod scripts;
 pub mod survey;
 
+#[cfg(test)]
+pub(crate) use gather::deep_command;
 pub use gather::{check, check_surveyed, check_with, installed_sglang};
 pub use reconcile_core::preflight::*;
 pub use survey::{survey, Ask, Survey};

@@ -223,16 +223,23 @@ fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
         "    tp-size: 2\n",
         "    tp-size: 2\n    enable-fused-moe-sum-allreduce: true\n",
     );
-    let (code, json, stderr) = plan_json(&[("a.yaml", &misspelt)], &[]);
-    assert_eq!(code, 2, "without --deep nothing sees it: {json:#}");
+    let (code, json, stderr) = plan_json(&[("a.yaml", &misspelt)], &["--no-deep"]);
+    assert_eq!(code, 2, "with --no-deep nothing sees it: {json:#}");
     assert!(stderr.contains("no catalog of SGLang 0.6.0"), "{stderr}");
 
-    let (code, json, _) = plan_json(&[("a.yaml", &misspelt)], &["--deep"]);
-    assert_eq!(code, 1, "{json:#}");
-    assert_eq!(
-        messages_of(&json["units"][0], "deep"),
-        ["the host's SGLang refuses t-pre-deep.service's arguments: launch_server.py: error: unrecognized arguments: --enable-fused-moe-sum-allreduce"]
-    );
+    // A new unit gets the deep check by default, and --deep asks for it too; the refusal is
+    // placed at the manifest's field.
+    for args in [&[][..], &["--deep"][..]] {
+        let (code, json, _) = plan_json(&[("a.yaml", &misspelt)], args);
+        assert_eq!(code, 1, "{args:?}: {json:#}");
+        let messages = messages_of(&json["units"][0], "deep");
+        assert_eq!(messages.len(), 1, "{args:?}: {json:#}");
+        let (place, said) = messages[0]
+            .split_once(": sglang.flags.enable-fused-moe-sum-allreduce: ")
+            .unwrap_or_else(|| panic!("not placed at the flag: {}", messages[0]));
+        assert!(place.contains("a.yaml:"), "{}", messages[0]);
+        assert_eq!(said, "the host's SGLang refuses t-pre-deep.service's arguments: launch_server.py: error: unrecognized arguments: --enable-fused-moe-sum-allreduce");
+    }
 
     let (code, json, _) = plan_json(&[("a.yaml", &valid)], &["--deep"]);
     assert_eq!(code, 2, "{json:#}");

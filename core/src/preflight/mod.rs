@@ -14,11 +14,13 @@
 //! units at once, eight sessions, under sshd's default of ten per connection). [`gpu_conflicts`]
 //! needs no host: two services on one host claiming the same GPU.
 
+mod deep;
 pub mod fleet;
 
 use std::collections::BTreeMap;
 
 pub use crate::finding::{has_errors, Finding, Severity};
+pub use deep::{read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT};
 pub use fleet::{gpu_conflicts, split_devices};
 
 use crate::flags::flags;
@@ -34,7 +36,8 @@ pub struct Facts {
     pub port: Port,
     /// The unit's main process now (0: not running).
     pub main_pid: u32,
-    /// The host's SGLang parsing the unit's argv; only with `--deep`.
+    /// The host's SGLang checking the unit's argv and its model's config (the deep check); `None`
+    /// where it did not run (see [`DeepWhen`]).
     pub deep: Option<Deep>,
 }
 
@@ -88,18 +91,6 @@ pub struct Listener {
     pub comm: String,
     /// `/proc/<pid>/cgroup`, its lines joined by spaces.
     pub cgroup: String,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Deep {
-    Accepted,
-    /// SGLang's own message (argparse's last line, or the exception).
-    Refused(String),
-    /// The check itself could not run (no `sglang.srt.server_args` to import).
-    Unavailable(String),
-    /// argparse accepted the arguments; `resolve_once()` needs a GPU, which the running server
-    /// holds, so the resolved checks were not run (SGLang's message).
-    ParsedOnly(String),
 }
 
 /// What preflight expects of the host for one unit, read from its rendered unit and manifest.
@@ -190,7 +181,7 @@ pub fn judge(t: &Target, facts: &Facts) -> Vec<Finding> {
         facts
             .deep
             .as_ref()
-            .map(|d| deep(&want, d))
+            .map(|d| deep::judge_deep(t, &want, d))
             .into_iter()
             .flatten(),
     );
@@ -426,30 +417,6 @@ fn belongs(l: &Listener, unit: &str, main_pid: u32) -> bool {
     })
 }
 
-fn deep(want: &Want, deep: &Deep) -> Option<Finding> {
-    match deep {
-        Deep::Accepted => None,
-        Deep::Refused(message) => Some(Finding::error(
-            "deep",
-            format!(
-                "the host's SGLang refuses {}'s arguments: {message}",
-                want.unit
-            ),
-        )),
-        Deep::Unavailable(why) => Some(Finding::warning(
-            "deep",
-            format!("the deep check could not run: {why}"),
-        )),
-        Deep::ParsedOnly(why) => Some(Finding::warning(
-            "deep",
-            format!(
-                "the host's SGLang parsed {}'s arguments, but its resolve_once() checks need a GPU and were not run ({why})",
-                want.unit
-            ),
-        )),
-    }
-}
-
 /// `nvidia-smi -L`: `GPU 0: NAME (UUID: GPU-...)` lines; other lines (MIG devices) are skipped.
 pub fn parse_gpu_list(output: &str) -> Vec<Gpu> {
     output
@@ -552,7 +519,7 @@ mod tests {
         )
     }
 
-    fn healthy() -> Facts {
+    pub(crate) fn healthy() -> Facts {
         Facts {
             python: Python::Sglang("0.5.23".into()),
             model_path: Access::Readable,
@@ -563,7 +530,7 @@ mod tests {
         }
     }
 
-    fn messages(findings: &[Finding], check: &str) -> Vec<String> {
+    pub(crate) fn messages(findings: &[Finding], check: &str) -> Vec<String> {
         findings
             .iter()
             .filter(|f| f.check == check)
@@ -837,7 +804,11 @@ mod tests {
     #[test]
     fn the_deep_check_refusing_is_an_error() {
         let t = target(&manifest("s", "h", ""));
-        let refused = Deep::Refused("launch_server.py: error: unrecognized arguments: --x".into());
+        let refused = Deep::Refused(Refusal::new(
+            "arguments",
+            None,
+            "launch_server.py: error: unrecognized arguments: --x",
+        ));
         let findings = judge(
             &t,
             &Facts {

@@ -20,7 +20,10 @@ fn tokens_at(benchmark: &serde_json::Value, level: u64) -> f64 {
 #[test]
 fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
     let _slots = slots(2);
-    let bench = ", benchmark: { levels: [1, 4], prompt_tokens: 32, output_tokens: 64, requests: 16 }";
+    // 25 %: two instances of the same unit on this 2-core shared machine measured up to 17.5 %
+    // apart at concurrency 1 (16 requests of 64 tokens, a compile running beside them); the
+    // slower change below costs about three quarters at concurrency 4, far beyond either.
+    let bench = ", benchmark: { levels: [1, 4], prompt_tokens: 32, output_tokens: 128, requests: 24, max_regression: 25 }";
     let s = Service::new("t-rs-bench", HOSTS[0], 38021).verify(bench);
     let _stopped = s.fresh();
     let first = s.converge();
@@ -47,7 +50,7 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
     assert_eq!(report["benchmark"]["verdict"], "regressed", "{report:#}");
     let regressed = tokens_at(&report["benchmark"], 4);
     assert!(
-        regressed < baseline * 0.9,
+        regressed < baseline * 0.75,
         "max-running-requests 1 ran at {regressed} tokens/s at concurrency 4, the baseline {baseline}"
     );
     assert_eq!(lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())), good);
