@@ -1,7 +1,7 @@
 //! Drain before a restart (issue 16) against the SGLang stand-in on its own host (`DRAIN`, ports
 //! 37101-37109, GPUs 0-17): a restart waits for a slow request to finish; a drain that times out
 //! refuses the unit (the old server keeps serving, exit 1) or restarts anyway, as
-//! `drain.on_timeout` says (and SGLang's own SIGTERM drain still answers the request); a reload-only change never drains; and a server without
+//! `drain.on_timeout` says; a reload-only change never drains; and a server without
 //! `--enable-metrics` is never restarted blind.
 //!
 //! The slow request is made from the host itself (python3, the test hosts have no curl) to the
@@ -188,12 +188,12 @@ fn a_drain_that_times_out_restarts_anyway_when_told_to() {
             .contains("drain timed out after 3s with 1 running, 0 queued; restarted anyway (drain.on_timeout: restart)"),
         "{report}"
     );
-    // The restart's SIGTERM does not cut the request off: SGLang finishes the requests in flight
-    // before it exits (tokenizer_manager.py: sigterm_watchdog), so the stop waited for it, within
-    // the unit's stop timeout, and the new server started after it was answered.
-    let (status, ended) = request_result(result);
-    assert_eq!(status, "200", "{status}");
-    assert!(ended <= started_at(unit), "answered at {ended}, after the new start");
+    // The request in flight was cut off by the restart: systemd's stop sends SIGTERM to every
+    // process of the unit, the scheduler dies of it and SGLang's watchdog kills the tree before
+    // its own drain would have finished the request (the real server does the same:
+    // real_server/compare.rs, `systemctl_stop`).
+    let (status, _) = request_result(result);
+    assert_ne!(status, "200", "{status}");
     lab().remove_unit(DRAIN, unit);
 }
 

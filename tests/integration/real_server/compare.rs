@@ -1,6 +1,7 @@
 //! The stand-in against the real thing: the same probe sequence (probe.py: `/health` through
 //! start-up and its timing, `/ready`, `/v1/models`, a streamed chat completion's chunks, the
-//! request gauges of `/metrics`, SIGTERM, a misspelt flag) against the SGLang stand-in and the real
+//! request gauges of `/metrics`, SIGTERM to the main process and a stop by systemd, each with a
+//! request in flight, a misspelt flag) against the SGLang stand-in and the real
 //! server, one after the other on the same host. Any difference in what the stand-in is meant to
 //! copy fails the test, naming the observation.
 
@@ -31,16 +32,21 @@ fn probe(unit: &str, python: &str, model_path: &str, env: &[&str]) -> serde_json
 #[test]
 fn the_stand_in_answers_the_probes_as_the_real_server_does() {
     let _slot = slots(1);
-    let real = probe("t-rs-compare-real", &format!("{ROOT}/bin/python3"), &format!("{ROOT}/tiny-model"), &["OMP_NUM_THREADS=1"]);
+    let real = probe("t-rs-compare-real", &format!("{ROOT}/bin/python3"), &format!("{ROOT}/tiny-model"), &["OMP_NUM_THREADS=1", "LONG_TOKENS=1500"]);
     let standin = probe(
         "t-rs-compare-standin",
         "/usr/bin/python3",
         "/models/test",
-        &["FAKE_SGLANG_LOAD_SECONDS=1", "CUDA_VISIBLE_DEVICES=0", "FAKE_SGLANG_GPU_COUNT=64"],
+        &[
+            "FAKE_SGLANG_LOAD_SECONDS=1",
+            "CUDA_VISIBLE_DEVICES=0",
+            "FAKE_SGLANG_GPU_COUNT=64",
+            "FAKE_SGLANG_REQUEST_SECONDS=12",
+        ],
     );
     eprintln!("real:     {real}\nstand-in: {standin}");
     let keys: Vec<&String> = real.as_object().unwrap().keys().collect();
-    assert_eq!(keys.len(), 9, "{real}");
+    assert_eq!(keys.len(), 10, "{real}");
     let differ: Vec<String> = keys
         .iter()
         .filter(|k| real[k.as_str()] != standin[k.as_str()])

@@ -12,9 +12,11 @@ import http.client
 import json
 import subprocess
 import sys
+import threading
 import time
 
 unit, port, model = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+# LONG_TOKENS=N among the KEY=VALUE pairs is the probe's own: max_tokens of the long completion.
 rest = sys.argv[4:]
 envs, argv = rest[: rest.index("--")], rest[rest.index("--") + 1 :]
 seen = {}
@@ -30,7 +32,7 @@ def request(method, path, body=None, timeout=30):
         r = c.getresponse()
         data = r.read()
         return r.status, data, time.monotonic() - started
-    except (ConnectionError, OSError):
+    except (OSError, http.client.HTTPException):  # refused, reset, cut off mid-answer
         return "refused", b"", time.monotonic() - started
 
 
@@ -38,21 +40,30 @@ def systemctl(*args):
     return subprocess.run(["systemctl", *args], capture_output=True, text=True)
 
 
-systemctl("stop", unit)
-systemctl("reset-failed", unit)
-subprocess.run(["systemd-run", "-q", "--unit", unit, "-p", "RemainAfterExit=yes",
-                *["-E" + e for e in envs], *argv], check=True)
+env_of = dict(e.split("=", 1) for e in envs)
 
-# Start-up: what /health answers, in order, until its first 200 (repeats folded).
-states = []
-deadline = time.monotonic() + 300
-while time.monotonic() < deadline:
-    status, body, took = request("GET", "/health", timeout=30)
-    if not states or states[-1] != status:
-        states.append(status)
-    if status == 200:
-        break
-    time.sleep(0.2)
+
+def start():
+    """Starts the server as a transient unit; what /health answered, in order, until its first
+    200 (repeats folded)."""
+    systemctl("stop", unit)
+    systemctl("reset-failed", unit)
+    subprocess.run(["systemd-run", "-q", "--unit", unit, "-p", "RemainAfterExit=yes",
+                    *["-E" + e for e in envs if not e.startswith("LONG_TOKENS=")], *argv],
+                   check=True)
+    states = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status, _, _ = request("GET", "/health", timeout=30)
+        if not states or states[-1] != status:
+            states.append(status)
+        if status == 200:
+            break
+        time.sleep(0.2)
+    return states
+
+
+states = start()
 seen["startup_states"] = [states[0], states[-1]]
 seen["startup_other_states"] = sorted({str(s) for s in states[1:-1]} - {"503"})
 
@@ -117,23 +128,64 @@ for line in body.decode().splitlines():
             gauges[name] = [labels, line.rsplit(" ", 1)[1]]
 seen["metrics"] = {"status": status, "gauges": gauges}
 
-# SIGTERM: /health turns 503 at once, then the server exits 0.
+# Requests in flight when the server is told to stop. `long` is a completion that takes seconds
+# (LONG_TOKENS of the real model; the stand-in makes every completion take
+# FAKE_SGLANG_REQUEST_SECONDS); its answer is read in a thread.
+long_body = {"model": model, "messages": [{"role": "user", "content": "a story"}],
+             "max_tokens": int(env_of.get("LONG_TOKENS", "16")), "ignore_eos": True, "temperature": 0}
+
+
+def in_flight():
+    result = {}
+
+    def run():
+        status, _, _ = request("POST", "/v1/chat/completions", long_body, timeout=300)
+        result["status"] = status if status != "refused" else "error"
+
+    t = threading.Thread(target=run)
+    t.start()
+    for _ in range(300):  # until the server counts it
+        _, body, _ = request("GET", "/metrics", timeout=5)
+        if any(l.startswith("sglang:num_running_reqs") and not l.endswith(" 0.0")
+               for l in body.decode().splitlines()):
+            break
+        time.sleep(0.1)
+    return lambda: (t.join(300), result.get("status"))[1]
+
+
+def wait_stopped():
+    for _ in range(600):
+        if systemctl("show", "-p", "SubState", "--value", unit).stdout.strip() != "running":
+            return
+        time.sleep(0.1)
+
+
+# SIGTERM to the main process alone: /health 503 at once, the request in flight answered in
+# full (a drain), then exit status 0.
+answer = in_flight()
 systemctl("kill", "-s", "TERM", "--kill-who=main", unit)
 time.sleep(0.3)
 status, _, _ = request("GET", "/health", timeout=5)
-after = [status]
-for _ in range(600):
-    if systemctl("show", "-p", "SubState", "--value", unit).stdout.strip() != "running":
-        break
-    time.sleep(0.1)
+health = status
+request_status = answer()
+wait_stopped()
 code = systemctl("show", "-p", "ExecMainStatus", "--value", unit).stdout.strip()
-seen["sigterm"] = {"health_at_once": after[0] in (503, "refused") and after[0], "exit_status": code}
+seen["sigterm_to_main"] = {"health_at_once": health, "request_in_flight": request_status,
+                           "exit_status": code}
+
+# A stop by systemd (SIGTERM to every process of the unit, as every restart does): the request
+# in flight is cut off and the unit ends killed.
+start()
+answer = in_flight()
+systemctl("stop", unit)
+request_status = answer()
+result = systemctl("show", "-p", "Result", "--value", unit).stdout.strip()
+seen["systemctl_stop"] = {"request_in_flight": request_status, "result": result}
 systemctl("stop", unit)
 systemctl("reset-failed", unit)
 
 # A misspelt flag: argparse's exit status and message.
-env = dict(e.split("=", 1) for e in envs)
-out = subprocess.run(["env", *[f"{k}={v}" for k, v in env.items()], *argv, "--tp-sizee", "1"],
+out = subprocess.run(["env", *envs, *argv, "--tp-sizee", "1"],
                      capture_output=True, text=True, timeout=120)
 last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
 seen["misspelt_flag"] = [out.returncode, last[last.find("error: "):]]
