@@ -225,18 +225,13 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
 /// Starts `run` (a slow apply of `unit`), sends `signal` once it is verifying, and returns its
 /// report.
 fn signalled(run: &Reconcile, unit: &str, signal: &str) -> (Ran, serde_json::Value) {
-    let before = lab().invocation(HANGS, unit);
-    let child = run.spawn(&[]);
-    lab().wait_for_restart(HANGS, unit, &before);
-    std::thread::sleep(Duration::from_millis(500));
-    let sent = std::process::Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let ran = Ran::from(child.wait_with_output().unwrap());
-    let json = ran.json();
-    (ran, json)
+    crate::lab::signalled(
+        run,
+        (HANGS, unit),
+        signal,
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    )
 }
 
 #[test]

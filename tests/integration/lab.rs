@@ -135,10 +135,22 @@ impl Lab {
     /// Waits until the unit has been started again since it had invocation `before`: a restart
     /// happened and its verification is under way.
     pub fn wait_for_restart(&self, host: &str, unit: &str, before: &str) {
+        self.wait_for_restart_within(host, unit, before, std::time::Duration::from_secs(60));
+    }
+
+    /// [`Lab::wait_for_restart`], bounded by `within` (a real server's apply runs the deep
+    /// check, seconds of imports, before it restarts).
+    pub fn wait_for_restart_within(
+        &self,
+        host: &str,
+        unit: &str,
+        before: &str,
+        within: std::time::Duration,
+    ) {
         self.wait_until(
             host,
             &format!("[ \"$(systemctl show -p InvocationID --value {unit})\" != '{before}' ]"),
-            std::time::Duration::from_secs(60),
+            within,
         );
     }
 
@@ -217,6 +229,30 @@ impl Drop for Undo {
             lab().sh_quietly(self.host, self.script);
         }
     }
+}
+
+/// Starts `run`, an apply that restarts `unit` on `host`; once the restarted unit has been
+/// verifying for `settle` (its restart seen within `within`), sends `signal` (`-TERM`, `-INT`) to
+/// the run and returns what it reported. `run` must outlive the child: it holds its manifests.
+pub fn signalled(
+    run: &Reconcile,
+    (host, unit): (&str, &str),
+    signal: &str,
+    within: std::time::Duration,
+    settle: std::time::Duration,
+) -> (Ran, serde_json::Value) {
+    let before = lab().invocation(host, unit);
+    let child = run.spawn(&[]);
+    lab().wait_for_restart_within(host, unit, &before, within);
+    std::thread::sleep(settle);
+    let sent = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let ran = Ran::from(child.wait_with_output().expect("the run ends"));
+    let json = ran.json();
+    (ran, json)
 }
 
 /// A manifest for tests: `/usr/bin/python3` on the hosts runs the SGLang stand-in.

@@ -24,7 +24,10 @@ fn probe(unit: &str, python: &str, model_path: &str, env: &[&str]) -> serde_json
     );
     let out = lab().sh(
         host,
-        &format!("python3 /root/probe.py {unit} {PORT} {MODEL} {} -- {argv}", env.join(" ")),
+        &format!(
+            "python3 /root/probe.py {unit} {PORT} {MODEL} {} -- {argv}",
+            env.join(" ")
+        ),
     );
     serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("probe.py of {unit} ({e}): {out}"))
 }
@@ -32,7 +35,12 @@ fn probe(unit: &str, python: &str, model_path: &str, env: &[&str]) -> serde_json
 #[test]
 fn the_stand_in_answers_the_probes_as_the_real_server_does() {
     let _slot = slots(1);
-    let real = probe("t-rs-compare-real", &format!("{ROOT}/bin/python3"), &format!("{ROOT}/tiny-model"), &["OMP_NUM_THREADS=1", "LONG_TOKENS=1500"]);
+    let real = probe(
+        "t-rs-compare-real",
+        &format!("{ROOT}/bin/python3"),
+        &format!("{ROOT}/tiny-model"),
+        &["OMP_NUM_THREADS=1", "LONG_TOKENS=1500"],
+    );
     let standin = probe(
         "t-rs-compare-standin",
         "/usr/bin/python3",
@@ -50,7 +58,17 @@ fn the_stand_in_answers_the_probes_as_the_real_server_does() {
     let differ: Vec<String> = keys
         .iter()
         .filter(|k| real[k.as_str()] != standin[k.as_str()])
-        .map(|k| format!("{k}: real {} / stand-in {}", real[k.as_str()], standin[k.as_str()]))
+        .map(|k| {
+            format!(
+                "{k}: real {} / stand-in {}",
+                real[k.as_str()],
+                standin[k.as_str()]
+            )
+        })
         .collect();
-    assert!(differ.is_empty(), "the stand-in differs from the real server:\n{}", differ.join("\n"));
+    assert!(
+        differ.is_empty(),
+        "the stand-in differs from the real server:\n{}",
+        differ.join("\n")
+    );
 }

@@ -28,7 +28,11 @@ fn rolled_back(s: &Service, bad: &str, args: &[&str]) -> serde_json::Value {
         good,
         "the host runs its previous unit"
     );
-    assert_eq!(s.http("GET", "/health", None, None).0, 200, "the previous unit serves");
+    assert_eq!(
+        s.http("GET", "/health", None, None).0,
+        200,
+        "the previous unit serves"
+    );
     report
 }
 
@@ -49,7 +53,10 @@ fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
     let cause = cause(&report);
     assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
     let advice = report["diagnosis"]["advice"].as_str().unwrap();
-    assert!(advice.contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"), "{advice}");
+    assert!(
+        advice.contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"),
+        "{advice}"
+    );
     s.stop();
 }
 
@@ -68,7 +75,10 @@ fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-noconfig", HOSTS[1], 38012);
     let path = model_without_config(s.host);
-    let bad = s.manifest().replace(&format!("model_path: {ROOT}/tiny-model"), &format!("model_path: {path}"));
+    let bad = s.manifest().replace(
+        &format!("model_path: {ROOT}/tiny-model"),
+        &format!("model_path: {path}"),
+    );
     let report = rolled_back(&s, &bad, &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("config"), "{cause}");
@@ -109,13 +119,14 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
     let before = s.invocation();
     // The change's server has its scheduler killed while it loads, as the OOM killer would.
-    let changed = Service::new("t-rs-killed", HOSTS[0], 38015).flags("    max-running-requests: 9\n");
+    let changed =
+        Service::new("t-rs-killed", HOSTS[0], 38015).flags("    max-running-requests: 9\n");
     // The run's folder (its manifests) must outlive the child.
     let run = Reconcile::new()
         .manifest("a.yaml", &changed.manifest())
         .args(&["apply", "--format", "json"]);
     let child = run.spawn(&[]);
-    super::wait_for_restart(s.host, &s.unit(), &before);
+    lab().wait_for_restart_within(s.host, &s.unit(), &before, super::RESTART_WITHIN);
     let scheduler = format!(
         "$({}; for p in $(cat \"$procs\"); do grep -q '^sglang::scheduler' /proc/$p/cmdline 2>/dev/null && echo $p; done)",
         super::procs(&s.unit())
@@ -130,7 +141,10 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let report = &ran.json()["units"][0];
     assert_eq!(ran.code, 3, "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert_eq!(lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())), good);
+    assert_eq!(
+        lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())),
+        good
+    );
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     let cause = cause(report);
     assert!(cause.contains("scheduler"), "{cause}");
@@ -148,24 +162,39 @@ fn what_the_hosts_sglang_refuses_is_refused_at_plan_time_and_the_server_keeps_se
     let context = Service::new("t-rs-plan", HOSTS[1], 38016)
         .flags(&format!("    context-length: {}\n", 2 * MODEL_CONTEXT))
         .manifest();
-    let no_config = s
-        .manifest()
-        .replace(&format!("model_path: {ROOT}/tiny-model"), &format!("model_path: {path}"));
+    let no_config = s.manifest().replace(
+        &format!("model_path: {ROOT}/tiny-model"),
+        &format!("model_path: {path}"),
+    );
     for (what, text, field) in [
         ("context length", &context, "sglang.flags.context-length"),
         ("no config.json", &no_config, "sglang.model_path"),
     ] {
         for command in ["plan", "apply"] {
             let started = std::time::Instant::now();
-            let ran = Reconcile::new().manifest("a.yaml", text).args(&[command]).run();
+            let ran = Reconcile::new()
+                .manifest("a.yaml", text)
+                .args(&[command])
+                .run();
             let took = started.elapsed();
-            assert_eq!(ran.code, 1, "{what}, {command}: {}{}", ran.stdout, ran.stderr);
+            assert_eq!(
+                ran.code, 1,
+                "{what}, {command}: {}{}",
+                ran.stdout, ran.stderr
+            );
             let out = format!("{}{}", ran.stdout, ran.stderr);
-            assert!(out.contains("a.yaml:") && out.contains(field), "{what}, {command}: {out}");
+            assert!(
+                out.contains("a.yaml:") && out.contains(field),
+                "{what}, {command}: {out}"
+            );
             eprintln!("{what}: {command} refused in {:.1}s", took.as_secs_f64());
         }
     }
-    assert_eq!(s.invocation(), before, "the running server was not restarted");
+    assert_eq!(
+        s.invocation(),
+        before,
+        "the running server was not restarted"
+    );
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     s.stop();
 }

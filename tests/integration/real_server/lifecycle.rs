@@ -23,7 +23,10 @@ fn first_install_converges_and_a_second_apply_touches_nothing() {
         .nth(1)
         .and_then(|t| t.trim_end_matches("s)").parse().ok())
         .unwrap_or_else(|| panic!("no probe time in {readiness}"));
-    assert!(took >= 0.95, "a real /health answered in {took}s: {readiness}");
+    assert!(
+        took >= 0.95,
+        "a real /health answered in {took}s: {readiness}"
+    );
     // The real server's processes: the scheduler and detokenizer set their titles.
     let titles = s.processes();
     assert!(titles.contains("sglang::scheduler"), "{titles}");
@@ -33,13 +36,23 @@ fn first_install_converges_and_a_second_apply_touches_nothing() {
 
     let before = lab().sh(
         s.host,
-        &format!("systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '", s.unit()),
+        &format!(
+            "systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '",
+            s.unit()
+        ),
     );
     let (code, again) = s.apply();
-    assert_eq!((code, &again["outcome"]), (0, &"unchanged".into()), "{again:#}");
+    assert_eq!(
+        (code, &again["outcome"]),
+        (0, &"unchanged".into()),
+        "{again:#}"
+    );
     let after = lab().sh(
         s.host,
-        &format!("systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '", s.unit()),
+        &format!(
+            "systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '",
+            s.unit()
+        ),
     );
     assert_eq!(before, after, "a no-op apply restarted the real server");
     s.stop();
@@ -54,7 +67,11 @@ fn a_flag_change_restarts_the_real_server_which_runs_it() {
     let before = s.invocation();
     let changed = Service::new("t-rs-flag", HOSTS[1], 38002).flags("    max-running-requests: 7\n");
     let (code, report) = changed.apply();
-    assert_eq!((code, &report["outcome"]), (0, &"converged".into()), "{report:#}");
+    assert_eq!(
+        (code, &report["outcome"]),
+        (0, &"converged".into()),
+        "{report:#}"
+    );
     assert_ne!(s.invocation(), before, "restarted");
     // The real server resolved the new flag: its /server_info says so.
     let (status, info) = s.http("GET", "/server_info", None, None);
@@ -75,14 +92,29 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
         .args(&["apply", "--format", "json"])
         .run();
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
-    assert_eq!(ran.json()["units"][0]["outcome"], "converged", "{}", ran.stdout);
-    assert!(!ran.stdout.contains(key) && !ran.stderr.contains(key), "the key was shown");
+    assert_eq!(
+        ran.json()["units"][0]["outcome"],
+        "converged",
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        !ran.stdout.contains(key) && !ran.stderr.contains(key),
+        "the key was shown"
+    );
     let plan = Reconcile::new()
-        .manifest("a.yaml", &s.manifest().replace("max-total-tokens: 4096", "max-total-tokens: 4000"))
+        .manifest(
+            "a.yaml",
+            &s.manifest()
+                .replace("max-total-tokens: 4096", "max-total-tokens: 4000"),
+        )
         .args(&["plan"])
         .run();
     assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
-    assert!(!plan.stdout.contains(key) && !plan.stderr.contains(key), "the key is in the diff");
+    assert!(
+        !plan.stdout.contains(key) && !plan.stderr.contains(key),
+        "the key is in the diff"
+    );
     // The real server refuses requests without it, and serves them with it.
     assert_eq!(s.http("GET", "/v1/models", None, None).0, 401);
     assert_eq!(s.http("GET", "/v1/models", None, Some(key)).0, 200);
@@ -132,7 +164,11 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
         .flags("    enable-metrics: true\n    max-running-requests: 6\n")
         .extra(drain);
     let (code, report) = changed.apply();
-    assert_eq!((code, &report["outcome"]), (0, &"converged".into()), "{report:#}");
+    assert_eq!(
+        (code, &report["outcome"]),
+        (0, &"converged".into()),
+        "{report:#}"
+    );
     assert_ne!(s.invocation(), before, "restarted");
     assert_eq!(report["drain"]["outcome"], "idle", "{report:#}");
     lab().wait_until(s.host, &format!("[ -s {result} ]"), Duration::from_secs(60));
@@ -143,33 +179,32 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     let ended: f64 = fields[2].parse().unwrap();
     let us = lab().sh(
         s.host,
-        &format!("systemctl show -p ExecMainStartTimestampMonotonic --value {}", s.unit()),
+        &format!(
+            "systemctl show -p ExecMainStartTimestampMonotonic --value {}",
+            s.unit()
+        ),
     );
     let started = us.trim().parse::<f64>().unwrap() / 1e6;
-    assert!(ended < started, "the new server started at {started}, before the generation ended at {ended}");
+    assert!(
+        ended < started,
+        "the new server started at {started}, before the generation ended at {ended}"
+    );
     s.stop();
 }
 
-/// Starts an apply of `s`, sends `signal` once the restarted server is verifying, and returns
-/// what the run reported.
+/// Starts an apply of `s` with `text`, sends `signal` once the restarted server is verifying
+/// (the real server imports torch for seconds), and returns what the run reported.
 fn signalled(s: &Service, text: &str, signal: &str) -> (Ran, serde_json::Value) {
-    let before = s.invocation();
-    // The run's folder (its manifests) must outlive the child.
     let run = Reconcile::new()
         .manifest("a.yaml", text)
         .args(&["apply", "--format", "json"]);
-    let child = run.spawn(&[]);
-    super::wait_for_restart(s.host, &s.unit(), &before);
-    // The real server is importing torch for several seconds: verification is under way.
-    std::thread::sleep(Duration::from_secs(2));
-    let sent = std::process::Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let ran = Ran::from(child.wait_with_output().unwrap());
-    let json = ran.json();
-    (ran, json)
+    crate::lab::signalled(
+        &run,
+        (s.host, &s.unit()),
+        signal,
+        super::RESTART_WITHIN,
+        Duration::from_secs(2),
+    )
 }
 
 fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str, says: &str) {
@@ -183,8 +218,14 @@ fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str,
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert!(report["detail"].as_str().unwrap().contains(says), "{report:#}");
-    assert_eq!(lab().sh(host, &format!("cat /etc/systemd/system/{}", s.unit())), good);
+    assert!(
+        report["detail"].as_str().unwrap().contains(says),
+        "{report:#}"
+    );
+    assert_eq!(
+        lab().sh(host, &format!("cat /etc/systemd/system/{}", s.unit())),
+        good
+    );
     // The previous unit was verified again and the real server serves.
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     s.stop();
@@ -192,10 +233,22 @@ fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str,
 
 #[test]
 fn sigterm_during_verification_of_a_real_server_rolls_back() {
-    interrupted_apply_rolls_back("t-rs-sigterm", 38005, HOSTS[0], "-TERM", "interrupted (SIGTERM)");
+    interrupted_apply_rolls_back(
+        "t-rs-sigterm",
+        38005,
+        HOSTS[0],
+        "-TERM",
+        "interrupted (SIGTERM)",
+    );
 }
 
 #[test]
 fn ctrl_c_during_verification_of_a_real_server_rolls_back() {
-    interrupted_apply_rolls_back("t-rs-ctrlc", 38006, HOSTS[1], "-INT", "interrupted (Ctrl-C)");
+    interrupted_apply_rolls_back(
+        "t-rs-ctrlc",
+        38006,
+        HOSTS[1],
+        "-INT",
+        "interrupted (Ctrl-C)",
+    );
 }

@@ -56,7 +56,10 @@ fn a_rolling_apply_of_real_replicas_behind_the_router_loses_no_request() {
         assert_eq!(u["outcome"], "converged", "{u:#}");
         assert_eq!(starts_since(host, since), 1, "{host} restarted once");
     }
-    assert_eq!(seen["failed"], 0, "requests failed through the router: {seen}");
+    assert_eq!(
+        seen["failed"], 0,
+        "requests failed through the router: {seen}"
+    );
     assert!(seen["ok"].as_u64().unwrap_or(0) > 0, "{seen}");
     assert_eq!(listed(), all_healthy(&HOSTS), "the worker list is whole");
     eprintln!("through the router during the rollout: {seen}");

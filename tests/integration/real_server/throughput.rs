@@ -36,7 +36,11 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
         .verify(bench)
         .flags("    max-running-requests: 64\n");
     let (code, report) = neutral.apply();
-    assert_eq!((code, &report["outcome"]), (0, &"converged".into()), "{report:#}");
+    assert_eq!(
+        (code, &report["outcome"]),
+        (0, &"converged".into()),
+        "{report:#}"
+    );
     assert_eq!(report["benchmark"]["verdict"], "passed", "{report:#}");
     let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
 
@@ -53,7 +57,10 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
         regressed < baseline * 0.75,
         "max-running-requests 1 ran at {regressed} tokens/s at concurrency 4, the baseline {baseline}"
     );
-    assert_eq!(lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())), good);
+    assert_eq!(
+        lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())),
+        good
+    );
     eprintln!(
         "real throughput at concurrency 4: baseline {baseline:.1}, max-running-requests 1 {regressed:.1} tokens/s"
     );
