@@ -14,7 +14,7 @@ use crate::lab::{lab, Reconcile};
 fn rolled_back(s: &Service, bad: &str, args: &[&str]) -> serde_json::Value {
     let _stopped = s.fresh();
     s.converge();
-    let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
+    let good = s.unit_file();
     let (code, report) = s.apply_with(bad, args);
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
@@ -23,11 +23,7 @@ fn rolled_back(s: &Service, bad: &str, args: &[&str]) -> serde_json::Value {
         detail.contains("the previous unit was restored and passed verification"),
         "the previous unit was verified again: {report:#}"
     );
-    assert_eq!(
-        lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())),
-        good,
-        "the host runs its previous unit"
-    );
+    assert_eq!(s.unit_file(), good, "the host runs its previous unit");
     assert_eq!(
         s.http("GET", "/health", None, None).0,
         200,
@@ -116,7 +112,7 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let s = Service::new("t-rs-killed", HOSTS[0], 38015);
     let _stopped = s.fresh();
     s.converge();
-    let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
+    let good = s.unit_file();
     let before = s.invocation();
     // The change's server has its scheduler killed while it loads, as the OOM killer would.
     let changed =
@@ -141,10 +137,7 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let report = &ran.json()["units"][0];
     assert_eq!(ran.code, 3, "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert_eq!(
-        lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())),
-        good
-    );
+    assert_eq!(s.unit_file(), good);
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     let cause = cause(report);
     assert!(cause.contains("scheduler"), "{cause}");

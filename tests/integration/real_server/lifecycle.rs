@@ -34,26 +34,14 @@ fn first_install_converges_and_a_second_apply_touches_nothing() {
     assert_eq!(status, 200);
     assert!(models.contains("\"max_model_len\":2048"), "{models}");
 
-    let before = lab().sh(
-        s.host,
-        &format!(
-            "systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '",
-            s.unit()
-        ),
-    );
+    let before = s.identity();
     let (code, again) = s.apply();
     assert_eq!(
         (code, &again["outcome"]),
         (0, &"unchanged".into()),
         "{again:#}"
     );
-    let after = lab().sh(
-        s.host,
-        &format!(
-            "systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '",
-            s.unit()
-        ),
-    );
+    let after = s.identity();
     assert_eq!(before, after, "a no-op apply restarted the real server");
     s.stop();
 }
@@ -66,12 +54,7 @@ fn a_flag_change_restarts_the_real_server_which_runs_it() {
     s.converge();
     let before = s.invocation();
     let changed = Service::new("t-rs-flag", HOSTS[1], 38002).flags("    max-running-requests: 7\n");
-    let (code, report) = changed.apply();
-    assert_eq!(
-        (code, &report["outcome"]),
-        (0, &"converged".into()),
-        "{report:#}"
-    );
+    changed.converge();
     assert_ne!(s.invocation(), before, "restarted");
     // The real server resolved the new flag: its /server_info says so.
     let (status, info) = s.http("GET", "/server_info", None, None);
@@ -163,12 +146,7 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     let changed = Service::new("t-rs-drain", HOSTS[1], 38004)
         .flags("    enable-metrics: true\n    max-running-requests: 6\n")
         .extra(drain);
-    let (code, report) = changed.apply();
-    assert_eq!(
-        (code, &report["outcome"]),
-        (0, &"converged".into()),
-        "{report:#}"
-    );
+    let report = changed.converge();
     assert_ne!(s.invocation(), before, "restarted");
     assert_eq!(report["drain"]["outcome"], "idle", "{report:#}");
     lab().wait_until(s.host, &format!("[ -s {result} ]"), Duration::from_secs(60));
@@ -212,7 +190,7 @@ fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str,
     let s = Service::new(name, host, port);
     let _stopped = s.fresh();
     s.converge();
-    let good = lab().sh(host, &format!("cat /etc/systemd/system/{}", s.unit()));
+    let good = s.unit_file();
     let changed = Service::new(name, host, port).flags("    max-running-requests: 5\n");
     let (ran, json) = signalled(&s, &changed.manifest(), signal);
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
@@ -222,10 +200,7 @@ fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str,
         report["detail"].as_str().unwrap().contains(says),
         "{report:#}"
     );
-    assert_eq!(
-        lab().sh(host, &format!("cat /etc/systemd/system/{}", s.unit())),
-        good
-    );
+    assert_eq!(s.unit_file(), good);
     // The previous unit was verified again and the real server serves.
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     s.stop();

@@ -184,6 +184,25 @@ impl<'a> Service<'a> {
         report
     }
 
+    /// The unit file on the host, as it is now.
+    pub fn unit_file(&self) -> String {
+        lab().sh(
+            self.host,
+            &format!("cat /etc/systemd/system/{}", self.unit()),
+        )
+    }
+
+    /// `InvocationID NRestarts` of the unit: both stay when nothing restarted it.
+    pub fn identity(&self) -> String {
+        lab().sh(
+            self.host,
+            &format!(
+                "systemctl show -p InvocationID -p NRestarts --value {} | paste -sd' '",
+                self.unit()
+            ),
+        )
+    }
+
     pub fn invocation(&self) -> String {
         lab().invocation(self.host, &self.unit())
     }

@@ -6,7 +6,6 @@
 //! benchmark measures.
 
 use super::{slots, Service, HOSTS};
-use crate::lab::lab;
 
 /// Output tokens/s at a concurrency level.
 fn tokens_at(benchmark: &serde_json::Value, level: u64) -> f64 {
@@ -35,14 +34,9 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
     let neutral = Service::new("t-rs-bench", HOSTS[0], 38021)
         .verify(bench)
         .flags("    max-running-requests: 64\n");
-    let (code, report) = neutral.apply();
-    assert_eq!(
-        (code, &report["outcome"]),
-        (0, &"converged".into()),
-        "{report:#}"
-    );
+    let report = neutral.converge();
     assert_eq!(report["benchmark"]["verdict"], "passed", "{report:#}");
-    let good = lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit()));
+    let good = s.unit_file();
 
     let slower = Service::new("t-rs-bench", HOSTS[0], 38021)
         .verify(bench)
@@ -57,10 +51,7 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
         regressed < baseline * 0.75,
         "max-running-requests 1 ran at {regressed} tokens/s at concurrency 4, the baseline {baseline}"
     );
-    assert_eq!(
-        lab().sh(s.host, &format!("cat /etc/systemd/system/{}", s.unit())),
-        good
-    );
+    assert_eq!(s.unit_file(), good);
     eprintln!(
         "real throughput at concurrency 4: baseline {baseline:.1}, max-running-requests 1 {regressed:.1} tokens/s"
     );
