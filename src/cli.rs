@@ -114,6 +114,22 @@ Examples:
   reconcile history sglang-qwen
   reconcile history sglang-qwen.service --host gpu-a --format json";
 
+const IMPORT_HELP: &str = "\
+Examples:
+  reconcile import gpu-a sglang-qwen                     # the manifest on stdout
+  reconcile import gpu-a sglang-qwen.service -o manifests/sglang-qwen.yaml
+  reconcile import gpu-a sglang-qwen -o manifests/sglang-qwen.yaml --force --secret-env MY_DSN
+
+The manifest reproduces what systemd runs for the unit (its file and drop-ins): a plan of it against
+that host restarts nothing. Secrets are written as `{ from_env: VAR }`, never copied; stderr names
+the variables to export before `reconcile plan` or `apply`. A value a manifest cannot express is an
+error naming its file and line (see docs/adopting.md). The host is only read.
+
+Exit codes:
+  0  the manifest was written
+  1  error: the host could not be read, the unit is not there (or masked), its Python has no
+     SGLang, a value cannot be expressed, or the output file exists (without --force)";
+
 const COMPLETIONS_HELP: &str = "\
 Examples:
   reconcile completions bash > ~/.local/share/bash-completion/completions/reconcile
@@ -221,10 +237,40 @@ pub enum Command {
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
     #[command(after_help = AGENT_HELP)]
     Agent(AgentArgs),
+    /// Write the manifest of a unit a host runs now (adopting a hand-written unit): SGLang's
+    /// flags, env and systemd settings, drop-ins folded in, secrets as references. Changes nothing.
+    #[command(after_help = IMPORT_HELP)]
+    Import(ImportArgs),
     /// Print a completion script for bash, zsh or fish on stdout (see the examples for where each
     /// shell reads it).
     #[command(after_help = COMPLETIONS_HELP)]
     Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// The host, as a manifest names it: an ssh destination (`gpu-a`, `user@host:port`) or
+    /// `local`.
+    pub host: String,
+
+    /// The unit (`sglang-qwen` or `sglang-qwen.service`).
+    pub unit: String,
+
+    /// Write the manifest to FILE instead of stdout; an existing FILE is refused unless --force.
+    #[arg(short = 'o', long = "out", value_name = "FILE")]
+    pub out: Option<PathBuf>,
+
+    /// Replace FILE when it exists.
+    #[arg(long, requires = "out")]
+    pub force: bool,
+
+    /// Env names whose values are secret whatever they are called (written as references and
+    /// into the manifest's `secret_env`); may be repeated.
+    #[arg(long = "secret-env", value_name = "NAME")]
+    pub secret_env: Vec<String>,
+
+    #[command(flatten)]
+    pub ssh: SshArgs,
 }
 
 #[derive(Debug, Args)]
@@ -530,6 +576,13 @@ pub struct ApplyArgs {
     /// Age after which --break-stale-lock may break a lock.
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub lock_ttl: std::time::Duration,
+
+    /// For every unit, what `systemd.dropins: replace` does for one manifest: move what systemd
+    /// runs besides the manifest's unit (drop-ins it does not own, a mask, a unit file in /run)
+    /// aside into the unit's generations, restorable, and install the manifest's unit alone.
+    /// Without it apply refuses such a unit and touches nothing.
+    #[arg(long)]
+    pub replace_dropins: bool,
 }
 
 impl ApplyArgs {

@@ -8,8 +8,8 @@
 //! runs it (`run`), and turns the result into an exit code.
 
 pub use reconcile_core::{
-    benchmark, digest, finding, flags, manifest, observed, plan, record, redact, sglang, targets,
-    unit,
+    benchmark, digest, finding, flags, layers, manifest, observed, plan, record, redact, sglang,
+    targets, unit,
 };
 
 pub mod agent;
@@ -20,6 +20,7 @@ pub mod drain;
 pub mod dry_run;
 pub mod fleet;
 pub mod history;
+pub mod import;
 pub mod load;
 pub mod plan_file;
 pub mod preflight;

@@ -12,7 +12,8 @@ use crate::sglang::{self, ManifestFinding, Severity};
 pub struct Loaded {
     pub manifests: Vec<Manifest>,
     pub warnings: Vec<ManifestFinding>,
-    /// Hides the env names the manifests declare secret (`secret_env`).
+    /// Hides the env names the manifests declare secret (`secret_env`), and every value read
+    /// from this process's environment (`{ from_env: VAR }`).
     pub redactor: Redactor,
 }
 
@@ -28,7 +29,13 @@ pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, Failed> {
     let mut warnings = Vec::new();
     let mut redactor = Redactor::default();
     let result = manifest::check_all(read(paths), |m, text| {
+        // `{ from_env: VAR }` values come from this process's environment; their names join
+        // `secret_env`, so the redactor hides what they resolved to.
+        let unresolved = m.resolve_references(|var| std::env::var(var).ok());
         redactor.declare(&m.secret_env);
+        if !unresolved.is_empty() {
+            return unresolved;
+        }
         let checked = sglang::check_manifest(m, text);
         // Render what argparse would run: `tp` becomes `--tp-size`, safe from a later ambiguity.
         checked.apply_renames(m);

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::{
-    AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, PlanArgs, RenderArgs, RollbackArgs,
-    SshArgs, StatusArgs, ValidateArgs,
+    AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, ImportArgs, PlanArgs, RenderArgs,
+    RollbackArgs, SshArgs, StatusArgs, ValidateArgs,
 };
 use crate::dry_run::Tally;
 use crate::redact::Redactor;
@@ -32,6 +32,8 @@ pub enum Error {
     PlanFile(#[from] plan_file::Error),
     #[error("a plan file fixes the units it applies; --host and --selector cannot narrow it (plan again with them)")]
     PlanFileFilter,
+    #[error(transparent)]
+    Import(#[from] crate::import::Error),
 }
 
 pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
@@ -52,6 +54,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
         Some(Command::Bench(args)) => bench(args, &reach).await,
         Some(Command::Agent(args)) => Ok(ExitCode::from(agent_rounds(args, &reach).await)),
+        Some(Command::Import(args)) => import(args, &reach).await,
         Some(Command::Completions(args)) => {
             crate::cli::completions(args.shell, &mut std::io::stdout().lock());
             Ok(ExitCode::SUCCESS)
@@ -110,7 +113,8 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let options = apply_options(args.lock(), plan.format, redactor)
         .git(git_info(&paths))
         .deep(plan.deep)
-        .rollout(args.rollout.rollout());
+        .rollout(args.rollout.rollout())
+        .replace_dropins(args.replace_dropins);
     let mut reports = apply::apply_targets(targets, &ssh, &options).await;
     reports.extend(refused.into_iter().map(|r| {
         apply::refused(
@@ -294,6 +298,31 @@ async fn rollback(args: RollbackArgs, reach: &Reach) -> Result<ExitCode, Error> 
     Ok(ExitCode::from(worst))
 }
 
+/// `reconcile import`: the manifest on stdout or in `-o FILE`; on stderr, the variables its
+/// references read (never their values) and what is worth knowing.
+async fn import(args: ImportArgs, reach: &Reach) -> Result<ExitCode, Error> {
+    let options = crate::import::ImportOptions {
+        host: args.host.clone(),
+        unit: args.unit.clone(),
+        secret_env: args.secret_env.clone(),
+    };
+    let imported = crate::import::import(&options, &ssh_options(reach, &args.ssh)).await?;
+    match &args.out {
+        Some(path) => crate::import::write_manifest(path, &imported.yaml, args.force)?,
+        None => print!("{}", imported.yaml),
+    }
+    for note in &imported.notes {
+        eprintln!("note: {note}");
+    }
+    for (var, what) in &imported.exports {
+        eprintln!("export {var}: the manifest reads {what} from it (the value is in the unit on {}, never in the manifest)", args.host);
+    }
+    if let Some(path) = &args.out {
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `reconcile agent`: its rounds, each printed as it happens.
 async fn agent_rounds(args: AgentArgs, reach: &Reach) -> u8 {
     let print = |event: agent::Event<'_>| print!("{}", report::agent::render(&event));
@@ -390,6 +419,12 @@ pub fn report_error(e: &Error) {
                 eprintln!("error: {}", remote::error_chain(error));
             }
             eprintln!("{e}; no host was contacted");
+        }
+        Error::Import(crate::import::Error::Inexpressible { errors, .. }) => {
+            for error in &errors.errors {
+                eprintln!("error: {error}");
+            }
+            eprintln!("{e}; nothing was written");
         }
         other => eprintln!("error: {}", remote::error_chain(other)),
     }

@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 
+use crate::layers::{parse_layers, LAYERS_SCRIPT};
 use crate::observed::{Observed, UnitState, SHOW_PROPERTIES};
 use crate::plan::UNIT_DIR;
 use crate::remote::{Host, RemoteError};
@@ -28,8 +29,18 @@ impl<H: Host + ?Sized> Systemd for H {
 
     async fn observe(&self, unit: &str) -> Result<Observed, RemoteError> {
         let path = format!("{UNIT_DIR}/{unit}");
-        let (unit_text, state) = tokio::try_join!(self.read_file(&path), self.unit_state(unit))?;
-        Ok(Observed { unit_text, state })
+        let layers = async {
+            self.run_ok(&["sh", "-c", LAYERS_SCRIPT, "sh", unit, &path])
+                .await
+        };
+        let (unit_text, state, layers) =
+            tokio::try_join!(self.read_file(&path), self.unit_state(unit), layers)?;
+        let layers = parse_layers(&layers, &state.load_state, &state.unit_file_state);
+        Ok(Observed {
+            unit_text,
+            state,
+            layers,
+        })
     }
 }
 
@@ -52,13 +63,18 @@ mod tests {
                     "a.service",
                 ],
                 Reply::ok("LoadState=loaded\nActiveState=active\nInvocationID=abc\n"),
+            )
+            .on(
+                &["sh", "-c", LAYERS_SCRIPT],
+                Reply::ok("managed\0/etc/systemd/system/a.service\0\0dropin\0/etc/systemd/system/a.service.d/x.conf\0[Service]\nNice=1\n\0"),
             );
         let host: &dyn Host = &fake;
         let observed = host.observe("a.service").await.unwrap();
         assert_eq!(observed.unit_text.as_deref(), Some("[Service]\n"));
         assert_eq!(observed.state.active_state, "active");
         assert_eq!(observed.state.invocation_id, "abc");
-        assert_eq!(fake.commands().len(), 1);
+        assert_eq!(observed.layers.drop_ins[0].text, "[Service]\nNice=1\n");
+        assert_eq!(fake.commands().len(), 2);
         let missing = host.observe("b.service").await.unwrap_err();
         assert_eq!(
             missing.to_string(),

@@ -54,7 +54,7 @@ DefaultEnvironment=FAKE_SGLANG_LOAD_SECONDS=5 FAKE_SGLANG_GRAPH_SECONDS=1.5 FAKE
 EOF
 done
 # gpu-a already runs a hand-written unit, as a host adopting reconcile would.
-on gpu-a 'cat > /etc/systemd/system/sglang-qwen.service && systemctl daemon-reload' \
+on gpu-a 'cat > /etc/systemd/system/sglang-qwen.service && systemctl daemon-reload && systemctl enable sglang-qwen' \
   < fixtures/demo/sglang-qwen.service
 echo "Set up in $((SECONDS - start))s."
 

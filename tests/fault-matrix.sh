@@ -37,6 +37,10 @@ matrix=(
   "dead TP rank, SGLang 0.5.9 (main process hangs)|real_sglang::a_dead_rank_of_sglang_0_5_9_is_a_worker_death_and_the_rollback_waits_out_a_slow_health"
   "dead TP rank, SGLang 0.5.23 (watchdog)|real_sglang::a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back"
   "warmup that never ends|real_sglang::a_warmup_that_never_ends_fails_the_warmup_stage"
+  "drop-in no manifest owns (systemctl edit)|systemd_layers::a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_by_a_rollback"
+  "masked unit|systemd_layers::a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by_a_rollback"
+  "unit in /run that systemd loads instead|systemd_layers::a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_restored"
+  "installed but disabled unit|systemd_layers::a_disabled_unit_is_planned_named_and_enabled_without_a_restart"
 )
 passed=0; failed=0
 echo "fault matrix:"

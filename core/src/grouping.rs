@@ -354,6 +354,7 @@ mod tests {
                 sub_state: "running".into(),
                 ..Default::default()
             },
+            layers: Default::default(),
         };
         PlanOutcome::Planned(Box::new(plan(
             host,

@@ -15,6 +15,8 @@ pub mod dry_run;
 pub mod finding;
 pub mod flags;
 pub mod grouping;
+pub mod import;
+pub mod layers;
 pub mod learned;
 pub mod manifest;
 pub mod observed;

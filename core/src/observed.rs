@@ -8,13 +8,15 @@ use serde::Serialize;
 
 /// Properties asked of `systemctl show`.
 pub const SHOW_PROPERTIES: &str =
-    "LoadState,ActiveState,SubState,UnitFileState,NeedDaemonReload,InvocationID,NRestarts,ExecMainPID,ExecMainStatus,Result,MemoryCurrent,FragmentPath";
+    "LoadState,ActiveState,SubState,UnitFileState,NeedDaemonReload,InvocationID,NRestarts,ExecMainPID,ExecMainStatus,Result,MemoryCurrent,FragmentPath,DropInPaths";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Observed {
     /// The unit file's text; `None` when the host has no such file.
     pub unit_text: Option<String>,
     pub state: UnitState,
+    /// What systemd runs besides that file: drop-ins, a mask, a unit file elsewhere.
+    pub layers: crate::layers::Layers,
 }
 
 /// systemd's view of a unit.

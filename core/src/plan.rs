@@ -12,12 +12,12 @@ use serde::Deserialize;
 
 use crate::finding::Finding;
 use crate::flags::flags;
+use crate::layers::Drift;
 use crate::observed::{Observed, UnitState};
 use crate::redact::{redact_text, Redactor, Secret, REDACTED, REDACTED_CHANGED};
 use crate::unit::{parse_unit, takes_effect_without_restart, Desired, UnitModel};
 
-/// Where units live on a host.
-pub const UNIT_DIR: &str = "/etc/systemd/system";
+pub use crate::layers::UNIT_DIR;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -48,6 +48,10 @@ pub struct Delta {
     pub name: String,
     pub old: Option<String>,
     pub new: Option<String>,
+    /// The file the old value comes from, when it is not the managed unit file (a drop-in, or a
+    /// unit file that shadows it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 /// The change at the level an operator thinks in.
@@ -82,6 +86,9 @@ pub struct UnitPlan {
     /// Unified diff from the host's unit to the rendered one, secrets redacted; empty when equal.
     pub diff: String,
     pub state: UnitState,
+    /// How what systemd runs differs from the managed unit file alone, enabled (drop-ins, a mask,
+    /// a unit file elsewhere, disabled); each makes the plan a change.
+    pub drift: Vec<Drift>,
     /// Things worth knowing that do not change the verdict (the service is down, systemd has not
     /// reloaded the file on disk).
     pub notes: Vec<String>,
@@ -115,31 +122,61 @@ pub fn plan(
     observed: &Observed,
     redactor: &Redactor,
 ) -> UnitPlan {
+    let unit = &desired.unit;
     let current = observed.unit_text.as_deref();
-    let old_model = current.map(parse_unit).unwrap_or_default();
+    let layers = &observed.layers;
+    let drift = layers.drifts(unit, current);
+    // What systemd would run now: the managed file alone, or, when other files are in force, all
+    // of them in systemd's order (the drop-ins' values win; a masked unit runs nothing).
+    let overridden = drift.iter().any(|d| *d != Drift::Disabled);
+    let running: Option<String> = if !overridden {
+        current.map(str::to_string)
+    } else {
+        layers.effective(unit, current)
+    };
+    let old_model = if overridden {
+        layers.effective_model(unit, current).unwrap_or_default()
+    } else {
+        running.as_deref().map(parse_unit).unwrap_or_default()
+    };
     let secrets = secrets(&old_model, &desired.model, redactor);
-    let verdict = match current {
+    let exists = current.is_some() || !layers.fragment.is_empty();
+    let masked = drift.iter().any(|d| matches!(d, Drift::Masked { .. }));
+    let verdict = match running.as_deref() {
+        _ if !exists => Verdict::Install,
+        // A masked unit does not run: starting it loads the model.
+        _ if masked => Verdict::Restart,
         None => Verdict::Install,
-        Some(text) if text == desired.text => Verdict::NoChange,
+        Some(text) if drift.is_empty() && text == desired.text => Verdict::NoChange,
         Some(_) if needs_restart(&old_model, &desired.model) => Verdict::Restart,
+        // Same meaning, but files to move aside or a unit to enable: apply has work.
         Some(_) => Verdict::ReloadOnly,
     };
     let summary = if verdict == Verdict::NoChange {
         Summary::default()
     } else {
-        summarize(&old_model, &desired.model, &secrets)
+        let mut summary = summarize(&old_model, &desired.model, &secrets);
+        if overridden {
+            attribute(&mut summary, observed, unit);
+        }
+        summary
     };
     let diff = if verdict == Verdict::NoChange {
         String::new()
     } else {
-        let old = redact_text(current.unwrap_or(""), &secrets);
+        let old = redact_text(running.as_deref().unwrap_or(""), &secrets);
         let new = redact_text(&desired.text, &secrets);
-        let old_name = format!("{host}:{UNIT_DIR}/{}", desired.unit);
+        let old_name = if !overridden {
+            format!("{host}:{UNIT_DIR}/{unit}")
+        } else {
+            // The files in force, each under its `# <path>` line, as `systemctl cat` shows them.
+            format!("{host}:systemctl cat {unit}")
+        };
         TextDiff::from_lines(&old, &new)
             .unified_diff()
             .context_radius(3)
             .header(
-                if current.is_some() {
+                if running.is_some() {
                     &old_name
                 } else {
                     "/dev/null"
@@ -148,35 +185,104 @@ pub fn plan(
             )
             .to_string()
     };
+    let mut notes = notes(verdict, observed, masked);
+    for d in &drift {
+        notes.push(format!(
+            "{}; {}",
+            d.describe(unit),
+            d.apply_does(desired.dropins)
+        ));
+    }
+    for d in layers.shared_drop_ins(unit) {
+        notes.push(format!(
+            "the drop-in {} applies to other units too; reconcile leaves it as it is",
+            d.path
+        ));
+    }
     UnitPlan {
         host: host.to_string(),
-        unit: desired.unit.clone(),
+        unit: unit.clone(),
         source: source.to_string(),
         verdict,
         summary,
         diff,
-        notes: notes(verdict, observed),
+        notes,
         state: observed.state.clone(),
+        drift,
         preflight: Vec::new(),
         recorded: None,
     }
 }
 
-fn needs_restart(old: &UnitModel, new: &UnitModel) -> bool {
-    let runtime = |m: &UnitModel| -> BTreeMap<String, Vec<String>> {
-        m.settings
-            .iter()
-            .filter(|(k, _)| !takes_effect_without_restart(k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    };
-    // argparse does not care about the order of distinct flags, so neither does the verdict.
-    flags(&old.exec_start) != flags(&new.exec_start)
-        || old.env != new.env
-        || runtime(old) != runtime(new)
+/// Names, on each difference, the file its old value comes from when that is not the managed
+/// unit file: the drop-in that set a flag, the `/run` unit that set an environment variable.
+fn attribute(summary: &mut Summary, observed: &Observed, unit: &str) {
+    let current = observed.unit_text.as_deref();
+    let origin = |name: &str| observed.layers.origin_of(unit, current, name);
+    let exec = origin("ExecStart");
+    if let Some(command) = &mut summary.command {
+        command.from = exec.clone();
+    }
+    for d in &mut summary.flags {
+        d.from = exec.clone();
+    }
+    for d in &mut summary.env {
+        d.from = origin(&format!("env:{}", d.name)).or_else(|| origin("env:*"));
+    }
+    for d in &mut summary.settings {
+        d.from = origin(&d.name);
+    }
 }
 
-fn notes(verdict: Verdict, observed: &Observed) -> Vec<String> {
+fn needs_restart(old: &UnitModel, new: &UnitModel) -> bool {
+    restart_reason(old, new).is_some()
+}
+
+/// What differs between two units that restarts the server, named (`the flag --tp-size`), or
+/// `None` when a reload applies every difference. argparse does not care about the order of
+/// distinct flags, so neither does this; a setting left out counts as systemd's default for it.
+pub fn restart_reason(old: &UnitModel, new: &UnitModel) -> Option<String> {
+    let (old_cmd, old_flags) = flags(&old.exec_start);
+    let (new_cmd, new_flags) = flags(&new.exec_start);
+    if old_cmd != new_cmd {
+        return Some(format!(
+            "the command: `{}` against `{}`",
+            old_cmd.join(" "),
+            new_cmd.join(" ")
+        ));
+    }
+    if let Some(name) = differing(&old_flags, &new_flags) {
+        return Some(format!("the flag --{name}"));
+    }
+    if let Some(name) = differing(&old.env, &new.env) {
+        return Some(format!("the environment variable {name}"));
+    }
+    differing(&runtime(old), &runtime(new)).map(|name| format!("the setting {name}"))
+}
+
+/// The settings a restart applies, with systemd's defaults for those a unit may leave out: a
+/// hand-written unit without `Type=` runs as `Type=simple`, which every rendered unit says.
+fn runtime(m: &UnitModel) -> BTreeMap<String, Vec<String>> {
+    let mut settings: BTreeMap<String, Vec<String>> = m
+        .settings
+        .iter()
+        .filter(|(k, _)| !takes_effect_without_restart(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    settings
+        .entry("Service.Type".into())
+        .or_insert_with(|| vec!["simple".into()]);
+    settings
+}
+
+fn differing<V: PartialEq>(a: &BTreeMap<String, V>, b: &BTreeMap<String, V>) -> Option<String> {
+    a.keys()
+        .chain(b.keys())
+        .find(|k| a.get(*k) != b.get(*k))
+        .cloned()
+}
+
+fn notes(verdict: Verdict, observed: &Observed, masked: bool) -> Vec<String> {
     let state = &observed.state;
     let mut notes = Vec::new();
     if verdict != Verdict::Install && state.is_loaded() && state.active_state != "active" {
@@ -186,6 +292,7 @@ fn notes(verdict: Verdict, observed: &Observed) -> Vec<String> {
         notes.push("the unit file on the host changed after systemd last loaded it (daemon-reload pending)".into());
     }
     if observed.unit_text.is_some()
+        && !masked
         && !observed
             .unit_text
             .as_deref()
@@ -239,6 +346,7 @@ fn summarize(old: &UnitModel, new: &UnitModel, secrets: &[Secret]) -> Summary {
             name: "command".into(),
             old: (!old_cmd.is_empty()).then(|| old_cmd.join(" ")),
             new: Some(new_cmd.join(" ")),
+            from: None,
         }),
         flags: deltas(&old_flags, &new_flags, hide),
         env: deltas(&old.env, &new.env, hide),
@@ -261,6 +369,7 @@ fn deltas(
             name: n.clone(),
             old: old.get(n).map(|v| shown(n, v)),
             new: new.get(n).map(|v| shown(n, v)),
+            from: None,
         })
         .collect()
 }
@@ -287,6 +396,7 @@ mod tests {
         Observed {
             unit_text: text.map(str::to_string),
             state,
+            layers: Default::default(),
         }
     }
 
@@ -380,6 +490,32 @@ mod tests {
         assert_eq!(p.verdict, Verdict::ReloadOnly);
         let p = plan_between(BASE, &format!("{BASE}systemd: {{ User: sglang }}\n"));
         assert_eq!(p.verdict, Verdict::Restart);
+    }
+
+    #[test]
+    fn a_hand_written_unit_without_type_runs_as_simple_and_only_reloads() {
+        let hand = "[Service]\nEnvironment=A=1 HF_TOKEN=hf_supersecret_1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n";
+        let p = plan(
+            "h",
+            "m.yaml",
+            &desired(BASE),
+            &observed(Some(hand)),
+            &Redactor::default(),
+        );
+        assert_eq!(p.verdict, Verdict::ReloadOnly, "{:#?}", p.summary);
+        let forking = hand.replace("[Service]\n", "[Service]\nType=forking\n");
+        let p = plan(
+            "h",
+            "m.yaml",
+            &desired(BASE),
+            &observed(Some(&forking)),
+            &Redactor::default(),
+        );
+        assert_eq!(p.verdict, Verdict::Restart);
+        assert_eq!(
+            restart_reason(&parse_unit(&forking), &desired(BASE).model).as_deref(),
+            Some("the setting Service.Type")
+        );
     }
 
     #[test]

@@ -268,6 +268,26 @@ pub fn show(s: &Section, unit: &str) -> Result<UnitState, Fault> {
     }
 }
 
+/// The unit's layers ([`crate::layers::LAYERS_SCRIPT`]), with `systemctl show`'s states.
+pub fn layers(
+    s: &Section,
+    load_state: &str,
+    unit_file_state: &str,
+) -> Result<crate::layers::Layers, Fault> {
+    timed_out(s, "systemctl show -p FragmentPath,DropInPaths")?;
+    match s.status {
+        0 => Ok(crate::layers::parse_layers(
+            &s.stdout,
+            load_state,
+            unit_file_state,
+        )),
+        _ => Err(failed(
+            "systemctl show -p FragmentPath,DropInPaths".into(),
+            s,
+        )),
+    }
+}
+
 /// The SGLang version script run by the unit's Python (100: no executable there).
 pub fn python(s: &Section) -> Result<Python, Fault> {
     timed_out(s, "sh -c test…")?;

@@ -6,6 +6,8 @@
 use super::error::{ApplyError, ApplyErrorKind};
 use super::restore::{NotRestored, Restored};
 use super::{state, Outcome};
+use crate::layers::Drift;
+use crate::manifest::DropInPolicy;
 use crate::observed::Observed;
 use crate::plan::Verdict;
 use crate::plan_file;
@@ -119,6 +121,33 @@ pub fn start(
             note: Some("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into()),
         }),
     }
+}
+
+/// The refusal of a unit that systemd runs with more than its managed file (drop-ins, a mask, a
+/// unit file elsewhere) when `policy` does not say to move those aside: each reason, then the fix.
+pub fn overridden(unit: &str, drift: &[Drift], policy: DropInPolicy) -> Option<ApplyError> {
+    let refused: Vec<&Drift> = drift.iter().filter(|d| d.refused_under(policy)).collect();
+    if refused.is_empty() {
+        return None;
+    }
+    let mut reasons: Vec<String> = refused.iter().map(|d| d.describe(unit)).collect();
+    let paths: Vec<&str> = refused.iter().filter_map(|d| d.path()).collect();
+    let by_hand = if refused.iter().any(|d| matches!(d, Drift::Masked { .. })) {
+        format!("`systemctl unmask {unit}` if it is to run again")
+    } else {
+        format!(
+            "fold what {} sets into the manifest, then remove {} and `systemctl daemon-reload`",
+            if paths.len() == 1 { "it" } else { "they" },
+            paths.join(", ")
+        )
+    };
+    reasons.push(format!(
+        "fix: {by_hand}; or set `systemd.dropins: replace` in the manifest (or run `reconcile apply --replace-dropins`) to move {} aside into {} and install the manifest's unit alone; a rollback puts {} back",
+        if paths.len() == 1 { "it" } else { "them" },
+        super::aside::dir(unit),
+        if paths.len() == 1 { "it" } else { "them" },
+    ));
+    Some(ApplyError::Overridden(reasons))
 }
 
 /// Whether a preflight finding refuses the unit. When restoring a kept deployment, the manifest's

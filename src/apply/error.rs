@@ -75,6 +75,10 @@ pub enum ApplyError {
     /// The router could not be reached or did not take the replica back.
     #[error("{0}")]
     Router(String),
+    /// systemd runs more than the managed unit (a drop-in, a mask, a unit file elsewhere) and the
+    /// manifest does not say to move it aside: each reason, then the fix.
+    #[error("nothing was changed: {}", .0.join("; "))]
+    Overridden(Vec<String>),
 }
 
 /// The report's `error`: which kind of failure a unit's outcome is about.
@@ -102,6 +106,8 @@ pub enum ApplyErrorKind {
     RolloutStopped,
     /// The router a replica sits behind could not be reached, or did not take it back.
     RouterFailed,
+    /// A drop-in, mask or unit file elsewhere on the host that the manifest does not own.
+    OverriddenOnHost,
 }
 
 impl ApplyError {
@@ -126,6 +132,7 @@ impl ApplyError {
             ApplyError::NotStarted(_) => K::NotStarted,
             ApplyError::Refused(_) => K::Refused,
             ApplyError::Router(_) => K::RouterFailed,
+            ApplyError::Overridden(_) => K::OverriddenOnHost,
         }
     }
 }

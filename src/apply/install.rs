@@ -7,17 +7,19 @@ use reconcile_core::diagnose::diagnose;
 use reconcile_core::learned::{self, LoadHistory};
 use tokio::time::Instant;
 
+use super::aside::{self, Aside};
 use super::decide::{self, Ending};
 use super::error::ApplyError;
 use super::restore::{put_back_file, restore_and_verify, NotRestored, Restore, Restored, Then};
 use super::verifier::Check;
 use super::{state, Job, UnitReport};
+use crate::layers::Moved;
 use crate::observed::Observed;
 use crate::plan::{Verdict, UNIT_DIR};
 use crate::redact::{redact_text, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError};
 use crate::systemd::Systemd;
-use crate::unit::parse_unit;
+use crate::unit::{parse_unit, UnitModel};
 use crate::verify::{Expect, Failure, Verification, POLL_INTERVAL};
 
 /// What to go back to when the new unit fails.
@@ -26,6 +28,24 @@ pub struct Fallback {
     pub was_running: bool,
     /// Where this run kept the previous unit among the generations, once it has.
     pub kept: Option<String>,
+    /// What systemd ran besides the managed file (`reconcile_core::layers`): the files this run
+    /// moves aside go back with the unit, and a rollback expects what all of them ran.
+    pub layers: Layered,
+}
+
+/// The previous unit's other layers, as a rollback needs them.
+#[derive(Default)]
+pub struct Layered {
+    /// To move aside before the new unit goes in (`systemd.dropins: replace`).
+    pub to_move: Vec<Moved>,
+    /// Where this run kept them, once it has.
+    pub aside: Option<Aside>,
+    /// systemd has a unit of this name beneath the managed file (in /run, or a vendor one).
+    pub beneath: bool,
+    /// The unit was disabled: enable it now, disable it again on a rollback.
+    pub was_disabled: bool,
+    /// What the previous unit ran with its drop-ins, when it had any.
+    pub model: Option<UnitModel>,
 }
 
 impl Fallback {
@@ -43,6 +63,10 @@ impl Fallback {
             },
             spec: &t.verify,
             label: format!("{} {} (rollback)", t.host, t.desired.unit),
+            aside: self.layers.aside.as_ref(),
+            beneath: self.layers.beneath,
+            disable: self.layers.was_disabled,
+            expect: self.layers.model.as_ref(),
         }
     }
 }
@@ -69,7 +93,13 @@ pub async fn install(
     }
     if let Err(e) = write_unit(job, observed, &mut fallback).await {
         let e = ApplyError::InstallFailed(error_chain(&e));
-        let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
+        let put_back = put_back_file(
+            host,
+            unit,
+            fallback.previous.as_deref(),
+            fallback.layers.aside.as_ref(),
+        )
+        .await;
         return decide::install_failed(&e, put_back.map_err(|e| error_chain(&e)));
     }
     if verdict == Verdict::ReloadOnly {
@@ -82,7 +112,13 @@ pub async fn install(
     let (spec, learned_notes) = learned::learned_spec(&t.verify, history.as_ref());
     // The last moment to stop without a restart: a signal now leaves the server as it was.
     if *options.cancel.borrow() {
-        let put_back = put_back_file(host, unit, fallback.previous.as_deref()).await;
+        let put_back = put_back_file(
+            host,
+            unit,
+            fallback.previous.as_deref(),
+            fallback.layers.aside.as_ref(),
+        )
+        .await;
         return decide::cancelled_before_restart(
             &crate::signals::interrupted(),
             put_back.map_err(|e| error_chain(&e)),
@@ -268,8 +304,18 @@ async fn write_unit(
     {
         fallback.kept = Some(state::keep_generation(host, unit, current).await?);
     }
+    // Out of systemd's way before the new unit goes in: each kept in a record first.
+    let to_move = std::mem::take(&mut fallback.layers.to_move);
+    if !to_move.is_empty() {
+        fallback.layers.aside = aside::move_aside(host, unit, to_move).await?;
+    }
     host.write_file(&path, &t.desired.text, "0644").await?;
     host.run_ok(&["systemctl", "daemon-reload"]).await?;
+    if fallback.layers.was_disabled || fallback.layers.aside.is_some() || fallback.layers.beneath {
+        // Installed but disabled, or the unit systemd ran came from elsewhere: the managed unit
+        // is to start at boot too.
+        host.run_ok(&["systemctl", "enable", "--", unit]).await?;
+    }
     Ok(())
 }
 
@@ -447,6 +493,14 @@ async fn redacted_journal(job: &Job<'_>, fallback: &Fallback, invocation: &str) 
                 .map(|p| job.options.redactor.secret_values(&parse_unit(p)))
                 .unwrap_or_default(),
         )
+        .chain(
+            fallback
+                .layers
+                .model
+                .as_ref()
+                .map(|m| job.options.redactor.secret_values(m))
+                .unwrap_or_default(),
+        )
         .map(|(name, value)| Secret {
             name,
             value,
@@ -557,6 +611,7 @@ mod tests {
             previous: before.unit_text.clone(),
             was_running: before.state.active_state == "active",
             kept: None,
+            layers: Default::default(),
         };
         let ending = install(&job, before, verdict, fallback, &mut report).await;
         (ending, report)
@@ -888,6 +943,7 @@ mod tests {
             previous: Some("old".into()),
             was_running: true,
             kept: None,
+            layers: Default::default(),
         };
         let ending = install(&job, &before, Verdict::Restart, fallback, &mut report).await;
         (ending, report)

@@ -12,6 +12,7 @@
 //! rollout's order) are pure; `install`, `restore` and `rollout` do the remote calls they decide;
 //! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
+pub(crate) mod aside;
 mod benchmark;
 mod decide;
 mod error;
@@ -35,6 +36,8 @@ pub use error::{ApplyError, ApplyErrorKind};
 pub use schedule::Rollout;
 pub use state::{LockPolicy, Owner};
 
+use crate::layers::{self, Drift};
+use crate::manifest::DropInPolicy;
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
 use crate::plan_file;
@@ -45,7 +48,7 @@ use crate::systemd::Systemd;
 use crate::targets::Target;
 use crate::verify::Verification;
 use decide::{Ending, Previous, Start};
-use install::Fallback;
+use install::{Fallback, Layered};
 use verifier::{Live, Verifier};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -142,6 +145,8 @@ pub struct ApplyOptions {
     /// The routers a rollout's replicas sit behind (set by `rollout::roll_out`); a replica behind
     /// one is taken out of it for its apply (`rollout::behind_router`).
     pub routers: Option<std::sync::Arc<crate::router::Routers>>,
+    /// `--replace-dropins`: every unit as if its manifest said `systemd.dropins: replace`.
+    pub replace_dropins: bool,
 }
 
 impl ApplyOptions {
@@ -170,6 +175,24 @@ impl ApplyOptions {
             restoring: None,
             redactor,
             routers: None,
+            replace_dropins: false,
+        }
+    }
+
+    /// `--replace-dropins`.
+    pub fn replace_dropins(self, replace_dropins: bool) -> ApplyOptions {
+        ApplyOptions {
+            replace_dropins,
+            ..self
+        }
+    }
+
+    /// What apply does with `t`'s drop-ins, mask or shadowing unit file.
+    pub fn dropins(&self, t: &Target) -> DropInPolicy {
+        if self.replace_dropins {
+            DropInPolicy::Replace
+        } else {
+            t.desired.dropins
         }
     }
 
@@ -507,7 +530,14 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
     if let Some(e) = decide::stale_plan(t, &observed) {
         return r.fail(&e);
     }
-    let verdict = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict;
+    let planned = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor);
+    let (verdict, drift) = (planned.verdict, planned.drift);
+    // What systemd runs besides the managed file: refused, touching nothing, unless the manifest
+    // (or --replace-dropins) says to move it aside.
+    let policy = options.dropins(t);
+    if let Some(e) = decide::overridden(unit, &drift, policy) {
+        return r.fail(&e);
+    }
     let unfinished = match verdict {
         Verdict::NoChange => Some(match survey.as_ref().and_then(|s| s.record(unit)) {
             Some(record) => recorded(&observed, Some(record)),
@@ -522,9 +552,35 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
     };
     r.report.notes.extend(todo.note);
     let previous = match todo.previous {
+        // A mask is no unit to go back to: the record of what was moved aside keeps it.
+        Previous::Observed if observed.layers.managed_is_mask => None,
         Previous::Observed => observed.unit_text.clone(),
         Previous::NewestGeneration => state::newest_generation(host, unit).await.ok().flatten(),
     };
+    let to_move = layers::to_move(unit, &observed.layers, &drift);
+    let layered = Layered {
+        beneath: layers::has_unit_beneath(unit, &observed.layers, &to_move),
+        was_disabled: drift.contains(&Drift::Disabled),
+        // With drop-ins or a unit file elsewhere, the previous unit runs more than its file.
+        model: drift
+            .iter()
+            .any(|d| *d != Drift::Disabled)
+            .then(|| {
+                observed
+                    .layers
+                    .effective_model(unit, observed.unit_text.as_deref())
+            })
+            .flatten(),
+        to_move,
+        aside: None,
+    };
+    for moved in &layered.to_move {
+        r.report.notes.push(format!(
+            "{} is moved aside into {} (systemd.dropins: replace); a rollback puts it back",
+            moved.path,
+            aside::dir(unit)
+        ));
+    }
     r.report.verdict = Some(todo.verdict);
     // Preflight before the lock and any change: a unit its host cannot run is refused while the
     // old server still serves. A unit with nothing to do was left above, untouched, whatever
@@ -548,6 +604,7 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
         previous,
         was_running: todo.was_running,
         kept: None,
+        layers: layered,
     };
     let ending = install::install(job, &observed, todo.verdict, fallback, &mut r.report).await;
     unlock(host, unit, &mut r.report).await;

@@ -8,23 +8,25 @@
 
 use tokio::sync::watch;
 
+use super::aside::Aside;
 use super::verifier::{Check, Verifier};
 use crate::manifest::VerifySpec;
 use crate::plan::UNIT_DIR;
 use crate::remote::{error_chain, Host, RemoteError};
-use crate::unit::parse_unit;
+use crate::unit::{parse_unit, UnitModel};
 use crate::verify::{Expect, Failure, Verification};
 
 /// After a failed install (nothing was restarted): puts the previous unit file back if the new one
-/// got in place (`previous: None` removes it), and has systemd reload it. Returns whether anything
-/// had to be put back.
+/// got in place (`previous: None` removes it), and the files moved aside, and has systemd reload.
+/// Returns whether anything had to be put back.
 pub async fn put_back_file(
     host: &dyn Host,
     unit: &str,
     previous: Option<&str>,
+    aside: Option<&Aside>,
 ) -> Result<bool, RemoteError> {
     let path = format!("{UNIT_DIR}/{unit}");
-    if host.read_file(&path).await?.as_deref() == previous {
+    if host.read_file(&path).await?.as_deref() == previous && aside.is_none() {
         return Ok(false);
     }
     match previous {
@@ -32,6 +34,9 @@ pub async fn put_back_file(
         None => {
             host.run_ok(&["rm", "-f", "--", &path]).await?;
         }
+    }
+    if let Some(aside) = aside {
+        super::aside::put_back(host, aside).await?;
     }
     host.run_ok(&["systemctl", "daemon-reload"]).await?;
     Ok(true)
@@ -48,34 +53,43 @@ pub enum Then {
     Reload,
 }
 
-/// Puts the previous unit back, then restarts, stops or only reloads as `then` says. A unit that
-/// was new (`previous: None`) is stopped, disabled and removed whatever `then` says.
-pub async fn restore(
-    host: &dyn Host,
-    unit: &str,
-    previous: Option<&str>,
-    then: Then,
-) -> Result<(), RemoteError> {
+/// Puts the previous unit back (with the files moved aside, and disabled again if it was), then
+/// restarts, stops or only reloads as `then` says. A unit that was new (`previous: None`, and
+/// nothing of its name beneath) is stopped, disabled and removed whatever `then` says.
+pub async fn restore(r: &Restore<'_>) -> Result<(), RemoteError> {
+    let (host, unit) = (r.host, r.unit);
     let path = format!("{UNIT_DIR}/{unit}");
-    match previous {
-        Some(previous) => {
-            host.write_file(&path, previous, "0644").await?;
-            host.run_ok(&["systemctl", "daemon-reload"]).await?;
-            let action = match then {
-                Then::Restart => "restart",
-                Then::Stop => "stop",
-                Then::Reload => return Ok(()),
-            };
-            host.run_ok(&["systemctl", action, "--", unit]).await?;
+    if r.previous.is_none() && !r.beneath {
+        host.run(&["systemctl", "disable", "--now", "--", unit])
+            .await?;
+        host.run_ok(&["rm", "-f", "--", &path]).await?;
+        if let Some(aside) = r.aside {
+            super::aside::put_back(host, aside).await?;
         }
+        host.run_ok(&["systemctl", "daemon-reload"]).await?;
+        host.run(&["systemctl", "reset-failed", "--", unit]).await?;
+        return Ok(());
+    }
+    match r.previous {
+        Some(previous) => host.write_file(&path, previous, "0644").await?,
+        // The unit systemd had beneath the managed file (in /run, or a vendor one) comes back.
         None => {
-            host.run(&["systemctl", "disable", "--now", "--", unit])
-                .await?;
             host.run_ok(&["rm", "-f", "--", &path]).await?;
-            host.run_ok(&["systemctl", "daemon-reload"]).await?;
-            host.run(&["systemctl", "reset-failed", "--", unit]).await?;
         }
     }
+    if let Some(aside) = r.aside {
+        super::aside::put_back(host, aside).await?;
+    }
+    host.run_ok(&["systemctl", "daemon-reload"]).await?;
+    if r.disable {
+        host.run_ok(&["systemctl", "disable", "--", unit]).await?;
+    }
+    let action = match r.then {
+        Then::Restart => "restart",
+        Then::Stop => "stop",
+        Then::Reload => return Ok(()),
+    };
+    host.run_ok(&["systemctl", action, "--", unit]).await?;
     Ok(())
 }
 
@@ -110,6 +124,14 @@ pub struct Restore<'a> {
     pub spec: &'a VerifySpec,
     /// The live display's label for its verification.
     pub label: String,
+    /// Files this run moved out of systemd's way, to put back with the unit.
+    pub aside: Option<&'a Aside>,
+    /// With the managed file gone systemd still has a unit of this name: restore it, not remove.
+    pub beneath: bool,
+    /// The unit was disabled before this run enabled it.
+    pub disable: bool,
+    /// What the previous unit runs, drop-ins and all, when it is more than `previous` alone.
+    pub expect: Option<&'a UnitModel>,
 }
 
 /// Restores the unit and, when it was restarted, verifies it against what the previous unit says
@@ -118,20 +140,24 @@ pub async fn restore_and_verify(
     r: Restore<'_>,
     verifier: &dyn Verifier,
 ) -> Result<Restored, NotRestored> {
-    restore(r.host, r.unit, r.previous, r.then)
+    restore(&r)
         .await
         .map_err(|e| NotRestored::Restore(error_chain(&e)))?;
-    let previous = match (r.previous, r.then) {
-        (None, _) => return Ok(Restored::Removed),
-        (Some(_), Then::Stop) => return Ok(Restored::LeftStopped),
-        (Some(_), Then::Reload) => return Ok(Restored::Reloaded),
-        (Some(previous), Then::Restart) => previous,
+    let expect = match (r.previous, r.then) {
+        (None, _) if !r.beneath => return Ok(Restored::Removed),
+        (_, Then::Stop) => return Ok(Restored::LeftStopped),
+        (_, Then::Reload) => return Ok(Restored::Reloaded),
+        (_, Then::Restart) => match (r.expect, r.previous) {
+            (Some(model), _) => Expect::from_unit(model),
+            (None, Some(previous)) => Expect::from_unit(&parse_unit(previous)),
+            (None, None) => Expect::from_unit(&UnitModel::default()),
+        },
     };
     let (_keep, never) = watch::channel(false);
     let check = Check {
         unit: r.unit,
         spec: r.spec,
-        expect: Expect::from_unit(&parse_unit(previous)),
+        expect,
         label: r.label,
         cancel: &never,
         history: None,
@@ -164,6 +190,10 @@ mod tests {
             then,
             spec: &spec,
             label: "gpu-a s.service (rollback)".into(),
+            aside: None,
+            beneath: false,
+            disable: false,
+            expect: None,
         };
         restore_and_verify(restore, &Scripted::new(Vec::new())).await
     }
@@ -219,11 +249,11 @@ mod tests {
         let host = FakeHost::new("gpu-a")
             .on(&[], Reply::ok(""))
             .with_file(PATH, "old");
-        assert!(!put_back_file(&host, "s.service", Some("old"))
+        assert!(!put_back_file(&host, "s.service", Some("old"), None)
             .await
             .unwrap());
         assert!(host.commands().is_empty());
-        assert!(put_back_file(&host, "s.service", None).await.unwrap());
+        assert!(put_back_file(&host, "s.service", None, None).await.unwrap());
         assert!(ran(&host, &["rm", "-f", "--", PATH]));
         assert!(ran(&host, &["systemctl", "daemon-reload"]));
     }

@@ -270,6 +270,12 @@ async fn undo(
         then,
         spec,
         label: format!("{} {unit} (rollback-all)", r.host),
+        // What this run moved aside went with the apply that converged; the deployment before
+        // it is what --rollback-all restores.
+        aside: None,
+        beneath: false,
+        disable: false,
+        expect: None,
     };
     let verifier = Live {
         progress: options.progress.as_ref(),

@@ -43,6 +43,7 @@ pub fn options(cancel: watch::Receiver<bool>) -> ApplyOptions {
         restoring: None,
         redactor: Default::default(),
         routers: None,
+        replace_dropins: false,
     }
 }
 
@@ -53,5 +54,6 @@ pub fn observed(unit_text: Option<&str>, active_state: &str) -> Observed {
             active_state: active_state.into(),
             ..UnitState::default()
         },
+        layers: Default::default(),
     }
 }

@@ -412,10 +412,12 @@ pub(crate) mod tests {
                             r#"{{"choices":[],"usage":{{"completion_tokens":{tokens}}}}}"#
                         ))
                         .await;
-                        send("[DONE]".into()).await;
-                        socket.write_all(b"0\r\n\r\n").await.unwrap();
+                        // Counted before the client can see the end, so a client that has read
+                        // every [DONE] finds every request counted.
                         c.1.fetch_sub(1, Ordering::SeqCst);
                         c.0.fetch_add(1, Ordering::SeqCst);
+                        send("[DONE]".into()).await;
+                        socket.write_all(b"0\r\n\r\n").await.unwrap();
                     }
                 });
             }

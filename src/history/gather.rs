@@ -1,7 +1,7 @@
 //! The edge of `history`: a unit's records, kept units and generations, read over one connection
 //! per host. Nothing is changed.
 
-use super::{deployments, disk_notes, generations, Deployment, HostHistory};
+use super::{deployments, disk_notes, generations, moved_aside, Deployment, HostHistory};
 use crate::apply::state;
 use crate::fleet;
 use crate::plan::UNIT_DIR;
@@ -36,6 +36,7 @@ fn unreadable(name: &str, unit: &str, e: &RemoteError) -> HostHistory {
         unit: unit.to_string(),
         deployments: Vec::new(),
         generations: Vec::new(),
+        moved_aside: Vec::new(),
         notes: Vec::new(),
         error: Some(error_chain(e)),
     }
@@ -68,10 +69,11 @@ pub async fn read_deployments(host: &dyn Host, unit: &str) -> Result<Read, Remot
 
 async fn read(host: &dyn Host, unit: &str) -> Result<HostHistory, RemoteError> {
     let path = format!("{UNIT_DIR}/{unit}");
-    let (deployed, kept_generations, disk) = tokio::join!(
+    let (deployed, kept_generations, disk, aside) = tokio::join!(
         read_deployments(host, unit),
         state::generations(host, unit),
-        host.read_file(&path)
+        host.read_file(&path),
+        crate::apply::aside::records(host, unit)
     );
     let Read {
         deployments: deployed,
@@ -87,6 +89,7 @@ async fn read(host: &dyn Host, unit: &str) -> Result<HostHistory, RemoteError> {
         host: host.name().to_string(),
         unit: unit.to_string(),
         generations: generations(&kept_generations?, &deployed),
+        moved_aside: moved_aside(&aside?),
         notes,
         deployments: deployed,
         error: None,

@@ -54,6 +54,17 @@ pub struct GenerationEntry {
     pub deployment: Option<usize>,
 }
 
+/// Files an apply moved out of systemd's way (`systemd.dropins: replace`), kept on the host.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct MovedAside {
+    /// When the apply moved them.
+    pub moved_at: String,
+    /// The record on the host that holds their text (a mask as the link it was).
+    pub record: String,
+    /// Where each one was.
+    pub paths: Vec<String>,
+}
+
 /// A unit's history on one host.
 #[derive(Debug, Clone, Serialize)]
 pub struct HostHistory {
@@ -61,6 +72,7 @@ pub struct HostHistory {
     pub unit: String,
     pub deployments: Vec<Deployment>,
     pub generations: Vec<GenerationEntry>,
+    pub moved_aside: Vec<MovedAside>,
     pub notes: Vec<String>,
     pub error: Option<String>,
 }
@@ -113,6 +125,40 @@ pub fn generations(generations: &[Generation], deployments: &[Deployment]) -> Ve
                 .rev()
                 .find(|d| d.record.as_ref().is_some_and(|r| r.unit_sha256 == g.sha256))
                 .map(|d| d.n),
+        })
+        .collect()
+}
+
+/// The records of files moved aside, by when (their names are the nanoseconds of the move).
+pub fn moved_aside(records: &[crate::apply::aside::Aside]) -> Vec<MovedAside> {
+    records
+        .iter()
+        .map(|a| {
+            let nanos: u128 = a
+                .record
+                .rsplit('/')
+                .next()
+                .and_then(|n| n.strip_suffix(".json"))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            MovedAside {
+                moved_at: humantime::format_rfc3339_seconds(
+                    UNIX_EPOCH + Duration::from_nanos(nanos.min(u64::MAX as u128) as u64),
+                )
+                .to_string(),
+                record: a.record.clone(),
+                paths: a
+                    .files
+                    .iter()
+                    .map(|f| {
+                        if f.mask {
+                            format!("{} (mask)", f.path)
+                        } else {
+                            f.path.clone()
+                        }
+                    })
+                    .collect(),
+            }
         })
         .collect()
 }
@@ -333,6 +379,7 @@ mod tests {
             unit: "s.service".into(),
             deployments: three(),
             generations: Vec::new(),
+            moved_aside: Vec::new(),
             notes: Vec::new(),
             error: None,
         };
@@ -392,6 +439,7 @@ mod tests {
             unit: "s.service".into(),
             deployments: deployments(history, Some(&record("bbb", "t2")), &[1, 2]),
             generations: Vec::new(),
+            moved_aside: Vec::new(),
             notes: Vec::new(),
             error: None,
         };
@@ -429,10 +477,22 @@ mod tests {
                 }],
                 &d,
             ),
+            moved_aside: moved_aside(&[crate::apply::aside::Aside {
+                record: "/var/lib/reconcile/s.service/aside/1700000000000000000.json".into(),
+                files: vec![crate::layers::Moved {
+                    path: "/etc/systemd/system/s.service.d/über.conf".into(),
+                    mask: false,
+                    text: String::new(),
+                }],
+            }]),
             notes: disk_notes(&d, Some("ñññññññññññññññ")),
             error: None,
         };
         let out = render(&[h], Format::Text);
+        assert!(
+            out.contains("2023-11-14T22:13:20Z  /etc/systemd/system/s.service.d/über.conf"),
+            "{out}"
+        );
         assert!(out.contains("日本語のコミッ  "), "{out}");
         assert!(out.contains(&"🦀".repeat(12)), "{out}");
         assert!(out.contains(&format!("unit {}", "ü".repeat(12))), "{out}");

@@ -173,10 +173,12 @@ pub fn restore_target(
             flags: Default::default(),
         },
         env: Default::default(),
+        references: Vec::new(),
         systemd: Default::default(),
         verify: VerifySpec::default(),
         router: None,
         drain: None,
+        dropins: Default::default(),
     });
     if let Some(python) = command.first() {
         m.sglang.python = python.clone();
@@ -197,6 +199,7 @@ pub fn restore_target(
             unit: unit.to_string(),
             text,
             model,
+            dropins: m.dropins,
         },
         manifest: Arc::new(m),
         conflicts: Vec::new(),

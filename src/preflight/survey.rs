@@ -27,15 +27,15 @@ use crate::targets::Target;
 /// path, port, record path ("" for none).
 const PER_UNIT: usize = 6;
 
-/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$6` the fixed
-/// scripts of the parts (`scripts.rs`), then the number of Pythons and each, then the number of
+/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$7` the fixed
+/// scripts of the parts (`scripts.rs`, and the unit's layers: `reconcile_core::layers`), then the number of Pythons and each, then the number of
 /// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
 /// Every part writes to files of its own, never to the script's stdout, so a part that outlives
 /// its `timeout` cannot hold the session open. Without `base64` or `sha256sum` it exits 101 before
 /// printing anything: empty bodies would read as empty files.
-const SCRIPT: &str = r#"# survey: unit files, systemctl show, SGLang versions, model paths, nvidia-smi, ss, records
-t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6
-shift 6
+const SCRIPT: &str = r#"# survey: unit files, systemctl show, drop-ins, SGLang versions, model paths, nvidia-smi, ss, records
+t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6 lay=$7
+shift 7
 command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 || exit 101
 command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
 d=$(mktemp -d) || exit 1
@@ -59,8 +59,12 @@ changed=0
 while [ "$i" -lt "$n" ]; do
   part "unit.$i" sh -c "$read_file" sh "$2"
   part "show.$i" systemctl show -p "$props" -- "$1"
+  part "layers.$i" sh -c "$lay" sh "$1" "$2"
   [ -n "$6" ] && part "record.$i" sh -c "$read_file" sh "$6"
-  if [ -n "$4" ] && [ "$(sha256sum 2>/dev/null < "$2" | cut -d' ' -f1)" != "$3" ]; then
+  # A drop-in directory may change what runs even when the file is the rendered one.
+  if [ -n "$4" ] && { [ "$(sha256sum 2>/dev/null < "$2" | cut -d' ' -f1)" != "$3" ] ||
+    [ -n "$(ls -A "/etc/systemd/system/$1.d" "/run/systemd/system/$1.d" \
+      "/usr/lib/systemd/system/$1.d" "/lib/systemd/system/$1.d" 2>/dev/null)" ]; }; then
     changed=1
     part "access.$i" sh -c "$acc" sh "$4"
     part "ports.$i" sh -c "$lis" sh "$5"
@@ -140,6 +144,7 @@ pub async fn survey(
         super::scripts::VERSION_SCRIPT.to_string(),
         super::scripts::ACCESS.to_string(),
         super::scripts::LISTENERS.to_string(),
+        crate::layers::LAYERS_SCRIPT.to_string(),
         pythons.len().to_string(),
     ];
     args.extend(pythons.iter().cloned());
@@ -257,7 +262,14 @@ impl Survey {
         let path = format!("{UNIT_DIR}/{unit}");
         let unit_text = self.read(&format!("unit.{i}"), |s| survey::file(s, &path))?;
         let state = self.read(&format!("show.{i}"), |s| survey::show(s, unit))?;
-        Ok(Observed { unit_text, state })
+        let layers = self.read(&format!("layers.{i}"), |s| {
+            survey::layers(s, &state.load_state, &state.unit_file_state)
+        })?;
+        Ok(Observed {
+            unit_text,
+            state,
+            layers,
+        })
     }
 
     /// The SGLang installed for the target's Python.
@@ -369,6 +381,7 @@ pub(crate) mod tests {
         let (status, out) = run_script(&bin, &[
             "0.5", "LoadState", super::super::scripts::PYTHON, "import sys; print('0.5.9')",
             super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
+            crate::layers::LAYERS_SCRIPT,
             "1", "/usr/bin/python3",
             "2",
             "a.service", unit, "0000", evil, "30000", "",
@@ -428,15 +441,15 @@ pub(crate) mod tests {
             stdout: stdout.into(),
             stderr: String::new(),
         };
-        let pythons: usize = args[6].parse().unwrap();
+        let pythons: usize = args[7].parse().unwrap();
         let mut text = String::new();
         for j in 0..pythons {
             text += &encode(&format!("python.{j}"), &ok(&format!("{version}\n")));
         }
-        let units: usize = args[7 + pythons].parse().unwrap();
+        let units: usize = args[8 + pythons].parse().unwrap();
         let mut changed = false;
         for i in 0..units {
-            let u = &args[8 + pythons + i * PER_UNIT..][..PER_UNIT];
+            let u = &args[9 + pythons + i * PER_UNIT..][..PER_UNIT];
             let file = files.iter().find(|(p, _)| *p == u[1]).map(|(_, t)| *t);
             let unit = match file {
                 Some(t) => ok(t),
@@ -450,6 +463,7 @@ pub(crate) mod tests {
                 &format!("show.{i}"),
                 &ok("LoadState=not-found\nActiveState=inactive\n"),
             );
+            text += &encode(&format!("layers.{i}"), &ok(""));
             if !u[5].is_empty() {
                 let record = files.iter().find(|(p, _)| *p == u[5]).map(|(_, t)| *t);
                 let section = record.map_or(

@@ -64,7 +64,11 @@ fn outcomes(new: &str, old: Option<&str>) -> Vec<PlanOutcome> {
                 sub_state: "running".into(),
                 ..Default::default()
             };
-            let observed = Observed { unit_text, state };
+            let observed = Observed {
+                unit_text,
+                state,
+                layers: Default::default(),
+            };
             let desired = render_unit(&m, host);
             PlanOutcome::Planned(Box::new(plan(
                 &host.name, SOURCE, &desired, &observed, &redactor,

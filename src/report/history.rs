@@ -24,6 +24,21 @@ pub fn render(histories: &[HostHistory], format: Format) -> String {
             deployment_line(&mut out, d);
         }
         generation_lines(&mut out, &h.generations);
+        if !h.moved_aside.is_empty() {
+            let _ = writeln!(
+                out,
+                "  moved aside (files an apply took out of systemd's way; a failed apply put them back, or restore them from the record):"
+            );
+            for m in &h.moved_aside {
+                let _ = writeln!(
+                    out,
+                    "    {}  {}  {}",
+                    m.moved_at,
+                    m.paths.join(", "),
+                    m.record
+                );
+            }
+        }
         for note in &h.notes {
             let _ = writeln!(out, "  note: {note}");
         }

@@ -160,6 +160,12 @@ fn changes_cell(p: &UnitPlan) -> String {
             .map(|d| format!("`{}`", delta_line(d)))
             .collect()
     };
+    // What systemd runs besides the managed file, before the values it changes.
+    let drift = p.drift.iter().map(|d| match d.path() {
+        Some(path) => format!("**{}** `{}`", d.kind(), html(path)),
+        None => format!("**{}**", d.kind()),
+    });
+    lines.splice(0..0, drift);
     // Preflight first: a unit its host cannot run matters more than what changes in it.
     let preflight = p.preflight.iter().map(|f| match f.severity {
         Severity::Error => format!("**preflight {}**", html(&preflight_line(f))),

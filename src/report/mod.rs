@@ -202,10 +202,15 @@ fn delta_line(d: &Delta) -> String {
         Some("") | None => String::new(),
         Some(v) => format!(" {v}"),
     };
-    match (&d.old, &d.new) {
+    let line = match (&d.old, &d.new) {
         (None, _) => format!("+ {}{}", d.name, value(&d.new)),
         (_, None) => format!("- {}{}", d.name, value(&d.old)),
         (Some(o), Some(n)) => format!("~ {} {} -> {}", d.name, shown(o), shown(n)),
+    };
+    match &d.from {
+        // The old value is a drop-in's (or another file's), not the managed unit's.
+        Some(file) if d.old.is_some() => format!("{line}  (now from {file})"),
+        _ => line,
     }
 }
 

@@ -8,6 +8,7 @@ use futures::stream::{self, StreamExt};
 use super::{classify, split_nul, Facts, Running, Systemd, UnitStatus};
 use crate::apply::state::read_record;
 use crate::fleet;
+use crate::layers::{parse_layers, LAYERS_SCRIPT};
 use crate::observed::Show;
 use crate::plan::UNIT_DIR;
 use crate::redact::Redactor;
@@ -23,7 +24,7 @@ const UNITS_PER_HOST_AT_ONCE: usize = 3;
 const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
 
 const SHOW: &str =
-    "LoadState,ActiveState,SubState,NeedDaemonReload,ExecMainPID,ExecMainStartTimestamp";
+    "LoadState,ActiveState,SubState,UnitFileState,NeedDaemonReload,ExecMainPID,ExecMainStartTimestamp";
 
 /// The status of every target, at most `parallel` hosts at once, in the targets' order.
 pub async fn status_targets(
@@ -69,12 +70,15 @@ async fn unit_status(
 ) -> Result<UnitStatus, RemoteError> {
     let unit = &t.desired.unit;
     let path = format!("{UNIT_DIR}/{unit}");
-    let (disk_text, record, systemd) = tokio::join!(
+    let layers_argv = ["sh", "-c", LAYERS_SCRIPT, "sh", unit, &path];
+    let (disk_text, record, systemd, layers) = tokio::join!(
         host.read_file(&path),
         read_record(host, unit),
-        systemd(host, unit)
+        systemd(host, unit),
+        host.run_ok(&layers_argv)
     );
-    let (disk_text, systemd) = (disk_text?, systemd?);
+    let (disk_text, (systemd, unit_file_state), layers) = (disk_text?, systemd?, layers?);
+    let layers = parse_layers(&layers, &systemd.load_state, &unit_file_state);
     let (record, record_error) = match record {
         Ok(record) => (record, None),
         Err(e) => (None, Some(e.to_string())),
@@ -90,6 +94,8 @@ async fn unit_status(
         _ => None,
     };
     let facts = Facts {
+        unit: unit.clone(),
+        layers,
         desired_text: t.desired.text.clone(),
         disk_text,
         record,
@@ -123,19 +129,21 @@ async fn unit_status(
     })
 }
 
-async fn systemd(host: &dyn Host, unit: &str) -> Result<Systemd, RemoteError> {
+/// systemd's view, and the unit's `UnitFileState` (for its layers).
+async fn systemd(host: &dyn Host, unit: &str) -> Result<(Systemd, String), RemoteError> {
     let out = host
         .run_ok(&["systemctl", "show", "-p", SHOW, "--", unit])
         .await?;
     let show = Show::parse(&out);
-    Ok(Systemd {
+    let systemd = Systemd {
         load_state: show.text("LoadState"),
         active_state: show.text("ActiveState"),
         sub_state: show.text("SubState"),
         need_daemon_reload: show.yes("NeedDaemonReload"),
         main_pid: show.number("ExecMainPID").unwrap_or(0),
         started_at: show.text("ExecMainStartTimestamp"),
-    })
+    };
+    Ok((systemd, show.text("UnitFileState")))
 }
 
 /// The main process's argv and environment; `None` when it exited meanwhile.

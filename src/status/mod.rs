@@ -20,6 +20,7 @@ pub use gather::status_targets;
 
 use crate::apply::state::{sha256, Record};
 use crate::flags::flags;
+use crate::layers::{Drift, Layers};
 use crate::redact::Redactor;
 use crate::unit::parse_unit;
 
@@ -37,6 +38,14 @@ pub enum Class {
     NotReloaded,
     /// The server runs a command line or environment other than the unit on disk's.
     NotRestarted,
+    /// A drop-in no manifest owns changes what the unit runs (`systemctl edit`).
+    DropinOverride,
+    /// The unit is masked (linked to `/dev/null`).
+    Masked,
+    /// systemd loads the unit from another file than the managed one (`/run`, a vendor unit).
+    Shadowed,
+    /// Installed but not enabled: it will not start after a reboot.
+    Disabled,
     /// The service is not active.
     Down,
     /// A unit file reconcile has no deployment record of.
@@ -56,6 +65,10 @@ impl Class {
             Class::EditedOnHost => "edited_on_host",
             Class::NotReloaded => "not_reloaded",
             Class::NotRestarted => "not_restarted",
+            Class::DropinOverride => "dropin_override",
+            Class::Masked => "masked",
+            Class::Shadowed => "shadowed",
+            Class::Disabled => "disabled",
             Class::Down => "down",
             Class::Unmanaged => "unmanaged",
             Class::RecordUnreadable => "record_unreadable",
@@ -88,6 +101,10 @@ pub struct Running {
 /// Everything known about one unit on one host, as read.
 #[derive(Debug, Clone, Default)]
 pub struct Facts {
+    /// `<service>.service`.
+    pub unit: String,
+    /// What systemd runs besides the unit file: drop-ins, a mask, a unit file elsewhere.
+    pub layers: Layers,
     /// The unit the manifest renders.
     pub desired_text: String,
     /// The unit file on the host.
@@ -114,6 +131,9 @@ pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
         found.add(Class::RecordUnreadable, e.clone());
     }
     against_manifest(&mut found, &desired_sha, applied, disk_sha.as_deref());
+    // Before the file's own checks: a unit that systemd loads from /run, or masks, may have no
+    // managed file at all.
+    let layered = against_layers(&mut found, f);
     let Some(disk_text) = &f.disk_text else {
         found.classes.push(Class::Absent);
         if applied.is_some() {
@@ -129,7 +149,13 @@ pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
         &disk_sha.unwrap_or_default(),
         f.record_error.is_some(),
     );
-    against_process(&mut found, f, disk_text, redactor);
+    // What systemd would start now: the file with its drop-ins, or the file that shadows it.
+    let effective = if layered {
+        f.layers.effective_model(&f.unit, Some(disk_text))
+    } else {
+        None
+    };
+    against_process(&mut found, f, disk_text, effective.as_ref(), redactor);
     if found.classes.is_empty() {
         found.classes.push(Class::InSync);
     }
@@ -207,8 +233,44 @@ fn against_record(found: &mut Found, applied: Option<&str>, disk_sha: &str, unre
     }
 }
 
-/// systemd's view and the running process against the unit on disk.
-fn against_process(found: &mut Found, f: &Facts, disk_text: &str, redactor: &Redactor) {
+/// What systemd runs besides the unit file, each named for what it is: a restart starts the
+/// drop-in's or the shadowing file's command line again, so none of these is `not_restarted`.
+/// Returns whether any changes what runs (the process is then compared with all of it).
+fn against_layers(found: &mut Found, f: &Facts) -> bool {
+    let drift = f.layers.drifts(&f.unit, f.disk_text.as_deref());
+    for d in &drift {
+        let class = match d {
+            Drift::DropinOverride { .. } => Class::DropinOverride,
+            Drift::Masked { .. } => Class::Masked,
+            Drift::Shadowed { .. } => Class::Shadowed,
+            Drift::Disabled => Class::Disabled,
+        };
+        let fix = match d {
+            Drift::Disabled => "a restart would not fix it; an apply enables it".to_string(),
+            _ => format!(
+                "a restart would not fix it ({}); an apply refuses it unless the manifest says `systemd.dropins: replace`",
+                if matches!(d, Drift::Masked { .. }) {
+                    "a masked unit does not start"
+                } else {
+                    "it starts what systemd has in force again"
+                }
+            ),
+        };
+        debug_assert!(!d.restart_fixes());
+        found.add(class, format!("{}; {fix}", d.describe(&f.unit)));
+    }
+    drift.iter().any(|d| *d != Drift::Disabled)
+}
+
+/// systemd's view and the running process against the unit on disk (with its other layers, when
+/// `effective` has them).
+fn against_process(
+    found: &mut Found,
+    f: &Facts,
+    disk_text: &str,
+    effective: Option<&crate::unit::UnitModel>,
+    redactor: &Redactor,
+) {
     let s = &f.systemd;
     if s.need_daemon_reload {
         found.add(
@@ -224,14 +286,14 @@ fn against_process(found: &mut Found, f: &Facts, disk_text: &str, redactor: &Red
         };
         found.add(Class::Down, format!("the service is {state}"));
     } else if let Some(running) = &f.running {
-        let unit = parse_unit(disk_text);
+        let unit = effective.cloned().unwrap_or_else(|| parse_unit(disk_text));
         let mut differences = argv_differences(&running.argv, &unit.exec_start, redactor);
         differences.extend(env_differences(&running.env, &unit.env));
         if !differences.is_empty() {
             found.add(
                 Class::NotRestarted,
                 format!(
-                    "the running server (pid {}) was started from another unit than the one on disk: {}",
+                    "the running server (pid {}) was started from another unit than the one systemd has now: {}; a restart would start what it has",
                     s.main_pid,
                     differences.join(", ")
                 ),
@@ -389,6 +451,13 @@ mod tests {
     /// Everything agrees: applied, on disk, loaded and running.
     fn synced() -> Facts {
         Facts {
+            unit: "s.service".into(),
+            layers: Layers {
+                fragment: "/etc/systemd/system/s.service".into(),
+                load_state: "loaded".into(),
+                unit_file_state: "enabled".into(),
+                ..Layers::default()
+            },
             desired_text: UNIT.into(),
             disk_text: Some(UNIT.into()),
             record: Some(record(UNIT)),
@@ -407,6 +476,44 @@ mod tests {
 
     fn classes(f: &Facts) -> Vec<Class> {
         classify(f, &Redactor::default()).0
+    }
+
+    #[test]
+    fn a_drop_in_that_changes_the_command_is_an_override_not_a_missing_restart() {
+        let mut f = synced();
+        let (argv, flag) = (running(UNIT).argv, "--tp-size");
+        let edited: Vec<String> = argv
+            .iter()
+            .map(|a| if a == "2" { "1".to_string() } else { a.clone() })
+            .collect();
+        assert!(argv.iter().any(|a| a == flag) && edited != argv, "{argv:?}");
+        f.layers.drop_ins.push(crate::layers::DropIn {
+            path: "/etc/systemd/system/s.service.d/override.conf".into(),
+            text: format!("[Service]\nExecStart=\nExecStart={}\n", edited.join(" ")),
+        });
+        // The server runs the drop-in's command line: what a restart would start again.
+        f.running.as_mut().unwrap().argv = edited;
+        let (c, details) = classify(&f, &Redactor::default());
+        assert_eq!(c, [Class::DropinOverride], "{details:?}");
+        assert!(
+            details[0].contains("override.conf")
+                && details[0].contains("a restart would not fix it")
+        );
+
+        // Running the unit file's command instead: now a restart would change what runs.
+        f.running = Some(running(UNIT));
+        assert_eq!(classes(&f), [Class::NotRestarted, Class::DropinOverride]);
+
+        let mut d = synced();
+        d.layers.unit_file_state = "disabled".into();
+        assert_eq!(classes(&d), [Class::Disabled]);
+        let mut m = synced();
+        m.layers.load_state = "masked".into();
+        assert!(classes(&m).contains(&Class::Masked));
+        let mut s = synced();
+        s.layers.fragment = "/run/systemd/system/s.service".into();
+        s.layers.fragment_text = Some(UNIT.into());
+        assert_eq!(classes(&s), [Class::Shadowed]);
     }
 
     #[test]

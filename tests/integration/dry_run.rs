@@ -9,7 +9,11 @@ fn install_rendered(run: &Reconcile, host: &str, unit: &str) {
         &format!("/etc/systemd/system/{unit}"),
         &run.rendered(host),
     );
-    lab().sh(host, "systemctl daemon-reload");
+    // Enabled, as an apply leaves it: a disabled unit is a change of its own.
+    lab().sh(
+        host,
+        &format!("systemctl daemon-reload && systemctl enable {unit}"),
+    );
 }
 
 /// SSH logins the host's sshd has accepted so far; each count is itself one login.

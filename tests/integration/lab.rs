@@ -35,6 +35,8 @@ pub const DRAIN: &str = "rl17";
 /// `ROUTE=1` (tests/hostlab/up.sh) so the router host reaches the replicas.
 pub const ROUTER: &str = "rl18";
 pub const REPLICAS: [&str; 3] = ["rl19", "rl20", "rl21"];
+/// `reconcile import` (import.rs): hand-written units adopted, ports 37201-37209, GPUs 40-57.
+pub const IMPORT: &str = "rl25";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";

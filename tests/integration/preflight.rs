@@ -199,13 +199,13 @@ fn a_port_taken_by_another_process_but_not_by_the_unit_itself() {
     );
     lab().sh(
         HOST,
-        "systemctl daemon-reload && systemctl start t-pre-port",
+        "systemctl daemon-reload && systemctl enable --now t-pre-port",
     );
     wait_listening(port);
     let ran = run.args(&["plan", "--format", "json"]).run();
     lab().sh(
         HOST,
-        "systemctl stop t-pre-port; rm -f /etc/systemd/system/t-pre-port.service; systemctl daemon-reload",
+        "systemctl disable --now t-pre-port; rm -f /etc/systemd/system/t-pre-port.service; systemctl daemon-reload",
     );
     assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
     assert_eq!(findings(&ran.json()["units"][0]), []);
@@ -286,7 +286,11 @@ fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
         &format!("/etc/systemd/system/{unit}"),
         &run.rendered(HOST),
     );
-    lab().sh(HOST, "systemctl daemon-reload");
+    // Enabled, as an apply leaves it: a disabled unit is a change of its own.
+    lab().sh(
+        HOST,
+        &format!("systemctl daemon-reload && systemctl enable {unit}"),
+    );
 
     let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
     let planned = &json["units"][0];
@@ -301,7 +305,9 @@ fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
 
     lab().sh(
         HOST,
-        &format!("rm /etc/systemd/system/{unit}; systemctl daemon-reload"),
+        &format!(
+            "systemctl disable {unit}; rm /etc/systemd/system/{unit}; systemctl daemon-reload"
+        ),
     );
     let (_, json, _) = plan_json(&[("a.yaml", &text)], &[]);
     let planned = &json["units"][0];

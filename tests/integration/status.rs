@@ -179,7 +179,8 @@ fn a_unit_reconcile_never_applied_is_unmanaged_and_a_missing_one_absent() {
     );
     lab().sh(
         HOST,
-        &format!("systemctl daemon-reload && systemctl start {managed_by_hand}"),
+        // Enabled, as an operator's unit is: a disabled one is a finding of its own.
+        &format!("systemctl daemon-reload && systemctl enable --now {managed_by_hand}"),
     );
     let ran = Reconcile::new()
         .manifest("hand.yaml", &hand)
@@ -210,7 +211,7 @@ fn a_unit_reconcile_never_applied_is_unmanaged_and_a_missing_one_absent() {
     assert_eq!(json["tally"]["unmanaged"], 1);
     lab().sh(
         HOST,
-        &format!("systemctl stop {managed_by_hand}; rm -f /etc/systemd/system/{managed_by_hand}; systemctl daemon-reload"),
+        &format!("systemctl disable --now {managed_by_hand}; rm -f /etc/systemd/system/{managed_by_hand}; systemctl daemon-reload"),
     );
 }
 

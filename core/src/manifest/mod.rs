@@ -8,6 +8,7 @@
 pub(crate) mod error;
 pub(crate) mod locate;
 mod parse;
+mod reference;
 mod router;
 mod validate;
 
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 pub use error::{ManifestError, ManifestErrors, Position};
 pub use parse::parse;
+pub use reference::{RefTarget, Reference};
 pub use router::{AdminKey, RouterSpec};
 pub use validate::{validate, validate_fleet};
 
@@ -37,6 +39,9 @@ pub struct Manifest {
     pub hosts: Vec<HostSpec>,
     pub sglang: SglangSpec,
     pub env: BTreeMap<String, String>,
+    /// `{ from_env: VAR }` values of `env` and `flags` (service-wide and per host), not yet in
+    /// those maps: the loader resolves them (`resolve_references`) before anything renders.
+    pub references: Vec<Reference>,
     /// Extra unit settings (`User`, `Restart`, `LimitNOFILE`, `After`, ...).
     pub systemd: BTreeMap<String, String>,
     pub verify: VerifySpec,
@@ -45,6 +50,32 @@ pub struct Manifest {
     /// Wait for the server to finish its requests before a restart (`drain:`); `None`: restart at
     /// once, as before.
     pub drain: Option<DrainSpec>,
+    /// What apply does with what systemd runs besides the manifest's unit (`systemd.dropins`).
+    pub dropins: DropInPolicy,
+}
+
+/// `systemd.dropins`: what apply does when systemd would not run the manifest's unit as rendered:
+/// a drop-in the manifest does not own, a mask, or a unit file elsewhere that systemd loads
+/// instead (see `reconcile_core::layers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DropInPolicy {
+    /// Refuse, touching nothing: someone changed the unit on the host on purpose, and a manifest
+    /// that silently undid it would surprise them.
+    #[default]
+    Refuse,
+    /// Move those files aside into the unit's generations (restorable) and install the
+    /// manifest's unit alone.
+    Replace,
+}
+
+impl DropInPolicy {
+    pub fn parse(text: &str) -> Option<DropInPolicy> {
+        match text {
+            "refuse" => Some(DropInPolicy::Refuse),
+            "replace" => Some(DropInPolicy::Replace),
+            _ => None,
+        }
+    }
 }
 
 /// `drain:`: before a restart, wait until the running server has no running or queued requests

@@ -9,9 +9,10 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::error::{ManifestError, ManifestErrors, Position};
+use super::locate::Seg;
 use super::{
-    BenchmarkSpec, DrainSpec, Explicit, FlagValue, HostSpec, Manifest, OnTimeout, SglangSpec,
-    Smoke, VerifySpec,
+    BenchmarkSpec, DrainSpec, Explicit, FlagValue, HostSpec, Manifest, OnTimeout, RefTarget,
+    Reference, SglangSpec, Smoke, VerifySpec,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -66,6 +67,21 @@ pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
             message,
         }
     })?;
+    if let Some(value) = raw.systemd.get("dropins") {
+        if super::DropInPolicy::parse(&value.0).is_none() {
+            return Err(super::validate::invalid(
+                source,
+                text,
+                &[Seg::Key("systemd"), Seg::Key("dropins")],
+                "systemd.dropins",
+                format!(
+                    "`{}` is not a drop-in policy: `refuse` (the default: apply refuses a unit that has drop-ins, a mask or a unit file elsewhere it does not own) or `replace` (apply moves them aside into the unit's generations)",
+                    value.0
+                ),
+            )
+            .into());
+        }
+    }
     Ok(raw.into_manifest(source, text))
 }
 
@@ -88,7 +104,7 @@ struct RawManifest {
     hosts: Vec<RawHost>,
     sglang: RawSglang,
     #[serde(default)]
-    env: BTreeMap<String, Scalar>,
+    env: BTreeMap<String, RawEnv>,
     #[serde(default)]
     systemd: BTreeMap<String, Scalar>,
     #[serde(default)]
@@ -205,7 +221,7 @@ struct RawHostEntry {
     #[serde(default)]
     labels: BTreeMap<String, Scalar>,
     #[serde(default)]
-    env: BTreeMap<String, Scalar>,
+    env: BTreeMap<String, RawEnv>,
     #[serde(default)]
     flags: BTreeMap<String, RawFlag>,
     #[serde(default)]
@@ -218,7 +234,24 @@ struct RawHost(RawHostEntry);
 /// A string, number or bool, kept as the text the unit will hold.
 struct Scalar(String);
 
-struct RawFlag(FlagValue);
+/// A flag as written: its value, or `{ from_env: VAR }` (see `reference.rs`).
+enum RawFlag {
+    Value(FlagValue),
+    FromEnv(String),
+}
+
+/// An env value as written: a scalar (kept as its text), or `{ from_env: VAR }`.
+enum RawEnv {
+    Value(String),
+    FromEnv(String),
+}
+
+/// `{ from_env: VAR }`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFromEnv {
+    from_env: String,
+}
 
 struct HumanDuration(Duration);
 
@@ -274,6 +307,16 @@ impl RawManifest {
             load_deadline: v.load_deadline.is_some(),
         };
         let labels = strings(self.labels);
+        let mut references = Vec::new();
+        let env = env_values(self.env, None, text, &mut references);
+        let sglang_flags = flag_values(self.sglang.flags, None, text, &mut references);
+        let hosts: Vec<HostSpec> = self
+            .hosts
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| h.0.into_spec(&labels, i, text, &mut references))
+            .collect();
+        let systemd = strings(self.systemd);
         Manifest {
             source: source.to_string(),
             digest: digest(text),
@@ -281,11 +324,7 @@ impl RawManifest {
             service,
             description: self.description,
             secret_env: self.secret_env,
-            hosts: self
-                .hosts
-                .into_iter()
-                .map(|h| h.0.into_spec(&labels))
-                .collect(),
+            hosts,
             sglang: SglangSpec {
                 python: self.sglang.python,
                 version: self.sglang.version.0,
@@ -294,10 +333,20 @@ impl RawManifest {
                 host: self.sglang.host,
                 // Out-of-range ports are reported by `validate`, with their position; 0 never validates.
                 port: u16::try_from(self.sglang.port).unwrap_or(0),
-                flags: flags(self.sglang.flags),
+                flags: sglang_flags,
             },
-            env: strings(self.env),
-            systemd: strings(self.systemd),
+            env,
+            references,
+            // `dropins` is reconcile's own setting, not systemd's: lower case, so it cannot clash
+            // with one. A value it does not know is `validate`'s error, with its position.
+            dropins: systemd
+                .get("dropins")
+                .and_then(|v| super::DropInPolicy::parse(v))
+                .unwrap_or_default(),
+            systemd: systemd
+                .into_iter()
+                .filter(|(k, _)| k != "dropins")
+                .collect(),
             verify: VerifySpec {
                 crash_window: v.crash_window.map_or(defaults.crash_window, |d| d.0),
                 load_deadline: v.load_deadline.map_or(defaults.load_deadline, |d| d.0),
@@ -325,14 +374,20 @@ impl RawManifest {
 }
 
 impl RawHostEntry {
-    fn into_spec(self, service_labels: &BTreeMap<String, String>) -> HostSpec {
+    fn into_spec(
+        self,
+        service_labels: &BTreeMap<String, String>,
+        index: usize,
+        text: &str,
+        references: &mut Vec<Reference>,
+    ) -> HostSpec {
         let mut labels = service_labels.clone();
         labels.extend(strings(self.labels));
         HostSpec {
             name: self.name,
             labels,
-            env: strings(self.env),
-            flags: flags(self.flags),
+            env: env_values(self.env, Some(index), text, references),
+            flags: flag_values(self.flags, Some(index), text, references),
             systemd: strings(self.systemd),
         }
     }
@@ -342,8 +397,76 @@ fn strings(map: BTreeMap<String, Scalar>) -> BTreeMap<String, String> {
     map.into_iter().map(|(k, v)| (k, v.0)).collect()
 }
 
-fn flags(map: BTreeMap<String, RawFlag>) -> BTreeMap<String, FlagValue> {
-    map.into_iter().map(|(k, v)| (k, v.0)).collect()
+/// The values written in place; each `{ from_env }` goes to `references` instead.
+fn flag_values(
+    map: BTreeMap<String, RawFlag>,
+    host: Option<usize>,
+    text: &str,
+    references: &mut Vec<Reference>,
+) -> BTreeMap<String, FlagValue> {
+    let mut values = BTreeMap::new();
+    for (name, flag) in map {
+        match flag {
+            RawFlag::Value(v) => {
+                values.insert(name, v);
+            }
+            RawFlag::FromEnv(var) => {
+                references.push(reference(RefTarget::Flag(name), host, var, text))
+            }
+        }
+    }
+    values
+}
+
+/// [`flag_values`] for `env:`.
+fn env_values(
+    map: BTreeMap<String, RawEnv>,
+    host: Option<usize>,
+    text: &str,
+    references: &mut Vec<Reference>,
+) -> BTreeMap<String, String> {
+    let mut values = BTreeMap::new();
+    for (name, value) in map {
+        match value {
+            RawEnv::Value(v) => {
+                values.insert(name, v);
+            }
+            RawEnv::FromEnv(var) => {
+                references.push(reference(RefTarget::Env(name), host, var, text))
+            }
+        }
+    }
+    values
+}
+
+fn reference(target: RefTarget, host: Option<usize>, var: String, text: &str) -> Reference {
+    let (map, name) = match &target {
+        RefTarget::Env(name) => ("env", name.as_str()),
+        RefTarget::Flag(name) => ("flags", name.as_str()),
+    };
+    let (path, field) = match (host, &target) {
+        (None, RefTarget::Env(_)) => (vec![Seg::Key("env"), Seg::Key(name)], format!("env.{name}")),
+        (None, RefTarget::Flag(_)) => (
+            vec![Seg::Key("sglang"), Seg::Key("flags"), Seg::Key(name)],
+            format!("sglang.flags.{name}"),
+        ),
+        (Some(i), _) => (
+            vec![
+                Seg::Key("hosts"),
+                Seg::Index(i),
+                Seg::Key(map),
+                Seg::Key(name),
+            ],
+            format!("hosts[{i}].{map}.{name}"),
+        ),
+    };
+    Reference {
+        position: super::locate::locate(text, &path),
+        target,
+        host,
+        var,
+        field,
+    }
 }
 
 impl<'de> Deserialize<'de> for RawHost {
@@ -409,41 +532,88 @@ impl<'de> Deserialize<'de> for RawFlag {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct FlagVisitor;
         impl<'de> Visitor<'de> for FlagVisitor {
-            type Value = FlagValue;
+            type Value = RawFlag;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
-                    "true or false (a switch), a string or number (a value), or a list of them",
+                    "true or false (a switch), a string or number (a value), a list of them, or { from_env: VAR }",
                 )
             }
-            fn visit_bool<E: de::Error>(self, v: bool) -> Result<FlagValue, E> {
-                Ok(FlagValue::Switch(v))
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawFlag, E> {
+                Ok(RawFlag::Value(FlagValue::Switch(v)))
             }
             /// `~`/`null`, typically in a host override, turns a service-wide flag off.
-            fn visit_unit<E: de::Error>(self) -> Result<FlagValue, E> {
-                Ok(FlagValue::Switch(false))
+            fn visit_unit<E: de::Error>(self) -> Result<RawFlag, E> {
+                Ok(RawFlag::Value(FlagValue::Switch(false)))
             }
-            fn visit_str<E: de::Error>(self, v: &str) -> Result<FlagValue, E> {
-                ScalarVisitor.visit_str(v).map(FlagValue::Value)
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawFlag, E> {
+                ScalarVisitor
+                    .visit_str(v)
+                    .map(|v| RawFlag::Value(FlagValue::Value(v)))
             }
-            fn visit_i64<E: de::Error>(self, v: i64) -> Result<FlagValue, E> {
-                ScalarVisitor.visit_i64(v).map(FlagValue::Value)
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawFlag, E> {
+                ScalarVisitor
+                    .visit_i64(v)
+                    .map(|v| RawFlag::Value(FlagValue::Value(v)))
             }
-            fn visit_u64<E: de::Error>(self, v: u64) -> Result<FlagValue, E> {
-                ScalarVisitor.visit_u64(v).map(FlagValue::Value)
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawFlag, E> {
+                ScalarVisitor
+                    .visit_u64(v)
+                    .map(|v| RawFlag::Value(FlagValue::Value(v)))
             }
-            fn visit_f64<E: de::Error>(self, v: f64) -> Result<FlagValue, E> {
-                ScalarVisitor.visit_f64(v).map(FlagValue::Value)
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawFlag, E> {
+                ScalarVisitor
+                    .visit_f64(v)
+                    .map(|v| RawFlag::Value(FlagValue::Value(v)))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FlagValue, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<RawFlag, A::Error> {
                 let mut items = Vec::new();
                 while let Some(Scalar(item)) = seq.next_element()? {
                     items.push(item);
                 }
-                Ok(FlagValue::List(items))
+                Ok(RawFlag::Value(FlagValue::List(items)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawFlag, A::Error> {
+                from_env(map).map(RawFlag::FromEnv)
             }
         }
-        d.deserialize_any(FlagVisitor).map(RawFlag)
+        d.deserialize_any(FlagVisitor)
     }
+}
+
+impl<'de> Deserialize<'de> for RawEnv {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EnvVisitor;
+        impl<'de> Visitor<'de> for EnvVisitor {
+            type Value = RawEnv;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, number or boolean, or { from_env: VAR }")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawEnv, E> {
+                ScalarVisitor.visit_str(v).map(RawEnv::Value)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<RawEnv, E> {
+                ScalarVisitor.visit_bool(v).map(RawEnv::Value)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawEnv, E> {
+                ScalarVisitor.visit_i64(v).map(RawEnv::Value)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawEnv, E> {
+                ScalarVisitor.visit_u64(v).map(RawEnv::Value)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<RawEnv, E> {
+                ScalarVisitor.visit_f64(v).map(RawEnv::Value)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEnv, A::Error> {
+                from_env(map).map(RawEnv::FromEnv)
+            }
+        }
+        d.deserialize_any(EnvVisitor)
+    }
+}
+
+/// `{ from_env: VAR }`, the only map a value may be.
+fn from_env<'de, A: MapAccess<'de>>(map: A) -> Result<String, A::Error> {
+    RawFromEnv::deserialize(de::value::MapAccessDeserializer::new(map)).map(|r| r.from_env)
 }
 
 impl<'de> Deserialize<'de> for Size {

@@ -36,6 +36,7 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     check.sglang(m);
     check.env(&[Seg::Key("env")], &m.env);
     check.settings(&[Seg::Key("systemd")], &m.systemd);
+    check.errors.extend(super::reference::check(m));
     if let Some(b) = &m.verify.benchmark {
         check.benchmark(b);
     }

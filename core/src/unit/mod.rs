@@ -11,7 +11,7 @@ mod render;
 use std::collections::BTreeMap;
 
 pub use escape::{quote_env, quote_exec_arg};
-pub use read::parse_unit;
+pub use read::{assigned, assignments, parse_unit};
 pub use render::{render, Desired};
 
 /// What a unit file means.
@@ -48,6 +48,52 @@ pub fn takes_effect_without_restart(setting: &str) -> bool {
         ),
         _ => false,
     }
+}
+
+/// Whether a later assignment of `setting` (as `Section.Key`) adds to its earlier values rather
+/// than replacing them: dependencies, install targets, the other `Exec*=` commands, paths and
+/// conditions, as systemd.unit(5), systemd.service(5) and systemd.exec(5) describe them. What
+/// a drop-in does to a setting depends on it: it adds an `After=` but replaces a `User=`.
+pub fn is_list_setting(setting: &str) -> bool {
+    let (section, key) = setting.split_once('.').unwrap_or(("", setting));
+    const LISTS: [&str; 34] = [
+        "After",
+        "Before",
+        "Wants",
+        "Requires",
+        "Requisite",
+        "BindsTo",
+        "PartOf",
+        "Conflicts",
+        "Upholds",
+        "OnFailure",
+        "OnSuccess",
+        "Documentation",
+        "WantedBy",
+        "RequiredBy",
+        "UpheldBy",
+        "Alias",
+        "Also",
+        "ExecStartPre",
+        "ExecStartPost",
+        "ExecCondition",
+        "ExecReload",
+        "ExecStop",
+        "ExecStopPost",
+        "EnvironmentFile",
+        "PassEnvironment",
+        "UnsetEnvironment",
+        "ReadWritePaths",
+        "ReadOnlyPaths",
+        "InaccessiblePaths",
+        "BindPaths",
+        "BindReadOnlyPaths",
+        "DeviceAllow",
+        "SupplementaryGroups",
+        "LoadCredential",
+    ];
+    (section == "Unit" && (key.starts_with("Condition") || key.starts_with("Assert")))
+        || LISTS.contains(&key)
 }
 
 /// Which section a setting from the manifest's `systemd:` map belongs in.

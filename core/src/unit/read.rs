@@ -69,6 +69,46 @@ pub fn parse_unit(text: &str) -> UnitModel {
     model
 }
 
+/// What a unit file sets, as names the plan's summary uses: `ExecStart`, `env:NAME` for each
+/// variable an `Environment=` line sets (`env:*` for an empty one, which resets them all), and
+/// `Section.Key` for every other setting. For telling which file of a unit's layers (its file and
+/// drop-ins) a value in force comes from: the last one that sets it.
+pub fn assigned(text: &str) -> Vec<String> {
+    assignments(text)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// [`assigned`], with whether each assignment is empty (a reset: `ExecStart=`, `After=`).
+pub fn assignments(text: &str) -> Vec<(String, bool)> {
+    let mut names = Vec::new();
+    let mut section = String::new();
+    for line in logical_lines(text) {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_string();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let (key, value) = (strip(key), strip(value));
+        let empty = value.is_empty();
+        match (section.as_str(), key) {
+            ("Service", "ExecStart") => names.push(("ExecStart".to_string(), empty)),
+            ("Service", "Environment") if empty => names.push(("env:*".to_string(), true)),
+            ("Service", "Environment") => names.extend(
+                split_words(value)
+                    .iter()
+                    .filter_map(|w| w.split_once('='))
+                    .map(|(name, _)| (format!("env:{name}"), false)),
+            ),
+            _ => names.push((format!("{section}.{key}"), empty)),
+        }
+    }
+    names
+}
+
 /// The argv systemd executes for an `ExecStart=` value.
 pub fn split_exec(value: &str) -> Vec<String> {
     let mut words: Vec<String> = split_words(value)

@@ -17,6 +17,8 @@ pub struct Desired {
     pub unit: String,
     pub text: String,
     pub model: UnitModel,
+    /// What apply does with drop-ins, a mask or a shadowing unit file (`systemd.dropins`).
+    pub dropins: crate::manifest::DropInPolicy,
 }
 
 pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
@@ -30,6 +32,7 @@ pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
         unit: m.unit_name(),
         text,
         model,
+        dropins: m.dropins,
     }
 }
 

@@ -1,0 +1,407 @@
+//! Import's round trip without a host: each hand-written unit is imported, the manifest parsed,
+//! its references resolved, rendered, and planned against the same unit: never a restart.
+
+use super::*;
+use crate::manifest::{parse, FlagValue};
+use crate::observed::Observed;
+use crate::plan::{plan, Verdict};
+use crate::sglang::check_manifest;
+use crate::unit::render;
+
+const UNIT: &str = "sglang-qwen.service";
+const FRAGMENT: &str = "/etc/systemd/system/sglang-qwen.service";
+const DROPIN: &str = "/etc/systemd/system/sglang-qwen.service.d/override.conf";
+
+/// The seeds' unit (fixtures/demo/sglang-qwen.service) with two secrets added.
+const SEEDS: &str = "\
+# The unit an operator wrote by hand.
+[Unit]
+Description=SGLang Qwen3.5-122B-A10B BF16
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+Environment=\"CUDA_VISIBLE_DEVICES=0,1,2,3\" \"NCCL_P2P_DISABLE=1\"
+Environment=\"CUDA_HOME=/usr/local/cuda-13.0\" \"LD_LIBRARY_PATH=/usr/local/cuda-13.0/lib64\"
+Environment=HF_TOKEN=hf_abcdefghijklmnop
+ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server --model-path /shared/models/Qwen3.5-122B-A10B --served-model-name qwen3.5-122b --host 127.0.0.1 --port 30000 --tp-size 4 --context-length 131072 --mem-fraction-static 0.85 --reasoning-parser qwen3 --tool-call-parser qwen3_coder --enable-metrics --api-key sk-secret-key-123
+User=root
+Restart=on-failure
+RestartSec=10
+LimitNOFILE=1048576
+TimeoutStartSec=30min
+
+[Install]
+WantedBy=multi-user.target
+";
+
+/// Quoting, escapes and `%%` (a literal `%`) everywhere systemd reads them.
+const QUOTED: &str = "\
+[Unit]
+Description=Qwen at 100%% (quoted)
+
+[Service]
+Type=simple
+Environment='GREETING=hello world' \"RATIO=50%%\" PLAIN=x\\x41y
+ExecStart=/usr/bin/python3 -m sglang.launch_server \\
+\t--model-path \"/models/with space\" \\
+\t--served-model-name 'qwen 100%%' \\
+\t--chat-template \"{\\\"a\\\": 1}\" \\
+\t--api-key=\"$$NOT_A_VAR\" \\
+\t--port 31000
+";
+
+const LISTS: &str = "\
+[Unit]
+Description=lists
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 30000 --cuda-graph-bs-decode 1 2 4 8 --numa-node 0 --bucket-time-to-first-token 0.1 0.5 1e1 --enable-metrics --mem-fraction-static=0.5
+";
+
+const ENVFILE: &str = "\
+[Unit]
+Description=env file
+
+[Service]
+Type=simple
+EnvironmentFile=-/etc/sglang/qwen.env
+ExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 30000
+";
+
+const OVERRIDE: &str = "\
+[Service]
+ExecStart=
+ExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 30000 --tp-size 1
+Environment=EXTRA=1
+Nice=5
+";
+
+fn files(parts: &[(&str, &str)]) -> Vec<UnitFile> {
+    parts
+        .iter()
+        .map(|(path, text)| UnitFile {
+            path: path.to_string(),
+            text: text.to_string(),
+        })
+        .collect()
+}
+
+fn request<'a>(files: &'a [UnitFile], secret_env: &'a [String]) -> Request<'a> {
+    Request {
+        host: "gpu-a",
+        unit: UNIT,
+        files,
+        version: "0.5.23",
+        secret_env,
+    }
+}
+
+/// Imports, then plans the imported manifest against the same unit (the files in force as one
+/// text): the verdict and the manifest.
+fn round_trip(files: &[UnitFile]) -> (Verdict, Imported) {
+    let imported = import(&request(files, &[])).unwrap_or_else(|e| panic!("{e}: {:#?}", e.errors));
+    let mut m = parse("manifests/imported.yaml", &imported.yaml)
+        .unwrap_or_else(|e| panic!("{:?}\n{}", e.0, imported.yaml));
+    let secrets: BTreeMap<String, String> = secret_values(files, &imported);
+    assert!(m.resolve_references(|v| secrets.get(v).cloned()).is_empty());
+    assert!(!check_manifest(&m, &imported.yaml).has_errors());
+    let desired = render(&m, &m.hosts[0]);
+    let mut text = String::new();
+    for f in files {
+        text.push_str(&f.text);
+        text.push('\n');
+    }
+    let observed = Observed {
+        unit_text: Some(text),
+        state: Default::default(),
+        layers: Default::default(),
+    };
+    let p = plan("gpu-a", &m.source, &desired, &observed, &Default::default());
+    assert!(
+        matches!(p.verdict, Verdict::NoChange | Verdict::ReloadOnly),
+        "{:?}: {:?}\n{}\n{}",
+        p.verdict,
+        p.summary,
+        imported.yaml,
+        p.diff
+    );
+    (p.verdict, imported)
+}
+
+/// The values of the references, read back out of the unit the way a user would export them.
+fn secret_values(files: &[UnitFile], imported: &Imported) -> BTreeMap<String, String> {
+    let model = effective(files);
+    let (_, flags) = crate::flags::flags(&model.exec_start);
+    imported
+        .exports
+        .iter()
+        .map(|(var, what)| {
+            let value = match what.strip_prefix("env ") {
+                Some(name) => model.env[name].clone(),
+                None => flags[what.trim_start_matches("--")].clone(),
+            };
+            (var.clone(), value)
+        })
+        .collect()
+}
+
+#[test]
+fn the_seeds_unit_round_trips_with_its_secrets_as_references() {
+    let (verdict, imported) = round_trip(&files(&[(FRAGMENT, SEEDS)]));
+    assert_eq!(
+        verdict,
+        Verdict::ReloadOnly,
+        "only the managed-file header differs"
+    );
+    let yaml = &imported.yaml;
+    assert!(
+        !yaml.contains("hf_abcdefghijklmnop") && !yaml.contains("sk-secret-key-123"),
+        "{yaml}"
+    );
+    assert!(yaml.contains("HF_TOKEN: { from_env: HF_TOKEN }"), "{yaml}");
+    assert!(
+        yaml.contains("api-key: { from_env: SGLANG_API_KEY }"),
+        "{yaml}"
+    );
+    assert_eq!(
+        imported.exports,
+        [
+            ("SGLANG_API_KEY".to_string(), "--api-key".to_string()),
+            ("HF_TOKEN".to_string(), "env HF_TOKEN".to_string()),
+        ]
+    );
+    for typed in [
+        "    tp-size: 4\n",
+        "    mem-fraction-static: 0.85\n",
+        "    enable-metrics: true\n",
+        "  TimeoutStartSec: \"30min\"\n",
+        "  LimitNOFILE: 1048576\n",
+        "  version: \"0.5.23\"",
+        "  host: \"127.0.0.1\"\n",
+    ] {
+        assert!(yaml.contains(typed), "no `{typed}` in\n{yaml}");
+    }
+    assert!(!yaml.contains("dropins"), "{yaml}");
+    let m = parse("m.yaml", yaml).unwrap();
+    assert_eq!(m.sglang.flags["tp-size"], FlagValue::Value("4".into()));
+    assert_eq!(m.sglang.port, 30000);
+}
+
+#[test]
+fn quoted_values_and_percent_signs_round_trip() {
+    let (_, imported) = round_trip(&files(&[(FRAGMENT, QUOTED)]));
+    let m = parse("m.yaml", &imported.yaml).unwrap();
+    assert_eq!(m.description.as_deref(), Some("Qwen at 100% (quoted)"));
+    assert_eq!(m.sglang.model_path, "/models/with space");
+    assert_eq!(m.sglang.served_model_name.as_deref(), Some("qwen 100%"));
+    assert_eq!(
+        m.sglang.flags["chat-template"],
+        FlagValue::Value("{\"a\": 1}".into())
+    );
+    assert_eq!(m.env["GREETING"], "hello world");
+    assert_eq!(m.env["RATIO"], "50%");
+    assert_eq!(m.env["PLAIN"], "xAy");
+    // No After/Wants/WantedBy in the unit: the manifest says so, rather than gaining reconcile's.
+    assert!(
+        imported
+            .yaml
+            .contains("  After: \"\"  # the unit has no After="),
+        "{}",
+        imported.yaml
+    );
+    assert_eq!(m.references[0].var, "SGLANG_API_KEY");
+}
+
+#[test]
+fn list_flags_round_trip_as_yaml_lists() {
+    let (_, imported) = round_trip(&files(&[(FRAGMENT, LISTS)]));
+    assert!(
+        imported
+            .yaml
+            .contains("    cuda-graph-bs-decode: [1, 2, 4, 8]\n"),
+        "{}",
+        imported.yaml
+    );
+    assert!(
+        imported.yaml.contains("    numa-node: [0]\n"),
+        "{}",
+        imported.yaml
+    );
+    assert!(
+        imported.yaml.contains("    mem-fraction-static: 0.5\n"),
+        "{}",
+        imported.yaml
+    );
+}
+
+#[test]
+fn an_environment_file_is_carried_as_a_setting() {
+    let (_, imported) = round_trip(&files(&[(FRAGMENT, ENVFILE)]));
+    assert!(
+        imported
+            .yaml
+            .contains("  EnvironmentFile: \"-/etc/sglang/qwen.env\"\n"),
+        "{}",
+        imported.yaml
+    );
+}
+
+#[test]
+fn a_drop_in_is_folded_in_and_moved_aside() {
+    let both = files(&[(FRAGMENT, ENVFILE), (DROPIN, OVERRIDE)]);
+    let (_, imported) = round_trip(&both);
+    let yaml = &imported.yaml;
+    assert!(yaml.contains("    tp-size: 1\n"), "{yaml}");
+    assert!(
+        yaml.contains(&format!(
+            "  python: /usr/bin/python3  # ExecStart from {DROPIN}:3\n"
+        )),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains(&format!("  EXTRA: \"1\"  # from {DROPIN}:4\n")),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains(&format!("  Nice: 5  # from {DROPIN}:5\n")),
+        "{yaml}"
+    );
+    assert!(yaml.contains("  dropins: replace\n"), "{yaml}");
+    let m = parse("m.yaml", yaml).unwrap();
+    assert_eq!(m.dropins, crate::manifest::DropInPolicy::Replace);
+    assert_eq!(python(UNIT, &both).as_deref(), Some("/usr/bin/python3"));
+}
+
+#[test]
+fn drop_ins_shared_with_other_units_are_not_folded_in() {
+    let shared = "/etc/systemd/system/service.d/10-all.conf";
+    let all = files(&[(FRAGMENT, ENVFILE), (shared, "[Service]\nLimitCORE=0\n")]);
+    let imported = import(&request(&all, &[])).unwrap();
+    assert!(!imported.yaml.contains("LimitCORE"), "{}", imported.yaml);
+    assert!(
+        imported.notes.iter().any(|n| n.contains(shared)),
+        "{:?}",
+        imported.notes
+    );
+}
+
+#[test]
+fn a_declared_secret_env_is_a_reference_and_stays_declared() {
+    let unit = SEEDS.replace("NCCL_P2P_DISABLE=1", "MY_DSN=postgres://u:p@db/x");
+    let fs = files(&[(FRAGMENT, &unit)]);
+    let declared = ["MY_DSN".to_string()];
+    let imported = import(&request(&fs, &declared)).unwrap();
+    assert!(!imported.yaml.contains("postgres://"), "{}", imported.yaml);
+    assert!(
+        imported.yaml.contains("MY_DSN: { from_env: MY_DSN }"),
+        "{}",
+        imported.yaml
+    );
+    assert!(
+        imported.yaml.contains("secret_env: [MY_DSN]"),
+        "{}",
+        imported.yaml
+    );
+}
+
+/// Each problem, with the file and line it is on.
+fn refused(parts: &[(&str, &str)]) -> Vec<String> {
+    let fs = files(parts);
+    let e = import(&request(&fs, &[])).expect_err("refused");
+    e.errors.iter().map(|e| e.to_string()).collect()
+}
+
+#[test]
+fn what_a_manifest_cannot_express_is_refused_with_its_line() {
+    let e = refused(&[(
+        FRAGMENT,
+        "[Service]\nType=simple\nExecStartPre=/bin/a\nExecStartPre=/bin/b\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp-size $TP --nope 1\n[X-Extra]\nKey=1\n",
+    )]);
+    assert_eq!(e.len(), 5, "{e:#?}");
+    assert!(
+        e[0].starts_with(&format!(
+            "{FRAGMENT}:5: `$TP` in ExecStart is expanded by systemd"
+        )),
+        "{e:#?}"
+    );
+    assert!(
+        e[1].starts_with(&format!("{FRAGMENT}:5: SGLang 0.5.23 has no flag --nope")),
+        "{e:#?}"
+    );
+    assert!(
+        e[2].starts_with(&format!("{FRAGMENT}:3: one of 2 ExecStartPre= lines")),
+        "{e:#?}"
+    );
+    assert!(
+        e[3].starts_with(&format!("{FRAGMENT}:4: one of 2 ExecStartPre= lines")),
+        "{e:#?}"
+    );
+    assert!(
+        e[4].starts_with(&format!("{FRAGMENT}:7: [X-Extra] is a section")),
+        "{e:#?}"
+    );
+
+    let e = refused(&[
+        (FRAGMENT, "[Service]\nType=notify\nExecStart=/bin/sleep infinity\n"),
+        (DROPIN, "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1\nEnvironment=HOST=%H\n"),
+    ]);
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with(&format!("{FRAGMENT}:3: one of several ExecStart= lines"))),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with(&format!("{DROPIN}:2: one of several ExecStart= lines"))),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with(&format!("{DROPIN}:3: `%H` in Environment="))),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with(&format!("{FRAGMENT}:2: Type=notify"))),
+        "{e:#?}"
+    );
+
+    let e = refused(&[(FRAGMENT, "[Service]\nExecStart=-/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp 2\n")]);
+    assert!(
+        !e.iter().any(|e| e.contains("Type")),
+        "no Type= is Type=simple, systemd's default: {e:#?}"
+    );
+    assert!(
+        e.iter().any(|e| e.contains(":2: ExecStart's `-` prefix")),
+        "{e:#?}"
+    );
+    assert!(
+        e.iter().any(|e| e.contains(":2: --tp is an abbreviation")),
+        "{e:#?}"
+    );
+}
+
+#[test]
+fn an_unknown_sglang_version_imports_untyped() {
+    let fs = files(&[(FRAGMENT, LISTS)]);
+    let imported = import(&Request {
+        version: "9.9.9",
+        ..request(&fs, &[])
+    })
+    .unwrap();
+    assert!(
+        imported
+            .yaml
+            .contains("    cuda-graph-bs-decode: [\"1\", \"2\", \"4\", \"8\"]\n"),
+        "{}",
+        imported.yaml
+    );
+    assert!(
+        imported.notes[0].contains("no catalog of SGLang 9.9.9"),
+        "{:?}",
+        imported.notes
+    );
+}

@@ -1,0 +1,155 @@
+//! Files moved out of systemd's way under `systemd.dropins: replace` (or `--replace-dropins`):
+//! a drop-in no manifest owns, a mask, a unit file in `/run` that systemd would load instead.
+//! Which files, and why, is `reconcile_core::layers`; this module keeps them on the host and puts
+//! them back.
+//!
+//! Each move is kept as one JSON file, `/var/lib/reconcile/<unit>/aside/<unix nanos>.json`
+//! (0600, the directory 0700), written *before* any file is removed: a run cut off midway leaves
+//! every file either in place or in the record, never lost. Nothing prunes these records: each
+//! holds what an operator wrote by hand, and they are small.
+
+use reconcile_core::layers::Moved;
+
+use super::state::unit_dir;
+use crate::remote::{Host, RemoteError};
+
+/// Files moved aside by this run, and where their record is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Aside {
+    pub record: String,
+    pub files: Vec<Moved>,
+}
+
+/// The folder of a unit's records.
+pub fn dir(unit: &str) -> String {
+    format!("{}/aside", unit_dir(unit))
+}
+
+/// Keeps `files` in a record, then removes each from where systemd reads it. The caller holds the
+/// unit's lock and reloads systemd afterwards (with the new unit in place).
+pub async fn move_aside(
+    host: &dyn Host,
+    unit: &str,
+    files: Vec<Moved>,
+) -> Result<Option<Aside>, RemoteError> {
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let dir = dir(unit);
+    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir])
+        .await?;
+    let record = format!("{dir}/{}.json", unix_nanos());
+    let json = serde_json::to_string_pretty(&files).expect("moved files serialize");
+    host.write_file(&record, &(json + "\n"), "0600").await?;
+    // A drop-in folder left empty goes too: systemd does not need it, and the survey takes a
+    // folder with files in it for a change.
+    const REMOVE: &str =
+        "rm -f -- \"$1\" && case \"${1%/*}\" in *.d) rmdir -- \"${1%/*}\" 2>/dev/null; esac; true";
+    for f in &files {
+        host.run_ok(&["sh", "-c", REMOVE, "sh", &f.path]).await?;
+    }
+    Ok(Some(Aside { record, files }))
+}
+
+/// Puts every file of `aside` back where it was: a file with its text (0644, its folder made if
+/// it went), a mask as the link to `/dev/null` it was. The caller reloads systemd.
+pub async fn put_back(host: &dyn Host, aside: &Aside) -> Result<(), RemoteError> {
+    for f in &aside.files {
+        if let Some((parent, _)) = f.path.rsplit_once('/') {
+            host.run_ok(&["mkdir", "-p", "--", parent]).await?;
+        }
+        if f.mask {
+            host.run_ok(&["ln", "-sfn", "/dev/null", &f.path]).await?;
+        } else {
+            host.write_file(&f.path, &f.text, "0644").await?;
+        }
+    }
+    Ok(())
+}
+
+/// The records kept for a unit, oldest first: for `history`, and for `rollback` to put the files
+/// of one back.
+pub async fn records(host: &dyn Host, unit: &str) -> Result<Vec<Aside>, RemoteError> {
+    const LIST: &str = "cd \"$1\" 2>/dev/null || exit 0; for f in $(ls -1 | sort -n); do printf '%s\\0' \"$PWD/$f\"; cat -- \"$f\"; printf '\\0'; done";
+    let out = host.run_ok(&["sh", "-c", LIST, "sh", &dir(unit)]).await?;
+    let mut parts = out.split('\0');
+    let mut records = Vec::new();
+    while let (Some(path), Some(json)) = (parts.next(), parts.next()) {
+        if path.is_empty() {
+            continue;
+        }
+        // A record that does not read is shown as empty rather than hiding the others.
+        let files = serde_json::from_str(json).unwrap_or_default();
+        records.push(Aside {
+            record: path.to_string(),
+            files,
+        });
+    }
+    Ok(records)
+}
+
+fn unix_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    #[tokio::test]
+    async fn each_file_is_kept_then_removed_and_a_mask_comes_back_as_a_link() {
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
+        let files = vec![
+            Moved {
+                path: "/etc/systemd/system/s.service.d/override.conf".into(),
+                mask: false,
+                text: "[Service]\nUser=x\n".into(),
+            },
+            Moved {
+                path: "/etc/systemd/system/s.service".into(),
+                mask: true,
+                text: String::new(),
+            },
+        ];
+        let aside = move_aside(&host, "s.service", files)
+            .await
+            .unwrap()
+            .unwrap();
+        let commands = host.commands();
+        assert!(
+            host.file(&aside.record)
+                .is_some_and(|t| t.contains("override.conf") && t.contains("User=x")),
+            "the record keeps each file's text"
+        );
+        let removed: Vec<&String> = commands
+            .iter()
+            .filter(|c| c[0] == "sh" && c[2].starts_with("rm -f"))
+            .map(|c| &c[4])
+            .collect();
+        assert_eq!(
+            removed,
+            [
+                "/etc/systemd/system/s.service.d/override.conf",
+                "/etc/systemd/system/s.service"
+            ]
+        );
+        put_back(&host, &aside).await.unwrap();
+        assert!(host
+            .commands()
+            .iter()
+            .any(|c| c == &["ln", "-sfn", "/dev/null", "/etc/systemd/system/s.service"]));
+        assert_eq!(
+            host.file("/etc/systemd/system/s.service.d/override.conf")
+                .as_deref(),
+            Some("[Service]\nUser=x\n")
+        );
+        assert!(move_aside(&host, "s.service", vec![])
+            .await
+            .unwrap()
+            .is_none());
+    }
+}

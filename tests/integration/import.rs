@@ -1,0 +1,293 @@
+//! `reconcile import HOST UNIT` on hand-written units run by real systemd: the manifest it writes
+//! plans as no restart against the same host, and applying it leaves the server running with the
+//! same argv (read back from `/proc`) and the same invocation. Each test has its own unit, port
+//! and GPUs on the import host.
+
+use std::time::Duration;
+
+use crate::lab::{lab, Ran, Reconcile, IMPORT};
+
+const UNIT_DIR: &str = "/etc/systemd/system";
+
+/// The environment every test unit needs to start quickly on the stand-in: two of its 64 GPUs.
+fn stand_in(gpu: u16) -> String {
+    format!(
+        "Environment=\"CUDA_VISIBLE_DEVICES={gpu},{}\" \"FAKE_SGLANG_GPU_COUNT=64\" \"FAKE_SGLANG_LOAD_SECONDS=1\"",
+        gpu + 1
+    )
+}
+
+/// Installs a hand-written unit (and its other files), starts it and waits until it runs.
+fn start(unit: &str, files: &[(String, String)]) {
+    lab().sh(
+        IMPORT,
+        &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf {UNIT_DIR}/{unit} {UNIT_DIR}/{unit}.d /var/lib/reconcile/{unit}; mkdir -p {UNIT_DIR}/{unit}.d /etc/sglang"),
+    );
+    for (path, text) in files {
+        lab().put(IMPORT, path, text);
+    }
+    lab().sh(
+        IMPORT,
+        &format!("systemctl daemon-reload && systemctl start {unit}"),
+    );
+    lab().wait_until(
+        IMPORT,
+        &format!("systemctl is-active --quiet {unit}"),
+        Duration::from_secs(20),
+    );
+}
+
+fn stop(unit: &str) {
+    lab().sh_quietly(
+        IMPORT,
+        &format!("systemctl disable --now {unit}; rm -rf {UNIT_DIR}/{unit} {UNIT_DIR}/{unit}.d /var/lib/reconcile/{unit}; systemctl daemon-reload"),
+    );
+}
+
+/// The argv the server's main process runs, from `/proc`, and systemd's invocation of it.
+fn running(unit: &str) -> (Vec<String>, String) {
+    let argv = lab().sh(
+        IMPORT,
+        &format!("tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value {unit})/cmdline"),
+    );
+    (
+        argv.lines().map(str::to_string).collect(),
+        lab().invocation(IMPORT, unit),
+    )
+}
+
+/// `reconcile import IMPORT unit -o manifests/imported.yaml` in a folder of its own, then
+/// `plan` and `apply` of what it wrote with `secrets` exported: the manifest, the import's stderr
+/// and the plan's JSON for the unit. Asserts the round trip: no restart planned, none happened,
+/// the same argv before and after.
+fn round_trip(unit: &str, secrets: &[(&str, &str)]) -> (String, String, serde_json::Value) {
+    let before = running(unit);
+    let run = secrets
+        .iter()
+        .fold(Reconcile::new(), |run, (var, value)| run.env(var, value));
+    std::fs::create_dir_all(run.dir().join("manifests")).unwrap();
+    let imported = run.run_args(&["import", IMPORT, unit, "-o", "manifests/imported.yaml"]);
+    assert_eq!(imported.code, 0, "{}{}", imported.stdout, imported.stderr);
+    let yaml = std::fs::read_to_string(run.dir().join("manifests/imported.yaml")).unwrap();
+    for (_, value) in secrets {
+        assert!(!yaml.contains(value), "a secret was copied:\n{yaml}");
+        assert!(!imported.stderr.contains(value), "{}", imported.stderr);
+    }
+
+    let planned = run.run_args(&["plan", "manifests/imported.yaml", "--format", "json"]);
+    assert!(
+        matches!(planned.code, 0 | 2),
+        "{}{}",
+        planned.stdout,
+        planned.stderr
+    );
+    let plan = planned.json()["units"][0].clone();
+    let verdict = plan["verdict"].as_str().unwrap_or_default().to_string();
+    assert!(
+        verdict == "reload_only" || verdict == "no_change",
+        "{verdict}: {plan:#}\n{yaml}"
+    );
+
+    let applied: Ran = run.run_args(&["apply", "manifests/imported.yaml", "--format", "json"]);
+    assert_eq!(
+        applied.code, 0,
+        "{}{}\n{yaml}",
+        applied.stdout, applied.stderr
+    );
+    let report = &applied.json()["units"][0];
+    assert!(
+        matches!(report["outcome"].as_str(), Some("reloaded" | "unchanged")),
+        "{report:#}"
+    );
+    assert_eq!(
+        running(unit),
+        before,
+        "the server was restarted or runs another argv"
+    );
+    let managed = lab().sh(IMPORT, &format!("cat {UNIT_DIR}/{unit}"));
+    assert!(managed.starts_with("# Managed by reconcile"), "{managed}");
+    // Planned again, the applied manifest is the host's unit: nothing to change.
+    let again = run.run_args(&["plan", "manifests/imported.yaml", "--format", "json"]);
+    assert_eq!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    (yaml, imported.stderr, plan)
+}
+
+#[test]
+fn the_seeds_unit_round_trips_with_its_secrets_kept_out() {
+    let unit = "t-import-seeds.service";
+    let text = format!(
+        "[Unit]\nDescription=SGLang test (hand-written)\nAfter=network-online.target\nWants=network-online.target\n\n[Service]\nType=simple\n{}\nEnvironment=\"NCCL_P2P_DISABLE=1\" HF_TOKEN=hf_import_secret_token\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --served-model-name test-model --host 127.0.0.1 --port 37201 --tp-size 2 --context-length 8192 --mem-fraction-static 0.85 --enable-metrics --api-key sk-import-secret-key\nUser=root\nRestart=on-failure\nRestartSec=10\nLimitNOFILE=1048576\nTimeoutStartSec=30min\n\n[Install]\nWantedBy=multi-user.target\n",
+        stand_in(40)
+    );
+    start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
+    let (yaml, stderr, _) = round_trip(
+        unit,
+        &[
+            ("HF_TOKEN", "hf_import_secret_token"),
+            ("SGLANG_API_KEY", "sk-import-secret-key"),
+        ],
+    );
+    assert!(yaml.contains("HF_TOKEN: { from_env: HF_TOKEN }"), "{yaml}");
+    assert!(
+        yaml.contains("api-key: { from_env: SGLANG_API_KEY }"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("    tp-size: 2\n") && yaml.contains("  LimitNOFILE: 1048576\n"),
+        "{yaml}"
+    );
+    assert!(
+        stderr.contains("export HF_TOKEN") && stderr.contains("export SGLANG_API_KEY"),
+        "{stderr}"
+    );
+
+    // Without the secrets exported, the manifest is refused before any host is contacted.
+    let run = Reconcile::new().manifest("imported.yaml", &yaml);
+    let refused = run.run_args(&["plan", "manifests/imported.yaml"]);
+    assert_eq!(refused.code, 1);
+    assert!(
+        refused
+            .stderr
+            .contains("env.HF_TOKEN: `HF_TOKEN` is not set in reconcile's environment"),
+        "{}",
+        refused.stderr
+    );
+    stop(unit);
+}
+
+#[test]
+fn quoted_values_and_percent_signs_round_trip() {
+    let unit = "t-import-quoted.service";
+    let text = format!(
+        "[Unit]\nDescription=Quoted at 100%% \"really\"\n\n[Service]\nType=simple\n{}\nEnvironment='GREETING=hello  world' \"RATIO=50%%\" PLAIN=x\\x41y\nExecStart=/usr/bin/python3 -m sglang.launch_server \\\n\t--model-path \"/models/test\" \\\n\t--served-model-name 'test model 100%%' \\\n\t--tp-size=2 \\\n\t--api-key \"$$NOT_A_VAR\" \\\n\t--port 37202\n",
+        stand_in(42)
+    );
+    start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
+    let (yaml, _, _) = round_trip(unit, &[("SGLANG_API_KEY", "$NOT_A_VAR")]);
+    assert!(
+        yaml.contains("served_model_name: \"test model 100%\""),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("RATIO: \"50%\"") && yaml.contains("GREETING: \"hello  world\""),
+        "{yaml}"
+    );
+    assert!(yaml.contains("  After: \"\""), "{yaml}");
+    stop(unit);
+}
+
+#[test]
+fn a_drop_in_is_folded_in_and_moved_aside() {
+    let unit = "t-import-dropin.service";
+    let text = format!(
+        "[Unit]\nDescription=with a drop-in\nAfter=network-online.target\nWants=network-online.target\n\n[Service]\nType=simple\n{}\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 37203 --tp-size 2\n\n[Install]\nWantedBy=multi-user.target\n",
+        stand_in(44)
+    );
+    let dropin = "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 37203 --tp-size 2 --context-length 4096\nEnvironment=EXTRA=1\nNice=5\n";
+    start(
+        unit,
+        &[
+            (format!("{UNIT_DIR}/{unit}"), text),
+            (
+                format!("{UNIT_DIR}/{unit}.d/override.conf"),
+                dropin.to_string(),
+            ),
+        ],
+    );
+    let (yaml, _, plan) = round_trip(unit, &[]);
+    let dropin_path = format!("{UNIT_DIR}/{unit}.d/override.conf");
+    assert!(yaml.contains("    context-length: 4096\n"), "{yaml}");
+    assert!(
+        yaml.contains(&format!("  EXTRA: \"1\"  # from {dropin_path}:4\n")),
+        "{yaml}"
+    );
+    assert!(yaml.contains("  dropins: replace\n"), "{yaml}");
+    assert!(
+        plan.to_string().contains(&dropin_path),
+        "the plan names the drop-in: {plan:#}"
+    );
+    let left = lab().sh(
+        IMPORT,
+        &format!("ls {UNIT_DIR}/{unit}.d/ 2>/dev/null | wc -l"),
+    );
+    assert_eq!(left.trim(), "0", "the drop-in was moved aside");
+    stop(unit);
+}
+
+#[test]
+fn an_environment_file_is_carried_as_is() {
+    let unit = "t-import-envfile.service";
+    let text = format!(
+        "[Unit]\nDescription=with an EnvironmentFile\nAfter=network-online.target\nWants=network-online.target\n\n[Service]\nType=simple\n{}\nEnvironmentFile=-/etc/sglang/t-import-envfile.env\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 37204 --tp-size 2\n\n[Install]\nWantedBy=multi-user.target\n",
+        stand_in(46)
+    );
+    start(
+        unit,
+        &[
+            (
+                "/etc/sglang/t-import-envfile.env".into(),
+                "HF_TOKEN=hf_in_the_env_file\n".into(),
+            ),
+            (format!("{UNIT_DIR}/{unit}"), text),
+        ],
+    );
+    let (yaml, _, _) = round_trip(unit, &[]);
+    assert!(
+        yaml.contains("  EnvironmentFile: \"-/etc/sglang/t-import-envfile.env\"\n"),
+        "{yaml}"
+    );
+    assert!(!yaml.contains("hf_in_the_env_file"), "{yaml}");
+    stop(unit);
+}
+
+#[test]
+fn list_flags_round_trip_as_lists() {
+    let unit = "t-import-lists.service";
+    let text = format!(
+        "[Unit]\nDescription=list flags\nAfter=network-online.target\nWants=network-online.target\n\n[Service]\nType=simple\n{}\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 37205 --tp-size 2 --cuda-graph-bs-decode 1 2 4 8 --bucket-time-to-first-token 0.1 0.5 2 --enable-metrics\n\n[Install]\nWantedBy=multi-user.target\n",
+        stand_in(48)
+    );
+    start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
+    let (yaml, _, _) = round_trip(unit, &[]);
+    assert!(
+        yaml.contains("    cuda-graph-bs-decode: [1, 2, 4, 8]\n"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("    bucket-time-to-first-token: [0.1, 0.5, 2]\n"),
+        "{yaml}"
+    );
+    stop(unit);
+}
+
+#[test]
+fn an_inexpressible_unit_is_refused_with_its_file_and_line() {
+    let unit = "t-import-refused.service";
+    let text = format!(
+        "[Unit]\nDescription=refused\n\n[Service]\nType=simple\n{}\nEnvironment=TP=2\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --port 37206 --tp-size ${{TP}}\n",
+        stand_in(50)
+    );
+    start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
+    let run = Reconcile::new();
+    let out = run.dir().join("imported.yaml");
+    let refused = run.run_args(&["import", IMPORT, unit, "-o", out.to_str().unwrap()]);
+    assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+    assert!(
+        refused.stderr.contains(&format!(
+            "error: {UNIT_DIR}/{unit}:8: `${{TP}}` in ExecStart is expanded by systemd"
+        )),
+        "{}",
+        refused.stderr
+    );
+    assert!(!out.exists(), "nothing is written");
+    let missing = run.run_args(&["import", IMPORT, "t-import-nothing"]);
+    assert_eq!(missing.code, 1);
+    assert!(
+        missing
+            .stderr
+            .contains("rl25 has no unit t-import-nothing.service"),
+        "{}",
+        missing.stderr
+    );
+    stop(unit);
+}
