@@ -229,6 +229,11 @@ pub enum Command {
     /// deployment record: the baseline the next apply's `benchmark` stage compares with.
     #[command(after_help = BENCH_HELP)]
     Bench(BenchArgs),
+    /// Measure the answers of the server each host runs now, without a restart (the manifest's
+    /// `verify.quality`, or its defaults): compared with the reference the host keeps, then kept
+    /// as the reference the next apply's `quality` stage compares with.
+    #[command(after_help = QUALITY_HELP)]
+    Quality(QualityArgs),
     /// Restore a kept deployment (default: the one before the current) through apply's install,
     /// restart and staged verification, host by host.
     #[command(after_help = ROLLBACK_HELP)]
@@ -310,6 +315,25 @@ Exit codes:
   0  every host was benchmarked and its figures stored
   1  a host could not be reached or benchmarked (requests failed, the unit is not running, no
      deployment record to keep the figures in, locked)";
+
+const QUALITY_HELP: &str = "\
+Examples:
+  reconcile quality sglang-qwen
+  reconcile quality sglang-qwen --host gpu-a --format json
+
+Exit codes:
+  0  measured and kept as the reference on every host
+  1  a host could not be measured, or its server no longer answers as its kept reference says
+     (nothing was stored there)";
+
+#[derive(Debug, Args)]
+pub struct QualityArgs {
+    #[command(flatten)]
+    pub history: HistoryArgs,
+
+    #[command(flatten)]
+    pub lock: LockArgs,
+}
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {

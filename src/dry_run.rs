@@ -137,6 +137,25 @@ fn planned_with(
     sglang: Option<String>,
 ) -> PlanOutcome {
     planned.preflight = findings;
+    // A restart is judged on its answers too: the pull request says so before it merges.
+    if let Some(q) = &t.verify.quality {
+        if matches!(
+            planned.verdict,
+            crate::plan::Verdict::Restart | crate::plan::Verdict::Install
+        ) {
+            planned.judged_on_quality = true;
+            let gate = if q.gate {
+                "rolled back"
+            } else {
+                "reported only (gate off)"
+            };
+            planned.notes.push(format!(
+                "apply judges this change on quality (verify.quality): KL against the host's reference, {}{}; a drop beyond the limits is {gate}",
+                if q.needle.is_some() { "the needle check, " } else { "" },
+                if q.cases.is_some() { "the cases" } else { "the greedy tokens" },
+            ));
+        }
+    }
     planned.recorded = Some(PlannedState {
         desired_sha256: sha256(&t.desired.text),
         current_sha256: observed.unit_text.as_deref().map(sha256),

@@ -25,6 +25,7 @@ pub mod load;
 pub mod plan_file;
 pub mod preflight;
 pub mod probe;
+pub mod quality;
 pub mod remote;
 pub mod report;
 pub mod router;

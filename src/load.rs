@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::manifest::{self, Manifest, ManifestError, ManifestErrors};
 use crate::redact::Redactor;
 use crate::sglang::{self, ManifestFinding, Severity};
+use reconcile_core::quality;
 
 pub struct Loaded {
     pub manifests: Vec<Manifest>,
@@ -36,6 +37,10 @@ pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, Failed> {
         if !unresolved.is_empty() {
             return unresolved;
         }
+        let quality_errors = read_quality_files(m, text);
+        if !quality_errors.is_empty() {
+            return quality_errors;
+        }
         let checked = sglang::check_manifest(m, text);
         // Render what argparse would run: `tp` becomes `--tp-size`, safe from a later ambiguity.
         checked.apply_renames(m);
@@ -58,6 +63,65 @@ pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, Failed> {
             redactor,
         }),
     }
+}
+
+/// Reads the files `verify.quality` names (`prompts_file`, `cases`), relative to the manifest's
+/// folder, into the spec; what cannot be read or parsed is an error naming the file and line (a
+/// file that is not there: the manifest's line naming it).
+fn read_quality_files(m: &mut Manifest, text: &str) -> Vec<ManifestError> {
+    let source = m.source.clone();
+    let Some(q) = m.verify.quality.as_mut() else {
+        return Vec::new();
+    };
+    let folder = Path::new(&source)
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mut errors = Vec::new();
+    let mut read = |key: &str, written: &str| -> Option<(String, String)> {
+        let path = folder.join(written);
+        let shown = display_path(&path);
+        match std::fs::read_to_string(&path) {
+            Ok(content) => Some((shown, content)),
+            Err(e) => {
+                errors.push(ManifestError::Invalid {
+                    file: source.clone(),
+                    position: manifest::field_position(text, &["verify", "quality", key]),
+                    field: format!("verify.quality.{key}"),
+                    message: format!("{shown} cannot be read: {e}"),
+                });
+                None
+            }
+        }
+    };
+    let parsed_error = |field: &str, e: quality::QualityFileError| ManifestError::Invalid {
+        file: e.file.clone(),
+        position: Some(manifest::Position {
+            line: e.line,
+            column: 1,
+        }),
+        field: field.to_string(),
+        message: e.message,
+    };
+    let mut parse_errors = Vec::new();
+    if let Some(file) = q.prompts_file.as_mut() {
+        if let Some((shown, content)) = read("prompts_file", &file.path) {
+            match quality::parse_prompts(&shown, &content) {
+                Ok(prompts) => file.content = prompts,
+                Err(e) => parse_errors.push(parsed_error("prompt", e)),
+            }
+        }
+    }
+    if let Some(file) = q.cases.as_mut() {
+        if let Some((shown, content)) = read("cases", &file.path) {
+            match quality::parse_cases(&shown, &content) {
+                Ok(cases) => file.content = cases,
+                Err(e) => parse_errors.push(parsed_error("case", e)),
+            }
+        }
+    }
+    errors.extend(parse_errors);
+    errors
 }
 
 /// Every manifest under `paths` (files, or folders searched for `*.yaml` and `*.yml`), read: the

@@ -5,8 +5,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::{
-    AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, ImportArgs, PlanArgs, RenderArgs,
-    RollbackArgs, SshArgs, StatusArgs, ValidateArgs,
+    AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, ImportArgs, PlanArgs, QualityArgs,
+    RenderArgs, RollbackArgs, SshArgs, StatusArgs, ValidateArgs,
 };
 use crate::dry_run::Tally;
 use crate::redact::Redactor;
@@ -53,6 +53,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::History(args)) => history(args, &reach).await,
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
         Some(Command::Bench(args)) => bench(args, &reach).await,
+        Some(Command::Quality(args)) => quality(args, &reach).await,
         Some(Command::Agent(args)) => Ok(ExitCode::from(agent_rounds(args, &reach).await)),
         Some(Command::Import(args)) => import(args, &reach).await,
         Some(Command::Completions(args)) => {
@@ -276,6 +277,28 @@ async fn bench(args: BenchArgs, reach: &Reach) -> Result<ExitCode, Error> {
         }
     };
     print!("{}", report::bench::render(&results, args.history.format));
+    Ok(ExitCode::from(u8::from(
+        results.iter().any(|r| r.error.is_some()),
+    )))
+}
+
+/// `reconcile quality`: the quality measurement against the running servers, kept as reference.
+async fn quality(args: QualityArgs, reach: &Reach) -> Result<ExitCode, Error> {
+    let (unit, hosts, manifest, _) = service_hosts(&args.history)?;
+    let spec = manifest
+        .as_ref()
+        .and_then(|m| m.verify.quality.clone())
+        .unwrap_or_default();
+    let options = crate::quality::hosts::QualityOptions {
+        spec: &spec,
+        url: manifest.as_ref().and_then(|m| m.verify.url.as_deref()),
+        owner: apply::Owner::this_process(),
+        lock: args.lock.policy(),
+        cancel: signals::stop_on_signal(),
+    };
+    let ssh = ssh_options(reach, &args.history.ssh);
+    let results = crate::quality::hosts::quality_hosts(&hosts, &unit, &ssh, 8, &options).await;
+    print!("{}", report::quality::render(&results, args.history.format));
     Ok(ExitCode::from(u8::from(
         results.iter().any(|r| r.error.is_some()),
     )))

@@ -37,8 +37,8 @@ fn layer_of(krate: Krate, module: &[String]) -> Option<Layer> {
         "remote" => Layer::Edge,
         "cli" | "report" | "run" => Layer::Face,
         "agent" | "apply" | "bench" | "drain" | "dry_run" | "fleet" | "history" | "load"
-        | "import" | "plan_io" | "preflight" | "probe" | "router" | "signals" | "status"
-        | "systemd" | "verify" | "plan_file" | "options" => Layer::Orchestration,
+        | "import" | "plan_io" | "preflight" | "probe" | "quality" | "router" | "signals"
+        | "status" | "systemd" | "verify" | "plan_file" | "options" => Layer::Orchestration,
         _ => return None,
     })
 }

@@ -19,6 +19,11 @@ pub struct Level {
     pub itl_p99_ms: f64,
     /// Requests that failed (an HTTP error, a broken stream, no token).
     pub errors: u32,
+    /// With speculative decoding: the server's mean acceptance length after the level
+    /// (`sglang:spec_accept_length` on `/metrics`, served with `--enable-metrics`), so a change of
+    /// speculative flags shows it before and after.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec_accept_length: Option<f64>,
 }
 
 /// What a deployment record keeps of a benchmark.
@@ -125,7 +130,31 @@ pub fn level(concurrency: u32, samples: &[RequestSample], wall_seconds: f64) -> 
         itl_p50_ms: round(percentile(&itl, 50.0)),
         itl_p99_ms: round(percentile(&itl, 99.0)),
         errors: (samples.len() - ok.len()) as u32,
+        spec_accept_length: None,
     }
+}
+
+/// `sglang:spec_accept_length` from a `/metrics` text: a gauge of SGLang 0.5.23's
+/// `observability/metrics_collector.py` ("Mean acceptance length of speculative decoding
+/// (accepted drafts + bonus token per forward)", multiprocess mode `mostrecent`), one sample per
+/// label set; the largest is taken (one per DP rank). `None` when absent or 0 (no speculative
+/// decoding ran).
+pub fn spec_accept_length(metrics: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let rest = l.strip_prefix("sglang:spec_accept_length")?;
+            if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                return None;
+            }
+            let value = rest.rsplit(' ').next()?.parse::<f64>().ok()?;
+            value.is_finite().then_some(value)
+        })
+        .fold(None, |max: Option<f64>, v| {
+            Some(max.map_or(v, |m| m.max(v)))
+        })
+        .filter(|v| *v > 0.0)
 }
 
 /// One level compared with the previous figures.
@@ -137,6 +166,9 @@ pub struct LevelChange {
     /// Percent change of output tokens/s (negative: slower).
     pub change_percent: f64,
     pub regressed: bool,
+    /// Speculative decoding's acceptance length before and after, when either server had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_accept_length: Option<(Option<f64>, Option<f64>)>,
 }
 
 /// The current figures against the previous deployment's.
@@ -164,7 +196,18 @@ impl Comparison {
                 } else {
                     String::new()
                 };
-                format!("{:+.1}% at {}{over}", l.change_percent, l.concurrency)
+                let accept = match l.spec_accept_length {
+                    Some((before, now)) => {
+                        let shown =
+                            |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+                        format!(" (accept length {} -> {})", shown(before), shown(now))
+                    }
+                    None => String::new(),
+                };
+                format!(
+                    "{:+.1}% at {}{over}{accept}",
+                    l.change_percent, l.concurrency
+                )
             })
             .collect();
         if parts.is_empty() {
@@ -207,6 +250,9 @@ pub fn compare(previous: &[Level], current: &[Level], max_regression: f64) -> Co
             tokens_per_s: now.output_tokens_per_s,
             change_percent: change,
             regressed: -change > max_regression,
+            spec_accept_length: (before.spec_accept_length.is_some()
+                || now.spec_accept_length.is_some())
+            .then_some((before.spec_accept_length, now.spec_accept_length)),
         });
     }
     Comparison {
@@ -378,7 +424,19 @@ mod tests {
             itl_p50_ms: 5.0,
             itl_p99_ms: 9.0,
             errors: 0,
+            spec_accept_length: None,
         }
+    }
+
+    #[test]
+    fn the_accept_length_is_read_from_sglangs_gauge() {
+        let metrics = "# HELP sglang:spec_accept_length Mean acceptance length\n# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length{model_name=\"m\",engine_type=\"unified\",tp_rank=\"0\"} 2.75\nsglang:spec_accept_rate{model_name=\"m\"} 0.6\nsglang:spec_accept_length_total 9\n";
+        assert_eq!(spec_accept_length(metrics), Some(2.75));
+        assert_eq!(spec_accept_length("sglang:num_running_reqs{} 0.0\n"), None);
+        assert_eq!(
+            spec_accept_length("sglang:spec_accept_length{a=\"1\"} 0.0\n"),
+            None
+        );
     }
 
     #[test]

@@ -334,6 +334,7 @@ mod tests {
             trajectory,
             restored_from: None,
             benchmark: None,
+            quality: None,
         }
     }
 

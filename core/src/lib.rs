@@ -23,6 +23,7 @@ pub mod observed;
 pub mod plan;
 pub mod plan_file;
 pub mod preflight;
+pub mod quality;
 pub mod record;
 pub mod redact;
 pub mod router;

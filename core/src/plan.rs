@@ -94,6 +94,9 @@ pub struct UnitPlan {
     pub notes: Vec<String>,
     /// What the host lacks for this unit to start (see `preflight`); an error here fails the plan.
     pub preflight: Vec<Finding>,
+    /// Apply will judge this change on its answers (`verify.quality`): set by `dry_run`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub judged_on_quality: bool,
     /// What a plan file records for this unit (hashes, the installed SGLang); filled in by
     /// `dry_run`, which read the host. Not part of any report.
     #[serde(skip)]
@@ -210,6 +213,7 @@ pub fn plan(
         state: observed.state.clone(),
         drift,
         preflight: Vec::new(),
+        judged_on_quality: false,
         recorded: None,
     }
 }

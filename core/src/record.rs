@@ -36,6 +36,26 @@ pub struct Record {
     /// The throughput gate's figures (`verify.benchmark`, or `reconcile bench`), when it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub benchmark: Option<crate::benchmark::BenchmarkRecord>,
+    /// The quality gate's figures (`verify.quality`, or `reconcile quality`), when it ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quality: Option<QualityFigures>,
+}
+
+/// What `history` shows of a deployment's quality stage: the KL against the reference, and the
+/// needle's pass rate.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityFigures {
+    pub verdict: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needle_passed: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needle_total: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cases_passed: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cases_total: Option<u32>,
 }
 
 /// One point of a load's memory trajectory.
@@ -134,6 +154,7 @@ mod tests {
             trajectory: Vec::new(),
             restored_from: Some(2),
             benchmark: None,
+            quality: None,
         }
     }
 

@@ -49,6 +49,15 @@ pub struct Layered {
 }
 
 impl Fallback {
+    /// What the previous unit serves (port, model, key), drop-ins and all.
+    fn previous_expect(&self) -> Option<Expect> {
+        match (&self.layers.model, &self.previous) {
+            (Some(model), _) => Some(Expect::from_unit(model)),
+            (None, Some(text)) => Some(Expect::from_unit(&parse_unit(text))),
+            (None, None) => None,
+        }
+    }
+
     /// The rollback's restore: the previous unit back, and running again only if it ran.
     fn restore<'a>(&'a self, job: &Job<'a>) -> Restore<'a> {
         let t = job.t;
@@ -86,6 +95,19 @@ pub async fn install(
 ) -> Ending {
     let (host, t, options) = (job.host, job.t, job.options);
     let unit = &t.desired.unit;
+    // The quality gate's reference and noise floor, read from the old server while it serves.
+    // Not for `reconcile rollback`: a kept deployment is put back because the newest went wrong,
+    // and the newest is what the reference may come from.
+    let quality_before = match (&t.verify.quality, verdict) {
+        (Some(spec), Verdict::Restart | Verdict::Install) if options.restoring.is_none() => {
+            let previous = fallback
+                .was_running
+                .then(|| fallback.previous_expect())
+                .flatten();
+            Some(super::quality::before(job, spec, previous.as_ref()).await)
+        }
+        _ => None,
+    };
     // Drained before anything changes: during a long wait the host keeps the old unit, so a
     // server that crashes meanwhile comes back as it was, and a refusal has nothing to undo.
     if let Some(ending) = drain(job, verdict, &fallback, report).await {
@@ -147,6 +169,7 @@ pub async fn install(
         history: history.as_ref(),
         learned_notes: &learned_notes,
         before: before.as_ref(),
+        quality: quality_before.as_ref(),
         invocation: &invocation,
     };
     verify_restarted(job, &fallback, report, restarted).await
@@ -200,6 +223,8 @@ struct Restarted<'a> {
     history: Option<&'a LoadHistory>,
     learned_notes: &'a [String],
     before: Option<&'a crate::record::Record>,
+    /// What the quality gate read before the restart (`verify.quality`).
+    quality: Option<&'a super::quality::Before>,
     invocation: &'a str,
 }
 
@@ -233,9 +258,32 @@ async fn verify_restarted(
                 let failed = Failed::stage("benchmark", reason, r.invocation);
                 return roll_back(job, fallback, report, failed).await;
             }
+            let keep = match quality_gate(job, &mut v, r.quality, report).await {
+                Err(reason) => {
+                    report.verification = Some(v);
+                    let failed = Failed::stage("quality", reason, r.invocation);
+                    return roll_back(job, fallback, report, failed).await;
+                }
+                Ok(keep) => keep,
+            };
             let mut ending = decide::converged(&v);
             if let Some(b) = &report.benchmark {
                 ending.detail.push_str(&decide::benchmark_passed(&b.detail));
+            }
+            if let Some(q) = &report.quality {
+                ending.detail.push_str(&format!("; quality: {}", q.detail));
+            }
+            if let Some(reference) = keep {
+                report
+                    .notes
+                    .extend(reconcile_core::quality::oversize_note(&reference));
+                // The converged server's answers are what the next change is compared with.
+                if let Err(e) = crate::quality::keep_reference(host, unit, &reference).await {
+                    report.notes.push(format!(
+                        "quality: the new reference could not be kept: {}",
+                        error_chain(&e)
+                    ));
+                }
             }
             record(job, "converged", Some(&v), report).await;
             report.verification = Some(v);
@@ -251,6 +299,30 @@ async fn verify_restarted(
             let failed = Failed::stage(stage, reason, r.invocation);
             roll_back(job, fallback, report, failed).await
         }
+    }
+}
+
+/// The quality gate, when the manifest asks for one (`verify.quality`): its figures go into the
+/// report; `Err` is why the stage failed, `Ok` the reference to keep once the unit converges.
+async fn quality_gate(
+    job: &Job<'_>,
+    v: &mut Verification,
+    before: Option<&super::quality::Before>,
+    report: &mut UnitReport,
+) -> Result<Option<reconcile_core::quality::Reference>, String> {
+    let Some(spec) = job.t.verify.quality.as_ref() else {
+        return Ok(None);
+    };
+    if job.options.restoring.is_some() {
+        return Ok(None);
+    }
+    let nothing = super::quality::Before::default();
+    let (q, keep) = super::quality::stage(job, spec, v, before.unwrap_or(&nothing)).await;
+    let failed = q.fails().then(|| q.detail.clone());
+    report.quality = Some(q);
+    match failed {
+        Some(reason) => Err(reason),
+        None => Ok(keep),
     }
 }
 
@@ -469,6 +541,7 @@ async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: 
             .unwrap_or_default(),
         restored_from: options.restoring,
         benchmark: report.benchmark.as_ref().and_then(|b| b.record()),
+        quality: report.quality.as_ref().map(|q| q.figures()),
     };
     if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
         report.notes.push(format!(

@@ -17,6 +17,7 @@ mod benchmark;
 mod decide;
 mod error;
 mod install;
+mod quality;
 mod restore;
 mod rollout;
 mod schedule;
@@ -114,6 +115,9 @@ pub struct UnitReport {
     /// The drain before the restart, when the manifest has `drain:` and the unit was to restart.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain: Option<crate::drain::DrainReport>,
+    /// The quality stage's figures and verdict, when the manifest has `verify.quality`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<reconcile_core::quality::QualityReport>,
 }
 
 /// The git commit the manifests were read from, for deployment records.
@@ -303,6 +307,7 @@ pub(crate) fn refused(
         seconds: 0.0,
         benchmark: None,
         drain: None,
+        quality: None,
     }
 }
 
@@ -470,6 +475,7 @@ impl Report {
             seconds: 0.0,
             benchmark: None,
             drain: None,
+            quality: None,
         };
         Report { report, started }
     }
@@ -759,6 +765,7 @@ mod tests {
             trajectory: Vec::new(),
             restored_from: None,
             benchmark: None,
+            quality: None,
         })
         .unwrap()
     }

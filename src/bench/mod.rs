@@ -33,7 +33,12 @@ pub async fn run(
     let mut levels = Vec::new();
     let mut first_error = None;
     for &concurrency in &spec.levels {
-        let (figures, error) = run_level(server, model, spec, concurrency).await;
+        let (mut figures, error) = run_level(server, model, spec, concurrency).await;
+        // The acceptance length SGLang keeps of the level's decoding (with speculative decoding
+        // and `--enable-metrics`; absent otherwise, and nothing to fail on).
+        if let Ok(Some(metrics)) = server.metrics().await {
+            figures.spec_accept_length = crate::benchmark::spec_accept_length(&metrics);
+        }
         on_level(&figures);
         levels.push(figures);
         first_error = first_error.or(error);
@@ -59,7 +64,9 @@ pub fn level_line(l: &Level) -> String {
         l.itl_p50_ms,
         l.itl_p99_ms,
         if l.errors > 0 { format!(", {} errors", l.errors) } else { String::new() }
-    )
+    ) + &l
+        .spec_accept_length
+        .map_or(String::new(), |a| format!(", accept length {a:.2}"))
 }
 
 /// One level: `concurrency` workers, each sending one request after another, until the level's

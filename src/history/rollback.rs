@@ -231,6 +231,7 @@ mod tests {
             trajectory: Vec::new(),
             restored_from: None,
             benchmark: None,
+            quality: None,
         };
         let t = restore_target("gpu-a", "s.service", text.into(), &record, None);
         assert_eq!(t.desired.text, text);

@@ -309,6 +309,29 @@ impl Server {
         parse_answer(&body)
     }
 
+    /// One JSON request to SGLang's native API (`/generate`): the answer's body, or why there was
+    /// none (the status and the start of the body). The same limit as a chat completion: SGLang
+    /// answers when the whole batch is done.
+    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> Result<String, String> {
+        let response = self
+            .authorized(self.client.post(format!("{}{path}", self.base)))
+            .timeout(CHAT_TIMEOUT)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| e.to_string())?;
+        if !status.is_success() {
+            return Err(format!(
+                "{path} answered {status}: {}",
+                text.chars().take(200).collect::<String>()
+            ));
+        }
+        Ok(text)
+    }
+
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.api_key {
             Some(key) => request.bearer_auth(key),

@@ -133,12 +133,24 @@ fn outcome(r: &Record) -> String {
         Some(n) => format!("rollback to {n} ({})", r.outcome),
         None => r.outcome.clone(),
     };
-    match r.benchmark.as_ref().and_then(|b| b.highest()) {
+    let outcome = match r.benchmark.as_ref().and_then(|b| b.highest()) {
         Some(l) => format!(
             "{outcome}  {}: {} tok/s",
             l.concurrency,
             crate::benchmark::thousands(l.output_tokens_per_s)
         ),
         None => outcome,
+    };
+    // The quality stage's KL against the reference, and the needle's pass rate.
+    let Some(q) = &r.quality else {
+        return outcome;
+    };
+    let mut shown = format!("{outcome}  quality {}", q.verdict);
+    if let Some(kl) = q.kl_mean {
+        shown.push_str(&format!(", KL {kl:.4}"));
     }
+    if let (Some(passed), Some(total)) = (q.needle_passed, q.needle_total) {
+        shown.push_str(&format!(", needle {passed}/{total}"));
+    }
+    shown
 }

@@ -166,6 +166,9 @@ fn changes_cell(p: &UnitPlan) -> String {
         None => format!("**{}**", d.kind()),
     });
     lines.splice(0..0, drift);
+    if p.judged_on_quality {
+        lines.push("judged on quality (`verify.quality`)".into());
+    }
     // Preflight first: a unit its host cannot run matters more than what changes in it.
     let preflight = p.preflight.iter().map(|f| match f.severity {
         Severity::Error => format!("**preflight {}**", html(&preflight_line(f))),

@@ -10,6 +10,7 @@ pub mod bench;
 mod fleet_tests;
 pub mod history;
 mod markdown;
+pub mod quality;
 pub mod status;
 mod text;
 

@@ -435,6 +435,7 @@ mod tests {
             trajectory: Vec::new(),
             restored_from: None,
             benchmark: None,
+            quality: None,
         }
     }
 

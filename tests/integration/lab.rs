@@ -388,6 +388,18 @@ impl Reconcile {
         Ran::from(command.output().expect("reconcile runs"))
     }
 
+    /// Runs the binary in the same folder for a command that reaches no host (`validate`, which
+    /// takes no SSH options).
+    pub fn run_offline(&self, args: &[&str]) -> Ran {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_reconcile"));
+        command
+            .args(args)
+            .current_dir(self.dir.path())
+            .env("NO_COLOR", "1")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        Ran::from(command.output().expect("reconcile runs"))
+    }
+
     /// The unit text `reconcile render` gives for a host (tests' manifests hold no secrets).
     pub fn rendered(&self, host: &str) -> String {
         let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))

@@ -16,6 +16,7 @@ mod learned;
 mod plan_file;
 mod preflight;
 mod pty;
+mod quality;
 mod real_server;
 mod real_sglang;
 mod router;

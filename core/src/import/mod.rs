@@ -105,27 +105,6 @@ const RENDERED_DEFAULTS: [(&str, &str); 3] = [
     ("Install.WantedBy", "multi-user.target"),
 ];
 
-/// Unit and Install settings that list units: several lines of them mean the same as one line
-/// with the values joined, and they take effect with a reload.
-const LIST_SETTINGS: [&str; 16] = [
-    "After",
-    "Before",
-    "Wants",
-    "Requires",
-    "Requisite",
-    "BindsTo",
-    "PartOf",
-    "Conflicts",
-    "Upholds",
-    "Documentation",
-    "OnFailure",
-    "OnSuccess",
-    "WantedBy",
-    "RequiredBy",
-    "Alias",
-    "Also",
-];
-
 /// The files of `files` a manifest answers for: the unit file and the unit's own drop-ins
 /// (`<unit>.d/`). Drop-ins shared with other units (`service.d/`, a prefix's) stay in force
 /// whatever unit is installed, so they are not folded in.
@@ -448,7 +427,9 @@ impl<'a> Reader<'a> {
             }
             let value = match lines.as_slice() {
                 [one] => one.value.clone(),
-                several if section != "Service" && LIST_SETTINGS.contains(&key) => {
+                // Unit and Install settings that list units: several lines of them mean the same
+                // as one line with the values joined, and they take effect with a reload.
+                several if section != "Service" && crate::unit::is_list_setting(setting) => {
                     self.notes.push(format!("{key}= is given on {} lines; the manifest joins them on one (a reload at most)", several.len()));
                     several
                         .iter()

@@ -21,6 +21,13 @@ pub use reference::{RefTarget, Reference};
 pub use router::{AdminKey, RouterSpec};
 pub use validate::{validate, validate_fleet};
 
+/// Where a field (a path of keys, `["verify", "quality", "cases"]`) is in a manifest's text: for
+/// errors found outside the manifest itself, such as a file it names that cannot be read.
+pub fn field_position(text: &str, path: &[&str]) -> Option<Position> {
+    let segs: Vec<locate::Seg> = path.iter().map(|k| locate::Seg::Key(k)).collect();
+    locate::locate(text, &segs)
+}
+
 /// One service (one systemd unit) deployed to one or more hosts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
@@ -165,6 +172,8 @@ pub struct VerifySpec {
     pub explicit: Explicit,
     /// The throughput gate run after every other stage passed (`verify.benchmark`).
     pub benchmark: Option<BenchmarkSpec>,
+    /// The quality gate, after the benchmark (`verify.quality`).
+    pub quality: Option<crate::quality::QualitySpec>,
 }
 
 /// The verification values a manifest set itself, rather than left to their defaults: a load
@@ -260,6 +269,7 @@ impl Default for VerifySpec {
             smoke: None,
             explicit: Explicit::default(),
             benchmark: None,
+            quality: None,
         }
     }
 }

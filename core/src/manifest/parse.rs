@@ -146,6 +146,7 @@ struct RawVerify {
     url: Option<String>,
     smoke: Option<RawSmoke>,
     benchmark: Option<RawBenchmark>,
+    quality: Option<RawQuality>,
 }
 
 #[derive(Deserialize)]
@@ -170,6 +171,70 @@ impl RawBenchmark {
             requests: self.requests,
             duration: self.duration.map(|d| d.0),
             max_regression: self.max_regression.unwrap_or(d.max_regression),
+            gate: self.gate.unwrap_or(d.gate),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawQuality {
+    prompts: Option<u32>,
+    prompts_file: Option<String>,
+    max_new_tokens: Option<u32>,
+    factor: Option<f64>,
+    min_kl: Option<f64>,
+    needle: Option<RawNeedle>,
+    cases: Option<String>,
+    max_pass_drop: Option<f64>,
+    gate: Option<bool>,
+}
+
+/// `needle: true` (the defaults), `false`, or its settings.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawNeedle {
+    On(bool),
+    Settings(RawNeedleSettings),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNeedleSettings {
+    lengths: Option<Vec<u32>>,
+    depths: Option<Vec<f64>>,
+}
+
+impl RawQuality {
+    /// The spec, its files named but not read: the binary's loader reads them.
+    fn into_spec(self) -> crate::quality::QualitySpec {
+        use crate::quality::{LoadedFile, NeedleSpec, QualitySpec};
+        let d = QualitySpec::default();
+        fn unread<T>(path: String) -> LoadedFile<Vec<T>> {
+            LoadedFile {
+                path,
+                content: Vec::new(),
+            }
+        }
+        QualitySpec {
+            prompts: self.prompts.unwrap_or(d.prompts),
+            prompts_file: self.prompts_file.map(unread),
+            max_new_tokens: self.max_new_tokens.unwrap_or(d.max_new_tokens),
+            factor: self.factor.unwrap_or(d.factor),
+            min_kl: self.min_kl.unwrap_or(d.min_kl),
+            needle: match self.needle {
+                None | Some(RawNeedle::On(false)) => None,
+                Some(RawNeedle::On(true)) => Some(NeedleSpec::default()),
+                Some(RawNeedle::Settings(s)) => {
+                    let n = NeedleSpec::default();
+                    Some(NeedleSpec {
+                        lengths: s.lengths.unwrap_or(n.lengths),
+                        depths: s.depths.unwrap_or(n.depths),
+                    })
+                }
+            },
+            cases: self.cases.map(unread),
+            max_pass_drop: self.max_pass_drop.unwrap_or(d.max_pass_drop),
             gate: self.gate.unwrap_or(d.gate),
         }
     }
@@ -366,6 +431,7 @@ impl RawManifest {
                 }),
                 explicit,
                 benchmark: v.benchmark.map(RawBenchmark::into_spec),
+                quality: v.quality.map(RawQuality::into_spec),
             },
             router: self.router.map(RawRouter::into_spec),
             drain: self.drain.map(RawDrain::into_spec),

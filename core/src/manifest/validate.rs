@@ -40,6 +40,9 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     if let Some(b) = &m.verify.benchmark {
         check.benchmark(b);
     }
+    if let Some(q) = &m.verify.quality {
+        check.quality(q);
+    }
     super::router::check(m, text, &mut |path, message| check.fail(path, message));
     if let Some(d) = &m.drain {
         check.drain(m, d);
@@ -266,6 +269,72 @@ impl Checker<'_> {
     }
 
     /// `verify.benchmark`: numbers a load test can run with, and one way to size a level.
+    fn quality(&mut self, q: &crate::quality::QualitySpec) {
+        let at = |key| [Seg::Key("verify"), Seg::Key("quality"), Seg::Key(key)];
+        if !(1..=256).contains(&q.prompts) {
+            self.fail(&at("prompts"), "prompts must be between 1 and 256");
+        }
+        if !(1..=4096).contains(&q.max_new_tokens) {
+            self.fail(
+                &at("max_new_tokens"),
+                "max_new_tokens must be between 1 and 4096",
+            );
+        }
+        if !(q.factor.is_finite() && q.factor >= 1.0) {
+            self.fail(
+                &at("factor"),
+                "factor must be a number of at least 1 (the noise floor times it)",
+            );
+        }
+        if !(q.min_kl.is_finite() && q.min_kl >= 0.0) {
+            self.fail(&at("min_kl"), "min_kl must be a number of at least 0");
+        }
+        if !(q.max_pass_drop.is_finite() && (0.0..=100.0).contains(&q.max_pass_drop)) {
+            self.fail(
+                &at("max_pass_drop"),
+                "max_pass_drop is percentage points, between 0 and 100",
+            );
+        }
+        for (key, file) in [
+            ("prompts_file", q.prompts_file.as_ref().map(|f| &f.path)),
+            ("cases", q.cases.as_ref().map(|f| &f.path)),
+        ] {
+            if file.is_some_and(|p| p.trim().is_empty()) {
+                self.fail(&at(key), format!("{key} names no file"));
+            }
+        }
+        if let Some(n) = &q.needle {
+            let needle = |key| {
+                [
+                    Seg::Key("verify"),
+                    Seg::Key("quality"),
+                    Seg::Key("needle"),
+                    Seg::Key(key),
+                ]
+            };
+            for (i, length) in n.lengths.iter().enumerate() {
+                if *length < 64 {
+                    let mut path = needle("lengths").to_vec();
+                    path.push(Seg::Index(i));
+                    self.fail(&path, "a needle length is at least 64 tokens (the key and the question need room)");
+                }
+            }
+            if n.depths.is_empty() {
+                self.fail(&needle("depths"), "list at least one depth (0.1, 0.5, 0.9)");
+            }
+            for (i, depth) in n.depths.iter().enumerate() {
+                if !(depth.is_finite() && *depth > 0.0 && *depth < 1.0) {
+                    let mut path = needle("depths").to_vec();
+                    path.push(Seg::Index(i));
+                    self.fail(
+                        &path,
+                        "a depth is a fraction of the prompt, above 0 and below 1",
+                    );
+                }
+            }
+        }
+    }
+
     fn benchmark(&mut self, b: &super::BenchmarkSpec) {
         let at = |key| [Seg::Key("verify"), Seg::Key("benchmark"), Seg::Key(key)];
         if b.levels.is_empty() {

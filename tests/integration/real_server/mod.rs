@@ -14,6 +14,7 @@
 mod compare;
 mod failures;
 mod lifecycle;
+mod quality;
 mod rollout;
 mod throughput;
 

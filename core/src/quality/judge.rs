@@ -1,0 +1,704 @@
+//! The quality stage's verdict: the new server's figures against the reference's, held to the
+//! threshold from the noise floor and to the pass-rate drop the manifest allows.
+
+use serde::Serialize;
+
+use crate::record::QualityFigures;
+
+use super::{settings_key, threshold, Comparison, NeedleRate, QualitySpec, Rate, Reference};
+
+/// What the quality stage came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Within the threshold and the allowed drops.
+    Passed,
+    /// The KL mean over the threshold, a pass rate dropped too far, or the check could not run.
+    Failed,
+    /// No reference with these settings: the new server's figures become the reference.
+    Recorded,
+    /// A reference exists, but nothing was compared with it (its tokens were not scored, and no
+    /// pass rate is in common).
+    NotCompared,
+}
+
+/// A pass rate now and in the reference.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RateChange {
+    /// The prompt length, for the needle check.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub length: Option<u32>,
+    pub now: Rate,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before: Option<Rate>,
+    /// Dropped by more than `max_pass_drop` points.
+    pub dropped: bool,
+}
+
+/// The quality stage's result, as the JSON report and the deployment history carry it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QualityReport {
+    pub verdict: Verdict,
+    /// Whether a failure fails the stage (`gate`).
+    pub gate: bool,
+    /// One line for the stage.
+    pub detail: String,
+    /// Every failure, each a sentence (also when the gate is off).
+    pub reasons: Vec<String>,
+    /// What the binary adds that is no failure (a reference that did not read, a floor that could
+    /// not be measured); empty from [`judge`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The new server's scores of the reference's tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
+    /// The old server's own KL over the reference; `None`: not measured (0 used).
+    pub floor: Option<f64>,
+    pub threshold: f64,
+    /// Per prompt length, now and before.
+    pub needle: Vec<RateChange>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cases: Option<RateChange>,
+    /// What the measurement cost, filled in by the binary: the wall time, the server's own time
+    /// on the requests (their `e2e_latency`), and the client's (building and reading them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// Seconds a measurement took, and whose they were.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Cost {
+    pub wall_seconds: f64,
+    pub server_seconds: f64,
+    pub client_seconds: f64,
+}
+
+impl QualityReport {
+    /// The stage fails: a failure with the gate on.
+    pub fn fails(&self) -> bool {
+        self.gate && self.verdict == Verdict::Failed
+    }
+
+    /// What the deployment record keeps of it, for `history`: the verdict, the KL mean and the
+    /// pass rates (the needle's summed over lengths).
+    pub fn figures(&self) -> QualityFigures {
+        let verdict = serde_json::to_value(self.verdict)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        let needle = (!self.needle.is_empty()).then(|| {
+            self.needle
+                .iter()
+                .fold((0, 0), |(p, t), n| (p + n.now.passed, t + n.now.total))
+        });
+        QualityFigures {
+            verdict,
+            kl_mean: self.comparison.as_ref().map(|c| c.mean_kl),
+            needle_passed: needle.map(|n| n.0),
+            needle_total: needle.map(|n| n.1),
+            cases_passed: self.cases.as_ref().map(|c| c.now.passed),
+            cases_total: self.cases.as_ref().map(|c| c.now.total),
+        }
+    }
+
+    /// A check that could not run at all (the server did not answer, an answer did not read).
+    pub fn could_not_run(spec: &QualitySpec, why: &str) -> QualityReport {
+        let gate_off = if spec.gate { "" } else { GATE_OFF };
+        QualityReport {
+            verdict: Verdict::Failed,
+            gate: spec.gate,
+            detail: format!("the quality check could not run{gate_off}: {why}"),
+            reasons: vec![format!("the quality check could not run: {why}")],
+            notes: Vec::new(),
+            comparison: None,
+            floor: None,
+            threshold: threshold(0.0, spec),
+            needle: Vec::new(),
+            cases: None,
+            cost: None,
+        }
+    }
+}
+
+const GATE_OFF: &str = " (gate off: not rolled back)";
+
+/// Judges the new server's figures against `reference`, the one stored under this spec's
+/// settings key (one whose key is not this spec's for its model is taken as none). `floor`: the
+/// old server's own KL over the reference, `None` when it was not running (0 is used, and the
+/// detail says so). `comparison`: the new server against the reference, `None` when its tokens
+/// were not scored. `needle_now` and `cases_now`: the new server's pass rates.
+pub fn judge(
+    spec: &QualitySpec,
+    reference: Option<&Reference>,
+    floor: Option<f64>,
+    comparison: Option<Comparison>,
+    needle_now: &[NeedleRate],
+    cases_now: Option<Rate>,
+) -> QualityReport {
+    let limit = threshold(floor.unwrap_or(0.0), spec);
+    let stale = reference.is_some_and(|r| r.settings_key != settings_key(spec, &r.model));
+    let reference = reference.filter(|_| !stale);
+    let change = |length, now: Rate, before: Option<Rate>| RateChange {
+        length,
+        now,
+        before,
+        dropped: before.is_some_and(|b| percent(b) - percent(now) > spec.max_pass_drop),
+    };
+    let needle: Vec<RateChange> = needle_now
+        .iter()
+        .map(|n| {
+            let before = reference
+                .and_then(|r| r.needle.iter().find(|b| b.length == n.length))
+                .map(NeedleRate::rate);
+            change(Some(n.length), n.rate(), before)
+        })
+        .collect();
+    let cases = cases_now.map(|now| change(None, now, reference.and_then(|r| r.cases)));
+    let comparison = comparison.filter(|_| reference.is_some());
+
+    let mut reasons = Vec::new();
+    if let Some(c) = comparison.as_ref().filter(|c| over(c.mean_kl, limit)) {
+        reasons.push(format!(
+            "{} > {}, {}",
+            kl_text(c),
+            limit_text(spec, floor, limit),
+            identical_text(c)
+        ));
+    }
+    for n in needle.iter().filter(|n| n.dropped) {
+        reasons.push(drop_text(
+            &format!("needle at {}", n.length.unwrap_or(0)),
+            n,
+            spec,
+        ));
+    }
+    if let Some(c) = cases.as_ref().filter(|c| c.dropped) {
+        reasons.push(drop_text("cases", c, spec));
+    }
+
+    let rates = rates_text(&needle, cases.as_ref());
+    let compared = comparison.is_some()
+        || needle.iter().any(|n| n.before.is_some())
+        || cases.as_ref().is_some_and(|c| c.before.is_some());
+    let gate_off = if spec.gate { "" } else { GATE_OFF };
+    let (verdict, detail) = if reference.is_none() {
+        let why = if stale {
+            "the stored one was recorded with other settings"
+        } else {
+            "nothing to compare with"
+        };
+        (
+            Verdict::Recorded,
+            join(format!("reference recorded ({why})"), &rates),
+        )
+    } else if !reasons.is_empty() {
+        (
+            Verdict::Failed,
+            format!("quality dropped{gate_off}: {}", reasons.join("; ")),
+        )
+    } else if !compared {
+        (
+            Verdict::NotCompared,
+            join(
+                "not compared: the reference's tokens were not scored and no pass rate is in common".into(),
+                &rates,
+            ),
+        )
+    } else {
+        let kl = match &comparison {
+            Some(c) => format!(
+                "{} <= {}; {}",
+                kl_text(c),
+                limit_text(spec, floor, limit),
+                identical_text(c)
+            ),
+            None => "KL not compared".into(),
+        };
+        (Verdict::Passed, join(kl, &rates))
+    };
+    QualityReport {
+        verdict,
+        gate: spec.gate,
+        detail,
+        reasons,
+        notes: Vec::new(),
+        comparison,
+        floor,
+        threshold: limit,
+        needle,
+        cases,
+        cost: None,
+    }
+}
+
+/// Over the threshold, or not a number (a logprob of -inf makes the estimate one).
+fn over(kl: f64, limit: f64) -> bool {
+    use std::cmp::Ordering::{Equal, Less};
+    !matches!(kl.partial_cmp(&limit), Some(Less | Equal))
+}
+
+fn percent(r: Rate) -> f64 {
+    if r.total == 0 {
+        100.0
+    } else {
+        f64::from(r.passed) * 100.0 / f64::from(r.total)
+    }
+}
+
+fn join(head: String, rates: &str) -> String {
+    if rates.is_empty() {
+        head
+    } else {
+        format!("{head}; {rates}")
+    }
+}
+
+/// "KL mean 0.0003 (worst 0.0011, prompt 7)".
+fn kl_text(c: &Comparison) -> String {
+    format!(
+        "KL mean {:.4} (worst {:.4}, prompt {})",
+        c.mean_kl, c.worst_kl, c.worst_prompt
+    )
+}
+
+/// "0.002 (floor 0.0000 x 10, min 0.002)".
+fn limit_text(spec: &QualitySpec, floor: Option<f64>, limit: f64) -> String {
+    let floor = match floor {
+        Some(f) => format!("floor {f:.4}"),
+        None => "no floor: the old server was not running, 0".into(),
+    };
+    format!(
+        "{} ({floor} x {}, min {})",
+        small(limit),
+        trim(spec.factor),
+        small(spec.min_kl)
+    )
+}
+
+/// "100.0% of greedy tokens identical", and where they first differ.
+fn identical_text(c: &Comparison) -> String {
+    let share = format!(
+        "{:.1}% of greedy tokens identical",
+        c.identical_share * 100.0
+    );
+    match c.first_divergence {
+        Some((prompt, token)) => {
+            format!("{share} (first divergence at prompt {prompt}, token {token})")
+        }
+        None => share,
+    }
+}
+
+/// "needle 9/9; cases 15/16 (before 16/16)".
+fn rates_text(needle: &[RateChange], cases: Option<&RateChange>) -> String {
+    let mut parts = Vec::new();
+    if !needle.is_empty() {
+        let sum = |pick: &dyn Fn(&RateChange) -> Option<Rate>| {
+            needle.iter().filter_map(pick).fold(
+                Rate {
+                    passed: 0,
+                    total: 0,
+                },
+                |a, r| Rate {
+                    passed: a.passed + r.passed,
+                    total: a.total + r.total,
+                },
+            )
+        };
+        let now = sum(&|n| Some(n.now));
+        let before = needle
+            .iter()
+            .any(|n| n.before.is_some())
+            .then(|| sum(&|n| n.before));
+        parts.push(rate_text("needle", now, before));
+    }
+    if let Some(c) = cases {
+        parts.push(rate_text("cases", c.now, c.before));
+    }
+    parts.join("; ")
+}
+
+fn rate_text(name: &str, now: Rate, before: Option<Rate>) -> String {
+    match before {
+        Some(b) if b != now => format!(
+            "{name} {}/{} (before {}/{})",
+            now.passed, now.total, b.passed, b.total
+        ),
+        _ => format!("{name} {}/{}", now.passed, now.total),
+    }
+}
+
+/// "needle at 16384: 1/3 after 3/3 (-66.7 points, over the 10 allowed)".
+fn drop_text(name: &str, c: &RateChange, spec: &QualitySpec) -> String {
+    let before = c.before.unwrap_or(c.now);
+    format!(
+        "{name}: {}/{} after {}/{} ({:+.1} points, over the {} allowed)",
+        c.now.passed,
+        c.now.total,
+        before.passed,
+        before.total,
+        percent(c.now) - percent(before),
+        trim(spec.max_pass_drop)
+    )
+}
+
+/// `10` rather than `10.0`, `7.5` as it is.
+fn trim(x: f64) -> String {
+    if x.fract() == 0.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// A small figure with at most four decimals and no trailing zeros: `0.002`, `0.0035`.
+fn small(x: f64) -> String {
+    let s = format!("{x:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "0" && x > 0.0 {
+        format!("{x:.1e}")
+    } else {
+        s.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Sequence, REFERENCE_FORMAT};
+    use super::*;
+
+    fn spec() -> QualitySpec {
+        QualitySpec::default()
+    }
+
+    fn reference(spec: &QualitySpec) -> Reference {
+        Reference {
+            format: REFERENCE_FORMAT,
+            settings_key: settings_key(spec, "m"),
+            model: "m".into(),
+            sequences: vec![Sequence {
+                prompt_ids: vec![1],
+                output_ids: vec![2, 3],
+                logprobs: vec![-0.5, -0.25],
+            }],
+            needle: vec![
+                NeedleRate {
+                    length: 1024,
+                    passed: 3,
+                    total: 3,
+                },
+                NeedleRate {
+                    length: 4096,
+                    passed: 3,
+                    total: 3,
+                },
+            ],
+            cases: Some(Rate {
+                passed: 16,
+                total: 16,
+            }),
+        }
+    }
+
+    fn comparison(mean_kl: f64) -> Comparison {
+        Comparison {
+            mean_kl,
+            worst_kl: mean_kl * 3.0,
+            worst_prompt: 7,
+            identical_share: 1.0,
+            first_divergence: None,
+        }
+    }
+
+    const NEEDLE_OK: [NeedleRate; 2] = [
+        NeedleRate {
+            length: 1024,
+            passed: 3,
+            total: 3,
+        },
+        NeedleRate {
+            length: 4096,
+            passed: 3,
+            total: 3,
+        },
+    ];
+    const CASES_OK: Option<Rate> = Some(Rate {
+        passed: 16,
+        total: 16,
+    });
+
+    #[test]
+    fn without_a_reference_the_figures_are_recorded() {
+        let s = spec();
+        let r = judge(&s, None, None, None, &NEEDLE_OK, CASES_OK);
+        assert_eq!(r.verdict, Verdict::Recorded);
+        assert_eq!(
+            r.detail,
+            "reference recorded (nothing to compare with); needle 6/6; cases 16/16"
+        );
+        assert!(!r.fails() && r.reasons.is_empty());
+        // One recorded with other settings is none.
+        let other = QualitySpec {
+            max_new_tokens: 64,
+            ..s.clone()
+        };
+        let old = reference(&other);
+        let r = judge(&s, Some(&old), Some(0.0), Some(comparison(0.5)), &[], None);
+        assert_eq!(
+            (r.verdict, r.detail.as_str(), r.comparison.is_none()),
+            (
+                Verdict::Recorded,
+                "reference recorded (the stored one was recorded with other settings)",
+                true
+            )
+        );
+    }
+
+    #[test]
+    fn within_the_threshold_and_the_rates_it_passes() {
+        let s = spec();
+        let reference = reference(&s);
+        let r = judge(
+            &s,
+            Some(&reference),
+            Some(0.00001),
+            Some(comparison(0.0003)),
+            &NEEDLE_OK,
+            CASES_OK,
+        );
+        assert_eq!(r.verdict, Verdict::Passed);
+        assert_eq!(
+            r.detail,
+            "KL mean 0.0003 (worst 0.0009, prompt 7) <= 0.002 (floor 0.0000 x 10, min 0.002); 100.0% of greedy tokens identical; needle 6/6; cases 16/16"
+        );
+        assert_eq!(r.threshold, 0.002);
+        // A small drop within max_pass_drop (10 points: 15/16 is 6.25 below).
+        let fewer = Some(Rate {
+            passed: 15,
+            total: 16,
+        });
+        let r = judge(
+            &s,
+            Some(&reference),
+            None,
+            Some(comparison(0.0003)),
+            &NEEDLE_OK,
+            fewer,
+        );
+        assert_eq!(r.verdict, Verdict::Passed);
+        assert!(
+            r.detail
+                .contains("(no floor: the old server was not running, 0 x 10, min 0.002)"),
+            "{}",
+            r.detail
+        );
+        assert!(
+            r.detail.ends_with("; cases 15/16 (before 16/16)"),
+            "{}",
+            r.detail
+        );
+        // A floor above min_kl raises the threshold.
+        let r = judge(
+            &s,
+            Some(&reference),
+            Some(0.0005),
+            Some(comparison(0.004)),
+            &[],
+            None,
+        );
+        assert_eq!((r.verdict, r.threshold), (Verdict::Passed, 0.005));
+        assert!(r
+            .detail
+            .starts_with("KL mean 0.0040 (worst 0.0120, prompt 7) <= 0.005 (floor 0.0005 x 10"));
+    }
+
+    #[test]
+    fn a_kl_mean_over_the_threshold_fails_naming_the_worst_prompt_and_the_first_divergence() {
+        let s = spec();
+        let reference = reference(&s);
+        let c = Comparison {
+            identical_share: 0.875,
+            first_divergence: Some((3, 12)),
+            ..comparison(0.015)
+        };
+        let r = judge(
+            &s,
+            Some(&reference),
+            Some(0.0001),
+            Some(c),
+            &NEEDLE_OK,
+            CASES_OK,
+        );
+        assert_eq!((r.verdict, r.fails()), (Verdict::Failed, true));
+        assert_eq!(
+            r.detail,
+            "quality dropped: KL mean 0.0150 (worst 0.0450, prompt 7) > 0.002 (floor 0.0001 x 10, min 0.002), 87.5% of greedy tokens identical (first divergence at prompt 3, token 12)"
+        );
+        assert_eq!(r.reasons.len(), 1);
+        let nan = judge(
+            &s,
+            Some(&reference),
+            Some(0.0),
+            Some(comparison(f64::NAN)),
+            &[],
+            None,
+        );
+        assert_eq!(
+            nan.verdict,
+            Verdict::Failed,
+            "a KL that is not a number fails"
+        );
+    }
+
+    #[test]
+    fn a_needle_or_case_drop_beyond_the_allowance_fails() {
+        let s = spec();
+        let reference = reference(&s);
+        let needle = [
+            NeedleRate {
+                length: 1024,
+                passed: 3,
+                total: 3,
+            },
+            NeedleRate {
+                length: 4096,
+                passed: 1,
+                total: 3,
+            },
+            NeedleRate {
+                length: 16384,
+                passed: 0,
+                total: 3,
+            },
+        ];
+        let cases = Some(Rate {
+            passed: 12,
+            total: 16,
+        });
+        let r = judge(
+            &s,
+            Some(&reference),
+            Some(0.0),
+            Some(comparison(0.0)),
+            &needle,
+            cases,
+        );
+        assert_eq!(r.verdict, Verdict::Failed);
+        assert_eq!(
+            r.reasons,
+            vec![
+                "needle at 4096: 1/3 after 3/3 (-66.7 points, over the 10 allowed)".to_string(),
+                "cases: 12/16 after 16/16 (-25.0 points, over the 10 allowed)".to_string(),
+            ]
+        );
+        assert_eq!(
+            r.needle[2].before, None,
+            "a length the reference lacks is not compared"
+        );
+        assert!(!r.needle[2].dropped);
+        // A drop of exactly max_pass_drop is allowed.
+        let loose = QualitySpec {
+            max_pass_drop: 25.0,
+            ..s.clone()
+        };
+        let reference = Reference {
+            settings_key: settings_key(&loose, "m"),
+            ..reference
+        };
+        let r = judge(&loose, Some(&reference), Some(0.0), None, &NEEDLE_OK, cases);
+        assert_eq!(r.verdict, Verdict::Passed);
+        assert_eq!(
+            r.detail,
+            "KL not compared; needle 6/6; cases 12/16 (before 16/16)"
+        );
+    }
+
+    #[test]
+    fn with_the_gate_off_a_failure_is_reported_and_does_not_fail_the_stage() {
+        let s = QualitySpec {
+            gate: false,
+            ..spec()
+        };
+        let reference = reference(&s);
+        let r = judge(
+            &s,
+            Some(&reference),
+            Some(0.0),
+            Some(comparison(0.5)),
+            &[],
+            None,
+        );
+        assert_eq!(
+            (r.verdict, r.fails(), r.reasons.len()),
+            (Verdict::Failed, false, 1)
+        );
+        assert!(
+            r.detail
+                .starts_with("quality dropped (gate off: not rolled back): KL mean 0.5000"),
+            "{}",
+            r.detail
+        );
+        let none = QualityReport::could_not_run(&s, "connection refused");
+        assert!(!none.fails());
+        assert!(QualityReport::could_not_run(&spec(), "connection refused").fails());
+    }
+
+    #[test]
+    fn nothing_in_common_is_not_compared() {
+        let s = spec();
+        let reference = reference(&s);
+        let r = judge(
+            &s,
+            Some(&reference),
+            Some(0.0),
+            None,
+            &[NeedleRate {
+                length: 999,
+                passed: 3,
+                total: 3,
+            }],
+            None,
+        );
+        assert_eq!(r.verdict, Verdict::NotCompared);
+        assert!(!r.fails());
+        assert_eq!(
+            r.detail,
+            "not compared: the reference's tokens were not scored and no pass rate is in common; needle 3/3"
+        );
+    }
+
+    #[test]
+    fn the_report_serializes_as_reports_carry_it() {
+        let s = spec();
+        let reference = reference(&s);
+        let r = judge(
+            &s,
+            Some(&reference),
+            Some(0.0),
+            Some(comparison(0.0)),
+            &NEEDLE_OK[..1],
+            None,
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["verdict"], "passed");
+        assert_eq!(
+            v["needle"][0],
+            serde_json::json!({"length": 1024, "now": {"passed": 3, "total": 3}, "before": {"passed": 3, "total": 3}, "dropped": false})
+        );
+        assert_eq!(v["comparison"]["first_divergence"], serde_json::Value::Null);
+        assert!(v.get("cases").is_none());
+        let f = r.figures();
+        assert_eq!(
+            (
+                f.verdict.as_str(),
+                f.kl_mean,
+                f.needle_passed,
+                f.needle_total,
+                f.cases_total
+            ),
+            ("passed", Some(0.0), Some(3), Some(3), None)
+        );
+        assert_eq!(small(0.0035), "0.0035");
+        assert_eq!(small(0.00001), "1.0e-5");
+    }
+}

@@ -1,0 +1,189 @@
+//! The `quality` stage: after the benchmark, when the manifest has `verify.quality`, the new
+//! server's answers are compared with the reference the host keeps (`crate::quality`), and
+//! judged by `reconcile_core::quality::judge`. A failure with the gate on rolls back like any
+//! other stage.
+//!
+//! Two measurements frame a restart:
+//! - [`before`], while the old server still serves: the reference is read, and scored once more
+//!   by the old server: its run-to-run KL, the noise floor the threshold is a multiple of. With no
+//!   reference for these settings yet, the old server's own answers become it, so the first change
+//!   is judged too;
+//! - [`stage`], on the new server: its scores of the reference's tokens, its own greedy tokens,
+//!   the needle and the cases.
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use reconcile_core::quality::{self, kl_estimate, QualityReport, QualitySpec, Reference};
+
+use super::Job;
+use crate::quality::{self as measure, Measured};
+use crate::remote::error_chain;
+use crate::verify::{Expect, Progress, Stage, Verification};
+
+/// What was measured before the restart.
+#[derive(Debug, Default)]
+pub struct Before {
+    pub reference: Option<Reference>,
+    /// The old server's KL against the reference: the noise floor.
+    pub floor: Option<f64>,
+    /// What the report should say about it (no old server, an unusable reference, ...).
+    pub notes: Vec<String>,
+}
+
+/// The reference, and the old server's noise floor, read while the old server still serves.
+/// `previous`: what the old unit serves, when it was running.
+pub async fn before(job: &Job<'_>, spec: &QualitySpec, previous: Option<&Expect>) -> Before {
+    let (host, t) = (job.host, job.t);
+    let model = Expect::from_unit(&t.desired.model).model_id;
+    let key = quality::settings_key(spec, &model);
+    let mut out = Before::default();
+    match measure::read_reference(host, &t.desired.unit, &key).await {
+        Ok((reference, note)) => {
+            out.reference = reference;
+            out.notes.extend(note);
+        }
+        Err(e) => out.notes.push(format!(
+            "quality: the reference could not be read ({}); it is recorded anew",
+            error_chain(&e)
+        )),
+    }
+    let Some(previous) = previous else {
+        out.notes
+            .push("quality: no server ran before: no noise floor (taken as 0)".into());
+        return out;
+    };
+    let server = match host
+        .server(&previous.endpoint, t.verify.url.as_deref())
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            out.notes.push(format!(
+                "quality: the running server could not be reached for a noise floor ({})",
+                error_chain(&e)
+            ));
+            return out;
+        }
+    };
+    // No reference for these settings yet: the old server's answers are it, when it serves the
+    // same model (a reference of another model means nothing for this one).
+    if out.reference.is_none() && previous.model_id == model {
+        let context = previous.context_length.map(|c| c as u32);
+        match measure::measure(&server, &model, spec, None, context, previous.reasoning).await {
+            Ok(m) => {
+                let reference = measure::reference_of(spec, &model, &m);
+                out.notes.push(format!(
+                    "quality: no reference for these settings; the running server's answers are it (measured in {:.1}s)",
+                    m.seconds
+                ));
+                out.reference = Some(reference);
+            }
+            Err(e) => out.notes.push(format!(
+                "quality: the running server did not answer for a reference ({e})"
+            )),
+        }
+    }
+    if let Some(reference) = &out.reference {
+        match measure::score(&server, reference).await {
+            Ok(scored) => out.floor = Some(mean_kl(reference, &scored)),
+            Err(e) => out.notes.push(format!(
+                "quality: the running server could not score the reference for a noise floor ({e}); taken as 0"
+            )),
+        }
+    }
+    out
+}
+
+/// The mean over prompts of each prompt's KL estimate.
+fn mean_kl(reference: &Reference, scored: &[Vec<f64>]) -> f64 {
+    let per: Vec<f64> = reference
+        .sequences
+        .iter()
+        .zip(scored)
+        .map(|(s, scored)| kl_estimate(&s.logprobs, scored))
+        .collect();
+    if per.is_empty() {
+        0.0
+    } else {
+        per.iter().sum::<f64>() / per.len() as f64
+    }
+}
+
+/// Measures the unit just verified (`v`, which gains the stage) and judges it against what
+/// [`before`] found. Returns the report, and the reference to keep if the deployment converges.
+pub async fn stage(
+    job: &Job<'_>,
+    spec: &QualitySpec,
+    v: &mut Verification,
+    before: &Before,
+) -> (QualityReport, Option<Reference>) {
+    let t = job.t;
+    let expect = Expect::from_unit(&t.desired.model);
+    let progress = Progress::new(
+        format!("{} {} (quality)", t.host, t.desired.unit),
+        job.options.progress.as_ref(),
+    );
+    let started = Instant::now();
+    let mut cancel = job.options.cancel.clone();
+    let measured = async {
+        let server = job
+            .host
+            .server(&expect.endpoint, t.verify.url.as_deref())
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let context = expect.context_length.map(|c| c as u32);
+        measure::measure(
+            &server,
+            &expect.model_id,
+            spec,
+            before.reference.as_ref(),
+            context,
+            expect.reasoning,
+        )
+        .await
+    };
+    let measured: Result<Measured, String> = tokio::select! {
+        m = measured => m,
+        _ = cancel.wait_for(|c| *c) => Err(crate::signals::interrupted()),
+    };
+    let (mut report, keep) = match measured {
+        Ok(m) => {
+            let comparison = match (&before.reference, &m.scored) {
+                (Some(r), Some(scored)) => {
+                    let regenerated: Vec<Vec<u32>> =
+                        m.generated.iter().map(|g| g.output_ids.clone()).collect();
+                    Some(quality::compare(r, scored, &regenerated))
+                }
+                _ => None,
+            };
+            let report = quality::judge(
+                spec,
+                before.reference.as_ref(),
+                before.floor,
+                comparison,
+                &m.needle,
+                m.cases,
+            );
+            let mut report = report;
+            report.cost = Some(m.cost());
+            (
+                report,
+                Some(measure::reference_of(spec, &expect.model_id, &m)),
+            )
+        }
+        Err(e) => (QualityReport::could_not_run(spec, &e), None),
+    };
+    report.notes.extend(before.notes.iter().cloned());
+    let since_restart = v.stages.last().map_or(0.0, |s| s.seconds);
+    v.stages.push(Stage {
+        name: "quality",
+        passed: !report.fails(),
+        seconds: since_restart + started.elapsed().as_secs_f64(),
+        at_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+        detail: report.detail.clone(),
+    });
+    progress.stage("quality", !report.fails(), &report.detail);
+    (report, keep)
+}

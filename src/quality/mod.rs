@@ -1,0 +1,300 @@
+//! The quality gate's I/O: the requests to a server (SGLang's native `/generate` for greedy
+//! generation and teacher-forced scoring, chat completions for the needle and the cases), and
+//! the reference each host keeps per unit and settings key,
+//! `/var/lib/reconcile/<unit>/quality/<settings key>.json` (0600).
+//!
+//! What the figures mean and the verdict are `reconcile_core::quality`'s; `apply::quality` runs
+//! this as the stage after the benchmark, and `reconcile quality` runs it against the server a
+//! host runs now.
+
+pub mod hosts;
+
+use std::time::Instant;
+
+use reconcile_core::quality::{
+    self, builtin_prompts, needles, Generated, NeedleRate, QualitySpec, Rate, Reference, Sequence,
+};
+
+use crate::apply::state::unit_dir;
+use crate::remote::{Host, RemoteError, Server};
+
+/// Prompts scored per `/generate` request: SGLang batches them itself; a bounded batch keeps one
+/// request's answer (and the client's memory) small.
+const BATCH: usize = 8;
+
+/// Tokens a needle or case answer may take: the key is a number, a case's answer a short one.
+const ANSWER_TOKENS: u32 = 48;
+
+/// What one server answered.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Its own greedy generation of every prompt.
+    pub generated: Vec<Generated>,
+    /// Its scores of the reference's output tokens, when there was a reference to score.
+    pub scored: Option<Vec<Vec<f64>>>,
+    pub needle: Vec<NeedleRate>,
+    pub cases: Option<Rate>,
+    /// Wall time of the measurement, client included.
+    pub seconds: f64,
+    /// The server's own time on the `/generate` requests (their `meta_info.e2e_latency`, the
+    /// longest of each batch, since a batch runs at once) and the chat requests (their wall time).
+    pub server_seconds: f64,
+    /// The client's: building the requests and reading the answers.
+    pub client_seconds: f64,
+}
+
+impl Measured {
+    /// What it cost, for the report.
+    pub fn cost(&self) -> quality::Cost {
+        quality::Cost {
+            wall_seconds: self.seconds,
+            server_seconds: self.server_seconds,
+            client_seconds: self.client_seconds,
+        }
+    }
+}
+
+/// Time spent on each side of the requests.
+#[derive(Default)]
+struct Clock {
+    server: f64,
+    client: f64,
+}
+
+impl Clock {
+    fn client<T>(&mut self, f: impl FnOnce() -> T) -> T {
+        let started = Instant::now();
+        let out = f();
+        self.client += started.elapsed().as_secs_f64();
+        out
+    }
+
+    /// One `/generate` answer: the longest `e2e_latency` of its items (they ran as one batch).
+    fn generate_answer(&mut self, body: &str) {
+        let started = Instant::now();
+        let latency = serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .map(|v| match v {
+                serde_json::Value::Array(items) => items
+                    .iter()
+                    .filter_map(|i| i["meta_info"]["e2e_latency"].as_f64())
+                    .fold(0.0, f64::max),
+                one => one["meta_info"]["e2e_latency"].as_f64().unwrap_or(0.0),
+            })
+            .unwrap_or(0.0);
+        self.server += latency;
+        self.client += started.elapsed().as_secs_f64();
+    }
+}
+
+/// The prompts the spec measures with: the manifest's file, or the built-in set.
+pub fn prompts(spec: &QualitySpec) -> Vec<String> {
+    match &spec.prompts_file {
+        Some(file) => file.content.clone(),
+        None => builtin_prompts(spec.prompts),
+    }
+}
+
+/// Greedy generation of every prompt, with the prompt's ids and the output's logprobs.
+pub async fn generate(
+    server: &Server,
+    prompts: &[String],
+    max_new_tokens: u32,
+) -> Result<Vec<Generated>, String> {
+    generate_timed(server, prompts, max_new_tokens, &mut Clock::default()).await
+}
+
+async fn generate_timed(
+    server: &Server,
+    prompts: &[String],
+    max_new_tokens: u32,
+    clock: &mut Clock,
+) -> Result<Vec<Generated>, String> {
+    let mut all = Vec::with_capacity(prompts.len());
+    for batch in prompts.chunks(BATCH) {
+        let body = clock.client(|| quality::generation_request(batch, max_new_tokens));
+        let answer = server.post_json("/generate", &body).await?;
+        clock.generate_answer(&answer);
+        all.extend(clock.client(|| quality::read_generations(&answer, batch.len()))?);
+    }
+    Ok(all)
+}
+
+/// The server's logprobs of the reference's output tokens, each after its prompt and the tokens
+/// before it (teacher-forced): what `compare_kl_divergence` compares.
+pub async fn score(server: &Server, reference: &Reference) -> Result<Vec<Vec<f64>>, String> {
+    score_timed(server, reference, &mut Clock::default()).await
+}
+
+async fn score_timed(
+    server: &Server,
+    reference: &Reference,
+    clock: &mut Clock,
+) -> Result<Vec<Vec<f64>>, String> {
+    let mut all = Vec::with_capacity(reference.sequences.len());
+    for batch in reference.sequences.chunks(BATCH) {
+        let (body, lengths) = clock.client(|| {
+            let sequences: Vec<(Vec<u32>, Vec<u32>)> = batch
+                .iter()
+                .map(|s| (s.prompt_ids.clone(), s.output_ids.clone()))
+                .collect();
+            let lengths: Vec<usize> = batch.iter().map(|s| s.output_ids.len()).collect();
+            (quality::scoring_request(&sequences), lengths)
+        });
+        let answer = server.post_json("/generate", &body).await?;
+        clock.generate_answer(&answer);
+        all.extend(clock.client(|| quality::read_scores(&answer, &lengths))?);
+    }
+    Ok(all)
+}
+
+/// The needle check's pass rate per length.
+pub async fn needle(
+    server: &Server,
+    model: &str,
+    spec: &QualitySpec,
+    context_length: Option<u32>,
+    reasoning: bool,
+) -> Result<Vec<NeedleRate>, String> {
+    let Some(needle_spec) = &spec.needle else {
+        return Ok(Vec::new());
+    };
+    let mut rates: Vec<NeedleRate> = Vec::new();
+    for n in needles(needle_spec, context_length, ANSWER_TOKENS) {
+        let answer = server
+            .chat(model, &n.prompt, ANSWER_TOKENS, reasoning)
+            .await?;
+        let passed = quality::found(&n, &answer.content);
+        match rates.iter_mut().find(|r| r.length == n.length) {
+            Some(r) => {
+                r.total += 1;
+                r.passed += u32::from(passed);
+            }
+            None => rates.push(NeedleRate {
+                length: n.length,
+                passed: u32::from(passed),
+                total: 1,
+            }),
+        }
+    }
+    Ok(rates)
+}
+
+/// The cases' pass rate.
+pub async fn cases(
+    server: &Server,
+    model: &str,
+    spec: &QualitySpec,
+    reasoning: bool,
+) -> Result<Option<Rate>, String> {
+    let Some(file) = &spec.cases else {
+        return Ok(None);
+    };
+    let mut rate = Rate {
+        passed: 0,
+        total: 0,
+    };
+    for case in &file.content {
+        let answer = server
+            .chat(model, &case.prompt, ANSWER_TOKENS, reasoning)
+            .await?;
+        rate.total += 1;
+        rate.passed += u32::from(quality::passes(case, &answer.content));
+    }
+    Ok(Some(rate))
+}
+
+/// Everything the spec measures on one server; with `reference`, its tokens scored too.
+pub async fn measure(
+    server: &Server,
+    model: &str,
+    spec: &QualitySpec,
+    reference: Option<&Reference>,
+    context_length: Option<u32>,
+    reasoning: bool,
+) -> Result<Measured, String> {
+    let started = Instant::now();
+    let mut clock = Clock::default();
+    let prompts = clock.client(|| prompts(spec));
+    let generated = generate_timed(server, &prompts, spec.max_new_tokens, &mut clock).await?;
+    let scored = match reference {
+        Some(r) => Some(score_timed(server, r, &mut clock).await?),
+        None => None,
+    };
+    // Chat requests carry no server timing: their wall time counts as the server's.
+    let chats = Instant::now();
+    let needle = needle(server, model, spec, context_length, reasoning).await?;
+    let cases = cases(server, model, spec, reasoning).await?;
+    clock.server += chats.elapsed().as_secs_f64();
+    Ok(Measured {
+        generated,
+        scored,
+        needle,
+        cases,
+        seconds: started.elapsed().as_secs_f64(),
+        server_seconds: clock.server,
+        client_seconds: clock.client,
+    })
+}
+
+/// The reference a measurement makes: its own greedy tokens, and its pass rates.
+pub fn reference_of(spec: &QualitySpec, model: &str, m: &Measured) -> Reference {
+    Reference {
+        format: quality::REFERENCE_FORMAT,
+        settings_key: quality::settings_key(spec, model),
+        model: model.to_string(),
+        sequences: m
+            .generated
+            .iter()
+            .map(|g| Sequence {
+                prompt_ids: g.prompt_ids.clone(),
+                output_ids: g.output_ids.clone(),
+                logprobs: g.output_logprobs.clone(),
+            })
+            .collect(),
+        needle: m.needle.clone(),
+        cases: m.cases,
+    }
+}
+
+fn path(unit: &str, key: &str) -> String {
+    format!("{}/quality/{key}.json", unit_dir(unit))
+}
+
+/// The reference kept for `unit` under `key`; `Ok(None)` when there is none, or it cannot be read
+/// (the reason as a note: a reference that does not read is recorded anew, never trusted).
+pub async fn read_reference(
+    host: &dyn Host,
+    unit: &str,
+    key: &str,
+) -> Result<(Option<Reference>, Option<String>), RemoteError> {
+    let path = path(unit, key);
+    Ok(match host.read_file(&path).await? {
+        None => (None, None),
+        Some(text) => match quality::parse_reference(&text) {
+            Ok(r) => (Some(r), None),
+            Err(e) => (
+                None,
+                Some(format!(
+                    "the quality reference {path} is unusable ({e}); a new one is recorded"
+                )),
+            ),
+        },
+    })
+}
+
+/// Keeps `reference` for `unit` (0600, in the unit's 0700 state folder), replacing the one of its
+/// key.
+pub async fn keep_reference(
+    host: &dyn Host,
+    unit: &str,
+    reference: &Reference,
+) -> Result<String, RemoteError> {
+    let dir = format!("{}/quality", unit_dir(unit));
+    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir])
+        .await?;
+    let path = path(unit, &reference.settings_key);
+    host.write_file(&path, &quality::reference_json(reference), "0600")
+        .await?;
+    Ok(path)
+}

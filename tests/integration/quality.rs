@@ -1,0 +1,289 @@
+//! The quality gate (issue "Answers, not only uptime") against the SGLang stand-in's toy model
+//! (fixtures/fake-sglang: `/generate` with logprobs, and knobs that degrade it on demand): a first
+//! deployment records a reference, a neutral change passes at the noise floor, and each injected
+//! degradation (logits perturbed by a flag, retrieval broken past 4k tokens, wrong answers) is
+//! caught at stage `quality` and rolled back, or only reported with `gate: false`. The real
+//! server's figures are in real_server/quality.rs.
+//!
+//! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-59.
+
+use crate::lab::{lab, Reconcile};
+
+const HOST: &str = "rl24";
+
+/// The stand-in's logits move by up to 0.5 when the server runs this flag: a kernel that is
+/// subtly wrong, switched on by a flag change.
+const NOISY: &str = "FAKE_SGLANG_LOGIT_NOISE: \"0.5\", FAKE_SGLANG_NOISE_FLAG: \"--enable-fused-moe-sum-all-reduce\"";
+
+const CASES: &str = "{\"prompt\": \"What is 17 + 25?\", \"expect\": \"42\"}\n{\"prompt\": \"What is 9 * 8?\", \"regex\": \"\\\\b72\\\\b\"}\n{\"prompt\": \"What is 100 - 1?\", \"expect\": \"99\"}\n{\"prompt\": \"What is the capital of France?\", \"expect\": \"Paris\"}\n";
+
+fn manifest(service: &str, port: u16, gpu: u16, flags: &str, env: &str, quality: &str) -> String {
+    format!(
+        "service: {service}\n\
+         hosts: [{HOST}]\n\
+         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  flags:\n    tp-size: 1\n    context-length: 16384\n{flags}\
+         env: {{ CUDA_VISIBLE_DEVICES: \"{gpu}\"{env} }}\n\
+         systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
+         verify:\n  crash_window: 2s\n  load_deadline: 60s\n  quality: {quality}\n"
+    )
+}
+
+fn apply(r: &Reconcile) -> (i32, serde_json::Value) {
+    let ran = r.run_args(&["apply", "--no-deep", "--format", "json"]);
+    (ran.code, ran.json()["units"][0].clone())
+}
+
+fn clean(unit: &str) {
+    lab().sh(
+        HOST,
+        &format!(
+            "systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload; systemctl reset-failed {unit} 2>/dev/null; true"
+        ),
+    );
+}
+
+fn verdict(unit: &serde_json::Value) -> String {
+    unit["quality"]["verdict"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the report has the quality stage: {unit}"))
+        .to_string()
+}
+
+fn argv(unit: &str) -> String {
+    lab().sh(
+        HOST,
+        &format!("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value {unit})/cmdline"),
+    )
+}
+
+#[test]
+fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noise_floor() {
+    let lab = lab();
+    let (service, port, gpu) = ("t-q-neutral", 37311, 52);
+    let unit = format!("{service}.service");
+    clean(&unit);
+    let q = "{ needle: { lengths: [1024, 8192] }, cases: cases.jsonl }";
+    let first = Reconcile::new()
+        .manifest("m.yaml", &manifest(service, port, gpu, "", "", q))
+        .manifest("cases.jsonl", CASES);
+    let (code, u) = apply(&first);
+    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_eq!(verdict(&u), "recorded", "{u}");
+    let kept = lab.sh(
+        HOST,
+        &format!("stat -c '%a %s' /var/lib/reconcile/{unit}/quality/*.json"),
+    );
+    let (mode, size) = kept.trim().split_once(' ').unwrap();
+    assert_eq!(mode, "600", "the reference is the host's alone");
+    assert!(
+        size.parse::<u64>().unwrap() > 1000,
+        "tokens and logprobs are kept: {kept}"
+    );
+
+    // A change that restarts the server and changes nothing it computes.
+    let neutral = Reconcile::new()
+        .manifest(
+            "m.yaml",
+            &manifest(service, port, gpu, "    enable-metrics: true\n", "", q),
+        )
+        .manifest("cases.jsonl", CASES);
+    // The pull request comment says the change will be judged on quality.
+    let comment = neutral.run_args(&["plan", "--no-deep", "--format", "markdown"]);
+    assert_eq!(comment.code, 2, "{}", comment.stderr);
+    assert!(
+        comment.stdout.contains("judged on quality"),
+        "{}",
+        comment.stdout
+    );
+    let (code, u) = apply(&neutral);
+    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_eq!(verdict(&u), "passed", "{u}");
+    assert!(
+        u["quality"]["cost"]["wall_seconds"].as_f64().unwrap() > 0.0,
+        "{u}"
+    );
+    let c = &u["quality"]["comparison"];
+    assert_eq!(
+        c["mean_kl"].as_f64(),
+        Some(0.0),
+        "the toy model is deterministic: {u}"
+    );
+    assert_eq!(c["identical_share"].as_f64(), Some(1.0), "{u}");
+    assert!(u["detail"].as_str().unwrap().contains("quality:"), "{u}");
+
+    // history shows the quality figures per deployment.
+    let history = neutral.run_args(&["history", service, "--format", "json"]);
+    let deployments = &history.json()["hosts"][0]["deployments"];
+    assert_eq!(
+        deployments[1]["record"]["quality"]["verdict"], "passed",
+        "{deployments}"
+    );
+    assert_eq!(
+        deployments[1]["record"]["quality"]["kl_mean"].as_f64(),
+        Some(0.0)
+    );
+
+    // `reconcile quality` measures the running server and keeps the reference.
+    let measured = neutral.run_args(&["quality", service, "--format", "json"]);
+    assert_eq!(measured.code, 0, "{}{}", measured.stdout, measured.stderr);
+    let host = &measured.json()["hosts"][0];
+    assert!(
+        host["stored"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("/var/lib/reconcile/{unit}/quality/")),
+        "{host}"
+    );
+    assert_eq!(host["quality"]["verdict"], "passed", "{host}");
+    clean(&unit);
+}
+
+#[test]
+fn logits_perturbed_by_a_flag_change_are_rolled_back_at_stage_quality() {
+    let (service, port, gpu) = ("t-q-noise", 37312, 53);
+    let unit = format!("{service}.service");
+    clean(&unit);
+    let env = format!(", {NOISY}");
+    let base = Reconcile::new().manifest("m.yaml", &manifest(service, port, gpu, "", &env, "{}"));
+    let (code, u) = apply(&base);
+    assert_eq!((code, verdict(&u).as_str()), (0, "recorded"), "{u}");
+
+    let noisy = Reconcile::new().manifest(
+        "m.yaml",
+        &manifest(
+            service,
+            port,
+            gpu,
+            "    enable-fused-moe-sum-all-reduce: true\n",
+            &env,
+            "{}",
+        ),
+    );
+    let (code, u) = apply(&noisy);
+    assert_eq!(code, 3, "{u}");
+    assert_eq!(u["outcome"], "rolled_back", "{u}");
+    assert_eq!(u["failed_stage"], "quality", "{u}");
+    assert_eq!(u["error"], "verification_failed", "{u}");
+    assert_eq!(verdict(&u), "failed");
+    let mean = u["quality"]["comparison"]["mean_kl"].as_f64().unwrap();
+    let threshold = u["quality"]["threshold"].as_f64().unwrap();
+    assert!(mean > threshold, "{mean} > {threshold}: {u}");
+    assert!(
+        !argv(&unit).contains("--enable-fused-moe-sum-all-reduce"),
+        "the previous unit runs again"
+    );
+    clean(&unit);
+}
+
+#[test]
+fn retrieval_broken_past_4k_tokens_is_caught_by_the_needle() {
+    let (service, port, gpu) = ("t-q-needle", 37313, 54);
+    let unit = format!("{service}.service");
+    clean(&unit);
+    let q = "{ needle: { lengths: [1024, 8192] } }";
+    let base = Reconcile::new().manifest("m.yaml", &manifest(service, port, gpu, "", "", q));
+    let (code, u) = apply(&base);
+    assert_eq!((code, verdict(&u).as_str()), (0, "recorded"), "{u}");
+
+    let broken = Reconcile::new().manifest(
+        "m.yaml",
+        &manifest(
+            service,
+            port,
+            gpu,
+            "",
+            ", FAKE_SGLANG_RETRIEVAL_TOKENS: \"4096\"",
+            q,
+        ),
+    );
+    let (code, u) = apply(&broken);
+    assert_eq!(
+        (code, u["failed_stage"].as_str()),
+        (3, Some("quality")),
+        "{u}"
+    );
+    let reasons = u["quality"]["reasons"].to_string();
+    assert!(
+        reasons.contains("8192"),
+        "the failing length is named: {reasons}"
+    );
+    assert!(
+        !reasons.contains("1024"),
+        "below 4k it still retrieves: {reasons}"
+    );
+    clean(&unit);
+}
+
+#[test]
+fn wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported() {
+    let (service, port, gpu) = ("t-q-cases", 37314, 55);
+    let unit = format!("{service}.service");
+    clean(&unit);
+    let on = "{ cases: cases.jsonl }";
+    let off = "{ cases: cases.jsonl, gate: false }";
+    let wrong = ", FAKE_SGLANG_WRONG_ANSWERS: \"1\"";
+    let run = |env: &str, q: &str| {
+        apply(
+            &Reconcile::new()
+                .manifest("m.yaml", &manifest(service, port, gpu, "", env, q))
+                .manifest("cases.jsonl", CASES),
+        )
+    };
+    let (code, u) = run("", on);
+    assert_eq!((code, verdict(&u).as_str()), (0, "recorded"), "{u}");
+    assert_eq!(u["quality"]["cases"]["now"]["passed"], 4, "{u}");
+
+    let (code, u) = run(wrong, on);
+    assert_eq!(
+        (code, u["failed_stage"].as_str()),
+        (3, Some("quality")),
+        "{u}"
+    );
+    assert!(u["quality"]["reasons"].to_string().contains("cases"), "{u}");
+
+    let (code, u) = run(wrong, off);
+    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_eq!(verdict(&u), "failed", "measured and reported: {u}");
+    assert!(
+        u["quality"]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("gate off"),
+        "{u}"
+    );
+    clean(&unit);
+}
+
+#[test]
+fn a_missing_or_malformed_cases_file_is_an_offline_error_with_file_and_line() {
+    let q = "{ cases: cases.jsonl }";
+    let text = manifest("t-q-bad", 37315, 56, "", "", q);
+    let missing = Reconcile::new()
+        .manifest("m.yaml", &text)
+        .run_offline(&["validate"]);
+    assert_eq!(missing.code, 1, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("manifests/m.yaml:")
+            && missing.stderr.contains("verify.quality.cases"),
+        "{}",
+        missing.stderr
+    );
+    let malformed = Reconcile::new()
+        .manifest("m.yaml", &text)
+        .manifest(
+            "cases.jsonl",
+            "{\"prompt\": \"a\", \"expect\": \"b\"}\nnot json\n",
+        )
+        .run_args(&["plan"]);
+    assert_eq!(malformed.code, 1, "{}", malformed.stderr);
+    assert!(
+        malformed.stderr.contains("cases.jsonl:2"),
+        "{}",
+        malformed.stderr
+    );
+    assert!(
+        !malformed.stderr.contains("rl24"),
+        "no host was contacted: {}",
+        malformed.stderr
+    );
+}

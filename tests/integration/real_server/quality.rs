@@ -1,0 +1,163 @@
+//! The quality gate on the real SGLang 0.5.23 server (its native `/generate`, logprobs and
+//! teacher-forced scoring on the CPU engine): a first deployment records a reference, neutral
+//! changes pass at the noise floor (none fails: the real server scores its own tokens the same
+//! way every time), and the same model saved with perturbed weights is measured and rolled back
+//! at stage `quality` with the default thresholds.
+
+use super::{slots, Service, HOSTS, ROOT};
+use crate::lab::lab;
+
+/// Sixteen greedy tokens per prompt keep the stage a few seconds on the CPU engine.
+const QUALITY: &str = ", quality: { max_new_tokens: 16 }";
+
+/// Copies the tiny model to `dst` with every weight matrix moved by Gaussian noise of its own
+/// standard deviation (seeded): the same architecture, tokenizer and name, other numbers. The
+/// host's own Python (the tier's venv) does it.
+const PERTURB: &str = r#"
+import os, shutil, sys, torch
+from safetensors.torch import load_file, save_file
+src, dst = sys.argv[1], sys.argv[2]
+shutil.rmtree(dst, ignore_errors=True)
+shutil.copytree(src, dst)
+path = os.path.join(dst, "model.safetensors")
+weights = load_file(path)
+g = torch.Generator().manual_seed(7)
+for name, w in weights.items():
+    if w.is_floating_point() and w.dim() >= 2:
+        noise = torch.randn(w.shape, generator=g) * w.float().std()
+        weights[name] = (w.float() + noise).to(w.dtype)
+save_file(weights, path, metadata={"format": "pt"})
+"#;
+
+fn quality<'v>(report: &'v serde_json::Value) -> &'v serde_json::Value {
+    let q = &report["quality"];
+    assert!(
+        q.is_object(),
+        "the report has the quality stage: {report:#}"
+    );
+    q
+}
+
+/// Neutral changes: each restarts the server with a batch limit that the stage's requests (eight
+/// at a time) never reach, so nothing it computes changes.
+fn neutral_changes(
+    name: &'static str,
+    host: &'static str,
+    port: u16,
+    limits: std::ops::Range<u32>,
+) -> Vec<f64> {
+    let mut kls = Vec::new();
+    for limit in limits {
+        let s = Service::new(name, host, port)
+            .verify(QUALITY)
+            .flags(&format!("    max-running-requests: {limit}\n"));
+        let report = converge(&s);
+        let q = quality(&report);
+        assert_eq!(q["verdict"], "passed", "neutral change {limit}: {report:#}");
+        let kl = q["comparison"]["mean_kl"].as_f64().unwrap();
+        let threshold = q["threshold"].as_f64().unwrap();
+        assert!(kl <= threshold, "{kl} <= {threshold}");
+        let cost = &q["cost"];
+        let (server, client) = (
+            cost["server_seconds"].as_f64().unwrap(),
+            cost["client_seconds"].as_f64().unwrap(),
+        );
+        eprintln!(
+            "quality, real server, neutral change max-running-requests {limit}: KL mean {kl:.6}, floor {}, threshold {threshold}, {} of greedy tokens identical; stage {:.1}s: wall {:.3}s, server {server:.3}s, client {client:.4}s",
+            q["floor"], q["comparison"]["identical_share"], stage_seconds(&report), cost["wall_seconds"].as_f64().unwrap()
+        );
+        assert!(
+            server > 0.0 && client < server,
+            "the client costs less than its requests' server time: {cost}"
+        );
+        kls.push(kl);
+    }
+    kls
+}
+
+/// Applies without the deep check (its seconds of imports show nothing about answers) and asserts
+/// the unit converged.
+fn converge(s: &Service<'_>) -> serde_json::Value {
+    let (code, report) = s.apply_with(&s.manifest(), &["--no-deep"]);
+    assert_eq!(
+        (code, report["outcome"].as_str()),
+        (0, Some("converged")),
+        "{report:#}"
+    );
+    report
+}
+
+fn stage_seconds(report: &serde_json::Value) -> f64 {
+    let stages = report["verification"]["stages"].as_array().unwrap();
+    let at = |name: &str| {
+        stages
+            .iter()
+            .find(|s| s["name"] == name)
+            .and_then(|s| s["seconds"].as_f64())
+    };
+    at("quality").unwrap_or(0.0) - at("memory").or(at("readiness")).unwrap_or(0.0)
+}
+
+#[test]
+fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_back() {
+    let _slot = slots(1);
+    let (name, host, port) = ("t-rs-quality", HOSTS[0], 38021);
+    let s = Service::new(name, host, port).verify(QUALITY);
+    let _stopped = s.fresh();
+    let first = converge(&s);
+    assert_eq!(quality(&first)["verdict"], "recorded", "{first:#}");
+
+    let kls = neutral_changes(name, host, port, 8..13);
+    assert_eq!(kls.len(), 5);
+
+    // The same model with perturbed weights, under the same name: it starts, serves the right
+    // model, answers, and is not slower; only its numbers moved.
+    lab().sh(
+        host,
+        &format!(
+            "{ROOT}/bin/python3 - {ROOT}/tiny-model /models/tiny-perturbed <<'EOF'\n{PERTURB}\nEOF"
+        ),
+    );
+    let perturbed = Service::new(name, host, port).verify(QUALITY);
+    let text = perturbed
+        .manifest()
+        .replace(&format!("{ROOT}/tiny-model"), "/models/tiny-perturbed");
+    let before = perturbed.invocation();
+    let (code, report) = perturbed.apply_with(&text, &["--no-deep"]);
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(report["failed_stage"], "quality", "{report:#}");
+    let q = quality(&report);
+    let kl = q["comparison"]["mean_kl"].as_f64().unwrap();
+    let threshold = q["threshold"].as_f64().unwrap();
+    eprintln!(
+        "quality, real server, perturbed weights: KL mean {kl:.6} (worst {}), threshold {threshold}, {} of greedy tokens identical",
+        q["comparison"]["worst_kl"], q["comparison"]["identical_share"]
+    );
+    assert!(kl > threshold, "{kl} > {threshold}");
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    assert_ne!(
+        perturbed.invocation(),
+        before,
+        "the previous unit was started again"
+    );
+    assert!(
+        perturbed
+            .unit_file()
+            .contains(&format!("{ROOT}/tiny-model")),
+        "the previous unit is back"
+    );
+    lab().sh_quietly(host, "rm -rf /models/tiny-perturbed");
+    s.stop();
+}
+
+#[test]
+fn five_more_neutral_changes_pass_on_the_other_host() {
+    let _slot = slots(1);
+    let (name, host, port) = ("t-rs-quality2", HOSTS[1], 38022);
+    let s = Service::new(name, host, port).verify(QUALITY);
+    let _stopped = s.fresh();
+    assert_eq!(quality(&converge(&s))["verdict"], "recorded");
+    let kls = neutral_changes(name, host, port, 13..18);
+    assert_eq!(kls.len(), 5);
+    s.stop();
+}
