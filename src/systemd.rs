@@ -44,6 +44,28 @@ impl<H: Host + ?Sized> Systemd for H {
     }
 }
 
+/// The unit file of a unit that runs now, for a command that measures its server without a
+/// restart (`bench`, `quality`): an error saying why there is nothing `to` do otherwise.
+pub async fn running_unit(host: &dyn Host, unit: &str, to: &str) -> Result<String, String> {
+    let text = host
+        .read_file(&format!("{UNIT_DIR}/{unit}"))
+        .await
+        .map_err(|e| crate::remote::error_chain(&e))?
+        .ok_or_else(|| format!("{unit} is not installed on {}", host.name()))?;
+    let state = host
+        .unit_state(unit)
+        .await
+        .map_err(|e| crate::remote::error_chain(&e))?;
+    if state.active_state != "active" {
+        return Err(format!(
+            "{unit} is not running on {} ({}); nothing to {to}",
+            host.name(),
+            state.active_state
+        ));
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,7 @@
 //! its figures are judged against the previous deployment's (`reconcile_core::benchmark::judge`).
 //! A regression with the gate on fails the stage, which rolls back like any other.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use super::state::Record;
 use super::Job;
@@ -11,7 +11,7 @@ use crate::bench;
 use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
 use crate::remote::error_chain;
-use crate::verify::{Expect, Progress, Stage, Verification};
+use crate::verify::{Expect, Progress, Verification};
 
 /// Runs the benchmark against the unit just verified (`v`, which gains the stage) and judges it
 /// against `before`, the deployment record read before the restart.
@@ -50,16 +50,7 @@ pub async fn stage(
         },
         _ = cancel.wait_for(|c| *c) => BenchmarkReport::could_not_run(spec, &crate::signals::interrupted()),
     };
-    let since_restart = v.stages.last().map_or(0.0, |s| s.seconds);
-    v.stages.push(Stage {
-        name: "benchmark",
-        passed: !report.fails(),
-        seconds: since_restart + started.elapsed().as_secs_f64(),
-        at_unix: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64()),
-        detail: report.detail.clone(),
-    });
+    v.push_after("benchmark", !report.fails(), started, &report.detail);
     progress.stage("benchmark", !report.fails(), &report.detail);
     report
 }

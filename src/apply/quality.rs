@@ -11,14 +11,14 @@
 //! - [`stage`], on the new server: its scores of the reference's tokens, its own greedy tokens,
 //!   the needle and the cases.
 
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use reconcile_core::quality::{self, kl_estimate, QualityReport, QualitySpec, Reference};
 
 use super::Job;
 use crate::quality::{self as measure, Measured};
 use crate::remote::error_chain;
-use crate::verify::{Expect, Progress, Stage, Verification};
+use crate::verify::{Expect, Progress, Verification};
 
 /// What was measured before the restart.
 #[derive(Debug, Default)]
@@ -174,16 +174,7 @@ pub async fn stage(
         Err(e) => (QualityReport::could_not_run(spec, &e), None),
     };
     report.notes.extend(before.notes.iter().cloned());
-    let since_restart = v.stages.last().map_or(0.0, |s| s.seconds);
-    v.stages.push(Stage {
-        name: "quality",
-        passed: !report.fails(),
-        seconds: since_restart + started.elapsed().as_secs_f64(),
-        at_unix: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64()),
-        detail: report.detail.clone(),
-    });
+    v.push_after("quality", !report.fails(), started, &report.detail);
     progress.stage("quality", !report.fails(), &report.detail);
     (report, keep)
 }

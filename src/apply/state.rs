@@ -143,6 +143,16 @@ pub async fn unlock(host: &dyn Host, unit: &str) -> Result<(), RemoteError> {
         .map(|_| ())
 }
 
+/// Releases the unit's lock; a failure to is a note (the next run from here breaks the lock).
+pub async fn unlock_noting(host: &dyn Host, unit: &str, notes: &mut Vec<String>) {
+    if let Err(e) = unlock(host, unit).await {
+        notes.push(format!(
+            "the lock could not be released: {}",
+            error_chain(&e)
+        ));
+    }
+}
+
 /// Copies a unit's text into the generations, keeping the newest few; returns the copy's path.
 pub async fn keep_generation(
     host: &dyn Host,

@@ -9,9 +9,7 @@ use tokio::sync::watch;
 use reconcile_core::quality::{self, QualityReport, QualitySpec};
 
 use crate::apply::state::{self, LockPolicy, Owner};
-use crate::plan::UNIT_DIR;
 use crate::remote::{error_chain, Host, SshOptions};
-use crate::systemd::Systemd as _;
 use crate::unit::parse_unit;
 use crate::verify::Expect;
 
@@ -90,30 +88,13 @@ async fn quality_host(
     options: &QualityOptions<'_>,
     out: &mut HostQuality,
 ) -> Result<(), String> {
-    let text = host
-        .read_file(&format!("{UNIT_DIR}/{unit}"))
-        .await
-        .map_err(|e| error_chain(&e))?
-        .ok_or_else(|| format!("{unit} is not installed on {}", host.name()))?;
-    let state = host.unit_state(unit).await.map_err(|e| error_chain(&e))?;
-    if state.active_state != "active" {
-        return Err(format!(
-            "{unit} is not running on {} ({}); nothing to measure",
-            host.name(),
-            state.active_state
-        ));
-    }
+    let text = crate::systemd::running_unit(host, unit, "measure").await?;
     let note = state::lock(host, unit, &options.owner, options.lock)
         .await
         .map_err(|e| e.to_string())?;
     out.notes.extend(note);
     let result = measure_and_store(host, unit, &text, options, out).await;
-    if let Err(e) = state::unlock(host, unit).await {
-        out.notes.push(format!(
-            "the lock could not be released: {}",
-            error_chain(&e)
-        ));
-    }
+    state::unlock_noting(host, unit, &mut out.notes).await;
     result
 }
 

@@ -127,6 +127,27 @@ pub struct Verification {
 }
 
 impl Verification {
+    /// A stage run after verification (the benchmark, quality), begun at `started`: its seconds
+    /// count from the restart, as the earlier stages' do.
+    pub fn push_after(
+        &mut self,
+        name: &'static str,
+        passed: bool,
+        started: std::time::Instant,
+        detail: &str,
+    ) {
+        let since_restart = self.stages.last().map_or(0.0, |s| s.seconds);
+        self.stages.push(Stage {
+            name,
+            passed,
+            seconds: since_restart + started.elapsed().as_secs_f64(),
+            at_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+            detail: detail.to_string(),
+        });
+    }
+
     pub fn sparkline(&self) -> String {
         let values: Vec<u64> = self
             .samples

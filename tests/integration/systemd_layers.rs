@@ -5,7 +5,8 @@
 //! `--replace-dropins`) apply converges, keeps what it moved aside, and a failed apply puts it
 //! back.
 //!
-//! Host rl24; each test its own unit and port (37301-37309).
+//! Host rl24; each test its own unit, port (37301-37309) and GPUs (57-63): the stand-in's GPU
+//! memory is per GPU, and a server of another test leaving a shared GPU reads as a dead rank.
 
 use crate::lab::{lab, Reconcile};
 
@@ -14,21 +15,22 @@ const HOST: &str = "rl24";
 /// A crash one second after the start: the crash window fails and apply rolls back.
 const CRASHES: &str = ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"";
 
-fn manifest(service: &str, port: u16, tp: u32, env: &str, systemd: &str) -> String {
+fn manifest(service: &str, port: u16, gpus: &str, env: &str, systemd: &str) -> String {
+    let tp = gpus.split(',').count();
     format!(
         "service: {service}\n\
          hosts: [{HOST}]\n\
          sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  flags:\n    tp-size: {tp}\n    context-length: 8192\n\
-         env: {{ CUDA_VISIBLE_DEVICES: \"0,1\"{env} }}\n\
+         env: {{ CUDA_VISIBLE_DEVICES: \"{gpus}\"{env} }}\n\
          systemd: {{ Restart: on-failure, RestartSec: 1{systemd} }}\n\
          verify: {{ crash_window: 3s, load_deadline: 60s }}\n"
     )
 }
 
 /// A hand-written unit running the stand-in, as an operator's own would.
-fn hand_unit(port: u16, tp: u32) -> String {
+fn hand_unit(port: u16, tp: u32, gpu: u32) -> String {
     format!(
-        "[Unit]\nDescription=hand-written\n\n[Service]\nEnvironment=CUDA_VISIBLE_DEVICES=0\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --served-model-name test-model --context-length 8192 --tp-size {tp} --port {port}\nRestart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n"
+        "[Unit]\nDescription=hand-written\n\n[Service]\nEnvironment=CUDA_VISIBLE_DEVICES={gpu}\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --served-model-name test-model --context-length 8192 --tp-size {tp} --port {port}\nRestart=on-failure\n\n[Install]\nWantedBy=multi-user.target\n"
     )
 }
 
@@ -114,9 +116,10 @@ fn aside_records(unit: &str) -> String {
 fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_by_a_rollback() {
     let lab = lab();
     let (service, port) = ("t-ly-dropin", 37301);
+    const GPUS: &str = "60,61";
     let unit = format!("{service}.service");
     clean(&unit);
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, 2, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
     let (code, applied) = apply(&r, &[]);
     assert_eq!(
         (code, applied["outcome"].as_str()),
@@ -127,7 +130,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
     // What `systemctl edit` writes: the command line reset to --tp-size 1, one GPU.
     let dropin = format!("/etc/systemd/system/{unit}.d/override.conf");
     let edit = format!(
-        "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --served-model-name test-model --context-length 8192 --tp-size 1 --port {port}\nEnvironment=CUDA_VISIBLE_DEVICES=0\n"
+        "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /models/test --served-model-name test-model --context-length 8192 --tp-size 1 --port {port}\nEnvironment=CUDA_VISIBLE_DEVICES=60\n"
     );
     lab.sh(HOST, &format!("mkdir -p /etc/systemd/system/{unit}.d"));
     lab.put(HOST, &dropin, &edit);
@@ -200,7 +203,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
 
     // Replace, with a manifest whose server crashes: the rollback puts the drop-in back, and the
     // server runs its command line again.
-    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, 2, CRASHES, ""));
+    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, CRASHES, ""));
     let (code, failed) = apply(&failing, &["--replace-dropins"]);
     assert_ne!(code, 0, "{failed}");
     assert_eq!(failed["outcome"], "rolled_back", "{failed}");
@@ -227,7 +230,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
     // Replace, from the manifest: converges with the manifest's unit alone.
     let replacing = Reconcile::new().manifest(
         "m.yaml",
-        &manifest(service, port, 2, "", ", dropins: replace"),
+        &manifest(service, port, GPUS, "", ", dropins: replace"),
     );
     let (code, converged) = apply(&replacing, &[]);
     assert_eq!(
@@ -262,6 +265,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
 fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by_a_rollback() {
     let lab = lab();
     let (service, port) = ("t-ly-masked", 37302);
+    const GPUS: &str = "62,63";
     let unit = format!("{service}.service");
     clean(&unit);
     let path = format!("/etc/systemd/system/{unit}");
@@ -269,7 +273,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
     let is_mask = || lab.sh(HOST, &format!("readlink {path} || true")).trim() == "/dev/null";
     assert!(is_mask());
 
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, 2, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
     let (code, p) = plan(&r);
     assert_eq!(code, 2, "{p}");
     assert_eq!(kinds(&p), ["masked"]);
@@ -292,7 +296,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
     let (classes, _) = status_classes(&r);
     assert!(classes.contains(&"masked".to_string()), "{classes:?}");
 
-    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, 2, CRASHES, ""));
+    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, CRASHES, ""));
     let (code, failed) = apply(&failing, &["--replace-dropins"]);
     assert_ne!(code, 0, "{failed}");
     assert_eq!(failed["outcome"], "rolled_back", "{failed}");
@@ -327,11 +331,12 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
 fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_restored() {
     let lab = lab();
     let (service, port) = ("t-ly-shadow", 37303);
+    const GPUS: &str = "58,59";
     let unit = format!("{service}.service");
     clean(&unit);
     let shadow = format!("/run/systemd/system/{unit}");
     lab.sh(HOST, "mkdir -p /run/systemd/system");
-    lab.put(HOST, &shadow, &hand_unit(port, 1));
+    lab.put(HOST, &shadow, &hand_unit(port, 1, 58));
     lab.sh(
         HOST,
         &format!("systemctl daemon-reload && systemctl start {unit}"),
@@ -352,7 +357,7 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
     assert_eq!(fragment(), shadow);
     let before = lab.invocation(HOST, &unit);
 
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, 2, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
     let (code, p) = plan(&r);
     assert_eq!(code, 2, "{p}");
     assert_eq!(kinds(&p), ["shadowed"]);
@@ -372,7 +377,7 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
     let (classes, _) = status_classes(&r);
     assert!(classes.contains(&"shadowed".to_string()), "{classes:?}");
 
-    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, 2, CRASHES, ""));
+    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, CRASHES, ""));
     let (code, failed) = apply(&failing, &["--replace-dropins"]);
     assert_ne!(code, 0, "{failed}");
     assert_eq!(failed["outcome"], "rolled_back", "{failed}");
@@ -416,9 +421,10 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
 fn a_disabled_unit_is_planned_named_and_enabled_without_a_restart() {
     let lab = lab();
     let (service, port) = ("t-ly-disabled", 37304);
+    const GPUS: &str = "57";
     let unit = format!("{service}.service");
     clean(&unit);
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, 2, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
     let (code, applied) = apply(&r, &[]);
     assert_eq!(
         (code, applied["outcome"].as_str()),

@@ -50,30 +50,32 @@ pub fn takes_effect_without_restart(setting: &str) -> bool {
     }
 }
 
+/// `[Unit]` settings that name other units: each assignment adds to the list.
+const DEPENDENCIES: [&str; 12] = [
+    "After",
+    "Before",
+    "Wants",
+    "Requires",
+    "Requisite",
+    "BindsTo",
+    "PartOf",
+    "Conflicts",
+    "Upholds",
+    "Documentation",
+    "OnFailure",
+    "OnSuccess",
+];
+
+/// `[Install]` settings, lists all of them.
+const INSTALL: [&str; 5] = ["WantedBy", "RequiredBy", "UpheldBy", "Alias", "Also"];
+
 /// Whether a later assignment of `setting` (as `Section.Key`) adds to its earlier values rather
 /// than replacing them: dependencies, install targets, the other `Exec*=` commands, paths and
 /// conditions, as systemd.unit(5), systemd.service(5) and systemd.exec(5) describe them. What
 /// a drop-in does to a setting depends on it: it adds an `After=` but replaces a `User=`.
 pub fn is_list_setting(setting: &str) -> bool {
     let (section, key) = setting.split_once('.').unwrap_or(("", setting));
-    const LISTS: [&str; 34] = [
-        "After",
-        "Before",
-        "Wants",
-        "Requires",
-        "Requisite",
-        "BindsTo",
-        "PartOf",
-        "Conflicts",
-        "Upholds",
-        "OnFailure",
-        "OnSuccess",
-        "Documentation",
-        "WantedBy",
-        "RequiredBy",
-        "UpheldBy",
-        "Alias",
-        "Also",
+    const SERVICE_LISTS: [&str; 17] = [
         "ExecStartPre",
         "ExecStartPost",
         "ExecCondition",
@@ -92,33 +94,28 @@ pub fn is_list_setting(setting: &str) -> bool {
         "SupplementaryGroups",
         "LoadCredential",
     ];
-    (section == "Unit" && (key.starts_with("Condition") || key.starts_with("Assert")))
-        || LISTS.contains(&key)
+    match section {
+        "Unit" => {
+            DEPENDENCIES.contains(&key) || key.starts_with("Condition") || key.starts_with("Assert")
+        }
+        "Install" => INSTALL.contains(&key),
+        _ => SERVICE_LISTS.contains(&key),
+    }
 }
 
 /// Which section a setting from the manifest's `systemd:` map belongs in.
 pub fn section_of(key: &str) -> &'static str {
-    const UNIT: [&str; 17] = [
-        "After",
-        "Before",
-        "Wants",
-        "Requires",
-        "Requisite",
-        "BindsTo",
-        "PartOf",
-        "Conflicts",
-        "Upholds",
-        "Documentation",
-        "OnFailure",
-        "OnSuccess",
+    const UNIT: [&str; 4] = [
         "StartLimitIntervalSec",
         "StartLimitBurst",
         "StartLimitAction",
         "JobTimeoutSec",
-        "ConditionPathExists",
     ];
-    const INSTALL: [&str; 4] = ["WantedBy", "RequiredBy", "Alias", "Also"];
-    if UNIT.contains(&key) || key.starts_with("Condition") || key.starts_with("Assert") {
+    if DEPENDENCIES.contains(&key)
+        || UNIT.contains(&key)
+        || key.starts_with("Condition")
+        || key.starts_with("Assert")
+    {
         "Unit"
     } else if INSTALL.contains(&key) {
         "Install"
