@@ -13,7 +13,7 @@
 
 use std::time::Instant;
 
-use reconcile_core::quality::{self, kl_estimate, QualityReport, QualitySpec, Reference};
+use reconcile_core::quality::{self, QualityReport, QualitySpec, Reference};
 
 use super::Job;
 use crate::quality::{self as measure, Measured};
@@ -85,28 +85,13 @@ pub async fn before(job: &Job<'_>, spec: &QualitySpec, previous: Option<&Expect>
     }
     if let Some(reference) = &out.reference {
         match measure::score(&server, reference).await {
-            Ok(scored) => out.floor = Some(mean_kl(reference, &scored)),
+            Ok(scored) => out.floor = Some(quality::mean_kl(reference, &scored)),
             Err(e) => out.notes.push(format!(
                 "quality: the running server could not score the reference for a noise floor ({e}); taken as 0"
             )),
         }
     }
     out
-}
-
-/// The mean over prompts of each prompt's KL estimate.
-fn mean_kl(reference: &Reference, scored: &[Vec<f64>]) -> f64 {
-    let per: Vec<f64> = reference
-        .sequences
-        .iter()
-        .zip(scored)
-        .map(|(s, scored)| kl_estimate(&s.logprobs, scored))
-        .collect();
-    if per.is_empty() {
-        0.0
-    } else {
-        per.iter().sum::<f64>() / per.len() as f64
-    }
 }
 
 /// Measures the unit just verified (`v`, which gains the stage) and judges it against what
@@ -147,30 +132,10 @@ pub async fn stage(
         _ = cancel.wait_for(|c| *c) => Err(crate::signals::interrupted()),
     };
     let (mut report, keep) = match measured {
-        Ok(m) => {
-            let comparison = match (&before.reference, &m.scored) {
-                (Some(r), Some(scored)) => {
-                    let regenerated: Vec<Vec<u32>> =
-                        m.generated.iter().map(|g| g.output_ids.clone()).collect();
-                    Some(quality::compare(r, scored, &regenerated))
-                }
-                _ => None,
-            };
-            let report = quality::judge(
-                spec,
-                before.reference.as_ref(),
-                before.floor,
-                comparison,
-                &m.needle,
-                m.cases,
-            );
-            let mut report = report;
-            report.cost = Some(m.cost());
-            (
-                report,
-                Some(measure::reference_of(spec, &expect.model_id, &m)),
-            )
-        }
+        Ok(m) => (
+            m.judge(spec, before.reference.as_ref(), before.floor),
+            Some(measure::reference_of(spec, &expect.model_id, &m)),
+        ),
         Err(e) => (QualityReport::could_not_run(spec, &e), None),
     };
     report.notes.extend(before.notes.iter().cloned());

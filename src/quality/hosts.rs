@@ -122,29 +122,9 @@ async fn measure_and_store(
         m = super::measure(&server, &expect.model_id, options.spec, reference.as_ref(), context, expect.reasoning) => m?,
         _ = cancel.wait_for(|c| *c) => return Err(crate::signals::interrupted()),
     };
-    let comparison = match (&reference, &measured.scored) {
-        (Some(r), Some(scored)) => {
-            let regenerated: Vec<Vec<u32>> = measured
-                .generated
-                .iter()
-                .map(|g| g.output_ids.clone())
-                .collect();
-            Some(quality::compare(r, scored, &regenerated))
-        }
-        _ => None,
-    };
     // The running server is its own reference: no floor beyond its run-to-run noise, which this
     // comparison is.
-    let report = quality::judge(
-        options.spec,
-        reference.as_ref(),
-        None,
-        comparison,
-        &measured.needle,
-        measured.cases,
-    );
-    let mut report = report;
-    report.cost = Some(measured.cost());
+    let report = measured.judge(options.spec, reference.as_ref(), None);
     let failed = report.fails().then(|| report.detail.clone());
     out.quality = Some(report);
     if let Some(e) = failed {

@@ -44,6 +44,31 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// The verdict on these answers against `reference` (when there is one to compare with),
+    /// with `floor` the old server's noise, and what the measurement cost.
+    pub fn judge(
+        &self,
+        spec: &QualitySpec,
+        reference: Option<&Reference>,
+        floor: Option<f64>,
+    ) -> quality::QualityReport {
+        let comparison = match (reference, &self.scored) {
+            (Some(r), Some(scored)) => {
+                let regenerated: Vec<Vec<u32>> = self
+                    .generated
+                    .iter()
+                    .map(|g| g.output_ids.clone())
+                    .collect();
+                Some(quality::compare(r, scored, &regenerated))
+            }
+            _ => None,
+        };
+        let mut report =
+            quality::judge(spec, reference, floor, comparison, &self.needle, self.cases);
+        report.cost = Some(self.cost());
+        report
+    }
+
     /// What it cost, for the report.
     pub fn cost(&self) -> quality::Cost {
         quality::Cost {

@@ -44,17 +44,37 @@ pub struct Comparison {
     pub first_divergence: Option<(usize, usize)>,
 }
 
+/// Each prompt's KL estimate: the reference's logprobs of its own tokens against `scored`, the
+/// same tokens' logprobs by another run (a prompt it did not score counts as scoring nothing).
+fn per_prompt(reference: &Reference, scored: &[Vec<f64>]) -> Vec<f64> {
+    reference
+        .sequences
+        .iter()
+        .enumerate()
+        .map(|(i, s)| kl_estimate(&s.logprobs, scored.get(i).map_or(&[], Vec::as_slice)))
+        .collect()
+}
+
+fn mean(estimates: &[f64]) -> f64 {
+    if estimates.is_empty() {
+        0.0
+    } else {
+        estimates.iter().sum::<f64>() / estimates.len() as f64
+    }
+}
+
+/// The mean over prompts of each prompt's KL estimate: [`Comparison::mean_kl`] alone, for the old
+/// server's run-to-run noise (the floor).
+pub fn mean_kl(reference: &Reference, scored: &[Vec<f64>]) -> f64 {
+    mean(&per_prompt(reference, scored))
+}
+
 /// Compares the reference with the new server's teacher-forced scores of its tokens (`scored`,
 /// one list per sequence: [`super::read_scores`]) and the new server's own greedy generation
 /// from the same prompt tokens (`regenerated`). A generation shorter than the reference diverges
 /// where it ends; a sequence missing from `scored` counts no tokens.
 pub fn compare(reference: &Reference, scored: &[Vec<f64>], regenerated: &[Vec<u32>]) -> Comparison {
-    let estimates: Vec<f64> = reference
-        .sequences
-        .iter()
-        .enumerate()
-        .map(|(i, s)| kl_estimate(&s.logprobs, scored.get(i).map_or(&[], Vec::as_slice)))
-        .collect();
+    let estimates = per_prompt(reference, scored);
     let (worst_prompt, worst_kl) =
         estimates
             .iter()
@@ -64,11 +84,7 @@ pub fn compare(reference: &Reference, scored: &[Vec<f64>], regenerated: &[Vec<u3
                 (0, 0.0),
                 |(wi, w), (i, k)| if k > w || k.is_nan() { (i, k) } else { (wi, w) },
             );
-    let mean_kl = if estimates.is_empty() {
-        0.0
-    } else {
-        estimates.iter().sum::<f64>() / estimates.len() as f64
-    };
+    let mean_kl = mean(&estimates);
     let mut total = 0usize;
     let mut same = 0usize;
     let mut first_divergence = None;

@@ -46,7 +46,7 @@ pub use generate::{
 };
 pub use jsonl::QualityFileError;
 pub use judge::{judge, Cost, QualityReport, RateChange, Verdict};
-pub use kl::{compare, kl_estimate, threshold, Comparison};
+pub use kl::{compare, kl_estimate, mean_kl, threshold, Comparison};
 pub use needle::{found, needles, rates, Needle, QUESTION};
 pub use prompts::{builtin_prompts, parse_prompts};
 pub use reference::{
