@@ -627,6 +627,52 @@ mod tests {
     }
 
     #[test]
+    fn the_drop_in_policy_is_refuse_by_default_replace_when_asked_and_nothing_else() {
+        use crate::manifest::DropInPolicy;
+        let m = parse("m.yaml", BASE).unwrap();
+        assert_eq!(m.dropins, DropInPolicy::Refuse);
+        let text = format!("{BASE}systemd: {{ User: root, dropins: replace }}\n");
+        let m = parse("m.yaml", &text).unwrap();
+        assert_eq!(m.dropins, DropInPolicy::Replace);
+        assert!(
+            !m.systemd.contains_key("dropins"),
+            "reconcile's key, never rendered"
+        );
+        assert!(errors(&text).is_empty());
+        let bad = format!("{BASE}systemd:\n  dropins: keep\n");
+        let e = parse("m.yaml", &bad).unwrap_err().0[0].to_string();
+        assert!(
+            e.starts_with("m.yaml:9:") && e.contains("systemd.dropins") && e.contains("`keep`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn quality_settings_are_checked_with_their_positions() {
+        let text = format!("{BASE}verify:\n  quality:\n    prompts: 0\n    factor: 0.5\n    needle: {{ lengths: [32], depths: [1.5] }}\n");
+        let e = errors(&text);
+        assert!(
+            e.iter()
+                .any(|e| e.contains("verify.quality.prompts") && e.contains("between 1 and 256")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|e| e.contains("verify.quality.factor")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|e| e.contains("verify.quality.needle.lengths[0]")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|e| e.contains("verify.quality.needle.depths[0]")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn benchmark_settings_are_checked_with_their_positions() {
         let text = format!("{BASE}verify:\n  benchmark:\n    levels: [1, 0, 1]\n    requests: 4\n    duration: 10s\n    max_regression: 120\n");
         let e = errors(&text);
