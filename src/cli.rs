@@ -485,21 +485,24 @@ impl LockArgs {
     }
 }
 
-/// How `apply` rolls out over the fleet.
+/// How `apply` rolls out over the fleet. Each flag left out falls to the manifests' `rollout:`
+/// (the strictest of the services applied), then to the default shown.
 #[derive(Debug, Args)]
 pub struct RolloutArgs {
     /// Hosts that go first, one batch, and must pass every verification stage before any other
-    /// host starts. Only hosts with something to change count: up-to-date hosts are skipped.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub canary: usize,
+    /// host starts. Only hosts with something to change count: up-to-date hosts are skipped. A
+    /// manifest's `rollout.canary` host goes first. [default: 1]
+    #[arg(long, value_name = "N")]
+    pub canary: Option<usize>,
 
-    /// Hosts applied at once after the canary.
-    #[arg(long, default_value_t = 4, value_name = "N")]
-    pub max_parallel: usize,
+    /// Hosts applied at once after the canary. [default: rollout.max_parallel, else 4]
+    #[arg(long, value_name = "N")]
+    pub max_parallel: Option<usize>,
 
     /// Failed hosts, across the whole rollout, after which no new host is started.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub max_failures: usize,
+    /// [default: rollout.max_failures, else 1]
+    #[arg(long, value_name = "N")]
+    pub max_failures: Option<usize>,
 
     /// When the rollout stops early, roll back the hosts it already converged.
     #[arg(long)]
@@ -507,8 +510,8 @@ pub struct RolloutArgs {
 }
 
 impl RolloutArgs {
-    pub fn rollout(&self) -> apply::Rollout {
-        apply::Rollout {
+    pub fn asked(&self) -> reconcile_core::rollout::Asked {
+        reconcile_core::rollout::Asked {
             canary: self.canary,
             max_parallel: self.max_parallel,
             max_failures: self.max_failures,

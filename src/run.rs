@@ -8,6 +8,7 @@ use crate::cli::{
     AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, ImportArgs, PlanArgs, QualityArgs,
     RenderArgs, RollbackArgs, SshArgs, StatusArgs, ValidateArgs,
 };
+use crate::apply::Rollout;
 use crate::dry_run::Tally;
 use crate::redact::Redactor;
 use crate::{
@@ -114,7 +115,10 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let options = apply_options(args.lock(), plan.format, redactor)
         .git(git_info(&paths))
         .deep(plan.deep)
-        .rollout(args.rollout.rollout())
+        .rollout(Rollout::resolve(
+            &args.rollout.asked(),
+            targets.iter().filter_map(|t| t.manifest.rollout.as_ref()),
+        ))
         .replace_dropins(args.replace_dropins);
     let mut reports = apply::apply_targets(targets, &ssh, &options).await;
     reports.extend(refused.into_iter().map(|r| {

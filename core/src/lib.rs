@@ -26,6 +26,7 @@ pub mod preflight;
 pub mod quality;
 pub mod record;
 pub mod redact;
+pub mod rollout;
 pub mod router;
 pub mod sglang;
 pub mod survey;

@@ -8,8 +8,9 @@
 //! previous unit is restored, restarted and verified the same way (a unit that was new is
 //! removed), and the report carries the failed invocation's journal.
 //!
-//! The layout: `decide` (what each fact means, and every detail text) and `schedule` (the
-//! rollout's order) are pure; `install`, `restore` and `rollout` do the remote calls they decide;
+//! The layout: `decide` (what each fact means, and every detail text) is pure, and so is the
+//! rollout's order (`reconcile_core::rollout::schedule`); `install`, `restore` and `rollout` do the
+//! remote calls they decide;
 //! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
 pub(crate) mod aside;
@@ -20,7 +21,6 @@ mod install;
 mod quality;
 mod restore;
 mod rollout;
-mod schedule;
 pub(crate) mod state;
 #[cfg(test)]
 mod testing;
@@ -34,7 +34,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 pub use error::{ApplyError, ApplyErrorKind};
-pub use schedule::Rollout;
+pub use reconcile_core::rollout::Rollout;
 pub use state::{LockPolicy, Owner};
 
 use crate::layers::{self, Drift};

@@ -10,7 +10,7 @@
 use super::decide;
 use super::error::ApplyError;
 use super::restore::{restore_and_verify, Restore, Restored, Then};
-use super::schedule::{Schedule, Step};
+use reconcile_core::rollout::schedule::{Schedule, Step};
 use super::verifier::Live;
 use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
@@ -89,7 +89,7 @@ pub async fn roll_out(
         .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.verify.clone()))
         .collect();
     let all = targets.clone();
-    let hosts = by_host(targets);
+    let hosts = canary_first(by_host(targets));
     let order: std::collections::HashMap<String, usize> = hosts
         .iter()
         .enumerate()
@@ -106,7 +106,7 @@ pub async fn roll_out(
         };
         &with_routers
     };
-    let surveys = survey(hosts.into_iter().collect(), ssh, options).await;
+    let surveys = survey(hosts, ssh, options).await;
     let mut reports: Vec<UnitReport> = Vec::new();
     let mut turns = Vec::new();
     for survey in surveys {
@@ -151,6 +151,21 @@ pub async fn roll_out(
     }
     reports.sort_by_key(|r| order.get(&r.host).copied().unwrap_or(usize::MAX));
     reports
+}
+
+/// The hosts by name, with those a manifest names as its `rollout.canary` first: push mode's
+/// canary is then the host pull agents would also choose.
+fn canary_first(hosts: std::collections::BTreeMap<String, Vec<Target>>) -> Vec<(String, Vec<Target>)> {
+    let named = |targets: &[Target], host: &str| {
+        targets
+            .iter()
+            .any(|t| t.manifest.rollout.as_ref().and_then(|r| r.canary.as_deref()) == Some(host))
+    };
+    let (mut first, rest): (Vec<_>, Vec<_>) = hosts
+        .into_iter()
+        .partition(|(host, targets)| named(targets, host));
+    first.extend(rest);
+    first
 }
 
 /// A batch's turns, at once: hosts with work applied, unreachable ones failed as found. The

@@ -177,6 +177,7 @@ pub fn restore_target(
         systemd: Default::default(),
         verify: VerifySpec::default(),
         router: None,
+        rollout: None,
         drain: None,
         dropins: Default::default(),
     });

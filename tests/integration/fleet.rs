@@ -158,7 +158,7 @@ fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
         units[4]["detail"]
             .as_str()
             .unwrap()
-            .contains("1 host(s) failed (--max-failures 1)"),
+            .contains("1 host(s) failed (max_failures 1)"),
         "{:#}",
         units[4]
     );

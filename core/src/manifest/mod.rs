@@ -9,6 +9,7 @@ pub(crate) mod error;
 pub(crate) mod locate;
 mod parse;
 mod reference;
+mod rollout;
 mod router;
 mod validate;
 
@@ -18,6 +19,7 @@ use std::time::Duration;
 pub use error::{ManifestError, ManifestErrors, Position};
 pub use parse::parse;
 pub use reference::{RefTarget, Reference};
+pub use rollout::RolloutSpec;
 pub use router::{AdminKey, RouterSpec};
 pub use validate::{validate, validate_fleet};
 
@@ -54,6 +56,8 @@ pub struct Manifest {
     pub verify: VerifySpec,
     /// The sglang-router the replicas sit behind (`router:`), for rollouts that take each out.
     pub router: Option<RouterSpec>,
+    /// How a change goes over the hosts (`rollout:`): canary, parallelism, failure budget.
+    pub rollout: Option<RolloutSpec>,
     /// Wait for the server to finish its requests before a restart (`drain:`); `None`: restart at
     /// once, as before.
     pub drain: Option<DrainSpec>,

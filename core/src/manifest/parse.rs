@@ -117,6 +117,16 @@ struct RawManifest {
     #[serde(default)]
     secret_env: Vec<String>,
     router: Option<RawRouter>,
+    rollout: Option<RawRollout>,
+}
+
+/// `rollout:` (`RolloutSpec`).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRollout {
+    canary: Option<String>,
+    max_parallel: Option<usize>,
+    max_failures: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -434,6 +444,11 @@ impl RawManifest {
                 quality: v.quality.map(RawQuality::into_spec),
             },
             router: self.router.map(RawRouter::into_spec),
+            rollout: self.rollout.map(|r| super::RolloutSpec {
+                canary: r.canary,
+                max_parallel: r.max_parallel,
+                max_failures: r.max_failures,
+            }),
             drain: self.drain.map(RawDrain::into_spec),
         }
     }

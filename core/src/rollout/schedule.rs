@@ -1,6 +1,6 @@
 //! The rollout's order of turns as a state machine, without hosts or clocks: which turns go next,
 //! which are skipped (and why) once the rollout stops, and whether `--rollback-all` must undo what
-//! already converged. The driver (`rollout::roll_out`) applies each batch and reports back how
+//! already converged, in push mode (`reconcile apply`). The driver (the binary's `apply::rollout`) applies each batch and reports back how
 //! many of its hosts failed.
 //!
 //! A turn is a host with work, in the rollout's order. The canary (the first `canary` turns) goes
@@ -8,18 +8,7 @@
 //! seen `max_failures` (at least 1) failed hosts, or the canary failed, no new turn starts: the
 //! rest are skipped. An unreachable host takes its turn like any other (and fails at it).
 
-/// How the rollout goes: the policy the schedule follows.
-#[derive(Debug, Clone, Copy)]
-pub struct Rollout {
-    /// Hosts that go first, alone, and must all pass.
-    pub canary: usize,
-    /// Hosts applied at once after the canary.
-    pub max_parallel: usize,
-    /// Failed hosts, across the whole rollout, after which no new host starts.
-    pub max_failures: usize,
-    /// When the rollout stops, roll back the hosts it already converged.
-    pub rollback_all: bool,
-}
+use super::Rollout;
 
 /// What the driver does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,7 +106,7 @@ impl Schedule {
             self.stopped = Some("the canary failed, so the rollout stopped".into());
         } else if self.failed_hosts >= self.policy.max_failures.max(1) {
             self.stopped = Some(format!(
-                "{} host(s) failed (--max-failures {}), so the rollout stopped",
+                "{} host(s) failed (max_failures {}), so the rollout stopped",
                 self.failed_hosts, self.policy.max_failures
             ));
         }
@@ -219,7 +208,7 @@ mod tests {
                 apply(&[2, 3]),
                 Step::Skip {
                     turns: vec![4, 5, 6],
-                    why: "2 host(s) failed (--max-failures 2), so the rollout stopped".into()
+                    why: "2 host(s) failed (max_failures 2), so the rollout stopped".into()
                 },
                 Step::Done
             ]
@@ -232,7 +221,7 @@ mod tests {
                 apply(&[0]),
                 Step::Skip {
                     turns: vec![1, 2],
-                    why: "1 host(s) failed (--max-failures 0), so the rollout stopped".into()
+                    why: "1 host(s) failed (max_failures 0), so the rollout stopped".into()
                 },
                 Step::Done
             ]
@@ -251,7 +240,7 @@ mod tests {
                 apply(&[1, 2, 3]),
                 Step::Skip {
                     turns: vec![4],
-                    why: "3 host(s) failed (--max-failures 2), so the rollout stopped".into()
+                    why: "3 host(s) failed (max_failures 2), so the rollout stopped".into()
                 },
                 Step::Done
             ]
@@ -260,7 +249,7 @@ mod tests {
 
     #[test]
     fn the_budget_reached_by_the_last_batch_skips_nothing_but_still_rolls_back() {
-        let why = "1 host(s) failed (--max-failures 1), so the rollout stopped".to_string();
+        let why = "1 host(s) failed (max_failures 1), so the rollout stopped".to_string();
         assert_eq!(
             run(Schedule::new(policy(0, 2, 1, true), 2), |_| 1),
             [apply(&[0, 1]), Step::RollBackConverged { why }, Step::Done]
