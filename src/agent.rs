@@ -18,6 +18,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Owner, Rollout, UnitReport};
+use crate::coordinator::{self, Coordination, CoordinatorOptions, Link};
+use crate::rollout::fleet::Newest;
 use crate::manifest::ManifestErrors;
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Limits, Local};
@@ -79,6 +81,21 @@ pub struct AgentOptions {
     /// Preflight's deep check.
     pub deep: bool,
     pub lock: LockPolicy,
+    /// Roll out together with the other hosts' agents through this coordinator; `None`: each
+    /// agent applies alone, as soon as it sees a commit.
+    pub coordinator: Option<CoordinatorOptions>,
+    /// The coordination benchmark's stand-in for applying (`bench/agents.sh`); `None` applies.
+    pub drill: Option<Drill>,
+}
+
+/// A round whose units are not applied: each counts as needing `need`, a restart is a sleep of
+/// `restart` (its start and end written to `log`, for the benchmark to count the overlap), and the
+/// round ends by telling what coordinating cost. Only the coordination is real.
+#[derive(Debug, Clone)]
+pub struct Drill {
+    pub need: apply::Need,
+    pub restart: Duration,
+    pub log: Option<PathBuf>,
 }
 
 /// What a round tells, as it happens.
@@ -98,6 +115,8 @@ pub enum Event<'a> {
         commit: &'a str,
         names: &'a [String],
     },
+    /// What the coordination of a unit does (waiting for the canary or a slot, holding back).
+    Coordination(String),
     /// This machine's units at `commit` were applied.
     Applied {
         commit: &'a str,
@@ -123,12 +142,14 @@ pub async fn run(options: AgentOptions, limits: Limits, print: &dyn Fn(Event<'_>
     // A name any round's manifests declared secret stays hidden for the life of the process, even
     // after a later commit drops it from `secret_env`: its value may still be in a journal.
     let mut redactor = Redactor::default();
+    let link = options.coordinator.clone().map(Link::new);
     let here = Here {
         options: &options,
         names: &names,
         stop: &stop,
         limits,
         print,
+        link: link.as_ref(),
     };
     loop {
         let code = round(&here, &mut redactor).await;
@@ -151,6 +172,8 @@ struct Here<'a> {
     stop: &'a watch::Receiver<bool>,
     limits: Limits,
     print: &'a dyn Fn(Event<'_>),
+    /// The coordinator, when the agent rolls out with the others.
+    link: Option<&'a Link>,
 }
 
 /// The host names this machine answers to in manifests: `local`, and the `--as` names or, without
@@ -190,7 +213,7 @@ async fn round(here: &Here<'_>, redactor: &mut Redactor) -> u8 {
         }
     };
     let commit = revision.commit.as_str();
-    let targets = match targets_here(here, redactor) {
+    let (targets, all) = match targets_here(here, redactor) {
         Ok(t) => t,
         Err(errors) => {
             print(Event::BadManifests {
@@ -208,7 +231,21 @@ async fn round(here: &Here<'_>, redactor: &mut Redactor) -> u8 {
         return 0;
     }
     let options = apply_options(here, &revision, redactor);
-    let reports = apply_here(&targets, &options, here.limits).await;
+    let reports = match (here.link, &here.options.drill) {
+        (Some(link), _) => coordinated_here(here, link, &revision, &targets, &all, &options).await,
+        // The benchmark's baseline: the same round, uncoordinated.
+        (None, Some(drill)) => {
+            let mut reports = Vec::new();
+            for t in &targets {
+                reports.push(match drill.need {
+                    apply::Need::Nothing => apply::unchanged(t, std::time::Instant::now()),
+                    _ => drill_restart(t, drill).await,
+                });
+            }
+            reports
+        }
+        (None, None) => apply_here(&targets, &options, here.limits).await,
+    };
     print(Event::Applied {
         commit,
         author: &revision.author,
@@ -250,7 +287,11 @@ fn apply_options(here: &Here<'_>, revision: &Revision, redactor: &Redactor) -> A
 /// The manifests of the checkout, loaded whole (an error anywhere stops the round, as it stops
 /// `apply`), kept to the units whose host is this machine. `redactor` takes in the names they
 /// declare secret, loaded or not.
-fn targets_here(here: &Here<'_>, redactor: &mut Redactor) -> Result<Vec<Target>, ManifestErrors> {
+/// The second list is every host's units, which the coordinator's rollout is over.
+fn targets_here(
+    here: &Here<'_>,
+    redactor: &mut Redactor,
+) -> Result<(Vec<Target>, Vec<Target>), ManifestErrors> {
     let args = here.options;
     let warn = |w: &dyn std::fmt::Display| (here.print)(Event::Warning(w.to_string()));
     let paths: Vec<PathBuf> = args.paths.iter().map(|p| args.checkout.join(p)).collect();
@@ -268,10 +309,12 @@ fn targets_here(here: &Here<'_>, redactor: &mut Redactor) -> Result<Vec<Target>,
     // `targets` fails only for a host the filter names that no manifest has; this filter names none.
     let all = targets::targets(&loaded.manifests, &targets::Filter::default())
         .expect("no filter names a host");
-    Ok(all
-        .into_iter()
+    let mine = all
+        .iter()
         .filter(|t| here.names.contains(&t.host))
-        .collect())
+        .cloned()
+        .collect();
+    Ok((mine, all))
 }
 
 /// Applies each unit on this machine in turn, through apply's own path; none starts once the
@@ -284,6 +327,95 @@ async fn apply_here(targets: &[Target], options: &ApplyOptions, limits: Limits) 
         "the agent is stopping",
     )
     .await
+}
+
+/// Applies each unit on this machine in turn, each when the coordinator gives it its turn (see
+/// `coordinator::coordinated`): the service's change is named by the units it renders for all of
+/// its hosts, its canary and limits come from its manifest's `rollout:`.
+async fn coordinated_here(
+    here: &Here<'_>,
+    link: &Link,
+    revision: &Revision,
+    targets: &[Target],
+    all: &[Target],
+    options: &ApplyOptions,
+) -> Vec<UnitReport> {
+    let host = Local::new(here.limits);
+    let say = |text: String| (here.print)(Event::Coordination(text));
+    let mut reports = Vec::new();
+    for t in targets {
+        if *here.stop.borrow() {
+            reports.extend(apply_here(std::slice::from_ref(t), options, here.limits).await);
+            continue;
+        }
+        let service: Vec<&Target> = all
+            .iter()
+            .filter(|o| o.manifest.service == t.manifest.service)
+            .collect();
+        let newest = Newest::of(&service).expect("the unit's own target is among them");
+        let order: Vec<&str> = newest.order.iter().map(String::as_str).collect();
+        let coordination = Coordination {
+            link,
+            revision: &newest.revision,
+            commit: &revision.commit,
+            order: &order,
+            policy: Rollout::resolve(&Default::default(), t.manifest.rollout.as_ref()),
+            stop: here.stop,
+            say: &say,
+        };
+        let report = match &here.options.drill {
+            None => {
+                let need = apply::need(&host, t, options).await;
+                coordinator::coordinated(&coordination, t, need, || async {
+                    apply_here(std::slice::from_ref(t), options, here.limits)
+                        .await
+                        .pop()
+                        .expect("one report per unit")
+                })
+                .await
+            }
+            Some(drill) => {
+                coordinator::coordinated(&coordination, t, drill.need, || drill_restart(t, drill))
+                    .await
+            }
+        };
+        reports.push(report);
+    }
+    if here.options.drill.is_some() {
+        if let Some((requests, took)) = link.spent().await {
+            say(format!(
+                "drill: {requests} requests to the coordinator, {:.2} ms in them",
+                took.as_secs_f64() * 1000.0
+            ));
+        }
+    }
+    reports
+}
+
+/// A drill's restart: a sleep, with its start and end (unix nanoseconds) appended to the log.
+async fn drill_restart(t: &Target, drill: &Drill) -> UnitReport {
+    let nanos = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    };
+    let began = nanos();
+    tokio::time::sleep(drill.restart).await;
+    let ended = nanos();
+    if let Some(log) = &drill.log {
+        use std::io::Write;
+        // One short append per restart: whole lines, even with many agents writing at once.
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+            let _ = writeln!(f, "{} {began} {ended}", t.host);
+        }
+    }
+    apply::refused(
+        &t.host,
+        &t.desired.unit,
+        &t.source,
+        apply::Outcome::Converged,
+        "drill: restart simulated".into(),
+    )
 }
 
 /// Brings the checkout to the branch's newest commit: cloned when missing, else fetched and hard

@@ -242,6 +242,9 @@ pub enum Command {
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
     #[command(after_help = AGENT_HELP)]
     Agent(AgentArgs),
+    /// Pull mode's rollouts, read from the agents' coordinator.
+    #[command(after_help = ROLLOUT_STATUS_HELP)]
+    Rollout(RolloutCommand),
     /// Write the manifest of a unit a host runs now (adopting a hand-written unit): SGLang's
     /// flags, env and systemd settings, drop-ins folded in, secrets as references. Changes nothing.
     #[command(after_help = IMPORT_HELP)]
@@ -352,13 +355,16 @@ const AGENT_HELP: &str = "\
 Examples:
   reconcile agent --repo https://git.example.com/infra/llm-manifests.git --once
   reconcile agent --repo /srv/llm-manifests.git --branch prod --as gpu-a --interval 10m
+  reconcile agent --repo /srv/llm-manifests.git --as gpu-a --coordinator etcd://10.0.0.5:2379
 
 Exit codes (of --once; an interval agent reports each round and keeps going until SIGTERM):
   0  every unit of this host converged or needed nothing (or the host has none)
   1  the checkout could not be updated, the manifests at the commit are bad (nothing was touched),
      or a unit failed before any change (preflight, lock)
   3  verification failed; the unit was rolled back to its previous unit, which passed
-  4  verification failed and the rollback failed too: the host needs attention";
+  4  verification failed and the rollback failed too: the host needs attention
+With --coordinator, a unit held back (the canary or the failure budget stopped the rollout, or
+its turn did not come within --coordinator-wait) is not started: exit 1, its server untouched.";
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
@@ -407,6 +413,71 @@ pub struct AgentArgs {
 
     #[command(flatten)]
     pub lock: LockArgs,
+
+    #[command(flatten)]
+    pub coordinator: CoordinatorArgs,
+
+    /// How long after this agent dies its restart slot frees itself: the slot's lease TTL, renewed
+    /// three times per TTL while the restart and its verification run.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DURATION", requires = "coordinator")]
+    pub lease_ttl: std::time::Duration,
+
+    /// How long a round waits for its turn (the canary, a free slot) or for a coordinator it
+    /// cannot reach, changing nothing, before it gives up; the next round asks again.
+    #[arg(long, default_value = "20m", value_parser = humantime::parse_duration, value_name = "DURATION", requires = "coordinator")]
+    pub coordinator_wait: std::time::Duration,
+
+    /// Time between looks at the coordinator while waiting.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration, value_name = "DURATION", requires = "coordinator")]
+    pub coordinator_poll: std::time::Duration,
+
+    /// The coordination benchmark (bench/agents.sh): units are not applied; each needs this
+    /// (`restart` or `nothing`) and a restart is a sleep of --drill-restart.
+    #[arg(long, hide = true, value_parser = ["restart", "nothing"])]
+    pub drill: Option<String>,
+
+    #[arg(long, hide = true, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub drill_restart: std::time::Duration,
+
+    /// Where each simulated restart's host, start and end (unix ns) are appended.
+    #[arg(long, hide = true)]
+    pub drill_log: Option<PathBuf>,
+}
+
+/// Where the coordinator of pull agents is (an etcd v3 cluster) and how to authenticate to it,
+/// as etcd's own clients do: TLS with a CA and an optional client certificate, and a user whose
+/// password comes from a file or the environment, never from a manifest or the command line.
+#[derive(Debug, Clone, Args)]
+pub struct CoordinatorArgs {
+    /// The etcd cluster: `etcd://host:2379[,host:2379...]` (TLS when a CA is given), or
+    /// `http://`/`https://` URLs.
+    #[arg(long, value_name = "URLS")]
+    pub coordinator: Option<String>,
+
+    /// The key prefix of this fleet in etcd.
+    #[arg(long, default_value = reconcile_core::rollout::ledger::DEFAULT_PREFIX, value_name = "PREFIX", requires = "coordinator")]
+    pub coordinator_prefix: String,
+
+    /// The CA certificate (PEM) of the etcd members; turns TLS on (etcdctl's --cacert).
+    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    pub coordinator_ca: Option<PathBuf>,
+
+    /// A client certificate (PEM) for etcd, with --coordinator-key (etcdctl's --cert).
+    #[arg(long, value_name = "FILE", requires_all = ["coordinator_key", "coordinator_ca"])]
+    pub coordinator_cert: Option<PathBuf>,
+
+    /// The client certificate's key (PEM) (etcdctl's --key).
+    #[arg(long, value_name = "FILE", requires = "coordinator_cert")]
+    pub coordinator_key: Option<PathBuf>,
+
+    /// An etcd user, for a cluster with authentication on; its password from
+    /// --coordinator-password-file or RECONCILE_COORDINATOR_PASSWORD.
+    #[arg(long, value_name = "NAME", requires = "coordinator")]
+    pub coordinator_user: Option<String>,
+
+    /// A file holding the etcd user's password (its first line).
+    #[arg(long, value_name = "FILE", requires = "coordinator_user")]
+    pub coordinator_password_file: Option<PathBuf>,
 }
 
 impl From<AgentArgs> for agent::AgentOptions {
@@ -422,6 +493,16 @@ impl From<AgentArgs> for agent::AgentOptions {
             strict: args.strict,
             deep: args.deep,
             lock: args.lock.policy(),
+            coordinator: None,
+            drill: args.drill.as_deref().map(|need| agent::Drill {
+                need: if need == "restart" {
+                    crate::apply::Need::Restart
+                } else {
+                    crate::apply::Need::Nothing
+                },
+                restart: args.drill_restart,
+                log: args.drill_log.clone(),
+            }),
         }
     }
 }
@@ -525,6 +606,7 @@ Examples:
   reconcile status
   reconcile status --host gpu-a --host gpu-b --format json
   reconcile status -l service=sglang-qwen --format markdown
+  reconcile status --coordinator etcd://10.0.0.5:2379 --format json
 
 Exit codes:
   0  every unit is in sync (manifest, last deployment, unit on disk and running process agree)
@@ -549,7 +631,58 @@ pub struct StatusArgs {
     /// Hosts read at once.
     #[arg(long, default_value_t = 32, value_name = "N")]
     pub parallel: usize,
+
+    /// Read every host's last outcome from the pull agents' coordinator instead of the hosts:
+    /// no SSH. The manifests, when they load, say which hosts are behind the newest change.
+    #[command(flatten)]
+    pub coordinator: CoordinatorArgs,
 }
+
+#[derive(Debug, Args)]
+pub struct RolloutCommand {
+    #[command(subcommand)]
+    pub command: RolloutSub,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RolloutSub {
+    /// A service's rollout as the pull agents' coordinator sees it, for the change the manifests
+    /// render now: the canary, hosts in flight, done, failed, waiting and held.
+    #[command(after_help = ROLLOUT_STATUS_HELP)]
+    Status(RolloutStatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RolloutStatusArgs {
+    /// The service (`sglang-qwen` or `sglang-qwen.service`).
+    pub service: String,
+
+    /// Manifest files or folders: the change and the hosts' order come from here.
+    #[arg(default_value = "manifests")]
+    pub paths: Vec<PathBuf>,
+
+    #[command(flatten)]
+    pub coordinator: CoordinatorArgs,
+
+    /// Keep watching, printing the progress each time it changes, until every host is done.
+    #[arg(long)]
+    pub watch: bool,
+
+    /// Output format: text for a terminal, markdown for a pull request comment, json for tools.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+}
+
+const ROLLOUT_STATUS_HELP: &str = "\
+Examples:
+  reconcile rollout status sglang-qwen --coordinator etcd://10.0.0.5:2379
+  reconcile rollout status sglang-qwen --coordinator etcd://10.0.0.5:2379 --watch
+
+Exit codes:
+  0  every host is done with the change and none failed
+  1  error: bad manifests, or the coordinator could not be read
+  2  the rollout is under way (hosts in flight, waiting, or not reported yet)
+  3  some host failed or was held: the rollout stopped";
 
 #[derive(Debug, Args)]
 pub struct HistoryArgs {

@@ -8,14 +8,15 @@
 //! runs it (`run`), and turns the result into an exit code.
 
 pub use reconcile_core::{
-    benchmark, digest, finding, flags, layers, manifest, observed, plan, record, redact, sglang,
-    targets, unit,
+    benchmark, digest, finding, flags, layers, manifest, observed, plan, record, redact, rollout,
+    sglang, targets, unit,
 };
 
 pub mod agent;
 pub mod apply;
 pub mod bench;
 pub mod cli;
+pub mod coordinator;
 pub mod drain;
 pub mod dry_run;
 pub mod fleet;

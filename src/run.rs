@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::cli::{
     AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, ImportArgs, PlanArgs, QualityArgs,
-    RenderArgs, RollbackArgs, SshArgs, StatusArgs, ValidateArgs,
+    RenderArgs, RollbackArgs, RolloutStatusArgs, RolloutSub, SshArgs, StatusArgs, ValidateArgs,
 };
 use crate::apply::Rollout;
 use crate::dry_run::Tally;
@@ -35,6 +35,10 @@ pub enum Error {
     PlanFileFilter,
     #[error(transparent)]
     Import(#[from] crate::import::Error),
+    #[error(transparent)]
+    Coordinator(#[from] crate::coordinator::SetupError),
+    #[error("the coordinator: {0}")]
+    CoordinatorUnreachable(String),
 }
 
 pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
@@ -55,7 +59,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
         Some(Command::Bench(args)) => bench(args, &reach).await,
         Some(Command::Quality(args)) => quality(args, &reach).await,
-        Some(Command::Agent(args)) => Ok(ExitCode::from(agent_rounds(args, &reach).await)),
+        Some(Command::Agent(args)) => agent_rounds(args, &reach).await,
+        Some(Command::Rollout(args)) => match args.command {
+            RolloutSub::Status(a) => rollout_status(a).await,
+        },
         Some(Command::Import(args)) => import(args, &reach).await,
         Some(Command::Completions(args)) => {
             crate::cli::completions(args.shell, &mut std::io::stdout().lock());
@@ -195,12 +202,99 @@ fn ssh_options(reach: &Reach, ssh: &SshArgs) -> remote::SshOptions {
 
 /// `reconcile status`: every unit of the manifests, compared on its host.
 async fn status(args: StatusArgs, reach: &Reach) -> Result<ExitCode, Error> {
+    if let Some(etcd) = coordinator_options(&args.coordinator)? {
+        return fleet_status(args, etcd).await;
+    }
     let (manifests, redactor) = load_manifests(&args.manifests.paths, false)?;
     let targets = targets::targets(&manifests, &args.filter.filter())?;
     let ssh = ssh_options(reach, &args.ssh);
     let statuses = status::status_targets(targets, &ssh, args.parallel, &redactor).await;
     print!("{}", report::status::render(&statuses, args.format));
     Ok(ExitCode::from(status::exit_code(&statuses)))
+}
+
+/// `reconcile status --coordinator`: every host's last entry, from the coordinator alone. The
+/// manifests, when they load, add the hosts no agent has reported and say who is behind; when
+/// they do not, the coordinator's word is shown alone (a warning says why).
+async fn fleet_status(args: StatusArgs, etcd: remote::etcd::EtcdOptions) -> Result<ExitCode, Error> {
+    use crate::rollout::fleet::{rows, Newest};
+    let newest = match load_reporting(&args.manifests.paths, false) {
+        Ok((manifests, _)) => {
+            let targets = targets::targets(&manifests, &args.filter.filter())?;
+            Newest::all(&targets)
+        }
+        Err(failed) => {
+            eprintln!(
+                "warning: the manifests could not be loaded ({}); showing the coordinator's entries alone",
+                failed.errors
+            );
+            Default::default()
+        }
+    };
+    let ledgers = read_fleet(&args.coordinator, etcd).await?;
+    let filter = args.filter.filter();
+    let mut shown = rows(&ledgers, &newest);
+    if !filter.hosts.is_empty() {
+        shown.retain(|r| filter.hosts.contains(&r.host));
+    }
+    print!(
+        "{}",
+        report::coordinator::render_fleet(&shown, args.format, crate::coordinator::now())
+    );
+    Ok(ExitCode::from(if shown.iter().all(|r| r.in_sync()) { 0 } else { 2 }))
+}
+
+async fn read_fleet(
+    args: &crate::cli::CoordinatorArgs,
+    etcd: remote::etcd::EtcdOptions,
+) -> Result<std::collections::BTreeMap<String, crate::rollout::ledger::ServiceLedger>, Error> {
+    let unreachable = |e: remote::etcd::EtcdError| Error::CoordinatorUnreachable(remote::error_chain(&e));
+    let coordinator = crate::coordinator::Coordinator::connect(&crate::coordinator::CoordinatorOptions {
+        etcd,
+        prefix: args.coordinator_prefix.clone(),
+        lease_ttl: Duration::from_secs(30),
+        wait: Duration::ZERO,
+        poll: Duration::ZERO,
+    })
+    .await
+    .map_err(unreachable)?;
+    coordinator.fleet().await.map_err(unreachable)
+}
+
+/// `reconcile rollout status SERVICE`: the progress of the change the manifests render now.
+async fn rollout_status(args: RolloutStatusArgs) -> Result<ExitCode, Error> {
+    use crate::rollout::fleet::{Newest, RolloutView};
+    let service = args.service.strip_suffix(".service").unwrap_or(&args.service).to_string();
+    let (manifests, _) = load_manifests(&args.paths, false)?;
+    let targets = targets::targets(&manifests, &targets::Filter::default())?;
+    let newest = Newest::all(&targets)
+        .remove(&service)
+        .ok_or_else(|| Error::NoHosts(service.clone()))?;
+    let Some(etcd) = coordinator_options(&args.coordinator)? else {
+        return Err(Error::CoordinatorUnreachable(
+            "give --coordinator: rollouts are read from the agents' coordinator".into(),
+        ));
+    };
+    let stop = crate::signals::stop_on_signal();
+    let mut last = String::new();
+    loop {
+        let ledgers = read_fleet(&args.coordinator, etcd.clone()).await?;
+        let ledger = ledgers.get(&service).cloned().unwrap_or_default();
+        let view = RolloutView::new(&service, &newest, &ledger);
+        let shown = report::coordinator::render_rollout(&view, args.format);
+        if shown != last {
+            print!("{shown}");
+            last = shown;
+        }
+        if !args.watch || view.exit_code() != 2 || *stop.borrow() {
+            return Ok(ExitCode::from(view.exit_code()));
+        }
+        let mut stopped = stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            _ = stopped.wait_for(|s| *s) => return Ok(ExitCode::from(view.exit_code())),
+        }
+    }
 }
 
 /// The unit a `history`/`rollback` is about, its hosts, its manifest when the manifests have it,
@@ -351,9 +445,48 @@ async fn import(args: ImportArgs, reach: &Reach) -> Result<ExitCode, Error> {
 }
 
 /// `reconcile agent`: its rounds, each printed as it happens.
-async fn agent_rounds(args: AgentArgs, reach: &Reach) -> u8 {
+async fn agent_rounds(args: AgentArgs, reach: &Reach) -> Result<ExitCode, Error> {
+    let coordinator = match coordinator_options(&args.coordinator)? {
+        None => None,
+        Some(etcd) => Some(crate::coordinator::CoordinatorOptions {
+            etcd,
+            prefix: args.coordinator.coordinator_prefix.clone(),
+            lease_ttl: args.lease_ttl,
+            wait: args.coordinator_wait,
+            poll: args.coordinator_poll,
+        }),
+    };
     let print = |event: agent::Event<'_>| print!("{}", report::agent::render(&event));
-    agent::run(args.into(), reach.limits, &print).await
+    let options = agent::AgentOptions {
+        coordinator,
+        ..args.into()
+    };
+    Ok(ExitCode::from(agent::run(options, reach.limits, &print).await))
+}
+
+/// The coordinator's etcd options, when `--coordinator` is given: checked (and the password read)
+/// before anything is contacted.
+fn coordinator_options(
+    args: &crate::cli::CoordinatorArgs,
+) -> Result<Option<remote::etcd::EtcdOptions>, Error> {
+    let Some(urls) = &args.coordinator else {
+        return Ok(None);
+    };
+    let given = crate::coordinator::Given {
+        urls: urls.clone(),
+        ca: args.coordinator_ca.clone(),
+        identity: args.coordinator_cert.clone().zip(args.coordinator_key.clone()),
+        user: args.coordinator_user.clone(),
+        password_file: args.coordinator_password_file.clone(),
+    };
+    // etcd answers a request in milliseconds; ten seconds is a member that is down or cut off.
+    let timeout = Duration::from_secs(10);
+    Ok(Some(crate::coordinator::etcd_options(
+        &given,
+        std::env::var(crate::coordinator::PASSWORD_ENV).ok(),
+        timeout,
+        timeout,
+    )?))
 }
 
 /// The commit and author of the manifests' git work tree, when they are in one.

@@ -389,6 +389,33 @@ pub(super) async fn observed_work(
         || unfinished(host, t, observed).await.unwrap_or(true)
 }
 
+/// What applying a unit would do to its server, asked before an agent coordinates: a restart
+/// (or a new server) needs a turn, a reload or nothing does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    Nothing,
+    /// `daemon-reload` only: the server keeps serving.
+    Reload,
+    /// The server starts or restarts (and loads its model). An unfinished earlier apply, or a
+    /// unit that cannot be read, counts here: apply would restart and verify it.
+    Restart,
+}
+
+pub async fn need(host: &dyn Host, t: &Target, options: &ApplyOptions) -> Need {
+    let observed = match host.observe(&t.desired.unit).await {
+        Ok(o) => o,
+        Err(_) => return Need::Restart,
+    };
+    match plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict {
+        Verdict::ReloadOnly => Need::Reload,
+        Verdict::Restart | Verdict::Install => Need::Restart,
+        Verdict::NoChange => match unfinished(host, t, &observed).await {
+            Ok(false) => Need::Nothing,
+            _ => Need::Restart,
+        },
+    }
+}
+
 /// Whether any of a host's targets has work ([`has_work`]), from one survey of the host: their
 /// unit files, systemd's states and deployment records in one command. A host that cannot run
 /// the survey is asked unit by unit.
@@ -431,7 +458,7 @@ fn surveyed_work(survey: &Survey, t: &Target, options: &ApplyOptions) -> bool {
 }
 
 /// The report of a unit found up to date, untouched.
-pub(super) fn unchanged(t: &Target, started: Instant) -> UnitReport {
+pub(crate) fn unchanged(t: &Target, started: Instant) -> UnitReport {
     let mut r = Report::new(t, started);
     r.report.verdict = Some(Verdict::NoChange);
     r.end(Outcome::Unchanged, "already up to date; nothing touched")

@@ -11,6 +11,7 @@
 
 #[cfg(test)]
 pub mod fake;
+pub mod etcd;
 pub mod gpu;
 pub mod http;
 mod local;

@@ -35,6 +35,9 @@ pub fn render(event: &Event<'_>) -> String {
                 names.join("`, `")
             );
         }
+        Event::Coordination(text) => {
+            let _ = writeln!(out, "  coordinator: {text}");
+        }
         Event::Applied {
             commit,
             author,

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod bench;
+pub mod coordinator;
 #[cfg(test)]
 mod fleet_tests;
 pub mod history;

@@ -10,6 +10,8 @@
 //! One range read of `<prefix>/services/<service>/` is everything an agent needs to decide its turn
 //! (`turn::decide`), and one of `<prefix>/services/` is the fleet's status.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The key prefix when `--coordinator-prefix` is not given.
@@ -74,19 +76,6 @@ impl Keys {
             _ => None,
         }
     }
-}
-
-/// The end of the key range that holds every key starting with `prefix` (etcd's `range_end`: the
-/// prefix with its last byte raised by one).
-pub fn range_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// Where a host stands on a change of its service.
@@ -160,6 +149,50 @@ pub struct SlotEntry {
     pub since: u64,
 }
 
+/// One service's keys, read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServiceLedger {
+    pub hosts: BTreeMap<String, HostEntry>,
+    pub slots: BTreeMap<String, SlotEntry>,
+}
+
+impl ServiceLedger {
+    /// What a host deciding its turn on `revision` works from.
+    pub fn view(&self, revision: &str) -> super::turn::View {
+        super::turn::View {
+            revision: revision.to_string(),
+            hosts: self.hosts.clone(),
+            slots: self.slots.keys().cloned().collect(),
+        }
+    }
+}
+
+/// The services' ledgers from the keys and values of a read under the prefix. A key of another
+/// layout, or a value that does not parse (written by another version), is left out: it is no
+/// news of any host.
+pub fn collect<'a>(
+    keys: &Keys,
+    read: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> BTreeMap<String, ServiceLedger> {
+    let mut services: BTreeMap<String, ServiceLedger> = BTreeMap::new();
+    for (key, value) in read {
+        match keys.parse(key) {
+            Some(Key::Host { service, host }) => {
+                if let Ok(entry) = serde_json::from_str::<HostEntry>(value) {
+                    services.entry(service).or_default().hosts.insert(host, entry);
+                }
+            }
+            Some(Key::Slot { service, host }) => {
+                if let Ok(slot) = serde_json::from_str::<SlotEntry>(value) {
+                    services.entry(service).or_default().slots.insert(host, slot);
+                }
+            }
+            None => {}
+        }
+    }
+    services
+}
+
 /// The name of one change of a service: a digest of the units it renders for every host of the
 /// service, comments left out (their header names the manifest's path, which differs between
 /// agents' checkouts). Every agent computes the same one from the same manifests, and a commit that
@@ -207,11 +240,23 @@ mod tests {
     }
 
     #[test]
-    fn the_range_end_covers_exactly_the_prefix() {
-        assert_eq!(range_end("/a/"), b"/a0".to_vec());
-        let end = range_end("/r/services/s/slots/");
-        assert!(b"/r/services/s/slots/gpu-z".as_slice() < end.as_slice());
-        assert!(b"/r/services/s/slotsz".as_slice() >= end.as_slice());
+    fn a_read_is_collected_per_service_and_foreign_values_left_out() {
+        let keys = Keys::new("/r");
+        let entry = r#"{"revision":"a","commit":"c","unit_sha256":"u","state":"started","at":1}"#;
+        let slot = r#"{"revision":"a","commit":"c","since":1}"#;
+        let read = [
+            ("/r/services/s/hosts/h1", entry),
+            ("/r/services/s/slots/h1", slot),
+            ("/r/services/s/hosts/h2", "not json"),
+            ("/r/services/t/hosts/h9", entry),
+            ("/r/elsewhere", entry),
+        ];
+        let ledgers = collect(&keys, read);
+        assert_eq!(ledgers.len(), 2);
+        let s = &ledgers["s"];
+        assert_eq!(s.hosts.keys().collect::<Vec<_>>(), ["h1"]);
+        let view = s.view("a");
+        assert!(view.slots.contains("h1") && !view.abandoned("h1"));
     }
 
     #[test]
