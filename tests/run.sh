@@ -20,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 cd "$(dirname "$0")/.."
 export STATE=${STATE:-/tmp/reconcile-lab}
-HOSTS=${HOSTS:-25}
+HOSTS=${HOSTS:-32}
 REAL_SGLANG=${REAL_SGLANG:-1}
 
 bash tests/hostlab/build-rootfs.sh
@@ -31,7 +31,8 @@ fi
 cargo build --locked --all-targets
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
 trap 'bash tests/hostlab/down.sh' EXIT
-# ROUTE=1: the router host (rl18) reaches the replica hosts behind it (rl19..rl23).
+# ROUTE=1: the router host (rl18) reaches the replica hosts behind it (rl19..rl23), and the agents
+# on rl27..rl32 reach etcd and the git daemon on rl26.
 ROUTE=1 bash tests/hostlab/up.sh "$HOSTS"
 log=$(mktemp)
 status=0

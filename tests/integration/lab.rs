@@ -37,6 +37,11 @@ pub const ROUTER: &str = "rl18";
 pub const REPLICAS: [&str; 3] = ["rl19", "rl20", "rl21"];
 /// `reconcile import` (import.rs): hand-written units adopted, ports 37201-37209, GPUs 40-57.
 pub const IMPORT: &str = "rl25";
+/// Pull agents rolling out together (coordinator.rs): the host running etcd and the git daemon the
+/// agents pull from, and the six hosts whose agents coordinate through it (ports 37401-37409,
+/// GPUs 0-1; the tests take turns).
+pub const COORDINATOR: &str = "rl26";
+pub const FLEET: [&str; 6] = ["rl27", "rl28", "rl29", "rl30", "rl31", "rl32"];
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
@@ -311,6 +316,7 @@ pub struct Reconcile {
     env: Vec<(String, String)>,
 }
 
+#[derive(Debug)]
 pub struct Ran {
     pub code: i32,
     pub stdout: String,

@@ -2,6 +2,7 @@
 //! containers booted by `tests/run.sh`). One binary, so the hosts are shared by every test.
 
 mod agent;
+mod coordinator;
 mod apply;
 mod benchmark;
 mod diagnosis;

@@ -1,0 +1,620 @@
+//! Pull agents that roll out together (issue 23): six real agents on six test hosts, each running
+//! `reconcile agent --once --coordinator` against a real etcd (Debian's etcd-server, run by this
+//! harness on its own test host) and pulling one git repository served by `git daemon` there. The
+//! servers are the SGLang stand-in, loading in one second.
+//!
+//! What restarted when is read from the hosts' own journals (systemd's "Stopping"/"Starting" for
+//! the unit, the stand-in's ready line), never from reconcile's own word.
+//!
+//! The tests share the seven hosts, so they take turns ([`turn`]); each has its own service, port
+//! and key prefix in etcd, so nothing one leaves behind reaches another.
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::lab::{lab, Ran, COORDINATOR, FLEET};
+
+const BIN: &str = "/usr/local/bin/reconcile";
+const ETCD_PORT: u16 = 2379;
+/// SGLang's ready line, as the stand-in prints it (http_server.py: _wait_and_warmup).
+const READY: &str = "The server is fired up and ready to roll!";
+
+/// One test at a time on the fleet's hosts.
+fn turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    let guard = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    setup();
+    guard
+}
+
+/// The coordinator's host runs etcd and a git daemon; every fleet host gets the binary under
+/// test. Once per run.
+fn setup() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        copy(&which("etcd"), COORDINATOR, "/usr/local/bin/etcd");
+        copy(&which("etcdctl"), COORDINATOR, "/usr/local/bin/etcdctl");
+        let ip = lab().address(COORDINATOR);
+        lab().put(
+            COORDINATOR,
+            "/etc/systemd/system/lab-etcd.service",
+            &format!(
+                "[Service]\nExecStart=/usr/local/bin/etcd --name lab --data-dir /var/lib/lab-etcd \
+                 --listen-client-urls http://0.0.0.0:{ETCD_PORT} --advertise-client-urls http://{ip}:{ETCD_PORT} \
+                 --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+                 --initial-cluster lab=http://127.0.0.1:2380\n"
+            ),
+        );
+        lab().put(
+            COORDINATOR,
+            "/etc/systemd/system/lab-git.service",
+            "[Service]\nExecStart=/usr/bin/git daemon --reuseaddr --base-path=/srv/git --export-all /srv/git\n",
+        );
+        lab().sh(
+            COORDINATOR,
+            "rm -rf /var/lib/lab-etcd /srv/git && mkdir -p /srv/git && systemctl daemon-reload && systemctl restart lab-etcd lab-git",
+        );
+        lab().wait_until(
+            COORDINATOR,
+            &format!("(exec 3<>/dev/tcp/127.0.0.1/{ETCD_PORT}) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/9418) 2>/dev/null"),
+            Duration::from_secs(30),
+        );
+        for host in FLEET {
+            copy(env!("CARGO_BIN_EXE_reconcile"), host, BIN);
+        }
+    });
+}
+
+fn which(name: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .expect("sh runs");
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(
+        !path.is_empty(),
+        "{name} is not installed here (Debian: etcd-server, etcd-client); .ci/run installs them"
+    );
+    path
+}
+
+/// Copies a file of this machine to a host (its /usr is an overlay: the write stays its own).
+fn copy(local: &str, host: &str, remote: &str) {
+    let status = Command::new("scp")
+        .arg("-F")
+        .arg(lab().ssh_config())
+        .arg("-q")
+        .arg(local)
+        .arg(format!("{host}:{remote}.new"))
+        .status()
+        .expect("scp runs");
+    assert!(status.success(), "copying {local} to {host}");
+    lab().sh(host, &format!("chmod 755 {remote}.new && mv -f {remote}.new {remote}"));
+}
+
+fn coordinator_url() -> String {
+    format!("etcd://{}:{ETCD_PORT}", lab().address(COORDINATOR))
+}
+
+/// One test's service over the six hosts: its repository on the git daemon, its key prefix.
+struct Fleet {
+    service: &'static str,
+    port: u16,
+    /// `rollout:` of the manifest.
+    rollout: &'static str,
+}
+
+impl Fleet {
+    fn unit(&self) -> String {
+        format!("{}.service", self.service)
+    }
+
+    fn prefix(&self) -> String {
+        format!("/test/{}", self.service)
+    }
+
+    /// The manifest, with `env` added to the service's environment.
+    fn manifest(&self, env: &str, context: u32) -> String {
+        format!(
+            "service: {service}\n\
+             description: coordinated test service\n\
+             hosts: [{hosts}]\n\
+             sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  flags:\n    tp-size: 2\n    context-length: {context}\n\
+             env: {{ CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\", FAKE_SGLANG_LOAD_SECONDS: \"1\"{env} }}\n\
+             systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
+             verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s }}\n\
+             rollout: {rollout}\n",
+            service = self.service,
+            hosts = FLEET.join(", "),
+            port = self.port,
+            rollout = self.rollout,
+        )
+    }
+
+    /// Removes what an earlier run left: the units, their records, the agents' checkouts, the
+    /// repository; then a repository with nothing in it.
+    fn fresh(&self) {
+        for host in FLEET {
+            lab().remove_unit(host, &self.unit());
+            lab().sh(host, &format!("rm -rf /var/lib/reconcile/agent-{}", self.service));
+        }
+        lab().sh(
+            COORDINATOR,
+            &format!(
+                "rm -rf /srv/git/{s}.git /root/work-{s} && git init -q --bare -b main /srv/git/{s}.git && \
+                 git clone -q /srv/git/{s}.git /root/work-{s} 2>/dev/null && mkdir -p /root/work-{s}/manifests",
+                s = self.service
+            ),
+        );
+    }
+
+    /// Commits `manifest` and pushes it; returns the commit.
+    fn commit(&self, manifest: &str, message: &str) -> String {
+        lab().put(
+            COORDINATOR,
+            &format!("/root/work-{}/manifests/{}.yaml", self.service, self.service),
+            manifest,
+        );
+        lab().sh(
+            COORDINATOR,
+            &format!(
+                "cd /root/work-{} && git add -A && git -c user.name='Test Author' -c user.email=author@example.com commit -q -m '{message}' && git push -q origin main && git rev-parse HEAD",
+                self.service
+            ),
+        )
+        .trim()
+        .to_string()
+    }
+
+    /// One agent round on each of `hosts`, all at once.
+    fn rounds(&self, hosts: &[&str]) -> BTreeMap<String, Ran> {
+        let children: Vec<(String, std::process::Child)> = hosts
+            .iter()
+            .map(|h| (h.to_string(), self.spawn_round(h)))
+            .collect();
+        children
+            .into_iter()
+            .map(|(h, child)| {
+                let ran = Ran::from(child.wait_with_output().expect("the round ends"));
+                eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
+                (h, ran)
+            })
+            .collect()
+    }
+
+    fn spawn_round(&self, host: &str) -> std::process::Child {
+        let command = format!(
+            "exec {BIN} agent --once --repo git://{git}/{s}.git --checkout /var/lib/reconcile/agent-{s}/repo \
+             --as {host} --coordinator {url} --coordinator-prefix {prefix} \
+             --lease-ttl 5s --coordinator-poll 300ms --coordinator-wait 150s",
+            git = lab().address(COORDINATOR),
+            s = self.service,
+            url = coordinator_url(),
+            prefix = self.prefix(),
+        );
+        Command::new("ssh")
+            .arg("-F")
+            .arg(lab().ssh_config())
+            .arg(host)
+            .arg(command)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("ssh runs")
+    }
+
+    /// `reconcile rollout status --format json` from this machine, and its exit code.
+    fn rollout_status(&self, manifest: &str) -> (i32, serde_json::Value) {
+        let run = crate::lab::Reconcile::new().manifest(&format!("{}.yaml", self.service), manifest);
+        let ran = run.run_offline(&[
+            "rollout",
+            "status",
+            self.service,
+            "manifests",
+            "--coordinator",
+            &coordinator_url(),
+            "--coordinator-prefix",
+            &self.prefix(),
+            "--format",
+            "json",
+        ]);
+        assert!(
+            [0, 2, 3].contains(&ran.code) && ran.stderr.is_empty(),
+            "rollout status failed: {}{}",
+            ran.stdout,
+            ran.stderr
+        );
+        (ran.code, ran.json())
+    }
+
+    /// Waits until `reconcile rollout status` shows `host` under `heading`.
+    fn wait_for(&self, manifest: &str, heading: &str, host: &str, within: Duration) {
+        let began = Instant::now();
+        loop {
+            let (_, v) = self.rollout_status(manifest);
+            if v[heading].as_array().is_some_and(|a| a.iter().any(|h| h == host)) {
+                return;
+            }
+            assert!(
+                began.elapsed() < within,
+                "{host} never showed as {heading} within {within:?}: {v}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Each host's restarts of the unit since `since` (unix seconds), from its journal: from
+    /// systemd stopping or starting it to the server's ready line.
+    fn restarts(&self, since: f64) -> Vec<Window> {
+        let mut windows = Vec::new();
+        for host in FLEET {
+            let journal = lab().sh(
+                host,
+                &format!(
+                    "journalctl -u {} --since @{since:.3} -o short-unix --no-pager",
+                    self.unit()
+                ),
+            );
+            let mut began: Option<f64> = None;
+            for line in journal.lines() {
+                let Some((at, text)) = line.split_once(' ') else {
+                    continue;
+                };
+                let Ok(at) = at.parse::<f64>() else {
+                    continue;
+                };
+                let systemd = text.contains("systemd[1]:");
+                if systemd && (text.contains("Stopping ") || text.contains("Starting ")) {
+                    began.get_or_insert(at);
+                } else if text.contains(READY) {
+                    if let Some(b) = began.take() {
+                        windows.push(Window {
+                            host: host.to_string(),
+                            began: b,
+                            ended: at,
+                        });
+                    }
+                }
+            }
+            if let Some(b) = began {
+                // Started and never ready (a crash): it ran until the journal ends.
+                windows.push(Window {
+                    host: host.to_string(),
+                    began: b,
+                    ended: f64::MAX,
+                });
+            }
+        }
+        windows
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Window {
+    host: String,
+    began: f64,
+    ended: f64,
+}
+
+/// The most windows open at one instant.
+fn most_at_once(windows: &[Window]) -> usize {
+    let mut edges: Vec<(f64, i32)> = windows
+        .iter()
+        .flat_map(|w| [(w.began, 1), (w.ended, -1)])
+        .collect();
+    // An end and a start at the same instant do not overlap.
+    edges.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    most as usize
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+fn invocations(unit: &str) -> BTreeMap<String, String> {
+    FLEET
+        .iter()
+        .map(|h| (h.to_string(), lab().invocation(h, unit)))
+        .collect()
+}
+
+/// Deploys the first version on every host (itself a coordinated rollout) and checks it landed.
+fn deploy_base(fleet: &Fleet) -> String {
+    fleet.fresh();
+    let base = fleet.manifest("", 8192);
+    fleet.commit(&base, "base");
+    let ran = fleet.rounds(&FLEET);
+    for (host, r) in &ran {
+        assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains("converged"), "{host}: {}", r.stdout);
+    }
+    base
+}
+
+#[test]
+fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
+    let _turn = turn();
+    let fleet = Fleet {
+        service: "t-coord-par",
+        port: 37401,
+        rollout: "{ max_parallel: 2, max_failures: 1 }",
+    };
+    deploy_base(&fleet);
+    let before = invocations(&fleet.unit());
+    let since = now();
+    let changed = fleet.manifest("", 4096);
+    let commit = fleet.commit(&changed, "shorter context");
+    let ran = fleet.rounds(&FLEET);
+    for (host, r) in &ran {
+        assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
+        assert!(r.stdout.contains(&format!("{host} {} converged", fleet.unit())), "{host}: {}", r.stdout);
+    }
+    let after = invocations(&fleet.unit());
+    for host in FLEET {
+        assert_ne!(before[host], after[host], "{host} was not restarted");
+    }
+    let windows = fleet.restarts(since);
+    eprintln!("restart windows from the journals: {windows:#?}");
+    assert_eq!(windows.len(), FLEET.len(), "one restart a host: {windows:#?}");
+    assert!(most_at_once(&windows) <= 2, "more than max_parallel 2 restarting at once: {windows:#?}");
+    let canary = windows.iter().find(|w| w.host == FLEET[0]).expect("the canary restarted");
+    for w in windows.iter().filter(|w| w.host != FLEET[0]) {
+        assert!(
+            w.began > canary.ended,
+            "{} began restarting before the canary {} was ready: {windows:#?}",
+            w.host,
+            FLEET[0]
+        );
+    }
+    // The waiting hosts said what they waited for.
+    assert!(
+        ran[FLEET[5]].stdout.contains("coordinator: ") && ran[FLEET[5]].stdout.contains("waiting for"),
+        "{}",
+        ran[FLEET[5]].stdout
+    );
+
+    // The fleet's state from the coordinator alone: every host succeeded on this commit.
+    let (code, rollout) = fleet.rollout_status(&changed);
+    assert_eq!(code, 0, "{rollout}");
+    assert_eq!(rollout["succeeded"].as_array().map(Vec::len), Some(6), "{rollout}");
+    assert_eq!(rollout["canary"], FLEET[0]);
+    let run = crate::lab::Reconcile::new().manifest(&format!("{}.yaml", fleet.service), &changed);
+    let status = run.run_args(&[
+        "status",
+        "manifests",
+        "--coordinator",
+        &coordinator_url(),
+        "--coordinator-prefix",
+        &fleet.prefix(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    let rows = status.json();
+    let rows = rows.as_array().expect("rows");
+    assert_eq!(rows.len(), 6);
+    for row in rows {
+        assert_eq!(row["state"], "succeeded", "{row}");
+        assert_eq!(row["commit"], commit.as_str(), "{row}");
+        assert_eq!(row["on_newest"], true, "{row}");
+    }
+    let text = run.run_args(&[
+        "status",
+        "manifests",
+        "--coordinator",
+        &coordinator_url(),
+        "--coordinator-prefix",
+        &fleet.prefix(),
+    ]);
+    assert!(text.stdout.contains("6 of 6 in sync"), "{}", text.stdout);
+
+    // A round with nothing to do restarts nothing and reports up to date.
+    let quiet = fleet.rounds(&FLEET);
+    for (host, r) in &quiet {
+        assert_eq!(r.code, 0, "{host}: {}", r.stdout);
+        assert!(r.stdout.contains("unchanged"), "{host}: {}", r.stdout);
+    }
+    assert_eq!(invocations(&fleet.unit()), after, "a quiet round restarted a server");
+}
+
+#[test]
+fn a_failed_canary_stops_every_other_host_and_each_says_why() {
+    let _turn = turn();
+    let fleet = Fleet {
+        service: "t-coord-canary",
+        port: 37402,
+        rollout: "{ max_parallel: 3, max_failures: 3 }",
+    };
+    deploy_base(&fleet);
+    let before = invocations(&fleet.unit());
+    let crashing = fleet.manifest(", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"", 8192);
+    fleet.commit(&crashing, "crashes while loading");
+    let ran = fleet.rounds(&FLEET);
+    let canary = &ran[FLEET[0]];
+    assert_eq!(canary.code, 3, "the canary rolls back: {}", canary.stdout);
+    assert!(canary.stdout.contains("rolled_back"), "{}", canary.stdout);
+    let after = invocations(&fleet.unit());
+    for host in &FLEET[1..] {
+        let r = &ran[*host];
+        assert_eq!(r.code, 1, "{host}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stdout.contains(&format!("the canary {} failed this change, so the rollout stopped", FLEET[0])),
+            "{host}: {}",
+            r.stdout
+        );
+        assert!(r.stdout.contains("the running server was left as it is"), "{host}: {}", r.stdout);
+        assert_eq!(before[*host], after[*host], "{host} was restarted after the canary failed");
+    }
+    let (code, rollout) = fleet.rollout_status(&crashing);
+    assert_eq!(code, 3, "{rollout}");
+    assert_eq!(rollout["failed"], serde_json::json!([FLEET[0]]), "{rollout}");
+    assert_eq!(rollout["held"].as_array().map(Vec::len), Some(5), "{rollout}");
+
+    // The canary does not try the same change again on its next round; a fixed commit goes on.
+    let again = fleet.rounds(&FLEET[..1]);
+    assert_eq!(again[FLEET[0]].code, 1);
+    assert!(again[FLEET[0]].stdout.contains("failed this change already"), "{}", again[FLEET[0]].stdout);
+    let fixed = fleet.manifest("", 2048);
+    fleet.commit(&fixed, "fixed");
+    let ran = fleet.rounds(&FLEET);
+    for (host, r) in &ran {
+        assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
+    }
+    assert_eq!(fleet.rollout_status(&fixed).0, 0);
+}
+
+#[test]
+fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_round() {
+    let _turn = turn();
+    let fleet = Fleet {
+        service: "t-coord-kill",
+        port: 37403,
+        rollout: "{ max_parallel: 2, max_failures: 1 }",
+    };
+    deploy_base(&fleet);
+    let changed = fleet.manifest("", 4096);
+    fleet.commit(&changed, "shorter context");
+    // The canary and the victim first: the victim takes a slot as soon as the canary succeeded,
+    // and the other four start while it holds it.
+    let victim = FLEET[1];
+    let canary = fleet.spawn_round(FLEET[0]);
+    let before = lab().invocation(victim, &fleet.unit());
+    let victim_round = fleet.spawn_round(victim);
+    fleet.wait_for(&changed, "in_flight", victim, Duration::from_secs(90));
+    let others: Vec<&str> = FLEET[2..].to_vec();
+    let mut children: Vec<(String, std::process::Child)> = others
+        .iter()
+        .map(|h| (h.to_string(), fleet.spawn_round(h)))
+        .collect();
+    children.push((FLEET[0].to_string(), canary));
+    // Mid-verification: its restart has happened and the crash window (3 s) is running.
+    lab().wait_for_restart_within(victim, &fleet.unit(), &before, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    lab().sh(victim, &format!("pkill -KILL -f 'agent-{}/repo'", fleet.service));
+    let killed_at = Instant::now();
+    let killed = Ran::from(victim_round.wait_with_output().expect("ssh ends"));
+    assert_ne!(killed.code, 0, "the agent was not killed: {}", killed.stdout);
+    eprintln!("killed on {victim} (invocation {before})");
+    // The lease (5 s) runs out: the slot is free and the abandoned attempt counts as failed.
+    fleet.wait_for(&changed, "failed", victim, Duration::from_secs(30));
+    assert!(killed_at.elapsed() >= Duration::from_secs(3), "the slot freed before its lease could run out");
+    let ran: BTreeMap<String, Ran> = children
+        .into_iter()
+        .map(|(h, c)| {
+            let ran = Ran::from(c.wait_with_output().expect("the round ends"));
+            eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
+            (h, ran)
+        })
+        .collect();
+    // max_failures 1: the hosts that had not started are held, their servers as they were.
+    let held: Vec<&String> = ran
+        .iter()
+        .filter(|(_, r)| r.stdout.contains("max_failures 1), so the rollout stopped"))
+        .map(|(h, _)| h)
+        .collect();
+    assert!(!held.is_empty(), "no host was held by the budget: {ran:#?}");
+    for h in &held {
+        assert!(ran[*h].stdout.contains(victim), "{h} does not name the failed host: {}", ran[*h].stdout);
+    }
+
+    // The killed host's next round finishes its attempt (restart, verification) and succeeds;
+    // the budget is then free again and the held hosts go on.
+    let resumed = fleet.rounds(&[victim]);
+    assert_eq!(resumed[victim].code, 0, "{}", resumed[victim].stdout);
+    assert!(resumed[victim].stdout.contains("finish the attempt"), "{}", resumed[victim].stdout);
+    assert!(resumed[victim].stdout.contains("converged"), "{}", resumed[victim].stdout);
+    let held: Vec<&str> = held.iter().map(|h| h.as_str()).collect();
+    let rest = fleet.rounds(&held);
+    for (host, r) in &rest {
+        assert_eq!(r.code, 0, "{host}: {}", r.stdout);
+    }
+    let (code, rollout) = fleet.rollout_status(&changed);
+    assert_eq!(code, 0, "{rollout}");
+    assert_eq!(rollout["succeeded"].as_array().map(Vec::len), Some(6), "{rollout}");
+}
+
+#[test]
+fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
+    let _turn = turn();
+    let fleet = Fleet {
+        service: "t-coord-down",
+        port: 37404,
+        rollout: "{ max_parallel: 2, max_failures: 1 }",
+    };
+    deploy_base(&fleet);
+    let since = now();
+    let changed = fleet.manifest("", 4096);
+    fleet.commit(&changed, "shorter context");
+    let children: Vec<(String, std::process::Child)> = FLEET
+        .iter()
+        .map(|h| (h.to_string(), fleet.spawn_round(h)))
+        .collect();
+    fleet.wait_for(&changed, "succeeded", FLEET[0], Duration::from_secs(90));
+    // A marker written just before etcd is killed: the slots held at its revision are the only
+    // restarts that may go on while etcd is down (they were granted before).
+    let marker = lab().sh(
+        COORDINATOR,
+        &format!(
+            "ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:{ETCD_PORT} put {}/marker down -w json && systemctl kill -s KILL lab-etcd",
+            fleet.prefix()
+        ),
+    );
+    let down = now();
+    let revision: serde_json::Value = serde_json::from_str(marker.trim()).expect("etcdctl's JSON");
+    let revision = revision["header"]["revision"].as_i64().expect("the marker's revision");
+    // Longer than the slots' lease TTL (5 s): a lease must not run out while the cluster is down.
+    std::thread::sleep(Duration::from_secs(8));
+    let up = now();
+    lab().sh(COORDINATOR, "systemctl start lab-etcd");
+    let ran: BTreeMap<String, Ran> = children
+        .into_iter()
+        .map(|(h, c)| {
+            let ran = Ran::from(c.wait_with_output().expect("the round ends"));
+            eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
+            (h, ran)
+        })
+        .collect();
+    for (host, r) in &ran {
+        assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
+    }
+    let held = lab().sh(
+        COORDINATOR,
+        &format!(
+            "ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:{ETCD_PORT} get --prefix {}/services/{}/slots/ --rev {revision} --keys-only",
+            fleet.prefix(),
+            fleet.service
+        ),
+    );
+    let held: Vec<&str> = held
+        .lines()
+        .filter_map(|k| k.rsplit('/').next())
+        .filter(|h| !h.is_empty())
+        .collect();
+    let windows = fleet.restarts(since);
+    eprintln!("etcd down {down:.3}..{up:.3}, slots held then: {held:?}; restart windows: {windows:#?}");
+    assert_eq!(windows.len(), FLEET.len(), "{windows:#?}");
+    for w in &windows {
+        assert!(
+            !(w.began > down && w.began < up) || held.contains(&w.host.as_str()),
+            "{} began restarting while etcd was down without a slot granted before: {windows:#?}",
+            w.host
+        );
+    }
+    assert!(most_at_once(&windows) <= 2, "{windows:#?}");
+    let waited = ran
+        .values()
+        .any(|r| r.stdout.contains("the coordinator cannot be reached"));
+    assert!(waited, "no agent said it waited for the coordinator: {ran:#?}");
+    assert_eq!(fleet.rollout_status(&changed).0, 0);
+}
