@@ -451,32 +451,32 @@ pub struct AgentArgs {
 pub struct CoordinatorArgs {
     /// The etcd cluster: `etcd://host:2379[,host:2379...]` (TLS when a CA is given), or
     /// `http://`/`https://` URLs.
-    #[arg(long, value_name = "URLS")]
+    #[arg(long, env = "RECONCILE_COORDINATOR", value_name = "URLS")]
     pub coordinator: Option<String>,
 
     /// The key prefix of this fleet in etcd.
-    #[arg(long, default_value = reconcile_core::rollout::ledger::DEFAULT_PREFIX, value_name = "PREFIX", requires = "coordinator")]
+    #[arg(long, env = "RECONCILE_COORDINATOR_PREFIX", default_value = reconcile_core::rollout::ledger::DEFAULT_PREFIX, value_name = "PREFIX")]
     pub coordinator_prefix: String,
 
     /// The CA certificate (PEM) of the etcd members; turns TLS on (etcdctl's --cacert).
-    #[arg(long, value_name = "FILE", requires = "coordinator")]
+    #[arg(long, env = "RECONCILE_COORDINATOR_CA", value_name = "FILE", requires = "coordinator")]
     pub coordinator_ca: Option<PathBuf>,
 
     /// A client certificate (PEM) for etcd, with --coordinator-key (etcdctl's --cert).
-    #[arg(long, value_name = "FILE", requires_all = ["coordinator_key", "coordinator_ca"])]
+    #[arg(long, env = "RECONCILE_COORDINATOR_CERT", value_name = "FILE", requires_all = ["coordinator_key", "coordinator_ca"])]
     pub coordinator_cert: Option<PathBuf>,
 
     /// The client certificate's key (PEM) (etcdctl's --key).
-    #[arg(long, value_name = "FILE", requires = "coordinator_cert")]
+    #[arg(long, env = "RECONCILE_COORDINATOR_KEY", value_name = "FILE", requires = "coordinator_cert")]
     pub coordinator_key: Option<PathBuf>,
 
     /// An etcd user, for a cluster with authentication on; its password from
     /// --coordinator-password-file or RECONCILE_COORDINATOR_PASSWORD.
-    #[arg(long, value_name = "NAME", requires = "coordinator")]
+    #[arg(long, env = "RECONCILE_COORDINATOR_USER", value_name = "NAME", requires = "coordinator")]
     pub coordinator_user: Option<String>,
 
     /// A file holding the etcd user's password (its first line).
-    #[arg(long, value_name = "FILE", requires = "coordinator_user")]
+    #[arg(long, env = "RECONCILE_COORDINATOR_PASSWORD_FILE", value_name = "FILE", requires = "coordinator_user")]
     pub coordinator_password_file: Option<PathBuf>,
 }
 

@@ -20,8 +20,9 @@ if [ "$(id -u)" != 0 ]; then
     echo "tests/demo.sh: needs root (the test hosts are containers) and there is no sudo here: run it from a root shell" >&2
     exit 1
   }
-  # Built as this user before sudo: sudo's PATH (secure_path) seldom has cargo, and a root build
-  # would leave target/ owned by root.
+  # The packages first (as root: the build needs protoc), then built as this user before sudo:
+  # sudo's PATH (secure_path) seldom has cargo, and a root build would leave target/ owned by root.
+  sudo -- bash tests/hostlab/build-rootfs.sh >/dev/null
   cargo build --locked --release --quiet
   exec sudo -- "$self" --built "$@"
 fi

@@ -419,13 +419,43 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     ]);
     assert!(text.stdout.contains("6 of 6 in sync"), "{}", text.stdout);
 
-    // A round with nothing to do restarts nothing and reports up to date.
-    let quiet = fleet.rounds(&FLEET);
-    for (host, r) in &quiet {
-        assert_eq!(r.code, 0, "{host}: {}", r.stdout);
-        assert!(r.stdout.contains("unchanged"), "{host}: {}", r.stdout);
+    // A round with nothing to do restarts nothing and reports up to date: run by the example
+    // service, which takes the coordinator from /etc/reconcile/agent.env.
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systemd");
+    let service = std::fs::read_to_string(examples.join("reconcile-agent.service")).unwrap();
+    let env = std::fs::read_to_string(examples.join("agent.env")).unwrap();
+    assert!(env.contains("RECONCILE_COORDINATOR=etcd://"), "the example no longer sets the coordinator");
+    let repo = format!("git://{}/{}.git", lab().address(COORDINATOR), fleet.service);
+    for host in FLEET {
+        lab().put(
+            host,
+            "/etc/systemd/system/reconcile-agent.service",
+            &service.replace("https://git.example.com/infra/llm-manifests.git", &repo),
+        );
+        lab().sh(host, "mkdir -p -m 0700 /etc/reconcile && rm -rf /var/lib/reconcile/agent");
+        lab().put(
+            host,
+            "/etc/reconcile/agent.env",
+            &format!(
+                "RECONCILE_COORDINATOR={}\nRECONCILE_COORDINATOR_PREFIX={}\n",
+                coordinator_url(),
+                fleet.prefix()
+            ),
+        );
+        let journal = lab().sh(
+            host,
+            "systemctl daemon-reload && systemctl start reconcile-agent.service && \
+             journalctl -u reconcile-agent.service -o cat --no-pager -n 20; \
+             rm -f /etc/systemd/system/reconcile-agent.service /etc/reconcile/agent.env; systemctl daemon-reload",
+        );
+        assert!(
+            journal.contains(&format!("{host} {} unchanged", fleet.unit())),
+            "{host}: {journal}"
+        );
     }
     assert_eq!(invocations(&fleet.unit()), after, "a quiet round restarted a server");
+    let (_, rollout) = fleet.rollout_status(&changed);
+    assert_eq!(rollout["succeeded"].as_array().map(Vec::len), Some(6), "{rollout}");
 }
 
 #[test]
