@@ -11,7 +11,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use reconcile_core::rollout::ledger::{HostEntry, State};
-use reconcile_core::rollout::turn::{decide, Turn, Wait};
+use reconcile_core::rollout::turn::{decide, Turn, View, Wait};
 use reconcile_core::rollout::Rollout;
 use tokio::sync::{watch, Mutex};
 
@@ -209,7 +209,7 @@ where
                     .await?;
             }
             let (ledger, seen) = coordinator.ledger(service).await?;
-            Ok::<_, EtcdError>((coordinator, ledger.view(c.revision), seen))
+            Ok::<_, EtcdError>((coordinator, View::of(&ledger, c.revision), seen))
         };
         let (coordinator, view, seen) = match step.await {
             Ok(v) => v,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::ledger::{ServiceLedger, State};
-use super::turn::{progress, Progress};
+use super::turn::{progress, Progress, View};
 
 /// A service's newest change as the manifests render it, and its hosts in rollout order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,7 +137,7 @@ pub struct RolloutView {
 impl RolloutView {
     pub fn new(service: &str, newest: &Newest, ledger: &ServiceLedger) -> RolloutView {
         let order: Vec<&str> = newest.order.iter().map(String::as_str).collect();
-        let p: Progress = progress(&order, &ledger.view(&newest.revision));
+        let p: Progress = progress(&order, &View::of(ledger, &newest.revision));
         RolloutView {
             service: service.to_string(),
             revision: newest.revision.clone(),

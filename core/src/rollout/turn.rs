@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::ledger::{HostEntry, State};
+use super::ledger::{HostEntry, ServiceLedger, State};
 use super::Rollout;
 
 /// What the coordinator holds for one service, as one read saw it.
@@ -37,6 +37,15 @@ pub struct View {
 }
 
 impl View {
+    /// What a host deciding its turn on `revision` works from: the service's ledger as read.
+    pub fn of(ledger: &ServiceLedger, revision: &str) -> View {
+        View {
+            revision: revision.to_string(),
+            hosts: ledger.hosts.clone(),
+            slots: ledger.slots.keys().cloned().collect(),
+        }
+    }
+
     /// The host's entry, when it is about this change.
     fn on_this(&self, host: &str) -> Option<&HostEntry> {
         self.hosts.get(host).filter(|e| e.revision == self.revision)
