@@ -44,6 +44,9 @@ matrix=(
   "numbers moved by a change that starts and serves (logits perturbed by a flag)|quality::logits_perturbed_by_a_flag_change_are_rolled_back_at_stage_quality"
   "long-context retrieval broken past 4k tokens|quality::retrieval_broken_past_4k_tokens_is_caught_by_the_needle"
   "wrong answers to the manifest's cases|quality::wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported"
+  "pull agents' canary fails|coordinator::a_failed_canary_stops_every_other_host_and_each_says_why"
+  "pull agent killed (SIGKILL) mid-verification|coordinator::a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_round"
+  "coordinator (etcd) down mid-rollout|coordinator::while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after"
 )
 passed=0; failed=0
 echo "fault matrix:"
