@@ -648,3 +648,136 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     assert!(waited, "no agent said it waited for the coordinator: {ran:#?}");
     assert_eq!(fleet.rollout_status(&changed).0, 0);
 }
+
+/// An etcd on this machine's loopback with TLS, client certificates and a user: `reconcile status
+/// --coordinator` reads it with the CA, the client certificate and the password from a file; a
+/// wrong password is refused by etcd and shown nowhere; a plain connection to it fails clearly.
+/// Needs no test host.
+#[test]
+fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_never_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let sh = |script: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(d)
+            .output()
+            .expect("sh runs");
+        assert!(
+            out.status.success(),
+            "{script}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // A CA, a server certificate for 127.0.0.1 and a client certificate, as an operator's PKI
+    // would issue them.
+    sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout ca.key -out ca.pem -subj /CN=test-ca -days 1 2>/dev/null && \
+        printf 'subjectAltName=IP:127.0.0.1\\nextendedKeyUsage=serverAuth,clientAuth\\n' > server.ext && \
+        printf 'extendedKeyUsage=clientAuth\\n' > client.ext && \
+        for n in server client; do \
+          openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout $n.key -out $n.csr -subj /CN=reconcile-$n 2>/dev/null && \
+          openssl x509 -req -in $n.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out $n.pem -days 1 -extfile $n.ext 2>/dev/null; \
+        done");
+    let port = 23850 + (std::process::id() % 100) as u16;
+    let url = format!("https://127.0.0.1:{port}");
+    let mut etcd = Command::new(which("etcd"))
+        .args(["--name", "tls", "--data-dir"])
+        .arg(d.join("data"))
+        .args([
+            "--listen-client-urls",
+            &url,
+            "--advertise-client-urls",
+            &url,
+            "--listen-peer-urls",
+            &format!("http://127.0.0.1:{}", port + 100),
+            "--initial-advertise-peer-urls",
+            &format!("http://127.0.0.1:{}", port + 100),
+            "--initial-cluster",
+            &format!("tls=http://127.0.0.1:{}", port + 100),
+            "--cert-file",
+            "server.pem",
+            "--key-file",
+            "server.key",
+            "--trusted-ca-file",
+            "ca.pem",
+            "--client-cert-auth",
+        ])
+        .current_dir(d)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcd starts");
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _etcd = Kill(&mut etcd);
+    let ctl = format!(
+        "ETCDCTL_API=3 etcdctl --endpoints {url} --cacert ca.pem --cert client.pem --key client.key"
+    );
+    let began = Instant::now();
+    while Command::new("sh")
+        .arg("-c")
+        .arg(format!("{ctl} endpoint health"))
+        .current_dir(d)
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        assert!(began.elapsed() < Duration::from_secs(20), "the TLS etcd did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    const PASSWORD: &str = "s3cret-agent-password";
+    sh(&format!(
+        "{ctl} user add root --new-user-password {PASSWORD} >/dev/null && {ctl} auth enable >/dev/null && \
+         {ctl} --user root:{PASSWORD} put /tls/services/s/hosts/h1 '{{\"revision\":\"r\",\"commit\":\"c0ffee\",\"unit_sha256\":\"u\",\"state\":\"succeeded\",\"at\":1}}' >/dev/null"
+    ));
+    std::fs::write(d.join("password"), format!("{PASSWORD}\n")).unwrap();
+    let status = |extra: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
+            .args(["status", "--coordinator", &format!("etcd://127.0.0.1:{port}")])
+            .args(["--coordinator-prefix", "/tls", "--format", "json"])
+            .args(extra)
+            .envs(env.iter().copied())
+            .current_dir(d)
+            .output()
+            .expect("reconcile runs");
+        Ran::from(out)
+    };
+    let tls = [
+        "--coordinator-ca",
+        "ca.pem",
+        "--coordinator-cert",
+        "client.pem",
+        "--coordinator-key",
+        "client.key",
+        "--coordinator-user",
+        "root",
+    ];
+    let mut with_file: Vec<&str> = tls.to_vec();
+    with_file.extend(["--coordinator-password-file", "password"]);
+    let ran = status(&with_file, &[]);
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let rows = ran.json();
+    assert_eq!(rows[0]["host"], "h1", "{rows}");
+    assert_eq!(rows[0]["state"], "succeeded", "{rows}");
+
+    let wrong = status(&tls, &[("RECONCILE_COORDINATOR_PASSWORD", "wrong-password-9f3k")]);
+    assert_eq!(wrong.code, 1, "{}{}", wrong.stdout, wrong.stderr);
+    assert!(wrong.stderr.contains("cannot reach etcd"), "{}", wrong.stderr);
+    assert!(
+        !wrong.stderr.contains("wrong-password-9f3k") && !wrong.stdout.contains("wrong-password-9f3k"),
+        "the password was shown: {}{}",
+        wrong.stdout,
+        wrong.stderr
+    );
+    eprintln!("wrong password: {}", wrong.stderr);
+    let plain = status(&[], &[]);
+    eprintln!("no TLS: {}", plain.stderr);
+    assert_eq!(plain.code, 1, "{}{}", plain.stdout, plain.stderr);
+    assert!(plain.stderr.contains("etcd"), "{}", plain.stderr);
+}
