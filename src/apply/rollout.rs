@@ -436,4 +436,22 @@ mod tests {
         }
         assert!(!goes_back(Outcome::RollbackFailed, true));
     }
+
+    #[test]
+    fn the_manifests_canary_host_goes_first_and_the_rest_keep_their_order() {
+        let text = "service: s\nhosts: [gpu-a, gpu-b, gpu-c]\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: /models/m\n  port: 30000\n";
+        let hosts = |text: &str| {
+            let m = crate::manifest::parse("manifests/s.yaml", text).expect("parses");
+            let targets = crate::targets::targets(&[m], &Default::default()).expect("targets");
+            canary_first(by_host(targets))
+                .into_iter()
+                .map(|(h, _)| h)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(hosts(text), ["gpu-a", "gpu-b", "gpu-c"]);
+        assert_eq!(
+            hosts(&format!("{text}rollout: {{ canary: gpu-c }}\n")),
+            ["gpu-c", "gpu-a", "gpu-b"]
+        );
+    }
 }

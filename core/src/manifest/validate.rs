@@ -599,6 +599,33 @@ mod tests {
     }
 
     #[test]
+    fn rollout_names_one_of_the_hosts_and_limits_of_at_least_one() {
+        let two = BASE.replace("hosts: [a]", "hosts: [a, b]");
+        assert!(errors(&format!("{two}rollout: {{ canary: b, max_parallel: 2, max_failures: 1 }}\n")).is_empty());
+        let e = errors(&format!("{two}rollout:\n  canary: c\n  max_parallel: 0\n"));
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("m.yaml:9:3: rollout.canary: `c` is not one of this service's hosts (a, b)"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("m.yaml:10:3: rollout.max_parallel: max_parallel must be at least 1"),
+            "{e:?}"
+        );
+        let m = parse("m.yaml", &format!("{two}rollout: {{ max_failures: 3 }}\n")).unwrap();
+        assert_eq!(
+            m.rollout,
+            Some(super::super::RolloutSpec {
+                canary: None,
+                max_parallel: None,
+                max_failures: Some(3)
+            })
+        );
+        let unknown = parse("m.yaml", &format!("{two}rollout: {{ max_paralel: 3 }}\n")).unwrap_err();
+        assert!(unknown.to_string().contains("max_paralel") || format!("{unknown:?}").contains("max_paralel"), "{unknown:?}");
+    }
+
+    #[test]
     fn drain_needs_enable_metrics_on_every_host() {
         let e = errors(&format!("{BASE}drain:\n  timeout: 0s\n"));
         assert_eq!(e.len(), 2, "{e:?}");
