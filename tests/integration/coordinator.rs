@@ -355,11 +355,31 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     let since = now();
     let changed = fleet.manifest("", 4096);
     let commit = fleet.commit(&changed, "shorter context");
+    // `rollout status --watch` follows the rollout live, from this machine, until it is done.
+    let watching = crate::lab::Reconcile::new().manifest(&format!("{}.yaml", fleet.service), &changed);
+    let watch = Command::new(env!("CARGO_BIN_EXE_reconcile"))
+        .args(["rollout", "status", fleet.service, "manifests", "--watch"])
+        .args(["--coordinator", &coordinator_url(), "--coordinator-prefix", &fleet.prefix()])
+        .current_dir(watching.dir())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("reconcile starts");
     let ran = fleet.rounds(&FLEET);
     for (host, r) in &ran {
         assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
         assert!(r.stdout.contains(&format!("{host} {} converged", fleet.unit())), "{host}: {}", r.stdout);
     }
+    let watched = Ran::from(watch.wait_with_output().expect("the watch ends"));
+    assert_eq!(watched.code, 0, "{}{}", watched.stdout, watched.stderr);
+    let blocks = watched.stdout.matches(".service, change ").count();
+    assert!(blocks >= 3, "the watch did not follow the rollout: {}", watched.stdout);
+    assert!(watched.stdout.contains("in flight"), "{}", watched.stdout);
+    assert!(
+        watched.stdout.trim_end().ends_with(&format!("succeeded     {}", FLEET.join(", "))),
+        "{}",
+        watched.stdout
+    );
     let after = invocations(&fleet.unit());
     for host in FLEET {
         assert_ne!(before[host], after[host], "{host} was not restarted");
@@ -647,6 +667,50 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         .any(|r| r.stdout.contains("the coordinator cannot be reached"));
     assert!(waited, "no agent said it waited for the coordinator: {ran:#?}");
     assert_eq!(fleet.rollout_status(&changed).0, 0);
+
+    // With etcd down: a change that only reloads goes through; one that restarts waits out
+    // --coordinator-wait and changes nothing.
+    lab().sh(COORDINATOR, "systemctl kill -s KILL lab-etcd");
+    let _restart_etcd = crate::lab::Undo::new(COORDINATOR, "systemctl start lab-etcd");
+    let host = FLEET[2];
+    let before = lab().invocation(host, &fleet.unit());
+    let renamed = changed.replace("description: coordinated test service", "description: renamed service");
+    fleet.commit(&renamed, "renamed");
+    let bounded = |h: &str| {
+        let child = Command::new("ssh")
+            .arg("-F")
+            .arg(lab().ssh_config())
+            .arg(h)
+            .arg(format!(
+                "exec {BIN} agent --once --repo git://{git}/{s}.git --checkout /var/lib/reconcile/agent-{s}/repo \
+                 --as {h} --coordinator {url} --coordinator-prefix {prefix} --coordinator-poll 300ms --coordinator-wait 3s",
+                git = lab().address(COORDINATOR),
+                s = fleet.service,
+                url = coordinator_url(),
+                prefix = fleet.prefix(),
+            ))
+            .stdin(Stdio::null())
+            .output()
+            .expect("ssh runs");
+        let ran = Ran::from(child);
+        eprintln!("round on {h} with etcd down, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
+        ran
+    };
+    let reload = bounded(host);
+    assert_eq!(reload.code, 0, "{}{}", reload.stdout, reload.stderr);
+    assert!(reload.stdout.contains(&format!("{host} {} reloaded", fleet.unit())), "{}", reload.stdout);
+    assert!(reload.stdout.contains("the coordinator was not told"), "{}", reload.stdout);
+    let restart = renamed.replace("context-length: 4096", "context-length: 2048");
+    fleet.commit(&restart, "restart while etcd is down");
+    let held = bounded(host);
+    assert_eq!(held.code, 1, "{}{}", held.stdout, held.stderr);
+    assert!(
+        held.stdout.contains("the coordinator cannot be reached") && held.stdout.contains("nothing was changed"),
+        "{}",
+        held.stdout
+    );
+    assert_eq!(lab().invocation(host, &fleet.unit()), before, "a restart happened without the coordinator");
+    assert!(!lab().sh(host, &format!("cat /etc/systemd/system/{}", fleet.unit())).contains("2048"));
 }
 
 /// An etcd on this machine's loopback with TLS, client certificates and a user: `reconcile status
