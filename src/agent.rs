@@ -362,6 +362,7 @@ async fn coordinated_here(
             policy: Rollout::resolve(&Default::default(), t.manifest.rollout.as_ref()),
             stop: here.stop,
             say: &say,
+            redactor: &options.redactor,
         };
         let report = match &here.options.drill {
             None => {

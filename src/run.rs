@@ -248,7 +248,13 @@ async fn read_fleet(
     args: &crate::cli::CoordinatorArgs,
     etcd: remote::etcd::EtcdOptions,
 ) -> Result<std::collections::BTreeMap<String, crate::rollout::ledger::ServiceLedger>, Error> {
-    let unreachable = |e: remote::etcd::EtcdError| Error::CoordinatorUnreachable(remote::error_chain(&e));
+    let unreachable = |e: remote::etcd::EtcdError| {
+        let mut why = remote::error_chain(&e);
+        if why.contains("is TLS on?") {
+            why.push_str(" give its CA with --coordinator-ca");
+        }
+        Error::CoordinatorUnreachable(why)
+    };
     let coordinator = crate::coordinator::Coordinator::connect(&crate::coordinator::CoordinatorOptions {
         etcd,
         prefix: args.coordinator_prefix.clone(),

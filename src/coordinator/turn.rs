@@ -17,6 +17,7 @@ use tokio::sync::{watch, Mutex};
 
 use super::{entry, Coordinator, CoordinatorOptions};
 use crate::apply::{self, Need, Outcome, UnitReport};
+use crate::redact::{redact_text, Redactor, Secret, REDACTED};
 use crate::remote::error_chain;
 use crate::remote::etcd::EtcdError;
 use crate::targets::Target;
@@ -67,6 +68,9 @@ pub struct Coordination<'a> {
     pub stop: &'a watch::Receiver<bool>,
     /// Says what the coordination does, for the agent's journal.
     pub say: &'a dyn Fn(String),
+    /// The manifests' secret names: what an entry says is redacted with them before it is written
+    /// (every agent of the fleet reads it).
+    pub redactor: &'a Redactor,
 }
 
 /// Applies `t` (through `apply`) when and if the coordinator says this host's turn has come;
@@ -79,7 +83,20 @@ where
     let service = t.manifest.service.as_str();
     let me = t.host.as_str();
     let unit_sha = apply::state::sha256(&t.desired.text);
-    let entry_of = |state, detail| entry(c.revision, c.commit, &unit_sha, state, detail);
+    let secrets: Vec<Secret> = c
+        .redactor
+        .secret_values(&t.desired.model)
+        .into_iter()
+        .map(|(name, value)| Secret {
+            name,
+            value,
+            placeholder: REDACTED,
+        })
+        .collect();
+    let entry_of = |state, detail: Option<String>| {
+        let detail = detail.map(|d| redact_text(&d, &secrets));
+        entry(c.revision, c.commit, &unit_sha, state, detail)
+    };
     match need {
         Need::Nothing => {
             let report = apply::unchanged(t, Instant::now());

@@ -60,7 +60,7 @@ pub enum EtcdError {
         what: &'static str,
         timeout: Duration,
     },
-    #[error("etcd at {endpoints} refused {what}: {message}")]
+    #[error("{what} to etcd at {endpoints} failed: {message}")]
     Request {
         endpoints: String,
         what: &'static str,
@@ -204,11 +204,22 @@ impl Etcd {
                 what,
                 timeout: self.timeout,
             }),
-            Ok(Err(e)) => Err(EtcdError::Request {
-                endpoints: self.endpoints.clone(),
-                what,
-                message: e.to_string(),
-            }),
+            Ok(Err(e)) => {
+                let mut message = e.to_string();
+                // What a member that serves TLS does to a plain connection: it accepts, then
+                // closes it (a member that is down refuses the connection instead).
+                let closed = message.contains("Error(Transport")
+                    && !message.contains("refused")
+                    && !message.contains("ConnectError");
+                if closed && self.endpoints.starts_with("http://") {
+                    message.push_str(" (a member that serves TLS closes plain http connections: is TLS on?)");
+                }
+                Err(EtcdError::Request {
+                    endpoints: self.endpoints.clone(),
+                    what,
+                    message,
+                })
+            }
             Ok(Ok(v)) => Ok(v),
         }
     }

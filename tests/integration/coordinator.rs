@@ -843,5 +843,5 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     let plain = status(&[], &[]);
     eprintln!("no TLS: {}", plain.stderr);
     assert_eq!(plain.code, 1, "{}{}", plain.stdout, plain.stderr);
-    assert!(plain.stderr.contains("etcd"), "{}", plain.stderr);
+    assert!(plain.stderr.contains("--coordinator-ca"), "{}", plain.stderr);
 }
