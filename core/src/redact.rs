@@ -69,8 +69,14 @@ impl Redactor {
 
     /// A rendered unit with its secret values hidden, for showing.
     pub fn redact_unit(&self, desired: &Desired) -> String {
+        self.redact_for(&desired.model, &desired.text)
+    }
+
+    /// Any text about a unit (a failure's detail, a journal) with that unit's secret values
+    /// hidden.
+    pub fn redact_for(&self, model: &UnitModel, text: &str) -> String {
         let secrets: Vec<Secret> = self
-            .secret_values(&desired.model)
+            .secret_values(model)
             .into_iter()
             .map(|(name, value)| Secret {
                 name,
@@ -78,7 +84,7 @@ impl Redactor {
                 placeholder: REDACTED,
             })
             .collect();
-        redact_text(&desired.text, &secrets)
+        redact_text(text, &secrets)
     }
 
     /// Secret env values and secret flag values (keyed `--flag`) of a unit.

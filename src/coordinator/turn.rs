@@ -17,7 +17,7 @@ use tokio::sync::{watch, Mutex};
 
 use super::{entry, Coordinator, CoordinatorOptions};
 use crate::apply::{self, Need, Outcome, UnitReport};
-use crate::redact::{redact_text, Redactor, Secret, REDACTED};
+use crate::redact::Redactor;
 use crate::remote::error_chain;
 use crate::remote::etcd::EtcdError;
 use crate::targets::Target;
@@ -83,18 +83,8 @@ where
     let service = t.manifest.service.as_str();
     let me = t.host.as_str();
     let unit_sha = apply::state::sha256(&t.desired.text);
-    let secrets: Vec<Secret> = c
-        .redactor
-        .secret_values(&t.desired.model)
-        .into_iter()
-        .map(|(name, value)| Secret {
-            name,
-            value,
-            placeholder: REDACTED,
-        })
-        .collect();
     let entry_of = |state, detail: Option<String>| {
-        let detail = detail.map(|d| redact_text(&d, &secrets));
+        let detail = detail.map(|d| c.redactor.redact_for(&t.desired.model, &d));
         entry(c.revision, c.commit, &unit_sha, state, detail)
     };
     match need {

@@ -100,14 +100,15 @@ fn fleet_markdown(rows: &[Row], now: u64) -> String {
 }
 
 pub fn render_rollout(v: &RolloutView, format: Format) -> String {
+    let p = &v.progress;
     let lists = [
-        ("succeeded", &v.succeeded),
-        ("in flight", &v.in_flight),
-        ("failed", &v.failed),
-        ("waiting", &v.waiting),
-        ("held", &v.held),
-        ("not reported", &v.unreported),
-        ("up to date", &v.up_to_date),
+        ("succeeded", &p.succeeded),
+        ("in flight", &p.in_flight),
+        ("failed", &p.failed),
+        ("waiting", &p.waiting),
+        ("held", &p.held),
+        ("not reported", &p.unreported),
+        ("up to date", &p.up_to_date),
     ];
     let headline = format!(
         "{}.service, change {}: {}",
@@ -126,7 +127,7 @@ pub fn render_rollout(v: &RolloutView, format: Format) -> String {
             let _ = writeln!(
                 out,
                 "  canary        {}",
-                v.canary.as_deref().unwrap_or("-")
+                p.canary.as_deref().unwrap_or("-")
             );
             for (name, hosts) in lists {
                 if !hosts.is_empty() {
@@ -137,7 +138,7 @@ pub fn render_rollout(v: &RolloutView, format: Format) -> String {
         }
         Format::Markdown => {
             let mut out = format!("**{headline}**\n\n| | hosts |\n|---|---|\n");
-            let _ = writeln!(out, "| canary | {} |", v.canary.as_deref().unwrap_or("-"));
+            let _ = writeln!(out, "| canary | {} |", p.canary.as_deref().unwrap_or("-"));
             for (name, hosts) in lists {
                 if !hosts.is_empty() {
                     let _ = writeln!(out, "| {name} | {} |", hosts.join(", "));
@@ -152,6 +153,7 @@ pub fn render_rollout(v: &RolloutView, format: Format) -> String {
 mod tests {
     use super::*;
     use crate::rollout::ledger::State;
+    use crate::rollout::turn::Progress;
 
     fn row(host: &str, state: Option<State>, restarting: bool, on_newest: Option<bool>) -> Row {
         Row {
@@ -194,14 +196,13 @@ mod tests {
         let v = RolloutView {
             service: "s".into(),
             revision: "abc".into(),
-            canary: Some("h1".into()),
-            succeeded: vec!["h1".into()],
-            up_to_date: vec![],
-            in_flight: vec!["h2".into(), "h3".into()],
-            failed: vec![],
-            waiting: vec!["h4".into()],
-            held: vec![],
-            unreported: vec![],
+            progress: Progress {
+                canary: Some("h1".into()),
+                succeeded: vec!["h1".into()],
+                in_flight: vec!["h2".into(), "h3".into()],
+                waiting: vec!["h4".into()],
+                ..Progress::default()
+            },
             finished: false,
         };
         let text = render_rollout(&v, Format::Text);

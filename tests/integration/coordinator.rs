@@ -170,25 +170,23 @@ impl Fleet {
 
     /// One agent round on each of `hosts`, all at once.
     fn rounds(&self, hosts: &[&str]) -> BTreeMap<String, Ran> {
-        let children: Vec<(String, std::process::Child)> = hosts
-            .iter()
-            .map(|h| (h.to_string(), self.spawn_round(h)))
-            .collect();
-        children
-            .into_iter()
-            .map(|(h, child)| {
-                let ran = Ran::from(child.wait_with_output().expect("the round ends"));
-                eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
-                (h, ran)
-            })
-            .collect()
+        finish(
+            hosts
+                .iter()
+                .map(|h| (h.to_string(), self.spawn_round(h)))
+                .collect(),
+        )
     }
 
+    /// An agent round on `host`: a 5 s lease, and long enough a wait for any turn of these tests.
     fn spawn_round(&self, host: &str) -> std::process::Child {
+        self.spawn_round_with(host, "--lease-ttl 5s --coordinator-poll 300ms --coordinator-wait 150s")
+    }
+
+    fn spawn_round_with(&self, host: &str, flags: &str) -> std::process::Child {
         let command = format!(
             "exec {BIN} agent --once --repo git://{git}/{s}.git --checkout /var/lib/reconcile/agent-{s}/repo \
-             --as {host} --coordinator {url} --coordinator-prefix {prefix} \
-             --lease-ttl 5s --coordinator-poll 300ms --coordinator-wait 150s",
+             --as {host} --coordinator {url} --coordinator-prefix {prefix} {flags}",
             git = lab().address(COORDINATOR),
             s = self.service,
             url = coordinator_url(),
@@ -290,6 +288,18 @@ impl Fleet {
         }
         windows
     }
+}
+
+/// Waits for every round and prints what each said.
+fn finish(children: Vec<(String, std::process::Child)>) -> BTreeMap<String, Ran> {
+    children
+        .into_iter()
+        .map(|(h, child)| {
+            let ran = Ran::from(child.wait_with_output().expect("the round ends"));
+            eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
+            (h, ran)
+        })
+        .collect()
 }
 
 #[derive(Debug, Clone)]
@@ -559,14 +569,7 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
     // The lease (5 s) runs out: the slot is free and the abandoned attempt counts as failed.
     fleet.wait_for(&changed, "failed", victim, Duration::from_secs(30));
     assert!(killed_at.elapsed() >= Duration::from_secs(3), "the slot freed before its lease could run out");
-    let ran: BTreeMap<String, Ran> = children
-        .into_iter()
-        .map(|(h, c)| {
-            let ran = Ran::from(c.wait_with_output().expect("the round ends"));
-            eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
-            (h, ran)
-        })
-        .collect();
+    let ran = finish(children);
     // max_failures 1: the hosts that had not started are held, their servers as they were.
     let held: Vec<&String> = ran
         .iter()
@@ -627,14 +630,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     std::thread::sleep(Duration::from_secs(8));
     let up = now();
     lab().sh(COORDINATOR, "systemctl start lab-etcd");
-    let ran: BTreeMap<String, Ran> = children
-        .into_iter()
-        .map(|(h, c)| {
-            let ran = Ran::from(c.wait_with_output().expect("the round ends"));
-            eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
-            (h, ran)
-        })
-        .collect();
+    let ran = finish(children);
     for (host, r) in &ran {
         assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
     }
@@ -677,24 +673,8 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     let renamed = changed.replace("description: coordinated test service", "description: renamed service");
     fleet.commit(&renamed, "renamed");
     let bounded = |h: &str| {
-        let child = Command::new("ssh")
-            .arg("-F")
-            .arg(lab().ssh_config())
-            .arg(h)
-            .arg(format!(
-                "exec {BIN} agent --once --repo git://{git}/{s}.git --checkout /var/lib/reconcile/agent-{s}/repo \
-                 --as {h} --coordinator {url} --coordinator-prefix {prefix} --coordinator-poll 300ms --coordinator-wait 3s",
-                git = lab().address(COORDINATOR),
-                s = fleet.service,
-                url = coordinator_url(),
-                prefix = fleet.prefix(),
-            ))
-            .stdin(Stdio::null())
-            .output()
-            .expect("ssh runs");
-        let ran = Ran::from(child);
-        eprintln!("round on {h} with etcd down, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
-        ran
+        let child = fleet.spawn_round_with(h, "--coordinator-poll 300ms --coordinator-wait 3s");
+        finish(vec![(h.to_string(), child)]).remove(h).expect("its round")
     };
     let reload = bounded(host);
     assert_eq!(reload.code, 0, "{}{}", reload.stdout, reload.stderr);

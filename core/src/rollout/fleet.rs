@@ -122,14 +122,8 @@ pub fn rows(
 pub struct RolloutView {
     pub service: String,
     pub revision: String,
-    pub canary: Option<String>,
-    pub succeeded: Vec<String>,
-    pub up_to_date: Vec<String>,
-    pub in_flight: Vec<String>,
-    pub failed: Vec<String>,
-    pub waiting: Vec<String>,
-    pub held: Vec<String>,
-    pub unreported: Vec<String>,
+    #[serde(flatten)]
+    pub progress: Progress,
     /// Every host is done with the change, one way or another.
     pub finished: bool,
 }
@@ -137,25 +131,18 @@ pub struct RolloutView {
 impl RolloutView {
     pub fn new(service: &str, newest: &Newest, ledger: &ServiceLedger) -> RolloutView {
         let order: Vec<&str> = newest.order.iter().map(String::as_str).collect();
-        let p: Progress = progress(&order, &View::of(ledger, &newest.revision));
+        let progress = progress(&order, &View::of(ledger, &newest.revision));
         RolloutView {
             service: service.to_string(),
             revision: newest.revision.clone(),
-            finished: p.finished(),
-            canary: p.canary,
-            succeeded: p.succeeded,
-            up_to_date: p.up_to_date,
-            in_flight: p.in_flight,
-            failed: p.failed,
-            waiting: p.waiting,
-            held: p.held,
-            unreported: p.unreported,
+            finished: progress.finished(),
+            progress,
         }
     }
 
     /// 0 done with no failure, 2 under way, 3 stopped or some host failed.
     pub fn exit_code(&self) -> u8 {
-        if !self.failed.is_empty() || !self.held.is_empty() {
+        if !self.progress.failed.is_empty() || !self.progress.held.is_empty() {
             3
         } else if self.finished {
             0
@@ -168,18 +155,9 @@ impl RolloutView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::ledger::{HostEntry, SlotEntry};
+    use crate::rollout::ledger::SlotEntry;
 
-    fn entry(revision: &str, state: State) -> HostEntry {
-        HostEntry {
-            revision: revision.into(),
-            commit: "c".into(),
-            unit_sha256: "u".into(),
-            state,
-            at: 5,
-            detail: None,
-        }
-    }
+    use crate::rollout::ledger::entry_for_test as entry;
 
     fn ledger() -> ServiceLedger {
         let mut l = ServiceLedger::default();
@@ -236,14 +214,15 @@ mod tests {
         };
         let mut l = ledger();
         let v = RolloutView::new("s", &newest, &l);
-        assert_eq!(v.canary.as_deref(), Some("h1"));
-        assert_eq!((v.succeeded.len(), v.in_flight.len()), (1, 1));
-        assert_eq!(v.unreported, ["h3"]);
+        let p = &v.progress;
+        assert_eq!(p.canary.as_deref(), Some("h1"));
+        assert_eq!((p.succeeded.len(), p.in_flight.len()), (1, 1));
+        assert_eq!(p.unreported, ["h3"]);
         assert_eq!(v.exit_code(), 2);
         l.slots.clear();
         l.hosts.insert("h3".into(), entry("r2", State::UpToDate));
         let v = RolloutView::new("s", &newest, &l);
-        assert_eq!(v.failed, ["h2"], "a started host without a slot was abandoned");
+        assert_eq!(v.progress.failed, ["h2"], "a started host without a slot was abandoned");
         assert_eq!(v.exit_code(), 3);
         l.hosts.insert("h2".into(), entry("r2", State::Succeeded));
         assert_eq!(RolloutView::new("s", &newest, &l).exit_code(), 0);

@@ -202,6 +202,19 @@ pub fn revision<'a>(units: impl IntoIterator<Item = (&'a str, &'a str)>) -> Stri
     crate::digest::short(&crate::digest::sha256(&all), crate::digest::SHA_SHOWN).to_string()
 }
 
+/// An entry for tests: `state` on `revision`, the rest fixed.
+#[cfg(test)]
+pub(crate) fn entry_for_test(revision: &str, state: State) -> HostEntry {
+    HostEntry {
+        revision: revision.into(),
+        commit: "c".into(),
+        unit_sha256: "u".into(),
+        state,
+        at: 5,
+        detail: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -202,7 +202,7 @@ pub fn decide(me: &str, order: &[&str], policy: &Rollout, view: &View) -> Turn {
 
 /// A change's progress over a service, for `reconcile rollout status`: each host of the order
 /// under one heading.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Progress {
     /// The first host with something to do, as the agents decide it.
     pub canary: Option<String>,
@@ -265,16 +265,7 @@ mod tests {
         }
     }
 
-    fn entry(revision: &str, state: State) -> HostEntry {
-        HostEntry {
-            revision: revision.into(),
-            commit: "c".into(),
-            unit_sha256: "u".into(),
-            state,
-            at: 0,
-            detail: None,
-        }
-    }
+    use crate::rollout::ledger::entry_for_test as entry;
 
     fn view(hosts: &[(&str, State)], slots: &[&str]) -> View {
         View {
