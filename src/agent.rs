@@ -345,9 +345,11 @@ async fn coordinated_here(
     let mut reports = Vec::new();
     for t in targets {
         if *here.stop.borrow() {
+            // Stopping: apply's own path reports the unit as not started.
             reports.extend(apply_here(std::slice::from_ref(t), options, here.limits).await);
             continue;
         }
+        // The rollout is over every host of the unit's service, not only this one.
         let service: Vec<&Target> = all
             .iter()
             .filter(|o| o.manifest.service == t.manifest.service)
