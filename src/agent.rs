@@ -19,10 +19,10 @@ use tokio::sync::watch;
 
 use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Owner, Rollout, UnitReport};
 use crate::coordinator::{self, Coordination, CoordinatorOptions, Link};
-use crate::rollout::fleet::Newest;
 use crate::manifest::ManifestErrors;
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Limits, Local};
+use crate::rollout::fleet::Newest;
 use crate::targets::{self, Target};
 
 /// A fetch of a manifests repository is small; longer than this is a hung server or network, and
@@ -408,7 +408,11 @@ async fn drill_restart(t: &Target, drill: &Drill) -> UnitReport {
     if let Some(log) = &drill.log {
         use std::io::Write;
         // One short append per restart: whole lines, even with many agents writing at once.
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(log) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+        {
             let _ = writeln!(f, "{} {began} {ended}", t.host);
         }
     }

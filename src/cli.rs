@@ -459,7 +459,12 @@ pub struct CoordinatorArgs {
     pub coordinator_prefix: String,
 
     /// The CA certificate (PEM) of the etcd members; turns TLS on (etcdctl's --cacert).
-    #[arg(long, env = "RECONCILE_COORDINATOR_CA", value_name = "FILE", requires = "coordinator")]
+    #[arg(
+        long,
+        env = "RECONCILE_COORDINATOR_CA",
+        value_name = "FILE",
+        requires = "coordinator"
+    )]
     pub coordinator_ca: Option<PathBuf>,
 
     /// A client certificate (PEM) for etcd, with --coordinator-key (etcdctl's --cert).
@@ -467,16 +472,31 @@ pub struct CoordinatorArgs {
     pub coordinator_cert: Option<PathBuf>,
 
     /// The client certificate's key (PEM) (etcdctl's --key).
-    #[arg(long, env = "RECONCILE_COORDINATOR_KEY", value_name = "FILE", requires = "coordinator_cert")]
+    #[arg(
+        long,
+        env = "RECONCILE_COORDINATOR_KEY",
+        value_name = "FILE",
+        requires = "coordinator_cert"
+    )]
     pub coordinator_key: Option<PathBuf>,
 
     /// An etcd user, for a cluster with authentication on; its password from
     /// --coordinator-password-file or RECONCILE_COORDINATOR_PASSWORD.
-    #[arg(long, env = "RECONCILE_COORDINATOR_USER", value_name = "NAME", requires = "coordinator")]
+    #[arg(
+        long,
+        env = "RECONCILE_COORDINATOR_USER",
+        value_name = "NAME",
+        requires = "coordinator"
+    )]
     pub coordinator_user: Option<String>,
 
     /// A file holding the etcd user's password (its first line).
-    #[arg(long, env = "RECONCILE_COORDINATOR_PASSWORD_FILE", value_name = "FILE", requires = "coordinator_user")]
+    #[arg(
+        long,
+        env = "RECONCILE_COORDINATOR_PASSWORD_FILE",
+        value_name = "FILE",
+        requires = "coordinator_user"
+    )]
     pub coordinator_password_file: Option<PathBuf>,
 }
 

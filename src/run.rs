@@ -4,11 +4,11 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::apply::Rollout;
 use crate::cli::{
     AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, ImportArgs, PlanArgs, QualityArgs,
     RenderArgs, RollbackArgs, RolloutStatusArgs, RolloutSub, SshArgs, StatusArgs, ValidateArgs,
 };
-use crate::apply::Rollout;
 use crate::dry_run::Tally;
 use crate::redact::Redactor;
 use crate::{
@@ -216,7 +216,10 @@ async fn status(args: StatusArgs, reach: &Reach) -> Result<ExitCode, Error> {
 /// `reconcile status --coordinator`: every host's last entry, from the coordinator alone. The
 /// manifests, when they load, add the hosts no agent has reported and say who is behind; when
 /// they do not, the coordinator's word is shown alone (a warning says why).
-async fn fleet_status(args: StatusArgs, etcd: remote::etcd::EtcdOptions) -> Result<ExitCode, Error> {
+async fn fleet_status(
+    args: StatusArgs,
+    etcd: remote::etcd::EtcdOptions,
+) -> Result<ExitCode, Error> {
     use crate::rollout::fleet::{rows, Newest};
     let newest = match load_reporting(&args.manifests.paths, false) {
         Ok((manifests, _)) => {
@@ -241,7 +244,11 @@ async fn fleet_status(args: StatusArgs, etcd: remote::etcd::EtcdOptions) -> Resu
         "{}",
         report::coordinator::render_fleet(&shown, args.format, crate::coordinator::now())
     );
-    Ok(ExitCode::from(if shown.iter().all(|r| r.in_sync()) { 0 } else { 2 }))
+    Ok(ExitCode::from(if shown.iter().all(|r| r.in_sync()) {
+        0
+    } else {
+        2
+    }))
 }
 
 async fn read_fleet(
@@ -255,22 +262,27 @@ async fn read_fleet(
         }
         Error::CoordinatorUnreachable(why)
     };
-    let coordinator = crate::coordinator::Coordinator::connect(&crate::coordinator::CoordinatorOptions {
-        etcd,
-        prefix: args.coordinator_prefix.clone(),
-        lease_ttl: Duration::from_secs(30),
-        wait: Duration::ZERO,
-        poll: Duration::ZERO,
-    })
-    .await
-    .map_err(unreachable)?;
+    let coordinator =
+        crate::coordinator::Coordinator::connect(&crate::coordinator::CoordinatorOptions {
+            etcd,
+            prefix: args.coordinator_prefix.clone(),
+            lease_ttl: Duration::from_secs(30),
+            wait: Duration::ZERO,
+            poll: Duration::ZERO,
+        })
+        .await
+        .map_err(unreachable)?;
     coordinator.fleet().await.map_err(unreachable)
 }
 
 /// `reconcile rollout status SERVICE`: the progress of the change the manifests render now.
 async fn rollout_status(args: RolloutStatusArgs) -> Result<ExitCode, Error> {
     use crate::rollout::fleet::{Newest, RolloutView};
-    let service = args.service.strip_suffix(".service").unwrap_or(&args.service).to_string();
+    let service = args
+        .service
+        .strip_suffix(".service")
+        .unwrap_or(&args.service)
+        .to_string();
     let (manifests, _) = load_manifests(&args.paths, false)?;
     let targets = targets::targets(&manifests, &targets::Filter::default())?;
     let newest = Newest::all(&targets)
@@ -467,7 +479,9 @@ async fn agent_rounds(args: AgentArgs, reach: &Reach) -> Result<ExitCode, Error>
         coordinator,
         ..args.into()
     };
-    Ok(ExitCode::from(agent::run(options, reach.limits, &print).await))
+    Ok(ExitCode::from(
+        agent::run(options, reach.limits, &print).await,
+    ))
 }
 
 /// The coordinator's etcd options, when `--coordinator` is given: checked (and the password read)
@@ -481,7 +495,10 @@ fn coordinator_options(
     let given = crate::coordinator::Given {
         urls: urls.clone(),
         ca: args.coordinator_ca.clone(),
-        identity: args.coordinator_cert.clone().zip(args.coordinator_key.clone()),
+        identity: args
+            .coordinator_cert
+            .clone()
+            .zip(args.coordinator_key.clone()),
         user: args.coordinator_user.clone(),
         password_file: args.coordinator_password_file.clone(),
     };

@@ -10,7 +10,6 @@
 use super::decide;
 use super::error::ApplyError;
 use super::restore::{restore_and_verify, Restore, Restored, Then};
-use reconcile_core::rollout::schedule::{Schedule, Step};
 use super::verifier::Live;
 use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
@@ -19,6 +18,7 @@ use crate::remote::{error_chain, Host, SshOptions};
 use crate::router::{Router, Routers, TakeOutError};
 use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
+use reconcile_core::rollout::schedule::{Schedule, Step};
 
 /// Hosts looked at at once before the rollout starts.
 const SURVEY_AT_ONCE: usize = 32;
@@ -155,11 +155,17 @@ pub async fn roll_out(
 
 /// The hosts by name, with those a manifest names as its `rollout.canary` first: push mode's
 /// canary is then the host pull agents would also choose.
-fn canary_first(hosts: std::collections::BTreeMap<String, Vec<Target>>) -> Vec<(String, Vec<Target>)> {
+fn canary_first(
+    hosts: std::collections::BTreeMap<String, Vec<Target>>,
+) -> Vec<(String, Vec<Target>)> {
     let named = |targets: &[Target], host: &str| {
-        targets
-            .iter()
-            .any(|t| t.manifest.rollout.as_ref().and_then(|r| r.canary.as_deref()) == Some(host))
+        targets.iter().any(|t| {
+            t.manifest
+                .rollout
+                .as_ref()
+                .and_then(|r| r.canary.as_deref())
+                == Some(host)
+        })
     };
     let (mut first, rest): (Vec<_>, Vec<_>) = hosts
         .into_iter()

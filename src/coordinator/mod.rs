@@ -116,8 +116,13 @@ impl Coordinator {
     /// round trip.
     pub async fn ledger(&self, service: &str) -> Result<(ServiceLedger, i64), EtcdError> {
         let snapshot = self.etcd.range(&self.keys.service(service)).await?;
-        let read = snapshot.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-        let ledger = ledger::collect(&self.keys, read).remove(service).unwrap_or_default();
+        let read = snapshot
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()));
+        let ledger = ledger::collect(&self.keys, read)
+            .remove(service)
+            .unwrap_or_default();
         Ok((ledger, snapshot.revision))
     }
 
@@ -174,7 +179,12 @@ impl Coordinator {
     }
 
     /// Writes the host's outcome and deletes its slot, in one transaction.
-    pub async fn finish(&self, service: &str, host: &str, entry: &HostEntry) -> Result<(), EtcdError> {
+    pub async fn finish(
+        &self,
+        service: &str,
+        host: &str,
+        entry: &HostEntry,
+    ) -> Result<(), EtcdError> {
         let slot = self.keys.slot(service, host);
         self.etcd
             .write(&[self.entry_put(service, host, entry)], &[&slot])
@@ -184,7 +194,10 @@ impl Coordinator {
     /// Every service's entries and slots. One round trip.
     pub async fn fleet(&self) -> Result<BTreeMap<String, ServiceLedger>, EtcdError> {
         let snapshot = self.etcd.range(&self.keys.all()).await?;
-        let read = snapshot.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+        let read = snapshot
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()));
         Ok(ledger::collect(&self.keys, read))
     }
 }

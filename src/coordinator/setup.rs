@@ -95,20 +95,27 @@ pub fn endpoints(text: &str, tls: bool) -> Result<Vec<String>, SetupError> {
         let secure = match scheme {
             None | Some("etcd") => tls,
             Some("http") if tls => {
-                return Err(bad("http:// with --coordinator-ca: use https:// or etcd://"))
+                return Err(bad(
+                    "http:// with --coordinator-ca: use https:// or etcd://",
+                ))
             }
             Some("http") => false,
             Some("https") => true,
             Some(_) => return Err(bad("the scheme must be etcd://, http:// or https://")),
         };
         if secure && !tls {
-            return Err(bad("https:// needs --coordinator-ca, the CA of the members' certificates"));
+            return Err(bad(
+                "https:// needs --coordinator-ca, the CA of the members' certificates",
+            ));
         }
         let authority = rest.trim_end_matches('/');
         if authority.contains('@') {
             return Err(bad("credentials do not go in the address: use --coordinator-user and --coordinator-password-file"));
         }
-        if authority.is_empty() || authority.contains('/') || authority.contains(char::is_whitespace) {
+        if authority.is_empty()
+            || authority.contains('/')
+            || authority.contains(char::is_whitespace)
+        {
             return Err(bad("each member is host[:port]"));
         }
         let has_port = authority
@@ -171,7 +178,10 @@ mod tests {
         let err = |t: &str, tls| endpoints(t, tls).unwrap_err().to_string();
         let creds = err("etcd://root:pw@h:2379", false);
         assert!(creds.contains("credentials do not go"), "{creds}");
-        assert!(creds.contains("etcd://***@h:2379") && !creds.contains("pw"), "{creds}");
+        assert!(
+            creds.contains("etcd://***@h:2379") && !creds.contains("pw"),
+            "{creds}"
+        );
         assert!(err("https://h:2379", false).contains("needs --coordinator-ca"));
         assert!(err("http://h:2379", true).contains("use https://"));
         assert!(err("ftp://h", false).contains("scheme"));

@@ -75,7 +75,12 @@ pub struct Coordination<'a> {
 
 /// Applies `t` (through `apply`) when and if the coordinator says this host's turn has come;
 /// `need` is what applying it would do to the server.
-pub async fn coordinated<F, Fut>(c: &Coordination<'_>, t: &Target, need: Need, apply: F) -> UnitReport
+pub async fn coordinated<F, Fut>(
+    c: &Coordination<'_>,
+    t: &Target,
+    need: Need,
+    apply: F,
+) -> UnitReport
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = UnitReport>,
@@ -197,7 +202,13 @@ where
         }
     };
     let not_started = |why: String| {
-        apply::refused(&t.host, &t.desired.unit, &t.source, Outcome::NotStarted, why)
+        apply::refused(
+            &t.host,
+            &t.desired.unit,
+            &t.source,
+            Outcome::NotStarted,
+            why,
+        )
     };
     loop {
         if *c.stop.borrow() {
@@ -257,7 +268,8 @@ where
                         say_once(
                             &mut last_said,
                             if resume {
-                                "took a restart slot to finish the attempt its agent did not end".into()
+                                "took a restart slot to finish the attempt its agent did not end"
+                                    .into()
                             } else {
                                 "took a restart slot".into()
                             },

@@ -212,7 +212,9 @@ impl Etcd {
                     && !message.contains("refused")
                     && !message.contains("ConnectError");
                 if closed && self.endpoints.starts_with("http://") {
-                    message.push_str(" (a member that serves TLS closes plain http connections: is TLS on?)");
+                    message.push_str(
+                        " (a member that serves TLS closes plain http connections: is TLS on?)",
+                    );
                 }
                 Err(EtcdError::Request {
                     endpoints: self.endpoints.clone(),
@@ -298,7 +300,9 @@ impl Etcd {
 
     /// Writes and deletes at once, unconditionally. One round trip.
     pub async fn write(&self, puts: &[Put], deletes: &[&str]) -> Result<(), EtcdError> {
-        self.write_if_unchanged(&[], 0, puts, deletes).await.map(|_| ())
+        self.write_if_unchanged(&[], 0, puts, deletes)
+            .await
+            .map(|_| ())
     }
 
     /// A lease of `ttl`, kept alive from here on until [`Lease::release`] or until the
@@ -306,9 +310,7 @@ impl Etcd {
     pub async fn lease(&self, ttl: Duration) -> Result<Lease, EtcdError> {
         let seconds = ttl.as_secs().max(2) as i64;
         let mut lease = self.client.lease_client();
-        let granted = self
-            .ask("a lease", lease.grant(seconds, None))
-            .await?;
+        let granted = self.ask("a lease", lease.grant(seconds, None)).await?;
         let id = granted.id();
         let (lost_tx, lost) = watch::channel(false);
         let etcd = self.clone();
@@ -431,6 +433,9 @@ mod tests {
             ..EtcdOptions::default()
         };
         let shown = format!("{o:?}");
-        assert!(shown.contains("agent") && !shown.contains("hunter2"), "{shown}");
+        assert!(
+            shown.contains("agent") && !shown.contains("hunter2"),
+            "{shown}"
+        );
     }
 }

@@ -9,9 +9,9 @@
 //! implement. The edge knows nothing of systemd or SGLang: what is asked of a host is decided one
 //! layer up (`crate::systemd`, `crate::probe`), so this module imports nothing from the crate.
 
+pub mod etcd;
 #[cfg(test)]
 pub mod fake;
-pub mod etcd;
 pub mod gpu;
 pub mod http;
 mod local;

@@ -82,7 +82,9 @@ fn fleet_text(rows: &[Row], now: u64) -> String {
 }
 
 fn fleet_markdown(rows: &[Row], now: u64) -> String {
-    let mut out = String::from("| service | host | state | commit | when | detail |\n|---|---|---|---|---|---|\n");
+    let mut out = String::from(
+        "| service | host | state | commit | when | detail |\n|---|---|---|---|---|---|\n",
+    );
     for r in rows {
         let _ = writeln!(
             out,
@@ -93,7 +95,11 @@ fn fleet_markdown(rows: &[Row], now: u64) -> String {
             behind(r),
             commit(r),
             age(r.at, now),
-            r.detail.as_deref().unwrap_or("").replace('|', "\\|").replace('\n', " ")
+            r.detail
+                .as_deref()
+                .unwrap_or("")
+                .replace('|', "\\|")
+                .replace('\n', " ")
         );
     }
     out
@@ -179,12 +185,22 @@ mod tests {
         ];
         let text = render_fleet(&rows, Format::Text, 130);
         assert!(text.starts_with("sglang-qwen.service\n"), "{text}");
-        assert!(text.contains("gpu-a            succeeded   0123456   30s ago"), "{text}");
+        assert!(
+            text.contains("gpu-a            succeeded   0123456   30s ago"),
+            "{text}"
+        );
         assert!(text.contains("gpu-b            restarting"), "{text}");
-        assert!(text.contains("failed") && text.contains(": crash window: exited"), "{text}");
-        assert!(text.contains("gpu-d            unreported") && text.contains("(behind the manifests)"), "{text}");
+        assert!(
+            text.contains("failed") && text.contains(": crash window: exited"),
+            "{text}"
+        );
+        assert!(
+            text.contains("gpu-d            unreported") && text.contains("(behind the manifests)"),
+            "{text}"
+        );
         assert!(text.ends_with("1 of 4 in sync\n"), "{text}");
-        let json: serde_json::Value = serde_json::from_str(&render_fleet(&rows, Format::Json, 130)).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&render_fleet(&rows, Format::Json, 130)).unwrap();
         assert_eq!(json[1]["state"], "started");
         assert_eq!(json[1]["restarting"], true);
         let md = render_fleet(&rows, Format::Markdown, 130);

@@ -91,7 +91,10 @@ fn copy(local: &str, host: &str, remote: &str) {
         .status()
         .expect("scp runs");
     assert!(status.success(), "copying {local} to {host}");
-    lab().sh(host, &format!("chmod 755 {remote}.new && mv -f {remote}.new {remote}"));
+    lab().sh(
+        host,
+        &format!("chmod 755 {remote}.new && mv -f {remote}.new {remote}"),
+    );
 }
 
 fn coordinator_url() -> String {
@@ -138,7 +141,10 @@ impl Fleet {
     fn fresh(&self) {
         for host in FLEET {
             lab().remove_unit(host, &self.unit());
-            lab().sh(host, &format!("rm -rf /var/lib/reconcile/agent-{}", self.service));
+            lab().sh(
+                host,
+                &format!("rm -rf /var/lib/reconcile/agent-{}", self.service),
+            );
         }
         lab().sh(
             COORDINATOR,
@@ -154,7 +160,10 @@ impl Fleet {
     fn commit(&self, manifest: &str, message: &str) -> String {
         lab().put(
             COORDINATOR,
-            &format!("/root/work-{}/manifests/{}.yaml", self.service, self.service),
+            &format!(
+                "/root/work-{}/manifests/{}.yaml",
+                self.service, self.service
+            ),
             manifest,
         );
         lab().sh(
@@ -180,7 +189,10 @@ impl Fleet {
 
     /// An agent round on `host`: a 5 s lease, and long enough a wait for any turn of these tests.
     fn spawn_round(&self, host: &str) -> std::process::Child {
-        self.spawn_round_with(host, "--lease-ttl 5s --coordinator-poll 300ms --coordinator-wait 150s")
+        self.spawn_round_with(
+            host,
+            "--lease-ttl 5s --coordinator-poll 300ms --coordinator-wait 150s",
+        )
     }
 
     fn spawn_round_with(&self, host: &str, flags: &str) -> std::process::Child {
@@ -206,7 +218,8 @@ impl Fleet {
 
     /// `reconcile rollout status --format json` from this machine, and its exit code.
     fn rollout_status(&self, manifest: &str) -> (i32, serde_json::Value) {
-        let run = crate::lab::Reconcile::new().manifest(&format!("{}.yaml", self.service), manifest);
+        let run =
+            crate::lab::Reconcile::new().manifest(&format!("{}.yaml", self.service), manifest);
         let ran = run.run_offline(&[
             "rollout",
             "status",
@@ -233,7 +246,10 @@ impl Fleet {
         let began = Instant::now();
         loop {
             let (_, v) = self.rollout_status(manifest);
-            if v[heading].as_array().is_some_and(|a| a.iter().any(|h| h == host)) {
+            if v[heading]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|h| h == host))
+            {
                 return;
             }
             assert!(
@@ -296,7 +312,10 @@ fn finish(children: Vec<(String, std::process::Child)>) -> BTreeMap<String, Ran>
         .into_iter()
         .map(|(h, child)| {
             let ran = Ran::from(child.wait_with_output().expect("the round ends"));
-            eprintln!("agent round on {h}, exit {}:\n{}{}", ran.code, ran.stdout, ran.stderr);
+            eprintln!(
+                "agent round on {h}, exit {}:\n{}{}",
+                ran.code, ran.stdout, ran.stderr
+            );
             (h, ran)
         })
         .collect()
@@ -366,10 +385,16 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     let changed = fleet.manifest("", 4096);
     let commit = fleet.commit(&changed, "shorter context");
     // `rollout status --watch` follows the rollout live, from this machine, until it is done.
-    let watching = crate::lab::Reconcile::new().manifest(&format!("{}.yaml", fleet.service), &changed);
+    let watching =
+        crate::lab::Reconcile::new().manifest(&format!("{}.yaml", fleet.service), &changed);
     let watch = Command::new(env!("CARGO_BIN_EXE_reconcile"))
         .args(["rollout", "status", fleet.service, "manifests", "--watch"])
-        .args(["--coordinator", &coordinator_url(), "--coordinator-prefix", &fleet.prefix()])
+        .args([
+            "--coordinator",
+            &coordinator_url(),
+            "--coordinator-prefix",
+            &fleet.prefix(),
+        ])
         .current_dir(watching.dir())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -378,15 +403,27 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     let ran = fleet.rounds(&FLEET);
     for (host, r) in &ran {
         assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
-        assert!(r.stdout.contains(&format!("{host} {} converged", fleet.unit())), "{host}: {}", r.stdout);
+        assert!(
+            r.stdout
+                .contains(&format!("{host} {} converged", fleet.unit())),
+            "{host}: {}",
+            r.stdout
+        );
     }
     let watched = Ran::from(watch.wait_with_output().expect("the watch ends"));
     assert_eq!(watched.code, 0, "{}{}", watched.stdout, watched.stderr);
     let blocks = watched.stdout.matches(".service, change ").count();
-    assert!(blocks >= 3, "the watch did not follow the rollout: {}", watched.stdout);
+    assert!(
+        blocks >= 3,
+        "the watch did not follow the rollout: {}",
+        watched.stdout
+    );
     assert!(watched.stdout.contains("in flight"), "{}", watched.stdout);
     assert!(
-        watched.stdout.trim_end().ends_with(&format!("succeeded     {}", FLEET.join(", "))),
+        watched
+            .stdout
+            .trim_end()
+            .ends_with(&format!("succeeded     {}", FLEET.join(", "))),
         "{}",
         watched.stdout
     );
@@ -396,9 +433,19 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     }
     let windows = fleet.restarts(since);
     eprintln!("restart windows from the journals: {windows:#?}");
-    assert_eq!(windows.len(), FLEET.len(), "one restart a host: {windows:#?}");
-    assert!(most_at_once(&windows) <= 2, "more than max_parallel 2 restarting at once: {windows:#?}");
-    let canary = windows.iter().find(|w| w.host == FLEET[0]).expect("the canary restarted");
+    assert_eq!(
+        windows.len(),
+        FLEET.len(),
+        "one restart a host: {windows:#?}"
+    );
+    assert!(
+        most_at_once(&windows) <= 2,
+        "more than max_parallel 2 restarting at once: {windows:#?}"
+    );
+    let canary = windows
+        .iter()
+        .find(|w| w.host == FLEET[0])
+        .expect("the canary restarted");
     for w in windows.iter().filter(|w| w.host != FLEET[0]) {
         assert!(
             w.began > canary.ended,
@@ -409,7 +456,8 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     }
     // The waiting hosts said what they waited for.
     assert!(
-        ran[FLEET[5]].stdout.contains("coordinator: ") && ran[FLEET[5]].stdout.contains("waiting for"),
+        ran[FLEET[5]].stdout.contains("coordinator: ")
+            && ran[FLEET[5]].stdout.contains("waiting for"),
         "{}",
         ran[FLEET[5]].stdout
     );
@@ -417,7 +465,11 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     // The fleet's state from the coordinator alone: every host succeeded on this commit.
     let (code, rollout) = fleet.rollout_status(&changed);
     assert_eq!(code, 0, "{rollout}");
-    assert_eq!(rollout["succeeded"].as_array().map(Vec::len), Some(6), "{rollout}");
+    assert_eq!(
+        rollout["succeeded"].as_array().map(Vec::len),
+        Some(6),
+        "{rollout}"
+    );
     assert_eq!(rollout["canary"], FLEET[0]);
     let run = crate::lab::Reconcile::new().manifest(&format!("{}.yaml", fleet.service), &changed);
     let status = run.run_args(&[
@@ -454,7 +506,10 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systemd");
     let service = std::fs::read_to_string(examples.join("reconcile-agent.service")).unwrap();
     let env = std::fs::read_to_string(examples.join("agent.env")).unwrap();
-    assert!(env.contains("RECONCILE_COORDINATOR=etcd://"), "the example no longer sets the coordinator");
+    assert!(
+        env.contains("RECONCILE_COORDINATOR=etcd://"),
+        "the example no longer sets the coordinator"
+    );
     let repo = format!("git://{}/{}.git", lab().address(COORDINATOR), fleet.service);
     for host in FLEET {
         lab().put(
@@ -462,7 +517,10 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
             "/etc/systemd/system/reconcile-agent.service",
             &service.replace("https://git.example.com/infra/llm-manifests.git", &repo),
         );
-        lab().sh(host, "mkdir -p -m 0700 /etc/reconcile && rm -rf /var/lib/reconcile/agent");
+        lab().sh(
+            host,
+            "mkdir -p -m 0700 /etc/reconcile && rm -rf /var/lib/reconcile/agent",
+        );
         lab().put(
             host,
             "/etc/reconcile/agent.env",
@@ -483,9 +541,17 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
             "{host}: {journal}"
         );
     }
-    assert_eq!(invocations(&fleet.unit()), after, "a quiet round restarted a server");
+    assert_eq!(
+        invocations(&fleet.unit()),
+        after,
+        "a quiet round restarted a server"
+    );
     let (_, rollout) = fleet.rollout_status(&changed);
-    assert_eq!(rollout["succeeded"].as_array().map(Vec::len), Some(6), "{rollout}");
+    assert_eq!(
+        rollout["succeeded"].as_array().map(Vec::len),
+        Some(6),
+        "{rollout}"
+    );
 }
 
 #[test]
@@ -498,7 +564,10 @@ fn a_failed_canary_stops_every_other_host_and_each_says_why() {
     };
     deploy_base(&fleet);
     let before = invocations(&fleet.unit());
-    let crashing = fleet.manifest(", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"", 8192);
+    let crashing = fleet.manifest(
+        ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"",
+        8192,
+    );
     fleet.commit(&crashing, "crashes while loading");
     let ran = fleet.rounds(&FLEET);
     let canary = &ran[FLEET[0]];
@@ -509,22 +578,46 @@ fn a_failed_canary_stops_every_other_host_and_each_says_why() {
         let r = &ran[*host];
         assert_eq!(r.code, 1, "{host}: {}{}", r.stdout, r.stderr);
         assert!(
-            r.stdout.contains(&format!("the canary {} failed this change, so the rollout stopped", FLEET[0])),
+            r.stdout.contains(&format!(
+                "the canary {} failed this change, so the rollout stopped",
+                FLEET[0]
+            )),
             "{host}: {}",
             r.stdout
         );
-        assert!(r.stdout.contains("the running server was left as it is"), "{host}: {}", r.stdout);
-        assert_eq!(before[*host], after[*host], "{host} was restarted after the canary failed");
+        assert!(
+            r.stdout.contains("the running server was left as it is"),
+            "{host}: {}",
+            r.stdout
+        );
+        assert_eq!(
+            before[*host], after[*host],
+            "{host} was restarted after the canary failed"
+        );
     }
     let (code, rollout) = fleet.rollout_status(&crashing);
     assert_eq!(code, 3, "{rollout}");
-    assert_eq!(rollout["failed"], serde_json::json!([FLEET[0]]), "{rollout}");
-    assert_eq!(rollout["held"].as_array().map(Vec::len), Some(5), "{rollout}");
+    assert_eq!(
+        rollout["failed"],
+        serde_json::json!([FLEET[0]]),
+        "{rollout}"
+    );
+    assert_eq!(
+        rollout["held"].as_array().map(Vec::len),
+        Some(5),
+        "{rollout}"
+    );
 
     // The canary does not try the same change again on its next round; a fixed commit goes on.
     let again = fleet.rounds(&FLEET[..1]);
     assert_eq!(again[FLEET[0]].code, 1);
-    assert!(again[FLEET[0]].stdout.contains("failed this change already"), "{}", again[FLEET[0]].stdout);
+    assert!(
+        again[FLEET[0]]
+            .stdout
+            .contains("failed this change already"),
+        "{}",
+        again[FLEET[0]].stdout
+    );
     let fixed = fleet.manifest("", 2048);
     fleet.commit(&fixed, "fixed");
     let ran = fleet.rounds(&FLEET);
@@ -561,14 +654,24 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
     // Mid-verification: its restart has happened and the crash window (3 s) is running.
     lab().wait_for_restart_within(victim, &fleet.unit(), &before, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(1500));
-    lab().sh(victim, &format!("pkill -KILL -f 'agent-{}/repo'", fleet.service));
+    lab().sh(
+        victim,
+        &format!("pkill -KILL -f 'agent-{}/repo'", fleet.service),
+    );
     let killed_at = Instant::now();
     let killed = Ran::from(victim_round.wait_with_output().expect("ssh ends"));
-    assert_ne!(killed.code, 0, "the agent was not killed: {}", killed.stdout);
+    assert_ne!(
+        killed.code, 0,
+        "the agent was not killed: {}",
+        killed.stdout
+    );
     eprintln!("killed on {victim} (invocation {before})");
     // The lease (5 s) runs out: the slot is free and the abandoned attempt counts as failed.
     fleet.wait_for(&changed, "failed", victim, Duration::from_secs(30));
-    assert!(killed_at.elapsed() >= Duration::from_secs(3), "the slot freed before its lease could run out");
+    assert!(
+        killed_at.elapsed() >= Duration::from_secs(3),
+        "the slot freed before its lease could run out"
+    );
     let ran = finish(children);
     // max_failures 1: the hosts that had not started are held, their servers as they were.
     let held: Vec<&String> = ran
@@ -578,15 +681,27 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
         .collect();
     assert!(!held.is_empty(), "no host was held by the budget: {ran:#?}");
     for h in &held {
-        assert!(ran[*h].stdout.contains(victim), "{h} does not name the failed host: {}", ran[*h].stdout);
+        assert!(
+            ran[*h].stdout.contains(victim),
+            "{h} does not name the failed host: {}",
+            ran[*h].stdout
+        );
     }
 
     // The killed host's next round finishes its attempt (restart, verification) and succeeds;
     // the budget is then free again and the held hosts go on.
     let resumed = fleet.rounds(&[victim]);
     assert_eq!(resumed[victim].code, 0, "{}", resumed[victim].stdout);
-    assert!(resumed[victim].stdout.contains("finish the attempt"), "{}", resumed[victim].stdout);
-    assert!(resumed[victim].stdout.contains("converged"), "{}", resumed[victim].stdout);
+    assert!(
+        resumed[victim].stdout.contains("finish the attempt"),
+        "{}",
+        resumed[victim].stdout
+    );
+    assert!(
+        resumed[victim].stdout.contains("converged"),
+        "{}",
+        resumed[victim].stdout
+    );
     let held: Vec<&str> = held.iter().map(|h| h.as_str()).collect();
     let rest = fleet.rounds(&held);
     for (host, r) in &rest {
@@ -594,7 +709,11 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
     }
     let (code, rollout) = fleet.rollout_status(&changed);
     assert_eq!(code, 0, "{rollout}");
-    assert_eq!(rollout["succeeded"].as_array().map(Vec::len), Some(6), "{rollout}");
+    assert_eq!(
+        rollout["succeeded"].as_array().map(Vec::len),
+        Some(6),
+        "{rollout}"
+    );
 }
 
 #[test]
@@ -625,7 +744,9 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     );
     let down = now();
     let revision: serde_json::Value = serde_json::from_str(marker.trim()).expect("etcdctl's JSON");
-    let revision = revision["header"]["revision"].as_i64().expect("the marker's revision");
+    let revision = revision["header"]["revision"]
+        .as_i64()
+        .expect("the marker's revision");
     // Longer than the slots' lease TTL (5 s): a lease must not run out while the cluster is down.
     std::thread::sleep(Duration::from_secs(8));
     let up = now();
@@ -648,7 +769,9 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         .filter(|h| !h.is_empty())
         .collect();
     let windows = fleet.restarts(since);
-    eprintln!("etcd down {down:.3}..{up:.3}, slots held then: {held:?}; restart windows: {windows:#?}");
+    eprintln!(
+        "etcd down {down:.3}..{up:.3}, slots held then: {held:?}; restart windows: {windows:#?}"
+    );
     assert_eq!(windows.len(), FLEET.len(), "{windows:#?}");
     for w in &windows {
         assert!(
@@ -661,7 +784,10 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     let waited = ran
         .values()
         .any(|r| r.stdout.contains("the coordinator cannot be reached"));
-    assert!(waited, "no agent said it waited for the coordinator: {ran:#?}");
+    assert!(
+        waited,
+        "no agent said it waited for the coordinator: {ran:#?}"
+    );
     assert_eq!(fleet.rollout_status(&changed).0, 0);
 
     // With etcd down: a change that only reloads goes through; one that restarts waits out
@@ -670,27 +796,49 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     let _restart_etcd = crate::lab::Undo::new(COORDINATOR, "systemctl start lab-etcd");
     let host = FLEET[2];
     let before = lab().invocation(host, &fleet.unit());
-    let renamed = changed.replace("description: coordinated test service", "description: renamed service");
+    let renamed = changed.replace(
+        "description: coordinated test service",
+        "description: renamed service",
+    );
     fleet.commit(&renamed, "renamed");
     let bounded = |h: &str| {
         let child = fleet.spawn_round_with(h, "--coordinator-poll 300ms --coordinator-wait 3s");
-        finish(vec![(h.to_string(), child)]).remove(h).expect("its round")
+        finish(vec![(h.to_string(), child)])
+            .remove(h)
+            .expect("its round")
     };
     let reload = bounded(host);
     assert_eq!(reload.code, 0, "{}{}", reload.stdout, reload.stderr);
-    assert!(reload.stdout.contains(&format!("{host} {} reloaded", fleet.unit())), "{}", reload.stdout);
-    assert!(reload.stdout.contains("the coordinator was not told"), "{}", reload.stdout);
+    assert!(
+        reload
+            .stdout
+            .contains(&format!("{host} {} reloaded", fleet.unit())),
+        "{}",
+        reload.stdout
+    );
+    assert!(
+        reload.stdout.contains("the coordinator was not told"),
+        "{}",
+        reload.stdout
+    );
     let restart = renamed.replace("context-length: 4096", "context-length: 2048");
     fleet.commit(&restart, "restart while etcd is down");
     let held = bounded(host);
     assert_eq!(held.code, 1, "{}{}", held.stdout, held.stderr);
     assert!(
-        held.stdout.contains("the coordinator cannot be reached") && held.stdout.contains("nothing was changed"),
+        held.stdout.contains("the coordinator cannot be reached")
+            && held.stdout.contains("nothing was changed"),
         "{}",
         held.stdout
     );
-    assert_eq!(lab().invocation(host, &fleet.unit()), before, "a restart happened without the coordinator");
-    assert!(!lab().sh(host, &format!("cat /etc/systemd/system/{}", fleet.unit())).contains("2048"));
+    assert_eq!(
+        lab().invocation(host, &fleet.unit()),
+        before,
+        "a restart happened without the coordinator"
+    );
+    assert!(!lab()
+        .sh(host, &format!("cat /etc/systemd/system/{}", fleet.unit()))
+        .contains("2048"));
 }
 
 /// An etcd on this machine's loopback with TLS, client certificates and a user: `reconcile status
@@ -772,7 +920,10 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
         .output()
         .map_or(true, |o| !o.status.success())
     {
-        assert!(began.elapsed() < Duration::from_secs(20), "the TLS etcd did not start");
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "the TLS etcd did not start"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     const PASSWORD: &str = "s3cret-agent-password";
@@ -783,7 +934,11 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     std::fs::write(d.join("password"), format!("{PASSWORD}\n")).unwrap();
     let status = |extra: &[&str], env: &[(&str, &str)]| {
         let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
-            .args(["status", "--coordinator", &format!("etcd://127.0.0.1:{port}")])
+            .args([
+                "status",
+                "--coordinator",
+                &format!("etcd://127.0.0.1:{port}"),
+            ])
             .args(["--coordinator-prefix", "/tls", "--format", "json"])
             .args(extra)
             .envs(env.iter().copied())
@@ -810,11 +965,19 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     assert_eq!(rows[0]["host"], "h1", "{rows}");
     assert_eq!(rows[0]["state"], "succeeded", "{rows}");
 
-    let wrong = status(&tls, &[("RECONCILE_COORDINATOR_PASSWORD", "wrong-password-9f3k")]);
+    let wrong = status(
+        &tls,
+        &[("RECONCILE_COORDINATOR_PASSWORD", "wrong-password-9f3k")],
+    );
     assert_eq!(wrong.code, 1, "{}{}", wrong.stdout, wrong.stderr);
-    assert!(wrong.stderr.contains("cannot reach etcd"), "{}", wrong.stderr);
     assert!(
-        !wrong.stderr.contains("wrong-password-9f3k") && !wrong.stdout.contains("wrong-password-9f3k"),
+        wrong.stderr.contains("cannot reach etcd"),
+        "{}",
+        wrong.stderr
+    );
+    assert!(
+        !wrong.stderr.contains("wrong-password-9f3k")
+            && !wrong.stdout.contains("wrong-password-9f3k"),
         "the password was shown: {}{}",
         wrong.stdout,
         wrong.stderr
@@ -823,5 +986,9 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     let plain = status(&[], &[]);
     eprintln!("no TLS: {}", plain.stderr);
     assert_eq!(plain.code, 1, "{}{}", plain.stdout, plain.stderr);
-    assert!(plain.stderr.contains("--coordinator-ca"), "{}", plain.stderr);
+    assert!(
+        plain.stderr.contains("--coordinator-ca"),
+        "{}",
+        plain.stderr
+    );
 }

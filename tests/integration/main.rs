@@ -2,9 +2,9 @@
 //! containers booted by `tests/run.sh`). One binary, so the hosts are shared by every test.
 
 mod agent;
-mod coordinator;
 mod apply;
 mod benchmark;
+mod coordinator;
 mod diagnosis;
 mod drain;
 mod dry_run;

@@ -35,7 +35,10 @@ pub(super) fn check(m: &Manifest, fail: &mut dyn FnMut(&[Seg], String)) {
             );
         }
     }
-    for (key, value) in [("max_parallel", r.max_parallel), ("max_failures", r.max_failures)] {
+    for (key, value) in [
+        ("max_parallel", r.max_parallel),
+        ("max_failures", r.max_failures),
+    ] {
         if value == Some(0) {
             fail(&at(key), format!("{key} must be at least 1"));
         }

@@ -601,11 +601,16 @@ mod tests {
     #[test]
     fn rollout_names_one_of_the_hosts_and_limits_of_at_least_one() {
         let two = BASE.replace("hosts: [a]", "hosts: [a, b]");
-        assert!(errors(&format!("{two}rollout: {{ canary: b, max_parallel: 2, max_failures: 1 }}\n")).is_empty());
+        assert!(errors(&format!(
+            "{two}rollout: {{ canary: b, max_parallel: 2, max_failures: 1 }}\n"
+        ))
+        .is_empty());
         let e = errors(&format!("{two}rollout:\n  canary: c\n  max_parallel: 0\n"));
         assert_eq!(e.len(), 2, "{e:?}");
         assert!(
-            e[0].starts_with("m.yaml:9:3: rollout.canary: `c` is not one of this service's hosts (a, b)"),
+            e[0].starts_with(
+                "m.yaml:9:3: rollout.canary: `c` is not one of this service's hosts (a, b)"
+            ),
             "{e:?}"
         );
         assert!(
@@ -621,8 +626,13 @@ mod tests {
                 max_failures: Some(3)
             })
         );
-        let unknown = parse("m.yaml", &format!("{two}rollout: {{ max_paralel: 3 }}\n")).unwrap_err();
-        assert!(unknown.to_string().contains("max_paralel") || format!("{unknown:?}").contains("max_paralel"), "{unknown:?}");
+        let unknown =
+            parse("m.yaml", &format!("{two}rollout: {{ max_paralel: 3 }}\n")).unwrap_err();
+        assert!(
+            unknown.to_string().contains("max_paralel")
+                || format!("{unknown:?}").contains("max_paralel"),
+            "{unknown:?}"
+        );
     }
 
     #[test]

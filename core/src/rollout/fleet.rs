@@ -222,7 +222,11 @@ mod tests {
         l.slots.clear();
         l.hosts.insert("h3".into(), entry("r2", State::UpToDate));
         let v = RolloutView::new("s", &newest, &l);
-        assert_eq!(v.progress.failed, ["h2"], "a started host without a slot was abandoned");
+        assert_eq!(
+            v.progress.failed,
+            ["h2"],
+            "a started host without a slot was abandoned"
+        );
         assert_eq!(v.exit_code(), 3);
         l.hosts.insert("h2".into(), entry("r2", State::Succeeded));
         assert_eq!(RolloutView::new("s", &newest, &l).exit_code(), 0);

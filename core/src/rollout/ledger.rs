@@ -168,12 +168,20 @@ pub fn collect<'a>(
         match keys.parse(key) {
             Some(Key::Host { service, host }) => {
                 if let Ok(entry) = serde_json::from_str::<HostEntry>(value) {
-                    services.entry(service).or_default().hosts.insert(host, entry);
+                    services
+                        .entry(service)
+                        .or_default()
+                        .hosts
+                        .insert(host, entry);
                 }
             }
             Some(Key::Slot { service, host }) => {
                 if let Ok(slot) = serde_json::from_str::<SlotEntry>(value) {
-                    services.entry(service).or_default().slots.insert(host, slot);
+                    services
+                        .entry(service)
+                        .or_default()
+                        .slots
+                        .insert(host, slot);
                 }
             }
             None => {}

@@ -106,7 +106,10 @@ impl std::fmt::Display for Wait {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Wait::Canary { host, state: None } => {
-                write!(f, "waiting for the canary {host}, which has not reported this change yet")
+                write!(
+                    f,
+                    "waiting for the canary {host}, which has not reported this change yet"
+                )
             }
             Wait::Canary {
                 host,
@@ -134,7 +137,10 @@ impl std::fmt::Display for Stop {
                 "this host failed this change already; it is not retried until the manifests change"
             ),
             Stop::CanaryFailed { host } => {
-                write!(f, "the canary {host} failed this change, so the rollout stopped")
+                write!(
+                    f,
+                    "the canary {host} failed this change, so the rollout stopped"
+                )
             }
             Stop::Budget { failed, max } => write!(
                 f,
@@ -188,7 +194,9 @@ pub fn decide(me: &str, order: &[&str], policy: &Rollout, view: &View) -> Turn {
         Some(c) if c != me && !succeeded => {
             let state = view.state(c);
             if state == Some(State::Failed) || view.abandoned(c) {
-                Turn::Stop(Stop::CanaryFailed { host: c.to_string() })
+                Turn::Stop(Stop::CanaryFailed {
+                    host: c.to_string(),
+                })
             } else {
                 Turn::Wait(Wait::Canary {
                     host: c.to_string(),
@@ -319,10 +327,7 @@ mod tests {
 
     #[test]
     fn once_the_canary_succeeded_hosts_go_while_slots_are_free() {
-        let v = view(
-            &[("h1", State::Succeeded), ("h2", State::Started)],
-            &["h2"],
-        );
+        let v = view(&[("h1", State::Succeeded), ("h2", State::Started)], &["h2"]);
         assert_eq!(
             decide("h3", &ORDER, &policy(2, 1), &v),
             Turn::Go { resume: false }
@@ -428,7 +433,10 @@ mod tests {
         assert!(v.failed().is_empty());
         assert!(matches!(
             decide("h2", &ORDER, &policy(2, 1), &v),
-            Turn::Wait(Wait::Canary { state: Some(State::Started), .. })
+            Turn::Wait(Wait::Canary {
+                state: Some(State::Started),
+                ..
+            })
         ));
     }
 
