@@ -262,14 +262,7 @@ async fn read_fleet(
         }
         Error::CoordinatorUnreachable(why)
     };
-    let coordinator =
-        crate::coordinator::Coordinator::connect(&crate::coordinator::CoordinatorOptions {
-            etcd,
-            prefix: args.coordinator_prefix.clone(),
-            lease_ttl: Duration::from_secs(30),
-            wait: Duration::ZERO,
-            poll: Duration::ZERO,
-        })
+    let coordinator = crate::coordinator::Coordinator::connect(&etcd, &args.coordinator_prefix)
         .await
         .map_err(unreachable)?;
     coordinator.fleet().await.map_err(unreachable)

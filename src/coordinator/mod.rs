@@ -66,15 +66,12 @@ pub fn now() -> u64 {
 }
 
 impl Coordinator {
-    pub async fn connect(options: &CoordinatorOptions) -> Result<Coordinator, EtcdError> {
+    /// Connects to the cluster, for the keys under `prefix`.
+    pub async fn connect(etcd: &EtcdOptions, prefix: &str) -> Result<Coordinator, EtcdError> {
         Ok(Coordinator {
-            etcd: Etcd::connect(&options.etcd).await?,
-            keys: Keys::new(&options.prefix),
+            etcd: Etcd::connect(etcd).await?,
+            keys: Keys::new(prefix),
         })
-    }
-
-    pub fn endpoints(&self) -> &str {
-        self.etcd.endpoints()
     }
 
     /// Requests made to the coordinator so far, and the time they took.
@@ -115,15 +112,21 @@ impl Coordinator {
     /// What the coordinator holds for the service, and the cluster revision of the read. One
     /// round trip.
     pub async fn ledger(&self, service: &str) -> Result<(ServiceLedger, i64), EtcdError> {
-        let snapshot = self.etcd.range(&self.keys.service(service)).await?;
+        let (mut services, revision) = self.read(&self.keys.service(service)).await?;
+        Ok((services.remove(service).unwrap_or_default(), revision))
+    }
+
+    /// The ledgers of the services under `prefix`, and the cluster revision of the read.
+    async fn read(
+        &self,
+        prefix: &str,
+    ) -> Result<(BTreeMap<String, ServiceLedger>, i64), EtcdError> {
+        let snapshot = self.etcd.range(prefix).await?;
         let read = snapshot
             .entries
             .iter()
             .map(|e| (e.key.as_str(), e.value.as_str()));
-        let ledger = ledger::collect(&self.keys, read)
-            .remove(service)
-            .unwrap_or_default();
-        Ok((ledger, snapshot.revision))
+        Ok((ledger::collect(&self.keys, read), snapshot.revision))
     }
 
     /// Takes a restart slot for `host` with `entry` (state `started`) written, if nothing of the
@@ -144,7 +147,7 @@ impl Coordinator {
             commit: commit.to_string(),
             since: entry.at,
         };
-        let hosts = format!("{}hosts/", self.keys.service(service));
+        let hosts = self.keys.hosts(service);
         let slots = self.keys.slots(service);
         let puts = [
             Put {
@@ -193,12 +196,7 @@ impl Coordinator {
 
     /// Every service's entries and slots. One round trip.
     pub async fn fleet(&self) -> Result<BTreeMap<String, ServiceLedger>, EtcdError> {
-        let snapshot = self.etcd.range(&self.keys.all()).await?;
-        let read = snapshot
-            .entries
-            .iter()
-            .map(|e| (e.key.as_str(), e.value.as_str()));
-        Ok(ledger::collect(&self.keys, read))
+        Ok(self.read(&self.keys.all()).await?.0)
     }
 }
 

@@ -50,7 +50,7 @@ impl Link {
         if let Some(c) = connected.as_ref() {
             return Ok(c.clone());
         }
-        let c = Coordinator::connect(&self.options).await?;
+        let c = Coordinator::connect(&self.options.etcd, &self.options.prefix).await?;
         *connected = Some(c.clone());
         Ok(c)
     }
@@ -217,16 +217,16 @@ where
         let waited = started.elapsed();
         let step = async {
             let coordinator = c.link.get().await?;
-            // Seen as waiting before reading, so that two hosts that both have work see each
-            // other (see `turn::decide`).
-            let mine = coordinator.entry(service, me).await?;
-            let about_this = mine.as_ref().filter(|e| e.revision == c.revision);
-            if about_this.is_none_or(|e| e.state == State::UpToDate) {
+            let (mut ledger, mut seen) = coordinator.ledger(service).await?;
+            // Seen as waiting before the read it decides on, so that two hosts that both have
+            // work see each other (see `turn::decide`); once written, each look is one read.
+            let mine = ledger.hosts.get(me).filter(|e| e.revision == c.revision);
+            if mine.is_none_or(|e| e.state == State::UpToDate) {
                 coordinator
                     .write_entry(service, me, &entry_of(State::Waiting, None))
                     .await?;
+                (ledger, seen) = coordinator.ledger(service).await?;
             }
-            let (ledger, seen) = coordinator.ledger(service).await?;
             Ok::<_, EtcdError>((coordinator, View::of(&ledger, c.revision), seen))
         };
         let (coordinator, view, seen) = match step.await {

@@ -179,11 +179,6 @@ impl Etcd {
         })
     }
 
-    /// The endpoints, as given, for messages.
-    pub fn endpoints(&self) -> &str {
-        &self.endpoints
-    }
-
     /// What this connection's requests have cost so far.
     pub fn spent(&self) -> (u64, Duration) {
         self.spent.read()
@@ -347,12 +342,7 @@ impl Etcd {
                 }
             }
         });
-        Ok(Lease {
-            id,
-            ttl: Duration::from_secs(seconds as u64),
-            keeper,
-            lost,
-        })
+        Ok(Lease { id, keeper, lost })
     }
 
     /// Ends a lease now: its keys go at once.
@@ -368,7 +358,6 @@ impl Etcd {
 #[derive(Debug)]
 pub struct Lease {
     pub id: i64,
-    pub ttl: Duration,
     keeper: tokio::task::JoinHandle<()>,
     lost: watch::Receiver<bool>,
 }

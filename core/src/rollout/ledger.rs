@@ -47,8 +47,13 @@ impl Keys {
         format!("{}{service}/", self.all())
     }
 
+    /// The prefix of a service's host entries.
+    pub fn hosts(&self, service: &str) -> String {
+        format!("{}hosts/", self.service(service))
+    }
+
     pub fn host(&self, service: &str, host: &str) -> String {
-        format!("{}hosts/{host}", self.service(service))
+        format!("{}{host}", self.hosts(service))
     }
 
     /// The prefix of a service's slots, for the transaction that takes one only while fewer than
