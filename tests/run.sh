@@ -36,7 +36,11 @@ trap 'bash tests/hostlab/down.sh' EXIT
 ROUTE=1 bash tests/hostlab/up.sh "$HOSTS"
 log=$(mktemp)
 status=0
-RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" --skip real_server:: 2>&1 | tee "$log" || status=$?
+RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" --skip real_server:: --skip coordinator:: 2>&1 | tee "$log" || status=$?
+# The coordinator's tests on their own: they judge how many hosts restarted at once from the
+# hosts' journals, whose timestamps are when journald read a line; with three other tests loading
+# the machine's two cores those run seconds late. They take turns on their seven hosts anyway.
+RECONCILE_LAB=$STATE cargo test --locked coordinator:: -- --test-threads 1 2>&1 | tee -a "$log" || status=$?
 bash tests/fault-matrix.sh "$log" || status=1
 if [ "$REAL_SGLANG" = 1 ]; then
   RECONCILE_LAB=$STATE RECONCILE_SGLANG_CPU=/opt/sglang-cpu \
