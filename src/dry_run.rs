@@ -34,8 +34,11 @@ pub async fn plan_targets(
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
     let deep = deep.into();
+    let by_host = crate::targets::by_host(targets);
+    // The outcomes' order, for the server groups' plans.
+    let ordered: Vec<Target> = by_host.values().flatten().cloned().collect();
     let results: Vec<Vec<PlanOutcome>> = fleet::each_host(
-        crate::targets::by_host(targets),
+        by_host,
         ssh,
         parallel,
         |name| tracing::info_span!("host", host = %name),
@@ -51,7 +54,9 @@ pub async fn plan_targets(
         },
     )
     .await;
-    results.into_iter().flatten().collect()
+    let mut outcomes: Vec<PlanOutcome> = results.into_iter().flatten().collect();
+    reconcile_core::group::plan_groups(&mut outcomes, &ordered);
+    outcomes
 }
 
 /// A connected host's units: every fact they need read in one survey, then planned a few at once

@@ -14,6 +14,7 @@ pub mod drain;
 pub mod dry_run;
 pub mod finding;
 pub mod flags;
+pub mod group;
 pub mod grouping;
 pub mod import;
 pub mod layers;

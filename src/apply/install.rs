@@ -50,7 +50,7 @@ pub struct Layered {
 
 impl Fallback {
     /// What the previous unit serves (port, model, key), drop-ins and all.
-    fn previous_expect(&self) -> Option<Expect> {
+    pub(super) fn previous_expect(&self) -> Option<Expect> {
         match (&self.layers.model, &self.previous) {
             (Some(model), _) => Some(Expect::from_unit(model)),
             (None, Some(text)) => Some(Expect::from_unit(&parse_unit(text))),
@@ -59,7 +59,7 @@ impl Fallback {
     }
 
     /// The rollback's restore: the previous unit back, and running again only if it ran.
-    fn restore<'a>(&'a self, job: &Job<'a>) -> Restore<'a> {
+    pub(super) fn restore<'a>(&'a self, job: &Job<'a>) -> Restore<'a> {
         let t = job.t;
         Restore {
             host: job.host,
@@ -179,7 +179,7 @@ pub async fn install(
 /// unit the host has: `Some` ending when the restart must not happen (the drain timed out or
 /// could not see the server, with `on_timeout: refuse`, or a signal came). Nothing has changed on
 /// the host yet then.
-async fn drain(
+pub(super) async fn drain(
     job: &Job<'_>,
     verdict: Verdict,
     fallback: &Fallback,
@@ -304,7 +304,7 @@ async fn verify_restarted(
 
 /// The quality gate, when the manifest asks for one (`verify.quality`): its figures go into the
 /// report; `Err` is why the stage failed, `Ok` the reference to keep once the unit converges.
-async fn quality_gate(
+pub(super) async fn quality_gate(
     job: &Job<'_>,
     v: &mut Verification,
     before: Option<&super::quality::Before>,
@@ -328,7 +328,7 @@ async fn quality_gate(
 
 /// The throughput gate, when the manifest asks for one (`verify.benchmark`): its figures go into
 /// the report; a regression beyond the allowance with the gate on is the reason the stage failed.
-async fn throughput_gate(
+pub(super) async fn throughput_gate(
     job: &Job<'_>,
     v: &mut Verification,
     before: Option<&crate::record::Record>,
@@ -343,7 +343,7 @@ async fn throughput_gate(
 
 /// The unit's last good loads from its history on the host; none when it has none, or when the
 /// history cannot be read (a note then: the load is judged on the manifest's values alone).
-async fn load_history(job: &Job<'_>, report: &mut UnitReport) -> Option<LoadHistory> {
+pub(super) async fn load_history(job: &Job<'_>, report: &mut UnitReport) -> Option<LoadHistory> {
     match state::read_history(job.host, &job.t.desired.unit).await {
         Ok(lines) => LoadHistory::from_records(lines.iter().filter_map(|l| l.as_ref().ok())),
         Err(e) => {
@@ -358,7 +358,7 @@ async fn load_history(job: &Job<'_>, report: &mut UnitReport) -> Option<LoadHist
 
 /// Keeps the current unit as a generation (noting where in `fallback`), writes the new one and
 /// has systemd reload.
-async fn write_unit(
+pub(super) async fn write_unit(
     job: &Job<'_>,
     observed: &Observed,
     fallback: &mut Fallback,
@@ -519,7 +519,12 @@ async fn presence(host: &dyn Host) -> Presence {
 }
 
 /// Writes the deployment record; a failure to record is a note, not a failed deployment.
-async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: &mut UnitReport) {
+pub(super) async fn record(
+    job: &Job<'_>,
+    outcome: &str,
+    v: Option<&Verification>,
+    report: &mut UnitReport,
+) {
     let (host, t, options) = (job.host, job.t, job.options);
     let owner = &options.owner;
     let plateau = v.and_then(|v| v.plateau.as_ref());
@@ -553,7 +558,11 @@ async fn record(job: &Job<'_>, outcome: &str, v: Option<&Verification>, report: 
 
 /// The failed invocation's journal with the secrets of both units redacted: SGLang logs its
 /// resolved arguments, secrets included.
-async fn redacted_journal(job: &Job<'_>, fallback: &Fallback, invocation: &str) -> Option<String> {
+pub(super) async fn redacted_journal(
+    job: &Job<'_>,
+    fallback: &Fallback,
+    invocation: &str,
+) -> Option<String> {
     let secrets: Vec<Secret> = job
         .options
         .redactor

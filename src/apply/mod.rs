@@ -17,6 +17,7 @@ pub(crate) mod aside;
 mod benchmark;
 mod decide;
 mod error;
+mod group;
 mod install;
 mod quality;
 mod restore;
@@ -118,6 +119,27 @@ pub struct UnitReport {
     /// The quality stage's figures and verdict, when the manifest has `verify.quality`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quality: Option<reconcile_core::quality::QualityReport>,
+    /// This unit's place in its server group (`nodes:`); absent for a server of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupPlace>,
+}
+
+/// A rank's place in its server group, as reports show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupPlace {
+    /// `--node-rank`.
+    pub rank: usize,
+    /// Every rank's host, in rank order.
+    pub nodes: Vec<String>,
+}
+
+impl GroupPlace {
+    fn of(t: &Target) -> Option<GroupPlace> {
+        t.group.as_ref().map(|g| GroupPlace {
+            rank: g.rank,
+            nodes: g.nodes.clone(),
+        })
+    }
 }
 
 /// The git commit the manifests were read from, for deployment records.
@@ -268,6 +290,17 @@ pub(crate) async fn apply_units(
             reports.push(Report::new(t, Instant::now()).fail(&e));
             continue;
         }
+        if let Some(rank) = &t.group {
+            // A rank applied alone would restart out of its process group; the group's ranks
+            // are applied together, from one run (`group::apply_group`).
+            let e = ApplyError::Refused(format!(
+                "{} is a server group over {}: its ranks are applied together by `reconcile apply`, never one host alone",
+                t.desired.unit,
+                rank.nodes.join(", ")
+            ));
+            reports.push(Report::new(t, Instant::now()).fail(&e));
+            continue;
+        }
         let report = match options.routers.as_ref().and_then(|r| r.of(t)) {
             Some(router) => rollout::behind_router(host, t, options, router).await,
             None => apply_one(host, t, options).await,
@@ -308,6 +341,7 @@ pub(crate) fn refused(
         benchmark: None,
         drain: None,
         quality: None,
+        group: None,
     }
 }
 
@@ -503,6 +537,7 @@ impl Report {
             benchmark: None,
             drain: None,
             quality: None,
+            group: GroupPlace::of(t),
         };
         Report { report, started }
     }
@@ -590,30 +625,8 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
         Previous::Observed => observed.unit_text.clone(),
         Previous::NewestGeneration => state::newest_generation(host, unit).await.ok().flatten(),
     };
-    let to_move = layers::to_move(unit, &observed.layers, &drift);
-    let layered = Layered {
-        beneath: layers::has_unit_beneath(unit, &observed.layers, &to_move),
-        was_disabled: drift.contains(&Drift::Disabled),
-        // With drop-ins or a unit file elsewhere, the previous unit runs more than its file.
-        model: drift
-            .iter()
-            .any(|d| *d != Drift::Disabled)
-            .then(|| {
-                observed
-                    .layers
-                    .effective_model(unit, observed.unit_text.as_deref())
-            })
-            .flatten(),
-        to_move,
-        aside: None,
-    };
-    for moved in &layered.to_move {
-        r.report.notes.push(format!(
-            "{} is moved aside into {} (systemd.dropins: replace); a rollback puts it back",
-            moved.path,
-            aside::dir(unit)
-        ));
-    }
+    let layered = layered(unit, &observed, &drift);
+    r.report.notes.extend(moved_notes(unit, &layered));
     r.report.verdict = Some(todo.verdict);
     // Preflight before the lock and any change: a unit its host cannot run is refused while the
     // old server still serves. A unit with nothing to do was left above, untouched, whatever
@@ -642,6 +655,44 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
     let ending = install::install(job, &observed, todo.verdict, fallback, &mut r.report).await;
     unlock(host, unit, &mut r.report).await;
     r.finish(ending)
+}
+
+/// What systemd ran besides the managed file, as the install and a rollback need it: what to
+/// move aside (`systemd.dropins: replace`), whether a unit of the name lies beneath, whether it was
+/// disabled, and what the previous unit ran with its drop-ins.
+fn layered(unit: &str, observed: &Observed, drift: &[Drift]) -> Layered {
+    let to_move = layers::to_move(unit, &observed.layers, drift);
+    Layered {
+        beneath: layers::has_unit_beneath(unit, &observed.layers, &to_move),
+        was_disabled: drift.contains(&Drift::Disabled),
+        // With drop-ins or a unit file elsewhere, the previous unit runs more than its file.
+        model: drift
+            .iter()
+            .any(|d| *d != Drift::Disabled)
+            .then(|| {
+                observed
+                    .layers
+                    .effective_model(unit, observed.unit_text.as_deref())
+            })
+            .flatten(),
+        to_move,
+        aside: None,
+    }
+}
+
+/// The report's notes for the files an install moves aside.
+fn moved_notes(unit: &str, layered: &Layered) -> Vec<String> {
+    layered
+        .to_move
+        .iter()
+        .map(|moved| {
+            format!(
+                "{} is moved aside into {} (systemd.dropins: replace); a rollback puts it back",
+                moved.path,
+                aside::dir(unit)
+            )
+        })
+        .collect()
 }
 
 /// Preflight's findings: those that do not block become notes; any that blocks refuses the unit.

@@ -143,30 +143,42 @@ pub async fn restore_and_verify(
     restore(&r)
         .await
         .map_err(|e| NotRestored::Restore(error_chain(&e)))?;
+    let (_keep, never) = watch::channel(false);
+    match restored_check(&r, &never) {
+        Ok(check) => verifier
+            .verify(r.host, check)
+            .await
+            .map(Restored::Verified)
+            .map_err(NotRestored::Verify),
+        Err(restored) => Ok(restored),
+    }
+}
+
+/// What a [`restore`] that is done leaves to verify: the restored server, judged against what
+/// the previous unit says it serves, or (`Err`) nothing, when it was removed, left stopped or
+/// only reloaded. A server group's rollback restores every rank first and verifies them together.
+pub fn restored_check<'a>(
+    r: &Restore<'a>,
+    cancel: &'a watch::Receiver<bool>,
+) -> Result<Check<'a>, Restored> {
     let expect = match (r.previous, r.then) {
-        (None, _) if !r.beneath => return Ok(Restored::Removed),
-        (_, Then::Stop) => return Ok(Restored::LeftStopped),
-        (_, Then::Reload) => return Ok(Restored::Reloaded),
+        (None, _) if !r.beneath => return Err(Restored::Removed),
+        (_, Then::Stop) => return Err(Restored::LeftStopped),
+        (_, Then::Reload) => return Err(Restored::Reloaded),
         (_, Then::Restart) => match (r.expect, r.previous) {
             (Some(model), _) => Expect::from_unit(model),
             (None, Some(previous)) => Expect::from_unit(&parse_unit(previous)),
             (None, None) => Expect::from_unit(&UnitModel::default()),
         },
     };
-    let (_keep, never) = watch::channel(false);
-    let check = Check {
+    Ok(Check {
         unit: r.unit,
         spec: r.spec,
         expect,
-        label: r.label,
-        cancel: &never,
+        label: r.label.clone(),
+        cancel,
         history: None,
-    };
-    verifier
-        .verify(r.host, check)
-        .await
-        .map(Restored::Verified)
-        .map_err(NotRestored::Verify)
+    })
 }
 
 #[cfg(test)]

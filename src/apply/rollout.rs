@@ -89,6 +89,10 @@ pub async fn roll_out(
         .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.verify.clone()))
         .collect();
     let all = targets.clone();
+    // A server group's ranks are one server: applied together, group after group, once the
+    // replicas' rollout is done (`group::apply_group`).
+    let (grouped, targets): (Vec<Target>, Vec<Target>) =
+        targets.into_iter().partition(|t| t.group.is_some());
     let hosts = canary_first(by_host(targets));
     let order: std::collections::HashMap<String, usize> = hosts
         .iter()
@@ -149,7 +153,46 @@ pub async fn roll_out(
             Step::Done => break,
         }
     }
+    let failed_hosts = reports.iter().filter(|r| failed(r.outcome)).count();
+    reports.extend(roll_out_groups(grouped, failed_hosts, ssh, options).await);
     reports.sort_by_key(|r| order.get(&r.host).copied().unwrap_or(usize::MAX));
+    reports
+}
+
+/// Server groups one after another, each as one unit of work (`group::apply_group`). Once the
+/// rollout has seen `max_failures` failures (hosts before, groups here), no further group starts.
+async fn roll_out_groups(
+    grouped: Vec<Target>,
+    mut failures: usize,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Vec<UnitReport> {
+    let mut groups: Vec<Vec<Target>> = Vec::new();
+    for t in grouped {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].source == t.source && g[0].desired.unit == t.desired.unit)
+        {
+            Some(g) => g.push(t),
+            None => groups.push(vec![t]),
+        }
+    }
+    let mut reports = Vec::new();
+    for group in groups {
+        if failures >= options.rollout.max_failures.max(1) {
+            let e = ApplyError::NotStarted(format!(
+                "the rollout stopped after {failures} failure(s) (rollout.max_failures {})",
+                options.rollout.max_failures
+            ));
+            reports.extend(group.iter().map(|t| super::not_started(t, &e)));
+            continue;
+        }
+        let done = super::group::apply_group(group, ssh, options).await;
+        if done.iter().any(|r| failed(r.outcome)) {
+            failures += 1;
+        }
+        reports.extend(done);
+    }
     reports
 }
 

@@ -64,6 +64,9 @@ async fn rollback_host(
         Err(e) => return error(ApplyError::Unreachable(error_chain(&e))),
     };
     let report = match prepare(&*host, name, unit, to, manifest).await {
+        Ok(Prepared { n, target, .. }) if is_rank(&target) => error(ApplyError::Refused(format!(
+            "deployment {n} of {unit} on {name} is a rank of a server group (--nnodes): a rank restored alone would restart out of its group; restore the group by applying its manifest at the commit to go back to (`git checkout`, then `reconcile apply`)"
+        ))),
         Ok(Prepared {
             n,
             target,
@@ -80,6 +83,15 @@ async fn rollback_host(
     };
     host.close().await;
     report
+}
+
+/// Whether the kept unit runs one rank of a server over several hosts.
+fn is_rank(t: &Target) -> bool {
+    let (_, flags) = flags(&t.desired.model.exec_start);
+    flags
+        .get("nnodes")
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| n > 1)
 }
 
 /// The deployment to restore, the apply target and git info that restore it, and notes on what
@@ -178,6 +190,7 @@ pub fn restore_target(
         verify: VerifySpec::default(),
         router: None,
         rollout: None,
+        group: None,
         drain: None,
         dropins: Default::default(),
     });
@@ -206,6 +219,7 @@ pub fn restore_target(
         conflicts: Vec::new(),
         labels: Default::default(),
         expected: None,
+        group: None,
     }
 }
 

@@ -173,6 +173,20 @@ async fn listeners(host: &dyn Host, port: u16) -> Result<Port, RemoteError> {
     read_one(host, &argv, |s| answer::listeners(s, port)).await
 }
 
+/// Rank 0 of a server group: whether its rendezvous port is free
+/// (`reconcile_core::preflight::rendezvous_port`), `main_pid` being the unit's running process.
+pub async fn rendezvous_free(
+    host: &dyn Host,
+    unit: &str,
+    number: u16,
+    main_pid: u32,
+) -> Result<Vec<Finding>, RemoteError> {
+    let listening = listeners(host, number).await?;
+    Ok(reconcile_core::preflight::rendezvous_port(
+        unit, number, &listening, main_pid,
+    ))
+}
+
 /// One fact read by a command of its own (where the survey cannot run), through the survey's
 /// own reader of that fact, so both paths read a host's answer the same way.
 async fn read_one<T>(

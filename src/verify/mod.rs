@@ -63,6 +63,13 @@ pub struct Expect {
     pub gpus: Option<Vec<u32>>,
     /// `--reasoning-parser` is set: answers may come as `reasoning_content`.
     pub reasoning: bool,
+    /// A rank >= 1 of a server over several hosts (`--node-rank`): it serves no API. sglang
+    /// 0.5.23 `entrypoints/engine.py`, `_launch_subprocesses`: "Non-zero-rank nodes do not run
+    /// tokenizer processes"; once its schedulers are ready it opens only
+    /// `launch_dummy_health_check_server` (`utils/common.py`: `/health` 200, no `/v1/models`).
+    /// Its port opening is the sign its schedulers joined the group and loaded; identity and the
+    /// smoke completion are rank 0's.
+    pub follower: bool,
 }
 
 impl Expect {
@@ -91,6 +98,10 @@ impl Expect {
                 .get("CUDA_VISIBLE_DEVICES")
                 .map(|v| v.split(',').filter_map(|i| i.trim().parse().ok()).collect()),
             reasoning: flags.contains_key("reasoning-parser"),
+            follower: flags
+                .get("node-rank")
+                .and_then(|r| r.parse::<u32>().ok())
+                .is_some_and(|r| r >= 1),
         }
     }
 }

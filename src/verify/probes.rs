@@ -75,7 +75,13 @@ impl<'a> HostProbes<'a> {
     ) -> HostProbes<'a> {
         // Just restarted: nothing listens yet, until a sample says otherwise.
         let (listening, listening_rx) = watch::channel(Some(false));
-        let (seen, probing) = probe(server.clone(), started, every, listening_rx);
+        let (seen, probing) = probe(
+            server.clone(),
+            started,
+            every,
+            listening_rx,
+            !expect.follower,
+        );
         HostProbes {
             host,
             unit,
@@ -225,6 +231,8 @@ fn probe(
     started: Instant,
     every: Duration,
     mut listening: watch::Receiver<Option<bool>>,
+    // A rank >= 1 of a group serves no `/v1/models` (`Expect::follower`): not asked.
+    identify: bool,
 ) -> (watch::Receiver<Seen>, AbortOnDrop) {
     let (tx, rx) = watch::channel(Seen::default());
     let task = tokio::spawn(async move {
@@ -242,7 +250,7 @@ fn probe(
             if !matches!(health, Health::Closed(_)) && seen.opened.is_none() {
                 seen.opened = Some(started.elapsed().as_secs_f64());
             }
-            if seen.opened.is_some() && seen.models.is_none() {
+            if identify && seen.opened.is_some() && seen.models.is_none() {
                 // A connection that breaks once is asked again; the third failure is the answer.
                 asked_models += 1;
                 match server.models().await {
@@ -252,7 +260,7 @@ fn probe(
             }
             let ready = matches!(health, Health::Ready(_));
             seen.health = Some(health);
-            if tx.send(seen.clone()).is_err() || (ready && seen.models.is_some()) {
+            if tx.send(seen.clone()).is_err() || (ready && (seen.models.is_some() || !identify)) {
                 return;
             }
             tokio::time::sleep(every).await;

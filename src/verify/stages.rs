@@ -25,6 +25,8 @@ pub struct Rules {
     pub model_id: String,
     pub context_length: Option<u64>,
     pub smoke: Option<Smoke>,
+    /// A rank >= 1 of a server group (`Expect::follower`): no identity stage, no smoke.
+    pub follower: bool,
 }
 
 impl Rules {
@@ -43,7 +45,8 @@ impl Rules {
             own_gpus: expect.gpus.is_some(),
             model_id: expect.model_id.clone(),
             context_length: expect.context_length,
-            smoke: spec.smoke.clone(),
+            smoke: spec.smoke.clone().filter(|_| !expect.follower),
+            follower: expect.follower,
         }
     }
 }
@@ -186,9 +189,10 @@ pub struct Stages {
 impl Stages {
     pub fn new(rules: Rules) -> Stages {
         Stages {
+            // A rank >= 1 of a group has nothing to identify: rank 0 serves the model.
+            identified: rules.follower,
             rules,
             crash_passed: false,
-            identified: false,
             ready: false,
             seen: Seen::default(),
             next_sample: Duration::ZERO,
@@ -271,6 +275,15 @@ impl Stages {
                 port_open_seconds: self.seen.opened,
             });
             let opened = self.seen.opened.unwrap_or(now);
+            if self.rules.follower {
+                // SGLang opens a rank >= 1's dummy health server only once its schedulers
+                // joined the group and loaded (engine.py, `_launch_subprocesses`): no warmup.
+                d.pass(
+                    "readiness",
+                    format!("the rank joined its group and loaded: its health port answered 200 after {now:.1}s (a rank >= 1 serves no API)"),
+                );
+                return self.after_ready(elapsed, d);
+            }
             d.pass(
                 "warmup",
                 format!(
@@ -286,6 +299,11 @@ impl Stages {
                 ),
             );
         }
+        self.after_ready(elapsed, d)
+    }
+
+    /// The rest of a poll: a sample when one is due, else what the deadlines say.
+    fn after_ready(&mut self, elapsed: Duration, mut d: Decision) -> Decision {
         if elapsed >= self.next_sample {
             self.next_sample += self.rules.sample_interval;
             d.next = Next::Sample;
@@ -512,6 +530,7 @@ mod tests {
                 expect: "Paris".into(),
                 max_tokens: None,
             }),
+            follower: false,
         }
     }
 
@@ -587,6 +606,46 @@ mod tests {
             Next::Poll
         );
         s
+    }
+
+    #[test]
+    fn a_rank_that_serves_no_api_is_ready_when_its_health_port_answers_without_identity() {
+        // A rank >= 1 of a group: no /v1/models (its port is SGLang's dummy health server).
+        let follower = Rules {
+            follower: true,
+            smoke: None,
+            ..rules()
+        };
+        let mut s = Stages::new(follower);
+        round(&mut s, 0.0, &closed());
+        let d = s.polled(at(10.0), Systemd::Healthy, &closed());
+        assert_eq!(names(&d), ["crash window"]);
+        s.sampled(at(10.0), Took::Done(Findings::default()));
+        let health = Seen {
+            health: Some(Health::Ready(Duration::from_millis(3))),
+            opened: Some(11.0),
+            models: None,
+        };
+        let d = s.polled(at(11.0), Systemd::Healthy, &health);
+        assert_eq!(names(&d), ["readiness"], "no identity, no warmup");
+        assert!(
+            d.passed[0].detail.contains("serves no API"),
+            "{:?}",
+            d.passed
+        );
+        assert_eq!(d.loaded.map(|l| l.load_seconds), Some(11.0));
+        // A rank that dies still fails at once, as any server.
+        let mut s = Stages::new(Rules {
+            follower: true,
+            ..rules()
+        });
+        assert_eq!(
+            s.polled(at(1.0), crashed(), &closed()).next,
+            fail(
+                "crash window",
+                "crashed 1.0s after the restart: it is failed (failed) with result exit-code and exit status 1"
+            )
+        );
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub const IMPORT: &str = "rl25";
 /// GPUs 0-1; the tests take turns).
 pub const COORDINATOR: &str = "rl26";
 pub const FLEET: [&str; 6] = ["rl27", "rl28", "rl29", "rl30", "rl31", "rl32"];
+/// Server groups (group.rs): one server over these two hosts, rank 0 first (ports 37501-37519).
+/// The lab must be booted with `ROUTE=1` so the ranks reach each other.
+pub const GROUP: [&str; 2] = ["rl22", "rl23"];
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";

@@ -10,6 +10,7 @@ mod drain;
 mod dry_run;
 mod faults;
 mod fleet;
+mod group;
 mod hangs;
 mod import;
 mod lab;

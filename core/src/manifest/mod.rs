@@ -21,6 +21,8 @@ pub use parse::parse;
 pub use reference::{RefTarget, Reference};
 pub use rollout::RolloutSpec;
 pub use router::{AdminKey, RouterSpec};
+#[cfg(test)]
+pub(crate) use validate::group_flags;
 pub use validate::{validate, validate_fleet};
 
 /// Where a field (a path of keys, `["verify", "quality", "cases"]`) is in a manifest's text: for
@@ -45,7 +47,10 @@ pub struct Manifest {
     pub description: Option<String>,
     /// Env names to redact in every output even when their names do not look secret.
     pub secret_env: Vec<String>,
+    /// The hosts the unit goes to: `hosts:`, or `nodes:` in rank order (see [`Manifest::group`]).
     pub hosts: Vec<HostSpec>,
+    /// `Some` for `nodes:`: one SGLang server spread over all of [`Manifest::hosts`].
+    pub group: Option<NodeGroup>,
     pub sglang: SglangSpec,
     pub env: BTreeMap<String, String>,
     /// `{ from_env: VAR }` values of `env` and `flags` (service-wide and per host), not yet in
@@ -116,6 +121,60 @@ impl Default for DrainSpec {
             // Cutting requests off is the operator's call, never the default.
             on_timeout: OnTimeout::Refuse,
         }
+    }
+}
+
+/// `nodes:`: one SGLang server over these hosts (rank = position in `Manifest::hosts`). Each host
+/// runs `launch_server --nnodes N --node-rank i --dist-init-addr ADDR:PORT`, rendered from this
+/// (sglang 0.5.23's multi-node flags); the manifest never sets those flags itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGroup {
+    /// Each rank's address as the other ranks reach it, in rank order: a node's `address:`, or
+    /// the host part of its `name` (without `user@` and `:port`). IPv6 addresses are kept without
+    /// brackets.
+    pub addresses: Vec<String>,
+    /// The rendezvous port on rank 0 (`sglang.dist_init_port`).
+    pub dist_init_port: u16,
+}
+
+impl NodeGroup {
+    /// `sglang.dist_init_port` when the manifest leaves it out: 20000, the port of SGLang's own
+    /// multi-node examples (`--dist-init-addr 10.0.0.1:20000`, docs `multi_node_deployment`).
+    pub const DEFAULT_DIST_INIT_PORT: u16 = 20000;
+
+    /// `--dist-init-addr`: rank 0's address and the rendezvous port, an IPv6 address in brackets
+    /// (`[fd00::1]:20000`), as SGLang splits it into host and port.
+    pub fn dist_init_addr(&self) -> String {
+        let host = self.addresses.first().map_or("", String::as_str);
+        if host.contains(':') {
+            format!("[{host}]:{}", self.dist_init_port)
+        } else {
+            format!("{host}:{}", self.dist_init_port)
+        }
+    }
+
+    /// The number of ranks (`--nnodes`).
+    pub fn nnodes(&self) -> usize {
+        self.addresses.len()
+    }
+}
+
+/// The address the other ranks reach a host at when its `nodes:` entry gives no `address:`: the
+/// host part of an ssh destination. `root@gpu-a:2222` -> `gpu-a`, `[fd00::1]:22` -> `fd00::1`,
+/// `fd00::1` (bare IPv6, no port possible) stays.
+pub fn host_address(destination: &str) -> String {
+    let host = destination
+        .rsplit_once('@')
+        .map_or(destination, |(_, host)| host);
+    if let Some(rest) = host.strip_prefix('[') {
+        if let Some((inside, _)) = rest.split_once(']') {
+            return inside.to_string();
+        }
+    }
+    match host.split_once(':') {
+        // One colon: `host:port`. More: a bare IPv6 address, which has no port.
+        Some((name, port)) if !port.contains(':') => name.to_string(),
+        _ => host.to_string(),
     }
 }
 
@@ -281,6 +340,16 @@ impl Default for VerifySpec {
 impl Manifest {
     pub fn unit_name(&self) -> String {
         format!("{}.service", self.service)
+    }
+
+    /// The key the hosts are listed under in the manifest's text, for field paths
+    /// (`nodes[1].flags.x`): `nodes` for a server group, else `hosts`.
+    pub fn hosts_key(&self) -> &'static str {
+        if self.group.is_some() {
+            "nodes"
+        } else {
+            "hosts"
+        }
     }
 
     /// The name clients must ask for: SGLang serves the model path when no name is given.

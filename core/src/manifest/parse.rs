@@ -11,8 +11,8 @@ use serde::Deserialize;
 use super::error::{ManifestError, ManifestErrors, Position};
 use super::locate::Seg;
 use super::{
-    BenchmarkSpec, DrainSpec, Explicit, FlagValue, HostSpec, Manifest, OnTimeout, RefTarget,
-    Reference, SglangSpec, Smoke, VerifySpec,
+    BenchmarkSpec, DrainSpec, Explicit, FlagValue, HostSpec, Manifest, NodeGroup, OnTimeout,
+    RefTarget, Reference, SglangSpec, Smoke, VerifySpec,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -67,9 +67,10 @@ pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
             message,
         }
     })?;
+    let mut errors = raw.structure(source, text);
     if let Some(value) = raw.systemd.get("dropins") {
         if super::DropInPolicy::parse(&value.0).is_none() {
-            return Err(super::validate::invalid(
+            errors.push(super::validate::invalid(
                 source,
                 text,
                 &[Seg::Key("systemd"), Seg::Key("dropins")],
@@ -78,9 +79,11 @@ pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
                     "`{}` is not a drop-in policy: `refuse` (the default: apply refuses a unit that has drop-ins, a mask or a unit file elsewhere it does not own) or `replace` (apply moves them aside into the unit's generations)",
                     value.0
                 ),
-            )
-            .into());
+            ));
         }
+    }
+    if !errors.is_empty() {
+        return Err(ManifestErrors(errors));
     }
     Ok(raw.into_manifest(source, text))
 }
@@ -101,7 +104,11 @@ fn plain_message(message: &str, field: &str) -> String {
 struct RawManifest {
     service: String,
     description: Option<String>,
-    hosts: Vec<RawHost>,
+    /// One server per host. Exclusive with `nodes`; one of them is required (see
+    /// [`RawManifest::structure`]).
+    hosts: Option<Vec<RawHost>>,
+    /// One server over several hosts, in rank order (`NodeGroup`).
+    nodes: Option<Vec<RawHost>>,
     sglang: RawSglang,
     #[serde(default)]
     env: BTreeMap<String, RawEnv>,
@@ -138,6 +145,8 @@ struct RawSglang {
     served_model_name: Option<String>,
     host: Option<String>,
     port: i64,
+    /// `nodes:` only: the rendezvous port on rank 0 (`NodeGroup::dist_init_port`).
+    dist_init_port: Option<i64>,
     #[serde(default)]
     flags: BTreeMap<String, RawFlag>,
 }
@@ -293,6 +302,8 @@ struct Size(u64);
 #[serde(deny_unknown_fields)]
 struct RawHostEntry {
     name: String,
+    /// `nodes:` only: the address the other ranks reach this host at.
+    address: Option<String>,
     #[serde(default)]
     labels: BTreeMap<String, Scalar>,
     #[serde(default)]
@@ -370,6 +381,50 @@ impl RawRouter {
 }
 
 impl RawManifest {
+    /// What the types cannot say about `hosts:` and `nodes:`: exactly one of them, `address:` only
+    /// on nodes, `sglang.dist_init_port` only with nodes.
+    fn structure(&self, source: &str, text: &str) -> Vec<ManifestError> {
+        let mut errors = Vec::new();
+        let at = |path: &[Seg], field: String, message: &str| {
+            super::validate::invalid(source, text, path, &field, message.to_string())
+        };
+        match (&self.hosts, &self.nodes) {
+            (Some(_), Some(_)) => errors.push(at(
+                &[Seg::Key("nodes")],
+                "nodes".into(),
+                "give `hosts:` (one server per host) or `nodes:` (one server over several hosts), not both",
+            )),
+            // Where serde_yaml puts a missing field of the document.
+            (None, None) => errors.push(ManifestError::Invalid {
+                file: source.to_string(),
+                position: Some(Position { line: 1, column: 1 }),
+                field: "(document)".into(),
+                message: "missing field `hosts` (or `nodes`, for one server over several hosts)"
+                    .into(),
+            }),
+            _ => {}
+        }
+        if let Some(hosts) = &self.hosts {
+            for (i, h) in hosts.iter().enumerate() {
+                if h.0.address.is_some() {
+                    errors.push(at(
+                        &[Seg::Key("hosts"), Seg::Index(i), Seg::Key("address")],
+                        format!("hosts[{i}].address"),
+                        "`address` is how the other ranks of a server group reach a node: it belongs to `nodes:` entries",
+                    ));
+                }
+            }
+            if self.sglang.dist_init_port.is_some() {
+                errors.push(at(
+                    &[Seg::Key("sglang"), Seg::Key("dist_init_port")],
+                    "sglang.dist_init_port".into(),
+                    "dist_init_port is the rendezvous port of a server group: it needs `nodes:` instead of `hosts:`",
+                ));
+            }
+        }
+        errors
+    }
+
     fn into_manifest(self, source: &str, text: &str) -> Manifest {
         let service = self
             .service
@@ -385,11 +440,41 @@ impl RawManifest {
         let mut references = Vec::new();
         let env = env_values(self.env, None, text, &mut references);
         let sglang_flags = flag_values(self.sglang.flags, None, text, &mut references);
-        let hosts: Vec<HostSpec> = self
-            .hosts
+        // `structure` has refused both or neither.
+        let (list, entries) = match (self.hosts, self.nodes) {
+            (_, Some(nodes)) => ("nodes", nodes),
+            (hosts, None) => ("hosts", hosts.unwrap_or_default()),
+        };
+        let addresses: Vec<String> = entries
+            .iter()
+            .map(|h| {
+                h.0.address.as_deref().map_or_else(
+                    || super::host_address(&h.0.name),
+                    |a| {
+                        // `[fd00::1]` written as its URL form means the address inside.
+                        let a = a.trim();
+                        a.strip_prefix('[')
+                            .and_then(|a| a.strip_suffix(']'))
+                            .unwrap_or(a)
+                            .to_string()
+                    },
+                )
+            })
+            .collect();
+        let group = (list == "nodes").then(|| NodeGroup {
+            addresses,
+            // Out of range is `validate`'s error, with its position; 0 never validates.
+            dist_init_port: self
+                .sglang
+                .dist_init_port
+                .map_or(NodeGroup::DEFAULT_DIST_INIT_PORT, |p| {
+                    u16::try_from(p).unwrap_or(0)
+                }),
+        });
+        let hosts: Vec<HostSpec> = entries
             .into_iter()
             .enumerate()
-            .map(|(i, h)| h.0.into_spec(&labels, i, text, &mut references))
+            .map(|(i, h)| h.0.into_spec(&labels, list, i, text, &mut references))
             .collect();
         let systemd = strings(self.systemd);
         Manifest {
@@ -400,6 +485,7 @@ impl RawManifest {
             description: self.description,
             secret_env: self.secret_env,
             hosts,
+            group,
             sglang: SglangSpec {
                 python: self.sglang.python,
                 version: self.sglang.version.0,
@@ -458,17 +544,19 @@ impl RawHostEntry {
     fn into_spec(
         self,
         service_labels: &BTreeMap<String, String>,
+        list: &'static str,
         index: usize,
         text: &str,
         references: &mut Vec<Reference>,
     ) -> HostSpec {
         let mut labels = service_labels.clone();
         labels.extend(strings(self.labels));
+        let at = Some((list, index));
         HostSpec {
             name: self.name,
             labels,
-            env: env_values(self.env, Some(index), text, references),
-            flags: flag_values(self.flags, Some(index), text, references),
+            env: env_values(self.env, at, text, references),
+            flags: flag_values(self.flags, at, text, references),
             systemd: strings(self.systemd),
         }
     }
@@ -478,10 +566,11 @@ fn strings(map: BTreeMap<String, Scalar>) -> BTreeMap<String, String> {
     map.into_iter().map(|(k, v)| (k, v.0)).collect()
 }
 
-/// The values written in place; each `{ from_env }` goes to `references` instead.
+/// The values written in place; each `{ from_env }` goes to `references` instead. `host`: the
+/// list (`hosts` or `nodes`) and index of the host entry they are written in, if any.
 fn flag_values(
     map: BTreeMap<String, RawFlag>,
-    host: Option<usize>,
+    host: Option<(&'static str, usize)>,
     text: &str,
     references: &mut Vec<Reference>,
 ) -> BTreeMap<String, FlagValue> {
@@ -502,7 +591,7 @@ fn flag_values(
 /// [`flag_values`] for `env:`.
 fn env_values(
     map: BTreeMap<String, RawEnv>,
-    host: Option<usize>,
+    host: Option<(&'static str, usize)>,
     text: &str,
     references: &mut Vec<Reference>,
 ) -> BTreeMap<String, String> {
@@ -520,7 +609,12 @@ fn env_values(
     values
 }
 
-fn reference(target: RefTarget, host: Option<usize>, var: String, text: &str) -> Reference {
+fn reference(
+    target: RefTarget,
+    host: Option<(&'static str, usize)>,
+    var: String,
+    text: &str,
+) -> Reference {
     let (map, name) = match &target {
         RefTarget::Env(name) => ("env", name.as_str()),
         RefTarget::Flag(name) => ("flags", name.as_str()),
@@ -531,20 +625,15 @@ fn reference(target: RefTarget, host: Option<usize>, var: String, text: &str) ->
             vec![Seg::Key("sglang"), Seg::Key("flags"), Seg::Key(name)],
             format!("sglang.flags.{name}"),
         ),
-        (Some(i), _) => (
-            vec![
-                Seg::Key("hosts"),
-                Seg::Index(i),
-                Seg::Key(map),
-                Seg::Key(name),
-            ],
-            format!("hosts[{i}].{map}.{name}"),
+        (Some((list, i)), _) => (
+            vec![Seg::Key(list), Seg::Index(i), Seg::Key(map), Seg::Key(name)],
+            format!("{list}[{i}].{map}.{name}"),
         ),
     };
     Reference {
         position: super::locate::locate(text, &path),
         target,
-        host,
+        host: host.map(|(_, i)| i),
         var,
         field,
     }
@@ -557,12 +646,13 @@ impl<'de> Deserialize<'de> for RawHost {
             type Value = RawHost;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
-                    "a host name, or a map with `name` and optional `labels`, `env`, `flags`, `systemd`",
+                    "a host name, or a map with `name` and optional `labels`, `env`, `flags`, `systemd` (and `address` under `nodes`)",
                 )
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<RawHost, E> {
                 let entry = RawHostEntry {
                     name: v.to_string(),
+                    address: None,
                     labels: BTreeMap::new(),
                     env: BTreeMap::new(),
                     flags: BTreeMap::new(),
@@ -722,6 +812,7 @@ impl<'de> Deserialize<'de> for HumanDuration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::manifest::NodeGroup;
 
     const MINIMAL: &str = "service: s\nhosts: [a]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n";
 
@@ -777,6 +868,116 @@ mod tests {
         let m = parse("m.yaml", &text).unwrap();
         assert_eq!(m.hosts[1].name, "b");
         assert_eq!(m.hosts[1].env["X"], "1");
+    }
+
+    const NODES: &str = "service: s\nnodes:\n  - root@gpu-a:2222\n  - name: gpu-b\n    address: 10.0.0.12\n    env: { TOKEN: { from_env: B_TOKEN } }\n  - \"[fd00::3]:22\"\n  - fd00::4\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n";
+
+    #[test]
+    fn nodes_are_the_hosts_in_rank_order_with_their_addresses() {
+        let m = parse("m.yaml", NODES).unwrap();
+        let names: Vec<&str> = m.hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["root@gpu-a:2222", "gpu-b", "[fd00::3]:22", "fd00::4"]
+        );
+        let group = m.group.as_ref().unwrap();
+        assert_eq!(
+            group,
+            &NodeGroup {
+                addresses: vec![
+                    "gpu-a".into(),
+                    "10.0.0.12".into(),
+                    "fd00::3".into(),
+                    "fd00::4".into()
+                ],
+                dist_init_port: 20000,
+            }
+        );
+        assert_eq!(group.dist_init_addr(), "gpu-a:20000");
+        assert_eq!(group.nnodes(), 4);
+        assert_eq!(m.hosts_key(), "nodes");
+        // A node's `{ from_env }` is named by its place under `nodes`.
+        assert_eq!(m.references[0].field, "nodes[1].env.TOKEN");
+        assert_eq!(m.references[0].host, Some(1));
+        assert_eq!(
+            m.references[0].position,
+            Some(Position {
+                line: 6,
+                column: 12
+            })
+        );
+        let m = parse("m.yaml", MINIMAL).unwrap();
+        assert_eq!((&m.group, m.hosts_key()), (&None, "hosts"));
+    }
+
+    #[test]
+    fn a_written_dist_init_port_and_an_ipv6_rank_zero() {
+        let text = NODES.replace("  - root@gpu-a:2222\n", "").replace(
+            "  port: 30000\n",
+            "  port: 30000\n  dist_init_port: 29500\n",
+        );
+        let m = parse("m.yaml", &text).unwrap();
+        let group = m.group.unwrap();
+        assert_eq!(group.dist_init_port, 29500);
+        assert_eq!(group.addresses[0], "10.0.0.12");
+        let text = text.replace("    address: 10.0.0.12\n", "    address: \"[fd00::2]\"\n");
+        let group = parse("m.yaml", &text).unwrap().group.unwrap();
+        assert_eq!(group.addresses[0], "fd00::2");
+        assert_eq!(group.dist_init_addr(), "[fd00::2]:29500");
+    }
+
+    #[test]
+    fn the_address_of_a_destination_is_its_host_part() {
+        use crate::manifest::host_address;
+        assert_eq!(host_address("gpu-a"), "gpu-a");
+        assert_eq!(host_address("root@gpu-a"), "gpu-a");
+        assert_eq!(host_address("root@10.0.0.1:2222"), "10.0.0.1");
+        assert_eq!(host_address("root@[fd00::1]:22"), "fd00::1");
+        assert_eq!(host_address("[fd00::1]"), "fd00::1");
+        assert_eq!(host_address("fd00::1"), "fd00::1");
+        assert_eq!(host_address("local"), "local");
+    }
+
+    #[test]
+    fn hosts_and_nodes_are_one_or_the_other() {
+        let both = MINIMAL.replace("hosts: [a]\n", "hosts: [a]\nnodes: [b, c]\n");
+        let (position, field, message) = error_of(&both);
+        assert_eq!(
+            (position.unwrap(), field.as_str()),
+            (Position { line: 3, column: 8 }, "nodes")
+        );
+        assert!(message.contains("not both"), "{message}");
+        let neither = MINIMAL.replace("hosts: [a]\n", "");
+        let e = parse("m.yaml", &neither).unwrap_err().0[0].to_string();
+        assert_eq!(
+            e,
+            "m.yaml:1:1: (document): missing field `hosts` (or `nodes`, for one server over several hosts)"
+        );
+    }
+
+    #[test]
+    fn address_and_dist_init_port_belong_to_nodes() {
+        let text = MINIMAL
+            .replace("hosts: [a]", "hosts:\n  - name: a\n    address: 10.0.0.1")
+            .replace(
+                "  port: 30000\n",
+                "  port: 30000\n  dist_init_port: 20000\n",
+            );
+        let e: Vec<String> = parse("m.yaml", &text)
+            .unwrap_err()
+            .0
+            .iter()
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("m.yaml:4:5: hosts[0].address: `address` is how the other ranks"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with("m.yaml:10:3: sglang.dist_init_port: dist_init_port is the rendezvous port of a server group: it needs `nodes:`"),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::error::{ManifestError, ManifestErrors};
 use super::locate::{locate, Seg};
-use super::{FlagValue, Manifest};
+use super::{FlagValue, Manifest, RefTarget};
 
 /// Flags the manifest sets through its own fields; giving them again in `flags` would make two
 /// sources of truth for the same argument.
@@ -16,6 +16,33 @@ const OWN_FIELDS: [(&str, &str); 5] = [
     ("host", "sglang.host"),
     ("port", "sglang.port"),
 ];
+
+/// SGLang's multi-node flags, every option string argparse knows them by (0.4.10 to 0.5.23), with
+/// the flag each is: `reconcile` renders them from `nodes:` (see `unit::render`).
+const GROUP_FLAGS: [(&str, &str); 4] = [
+    ("nnodes", "nnodes"),
+    ("node-rank", "node-rank"),
+    ("dist-init-addr", "dist-init-addr"),
+    ("nccl-init-addr", "dist-init-addr"),
+];
+
+/// The multi-node flags a manifest's flag name would set. argparse (`allow_abbrev`, on in
+/// SGLang's parser) takes any prefix of an option string as that option when it is the only one,
+/// so `nnod` is `--nnodes` and `node` is `--node-rank`; `_` for `-` and capitals are not SGLang
+/// flags at all, but are counted here too so no spelling slips past. A prefix several options
+/// share (`n`, `dist`) argparse refuses as ambiguous; it is counted here as the multi-node flags
+/// it could be, an error either way. No option string of a shipped catalog is itself a prefix of
+/// one of these (a test checks), so no other real flag is caught.
+pub(crate) fn group_flags(name: &str) -> Vec<&'static str> {
+    let name = name.to_ascii_lowercase().replace('_', "-");
+    let mut flags: Vec<&'static str> = Vec::new();
+    for (option, flag) in GROUP_FLAGS {
+        if !name.is_empty() && option.starts_with(&name) && !flags.contains(&flag) {
+            flags.push(flag);
+        }
+    }
+    flags
+}
 
 /// Unit settings `reconcile` renders itself.
 const RENDERED_SETTINGS: [&str; 4] = ["ExecStart", "Environment", "Description", "Type"];
@@ -34,6 +61,7 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     );
     check.hosts(m);
     check.sglang(m);
+    check.group(m);
     check.env(&[Seg::Key("env")], &m.env);
     check.settings(&[Seg::Key("systemd")], &m.systemd);
     check.errors.extend(super::reference::check(m));
@@ -56,15 +84,17 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
 }
 
 /// Rules across manifests: two manifests must not render the same unit, or claim the same port, on
-/// one host.
+/// one host; a server group's rendezvous port (`sglang.dist_init_port`, on its rank 0) is claimed
+/// like a server's port.
 pub fn validate_fleet(manifests: &[(Manifest, String)]) -> Result<(), ManifestErrors> {
     let mut units: BTreeMap<(String, String), &Manifest> = BTreeMap::new();
     let mut ports: BTreeMap<(String, u16), &Manifest> = BTreeMap::new();
     let mut errors = Vec::new();
     for (m, text) in manifests {
+        let key = m.hosts_key();
         for (i, host) in m.hosts.iter().enumerate() {
-            let path = [Seg::Key("hosts"), Seg::Index(i)];
-            let field = format!("hosts[{i}]");
+            let path = [Seg::Key(key), Seg::Index(i)];
+            let field = format!("{key}[{i}]");
             let mut clash = |what: String, other: &Manifest| {
                 let message = if other.source == m.source {
                     format!("host `{}` is listed twice", host.name)
@@ -83,11 +113,66 @@ pub fn validate_fleet(manifests: &[(Manifest, String)]) -> Result<(), ManifestEr
             }
         }
     }
+    errors.extend(group_ports(manifests, &ports));
     if errors.is_empty() {
         Ok(())
     } else {
         Err(ManifestErrors(errors))
     }
+}
+
+/// The rendezvous ports of server groups: rank 0's process listens there (torch's TCPStore), so
+/// two groups with the same rank-0 host and port, or a group's port that another service on that
+/// host serves on, cannot both start. Each clash is reported at the later group's
+/// `sglang.dist_init_port` (or `nodes` when it keeps the default).
+fn group_ports(
+    manifests: &[(Manifest, String)],
+    ports: &BTreeMap<(String, u16), &Manifest>,
+) -> Vec<ManifestError> {
+    let mut errors = Vec::new();
+    let mut rendezvous: BTreeMap<(String, u16), &Manifest> = BTreeMap::new();
+    for (m, text) in manifests {
+        let (Some(group), Some(rank0)) = (&m.group, m.hosts.first()) else {
+            continue;
+        };
+        let port = group.dist_init_port;
+        let (path, field) = dist_init_port_at(text);
+        let mut clash = |message: String| {
+            errors.push(invalid(&m.source, text, &path, field, message));
+        };
+        if let Some(other) = rendezvous.insert((rank0.name.clone(), port), m) {
+            clash(format!(
+                "dist-init port {port} on host `{}` (rank 0) is also the dist-init port of {}'s server group: give one of them another sglang.dist_init_port",
+                rank0.name, other.source
+            ));
+        } else if let Some(other) = ports
+            .get(&(rank0.name.clone(), port))
+            .filter(|other| other.source != m.source)
+        {
+            clash(format!(
+                "dist-init port {port} on host `{}` (rank 0) is the sglang.port of {}: give this group another sglang.dist_init_port",
+                rank0.name, other.source
+            ));
+        }
+    }
+    errors
+}
+
+/// Where a group's rendezvous port is decided: `sglang.dist_init_port` when written, else `nodes`
+/// (which leaves it at the default).
+fn dist_init_port_at(text: &str) -> (Vec<Seg<'static>>, &'static str) {
+    let written = vec![Seg::Key("sglang"), Seg::Key("dist_init_port")];
+    if written_at(text, &written) {
+        (written, "sglang.dist_init_port")
+    } else {
+        (vec![Seg::Key("nodes")], "nodes")
+    }
+}
+
+/// Whether the last key of `path` is written: `locate` points at the deepest part it finds, so a
+/// key left out gets its parent's position.
+fn written_at(text: &str, path: &[Seg]) -> bool {
+    locate(text, path).is_some() && locate(text, path) != locate(text, &path[..path.len() - 1])
 }
 
 struct Checker<'a> {
@@ -136,11 +221,12 @@ impl Checker<'_> {
     }
 
     fn hosts(&mut self, m: &Manifest) {
+        let key = m.hosts_key();
         if m.hosts.is_empty() {
-            self.fail(&[Seg::Key("hosts")], "list at least one host");
+            self.fail(&[Seg::Key(key)], "list at least one host");
         }
         for (i, host) in m.hosts.iter().enumerate() {
-            let name_path = [Seg::Key("hosts"), Seg::Index(i)];
+            let name_path = [Seg::Key(key), Seg::Index(i)];
             let valid = !host.name.is_empty()
                 && !host.name.starts_with('-')
                 && host
@@ -156,7 +242,7 @@ impl Checker<'_> {
                     ),
                 );
             }
-            let base = [Seg::Key("hosts"), Seg::Index(i)];
+            let base = [Seg::Key(key), Seg::Index(i)];
             self.env(&[base[0], base[1], Seg::Key("env")], &host.env);
             self.flags(&[base[0], base[1], Seg::Key("flags")], &host.flags);
             self.settings(&[base[0], base[1], Seg::Key("systemd")], &host.systemd);
@@ -201,6 +287,141 @@ impl Checker<'_> {
             self.fail(&at("port"), "port must be between 1 and 65535");
         }
         self.flags(&at("flags"), &s.flags);
+    }
+
+    /// `nodes:` and the multi-node flags: a group has at least two distinct nodes that can reach
+    /// rank 0, and `--nnodes`, `--node-rank` and `--dist-init-addr` are rendered from it, never
+    /// set by hand (with `hosts:`, a hand-set rank or rendezvous would make each host wait for
+    /// peers `reconcile` does not know of).
+    fn group(&mut self, m: &Manifest) {
+        let key = m.hosts_key();
+        let mut sets: Vec<(Vec<Seg>, &str, Option<&FlagValue>)> = Vec::new();
+        for (name, value) in &m.sglang.flags {
+            sets.push((
+                vec![Seg::Key("sglang"), Seg::Key("flags"), Seg::Key(name)],
+                name,
+                Some(value),
+            ));
+        }
+        for (i, host) in m.hosts.iter().enumerate() {
+            for (name, value) in &host.flags {
+                sets.push((
+                    vec![
+                        Seg::Key(key),
+                        Seg::Index(i),
+                        Seg::Key("flags"),
+                        Seg::Key(name),
+                    ],
+                    name,
+                    Some(value),
+                ));
+            }
+        }
+        // `{ from_env: VAR }` flags are not in the maps until the loader resolves them.
+        for r in &m.references {
+            if let RefTarget::Flag(name) = &r.target {
+                let mut path = match r.host {
+                    None => vec![Seg::Key("sglang")],
+                    Some(i) => vec![Seg::Key(key), Seg::Index(i)],
+                };
+                path.extend([Seg::Key("flags"), Seg::Key(name)]);
+                sets.push((path, name, None));
+            }
+        }
+        for (path, name, value) in sets {
+            // `false` (or `~`) renders nothing: it sets no flag.
+            if value == Some(&FlagValue::Switch(false)) {
+                continue;
+            }
+            let flags = group_flags(name);
+            if flags.is_empty() {
+                continue;
+            }
+            let spelled = name.to_ascii_lowercase().replace('_', "-");
+            let exact = GROUP_FLAGS.iter().find(|(option, _)| *option == spelled);
+            let what = match (flags.as_slice(), exact) {
+                ([flag], Some((option, _))) if name == *flag && option == flag => {
+                    format!("--{flag}")
+                }
+                ([flag], Some((option, _))) if option == flag => format!("`{name}` (--{flag})"),
+                ([flag], Some((option, _))) => {
+                    format!("`{name}` (--{option}, the alias of --{flag})")
+                }
+                ([flag], None) => format!("`{name}` (an abbreviation of --{flag})"),
+                (many, _) => format!(
+                    "`{name}` (an abbreviation of {})",
+                    many.iter()
+                        .map(|f| format!("--{f}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            let message = if m.group.is_some() {
+                format!("{what} is rendered from `nodes:` (--nnodes, --node-rank, --dist-init-addr); remove it from flags")
+            } else if flags == ["nnodes"] {
+                match value.map(flag_int) {
+                    // `nnodes: 1` is SGLang's default, a server on one host.
+                    Some(Some(n)) if n <= 1 => continue,
+                    Some(Some(n)) => format!(
+                        "{what} {n}: a server over several hosts is `nodes:` (list its hosts there in rank order; reconcile renders --nnodes, --node-rank and --dist-init-addr)"
+                    ),
+                    // Not a number: the flag check against the SGLang catalog reports it.
+                    Some(None) => continue,
+                    // `{ from_env }`: a count nobody reads before the server waits for its peers.
+                    None => format!(
+                        "{what} from the environment could be any count of hosts: a server over several hosts is `nodes:`; one host needs no --nnodes"
+                    ),
+                }
+            } else {
+                format!(
+                    "{what} is for a server over several hosts, which is `nodes:` (reconcile renders --nnodes, --node-rank and --dist-init-addr from it); remove it from flags"
+                )
+            };
+            self.fail(&path, message);
+        }
+        let Some(group) = &m.group else {
+            return;
+        };
+        if m.hosts.len() < 2 {
+            self.fail(
+                &[Seg::Key("nodes")],
+                "a server group needs at least 2 nodes; one host is `hosts:`",
+            );
+        }
+        for (i, host) in m.hosts.iter().enumerate() {
+            if let Some(first) = m.hosts[..i].iter().position(|h| h.name == host.name) {
+                self.fail(
+                    &[Seg::Key("nodes"), Seg::Index(i)],
+                    format!(
+                        "node `{}` is listed twice (nodes[{first}] and nodes[{i}]): each rank is its own host",
+                        host.name
+                    ),
+                );
+            }
+        }
+        for (i, address) in group.addresses.iter().enumerate() {
+            let written = [Seg::Key("nodes"), Seg::Index(i), Seg::Key("address")];
+            let path: &[Seg] = if written_at(self.text, &written) {
+                &written
+            } else {
+                &written[..2]
+            };
+            if let Some(problem) = address_problem(address, &m.hosts[i].name, path.len() == 3) {
+                self.fail(path, problem);
+            }
+        }
+        let at = [Seg::Key("sglang"), Seg::Key("dist_init_port")];
+        if group.dist_init_port == 0 {
+            self.fail(&at, "dist_init_port must be between 1 and 65535");
+        } else if group.dist_init_port == m.sglang.port {
+            self.fail(
+                &at,
+                format!(
+                    "dist_init_port {} is also sglang.port: rank 0 serves the API there and cannot take the group's rendezvous on it too",
+                    group.dist_init_port
+                ),
+            );
+        }
     }
 
     fn flags(&mut self, base: &[Seg], flags: &BTreeMap<String, FlagValue>) {
@@ -445,6 +666,52 @@ impl Checker<'_> {
     }
 }
 
+/// A flag's one value read as Python's `int()` would (SGLang's `type=int`), if it is one.
+fn flag_int(value: &FlagValue) -> Option<i128> {
+    let FlagValue::Value(text) = value else {
+        return None;
+    };
+    let t = text.trim();
+    let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
+    let ok = !digits.is_empty()
+        && !digits.starts_with('_')
+        && !digits.ends_with('_')
+        && !digits.contains("__")
+        && digits.chars().all(|c| c.is_ascii_digit() || c == '_');
+    ok.then(|| t.replace('_', "").parse().ok()).flatten()
+}
+
+/// Why a node's address cannot be rank 0's rendezvous host (or a peer's), if it cannot.
+fn address_problem(address: &str, name: &str, written: bool) -> Option<String> {
+    let from = if written {
+        String::from("the address")
+    } else {
+        format!("the address taken from the node's name `{name}`")
+    };
+    if address.is_empty() {
+        return Some(format!("{from} is empty"));
+    }
+    if address == "local" && !written {
+        return Some(
+            "`local` is this machine to reconcile, not an address the other ranks can reach: give the node an `address:`".into(),
+        );
+    }
+    if let Some(c) = address
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '@' | '[' | ']'))
+    {
+        return Some(format!(
+            "{from} `{address}` holds {c:?}: give a host name or an IP address"
+        ));
+    }
+    if address.matches(':').count() == 1 {
+        return Some(format!(
+            "{from} `{address}` has a port: the port is sglang.dist_init_port, give the host alone"
+        ));
+    }
+    None
+}
+
 fn with<'a>(base: &[Seg<'a>], key: &'a str) -> Vec<Seg<'a>> {
     let mut path = base.to_vec();
     path.push(Seg::Key(key));
@@ -596,6 +863,216 @@ mod tests {
             "{}",
             e.0[0]
         );
+    }
+
+    const GROUP: &str = "service: g\nnodes: [a, b]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n";
+
+    #[test]
+    fn a_server_group_passes() {
+        assert!(errors(GROUP).is_empty());
+        let text = GROUP.replace(
+            "nodes: [a, b]",
+            "nodes:\n  - a\n  - name: local\n    address: 10.0.0.2\n  - root@[fd00::3]:22",
+        );
+        assert!(errors(&text).is_empty(), "{:?}", errors(&text));
+    }
+
+    #[test]
+    fn a_group_has_two_distinct_nodes_at_least() {
+        let e = errors(&GROUP.replace("nodes: [a, b]", "nodes: [a]"));
+        assert_eq!(
+            e,
+            ["m.yaml:2:8: nodes: a server group needs at least 2 nodes; one host is `hosts:`"]
+        );
+        let e = errors(&GROUP.replace("nodes: [a, b]", "nodes:\n  - a\n  - b\n  - a"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with(
+                "m.yaml:5:5: nodes[2]: node `a` is listed twice (nodes[0] and nodes[2])"
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_node_needs_an_address_the_other_ranks_can_reach() {
+        let text = GROUP.replace(
+            "nodes: [a, b]",
+            "nodes:\n  - local\n  - name: b\n    address: 10.0.0.2:20000",
+        );
+        let e = errors(&text);
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(
+            e[0].starts_with("m.yaml:3:5: nodes[0]: `local` is this machine to reconcile"),
+            "{e:?}"
+        );
+        assert!(
+            e[1].starts_with(
+                "m.yaml:5:5: nodes[1].address: the address `10.0.0.2:20000` has a port"
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn multi_node_flags_are_rendered_from_nodes_in_every_spelling() {
+        let text = GROUP.replace(
+            "nodes: [a, b]",
+            "nodes:\n  - a\n  - name: b\n    flags: { node_rank: 1, dist-init: x }",
+        ) + "  flags:\n    nnodes: 2\n    nccl-init-addr: a:1\n    tp-size: 2\n    no-such: false\n";
+        let e = errors(&text);
+        assert_eq!(e.len(), 4, "{e:#?}");
+        assert!(
+            e[0].starts_with("m.yaml:13:5: sglang.flags.nccl-init-addr: `nccl-init-addr` (--nccl-init-addr, the alias of --dist-init-addr) is rendered from `nodes:`"),
+            "{e:#?}"
+        );
+        assert!(
+            e[1].starts_with(
+                "m.yaml:12:5: sglang.flags.nnodes: --nnodes is rendered from `nodes:`"
+            ),
+            "{e:#?}"
+        );
+        assert!(
+            e[2].starts_with("m.yaml:5:28: nodes[1].flags.dist-init: `dist-init` (an abbreviation of --dist-init-addr) is rendered from `nodes:`"),
+            "{e:#?}"
+        );
+        assert!(
+            e[3].starts_with("m.yaml:5:14: nodes[1].flags.node_rank: `node_rank` (--node-rank) is rendered from `nodes:`"),
+            "{e:#?}"
+        );
+        // One written `{ from_env }`, not yet in the flags.
+        let text = format!("{GROUP}  flags:\n    dist-init-addr: {{ from_env: ADDR }}\n");
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "{e:#?}");
+        assert!(
+            e[0].starts_with("m.yaml:9:21: sglang.flags.dist-init-addr: --dist-init-addr is rendered from `nodes:`"),
+            "{e:#?}"
+        );
+    }
+
+    #[test]
+    fn with_hosts_a_multi_node_flag_points_to_nodes() {
+        let text = BASE.replace(
+            "hosts: [a]",
+            "hosts:\n  - name: a\n    flags: { node-rank: 0 }",
+        ) + "  flags:\n    nn: 2\n    dist-init-addr: a:5000\n";
+        let e = errors(&text);
+        assert_eq!(e.len(), 3, "{e:#?}");
+        assert!(
+            e[0].starts_with("m.yaml:12:5: sglang.flags.dist-init-addr: --dist-init-addr is for a server over several hosts, which is `nodes:`"),
+            "{e:#?}"
+        );
+        assert!(
+            e[1].starts_with("m.yaml:11:5: sglang.flags.nn: `nn` (an abbreviation of --nnodes) 2: a server over several hosts is `nodes:`"),
+            "{e:#?}"
+        );
+        assert!(
+            e[2].starts_with("m.yaml:4:14: hosts[0].flags.node-rank: --node-rank is for a server over several hosts, which is `nodes:`"),
+            "{e:#?}"
+        );
+        // One node is SGLang's default; `false` sets nothing.
+        let fine = format!("{BASE}  flags: {{ nnodes: 1, node-rank: false }}\n");
+        assert!(errors(&fine).is_empty(), "{:?}", errors(&fine));
+        let e = errors(&format!("{BASE}  flags:\n    nnodes: {{ from_env: N }}\n"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("m.yaml:9:13: sglang.flags.nnodes: --nnodes from the environment"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn the_rendezvous_port_is_not_the_api_port() {
+        let e = errors(&format!("{GROUP}  dist_init_port: 30000\n"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with(
+                "m.yaml:8:3: sglang.dist_init_port: dist_init_port 30000 is also sglang.port"
+            ),
+            "{e:?}"
+        );
+        let e = errors(&format!("{GROUP}  dist_init_port: 70000\n"));
+        assert_eq!(
+            e,
+            ["m.yaml:8:3: sglang.dist_init_port: dist_init_port must be between 1 and 65535"]
+        );
+        assert!(errors(&format!("{GROUP}  dist_init_port: 29500\n")).is_empty());
+    }
+
+    /// The prefix rule of `group_flags` against every flag SGLang ships: no other real option
+    /// string is caught, and every one of the multi-node flags' option strings is, with each of its
+    /// prefixes.
+    #[test]
+    fn the_multi_node_flags_catch_no_other_sglang_flag() {
+        use crate::sglang::Catalog;
+        for version in Catalog::versions() {
+            let catalog = Catalog::for_version(version).unwrap();
+            for option in catalog.option_strings() {
+                let reserved = GROUP_FLAGS.iter().any(|(o, _)| *o == option);
+                assert_eq!(
+                    !group_flags(option).is_empty(),
+                    reserved,
+                    "--{option} in SGLang {version}"
+                );
+                if reserved {
+                    for end in 1..=option.len() {
+                        assert!(!group_flags(&option[..end]).is_empty());
+                        assert!(!group_flags(&option[..end].replace('-', "_")).is_empty());
+                    }
+                }
+            }
+        }
+    }
+
+    fn fleet(files: &[(&str, &str)]) -> Vec<String> {
+        let manifests: Vec<(Manifest, String)> = files
+            .iter()
+            .map(|(name, text)| (parse(name, text).unwrap(), text.to_string()))
+            .collect();
+        match validate_fleet(&manifests) {
+            Ok(()) => vec![],
+            Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn two_groups_cannot_share_a_rendezvous_on_one_host() {
+        let other = GROUP
+            .replace("service: g", "service: h")
+            .replace("port: 30000", "port: 30001");
+        assert_eq!(
+            fleet(&[("a.yaml", GROUP), ("b.yaml", &other)]),
+            ["b.yaml:2:8: nodes: dist-init port 20000 on host `a` (rank 0) is also the dist-init port of a.yaml's server group: give one of them another sglang.dist_init_port"]
+        );
+        let written = format!("{other}  dist_init_port: 20000\n");
+        let e = fleet(&[("a.yaml", GROUP), ("b.yaml", &written)]);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("b.yaml:8:3: sglang.dist_init_port: dist-init port 20000"),
+            "{e:?}"
+        );
+        // Another port, or another rank 0, is another rendezvous.
+        let moved = format!("{other}  dist_init_port: 20001\n");
+        assert!(fleet(&[("a.yaml", GROUP), ("b.yaml", &moved)]).is_empty());
+        let swapped = other.replace("nodes: [a, b]", "nodes: [b, a]");
+        assert!(fleet(&[("a.yaml", GROUP), ("b.yaml", &swapped)]).is_empty());
+    }
+
+    #[test]
+    fn a_rendezvous_port_cannot_be_another_services_port_on_rank_zero() {
+        let server = BASE
+            .replace("service: s", "service: t")
+            .replace("port: 30000", "port: 20000");
+        let e = fleet(&[("t.yaml", &server), ("g.yaml", GROUP)]);
+        assert_eq!(
+            e,
+            ["g.yaml:2:8: nodes: dist-init port 20000 on host `a` (rank 0) is the sglang.port of t.yaml: give this group another sglang.dist_init_port"]
+        );
+        // Either order.
+        assert_eq!(fleet(&[("g.yaml", GROUP), ("t.yaml", &server)]), e);
+        // On a rank other than 0 nothing listens on it.
+        let elsewhere = server.replace("hosts: [a]", "hosts: [b]");
+        assert!(fleet(&[("t.yaml", &elsewhere), ("g.yaml", GROUP)]).is_empty());
     }
 
     #[test]

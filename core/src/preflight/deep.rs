@@ -271,12 +271,12 @@ fn written_at(t: &Target, flag: &str) -> Option<String> {
     {
         (
             vec![
-                Seg::Key("hosts"),
+                Seg::Key(m.hosts_key()),
                 Seg::Index(i),
                 Seg::Key("flags"),
                 Seg::Key(key),
             ],
-            format!("hosts[{i}].flags.{key}"),
+            format!("{}[{i}].flags.{key}", m.hosts_key()),
         )
     } else {
         let key = m.sglang.flags.keys().find(names)?;

@@ -176,7 +176,7 @@ pub fn judge(t: &Target, facts: &Facts) -> Vec<Finding> {
     let mut findings = python(t, &want, &facts.python);
     findings.extend(model_path(&want, facts.model_path));
     findings.extend(gpus(&want, &facts.gpus));
-    findings.extend(port(&want, &facts.port, facts.main_pid));
+    findings.extend(port(&want.unit, want.port, &facts.port, facts.main_pid));
     findings.extend(
         facts
             .deep
@@ -260,16 +260,19 @@ fn flags_against(t: &Target, installed: &str) -> Vec<Finding> {
             ),
         )];
     };
+    // `hosts[i].` (`nodes[i].` for a server group): the host entries' fields.
+    let key = m.hosts_key();
     let own = m
         .hosts
         .iter()
         .position(|h| h.name == t.host)
-        .map(|i| format!("hosts[{i}]."));
+        .map(|i| format!("{key}[{i}]."));
+    let any_host = format!("{key}[");
     sglang::check(m, &m.text, catalog)
         .findings
         .into_iter()
         .filter(|f| {
-            !f.field.starts_with("hosts[") || own.as_ref().is_some_and(|o| f.field.starts_with(o))
+            !f.field.starts_with(&any_host) || own.as_ref().is_some_and(|o| f.field.starts_with(o))
         })
         .map(|f| {
             let severity = match f.severity {
@@ -370,39 +373,55 @@ fn exists(device: &str, gpus: &[Gpu]) -> bool {
     device.starts_with("GPU-") && gpus.iter().filter(|g| g.uuid.starts_with(device)).count() == 1
 }
 
-fn port(want: &Want, port: &Port, main_pid: u32) -> Vec<Finding> {
+/// Whether port `number` is free for `unit`: a listener outside the unit's cgroup is an error (a
+/// warning when `ss` cannot name it). The server's own port, and a server group's rendezvous port
+/// on rank 0 ([`rendezvous_port`]).
+fn port(unit: &str, number: u16, port: &Port, main_pid: u32) -> Vec<Finding> {
     let listeners = match port {
         Port::Listeners(l) => l,
         Port::Unknown(reason) => {
             return vec![Finding::warning(
                 "port",
-                format!("cannot check whether port {} is free: {reason}", want.port),
+                format!("cannot check whether port {} is free: {reason}", number),
             )]
         }
     };
     let mut findings = Vec::new();
-    for l in listeners
-        .iter()
-        .filter(|l| !belongs(l, &want.unit, main_pid))
-    {
+    for l in listeners.iter().filter(|l| !belongs(l, unit, main_pid)) {
         findings.push(match l.pid {
             Some(pid) => Finding::error(
                 "port",
                 format!(
                     "port {} is already taken by {} (pid {pid}), which is not {}",
-                    want.port, l.comm, want.unit
+                    number, l.comm, unit
                 ),
             ),
             None => Finding::warning(
                 "port",
                 format!(
                     "port {} is in use by a process ss does not name (not root?), maybe not {}",
-                    want.port, want.unit
+                    number, unit
                 ),
             ),
         });
     }
     findings
+}
+
+/// Rank 0 of a server group: the rendezvous port (`--dist-init-addr`'s, where rank 0's torch
+/// `TCPStore` listens) must be free, or every rank fails its distributed init. A listener of the
+/// unit itself (the running group) is fine: it goes away with the restart.
+pub fn rendezvous_port(unit: &str, number: u16, listeners: &Port, main_pid: u32) -> Vec<Finding> {
+    port(unit, number, listeners, main_pid)
+        .into_iter()
+        .map(|f| Finding {
+            message: format!(
+                "{} (the server group's rendezvous, sglang.dist_init_port)",
+                f.message
+            ),
+            ..f
+        })
+        .collect()
 }
 
 /// The unit's main process, or any process in its cgroup (SGLang's workers are its children).

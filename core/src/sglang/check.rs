@@ -22,15 +22,14 @@ pub fn check(m: &Manifest, text: &str, catalog: &Catalog) -> Checked {
     };
     c.flags(&[Seg::Key("sglang"), Seg::Key("flags")], &m.sglang.flags);
     c.env(&[Seg::Key("env")], &m.env);
+    // `hosts[1].flags.tp`, or `nodes[1].flags.tp` for a server group.
+    let key = m.hosts_key();
     for (i, host) in m.hosts.iter().enumerate() {
         c.flags(
-            &[Seg::Key("hosts"), Seg::Index(i), Seg::Key("flags")],
+            &[Seg::Key(key), Seg::Index(i), Seg::Key("flags")],
             &host.flags,
         );
-        c.env(
-            &[Seg::Key("hosts"), Seg::Index(i), Seg::Key("env")],
-            &host.env,
-        );
+        c.env(&[Seg::Key(key), Seg::Index(i), Seg::Key("env")], &host.env);
     }
     let mut checked = c.checked;
     checked
@@ -257,6 +256,20 @@ env:
         assert!(message("hosts[1].env.SGLANG_ENABLE_TORCH_INFERENCE_MODE").contains("(False)"));
         assert!(message("env.SGLANG_ENABLE_TORCH_INFERENCE_MOD")
             .ends_with("did you mean SGLANG_ENABLE_TORCH_INFERENCE_MODE?"));
+    }
+
+    #[test]
+    fn a_nodes_flag_is_named_and_placed_under_nodes() {
+        let text = "service: s\nnodes:\n  - a\n  - name: b\n    flags: { no-such-flag: 1 }\nsglang:\n  python: /p\n  version: 0.5.23\n  model_path: /m\n  port: 1\n";
+        let checked = checked(text);
+        assert_eq!(checked.findings.len(), 1, "{:?}", checked.findings);
+        assert!(
+            checked.findings[0]
+                .to_string()
+                .starts_with("m.yaml:5:14: nodes[1].flags.no-such-flag: SGLang 0.5.23 has no flag"),
+            "{}",
+            checked.findings[0]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Manifest to unit text. Pure and deterministic: the same manifest and host always give the same
-//! bytes, flags in a fixed order (model, then the flags by name, then host and port) so that
-//! reordering a manifest changes nothing on the host.
+//! bytes, flags in a fixed order (model, then the flags by name, then a server group's
+//! `--nnodes`, `--node-rank` and `--dist-init-addr`, then host and port) so that reordering a
+//! manifest changes nothing on the host.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -61,6 +62,15 @@ fn argv(m: &Manifest, host: &HostSpec) -> Vec<String> {
             FlagValue::List(items) => {
                 push(name, &items.iter().map(String::as_str).collect::<Vec<_>>())
             }
+        }
+    }
+    // A server group (`nodes:`): the host's rank is its place in `m.hosts`. Validation refuses
+    // these flags in `flags`, so they are never given twice.
+    if let Some(group) = &m.group {
+        if let Some(rank) = m.hosts.iter().position(|h| h.name == host.name) {
+            push("nnodes", &[&group.nnodes().to_string()]);
+            push("node-rank", &[&rank.to_string()]);
+            push("dist-init-addr", &[&group.dist_init_addr()]);
         }
     }
     // Always present and always last, so adding or removing any other flag changes one line only.
@@ -294,6 +304,92 @@ WantedBy=multi-user.target
     fn yaml_quote(s: &str) -> String {
         serde_json::to_string(s).unwrap()
     }
+
+    pub(crate) const GROUP: &str = "\
+service: sglang-big
+nodes:
+  - root@gpu-a:2222
+  - name: gpu-b
+    address: 10.0.0.12
+    env: { NCCL_SOCKET_IFNAME: eth1 }
+sglang:
+  python: /root/ml-env/bin/python3
+  version: 0.5.23
+  model_path: /shared/models/Big
+  port: 30000
+  dist_init_port: 20100
+  flags:
+    tp-size: 16
+";
+
+    fn exec_start_lines(text: &str) -> Vec<&str> {
+        let start = text.find("ExecStart=").unwrap();
+        text[start..]
+            .lines()
+            .take_while(|l| l.ends_with('\\') || l.starts_with('\t') || l.starts_with("ExecStart"))
+            .collect()
+    }
+
+    #[test]
+    fn each_rank_gets_the_group_flags_before_host_and_port() {
+        let m = parse("big.yaml", GROUP).unwrap();
+        let rank0 = render(&m, &m.hosts[0]);
+        assert_eq!(
+            exec_start_lines(&rank0.text),
+            [
+                "ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server \\",
+                "\t--model-path /shared/models/Big \\",
+                "\t--tp-size 16 \\",
+                "\t--nnodes 2 \\",
+                "\t--node-rank 0 \\",
+                "\t--dist-init-addr gpu-a:20100 \\",
+                "\t--port 30000",
+            ]
+        );
+        let rank1 = render(&m, &m.hosts[1]);
+        let argv = &rank1.model.exec_start;
+        let at = argv.iter().position(|a| a == "--nnodes").unwrap();
+        assert_eq!(
+            argv[at..],
+            [
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "1",
+                "--dist-init-addr",
+                "gpu-a:20100",
+                "--port",
+                "30000"
+            ]
+        );
+        assert_eq!(rank1.model.env["NCCL_SOCKET_IFNAME"], "eth1");
+        assert_eq!(parse_unit(&rank1.text), rank1.model);
+        // Deterministic: the same bytes every time.
+        assert_eq!(render(&m, &m.hosts[1]), rank1);
+    }
+
+    #[test]
+    fn a_group_renders_ipv6_rank_zero_in_brackets_and_the_default_port() {
+        let text = GROUP
+            .replace("  - root@gpu-a:2222\n", "  - \"[fd00::1]:22\"\n")
+            .replace("  dist_init_port: 20100\n", "");
+        let m = parse("big.yaml", &text).unwrap();
+        let argv = render(&m, &m.hosts[1]).model.exec_start;
+        let at = argv.iter().position(|a| a == "--dist-init-addr").unwrap();
+        assert_eq!(argv[at + 1], "[fd00::1]:20000");
+    }
+
+    #[test]
+    fn a_server_on_hosts_gets_no_group_flags() {
+        let m = parse("q.yaml", QWEN).unwrap();
+        for h in &m.hosts {
+            let argv = render(&m, h).model.exec_start;
+            assert!(
+                !argv.iter().any(|a| a == "--nnodes" || a == "--node-rank"),
+                "{argv:?}"
+            );
+        }
+    }
 }
 
 /// Property tests: for manifests with arbitrary (hostile) values, the rendered unit reads back to
@@ -371,7 +467,7 @@ mod props {
                 !matches!(
                     n.as_str(),
                     "model-path" | "model" | "served-model-name" | "host" | "port"
-                )
+                ) && crate::manifest::group_flags(n).is_empty()
             });
         proptest::collection::btree_map(name, flag(), 0..5)
     }

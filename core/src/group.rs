@@ -1,0 +1,188 @@
+//! Server groups (`nodes:`): one SGLang server over several hosts, each rank a unit of its own.
+//! The ranks form one torch process group, so they change together: what the group as a whole
+//! does, what each rank does in it, and the order they stop and start in. Pure; the binary's
+//! apply carries the decisions out.
+
+use crate::dry_run::PlanOutcome;
+use crate::plan::Verdict;
+use crate::targets::Target;
+
+/// What the group does, from each rank's own verdict. The ranks restart together: a rank that
+/// restarts leaves the process group, and the others cannot go on without it, so any rank's
+/// restart (or install) restarts the group. `Install` when every rank is new (nothing runs yet),
+/// else `Restart`; without a restart, `ReloadOnly` if any rank's unit changed that way; else
+/// `NoChange`. No ranks: `NoChange`.
+pub fn group_verdict(ranks: &[Verdict]) -> Verdict {
+    if ranks.is_empty() {
+        return Verdict::NoChange;
+    }
+    if ranks.iter().all(|v| *v == Verdict::Install) {
+        Verdict::Install
+    } else if ranks
+        .iter()
+        .any(|v| matches!(v, Verdict::Restart | Verdict::Install))
+    {
+        Verdict::Restart
+    } else if ranks.contains(&Verdict::ReloadOnly) {
+        Verdict::ReloadOnly
+    } else {
+        Verdict::NoChange
+    }
+}
+
+/// What one rank does in the group's apply, from its own verdict and the group's
+/// ([`group_verdict`]). A rank whose unit is new is installed whatever the group does. When the
+/// group restarts, every other rank restarts, even one whose unit did not change: its running
+/// process belongs to the old process group and must rejoin the new one. When the group only
+/// reloads, a changed rank reloads and an unchanged one has nothing to do.
+pub fn rank_verdict(own: Verdict, group: Verdict) -> Verdict {
+    match (own, group) {
+        (Verdict::Install, _) => Verdict::Install,
+        (_, Verdict::Restart | Verdict::Install) => Verdict::Restart,
+        (Verdict::ReloadOnly, _) => Verdict::ReloadOnly,
+        // A group verdict below the rank's own cannot come from `group_verdict`; the rank's own
+        // change still happens.
+        (Verdict::Restart, _) => Verdict::Restart,
+        (Verdict::NoChange, _) => Verdict::NoChange,
+    }
+}
+
+/// The order to stop `n` ranks in: the highest rank first, rank 0 last, so the rendezvous
+/// ([`start_order`]) goes away only once no rank is left to use it.
+pub fn stop_order(n: usize) -> Vec<usize> {
+    (0..n).rev().collect()
+}
+
+/// The order to start `n` ranks in: rank 0 first. Rank 0's process hosts the rendezvous, the
+/// torch `TCPStore` server at `--dist-init-addr`, that the other ranks connect to, retrying until
+/// the dist timeout (`--dist-timeout`). sglang 0.5.23 `sglang/srt/distributed/bootstrap.py`:
+/// `_resolve_dist_init_method` turns `dist_init_addr` into `tcp://host:port`, and
+/// `_init_parallel_groups` passes it to
+/// `init_distributed_environment(distributed_init_method=tcp://dist_init_addr)`, where rank 0
+/// listens and every other rank dials in. Then the ranks in order, so a log reads the same way
+/// each time.
+pub fn start_order(n: usize) -> Vec<usize> {
+    (0..n).collect()
+}
+
+/// A dry run's outcomes (in `targets`' order) made into one plan per server group: when a rank
+/// could not be planned (its host unreachable, its unit unreadable) no rank of its group is
+/// planned, since apply would touch none of them; otherwise every rank gets its verdict in the
+/// group ([`rank_verdict`]) and a note saying what the group does. Plain servers are left as they
+/// are.
+pub fn plan_groups(outcomes: &mut [PlanOutcome], targets: &[Target]) {
+    let key = |t: &Target| (t.source.clone(), t.desired.unit.clone());
+    let mut seen: Vec<(String, String)> = Vec::new();
+    for t in targets.iter().filter(|t| t.group.is_some()) {
+        if seen.contains(&key(t)) {
+            continue;
+        }
+        seen.push(key(t));
+        let members: Vec<usize> = (0..targets.len())
+            .filter(|&i| targets[i].group.is_some() && key(&targets[i]) == key(t))
+            .collect();
+        let nodes = t
+            .group
+            .as_ref()
+            .map(|g| g.nodes.join(", "))
+            .unwrap_or_default();
+        let failed = members.iter().find_map(|&i| match &outcomes[i] {
+            PlanOutcome::Error { error, .. } => Some((i, error.clone())),
+            PlanOutcome::Planned(_) => None,
+        });
+        if let Some((f, error)) = failed {
+            let rank = targets[f].group.as_ref().map_or(0, |g| g.rank);
+            for &i in &members {
+                if i == f {
+                    continue;
+                }
+                outcomes[i] = PlanOutcome::failed(
+                    &targets[i],
+                    format!(
+                        "the server group over {nodes} is not planned: its rank {rank} ({}) could not be: {error}",
+                        targets[f].host
+                    ),
+                );
+            }
+            continue;
+        }
+        let own: Vec<Verdict> = members
+            .iter()
+            .filter_map(|&i| match &outcomes[i] {
+                PlanOutcome::Planned(p) => Some(p.verdict),
+                PlanOutcome::Error { .. } => None,
+            })
+            .collect();
+        let group = group_verdict(&own);
+        for (&i, own) in members.iter().zip(own) {
+            let rank = targets[i].group.as_ref().map_or(0, |g| g.rank);
+            if let PlanOutcome::Planned(p) = &mut outcomes[i] {
+                p.verdict = rank_verdict(own, group);
+                let mut note = format!(
+                    "rank {rank} of one server over {} hosts ({nodes}): the group's verdict is {}",
+                    members.len(),
+                    group.describe()
+                );
+                if p.verdict != own {
+                    note.push_str(
+                        "; this rank's unit is unchanged, and it restarts with its group",
+                    );
+                }
+                p.notes.insert(0, note);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Verdict::*;
+
+    #[test]
+    fn any_restart_or_install_restarts_the_group() {
+        assert_eq!(group_verdict(&[NoChange, Restart, ReloadOnly]), Restart);
+        assert_eq!(group_verdict(&[NoChange, Install]), Restart);
+        assert_eq!(group_verdict(&[Install, Restart]), Restart);
+        assert_eq!(group_verdict(&[Install, Install, Install]), Install);
+    }
+
+    #[test]
+    fn without_a_restart_a_reload_is_the_groups() {
+        assert_eq!(group_verdict(&[NoChange, ReloadOnly]), ReloadOnly);
+        assert_eq!(group_verdict(&[NoChange, NoChange]), NoChange);
+        assert_eq!(group_verdict(&[]), NoChange);
+    }
+
+    #[test]
+    fn in_a_restarting_group_every_rank_restarts_and_a_new_one_installs() {
+        for group in [Restart, Install] {
+            assert_eq!(rank_verdict(NoChange, group), Restart);
+            assert_eq!(rank_verdict(ReloadOnly, group), Restart);
+            assert_eq!(rank_verdict(Restart, group), Restart);
+            assert_eq!(rank_verdict(Install, group), Install);
+        }
+    }
+
+    #[test]
+    fn in_a_reloading_group_only_changed_ranks_reload() {
+        assert_eq!(rank_verdict(ReloadOnly, ReloadOnly), ReloadOnly);
+        assert_eq!(rank_verdict(NoChange, ReloadOnly), NoChange);
+        assert_eq!(rank_verdict(NoChange, NoChange), NoChange);
+    }
+
+    #[test]
+    fn the_rank_verdicts_follow_from_the_group_verdict() {
+        let ranks = [NoChange, ReloadOnly, Restart, Install];
+        let group = group_verdict(&ranks);
+        let each: Vec<Verdict> = ranks.iter().map(|r| rank_verdict(*r, group)).collect();
+        assert_eq!(each, [Restart, Restart, Restart, Install]);
+    }
+
+    #[test]
+    fn rank_zero_starts_first_and_stops_last() {
+        assert_eq!(start_order(3), [0, 1, 2]);
+        assert_eq!(stop_order(3), [2, 1, 0]);
+        assert!(start_order(0).is_empty() && stop_order(0).is_empty());
+    }
+}

@@ -1,0 +1,834 @@
+//! Applying a server group (`nodes:`): one SGLang server over several hosts, a unit per rank,
+//! applied as one unit of work. The ranks form one torch process group: none serves until all
+//! have joined the rendezvous on rank 0, and one that dies takes the others down (sglang 0.5.23
+//! `managers/scheduler.py`, `run_scheduler_process`: a scheduler's exception SIGQUITs its parent).
+//! So, where a replica is applied alone, a group is applied whole:
+//!
+//! 1. every rank is looked at and planned; one unreachable, refused or overridden rank leaves the
+//!    whole group untouched. The group's verdict is `reconcile_core::group`'s: any rank that
+//!    restarts restarts them all;
+//! 2. preflight on every rank (and the rendezvous port free on rank 0), then every rank's lock;
+//! 3. rank 0 drained, every rank's unit installed (a failure puts every file back);
+//! 4. every rank stopped (highest first), then started in the order SGLang needs (rank 0 first:
+//!    it hosts the rendezvous, `reconcile_core::group::start_order`);
+//! 5. every rank verified at once: rank 0 through HTTP (warmup, readiness, identity, smoke), the
+//!    others through their process, memory, journal and SGLang's dummy health port
+//!    (`verify::Expect::follower`). The first rank to fail cuts the others short. Then rank 0's
+//!    benchmark and quality gate;
+//! 6. any failure stops every rank, puts every previous unit back, starts them in order and
+//!    verifies the group again. Success records every rank's deployment.
+//!
+//! Each rank keeps its report; the ranks' reports say what the group did and which rank failed.
+
+use std::sync::Mutex;
+use std::time::Instant;
+
+use futures::future::join_all;
+use reconcile_core::group::{group_verdict, rank_verdict, start_order, stop_order};
+use reconcile_core::learned::LoadHistory;
+use tokio::sync::watch;
+
+use super::decide::{self, Ending, Previous, Start};
+use super::error::ApplyError;
+use super::install::{self, Fallback};
+use super::restore::{put_back_file, restore, restored_check, NotRestored, Restored};
+use super::verifier::{Check, Live, Verifier};
+use super::{state, ApplyOptions, Job, Outcome, Report, UnitReport};
+use crate::manifest::VerifySpec;
+use crate::observed::Observed;
+use crate::plan::{plan, Verdict};
+use crate::preflight::{self, Survey};
+use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::systemd::Systemd as _;
+use crate::targets::Target;
+use crate::verify::{Expect, Failure, Verification};
+
+/// Applies one server group: `targets` are its ranks (any order). Connects to every rank first;
+/// one that cannot be reached leaves the group untouched.
+pub(super) async fn apply_group(
+    mut targets: Vec<Target>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Vec<UnitReport> {
+    targets.sort_by_key(|t| t.group.as_ref().map_or(0, |g| g.rank));
+    let started = Instant::now();
+    if *options.cancel.borrow() {
+        let e = ApplyError::InterruptedBeforeHost;
+        return targets
+            .iter()
+            .map(|t| Report::new(t, started).fail(&e))
+            .collect();
+    }
+    let connected = join_all(targets.iter().map(|t| remote::connect(&t.host, ssh))).await;
+    let mut hosts = Vec::new();
+    let mut unreachable = None;
+    for (i, c) in connected.into_iter().enumerate() {
+        match c {
+            Ok(h) => hosts.push(h),
+            Err(e) => {
+                unreachable.get_or_insert((i, ApplyError::Unreachable(error_chain(&e))));
+            }
+        }
+    }
+    let reports = match unreachable {
+        Some((i, e)) => refuse_all(&targets, started, i, &e),
+        None => {
+            let verifier = Live {
+                progress: options.progress.as_ref(),
+            };
+            let hosts: Vec<&dyn Host> = hosts.iter().map(|h| &**h).collect();
+            apply_on(&hosts, &targets, options, &verifier).await
+        }
+    };
+    for h in hosts {
+        h.close().await;
+    }
+    reports
+}
+
+/// Every rank refused, touching nothing, because rank `failed` was refused for `e`: that rank
+/// reports `e`, the others that the group was not applied for it.
+fn refuse_all(
+    targets: &[Target],
+    started: Instant,
+    failed: usize,
+    e: &ApplyError,
+) -> Vec<UnitReport> {
+    targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut r = Report::new(t, started);
+            if i == failed {
+                r.fail(e)
+            } else {
+                r.report.error = None;
+                r.fail(&ApplyError::Refused(peer_refused(
+                    failed,
+                    &targets[failed].host,
+                    e,
+                )))
+            }
+        })
+        .collect()
+}
+
+fn peer_refused(rank: usize, host: &str, e: &ApplyError) -> String {
+    format!("the server group is applied whole, and its rank {rank} ({host}) was refused: {e}")
+}
+
+/// A rank of the group as its apply goes on.
+struct Rank<'a> {
+    job: Job<'a>,
+    report: Report,
+    observed: Observed,
+    survey: Option<Survey>,
+    /// What this rank does in the group (`reconcile_core::group::rank_verdict`).
+    verdict: Verdict,
+    fallback: Fallback,
+    locked: bool,
+    /// The new unit's invocation, once started ("" before).
+    invocation: String,
+    /// Verification settings, learned from the rank's past loads where the manifest left them.
+    spec: VerifySpec,
+    history: Option<LoadHistory>,
+    learned_notes: Vec<String>,
+}
+
+/// How a rank stands after its first look.
+enum Look {
+    Unchanged,
+    Install(decide::Install),
+}
+
+/// The group's apply over connections the caller holds, one host per rank, in rank order.
+async fn apply_on(
+    hosts: &[&dyn Host],
+    targets: &[Target],
+    options: &ApplyOptions,
+    verifier: &dyn Verifier,
+) -> Vec<UnitReport> {
+    let started = Instant::now();
+    let jobs: Vec<Job<'_>> = hosts
+        .iter()
+        .zip(targets)
+        .map(|(host, t)| Job {
+            host: *host,
+            t,
+            options,
+            verifier,
+        })
+        .collect();
+    // 1. Every rank looked at and planned; nothing is touched unless all can go on.
+    let looked = join_all(jobs.iter().map(look)).await;
+    let mut seen = Vec::new();
+    for (i, l) in looked.into_iter().enumerate() {
+        match l {
+            Ok(l) => seen.push(l),
+            Err(e) => return refuse_all(targets, started, i, &e),
+        }
+    }
+    let own: Vec<Verdict> = seen
+        .iter()
+        .map(|(_, _, look, _)| match look {
+            Look::Unchanged => Verdict::NoChange,
+            Look::Install(todo) => todo.verdict,
+        })
+        .collect();
+    let group = group_verdict(&own);
+    if group == Verdict::NoChange {
+        return targets
+            .iter()
+            .map(|t| super::unchanged(t, started))
+            .collect();
+    }
+    let mut ranks: Vec<Rank<'_>> = Vec::new();
+    for (job, (observed, survey, look, drift)) in jobs.into_iter().zip(seen) {
+        let verdict = rank_verdict(own[ranks.len()], group);
+        let mut report = Report::new(job.t, started);
+        let todo = match look {
+            Look::Install(todo) => todo,
+            // Unchanged itself, restarted with its group: its running process belongs to the
+            // old process group.
+            Look::Unchanged => decide::Install {
+                verdict,
+                previous: Previous::Observed,
+                was_running: matches!(
+                    observed.state.active_state.as_str(),
+                    "active" | "activating"
+                ),
+                note: (verdict != Verdict::NoChange).then(|| {
+                    "this rank's unit is unchanged; it restarts with its group".to_string()
+                }),
+            },
+        };
+        report.report.notes.extend(todo.note.clone());
+        let previous = match todo.previous {
+            Previous::Observed if observed.layers.managed_is_mask => None,
+            Previous::Observed => observed.unit_text.clone(),
+            Previous::NewestGeneration => state::newest_generation(job.host, &job.t.desired.unit)
+                .await
+                .ok()
+                .flatten(),
+        };
+        let layered = super::layered(&job.t.desired.unit, &observed, &drift);
+        report
+            .report
+            .notes
+            .extend(super::moved_notes(&job.t.desired.unit, &layered));
+        report.report.verdict = Some(verdict);
+        ranks.push(Rank {
+            job,
+            report,
+            observed,
+            survey,
+            verdict,
+            fallback: Fallback {
+                previous,
+                was_running: todo.was_running,
+                kept: None,
+                layers: layered,
+            },
+            locked: false,
+            invocation: String::new(),
+            spec: VerifySpec::default(),
+            history: None,
+            learned_notes: Vec::new(),
+        });
+    }
+    let endings = run(&mut ranks).await;
+    let mut reports = Vec::new();
+    for (mut rank, ending) in ranks.into_iter().zip(endings) {
+        if rank.locked {
+            super::unlock(
+                rank.job.host,
+                &rank.job.t.desired.unit,
+                &mut rank.report.report,
+            )
+            .await;
+        }
+        reports.push(rank.report.finish(ending));
+    }
+    reports
+}
+
+/// A rank's first look: its unit, systemd's state and record from one survey, its plan, and
+/// whether it can go on.
+async fn look(
+    job: &Job<'_>,
+) -> Result<(Observed, Option<Survey>, Look, Vec<crate::layers::Drift>), ApplyError> {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let unit = &t.desired.unit;
+    let ask = preflight::Ask {
+        preflight: true,
+        records: Some(state::STATE_DIR),
+    };
+    let (observed, survey) = match preflight::survey(host, std::slice::from_ref(t), ask).await {
+        Ok(Some(survey)) => survey.observed(unit).map(|o| (o, Some(survey))),
+        Ok(None) => host.observe(unit).await.map(|o| (o, None)),
+        Err(e) => Err(e),
+    }
+    .map_err(|e| ApplyError::ObserveFailed(error_chain(&e)))?;
+    if let Some(e) = decide::stale_plan(t, &observed) {
+        return Err(e);
+    }
+    let planned = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor);
+    if let Some(e) = decide::overridden(unit, &planned.drift, options.dropins(t)) {
+        return Err(e);
+    }
+    let unfinished = match planned.verdict {
+        Verdict::NoChange => Some(match survey.as_ref().and_then(|s| s.record(unit)) {
+            Some(record) => super::recorded(&observed, Some(record)),
+            None => super::unfinished(host, t, &observed).await,
+        }),
+        _ => None,
+    };
+    let look = match decide::start(planned.verdict, &observed, unfinished) {
+        Start::Unchanged => Look::Unchanged,
+        Start::Refuse(e) => return Err(e),
+        Start::Install(todo) => Look::Install(todo),
+    };
+    Ok((observed, survey, look, planned.drift))
+}
+
+/// Steps 2 to 6 for ranks that have work: each rank's ending, in rank order.
+async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
+    if let Err((i, e)) = prepare(ranks).await {
+        return refused_endings(ranks, i, &e);
+    }
+    let options = ranks[0].job.options;
+    // The quality gate's reference and noise floor, read from rank 0 while the old group serves.
+    let quality_before = match (&ranks[0].job.t.verify.quality, ranks[0].verdict) {
+        (Some(spec), Verdict::Restart | Verdict::Install) if options.restoring.is_none() => {
+            let previous = ranks[0]
+                .fallback
+                .was_running
+                .then(|| ranks[0].fallback.previous_expect())
+                .flatten();
+            Some(super::quality::before(&ranks[0].job, spec, previous.as_ref()).await)
+        }
+        _ => None,
+    };
+    // Rank 0 serves the group's API: it alone is drained.
+    {
+        let Rank {
+            job,
+            verdict,
+            fallback,
+            report,
+            ..
+        } = &mut ranks[0];
+        if let Some(ending) = install::drain(job, *verdict, fallback, &mut report.report).await {
+            let e = ApplyError::Refused(format!(
+                "rank 0's drain stopped the group's restart: {}",
+                ending.detail
+            ));
+            let mut endings = refused_endings(ranks, 0, &e);
+            endings[0] = ending;
+            return endings;
+        }
+    }
+    // 3. Every rank's unit in place, or every file put back.
+    let written = join_all(ranks.iter_mut().map(|r| async move {
+        let Rank {
+            job,
+            observed,
+            fallback,
+            verdict,
+            ..
+        } = r;
+        if *verdict == Verdict::NoChange {
+            return Ok(());
+        }
+        install::write_unit(job, observed, fallback).await
+    }))
+    .await;
+    if let Some((i, e)) = written
+        .iter()
+        .enumerate()
+        .find_map(|(i, w)| w.as_ref().err().map(|e| (i, e)))
+    {
+        let e = ApplyError::InstallFailed(error_chain(e));
+        let put_back = put_back_all(ranks).await;
+        return ranks
+            .iter()
+            .enumerate()
+            .map(|(j, r)| {
+                let back = put_back[j].clone();
+                if j == i {
+                    decide::install_failed(&e, back)
+                } else {
+                    let peer = ApplyError::InstallFailed(format!(
+                        "rank {i} ({}) of the server group could not be installed: {e}",
+                        r.job.t.host
+                    ));
+                    decide::install_failed(&peer, back)
+                }
+            })
+            .collect();
+    }
+    if ranks
+        .iter()
+        .all(|r| r.verdict != Verdict::Restart && r.verdict != Verdict::Install)
+    {
+        // A reload-only change: the group keeps serving.
+        let mut endings = Vec::new();
+        for r in ranks.iter_mut() {
+            if r.verdict == Verdict::ReloadOnly {
+                install::record(&r.job, "reloaded", None, &mut r.report.report).await;
+                endings.push(decide::reloaded());
+            } else {
+                endings.push(Ending {
+                    outcome: Outcome::Unchanged,
+                    detail: "already up to date; nothing touched (the group only reloaded)".into(),
+                    error: None,
+                });
+            }
+        }
+        return endings;
+    }
+    for r in ranks.iter_mut() {
+        r.history = install::load_history(&r.job, &mut r.report.report).await;
+        let (spec, notes) =
+            reconcile_core::learned::learned_spec(&r.job.t.verify, r.history.as_ref());
+        r.spec = spec;
+        r.learned_notes = notes;
+    }
+    // The last moment to stop without a restart.
+    if *options.cancel.borrow() {
+        let put_back = put_back_all(ranks).await;
+        let interrupted = crate::signals::interrupted();
+        return put_back
+            .into_iter()
+            .map(|back| decide::cancelled_before_restart(&interrupted, back))
+            .collect();
+    }
+    let before = match &ranks[0].job.t.verify.benchmark {
+        Some(_) => state::read_record(ranks[0].job.host, &ranks[0].job.t.desired.unit)
+            .await
+            .ok()
+            .flatten(),
+        None => None,
+    };
+    // 4. Stopped together, started in SGLang's order.
+    if let Err((i, e)) = restart_in_order(ranks).await {
+        let failed = Cause {
+            rank: i,
+            stage: "restart".into(),
+            error: ApplyError::RestartFailed(e),
+        };
+        return roll_back(ranks, failed).await;
+    }
+    // 5. Every rank verified at once.
+    let (group_tx, group_rx) = watch::channel(false);
+    let checks: Vec<Check<'_>> = ranks
+        .iter()
+        .map(|r| Check {
+            unit: &r.job.t.desired.unit,
+            spec: &r.spec,
+            expect: Expect::from_unit(&r.job.t.desired.model),
+            label: format!(
+                "{} {} (rank {})",
+                r.job.t.host,
+                r.job.t.desired.unit,
+                rank_of(r)
+            ),
+            cancel: &group_rx,
+            history: r.history.as_ref(),
+        })
+        .collect();
+    let hosts: Vec<&dyn Host> = ranks.iter().map(|r| r.job.host).collect();
+    let (results, first) = together(
+        &hosts,
+        ranks[0].job.verifier,
+        checks,
+        &group_tx,
+        Some(&options.cancel),
+    )
+    .await;
+    let mut verified = Vec::new();
+    let mut failures = Vec::new();
+    for (i, (r, result)) in ranks.iter_mut().zip(results).enumerate() {
+        match result {
+            Ok(mut v) => {
+                v.notes.splice(0..0, r.learned_notes.iter().cloned());
+                v.previous_loads = r.history.clone();
+                verified.push(v);
+            }
+            Err(mut f) => {
+                f.verification
+                    .notes
+                    .splice(0..0, r.learned_notes.iter().cloned());
+                f.verification.previous_loads = r.history.clone();
+                r.report.report.verification = Some(f.verification.clone());
+                failures.push((i, f));
+                verified.push(Verification::default());
+            }
+        }
+    }
+    if !failures.is_empty() {
+        let cause = match first.filter(|_| !*options.cancel.borrow()) {
+            Some(i) => failures
+                .iter()
+                .find(|(j, _)| *j == i)
+                .unwrap_or(&failures[0]),
+            None => &failures[0],
+        };
+        let failed = Cause {
+            rank: cause.0,
+            stage: cause.1.stage.to_string(),
+            error: ApplyError::VerificationFailed {
+                stage: cause.1.stage.to_string(),
+                reason: cause.1.reason.clone(),
+            },
+        };
+        let cut_short = format!(
+            "cut short: the group's rank {} ({}) failed its {}",
+            failed.rank, ranks[failed.rank].job.t.host, failed.stage
+        );
+        for (i, f) in &failures {
+            let report = &mut ranks[*i].report.report;
+            report.failed_stage = Some(f.stage.to_string());
+            // A rank stopped because a peer failed says so, not that someone pressed Ctrl-C.
+            if *i != failed.rank && !*options.cancel.borrow() {
+                if let Some(v) = report.verification.as_mut() {
+                    for stage in v.stages.iter_mut().filter(|s| !s.passed) {
+                        stage.detail = cut_short.clone();
+                    }
+                }
+            }
+        }
+        return roll_back(ranks, failed).await;
+    }
+    // Rank 0's benchmark and quality gate: the group's API is rank 0's.
+    let keep;
+    {
+        let Rank { job, report, .. } = &mut ranks[0];
+        let v = &mut verified[0];
+        if let Some(reason) =
+            install::throughput_gate(job, v, before.as_ref(), &mut report.report).await
+        {
+            report.report.verification = Some(v.clone());
+            let failed = Cause::stage(0, "benchmark", reason);
+            return roll_back(ranks, failed).await;
+        }
+        match install::quality_gate(job, v, quality_before.as_ref(), &mut report.report).await {
+            Err(reason) => {
+                report.report.verification = Some(v.clone());
+                let failed = Cause::stage(0, "quality", reason);
+                return roll_back(ranks, failed).await;
+            }
+            Ok(k) => keep = k,
+        }
+    }
+    // Every rank passed: each deployment recorded.
+    let n = ranks.len();
+    let mut endings = Vec::new();
+    for (i, (r, v)) in ranks.iter_mut().zip(verified).enumerate() {
+        let mut ending = decide::converged(&v);
+        if i == 0 {
+            if let Some(b) = &r.report.report.benchmark {
+                ending.detail.push_str(&decide::benchmark_passed(&b.detail));
+            }
+            if let Some(q) = &r.report.report.quality {
+                ending.detail.push_str(&format!("; quality: {}", q.detail));
+            }
+            if let Some(reference) = &keep {
+                r.report
+                    .report
+                    .notes
+                    .extend(reconcile_core::quality::oversize_note(reference));
+                if let Err(e) =
+                    crate::quality::keep_reference(r.job.host, &r.job.t.desired.unit, reference)
+                        .await
+                {
+                    r.report.report.notes.push(format!(
+                        "quality: the new reference could not be kept: {}",
+                        error_chain(&e)
+                    ));
+                }
+            }
+        }
+        ending
+            .detail
+            .push_str(&format!(" (rank {i} of {n}; the group restarted together)"));
+        install::record(&r.job, "converged", Some(&v), &mut r.report.report).await;
+        r.report.report.verification = Some(v);
+        endings.push(ending);
+    }
+    endings
+}
+
+/// Step 2: preflight on every rank, the rendezvous port on rank 0, then every rank's lock. `Err`
+/// names the rank that stopped the group; locks taken are released by the caller.
+async fn prepare(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
+    let checked = join_all(ranks.iter_mut().map(|r| async move {
+        let Rank {
+            job,
+            observed,
+            verdict,
+            survey,
+            report,
+            ..
+        } = r;
+        super::run_preflight(job, observed, *verdict, survey.as_ref(), &mut report.report).await
+    }))
+    .await;
+    if let Some((i, e)) = checked
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, c)| c.err().map(|e| (i, e)))
+    {
+        return Err((i, e));
+    }
+    let rank0 = &ranks[0];
+    if let Some(group) = &rank0.job.t.manifest.group {
+        let unit = &rank0.job.t.desired.unit;
+        let found = preflight::rendezvous_free(
+            rank0.job.host,
+            unit,
+            group.dist_init_port,
+            rank0.observed.state.main_pid,
+        )
+        .await
+        .map_err(|e| (0, ApplyError::PreflightCouldNotRun(error_chain(&e))))?;
+        let (notes, refusal) = decide::preflight(found, rank0.job.options.restoring);
+        ranks[0].report.report.notes.extend(notes);
+        if let Some(e) = refusal {
+            return Err((0, e));
+        }
+    }
+    for (i, r) in ranks.iter_mut().enumerate() {
+        let (host, t, options) = (r.job.host, r.job.t, r.job.options);
+        match state::lock(host, &t.desired.unit, &options.owner, options.lock).await {
+            Ok(note) => {
+                r.locked = true;
+                r.report.report.notes.extend(note);
+            }
+            Err(e) => return Err((i, e)),
+        }
+        if let Some(expected) = &t.expected {
+            super::still_as_planned(host, t, expected, &r.observed)
+                .await
+                .map_err(|e| (i, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Endings for a group stopped before anything changed, by rank `failed`'s refusal `e`.
+fn refused_endings(ranks: &[Rank<'_>], failed: usize, e: &ApplyError) -> Vec<Ending> {
+    (0..ranks.len())
+        .map(|i| {
+            if i == failed {
+                Ending::refused(e)
+            } else {
+                let host = &ranks[failed].job.t.host;
+                Ending::refused(&ApplyError::Refused(peer_refused(failed, host, e)))
+            }
+        })
+        .collect()
+}
+
+/// Every rank's file put back after a failed install or a cancel before the restart: each
+/// rank's `Ok(whether anything was put back)`, or why it could not be.
+async fn put_back_all(ranks: &[Rank<'_>]) -> Vec<Result<bool, String>> {
+    join_all(ranks.iter().map(|r| async move {
+        put_back_file(
+            r.job.host,
+            &r.job.t.desired.unit,
+            r.fallback.previous.as_deref(),
+            r.fallback.layers.aside.as_ref(),
+        )
+        .await
+        .map_err(|e| error_chain(&e))
+    }))
+    .await
+}
+
+fn rank_of(r: &Rank<'_>) -> usize {
+    r.job.t.group.as_ref().map_or(0, |g| g.rank)
+}
+
+/// Stops every rank (the highest first, rank 0 and its rendezvous last), then starts them in the
+/// order SGLang needs (`reconcile_core::group::start_order`), each invocation noted. `Err` names
+/// the rank that could not be stopped or started.
+async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)> {
+    for i in stop_order(ranks.len()) {
+        let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);
+        host.run_ok(&["systemctl", "stop", "--", unit])
+            .await
+            .map_err(|e| (i, error_chain(&e)))?;
+    }
+    for i in start_order(ranks.len()) {
+        let r = &mut ranks[i];
+        let (host, unit) = (r.job.host, &r.job.t.desired.unit);
+        let install = r.verdict == Verdict::Install;
+        let started = async {
+            if install {
+                host.run_ok(&["systemctl", "enable", "--", unit]).await?;
+            }
+            host.run_ok(&["systemctl", "start", "--", unit]).await?;
+            Ok::<String, remote::RemoteError>(host.unit_state(unit).await?.invocation_id)
+        };
+        r.invocation = started.await.map_err(|e| (i, error_chain(&e)))?;
+    }
+    Ok(())
+}
+
+/// What failed the group: the rank, the stage and the error.
+struct Cause {
+    rank: usize,
+    stage: String,
+    error: ApplyError,
+}
+
+impl Cause {
+    fn stage(rank: usize, stage: &str, reason: String) -> Cause {
+        Cause {
+            rank,
+            stage: stage.to_string(),
+            error: ApplyError::VerificationFailed {
+                stage: stage.to_string(),
+                reason,
+            },
+        }
+    }
+}
+
+/// Runs every rank's check at once. The first to fail turns `group` (cutting the others short:
+/// without it, they would wait for a peer that is gone until their own deadlines), and so does
+/// `cancel` (Ctrl-C). Returns each rank's result and the rank that failed first, if one did.
+async fn together(
+    hosts: &[&dyn Host],
+    verifier: &dyn Verifier,
+    checks: Vec<Check<'_>>,
+    group: &watch::Sender<bool>,
+    cancel: Option<&watch::Receiver<bool>>,
+) -> (Vec<Result<Verification, Failure>>, Option<usize>) {
+    let first = Mutex::new(None);
+    let results = {
+        let verifying = join_all(checks.into_iter().enumerate().map(|(i, check)| {
+            let first = &first;
+            async move {
+                let result = verifier.verify(hosts[i], check).await;
+                if result.is_err() {
+                    let mut first = first.lock().unwrap_or_else(|p| p.into_inner());
+                    if first.is_none() && !*group.borrow() {
+                        *first = Some(i);
+                    }
+                    group.send_replace(true);
+                }
+                result
+            }
+        }));
+        tokio::pin!(verifying);
+        match cancel {
+            Some(cancel) => {
+                let mut cancel = cancel.clone();
+                tokio::select! {
+                    results = &mut verifying => results,
+                    Ok(_) = cancel.wait_for(|c| *c) => {
+                        group.send_replace(true);
+                        verifying.await
+                    }
+                }
+            }
+            None => verifying.await,
+        }
+    };
+    let first = first.into_inner().unwrap_or_else(|p| p.into_inner());
+    (results, first)
+}
+
+/// Step 6: every rank stopped, every previous unit put back and started in order, and the group
+/// verified again. Each rank's ending says what failed (its own stage, or the rank that failed
+/// first) and how its rollback went.
+async fn roll_back(ranks: &mut [Rank<'_>], cause: Cause) -> Vec<Ending> {
+    let kind = cause.error.kind();
+    let failed_host = ranks[cause.rank].job.t.host.clone();
+    let texts: Vec<String> = (0..ranks.len())
+        .map(|i| {
+            if i == cause.rank {
+                cause.error.to_string()
+            } else {
+                format!(
+                    "the server group failed: rank {} ({failed_host}) {}",
+                    cause.rank, cause.error
+                )
+            }
+        })
+        .collect();
+    ranks[cause.rank].report.report.failed_stage = Some(cause.stage.clone());
+    for r in ranks.iter_mut() {
+        r.report
+            .report
+            .failed_stage
+            .get_or_insert_with(|| "group".into());
+    }
+    // Stopped first, all of them: a rank on its old unit must not dial into a new rank 0.
+    let mut stopped: Vec<Option<String>> = vec![None; ranks.len()];
+    for i in stop_order(ranks.len()) {
+        let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);
+        if let Err(e) = host.run_ok(&["systemctl", "stop", "--", unit]).await {
+            stopped[i] = Some(error_chain(&e));
+        }
+    }
+    let restores: Vec<_> = ranks.iter().map(|r| r.fallback.restore(&r.job)).collect();
+    let mut put_back: Vec<Option<Result<Restored, NotRestored>>> =
+        (0..ranks.len()).map(|_| None).collect();
+    for i in start_order(ranks.len()) {
+        if let Err(e) = restore(&restores[i]).await {
+            put_back[i] = Some(Err(NotRestored::Restore(error_chain(&e))));
+        }
+    }
+    // The restored ranks verified together, as the new ones were; a second Ctrl-C does not cut
+    // this short: it is the way back.
+    let (group_tx, group_rx) = watch::channel(false);
+    let mut to_verify = Vec::new();
+    let mut checks = Vec::new();
+    for (i, r) in restores.iter().enumerate() {
+        if put_back[i].is_some() {
+            continue;
+        }
+        match restored_check(r, &group_rx) {
+            Ok(check) => {
+                to_verify.push(i);
+                checks.push(check);
+            }
+            Err(restored) => put_back[i] = Some(Ok(restored)),
+        }
+    }
+    let hosts: Vec<&dyn Host> = to_verify.iter().map(|&i| ranks[i].job.host).collect();
+    let (results, _) = together(&hosts, ranks[0].job.verifier, checks, &group_tx, None).await;
+    for (i, result) in to_verify.into_iter().zip(results) {
+        put_back[i] = Some(result.map(Restored::Verified).map_err(NotRestored::Verify));
+    }
+    drop(restores);
+    let mut endings = Vec::new();
+    for (i, r) in ranks.iter_mut().enumerate() {
+        let result = put_back[i]
+            .take()
+            .unwrap_or(Err(NotRestored::Restore("not restored".into())));
+        let mut text = texts[i].clone();
+        if let Some(e) = &stopped[i] {
+            text.push_str(&format!("; stopping it failed: {e}"));
+        }
+        let ending = decide::rolled_back(&text, kind, &result);
+        match result {
+            Ok(Restored::Verified(v)) => r.report.report.rollback = Some(v),
+            Err(NotRestored::Verify(f)) => r.report.report.rollback = Some(f.verification),
+            _ => {}
+        }
+        r.report.report.journal =
+            install::redacted_journal(&r.job, &r.fallback, &r.invocation).await;
+        r.report.report.diagnosis = r
+            .report
+            .report
+            .journal
+            .as_deref()
+            .and_then(reconcile_core::diagnose::diagnose);
+        endings.push(ending);
+    }
+    endings
+}

@@ -1,0 +1,389 @@
+//! Server groups (issue 24): one SGLang server over two test hosts (`GROUP`, rank 0 first), the
+//! stand-in's ranks meeting at rank 0's rendezvous port over the lab's network (`ROUTE=1`).
+//! Each test has its own service, ports 37501-37519 (server port, then the rendezvous port one
+//! above) and GPU, so they run alongside each other.
+
+use std::time::Duration;
+
+use crate::lab::{lab, Reconcile, GROUP, UNREACHABLE};
+
+/// A group manifest over `nodes` (each with the lab's address for it, or `address` when given):
+/// `rank1_env` is more env for rank 1 only (a failure to inject), `flags` more flags.
+fn group(
+    service: &str,
+    port: u16,
+    nodes: &[(&str, Option<&str>)],
+    rank1_env: &str,
+    flags: &str,
+) -> String {
+    let gpu = (port - 37501) / 2;
+    let entries: String = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, (name, address))| {
+            let address = address.map_or_else(|| lab().address(name), str::to_string);
+            let env = if i == 1 && !rank1_env.is_empty() {
+                format!("\n    env: {{ {rank1_env} }}")
+            } else {
+                String::new()
+            };
+            format!("  - name: {name}\n    address: {address}{env}\n")
+        })
+        .collect();
+    format!(
+        "service: {service}\n\
+         description: test server group {service}\n\
+         nodes:\n{entries}\
+         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  dist_init_port: {}\n  flags:\n    tp-size: 2\n    context-length: 8192\n    dist-timeout: 30\n{flags}\
+         env: {{ CUDA_VISIBLE_DEVICES: \"{gpu}\", FAKE_SGLANG_GPU_COUNT: \"16\", FAKE_SGLANG_LOAD_SECONDS: \"2\" }}\n\
+         systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
+         verify: {{ crash_window: 3s, sample_interval: 1s, stall_timeout: 15s, load_deadline: 60s }}\n",
+        port + 1
+    )
+}
+
+fn both() -> Vec<(&'static str, Option<&'static str>)> {
+    GROUP.iter().map(|h| (*h, None)).collect()
+}
+
+fn clean(unit: &str) {
+    for host in GROUP {
+        lab().remove_unit(host, unit);
+    }
+}
+
+/// `reconcile apply --format json`: the exit code and the units' reports, by host.
+fn apply(text: &str) -> (i32, Vec<serde_json::Value>, String) {
+    let ran = Reconcile::new()
+        .manifest("group.yaml", text)
+        .args(&["apply", "--format", "json"])
+        .run();
+    let json = ran.json();
+    let units = json["units"].as_array().cloned().unwrap_or_default();
+    (ran.code, units, ran.stdout)
+}
+
+fn unit_of<'a>(units: &'a [serde_json::Value], host: &str) -> &'a serde_json::Value {
+    units
+        .iter()
+        .find(|u| u["host"] == host)
+        .unwrap_or_else(|| panic!("no report for {host}: {units:?}"))
+}
+
+/// When the unit's current main process started, in microseconds of the realtime clock (the
+/// test hosts are containers of one machine: one clock).
+fn started_us(host: &str, unit: &str) -> u64 {
+    lab()
+        .sh(
+            host,
+            &format!("systemctl show -p ExecMainStartTimestamp --value --timestamp=unix {unit}"),
+        )
+        .trim()
+        .trim_start_matches('@')
+        .parse::<f64>()
+        .map(|s| (s * 1e6) as u64)
+        .unwrap_or(0)
+}
+
+fn unit_file(host: &str, unit: &str) -> String {
+    lab().sh(host, &format!("cat /etc/systemd/system/{unit}"))
+}
+
+#[test]
+fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
+    let unit = "t-group-flow.service";
+    clean(unit);
+    let v1 = group("t-group-flow", 37501, &both(), "", "");
+    let (code, units, out) = apply(&v1);
+    assert_eq!(code, 0, "{out}");
+    for host in GROUP {
+        assert_eq!(unit_of(&units, host)["outcome"], "converged", "{out}");
+    }
+    // Rank 1 serves no API: its readiness is its dummy health port.
+    let rank1 = unit_of(&units, GROUP[1]);
+    assert_eq!(rank1["group"]["rank"], 1, "{out}");
+    let stages: Vec<&str> = rank1["verification"]["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    assert!(!stages.contains(&"identity"), "{stages:?}");
+    assert!(stages.contains(&"readiness"), "{stages:?}");
+    assert!(unit_file(GROUP[1], unit).contains("--node-rank 1"));
+    assert!(unit_file(GROUP[0], unit).contains(&format!(
+        "--dist-init-addr {}:37502",
+        lab().address(GROUP[0])
+    )));
+
+    // A flag change restarts both ranks, together.
+    let before: Vec<String> = GROUP.iter().map(|h| lab().invocation(h, unit)).collect();
+    let v2 = group(
+        "t-group-flow",
+        37501,
+        &both(),
+        "",
+        "    mem-fraction-static: 0.8\n",
+    );
+    let (code, units, out) = apply(&v2);
+    assert_eq!(code, 0, "{out}");
+    for (i, host) in GROUP.iter().enumerate() {
+        assert_eq!(unit_of(&units, host)["outcome"], "converged", "{out}");
+        assert_ne!(lab().invocation(host, unit), before[i], "{host} restarted");
+    }
+    let (a, b) = (started_us(GROUP[0], unit), started_us(GROUP[1], unit));
+    let apart = a.abs_diff(b) as f64 / 1e6;
+    // Within one poll of each other: the manifest samples every second.
+    assert!(apart < 1.0, "the ranks started {apart:.3}s apart");
+    assert!(a <= b, "rank 0 (the rendezvous) starts first");
+
+    // Nothing changed: neither rank is touched.
+    let before: Vec<String> = GROUP.iter().map(|h| lab().invocation(h, unit)).collect();
+    let (code, units, out) = apply(&v2);
+    assert_eq!(code, 0, "{out}");
+    for (i, host) in GROUP.iter().enumerate() {
+        assert_eq!(unit_of(&units, host)["outcome"], "unchanged", "{out}");
+        assert_eq!(lab().invocation(host, unit), before[i], "{host} untouched");
+    }
+    clean(unit);
+}
+
+#[test]
+fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
+    let unit = "t-group-crash.service";
+    clean(unit);
+    let v1 = group("t-group-crash", 37503, &both(), "", "");
+    let (code, _, out) = apply(&v1);
+    assert_eq!(code, 0, "{out}");
+    let kept: Vec<String> = GROUP.iter().map(|h| unit_file(h, unit)).collect();
+    let crash = "FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"";
+    let v2 = group(
+        "t-group-crash",
+        37503,
+        &both(),
+        crash,
+        "    mem-fraction-static: 0.8\n",
+    );
+    let (code, units, out) = apply(&v2);
+    assert_eq!(code, 3, "rolled back: {out}");
+    for (i, host) in GROUP.iter().enumerate() {
+        let u = unit_of(&units, host);
+        assert_eq!(u["outcome"], "rolled_back", "{out}");
+        assert_eq!(
+            unit_file(host, unit),
+            kept[i],
+            "{host} runs its previous unit"
+        );
+        assert!(
+            u["rollback"]["stages"]
+                .as_array()
+                .is_some_and(|s| !s.is_empty()),
+            "the restored group was verified: {out}"
+        );
+        assert!(
+            u["detail"]
+                .as_str()
+                .unwrap()
+                .contains("the previous unit was restored and passed verification"),
+            "{out}"
+        );
+    }
+    let rank0 = unit_of(&units, GROUP[0]);
+    assert!(
+        rank0["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("rank 1 ({})", GROUP[1])),
+        "rank 0 names the rank that failed: {out}"
+    );
+    for host in GROUP {
+        assert_eq!(
+            lab()
+                .sh(host, &format!("systemctl is-active {unit} || true"))
+                .trim(),
+            "active"
+        );
+    }
+    clean(unit);
+}
+
+#[test]
+fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
+    let unit = "t-group-unreach.service";
+    clean(unit);
+    let nodes = [(GROUP[0], None), (UNREACHABLE, Some("10.255.255.1"))];
+    let text = group("t-group-unreach", 37505, &nodes, "", "");
+    let run = Reconcile::new().manifest("group.yaml", &text);
+    let plan = run.run_args(&["plan", "--format", "json"]);
+    assert_eq!(plan.code, 1, "{}", plan.stdout);
+    let json = plan.json();
+    let planned = json["units"]
+        .as_array()
+        .or(json.as_array())
+        .cloned()
+        .unwrap_or_default();
+    let rank0 = planned
+        .iter()
+        .find(|u| u["host"] == GROUP[0])
+        .unwrap_or_else(|| panic!("{}", plan.stdout));
+    assert_eq!(rank0["outcome"], "error", "{}", plan.stdout);
+    assert!(
+        rank0["error"].as_str().unwrap().contains("is not planned"),
+        "{}",
+        plan.stdout
+    );
+    let (code, units, out) = apply(&text);
+    assert_eq!(code, 1, "{out}");
+    assert_eq!(unit_of(&units, GROUP[0])["outcome"], "error", "{out}");
+    assert!(
+        unit_of(&units, GROUP[0])["detail"]
+            .as_str()
+            .unwrap()
+            .contains("rank 1 (rl-unreachable) was refused"),
+        "{out}"
+    );
+    assert_eq!(
+        lab()
+            .sh(
+                GROUP[0],
+                &format!("test -e /etc/systemd/system/{unit} && echo there || echo absent")
+            )
+            .trim(),
+        "absent",
+        "nothing was installed on rank 0"
+    );
+}
+
+#[test]
+fn ctrl_c_during_the_groups_verification_puts_every_rank_back() {
+    let unit = "t-group-int.service";
+    clean(unit);
+    let v1 = group("t-group-int", 37507, &both(), "", "");
+    let (code, _, out) = apply(&v1);
+    assert_eq!(code, 0, "{out}");
+    let kept: Vec<String> = GROUP.iter().map(|h| unit_file(h, unit)).collect();
+    let v2 = group(
+        "t-group-int",
+        37507,
+        &both(),
+        "",
+        "    mem-fraction-static: 0.8\n",
+    )
+    .replace(
+        "FAKE_SGLANG_LOAD_SECONDS: \"2\"",
+        "FAKE_SGLANG_LOAD_SECONDS: \"30\"",
+    );
+    let run = Reconcile::new()
+        .manifest("group.yaml", &v2)
+        .args(&["apply", "--format", "json"]);
+    let (ran, json) = crate::lab::signalled(
+        &run,
+        (GROUP[1], unit),
+        "-INT",
+        Duration::from_secs(60),
+        Duration::from_secs(2),
+    );
+    assert_eq!(ran.code, 3, "{}", ran.stdout);
+    let units = json["units"].as_array().cloned().unwrap_or_default();
+    for (i, host) in GROUP.iter().enumerate() {
+        let u = unit_of(&units, host);
+        assert_eq!(u["outcome"], "rolled_back", "{}", ran.stdout);
+        assert!(
+            u["detail"].as_str().unwrap().contains("interrupted"),
+            "{}",
+            ran.stdout
+        );
+        assert_eq!(
+            unit_file(host, unit),
+            kept[i],
+            "{host} back on its previous unit"
+        );
+        assert_eq!(
+            lab()
+                .sh(host, &format!("systemctl is-active {unit} || true"))
+                .trim(),
+            "active"
+        );
+    }
+    clean(unit);
+}
+
+#[test]
+fn bad_group_input_is_refused_offline_with_its_place() {
+    let validate = |text: &str| {
+        let ran = Reconcile::new()
+            .manifest("group.yaml", text)
+            .run_offline(&["validate"]);
+        (ran.code, format!("{}{}", ran.stdout, ran.stderr))
+    };
+    let one = group("t-group-bad", 37509, &both(), "", "").replace(
+        &format!(
+            "  - name: {}\n    address: {}\n",
+            GROUP[1],
+            lab().address(GROUP[1])
+        ),
+        "",
+    );
+    let (code, out) = validate(&one);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("group.yaml:3:") && out.contains("nodes"),
+        "{out}"
+    );
+    let ranked = group("t-group-bad", 37509, &both(), "", "    node-rank: 1\n");
+    let (code, out) = validate(&ranked);
+    assert_ne!(code, 0, "{out}");
+    assert!(
+        out.contains("group.yaml:") && out.contains("node-rank"),
+        "{out}"
+    );
+    // Two groups claiming one rendezvous port on rank 0's host.
+    let a = group("t-group-bad-a", 37509, &both(), "", "");
+    let b = group("t-group-bad-b", 37511, &both(), "", "")
+        .replace("dist_init_port: 37512", "dist_init_port: 37510");
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &a)
+        .manifest("b.yaml", &b)
+        .run_offline(&["validate"]);
+    let out = format!("{}{}", ran.stdout, ran.stderr);
+    assert_ne!(ran.code, 0, "{out}");
+    assert!(out.contains("37510"), "{out}");
+    // Hosts that disagree on the SGLang version: preflight refuses the group, touching neither.
+    let unit = "t-group-version.service";
+    clean(unit);
+    let py = "/opt/t-group-py/bin/python3";
+    for (host, v) in [(GROUP[0], None), (GROUP[1], Some("0.5.9"))] {
+        let script = match v {
+            None => format!("mkdir -p /opt/t-group-py/bin && printf '#!/bin/sh\\nexec /usr/bin/python3 \"$@\"\\n' > {py} && chmod 755 {py}"),
+            Some(v) => format!(
+                "d=/opt/t-group-py; mkdir -p $d/site/sglang-{v}.dist-info $d/bin && printf 'Metadata-Version: 2.1\\nName: sglang\\nVersion: {v}\\n' > $d/site/sglang-{v}.dist-info/METADATA && printf '#!/bin/sh\\nPYTHONPATH=%s/site exec /usr/bin/python3 \"$@\"\\n' $d > {py} && chmod 755 {py}"
+            ),
+        };
+        lab().sh(host, &script);
+    }
+    let text = group("t-group-version", 37513, &both(), "", "")
+        .replace("python: /usr/bin/python3", &format!("python: {py}"));
+    let (code, units, out) = apply(&text);
+    assert_eq!(code, 1, "{out}");
+    let rank1 = unit_of(&units, GROUP[1]);
+    assert!(rank1["detail"].as_str().unwrap().contains("0.5.9"), "{out}");
+    assert!(
+        unit_of(&units, GROUP[0])["detail"]
+            .as_str()
+            .unwrap()
+            .contains("was refused"),
+        "{out}"
+    );
+    for host in GROUP {
+        assert_eq!(
+            lab()
+                .sh(
+                    host,
+                    &format!("test -e /etc/systemd/system/{unit} && echo there || echo absent")
+                )
+                .trim(),
+            "absent",
+            "{host} untouched"
+        );
+    }
+}
