@@ -20,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 cd "$(dirname "$0")/.."
 export STATE=${STATE:-/tmp/reconcile-lab}
-HOSTS=${HOSTS:-32}
+HOSTS=${HOSTS:-34}
 REAL_SGLANG=${REAL_SGLANG:-1}
 
 bash tests/hostlab/build-rootfs.sh

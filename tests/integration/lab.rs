@@ -45,6 +45,10 @@ pub const FLEET: [&str; 6] = ["rl27", "rl28", "rl29", "rl30", "rl31", "rl32"];
 /// Server groups (group.rs): one server over these two hosts, rank 0 first (ports 37501-37519).
 /// The lab must be booted with `ROUTE=1` so the ranks reach each other.
 pub const GROUP: [&str; 2] = ["rl22", "rl23"];
+/// Experiments (experiment.rs): the host whose service an experiment's variants run on, and the
+/// host of its real-SGLang variant set.
+pub const EXPERIMENT: &str = "rl33";
+pub const EXPERIMENT_REAL: &str = "rl34";
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
