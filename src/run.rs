@@ -348,9 +348,12 @@ fn service_hosts(
 
 /// `reconcile history`: the deployments and generations each host keeps.
 async fn history(args: HistoryArgs, reach: &Reach) -> Result<ExitCode, Error> {
-    let (unit, hosts, _, _) = service_hosts(&args)?;
+    let (unit, hosts, manifest, _) = service_hosts(&args)?;
     let ssh = ssh_options(reach, &args.ssh);
-    let histories = history::history_hosts(&hosts, &unit, &ssh, 32).await;
+    let mut histories = history::history_hosts(&hosts, &unit, &ssh, 32).await;
+    if manifest.is_some_and(|m| m.group.is_some()) {
+        history::group_notes(&mut histories);
+    }
     print!("{}", report::history::render(&histories, args.format));
     let failed = histories.iter().any(|h| h.error.is_some());
     Ok(ExitCode::from(u8::from(failed)))

@@ -134,6 +134,49 @@ pub fn plan_groups(outcomes: &mut [PlanOutcome], targets: &[Target]) {
     }
 }
 
+/// One rank as `reconcile status` found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankStatus<'a> {
+    pub host: &'a str,
+    /// Manifest, record, unit on disk and process agree on this rank.
+    pub in_sync: bool,
+    /// What is wrong with it otherwise: its status classes (`pending-change,down`), or why it
+    /// could not be read.
+    pub why: &'a str,
+    /// The manifest digest its last deployment was applied from.
+    pub deployed: Option<&'a str>,
+}
+
+/// The line every rank of a group shows in `reconcile status`: whether the server as a whole is
+/// in sync, on one deployment. A group serves only when every rank runs the same deployment, so
+/// one rank out of sync puts the whole server out of sync, and the line names it.
+pub fn group_status(ranks: &[RankStatus<'_>]) -> String {
+    let hosts: Vec<&str> = ranks.iter().map(|r| r.host).collect();
+    let head = format!(
+        "one server over {} hosts ({})",
+        ranks.len(),
+        hosts.join(", ")
+    );
+    let off: Vec<String> = ranks
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| !r.in_sync)
+        .map(|(i, r)| format!("rank {i} ({}) is {}", r.host, r.why))
+        .collect();
+    let mut deployed: Vec<&str> = ranks.iter().filter_map(|r| r.deployed).collect();
+    deployed.sort_unstable();
+    deployed.dedup();
+    let mixed =
+        deployed.len() > 1 || (deployed.len() == 1 && ranks.iter().any(|r| r.deployed.is_none()));
+    match (off.is_empty(), mixed) {
+        (true, false) => format!("{head}: every rank in sync, on one deployment"),
+        (true, true) => format!(
+            "{head}: NOT one deployment: the ranks' last deployments come from different manifests"
+        ),
+        (false, _) => format!("{head}: the server is NOT in sync: {}", off.join("; ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,5 +227,121 @@ mod tests {
         assert_eq!(start_order(3), [0, 1, 2]);
         assert_eq!(stop_order(3), [2, 1, 0]);
         assert!(start_order(0).is_empty() && stop_order(0).is_empty());
+    }
+
+    fn rank<'a>(host: &'a str, in_sync: bool, deployed: Option<&'a str>) -> RankStatus<'a> {
+        RankStatus {
+            host,
+            in_sync,
+            why: if in_sync { "" } else { "pending-change" },
+            deployed,
+        }
+    }
+
+    #[test]
+    fn a_group_is_in_sync_only_when_every_rank_is_on_one_deployment() {
+        let both = [rank("a", true, Some("d1")), rank("b", true, Some("d1"))];
+        assert_eq!(
+            group_status(&both),
+            "one server over 2 hosts (a, b): every rank in sync, on one deployment"
+        );
+        let one_off = [rank("a", true, Some("d1")), rank("b", false, Some("d0"))];
+        assert_eq!(
+            group_status(&one_off),
+            "one server over 2 hosts (a, b): the server is NOT in sync: rank 1 (b) is pending-change"
+        );
+        let mixed = [rank("a", true, Some("d1")), rank("b", true, Some("d2"))];
+        assert!(group_status(&mixed).contains("NOT one deployment"));
+    }
+
+    const GROUP: &str = "service: big\nnodes: [gpu-a, gpu-b]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n  flags: { tp-size: 2 }\n";
+
+    /// Each rank planned against a host that runs `current` (a manifest's rendering of it).
+    fn planned(current: Option<&str>) -> (Vec<PlanOutcome>, Vec<Target>) {
+        use crate::observed::{Observed, UnitState};
+        let m = crate::manifest::parse("big.yaml", GROUP).unwrap();
+        let targets = crate::targets::targets(&[m], &Default::default()).unwrap();
+        let outcomes = targets
+            .iter()
+            .map(|t| {
+                let old = current.map(|text| {
+                    let m = crate::manifest::parse("big.yaml", text).unwrap();
+                    let i = m.hosts.iter().position(|h| h.name == t.host).unwrap();
+                    crate::unit::render(&m, &m.hosts[i]).text
+                });
+                let observed = Observed {
+                    unit_text: old,
+                    state: UnitState {
+                        load_state: "loaded".into(),
+                        active_state: "active".into(),
+                        ..Default::default()
+                    },
+                    layers: Default::default(),
+                };
+                PlanOutcome::Planned(Box::new(crate::plan::plan(
+                    &t.host,
+                    &t.source,
+                    &t.desired,
+                    &observed,
+                    &Default::default(),
+                )))
+            })
+            .collect();
+        (outcomes, targets)
+    }
+
+    fn verdicts(outcomes: &[PlanOutcome]) -> Vec<Option<Verdict>> {
+        outcomes
+            .iter()
+            .map(|o| match o {
+                PlanOutcome::Planned(p) => Some(p.verdict),
+                PlanOutcome::Error { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_group_is_planned_as_one_server() {
+        // Rank 1's own unit is unchanged; rank 0's restarts: both restart, and rank 1 says why.
+        let before = GROUP.replace(
+            "nodes: [gpu-a, gpu-b]",
+            "nodes:\n  - name: gpu-a\n    env: { X: \"1\" }\n  - gpu-b",
+        );
+        let (mut outcomes, targets) = planned(Some(&before));
+        assert_eq!(verdicts(&outcomes), [Some(Restart), Some(NoChange)]);
+        plan_groups(&mut outcomes, &targets);
+        assert_eq!(verdicts(&outcomes), [Some(Restart), Some(Restart)]);
+        let PlanOutcome::Planned(rank1) = &outcomes[1] else {
+            unreachable!()
+        };
+        assert!(
+            rank1.notes[0].starts_with("rank 1 of one server over 2 hosts (gpu-a, gpu-b)"),
+            "{:?}",
+            rank1.notes
+        );
+        assert!(
+            rank1.notes[0].ends_with("it restarts with its group"),
+            "{:?}",
+            rank1.notes
+        );
+        // Up to date everywhere: no change, for the group too.
+        let (mut outcomes, targets) = planned(Some(GROUP));
+        plan_groups(&mut outcomes, &targets);
+        assert_eq!(verdicts(&outcomes), [Some(NoChange), Some(NoChange)]);
+    }
+
+    #[test]
+    fn a_rank_that_cannot_be_planned_leaves_the_whole_group_unplanned() {
+        let (mut outcomes, targets) = planned(None);
+        outcomes[1] = PlanOutcome::failed(&targets[1], "cannot connect to gpu-b".into());
+        plan_groups(&mut outcomes, &targets);
+        assert_eq!(verdicts(&outcomes), [None, None]);
+        let PlanOutcome::Error { error, .. } = &outcomes[0] else {
+            unreachable!()
+        };
+        assert_eq!(
+            error,
+            "the server group over gpu-a, gpu-b is not planned: its rank 1 (gpu-b) could not be: cannot connect to gpu-b"
+        );
     }
 }

@@ -45,7 +45,7 @@ use crate::verify::{Expect, Failure, Verification};
 
 /// Applies one server group: `targets` are its ranks (any order). Connects to every rank first;
 /// one that cannot be reached leaves the group untouched.
-pub(super) async fn apply_group(
+pub(crate) async fn apply_group(
     mut targets: Vec<Target>,
     ssh: &SshOptions,
     options: &ApplyOptions,
@@ -582,16 +582,12 @@ async fn prepare(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
         return Err((i, e));
     }
     let rank0 = &ranks[0];
-    if let Some(group) = &rank0.job.t.manifest.group {
+    if let Some(port) = rendezvous(&rank0.job.t.desired.model) {
         let unit = &rank0.job.t.desired.unit;
-        let found = preflight::rendezvous_free(
-            rank0.job.host,
-            unit,
-            group.dist_init_port,
-            rank0.observed.state.main_pid,
-        )
-        .await
-        .map_err(|e| (0, ApplyError::PreflightCouldNotRun(error_chain(&e))))?;
+        let found =
+            preflight::rendezvous_free(rank0.job.host, unit, port, rank0.observed.state.main_pid)
+                .await
+                .map_err(|e| (0, ApplyError::PreflightCouldNotRun(error_chain(&e))))?;
         let (notes, refusal) = decide::preflight(found, rank0.job.options.restoring);
         ranks[0].report.report.notes.extend(notes);
         if let Some(e) = refusal {
@@ -614,6 +610,17 @@ async fn prepare(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
         }
     }
     Ok(())
+}
+
+/// The rendezvous port rank 0's unit listens on: `--dist-init-addr HOST:PORT`'s (`[v6]:PORT`).
+/// Read from the unit, not the manifest: a rollback restores a unit the manifest may have moved
+/// on from.
+fn rendezvous(model: &crate::unit::UnitModel) -> Option<u16> {
+    let (_, flags) = crate::flags::flags(&model.exec_start);
+    let addr = flags
+        .get("dist-init-addr")
+        .or(flags.get("nccl-init-addr"))?;
+    addr.rsplit_once(':')?.1.parse().ok()
 }
 
 /// Endings for a group stopped before anything changed, by rank `failed`'s refusal `e`.

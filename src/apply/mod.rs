@@ -35,6 +35,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 pub use error::{ApplyError, ApplyErrorKind};
+pub(crate) use group::apply_group;
 pub use reconcile_core::rollout::Rollout;
 pub use state::{LockPolicy, Owner};
 

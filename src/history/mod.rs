@@ -77,6 +77,54 @@ pub struct HostHistory {
     pub error: Option<String>,
 }
 
+/// A server group's history, as one server: a note for every rank saying which deployments the
+/// whole group shares (the same number on every rank, applied from the same manifest: what
+/// `reconcile rollback` can take the group back to) and which it does not.
+pub fn group_notes(histories: &mut [HostHistory]) {
+    if histories.len() < 2 || histories.iter().any(|h| h.error.is_some()) {
+        return;
+    }
+    let digest = |h: &HostHistory, n: usize| {
+        h.deployments
+            .iter()
+            .find(|d| d.n == n)
+            .and_then(|d| d.record.as_ref())
+            .map(|r| r.manifest_sha256.clone())
+    };
+    let numbers: std::collections::BTreeSet<usize> = histories
+        .iter()
+        .flat_map(|h| h.deployments.iter().map(|d| d.n))
+        .collect();
+    let (mut shared, mut apart) = (Vec::new(), Vec::new());
+    for n in numbers {
+        let first = digest(&histories[0], n);
+        let kept = histories
+            .iter()
+            .all(|h| h.deployments.iter().any(|d| d.n == n && d.kept));
+        if first.is_some() && kept && histories.iter().all(|h| digest(h, n) == first) {
+            shared.push(n.to_string());
+        } else {
+            apart.push(n.to_string());
+        }
+    }
+    let hosts: Vec<&str> = histories.iter().map(|h| h.host.as_str()).collect();
+    let mut note = format!(
+        "one server over {} hosts ({}): deployments every rank shares, to roll the group back to: {}",
+        hosts.len(),
+        hosts.join(", "),
+        if shared.is_empty() { "none".to_string() } else { shared.join(", ") }
+    );
+    if !apart.is_empty() {
+        note.push_str(&format!(
+            "; not the group's (missing, not kept or from another manifest on some rank): {}",
+            apart.join(", ")
+        ));
+    }
+    for h in histories.iter_mut() {
+        h.notes.insert(0, note.clone());
+    }
+}
+
 /// Numbers the history's lines and marks the kept and the current ones. The current deployment
 /// is the newest line equal to `current.json` (a later apply appends, so the last one normally).
 pub fn deployments(

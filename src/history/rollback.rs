@@ -27,6 +27,9 @@ pub async fn rollback(
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
+    if let Some(reports) = rollback_group(hosts, unit, to, manifest, ssh, options).await {
+        return reports;
+    }
     let mut reports = Vec::new();
     let mut stopped: Option<ApplyError> = None;
     for name in hosts {
@@ -50,6 +53,135 @@ pub async fn rollback(
     reports
 }
 
+/// A server group's rollback: `Some` when the unit is a server group's (the manifest's `nodes:`,
+/// or a kept unit with `--nnodes` > 1). Every rank is prepared first; they go back together,
+/// through the group's own apply, to one deployment: the same number on every host, applied from
+/// the same manifest. Anything else (a rank whose history cannot be read, ranks whose chosen
+/// deployments differ, hosts that are not the whole group) refuses the rollback on every rank,
+/// touching none.
+async fn rollback_group(
+    hosts: &[String],
+    unit: &str,
+    to: Option<usize>,
+    manifest: Option<&Manifest>,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Option<Vec<UnitReport>> {
+    let grouped = manifest.is_some_and(|m| m.group.is_some());
+    let mut prepared = Vec::new();
+    for name in hosts {
+        let read = match remote::connect(name, ssh).await {
+            Ok(host) => {
+                let p = prepare(&*host, name, unit, to, manifest).await;
+                host.close().await;
+                p
+            }
+            Err(e) => Err(error_chain(&e)),
+        };
+        prepared.push((name.clone(), read));
+    }
+    let ranks = prepared
+        .iter()
+        .any(|(_, p)| p.as_ref().is_ok_and(|p| is_rank(&p.target)));
+    if !grouped && !ranks {
+        return None;
+    }
+    let refuse_all = |why: String| {
+        prepared
+            .iter()
+            .map(|(name, _)| apply::refused_for(name, unit, "", &ApplyError::Refused(why.clone())))
+            .collect::<Vec<_>>()
+    };
+    let mut ok = Vec::new();
+    for (name, p) in &prepared {
+        match p {
+            Ok(p) => ok.push((name.clone(), p)),
+            Err(e) => {
+                return Some(refuse_all(format!(
+                    "{unit} is a server group, rolled back whole, and {name} cannot be: {e}"
+                )))
+            }
+        }
+    }
+    if let Err(why) = one_deployment(unit, &ok) {
+        return Some(refuse_all(why));
+    }
+    let nodes: Vec<String> = {
+        let mut by_rank: Vec<(usize, String)> = ok
+            .iter()
+            .map(|(name, p)| (node_rank(&p.target), name.clone()))
+            .collect();
+        by_rank.sort();
+        by_rank.into_iter().map(|(_, name)| name).collect()
+    };
+    let (n, git) = (ok[0].1.n, ok[0].1.git.clone());
+    let targets: Vec<Target> = ok
+        .iter()
+        .map(|(_, p)| Target {
+            group: Some(crate::targets::Rank {
+                rank: node_rank(&p.target),
+                nodes: nodes.clone(),
+            }),
+            ..p.target.clone()
+        })
+        .collect();
+    let options = options.restoring(n, git);
+    let notes: Vec<Vec<String>> = ok.iter().map(|(_, p)| p.notes.clone()).collect();
+    let mut reports = apply::apply_group(targets, ssh, &options).await;
+    for r in &mut reports {
+        r.detail = format!("rollback to deployment {n}: {}", r.detail);
+        if let Some(i) = ok.iter().position(|(name, _)| *name == r.host) {
+            r.notes.splice(0..0, notes[i].clone());
+        }
+    }
+    Some(reports)
+}
+
+/// The group's ranks go back to one deployment: the same number on every host, each applied
+/// from the same manifest, its ranks together the whole group (`--nnodes` of them, each rank once).
+fn one_deployment(unit: &str, ranks: &[(String, &Prepared)]) -> Result<(), String> {
+    let shown: Vec<String> = ranks
+        .iter()
+        .map(|(name, p)| format!("{name} #{}", p.n))
+        .collect();
+    let first = ranks[0].1;
+    if ranks
+        .iter()
+        .any(|(_, p)| p.n != first.n || p.target.manifest_digest != first.target.manifest_digest)
+    {
+        return Err(format!(
+            "{unit} is a server group, rolled back whole to one deployment, and its hosts would go back to different ones ({}); say which with --to N, the same deployment on every host",
+            shown.join(", ")
+        ));
+    }
+    let nnodes = {
+        let (_, flags) = flags(&first.target.desired.model.exec_start);
+        flags
+            .get("nnodes")
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(1)
+    };
+    let mut seen: Vec<usize> = ranks.iter().map(|(_, p)| node_rank(&p.target)).collect();
+    seen.sort_unstable();
+    if seen != (0..nnodes).collect::<Vec<_>>() {
+        return Err(format!(
+            "deployment {} of {unit} is one server over {nnodes} hosts, and the hosts named ({}) are not all of its ranks, each once; name every rank's host",
+            first.n,
+            shown.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// The kept unit's `--node-rank` (0 without one).
+fn node_rank(t: &Target) -> usize {
+    let (_, flags) = flags(&t.desired.model.exec_start);
+    flags
+        .get("node-rank")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0)
+}
+
 async fn rollback_host(
     name: &str,
     unit: &str,
@@ -64,9 +196,6 @@ async fn rollback_host(
         Err(e) => return error(ApplyError::Unreachable(error_chain(&e))),
     };
     let report = match prepare(&*host, name, unit, to, manifest).await {
-        Ok(Prepared { n, target, .. }) if is_rank(&target) => error(ApplyError::Refused(format!(
-            "deployment {n} of {unit} on {name} is a rank of a server group (--nnodes): a rank restored alone would restart out of its group; restore the group by applying its manifest at the commit to go back to (`git checkout`, then `reconcile apply`)"
-        ))),
         Ok(Prepared {
             n,
             target,

@@ -171,6 +171,7 @@ mod tests {
                 ..Systemd::default()
             },
             served_models: None,
+            deployed_manifest: None,
             error: None,
         }
     }

@@ -33,8 +33,11 @@ pub async fn status_targets(
     parallel: usize,
     redactor: &Redactor,
 ) -> Vec<UnitStatus> {
+    let by_host = crate::targets::by_host(targets);
+    // The statuses' order, for the server groups' lines.
+    let ordered: Vec<Target> = by_host.values().flatten().cloned().collect();
     let results: Vec<Vec<UnitStatus>> = fleet::each_host(
-        crate::targets::by_host(targets),
+        by_host,
         ssh,
         parallel,
         fleet::no_span,
@@ -47,7 +50,57 @@ pub async fn status_targets(
         },
     )
     .await;
-    results.into_iter().flatten().collect()
+    let mut statuses: Vec<UnitStatus> = results.into_iter().flatten().collect();
+    groups(&mut statuses, &ordered);
+    statuses
+}
+
+/// Each rank of a server group gets the group's line first (`reconcile_core::group::group_status`):
+/// the server is in sync only when all of its ranks are.
+fn groups(statuses: &mut [UnitStatus], ordered: &[Target]) {
+    let mut done: Vec<(&str, &str)> = Vec::new();
+    for t in ordered.iter().filter(|t| t.group.is_some()) {
+        let key = (t.source.as_str(), t.desired.unit.as_str());
+        if done.contains(&key) {
+            continue;
+        }
+        done.push(key);
+        let mut members: Vec<(usize, usize)> = ordered
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| (o.source.as_str(), o.desired.unit.as_str()) == key)
+            .filter_map(|(i, o)| o.group.as_ref().map(|g| (g.rank, i)))
+            .collect();
+        members.sort_unstable();
+        let whys: Vec<String> = members
+            .iter()
+            .map(|&(_, i)| match &statuses[i].error {
+                Some(e) => format!("unreadable ({e})"),
+                None => statuses[i]
+                    .classes
+                    .iter()
+                    .map(|c| c.name())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            })
+            .collect();
+        let line = {
+            let ranks: Vec<reconcile_core::group::RankStatus<'_>> = members
+                .iter()
+                .zip(&whys)
+                .map(|(&(_, i), why)| reconcile_core::group::RankStatus {
+                    host: &statuses[i].host,
+                    in_sync: statuses[i].in_sync(),
+                    why,
+                    deployed: statuses[i].deployed_manifest.as_deref(),
+                })
+                .collect();
+            reconcile_core::group::group_status(&ranks)
+        };
+        for &(_, i) in &members {
+            statuses[i].details.insert(0, line.clone());
+        }
+    }
 }
 
 async fn status_host(host: &dyn Host, targets: &[Target], redactor: &Redactor) -> Vec<UnitStatus> {
@@ -126,6 +179,7 @@ async fn unit_status(
         systemd: facts.systemd,
         served_models,
         error: None,
+        deployed_manifest: record.map(|r| r.manifest_sha256.clone()),
     })
 }
 
@@ -193,5 +247,6 @@ fn failed(t: &Target, error: String) -> UnitStatus {
         systemd: Systemd::default(),
         served_models: None,
         error: Some(error),
+        deployed_manifest: None,
     }
 }

@@ -381,6 +381,9 @@ pub struct UnitStatus {
     pub served_models: Option<Vec<String>>,
     /// Set when the host or unit could not be read; `classes` is then empty.
     pub error: Option<String>,
+    /// The manifest digest of the last deployment (a server group's ranks share it).
+    #[serde(skip)]
+    pub deployed_manifest: Option<String>,
 }
 
 impl UnitStatus {
@@ -664,6 +667,7 @@ mod tests {
             applied_by: None,
             systemd: Systemd::default(),
             served_models: None,
+            deployed_manifest: None,
             error,
         }
     }

@@ -211,17 +211,30 @@ fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
 fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
     let unit = "t-group-unreach.service";
     clean(unit);
-    let nodes = [(GROUP[0], None), (UNREACHABLE, Some("10.255.255.1"))];
-    let text = group("t-group-unreach", 37505, &nodes, "", "");
-    let run = Reconcile::new().manifest("group.yaml", &text);
-    let plan = run.run_args(&["plan", "--format", "json"]);
+    let (code, _, out) = apply(&group("t-group-unreach", 37505, &both(), "", ""));
+    assert_eq!(code, 0, "{out}");
+    let before = lab().invocation(GROUP[0], unit);
+    let kept = unit_file(GROUP[0], unit);
+    // Rank 1 moves to a host that cannot be reached (its address is a lab host's; nothing
+    // dials it, since rank 0 is never restarted).
+    let nodes = [
+        (GROUP[0], None),
+        (UNREACHABLE, Some(lab().address(GROUP[1]))),
+    ];
+    let nodes: Vec<(&str, Option<&str>)> = nodes.iter().map(|(h, a)| (*h, a.as_deref())).collect();
+    let text = group(
+        "t-group-unreach",
+        37505,
+        &nodes,
+        "",
+        "    mem-fraction-static: 0.8\n",
+    );
+    let plan = Reconcile::new()
+        .manifest("group.yaml", &text)
+        .run_args(&["plan", "--format", "json"]);
     assert_eq!(plan.code, 1, "{}", plan.stdout);
     let json = plan.json();
-    let planned = json["units"]
-        .as_array()
-        .or(json.as_array())
-        .cloned()
-        .unwrap_or_default();
+    let planned = json["units"].as_array().cloned().unwrap_or_default();
     let rank0 = planned
         .iter()
         .find(|u| u["host"] == GROUP[0])
@@ -243,15 +256,16 @@ fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
         "{out}"
     );
     assert_eq!(
-        lab()
-            .sh(
-                GROUP[0],
-                &format!("test -e /etc/systemd/system/{unit} && echo there || echo absent")
-            )
-            .trim(),
-        "absent",
-        "nothing was installed on rank 0"
+        lab().invocation(GROUP[0], unit),
+        before,
+        "rank 0 was not restarted"
     );
+    assert_eq!(
+        unit_file(GROUP[0], unit),
+        kept,
+        "rank 0's unit was not touched"
+    );
+    clean(unit);
 }
 
 #[test]
@@ -386,4 +400,79 @@ fn bad_group_input_is_refused_offline_with_its_place() {
             "{host} untouched"
         );
     }
+}
+
+/// A run of the binary over the group's manifest, as `group.yaml`.
+fn run(text: &str, args: &[&str]) -> crate::lab::Ran {
+    Reconcile::new()
+        .manifest("group.yaml", text)
+        .args(args)
+        .run()
+}
+
+#[test]
+fn status_history_and_rollback_take_the_group_whole() {
+    let unit = "t-group-hist.service";
+    clean(unit);
+    let v1 = group("t-group-hist", 37515, &both(), "", "");
+    let v2 = group(
+        "t-group-hist",
+        37515,
+        &both(),
+        "",
+        "    mem-fraction-static: 0.8\n",
+    );
+    let (code, _, out) = apply(&v1);
+    assert_eq!(code, 0, "{out}");
+    let first: Vec<String> = GROUP.iter().map(|h| unit_file(h, unit)).collect();
+    let (code, _, out) = apply(&v2);
+    assert_eq!(code, 0, "{out}");
+
+    // Status: one line for the server, on every rank.
+    let ran = run(&v2, &["status", "--format", "json"]);
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let units = ran.json()["units"].as_array().cloned().unwrap();
+    for host in GROUP {
+        let details = unit_of(&units, host)["details"].to_string();
+        assert!(
+            details.contains("one server over 2 hosts") && details.contains("every rank in sync"),
+            "{details}"
+        );
+    }
+
+    // History: the deployments every rank shares.
+    let ran = run(&v2, &["history", "t-group-hist", "--format", "json"]);
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let notes = ran.json()["hosts"][0]["notes"].to_string();
+    assert!(notes.contains("to roll the group back to: 1, 2"), "{notes}");
+
+    // Rollback: both ranks back to deployment 1 together, verified as a group.
+    let ran = run(
+        &v2,
+        &["rollback", "t-group-hist", "--to", "1", "--format", "json"],
+    );
+    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let units = ran.json()["units"].as_array().cloned().unwrap();
+    for (i, host) in GROUP.iter().enumerate() {
+        let u = unit_of(&units, host);
+        assert_eq!(u["outcome"], "converged", "{u:#}");
+        assert!(
+            u["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("rollback to deployment 1"),
+            "{u:#}"
+        );
+        assert_eq!(
+            unit_file(host, unit),
+            first[i],
+            "{host} on deployment 1's unit"
+        );
+    }
+    // The manifest still says v2: the whole server is out of sync, and status says which ranks.
+    let ran = run(&v2, &["status", "--format", "json"]);
+    let units = ran.json()["units"].as_array().cloned().unwrap();
+    let details = unit_of(&units, GROUP[0])["details"].to_string();
+    assert!(details.contains("the server is NOT in sync"), "{details}");
+    clean(unit);
 }
