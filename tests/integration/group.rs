@@ -85,6 +85,15 @@ fn started_us(host: &str, unit: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The group `service` on `port`, installed fresh and converged: each rank's unit file.
+fn deployed(service: &str, port: u16) -> Vec<String> {
+    let unit = format!("{service}.service");
+    clean(&unit);
+    let (code, _, out) = apply(&group(service, port, &both(), "", ""));
+    assert_eq!(code, 0, "{out}");
+    GROUP.iter().map(|h| unit_file(h, &unit)).collect()
+}
+
 fn unit_file(host: &str, unit: &str) -> String {
     lab().sh(host, &format!("cat /etc/systemd/system/{unit}"))
 }
@@ -151,11 +160,7 @@ fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
 #[test]
 fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
     let unit = "t-group-crash.service";
-    clean(unit);
-    let v1 = group("t-group-crash", 37503, &both(), "", "");
-    let (code, _, out) = apply(&v1);
-    assert_eq!(code, 0, "{out}");
-    let kept: Vec<String> = GROUP.iter().map(|h| unit_file(h, unit)).collect();
+    let kept = deployed("t-group-crash", 37503);
     let crash = "FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"";
     let v2 = group(
         "t-group-crash",
@@ -271,11 +276,7 @@ fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
 #[test]
 fn ctrl_c_during_the_groups_verification_puts_every_rank_back() {
     let unit = "t-group-int.service";
-    clean(unit);
-    let v1 = group("t-group-int", 37507, &both(), "", "");
-    let (code, _, out) = apply(&v1);
-    assert_eq!(code, 0, "{out}");
-    let kept: Vec<String> = GROUP.iter().map(|h| unit_file(h, unit)).collect();
+    let kept = deployed("t-group-int", 37507);
     let v2 = group(
         "t-group-int",
         37507,
