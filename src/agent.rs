@@ -86,6 +86,9 @@ pub struct AgentOptions {
     pub coordinator: Option<CoordinatorOptions>,
     /// The coordination benchmark's stand-in for applying (`bench/agents.sh`); `None` applies.
     pub drill: Option<Drill>,
+    /// Where to write this machine's units' metrics after every round that applied, for
+    /// node_exporter's textfile collector (`--metrics-file`).
+    pub metrics_file: Option<PathBuf>,
 }
 
 /// A round whose units are not applied: each counts as needing `need`, a restart is a sleep of
@@ -251,6 +254,14 @@ async fn round(here: &Here<'_>, redactor: &mut Redactor) -> u8 {
         author: &revision.author,
         reports: &reports,
     });
+    if let Some(path) = &here.options.metrics_file {
+        if let Err(e) = write_metrics(path, &targets, &reports, redactor, here.limits).await {
+            print(Event::Warning(format!(
+                "the metrics could not be written to {}: {e}",
+                path.display()
+            )));
+        }
+    }
     reports
         .iter()
         .map(|r| r.outcome.exit_code())
@@ -315,6 +326,40 @@ fn targets_here(
         .cloned()
         .collect();
     Ok((mine, all))
+}
+
+/// This machine's units' metrics after a round (`reconcile_core::metrics`), as node_exporter's
+/// textfile collector reads them: written to a temporary file beside `path` and renamed over it,
+/// so the collector never reads half a file (it reads `*.prom` only, and the temporary name does
+/// not end so).
+async fn write_metrics(
+    path: &std::path::Path,
+    targets: &[Target],
+    reports: &[UnitReport],
+    redactor: &Redactor,
+    limits: Limits,
+) -> std::io::Result<()> {
+    let statuses = crate::status::status_host(&Local::new(limits), targets, redactor).await;
+    let outcomes: Vec<(String, String, String)> = reports
+        .iter()
+        .map(|r| {
+            let outcome = serde_json::to_value(r.outcome)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            (r.host.clone(), r.unit.clone(), outcome)
+        })
+        .collect();
+    let text = crate::status::metrics(&statuses, &outcomes);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 /// Applies each unit on this machine in turn, through apply's own path; none starts once the

@@ -253,7 +253,21 @@ pub enum Command {
     /// shell reads it).
     #[command(after_help = COMPLETIONS_HELP)]
     Completions(CompletionsArgs),
+    /// Print the manifest's JSON Schema on stdout, for editors: the one the repository keeps in
+    /// schemas/manifest.schema.json, generated from the types the parser reads manifests into.
+    #[command(after_help = SCHEMA_HELP)]
+    Schema,
 }
+
+const SCHEMA_HELP: &str = "\
+Examples:
+  reconcile schema > schemas/manifest.schema.json   # the file the repository keeps
+
+An editor validates and completes a manifest with the schema named on its first line (VS Code's
+YAML extension and neovim's yaml-language-server read it):
+  # yaml-language-server: $schema=../schemas/manifest.schema.json
+The schema checks the structure (fields, types, hosts: or nodes:, ports); `reconcile validate`
+checks the rest (flags against SGLang's catalog, conflicts between manifests).";
 
 #[derive(Debug, Args)]
 pub struct ImportArgs {
@@ -356,6 +370,7 @@ Examples:
   reconcile agent --repo https://git.example.com/infra/llm-manifests.git --once
   reconcile agent --repo /srv/llm-manifests.git --branch prod --as gpu-a --interval 10m
   reconcile agent --repo /srv/llm-manifests.git --as gpu-a --coordinator etcd://10.0.0.5:2379
+  reconcile agent --repo /srv/llm-manifests.git --metrics-file /var/lib/prometheus/node-exporter/reconcile.prom
 
 Exit codes (of --once; an interval agent reports each round and keeps going until SIGTERM):
   0  every unit of this host converged or needed nothing (or the host has none)
@@ -410,6 +425,12 @@ pub struct AgentArgs {
     /// runs for units that restart or are new either way).
     #[arg(long)]
     pub deep: bool,
+
+    /// After every round that applied, write this machine's units' metrics to FILE in
+    /// Prometheus' text format, atomically: point node_exporter's textfile collector
+    /// (--collector.textfile.directory) at its folder and name it `*.prom`.
+    #[arg(long, value_name = "FILE")]
+    pub metrics_file: Option<PathBuf>,
 
     #[command(flatten)]
     pub lock: LockArgs,
@@ -523,6 +544,7 @@ impl From<AgentArgs> for agent::AgentOptions {
                 restart: args.drill_restart,
                 log: args.drill_log.clone(),
             }),
+            metrics_file: args.metrics_file,
         }
     }
 }
@@ -627,6 +649,7 @@ Examples:
   reconcile status --host gpu-a --host gpu-b --format json
   reconcile status -l service=sglang-qwen --format markdown
   reconcile status --coordinator etcd://10.0.0.5:2379 --format json
+  reconcile status --format prometheus > /var/lib/prometheus/node-exporter/reconcile.prom
 
 Exit codes:
   0  every unit is in sync (manifest, last deployment, unit on disk and running process agree)
@@ -641,9 +664,11 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub filter: HostFilter,
 
-    /// Output format: text for a terminal, markdown for a pull request comment, json for tools.
+    /// Output format: text for a terminal, markdown for a pull request comment, json for tools,
+    /// prometheus for a metrics scrape (the text exposition format: push mode's counterpart of
+    /// the agent's --metrics-file).
     #[arg(long, value_enum, default_value = "text")]
-    pub format: Format,
+    pub format: StatusFormat,
 
     #[command(flatten)]
     pub ssh: SshArgs,
@@ -656,6 +681,27 @@ pub struct StatusArgs {
     /// no SSH. The manifests, when they load, say which hosts are behind the newest change.
     #[command(flatten)]
     pub coordinator: CoordinatorArgs,
+}
+
+/// `status --format`: the report formats, and Prometheus' text format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatusFormat {
+    Text,
+    Markdown,
+    Json,
+    Prometheus,
+}
+
+impl StatusFormat {
+    /// The report format, `None` for Prometheus' own.
+    pub fn report(self) -> Option<Format> {
+        match self {
+            StatusFormat::Text => Some(Format::Text),
+            StatusFormat::Markdown => Some(Format::Markdown),
+            StatusFormat::Json => Some(Format::Json),
+            StatusFormat::Prometheus => None,
+        }
+    }
 }
 
 #[derive(Debug, Args)]

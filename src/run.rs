@@ -39,6 +39,9 @@ pub enum Error {
     Coordinator(#[from] crate::coordinator::SetupError),
     #[error("the coordinator: {0}")]
     CoordinatorUnreachable(String),
+    /// `status --coordinator --format prometheus`: the coordinator holds no figures to export.
+    #[error("--format prometheus reads the hosts (or each agent writes its own with --metrics-file); it does not go with --coordinator")]
+    PrometheusFromCoordinator,
 }
 
 pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
@@ -64,6 +67,10 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             RolloutSub::Status(a) => rollout_status(a).await,
         },
         Some(Command::Import(args)) => import(args, &reach).await,
+        Some(Command::Schema) => {
+            print!("{}", reconcile_core::manifest::schema::manifest_text());
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Command::Completions(args)) => {
             crate::cli::completions(args.shell, &mut std::io::stdout().lock());
             Ok(ExitCode::SUCCESS)
@@ -209,8 +216,17 @@ async fn status(args: StatusArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let targets = targets::targets(&manifests, &args.filter.filter())?;
     let ssh = ssh_options(reach, &args.ssh);
     let statuses = status::status_targets(targets, &ssh, args.parallel, &redactor).await;
-    print!("{}", report::status::render(&statuses, args.format));
+    match args.format.report() {
+        Some(format) => print!("{}", report::status::render(&statuses, format)),
+        None => print!("{}", status::metrics(&statuses, &[])),
+    }
     Ok(ExitCode::from(status::exit_code(&statuses)))
+}
+
+/// The coordinator's status comes as a report; its metrics are each agent's own
+/// (`--metrics-file`), read from the hosts.
+fn fleet_format(format: crate::cli::StatusFormat) -> Result<report::Format, Error> {
+    format.report().ok_or(Error::PrometheusFromCoordinator)
 }
 
 /// `reconcile status --coordinator`: every host's last entry, from the coordinator alone. The
@@ -242,7 +258,11 @@ async fn fleet_status(
     }
     print!(
         "{}",
-        report::coordinator::render_fleet(&shown, args.format, crate::coordinator::now())
+        report::coordinator::render_fleet(
+            &shown,
+            fleet_format(args.format)?,
+            crate::coordinator::now()
+        )
     );
     Ok(ExitCode::from(if shown.iter().all(|r| r.in_sync()) {
         0

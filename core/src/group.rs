@@ -177,6 +177,30 @@ pub fn group_status(ranks: &[RankStatus<'_>]) -> String {
     }
 }
 
+/// Whether a rank's journal says it died because a peer went away: NCCL's words for a remote
+/// rank that exited (torch `ProcessGroupNCCL.cpp`: "remote process exited or there was a network
+/// error", `ncclRemoteError`), or torch's store losing rank 0 ("Connection was likely closed",
+/// `DistNetworkError`). sglang 0.5.23 logs them under "Scheduler hit an exception" before the
+/// scheduler SIGQUITs its parent (`managers/scheduler.py`, `run_scheduler_process`).
+pub fn died_of_a_peer(journal: &str) -> bool {
+    journal.contains("remote process exited or there was a network error")
+        || journal.contains("ncclRemoteError")
+        || journal.contains("Connection was likely closed")
+}
+
+/// Which of the ranks that failed in their own right is to blame, given them in the order they
+/// were seen to fail, each with whether its journal says it died of a peer ([`died_of_a_peer`]):
+/// the first that did not. When a rank crashes, its peers die of it within moments, and which
+/// death the polling sees first is a race; the journals say which came first. `None` when no
+/// rank failed.
+pub fn root_cause(failed: &[(usize, bool)]) -> Option<usize> {
+    failed
+        .iter()
+        .find(|(_, of_a_peer)| !of_a_peer)
+        .or(failed.first())
+        .map(|(rank, _)| *rank)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -343,5 +367,17 @@ mod tests {
             error,
             "the server group over gpu-a, gpu-b is not planned: its rank 1 (gpu-b) could not be: cannot connect to gpu-b"
         );
+    }
+
+    #[test]
+    fn the_rank_to_blame_is_the_first_that_did_not_die_of_a_peer() {
+        let peer = "TP0] Scheduler hit an exception: ... torch.distributed.DistBackendError: NCCL error in: .../ProcessGroupNCCL.cpp:3690, remote process exited or there was a network error, NCCL version 2.27.5";
+        assert!(died_of_a_peer(peer));
+        assert!(!died_of_a_peer("RuntimeError: CUDA out of memory"));
+        // Rank 0 was seen dead first, of rank 1's crash: rank 1 is to blame.
+        assert_eq!(root_cause(&[(0, true), (1, false)]), Some(1));
+        // All died of a peer (the journals could not tell): the first seen.
+        assert_eq!(root_cause(&[(1, true), (0, true)]), Some(1));
+        assert_eq!(root_cause(&[]), None);
     }
 }

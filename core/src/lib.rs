@@ -20,6 +20,7 @@ pub mod import;
 pub mod layers;
 pub mod learned;
 pub mod manifest;
+pub mod metrics;
 pub mod observed;
 pub mod plan;
 pub mod plan_file;

@@ -417,7 +417,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
             stage: "restart".into(),
             error: ApplyError::RestartFailed(e),
         };
-        return roll_back(ranks, failed).await;
+        return roll_back(ranks, vec![failed], &[]).await;
     }
     // 5. Every rank verified at once.
     let (group_tx, group_rx) = watch::channel(false);
@@ -467,38 +467,30 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         }
     }
     if !failures.is_empty() {
-        let cause = match first.filter(|_| !*options.cancel.borrow()) {
-            Some(i) => failures
-                .iter()
-                .find(|(j, _)| *j == i)
-                .unwrap_or(&failures[0]),
-            None => &failures[0],
+        // A rank whose verification ended on the group's cancel was cut short by a peer; the
+        // others failed in their own right, in the order seen (the first to fail first).
+        let interrupted = crate::signals::interrupted();
+        let ctrl_c = *options.cancel.borrow();
+        let (own, cut): (Vec<&(usize, Failure)>, Vec<&(usize, Failure)>) = failures
+            .iter()
+            .partition(|(_, f)| ctrl_c || f.reason != interrupted);
+        let mut own: Vec<&(usize, Failure)> = if own.is_empty() {
+            failures.iter().collect()
+        } else {
+            own
         };
-        let failed = Cause {
-            rank: cause.0,
-            stage: cause.1.stage.to_string(),
-            error: ApplyError::VerificationFailed {
-                stage: cause.1.stage.to_string(),
-                reason: cause.1.reason.clone(),
-            },
-        };
-        let cut_short = format!(
-            "cut short: the group's rank {} ({}) failed its {}",
-            failed.rank, ranks[failed.rank].job.t.host, failed.stage
-        );
-        for (i, f) in &failures {
-            let report = &mut ranks[*i].report.report;
-            report.failed_stage = Some(f.stage.to_string());
-            // A rank stopped because a peer failed says so, not that someone pressed Ctrl-C.
-            if *i != failed.rank && !*options.cancel.borrow() {
-                if let Some(v) = report.verification.as_mut() {
-                    for stage in v.stages.iter_mut().filter(|s| !s.passed) {
-                        stage.detail = cut_short.clone();
-                    }
-                }
-            }
+        if let Some(i) = first {
+            own.sort_by_key(|(j, _)| *j != i);
         }
-        return roll_back(ranks, failed).await;
+        let causes = own
+            .iter()
+            .map(|(i, f)| Cause::stage(*i, f.stage, f.reason.clone()))
+            .collect();
+        for (i, f) in &failures {
+            ranks[*i].report.report.failed_stage = Some(f.stage.to_string());
+        }
+        let cut: Vec<usize> = cut.iter().map(|(i, _)| *i).collect();
+        return roll_back(ranks, causes, &cut).await;
     }
     // Rank 0's benchmark and quality gate: the group's API is rank 0's.
     let keep;
@@ -510,13 +502,13 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         {
             report.report.verification = Some(v.clone());
             let failed = Cause::stage(0, "benchmark", reason);
-            return roll_back(ranks, failed).await;
+            return roll_back(ranks, vec![failed], &[]).await;
         }
         match install::quality_gate(job, v, quality_before.as_ref(), &mut report.report).await {
             Err(reason) => {
                 report.report.verification = Some(v.clone());
                 let failed = Cause::stage(0, "quality", reason);
-                return roll_back(ranks, failed).await;
+                return roll_back(ranks, vec![failed], &[]).await;
             }
             Ok(k) => keep = k,
         }
@@ -658,8 +650,10 @@ fn rank_of(r: &Rank<'_>) -> usize {
 }
 
 /// Stops every rank (the highest first, rank 0 and its rendezvous last), then starts them in the
-/// order SGLang needs (`reconcile_core::group::start_order`), each invocation noted. `Err` names
-/// the rank that could not be stopped or started.
+/// order SGLang needs (`reconcile_core::group::start_order`): rank 0 first, then the others at
+/// once, so their starts lie as close together as one `systemctl start` on rank 0 allows (a rank
+/// waits at the rendezvous for the others, and loads only when all are there). Each invocation
+/// is noted. `Err` names the rank that could not be stopped or started.
 async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)> {
     for i in stop_order(ranks.len()) {
         let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);
@@ -667,20 +661,64 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
             .await
             .map_err(|e| (i, error_chain(&e)))?;
     }
-    for i in start_order(ranks.len()) {
-        let r = &mut ranks[i];
-        let (host, unit) = (r.job.host, &r.job.t.desired.unit);
-        let install = r.verdict == Verdict::Install;
-        let started = async {
-            if install {
-                host.run_ok(&["systemctl", "enable", "--", unit]).await?;
-            }
-            host.run_ok(&["systemctl", "start", "--", unit]).await?;
-            Ok::<String, remote::RemoteError>(host.unit_state(unit).await?.invocation_id)
-        };
-        r.invocation = started.await.map_err(|e| (i, error_chain(&e)))?;
+    // New units enabled first, so the starts below are one command each.
+    let enabled = join_all(ranks.iter().map(|r| async move {
+        if r.verdict == Verdict::Install {
+            r.job
+                .host
+                .run_ok(&["systemctl", "enable", "--", &r.job.t.desired.unit])
+                .await?;
+        }
+        Ok::<(), remote::RemoteError>(())
+    }))
+    .await;
+    first_error(enabled)?;
+    let start = |i: usize| {
+        let (host, unit) = (ranks[i].job.host, ranks[i].job.t.desired.unit.clone());
+        async move {
+            host.run_ok(&["systemctl", "start", "--", &unit])
+                .await
+                .map(drop)
+        }
+    };
+    let order = start_order(ranks.len());
+    if let Some((&first, rest)) = order.split_first() {
+        start(first).await.map_err(|e| (first, error_chain(&e)))?;
+        let started = join_all(rest.iter().map(|&i| start(i))).await;
+        if let Some((j, e)) = started
+            .into_iter()
+            .enumerate()
+            .find_map(|(j, r)| r.err().map(|e| (j, e)))
+        {
+            return Err((rest[j], error_chain(&e)));
+        }
+    }
+    let invocations = join_all(ranks.iter().map(|r| async move {
+        Ok::<String, remote::RemoteError>(
+            r.job
+                .host
+                .unit_state(&r.job.t.desired.unit)
+                .await?
+                .invocation_id,
+        )
+    }))
+    .await;
+    for (i, invocation) in invocations.into_iter().enumerate() {
+        ranks[i].invocation = invocation.map_err(|e| (i, error_chain(&e)))?;
     }
     Ok(())
+}
+
+/// The first rank whose step failed, with why.
+fn first_error(results: Vec<Result<(), remote::RemoteError>>) -> Result<(), (usize, String)> {
+    match results
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, r)| r.err().map(|e| (i, e)))
+    {
+        Some((i, e)) => Err((i, error_chain(&e))),
+        None => Ok(()),
+    }
 }
 
 /// What failed the group: the rank, the stage and the error.
@@ -751,28 +789,7 @@ async fn together(
 /// Step 6: every rank stopped, every previous unit put back and started in order, and the group
 /// verified again. Each rank's ending says what failed (its own stage, or the rank that failed
 /// first) and how its rollback went.
-async fn roll_back(ranks: &mut [Rank<'_>], cause: Cause) -> Vec<Ending> {
-    let kind = cause.error.kind();
-    let failed_host = ranks[cause.rank].job.t.host.clone();
-    let texts: Vec<String> = (0..ranks.len())
-        .map(|i| {
-            if i == cause.rank {
-                cause.error.to_string()
-            } else {
-                format!(
-                    "the server group failed: rank {} ({failed_host}) {}",
-                    cause.rank, cause.error
-                )
-            }
-        })
-        .collect();
-    ranks[cause.rank].report.report.failed_stage = Some(cause.stage.clone());
-    for r in ranks.iter_mut() {
-        r.report
-            .report
-            .failed_stage
-            .get_or_insert_with(|| "group".into());
-    }
+async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usize]) -> Vec<Ending> {
     // Stopped first, all of them: a rank on its old unit must not dial into a new rank 0.
     let mut stopped: Vec<Option<String>> = vec![None; ranks.len()];
     for i in stop_order(ranks.len()) {
@@ -812,21 +829,9 @@ async fn roll_back(ranks: &mut [Rank<'_>], cause: Cause) -> Vec<Ending> {
         put_back[i] = Some(result.map(Restored::Verified).map_err(NotRestored::Verify));
     }
     drop(restores);
-    let mut endings = Vec::new();
-    for (i, r) in ranks.iter_mut().enumerate() {
-        let result = put_back[i]
-            .take()
-            .unwrap_or(Err(NotRestored::Restore("not restored".into())));
-        let mut text = texts[i].clone();
-        if let Some(e) = &stopped[i] {
-            text.push_str(&format!("; stopping it failed: {e}"));
-        }
-        let ending = decide::rolled_back(&text, kind, &result);
-        match result {
-            Ok(Restored::Verified(v)) => r.report.report.rollback = Some(v),
-            Err(NotRestored::Verify(f)) => r.report.report.rollback = Some(f.verification),
-            _ => {}
-        }
+    // Read after the rollback, which gives journald time to take in the failed processes' last
+    // lines; they also say which rank to blame (`reconcile_core::group::root_cause`).
+    for r in ranks.iter_mut() {
         r.report.report.journal =
             install::redacted_journal(&r.job, &r.fallback, &r.invocation).await;
         r.report.report.diagnosis = r
@@ -835,6 +840,58 @@ async fn roll_back(ranks: &mut [Rank<'_>], cause: Cause) -> Vec<Ending> {
             .journal
             .as_deref()
             .and_then(reconcile_core::diagnose::diagnose);
+    }
+    let seen: Vec<(usize, bool)> = causes
+        .iter()
+        .map(|c| {
+            let journal = ranks[c.rank].report.report.journal.as_deref().unwrap_or("");
+            (c.rank, reconcile_core::group::died_of_a_peer(journal))
+        })
+        .collect();
+    let blamed = reconcile_core::group::root_cause(&seen).unwrap_or(0);
+    let cause = causes
+        .into_iter()
+        .find(|c| c.rank == blamed)
+        .expect("the blamed rank is one of the causes");
+    let kind = cause.error.kind();
+    let failed_host = ranks[cause.rank].job.t.host.clone();
+    ranks[cause.rank].report.report.failed_stage = Some(cause.stage.clone());
+    let cut_text = format!(
+        "cut short: the group's rank {} ({failed_host}) failed its {}",
+        cause.rank, cause.stage
+    );
+    let mut endings = Vec::new();
+    for (i, r) in ranks.iter_mut().enumerate() {
+        let report = &mut r.report.report;
+        report.failed_stage.get_or_insert_with(|| "group".into());
+        // A rank stopped because a peer failed says so, not that someone pressed Ctrl-C.
+        if cut_short.contains(&i) {
+            if let Some(v) = report.verification.as_mut() {
+                for stage in v.stages.iter_mut().filter(|s| !s.passed) {
+                    stage.detail = cut_text.clone();
+                }
+            }
+        }
+        let result = put_back[i]
+            .take()
+            .unwrap_or(Err(NotRestored::Restore("not restored".into())));
+        let mut text = if i == cause.rank {
+            cause.error.to_string()
+        } else {
+            format!(
+                "the server group failed: rank {} ({failed_host}) {}",
+                cause.rank, cause.error
+            )
+        };
+        if let Some(e) = &stopped[i] {
+            text.push_str(&format!("; stopping it failed: {e}"));
+        }
+        let ending = decide::rolled_back(&text, kind, &result);
+        match result {
+            Ok(Restored::Verified(v)) => report.rollback = Some(v),
+            Err(NotRestored::Verify(f)) => report.rollback = Some(f.verification),
+            _ => {}
+        }
         endings.push(ending);
     }
     endings

@@ -172,6 +172,7 @@ mod tests {
             },
             served_models: None,
             deployed_manifest: None,
+            record: None,
             error: None,
         }
     }

@@ -103,7 +103,13 @@ fn groups(statuses: &mut [UnitStatus], ordered: &[Target]) {
     }
 }
 
-async fn status_host(host: &dyn Host, targets: &[Target], redactor: &Redactor) -> Vec<UnitStatus> {
+/// The status of `targets`, all on `host`, over a connection the caller holds (the agent's round
+/// reads its own machine's this way for its metrics).
+pub async fn status_host(
+    host: &dyn Host,
+    targets: &[Target],
+    redactor: &Redactor,
+) -> Vec<UnitStatus> {
     stream::iter(targets)
         .map(|t| async {
             match unit_status(host, t, redactor).await {
@@ -180,6 +186,7 @@ async fn unit_status(
         served_models,
         error: None,
         deployed_manifest: record.map(|r| r.manifest_sha256.clone()),
+        record: record.cloned(),
     })
 }
 
@@ -248,5 +255,6 @@ fn failed(t: &Target, error: String) -> UnitStatus {
         served_models: None,
         error: Some(error),
         deployed_manifest: None,
+        record: None,
     }
 }

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-pub use gather::status_targets;
+pub use gather::{status_host, status_targets};
 
 use crate::apply::state::{sha256, Record};
 use crate::flags::flags;
@@ -384,6 +384,54 @@ pub struct UnitStatus {
     /// The manifest digest of the last deployment (a server group's ranks share it).
     #[serde(skip)]
     pub deployed_manifest: Option<String>,
+    /// The last deployment record, whole: its figures are the metrics' (`metrics`).
+    #[serde(skip)]
+    pub record: Option<Record>,
+}
+
+/// The Prometheus text of `statuses` (`reconcile_core::metrics`). `outcomes` are what this
+/// process just did to units, `(host, unit, outcome)` (an agent's round): they stand for the
+/// recorded outcome, which only says how the last deployment that succeeded went.
+pub fn metrics(statuses: &[UnitStatus], outcomes: &[(String, String, String)]) -> String {
+    let units: Vec<reconcile_core::metrics::UnitMetrics> = statuses
+        .iter()
+        .map(|s| {
+            let record = s.record.as_ref().filter(|_| s.error.is_none());
+            let just = outcomes
+                .iter()
+                .find(|(host, unit, _)| *host == s.host && *unit == s.unit)
+                .map(|(_, _, outcome)| outcome.clone());
+            reconcile_core::metrics::UnitMetrics {
+                service: s
+                    .unit
+                    .strip_suffix(".service")
+                    .unwrap_or(&s.unit)
+                    .to_string(),
+                unit: s.unit.clone(),
+                host: s.host.clone(),
+                in_sync: s.error.is_none().then(|| s.in_sync()),
+                last_apply_unix: record.and_then(|r| unix_seconds(&r.applied_at)),
+                outcome: just.or_else(|| record.map(|r| r.outcome.clone())),
+                verification_seconds: record.and_then(|r| r.load_seconds),
+                benchmark: record
+                    .and_then(|r| r.benchmark.as_ref())
+                    .map(|b| {
+                        b.levels
+                            .iter()
+                            .map(|l| (l.concurrency, l.output_tokens_per_s))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    reconcile_core::metrics::render(&units)
+}
+
+/// An RFC 3339 time (a record's `applied_at`) in seconds since the Unix epoch.
+fn unix_seconds(at: &str) -> Option<f64> {
+    let t = humantime::parse_rfc3339_weak(at).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
 }
 
 impl UnitStatus {
@@ -668,6 +716,7 @@ mod tests {
             systemd: Systemd::default(),
             served_models: None,
             deployed_manifest: None,
+            record: None,
             error,
         }
     }

@@ -11,6 +11,7 @@ mod parse;
 mod reference;
 mod rollout;
 mod router;
+pub mod schema;
 mod validate;
 
 use std::collections::BTreeMap;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
@@ -99,9 +100,9 @@ fn plain_message(message: &str, field: &str) -> String {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct RawManifest {
+pub(super) struct RawManifest {
     service: String,
     description: Option<String>,
     /// One server per host. Exclusive with `nodes`; one of them is required (see
@@ -128,7 +129,7 @@ struct RawManifest {
 }
 
 /// `rollout:` (`RolloutSpec`).
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawRollout {
     canary: Option<String>,
@@ -136,7 +137,7 @@ struct RawRollout {
     max_failures: Option<usize>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawSglang {
     python: String,
@@ -144,14 +145,16 @@ struct RawSglang {
     model_path: String,
     served_model_name: Option<String>,
     host: Option<String>,
+    #[schemars(range(min = 1, max = 65535))]
     port: i64,
     /// `nodes:` only: the rendezvous port on rank 0 (`NodeGroup::dist_init_port`).
+    #[schemars(range(min = 1, max = 65535))]
     dist_init_port: Option<i64>,
     #[serde(default)]
     flags: BTreeMap<String, RawFlag>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawVerify {
     crash_window: Option<HumanDuration>,
@@ -168,7 +171,7 @@ struct RawVerify {
     quality: Option<RawQuality>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawBenchmark {
     levels: Option<Vec<u32>>,
@@ -195,7 +198,7 @@ impl RawBenchmark {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawQuality {
     prompts: Option<u32>,
@@ -210,14 +213,14 @@ struct RawQuality {
 }
 
 /// `needle: true` (the defaults), `false`, or its settings.
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(untagged)]
 enum RawNeedle {
     On(bool),
     Settings(RawNeedleSettings),
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawNeedleSettings {
     lengths: Option<Vec<u32>>,
@@ -259,14 +262,14 @@ impl RawQuality {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawDrain {
     timeout: Option<HumanDuration>,
     on_timeout: Option<RawOnTimeout>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 enum RawOnTimeout {
     Restart,
@@ -287,7 +290,7 @@ impl RawDrain {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawSmoke {
     prompt: String,
@@ -298,7 +301,7 @@ struct RawSmoke {
 /// A size in bytes, written like `300GiB`, `75000 MiB` or `80GB`.
 struct Size(u64);
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawHostEntry {
     name: String,
@@ -342,7 +345,7 @@ struct RawFromEnv {
 struct HumanDuration(Duration);
 
 /// `router:` (`RouterSpec`).
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawRouter {
     url: String,
@@ -806,6 +809,108 @@ impl<'de> Deserialize<'de> for HumanDuration {
                     "`{text}` is not a duration like 10s, 90s or 30m ({e})"
                 ))
             })
+    }
+}
+
+// The schemas of the types whose `Deserialize` is written by hand above: what each visitor
+// accepts, said as JSON Schema (`schema::manifest` builds the manifest's from these and the
+// derived ones).
+
+impl JsonSchema for RawHost {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Host".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let entry = generator.subschema_for::<RawHostEntry>();
+        schemars::json_schema!({
+            "description": "A host: an ssh destination (`gpu-a`, `root@gpu-a:2222`), or a map with `name` and per-host overrides",
+            "anyOf": [{ "type": "string", "minLength": 1 }, entry]
+        })
+    }
+}
+
+impl JsonSchema for Scalar {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Scalar".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A string, number or boolean, written into the unit as its text",
+            "type": ["string", "number", "boolean"]
+        })
+    }
+}
+
+impl JsonSchema for RawFromEnv {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "FromEnv".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "The value of an environment variable of the machine running reconcile, read at apply time and never written into plans or logs",
+            "type": "object",
+            "properties": { "from_env": { "type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$" } },
+            "required": ["from_env"],
+            "additionalProperties": false
+        })
+    }
+}
+
+impl JsonSchema for RawFlag {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Flag".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let from_env = generator.subschema_for::<RawFromEnv>();
+        schemars::json_schema!({
+            "description": "true: the bare flag; false or null: left out; a string or number: its value; a list: several values; or { from_env: VAR }",
+            "anyOf": [
+                { "type": ["boolean", "null", "string", "number"] },
+                { "type": "array", "items": { "type": ["string", "number", "boolean"] } },
+                from_env
+            ]
+        })
+    }
+}
+
+impl JsonSchema for RawEnv {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "EnvValue".into()
+    }
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let from_env = generator.subschema_for::<RawFromEnv>();
+        schemars::json_schema!({
+            "description": "A string, number or boolean, or { from_env: VAR }",
+            "anyOf": [{ "type": ["string", "number", "boolean"] }, from_env]
+        })
+    }
+}
+
+impl JsonSchema for Size {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Size".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A size: bytes, or a number with a unit, like 300GiB, 75000 MiB or 80GB",
+            "anyOf": [
+                { "type": "number", "minimum": 0 },
+                { "type": "string", "pattern": "^\\s*[0-9]*\\.?[0-9]+\\s*([kKmMgGtT]([iI]?[bB])?|[bB])?\\s*$" }
+            ]
+        })
+    }
+}
+
+impl JsonSchema for HumanDuration {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "A duration like 10s, 90s, 500ms or 30m",
+            "type": "string",
+            "pattern": "^\\s*([0-9]+\\s*[a-zA-Zµ]+\\s*)+$"
+        })
     }
 }
 
