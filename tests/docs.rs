@@ -30,7 +30,9 @@ fn without_fences(text: &str) -> String {
         let is_marker = (first == '`' || first == '~') && run >= 3;
         match fence {
             None if is_marker => fence = Some((first, run)),
-            Some((c, n)) if is_marker && first == c && run >= n && trimmed[run..].trim().is_empty() => {
+            Some((c, n))
+                if is_marker && first == c && run >= n && trimmed[run..].trim().is_empty() =>
+            {
                 fence = None
             }
             None => out.push_str(line),
@@ -155,9 +157,7 @@ fn links(text: &str) -> Vec<Link> {
                 i += 1;
                 continue;
             }
-        } else if chars.get(close + 1) == Some(&':')
-            && (i == 0 || chars[i - 1] == '\n')
-        {
+        } else if chars.get(close + 1) == Some(&':') && (i == 0 || chars[i - 1] == '\n') {
             let rest: String = chars[close + 2..]
                 .iter()
                 .take_while(|c| **c != '\n')
@@ -215,9 +215,7 @@ fn anchors(text: &str) -> BTreeSet<String> {
             continue;
         }
         let hashes = trimmed.chars().take_while(|c| *c == '#').count();
-        if (1..=6).contains(&hashes)
-            && trimmed[hashes..].starts_with([' ', '\t'])
-        {
+        if (1..=6).contains(&hashes) && trimmed[hashes..].starts_with([' ', '\t']) {
             let heading = trimmed[hashes..].trim().trim_end_matches('#').trim();
             let base = slug(heading);
             let mut anchor = base.clone();
@@ -245,9 +243,13 @@ fn anchors(text: &str) -> BTreeSet<String> {
 /// A link that is not checked here: a URL with a scheme (`https:`, `mailto:`, ...).
 fn external(target: &str) -> bool {
     target.contains("://")
-        || target
-            .split_once(':')
-            .is_some_and(|(scheme, _)| !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) && !scheme.contains('/'))
+        || target.split_once(':').is_some_and(|(scheme, _)| {
+            !scheme.is_empty()
+                && scheme
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+                && !scheme.contains('/')
+        })
 }
 
 /// `%20` and the like, decoded.
@@ -378,7 +380,10 @@ fn the_docs_index_lists_every_page() {
             missing.push(name);
         }
     }
-    assert!(missing.is_empty(), "docs/README.md does not list {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/README.md does not list {missing:?}"
+    );
 }
 
 /// The README keeps the two set-up commands, in one block, as CI and reviewers read them, and
@@ -392,9 +397,15 @@ fn the_readme_keeps_the_two_set_up_commands_and_stays_short() {
         .nth(1)
         .expect("README has a `Set-up on a fresh machine` section");
     let setup = setup.split("\n## ").next().unwrap();
-    assert!(setup.contains(block), "the set-up section lost its two commands");
+    assert!(
+        setup.contains(block),
+        "the set-up section lost its two commands"
+    );
     let lines = readme.lines().count();
-    assert!(lines <= 260, "README.md has {lines} lines; its topics belong in docs/");
+    assert!(
+        lines <= 260,
+        "README.md has {lines} lines; its topics belong in docs/"
+    );
 }
 
 /// The guide's lab blocks read as steps, each `reconcile` line stating its exit code.
@@ -407,7 +418,10 @@ fn the_guides_lab_blocks_are_well_formed() {
         .filter(|s| matches!(s, guide_blocks::Step::Reconcile { .. }))
         .count();
     assert!(commands >= 5, "docs/guide.md has {commands} lab commands");
-    assert!(matches!(steps.first(), Some(guide_blocks::Step::File { .. })));
+    assert!(matches!(
+        steps.first(),
+        Some(guide_blocks::Step::File { .. })
+    ));
 }
 
 #[cfg(test)]
@@ -425,15 +439,24 @@ mod checker {
             slug("Checking flags against SGLang: `reconcile validate`"),
             "checking-flags-against-sglang-reconcile-validate"
         );
-        assert_eq!(slug("Set-up on a fresh machine"), "set-up-on-a-fresh-machine");
-        assert_eq!(slug("snake_case and  two spaces"), "snake_case-and--two-spaces");
+        assert_eq!(
+            slug("Set-up on a fresh machine"),
+            "set-up-on-a-fresh-machine"
+        );
+        assert_eq!(
+            slug("snake_case and  two spaces"),
+            "snake_case-and--two-spaces"
+        );
         assert_eq!(slug("A [linked](x.md) heading"), "a-linked-heading");
     }
 
     #[test]
     fn finds_links_outside_code_only() {
         let text = "See [a](a.md) and [b\nwrapped](b.md#x \"title\").\n`[not](code.md)`\n```\n[not](fenced.md)\n```\n![img](i.png)\n[ref]: r.md\n";
-        let found: Vec<(usize, String)> = links(text).into_iter().map(|l| (l.line, l.target)).collect();
+        let found: Vec<(usize, String)> = links(text)
+            .into_iter()
+            .map(|l| (l.line, l.target))
+            .collect();
         assert_eq!(
             found,
             [
@@ -462,8 +485,21 @@ mod checker {
         let broken = broken_links(&dir, &file, text);
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(broken.len(), 3, "{broken:#?}");
-        assert!(broken[0].starts_with("README.md:10: docs/nope.md: no such file"), "{}", broken[0]);
-        assert!(broken[1].starts_with("README.md:11: docs/page.md#three-words: docs/page.md has no heading"), "{}", broken[1]);
-        assert!(broken[2].starts_with("README.md:12: #nowhere: README.md has no heading"), "{}", broken[2]);
+        assert!(
+            broken[0].starts_with("README.md:10: docs/nope.md: no such file"),
+            "{}",
+            broken[0]
+        );
+        assert!(
+            broken[1]
+                .starts_with("README.md:11: docs/page.md#three-words: docs/page.md has no heading"),
+            "{}",
+            broken[1]
+        );
+        assert!(
+            broken[2].starts_with("README.md:12: #nowhere: README.md has no heading"),
+            "{}",
+            broken[2]
+        );
     }
 }

@@ -141,6 +141,9 @@ mod tests {
     #[test]
     fn a_reconcile_line_without_its_exit_code_is_an_error() {
         let err = steps("```sh lab\nreconcile apply   # applies\n```\n").unwrap_err();
-        assert!(err.starts_with("line 2: a reconcile line states its exit code"), "{err}");
+        assert!(
+            err.starts_with("line 2: a reconcile line states its exit code"),
+            "{err}"
+        );
     }
 }
