@@ -1,6 +1,7 @@
 //! The documentation, checked offline: every relative link of every Markdown file in the
 //! repository points at a file that exists, and every `#anchor` at a heading of its target (as
-//! GitHub renders headings to anchors); and the guide's lab blocks (`docs/guide.md`), which
+//! GitHub renders headings to anchors); the README's short manifest passes `reconcile validate`;
+//! and the guide's lab blocks (`docs/guide.md`), which
 //! `tests/integration/docs_guide.rs` runs on a test host, are well formed. No network, no host.
 
 use std::collections::BTreeSet;
@@ -405,6 +406,30 @@ fn the_readme_keeps_the_two_set_up_commands_and_stays_short() {
     assert!(
         lines <= 260,
         "README.md has {lines} lines; its topics belong in docs/"
+    );
+}
+
+/// The README's short manifest is one `reconcile validate` accepts (offline, no host).
+#[test]
+fn the_readmes_manifest_is_valid() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let start = readme.find("```yaml\n").expect("README has a yaml block") + "```yaml\n".len();
+    let manifest = &readme[start..start + readme[start..].find("```").unwrap()];
+    let dir = std::env::temp_dir().join(format!("reconcile-docs-readme-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("manifests")).unwrap();
+    std::fs::write(dir.join("manifests/readme.yaml"), manifest).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_reconcile"))
+        .arg("validate")
+        .current_dir(&dir)
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        out.status.success(),
+        "README's manifest:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
