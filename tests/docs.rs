@@ -1,8 +1,8 @@
 //! The documentation, checked offline: every relative link of every Markdown file in the
 //! repository points at a file that exists, and every `#anchor` at a heading of its target (as
 //! GitHub renders headings to anchors); the README's short manifest passes `reconcile validate`;
-//! and the guide's lab blocks (`docs/guide.md`), which
-//! `tests/integration/docs_guide.rs` runs on a test host, are well formed. No network, no host.
+//! and the guide's lab blocks (`docs/guide.md`, which `tests/integration/docs_guide.rs` runs on a
+//! test host) are well formed. No network, no host.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
