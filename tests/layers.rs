@@ -1,4 +1,4 @@
-//! The map in README's layout section, checked against the source: no module reaches a module that
+//! The map in docs/layout.md, checked against the source: no module reaches a module that
 //! reaches it back (directly or around a loop), and none imports from a layer above its own.
 //!
 //! The compiler already keeps `core/` free of the binary (it cannot name it); this test keeps the
@@ -25,7 +25,7 @@ enum Layer {
 }
 
 /// The binary's top-level modules by layer. A module missing here fails the test: put it on the map
-/// (here and in README) when adding it.
+/// (here and in docs/layout.md) when adding it.
 fn layer_of(krate: Krate, module: &[String]) -> Option<Layer> {
     if krate == Krate::Core {
         return Some(Layer::Core);
@@ -606,7 +606,7 @@ fn no_module_imports_from_a_layer_above_its_own() {
     }
     assert!(
         unmapped.is_empty(),
-        "modules missing from the layer map (tests/layers.rs and README): {unmapped:?}"
+        "modules missing from the layer map (tests/layers.rs and docs/layout.md): {unmapped:?}"
     );
     assert!(
         wrong.is_empty(),

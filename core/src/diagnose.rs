@@ -55,7 +55,7 @@ pub fn diagnose(journal: &str) -> Option<Diagnosis> {
 
 type Check = fn(&[&str]) -> Option<Diagnosis>;
 
-/// In the documented order (see the module's comment and README.md "Diagnoses").
+/// In the documented order (see the module's comment and docs/verification.md, "Diagnoses").
 const SIGNATURES: [Check; 12] = [
     bad_arguments,
     missing_model,

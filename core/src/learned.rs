@@ -1,7 +1,7 @@
 //! Learned load times: what the unit's last good loads (its deployment history) say about the
 //! load now under way. Pure: apply reads the history on the host and passes the records in.
 //!
-//! The rules (README, Apply, "Learned load times"):
+//! The rules (docs/verification.md, Apply, "Learned load times"):
 //!
 //! - **History**: the newest [`LOADS_KEPT`] records of the unit whose outcome is `converged` and
 //!   that have a load time; the newest of them gives the trajectory to compare with.

@@ -378,7 +378,7 @@ fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
         .manifest("b.yaml", &round_trip_service(2))
         .manifest("c.yaml", &round_trip_service(3))
         // The survey's one round trip; the deep check of the two new units is a round trip of
-        // its own (README: "Round trips").
+        // its own (docs/benchmarks.md: "Round trips").
         .args(&["plan", "--format", "json", "--trace-remote", "--no-deep"]);
     let ran = run.run();
     lab().sh(

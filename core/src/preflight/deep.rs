@@ -70,7 +70,7 @@ pub enum DeepWhen {
 }
 
 /// The deep check's limit when it runs by default. Measured on the 2-core CPU tier (real SGLang
-/// 0.5.23, README "The deep check"): 7-13 s at a load of 2-3, 25-30 s at a load of 8-10, nearly
+/// 0.5.23, docs/verification.md, "The deep check"): 7-13 s at a load of 2-3, 25-30 s at a load of 8-10, nearly
 /// all of it imports (torch, transformers, `sglang.srt.server_args`, then
 /// `sglang.srt.configs.model_config`); a launch, whose imports these are a part of, took 140 s on
 /// a cold page cache under heavy load. Past it the unit gets a warning, not a refusal: the check
