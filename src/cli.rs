@@ -257,6 +257,42 @@ pub enum Command {
     /// schemas/manifest.schema.json, generated from the types the parser reads manifests into.
     #[command(after_help = SCHEMA_HELP)]
     Schema,
+    /// Write the man pages (reconcile.1 and one per command), generated from this command line,
+    /// into DIR: what the Debian package installs (packaging/deb/build.sh).
+    #[command(hide = true, after_help = MANPAGES_HELP)]
+    Manpages(ManpagesArgs),
+}
+
+const MANPAGES_HELP: &str = "\
+Examples:
+  reconcile manpages target/man";
+
+#[derive(Debug, Args)]
+pub struct ManpagesArgs {
+    /// The folder to write them into (created when missing).
+    pub dir: PathBuf,
+}
+
+/// Writes `reconcile.1` and `reconcile-<command>.1` for every command shown in `--help` into
+/// `dir`, generated from [`Cli`] itself, as the completions are.
+pub fn manpages(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
+    use clap::CommandFactory;
+    std::fs::create_dir_all(dir)?;
+    let root = Cli::command().version(env!("CARGO_PKG_VERSION"));
+    let mut written = Vec::new();
+    let mut page = |name: String, cmd: clap::Command| -> std::io::Result<()> {
+        let path = dir.join(format!("{name}.1"));
+        let mut out = Vec::new();
+        clap_mangen::Man::new(cmd.name(name.clone())).render(&mut out)?;
+        std::fs::write(&path, out)?;
+        written.push(path);
+        Ok(())
+    };
+    for sub in root.get_subcommands().filter(|c| !c.is_hide_set()) {
+        page(format!("reconcile-{}", sub.get_name()), sub.clone())?;
+    }
+    page("reconcile".into(), root)?;
+    Ok(written)
 }
 
 const SCHEMA_HELP: &str = "\

@@ -39,6 +39,11 @@ pub enum Error {
     Coordinator(#[from] crate::coordinator::SetupError),
     #[error("the coordinator: {0}")]
     CoordinatorUnreachable(String),
+    #[error("the man pages could not be written into {}: {source}", .dir.display())]
+    Manpages {
+        dir: std::path::PathBuf,
+        source: std::io::Error,
+    },
     /// `status --coordinator --format prometheus`: the coordinator holds no figures to export.
     #[error("--format prometheus reads the hosts (or each agent writes its own with --metrics-file); it does not go with --coordinator")]
     PrometheusFromCoordinator,
@@ -67,6 +72,13 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
             RolloutSub::Status(a) => rollout_status(a).await,
         },
         Some(Command::Import(args)) => import(args, &reach).await,
+        Some(Command::Manpages(args)) => {
+            crate::cli::manpages(&args.dir).map_err(|source| Error::Manpages {
+                dir: args.dir.clone(),
+                source,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Some(Command::Schema) => {
             print!("{}", reconcile_core::manifest::schema::manifest_text());
             Ok(ExitCode::SUCCESS)

@@ -37,6 +37,9 @@ pub const ROUTER: &str = "rl18";
 pub const REPLICAS: [&str; 3] = ["rl19", "rl20", "rl21"];
 /// `reconcile import` (import.rs): hand-written units adopted, ports 37201-37209, GPUs 40-57.
 pub const IMPORT: &str = "rl25";
+/// The Debian package installed, run and removed (package.rs): port 37701, GPUs 60-61, the
+/// package's own files in /usr and /lib, node_exporter on 127.0.0.1:39100.
+pub const PACKAGE: &str = "rl25";
 /// Pull agents rolling out together (coordinator.rs): the host running etcd and the git daemon the
 /// agents pull from, and the six hosts whose agents coordinate through it (ports 37401-37409,
 /// GPUs 0-1; the tests take turns).

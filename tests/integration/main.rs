@@ -17,6 +17,7 @@ mod hangs;
 mod import;
 mod lab;
 mod learned;
+mod package;
 mod plan_file;
 mod preflight;
 mod pty;
