@@ -16,9 +16,13 @@ fn install_rendered(run: &Reconcile, host: &str, unit: &str) {
     );
 }
 
-/// SSH logins the host's sshd has accepted so far; each count is itself one login.
+/// SSH logins the host's sshd has accepted so far; each count is itself one login. journald
+/// takes sshd's lines in when it gets to them, which on a loaded machine can be after the count's
+/// own command ran: the count is read until it holds still (its own login in it).
 fn logins() -> usize {
-    let script = "journalctl -u ssh --no-pager -o cat | grep -c 'Accepted publickey' || true";
+    let script = "c() { journalctl -u ssh --no-pager -o cat | grep -c 'Accepted publickey' || true; }; \
+                  journalctl --sync 2>/dev/null; a=$(c); \
+                  for i in $(seq 20); do sleep 0.3; b=$(c); [ \"$a\" = \"$b\" ] && break; a=$b; done; echo $a";
     lab().sh(COUNTED, script).trim().parse().unwrap()
 }
 
