@@ -342,13 +342,7 @@ async fn write_metrics(
     let statuses = crate::status::status_host(&Local::new(limits), targets, redactor).await;
     let outcomes: Vec<(String, String, String)> = reports
         .iter()
-        .map(|r| {
-            let outcome = serde_json::to_value(r.outcome)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            (r.host.clone(), r.unit.clone(), outcome)
-        })
+        .map(|r| (r.host.clone(), r.unit.clone(), r.outcome.name().to_string()))
         .collect();
     let text = crate::status::metrics(&statuses, &outcomes);
     let name = path

@@ -74,6 +74,19 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The name reports and metrics give it: its JSON spelling (`rolled_back`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Unchanged => "unchanged",
+            Outcome::Reloaded => "reloaded",
+            Outcome::Converged => "converged",
+            Outcome::NotStarted => "not_started",
+            Outcome::Error => "error",
+            Outcome::RolledBack => "rolled_back",
+            Outcome::RollbackFailed => "rollback_failed",
+        }
+    }
+
     pub fn exit_code(self) -> u8 {
         match self {
             Outcome::Unchanged | Outcome::Reloaded | Outcome::Converged => 0,
@@ -927,6 +940,26 @@ mod tests {
         let commands = fake.commands();
         assert_eq!(commands.len(), 2, "{commands:?}");
         assert!(commands[1].starts_with(&deep.iter().map(|a| a.to_string()).collect::<Vec<_>>()));
+    }
+
+    #[test]
+    fn an_outcomes_name_is_its_json_and_a_metrics_state() {
+        use Outcome::*;
+        for o in [
+            Unchanged,
+            Reloaded,
+            Converged,
+            NotStarted,
+            Error,
+            RolledBack,
+            RollbackFailed,
+        ] {
+            assert_eq!(serde_json::to_value(o).unwrap(), o.name());
+            assert!(
+                reconcile_core::metrics::OUTCOMES.contains(&o.name()),
+                "{o:?}"
+            );
+        }
     }
 
     #[test]

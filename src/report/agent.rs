@@ -68,13 +68,7 @@ fn applied(out: &mut String, short: &str, author: &str, reports: &[UnitReport]) 
 fn round_line(short: &str, author: &str, reports: &[UnitReport]) -> String {
     let units: Vec<String> = reports
         .iter()
-        .map(|r| {
-            let outcome = serde_json::to_value(r.outcome)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default();
-            format!("{} {} {outcome}", r.host, r.unit)
-        })
+        .map(|r| format!("{} {} {}", r.host, r.unit, r.outcome.name()))
         .collect();
     format!("round {short} ({author}): {}", units.join("; "))
 }

@@ -92,6 +92,13 @@ fn deployed(service: &str, port: u16) -> Vec<String> {
     GROUP.iter().map(|h| unit_file(h, &unit)).collect()
 }
 
+fn active(host: &str, unit: &str) -> String {
+    lab()
+        .sh(host, &format!("systemctl is-active {unit} || true"))
+        .trim()
+        .to_string()
+}
+
 fn unit_file(host: &str, unit: &str) -> String {
     lab().sh(host, &format!("cat /etc/systemd/system/{unit}"))
 }
@@ -201,12 +208,7 @@ fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
         "rank 0 names the rank that failed: {out}"
     );
     for host in GROUP {
-        assert_eq!(
-            lab()
-                .sh(host, &format!("systemctl is-active {unit} || true"))
-                .trim(),
-            "active"
-        );
+        assert_eq!(active(host, unit), "active", "{host}");
     }
     clean(unit);
 }
@@ -312,12 +314,7 @@ fn ctrl_c_during_the_groups_verification_puts_every_rank_back() {
             kept[i],
             "{host} back on its previous unit"
         );
-        assert_eq!(
-            lab()
-                .sh(host, &format!("systemctl is-active {unit} || true"))
-                .trim(),
-            "active"
-        );
+        assert_eq!(active(host, unit), "active", "{host}");
     }
     clean(unit);
 }
