@@ -47,6 +47,9 @@ matrix=(
   "pull agents' canary fails|coordinator::a_failed_canary_stops_every_other_host_and_each_says_why"
   "pull agent killed (SIGKILL) mid-verification|coordinator::a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_round"
   "coordinator (etcd) down mid-rollout|coordinator::while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after"
+  "a server group's rank 1 crashes while loading (rank 0 dies of it)|group::rank_one_crashing_while_loading_rolls_both_ranks_back"
+  "a server group's rank unreachable at plan time|group::an_unreachable_rank_leaves_the_group_unplanned_and_untouched"
+  "Ctrl-C during a server group's verification|group::ctrl_c_during_the_groups_verification_puts_every_rank_back"
 )
 passed=0; failed=0
 echo "fault matrix:"
