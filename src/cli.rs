@@ -238,6 +238,11 @@ pub enum Command {
     /// restart and staged verification, host by host.
     #[command(after_help = ROLLBACK_HELP)]
     Rollback(RollbackArgs),
+    /// Try variants of one service's flags and env on one host, each through apply's own path
+    /// (drain, install, restart, staged verification, benchmark, quality gate, rollback), between
+    /// two measurements of the baseline; rank them and hand back the winner as a manifest change.
+    /// See docs/experiments.md.
+    Experiment(ExperimentArgs),
     /// Pull mode, run on the GPU host itself: keep a checkout of the manifests' git repository
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
     #[command(after_help = AGENT_HELP)]
@@ -721,6 +726,45 @@ pub struct HistoryArgs {
     /// Output format: text or json (markdown prints the text).
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
+
+    #[command(flatten)]
+    pub ssh: SshArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExperimentArgs {
+    /// The experiment file (YAML): manifest, host, variants or grid, benchmark, objective,
+    /// constraints, budget.
+    pub file: PathBuf,
+
+    /// At the end, leave the best variant that met every constraint running (applied and
+    /// verified again) instead of the baseline.
+    #[arg(long)]
+    pub keep_best: bool,
+
+    /// Edit the manifest in place with the winner's change (comments and layout kept); without
+    /// it the change is printed as a unified diff.
+    #[arg(long)]
+    pub write: bool,
+
+    /// Continue an interrupted experiment from the state it left on the host.
+    #[arg(long)]
+    pub resume: bool,
+
+    /// Write the chart (output tok/s against concurrency per run) to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub chart: Option<PathBuf>,
+
+    /// Print the estimate and check everything offline, then stop.
+    #[arg(long)]
+    pub estimate: bool,
+
+    /// Output format: text, markdown (for a pull request, with a Mermaid chart) or json.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+
+    #[command(flatten)]
+    pub lock: LockArgs,
 
     #[command(flatten)]
     pub ssh: SshArgs,

@@ -8,6 +8,7 @@ mod coordinator;
 mod diagnosis;
 mod drain;
 mod dry_run;
+mod experiment;
 mod faults;
 mod fleet;
 mod group;

@@ -90,7 +90,7 @@ impl RunResult {
                 out.push(format!("{} failed requests at {}", l.errors, l.concurrency));
             }
         }
-        if c.quality && self.quality.as_deref() != Some("pass") {
+        if c.quality && self.quality.as_deref() != Some("passed") {
             out.push(format!(
                 "quality gate {}",
                 self.quality.as_deref().unwrap_or("not run")
@@ -537,17 +537,17 @@ pub(crate) mod tests {
         let mut r = Report::new(&e, "svc");
         r.baseline = Some(RunResult {
             changes: vec![],
-            ..run("baseline", Status::Measured, 800.0, "pass")
+            ..run("baseline", Status::Measured, 800.0, "passed")
         });
         r.variants = vec![
-            run("slow", Status::Measured, 400.0, "pass"),
+            run("slow", Status::Measured, 400.0, "passed"),
             run("crash", Status::RolledBack, 0.0, "-"),
             run("noisy", Status::Measured, 900.0, "fail"),
-            run("fast", Status::Measured, 1600.0, "pass"),
+            run("fast", Status::Measured, 1600.0, "passed"),
         ];
         r.baseline_end = Some(RunResult {
             changes: vec![],
-            ..run("baseline", Status::Measured, 810.0, "pass")
+            ..run("baseline", Status::Measured, 810.0, "passed")
         });
         r.conclude(&e);
         r
@@ -589,7 +589,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_latency_constraint_is_checked_at_every_level() {
-        let mut v = run("x", Status::Measured, 100.0, "pass");
+        let mut v = run("x", Status::Measured, 100.0, "passed");
         v.levels[0].ttft_p99_ms = 2500.0;
         assert_eq!(
             v.misses(&experiment().constraints),
