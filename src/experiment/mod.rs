@@ -228,12 +228,18 @@ async fn run_on(
     }
 
     let cancel = crate::signals::stop_on_signal();
+    // No deep check (the host's SGLang parsing the argv, 7-13 s on the real CPU tier): every
+    // variant was checked against its version's catalog before the start, a variant the host's
+    // SGLang still refuses fails at its start and is rolled back with argparse's message in its
+    // diagnosis, and the baseline ran on this host already. Run per variant it would be most of
+    // the experiment's own time.
     let apply_options = ApplyOptions::new(
         Owner::this_process(),
         options.lock.clone(),
         cancel.clone(),
         p.redactor.clone(),
-    );
+    )
+    .deep(crate::preflight::DeepWhen::Never);
     // Putting the baseline back is what a stop asks for: it is not itself stopped by the signal
     // that interrupted the variant (a second signal does; see `signals`).
     let (_never, never_cancelled) = watch::channel(false);
