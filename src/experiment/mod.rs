@@ -29,7 +29,7 @@ use reconcile_core::learned::LoadHistory;
 use tokio::sync::watch;
 
 use crate::apply::{self, ApplyOptions, LockPolicy, Outcome, Owner, UnitReport};
-use crate::manifest::{Manifest, ManifestError, ManifestErrors, Position};
+use crate::manifest::{Manifest, ManifestError, ManifestErrors};
 use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::{self, Filter, Target};
 
@@ -618,7 +618,7 @@ fn relocate(err: ManifestError, v: &core::Variant, experiment_file: &str) -> Man
         },
         None => ManifestError::Invalid {
             file,
-            position: position.map(|p| Position { ..p }),
+            position,
             field,
             message: format!("with variant `{}`: {message}", v.name),
         },
@@ -631,5 +631,55 @@ impl UnitReport {
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::Position;
+
+    fn variant() -> core::Variant {
+        core::parse(
+            "e.yaml",
+            "manifest: m.yaml\nhost: h\nbenchmark: { levels: [1] }\nobjective: { metric: output_tokens_per_s, concurrency: 1 }\nvariants:\n  - name: v\n    flags:\n      enable-mixed-chunks: true\n",
+        )
+        .unwrap()
+        .variants
+        .remove(0)
+    }
+
+    fn invalid(field: &str) -> ManifestError {
+        ManifestError::Invalid {
+            file: "m.yaml".into(),
+            position: Some(Position {
+                line: 14,
+                column: 5,
+            }),
+            field: field.into(),
+            message: "unknown flag".into(),
+        }
+    }
+
+    #[test]
+    fn a_finding_in_a_variants_key_points_at_the_experiment_file() {
+        let e = relocate(
+            invalid("sglang.flags.enable-mixed-chunks"),
+            &variant(),
+            "e.yaml",
+        );
+        assert_eq!(
+            e.to_string(),
+            "e.yaml:8:7: variants[0].flags.enable-mixed-chunks: variant `v`: unknown flag"
+        );
+    }
+
+    #[test]
+    fn a_finding_elsewhere_keeps_its_place_and_names_the_variant() {
+        let e = relocate(invalid("sglang.flags.tp-size"), &variant(), "e.yaml");
+        assert_eq!(
+            e.to_string(),
+            "m.yaml:14:5: sglang.flags.tp-size: with variant `v`: unknown flag"
+        );
     }
 }
