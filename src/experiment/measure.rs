@@ -75,13 +75,47 @@ pub async fn baseline(
     })
 }
 
+/// How long systemd took over the unit's last stop (from `ActiveExit` to `InactiveEnter`), in
+/// seconds: the old server's own shutdown inside `systemctl restart`, which apply's stage clock
+/// (started once the restart returned) does not count. SGLang's shutdown (its scheduler and
+/// detokenizer processes, `kill_process_tree`) takes seconds on the real server; that is the
+/// server's time, not the experiment's. 0 when systemd does not say.
+pub async fn last_stop_seconds(host: &dyn Host, unit: &str) -> f64 {
+    let out = host
+        .run_ok(&[
+            "systemctl",
+            "show",
+            "-p",
+            "ActiveExitTimestampMonotonic",
+            "-p",
+            "InactiveEnterTimestampMonotonic",
+            unit,
+        ])
+        .await
+        .unwrap_or_default();
+    let value = |key: &str| -> Option<f64> {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    match (
+        value("ActiveExitTimestampMonotonic"),
+        value("InactiveEnterTimestampMonotonic"),
+    ) {
+        (Some(exit), Some(inactive)) if exit > 0.0 && inactive >= exit => (inactive - exit) / 1e6,
+        _ => 0.0,
+    }
+}
+
 /// A variant's result from apply's report of it and of the baseline's restore after it
-/// (`None`: its own rollback restored the baseline).
+/// (`None`: its own rollback restored the baseline), and systemd's stop times of the old server
+/// in each (`stops`, seconds).
 pub fn result_of(
     v: &Variant,
     report: &UnitReport,
     restore: Result<&Option<UnitReport>, &String>,
     took: Duration,
+    stops: f64,
 ) -> RunResult {
     let status = match report.outcome {
         Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => Status::Measured,
@@ -115,7 +149,7 @@ pub fn result_of(
         levels,
         quality,
         seconds: took.as_secs_f64(),
-        server_seconds: server_seconds(report) + restore_seconds,
+        server_seconds: (server_seconds(report) + restore_seconds + stops).min(took.as_secs_f64()),
     }
 }
 

@@ -200,6 +200,15 @@ async fn run_on(
         return Ok(done);
     }
     let saved = state::read(host, unit).await;
+    if !options.resume {
+        if let Ok(Some(s)) = &saved {
+            eprintln!(
+                "note: an interrupted experiment of {unit} on {} ({} variants done) is started anew; --resume would have continued it",
+                e.host,
+                s.report.variants.len()
+            );
+        }
+    }
     if options.resume {
         match saved {
             Ok(Some(s)) if s.digest == p.digest => {
@@ -295,9 +304,13 @@ async fn run_on(
         );
         let started = Instant::now();
         let report = apply::apply_one(host, t, &apply_options).await;
+        let mut stops = measure::last_stop_seconds(host, unit).await;
         let cancelled_during = *cancel.borrow();
         let back = back_to_baseline(host, restore, &restore_options, &report).await;
-        let mut result = measure::result_of(v, &report, back.as_ref(), started.elapsed());
+        if matches!(&back, Ok(Some(r)) if r.outcome == Outcome::Converged) {
+            stops += measure::last_stop_seconds(host, unit).await;
+        }
+        let mut result = measure::result_of(v, &report, back.as_ref(), started.elapsed(), stops);
         if let Err(why) = &back {
             done.needs_attention = Some(why.clone());
             result.detail = format!("{}; {why}", result.detail);
