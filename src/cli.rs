@@ -242,6 +242,7 @@ pub enum Command {
     /// (drain, install, restart, staged verification, benchmark, quality gate, rollback), between
     /// two measurements of the baseline; rank them and hand back the winner as a manifest change.
     /// See docs/experiments.md.
+    #[command(after_help = EXPERIMENT_HELP)]
     Experiment(ExperimentArgs),
     /// Pull mode, run on the GPU host itself: keep a checkout of the manifests' git repository
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
@@ -323,6 +324,21 @@ Exit codes:
   0  every host was benchmarked and its figures stored
   1  a host could not be reached or benchmarked (requests failed, the unit is not running, no
      deployment record to keep the figures in, locked)";
+
+const EXPERIMENT_HELP: &str = "\
+Examples:
+  reconcile experiment experiments/qwen.yaml --estimate
+    experiment sglang-qwen.service on gpu-canary: 6 variants, about 1 h 50 min
+  reconcile experiment experiments/qwen.yaml --chart qwen.svg --format markdown
+  reconcile experiment experiments/qwen.yaml --write --keep-best
+  reconcile experiment experiments/qwen.yaml --resume
+
+Exit codes:
+  0  finished, and the two baselines agree within the stated noise (failed variants are results)
+  1  bad input (file:line:field, no host contacted), an unreachable host, or over the budget
+  2  finished, but the drift check does not trust the ranking (no winner)
+  3  interrupted: the baseline was restored and verified; --resume continues
+  4  the baseline could not be restored: the host needs attention";
 
 const QUALITY_HELP: &str = "\
 Examples:
