@@ -338,7 +338,8 @@ async fn run_on(
         let left = e.variants.len() - done.report.variants.len();
         if left > 0 {
             eprintln!(
-                "{left} variants left, {}",
+                "{left} variant{} left, {}",
+                if left == 1 { "" } else { "s" },
                 eta::human(eta::remaining(&took, left, &per))
             );
         }

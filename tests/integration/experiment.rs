@@ -216,9 +216,6 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     // The chart: one line per measured run (two baselines are one series; the failures none).
     let svg = std::fs::read_to_string(r.dir().join("chart.svg")).unwrap();
     assert_eq!(svg.matches("<polyline").count(), 3, "{svg}");
-
-    // The markdown for a pull request, rendered from the same run's state would need a rerun;
-    // the table and the Mermaid block are checked in the core's tests.
 }
 
 #[test]
