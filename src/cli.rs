@@ -238,6 +238,12 @@ pub enum Command {
     /// restart and staged verification, host by host.
     #[command(after_help = ROLLBACK_HELP)]
     Rollback(RollbackArgs),
+    /// Try variants of one service's flags and env on one host, each through apply's own path
+    /// (drain, install, restart, staged verification, benchmark, quality gate, rollback), between
+    /// two measurements of the baseline; rank them and hand back the winner as a manifest change.
+    /// See docs/experiments.md.
+    #[command(after_help = EXPERIMENT_HELP)]
+    Experiment(ExperimentArgs),
     /// Pull mode, run on the GPU host itself: keep a checkout of the manifests' git repository
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
     #[command(after_help = AGENT_HELP)]
@@ -368,6 +374,21 @@ Exit codes:
   0  every host was benchmarked and its figures stored
   1  a host could not be reached or benchmarked (requests failed, the unit is not running, no
      deployment record to keep the figures in, locked)";
+
+const EXPERIMENT_HELP: &str = "\
+Examples:
+  reconcile experiment experiments/qwen.yaml --estimate
+    experiment sglang-qwen.service on gpu-canary: 6 variants, about 1 h 50 min
+  reconcile experiment experiments/qwen.yaml --chart qwen.svg --format markdown
+  reconcile experiment experiments/qwen.yaml --write --keep-best
+  reconcile experiment experiments/qwen.yaml --resume
+
+Exit codes:
+  0  finished, and the two baselines agree within the stated noise (failed variants are results)
+  1  bad input (file:line:field, no host contacted), an unreachable host, or over the budget
+  2  finished, but the drift check does not trust the ranking (no winner)
+  3  interrupted: the baseline was restored and verified; --resume continues
+  4  the baseline could not be restored: the host needs attention";
 
 const QUALITY_HELP: &str = "\
 Examples:
@@ -803,6 +824,45 @@ pub struct HistoryArgs {
     /// Output format: text or json (markdown prints the text).
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
+
+    #[command(flatten)]
+    pub ssh: SshArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExperimentArgs {
+    /// The experiment file (YAML): manifest, host, variants or grid, benchmark, objective,
+    /// constraints, budget.
+    pub file: PathBuf,
+
+    /// At the end, leave the best variant that met every constraint running (applied and
+    /// verified again) instead of the baseline.
+    #[arg(long)]
+    pub keep_best: bool,
+
+    /// Edit the manifest in place with the winner's change (comments and layout kept); without
+    /// it the change is printed as a unified diff.
+    #[arg(long)]
+    pub write: bool,
+
+    /// Continue an interrupted experiment from the state it left on the host.
+    #[arg(long)]
+    pub resume: bool,
+
+    /// Write the chart (output tok/s against concurrency per run) to this SVG file.
+    #[arg(long, value_name = "FILE")]
+    pub chart: Option<PathBuf>,
+
+    /// Print the estimate and check everything offline, then stop.
+    #[arg(long)]
+    pub estimate: bool,
+
+    /// Output format: text, markdown (for a pull request, with a Mermaid chart) or json.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+
+    #[command(flatten)]
+    pub lock: LockArgs,
 
     #[command(flatten)]
     pub ssh: SshArgs,

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod coordinator;
 pub mod drain;
 pub mod dry_run;
+pub mod experiment;
 pub mod fleet;
 pub mod history;
 pub mod import;

@@ -27,9 +27,23 @@ pub struct Failed {
 }
 
 pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, Failed> {
+    load_read(read(paths), strict)
+}
+
+/// [`load`] of manifests already read: each the path it is shown as (and its `verify.quality`
+/// files are read relative to) and its text. `reconcile experiment` checks each variant, an edit
+/// of the manifest's text that is not on disk, the same way as the manifest itself.
+pub fn load_texts(files: Vec<(String, String)>, strict: bool) -> Result<Loaded, Failed> {
+    load_read(files.into_iter().map(Ok).collect(), strict)
+}
+
+fn load_read(
+    files: Vec<Result<(String, String), ManifestError>>,
+    strict: bool,
+) -> Result<Loaded, Failed> {
     let mut warnings = Vec::new();
     let mut redactor = Redactor::default();
-    let result = manifest::check_all(read(paths), |m, text| {
+    let result = manifest::check_all(files, |m, text| {
         // `{ from_env: VAR }` values come from this process's environment; their names join
         // `secret_env`, so the redactor hides what they resolved to.
         let unresolved = m.resolve_references(|var| std::env::var(var).ok());
@@ -185,7 +199,7 @@ fn is_yaml(path: &Path) -> bool {
 
 /// The path relative to the git work tree holding it, so the rendered header does not depend on
 /// where `reconcile` was started from; otherwise the path as given.
-fn display_path(path: &Path) -> String {
+pub fn display_path(path: &Path) -> String {
     let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
     let mut dir = absolute.parent();
     while let Some(d) = dir {

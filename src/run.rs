@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use crate::apply::Rollout;
 use crate::cli::{
-    AgentArgs, ApplyArgs, BenchArgs, Cli, Command, HistoryArgs, ImportArgs, PlanArgs, QualityArgs,
-    RenderArgs, RollbackArgs, RolloutStatusArgs, RolloutSub, SshArgs, StatusArgs, ValidateArgs,
+    AgentArgs, ApplyArgs, BenchArgs, Cli, Command, ExperimentArgs, HistoryArgs, ImportArgs,
+    PlanArgs, QualityArgs, RenderArgs, RollbackArgs, RolloutStatusArgs, RolloutSub, SshArgs,
+    StatusArgs, ValidateArgs,
 };
 use crate::dry_run::Tally;
 use crate::redact::Redactor;
@@ -37,6 +38,8 @@ pub enum Error {
     Import(#[from] crate::import::Error),
     #[error(transparent)]
     Coordinator(#[from] crate::coordinator::SetupError),
+    #[error(transparent)]
+    Experiment(#[from] crate::experiment::Error),
     #[error("the coordinator: {0}")]
     CoordinatorUnreachable(String),
     #[error("the man pages could not be written into {}: {source}", .dir.display())]
@@ -65,6 +68,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Status(args)) => status(args, &reach).await,
         Some(Command::History(args)) => history(args, &reach).await,
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
+        Some(Command::Experiment(args)) => experiment(args, &reach).await,
         Some(Command::Bench(args)) => bench(args, &reach).await,
         Some(Command::Quality(args)) => quality(args, &reach).await,
         Some(Command::Agent(args)) => agent_rounds(args, &reach).await,
@@ -424,6 +428,27 @@ async fn bench(args: BenchArgs, reach: &Reach) -> Result<ExitCode, Error> {
     Ok(ExitCode::from(u8::from(
         results.iter().any(|r| r.error.is_some()),
     )))
+}
+
+/// `reconcile experiment`: the variants run on the host, the report printed.
+async fn experiment(args: ExperimentArgs, reach: &Reach) -> Result<ExitCode, Error> {
+    let ssh = ssh_options(reach, &args.ssh);
+    let options = crate::experiment::Options {
+        keep_best: args.keep_best,
+        write: args.write,
+        resume: args.resume,
+        chart: args.chart.clone(),
+        estimate_only: args.estimate,
+        lock: args.lock.policy(),
+    };
+    let done = crate::experiment::run(&args.file, &options, &ssh)
+        .await
+        .map_err(|e| match e {
+            crate::experiment::Error::Invalid(errors) => Error::Manifests(errors),
+            e => Error::Experiment(e),
+        })?;
+    print!("{}", report::experiment::render(&done, args.format));
+    Ok(ExitCode::from(done.exit_code()))
 }
 
 /// `reconcile quality`: the quality measurement against the running servers, kept as reference.

@@ -36,11 +36,10 @@ fn layer_of(krate: Krate, module: &[String]) -> Option<Layer> {
     Some(match first.as_str() {
         "remote" => Layer::Edge,
         "cli" | "report" | "run" => Layer::Face,
-        "agent" | "apply" | "bench" | "coordinator" | "drain" | "dry_run" | "fleet" | "history"
-        | "load" | "import" | "plan_io" | "preflight" | "probe" | "quality" | "router"
-        | "signals" | "status" | "systemd" | "verify" | "plan_file" | "options" => {
-            Layer::Orchestration
-        }
+        "agent" | "apply" | "bench" | "coordinator" | "drain" | "dry_run" | "experiment"
+        | "fleet" | "history" | "load" | "import" | "plan_io" | "preflight" | "probe"
+        | "quality" | "router" | "signals" | "status" | "systemd" | "verify" | "plan_file"
+        | "options" => Layer::Orchestration,
         _ => return None,
     })
 }

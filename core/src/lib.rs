@@ -12,6 +12,7 @@ pub mod diagnose;
 pub mod digest;
 pub mod drain;
 pub mod dry_run;
+pub mod experiment;
 pub mod finding;
 pub mod flags;
 pub mod group;

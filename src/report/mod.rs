@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod bench;
 pub mod coordinator;
+pub mod experiment;
 #[cfg(test)]
 mod fleet_tests;
 pub mod history;

@@ -9,6 +9,7 @@ mod diagnosis;
 mod docs_guide;
 mod drain;
 mod dry_run;
+mod experiment;
 mod faults;
 mod fleet;
 mod group;

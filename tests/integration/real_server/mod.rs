@@ -12,6 +12,7 @@
 //! not what makes a test pass.
 
 mod compare;
+mod experiment;
 mod failures;
 mod lifecycle;
 mod quality;

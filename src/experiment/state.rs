@@ -1,0 +1,61 @@
+//! The experiment's progress, kept on the host beside the unit's deployment records: the report
+//! so far, tied to the experiment file and manifest it was run from. `--resume` reads it; a run
+//! that finishes removes it.
+
+use reconcile_core::experiment::Report;
+use serde::{Deserialize, Serialize};
+
+use crate::apply::state::unit_dir;
+use crate::remote::{error_chain, Host};
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Saved {
+    /// sha256 of the experiment file's and the manifest's texts.
+    pub digest: String,
+    pub report: Report,
+}
+
+fn path(unit: &str) -> String {
+    format!("{}/experiment.json", unit_dir(unit))
+}
+
+/// The saved progress, `None` when there is none; an error says why it cannot be used.
+pub async fn read(host: &dyn Host, unit: &str) -> Result<Option<Saved>, String> {
+    let text = host.read_file(&path(unit)).await.map_err(|e| {
+        format!(
+            "the experiment's state could not be read ({})",
+            error_chain(&e)
+        )
+    })?;
+    match text {
+        None => Ok(None),
+        Some(t) => serde_json::from_str(&t)
+            .map(Some)
+            .map_err(|e| format!("{} is not an experiment's state ({e})", path(unit))),
+    }
+}
+
+/// Keeps the progress. A failure to write costs only `--resume`, so it is reported, not fatal.
+pub async fn write(host: &dyn Host, unit: &str, digest: &str, report: &Report) {
+    let saved = Saved {
+        digest: digest.to_string(),
+        report: report.clone(),
+    };
+    let text = serde_json::to_string_pretty(&saved).expect("a report serialises");
+    let dir = unit_dir(unit);
+    let written = async {
+        host.run_ok(&["mkdir", "-p", &dir]).await?;
+        host.write_file(&path(unit), &text, "0644").await
+    };
+    if let Err(e) = written.await {
+        eprintln!(
+            "warning: the experiment's progress could not be kept on {} ({}): --resume will not find it",
+            host.name(),
+            error_chain(&e)
+        );
+    }
+}
+
+pub async fn clear(host: &dyn Host, unit: &str) {
+    let _ = host.run(&["rm", "-f", &path(unit)]).await;
+}
