@@ -10,7 +10,9 @@ use serde::Deserialize;
 
 use super::edit::Section;
 use crate::manifest::locate::{locate, Seg};
-use crate::manifest::{BenchmarkSpec, ManifestError, ManifestErrors, Position};
+use crate::manifest::{
+    deserialize_located, BenchmarkSpec, ManifestError, ManifestErrors, Position,
+};
 
 /// A parsed, valid experiment.
 #[derive(Debug, Clone, PartialEq)]
@@ -194,32 +196,7 @@ struct RawVariant {
 pub const DEFAULT_NOISE_PERCENT: f64 = 5.0;
 
 pub fn parse(source: &str, text: &str) -> Result<Experiment, ManifestErrors> {
-    let de = serde_yaml::Deserializer::from_str(text);
-    let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
-        let position = e.inner().location().map(|l| Position {
-            line: l.line(),
-            column: l.column(),
-        });
-        let field = match e.path().to_string() {
-            p if p == "." => "(document)".to_string(),
-            p => p,
-        };
-        let message = e.inner().to_string();
-        let message = match message.rfind(" at line ") {
-            Some(at) => message[..at].to_string(),
-            None => message,
-        };
-        let message = message
-            .strip_prefix(&format!("{field}: "))
-            .unwrap_or(&message)
-            .to_string();
-        ManifestErrors(vec![ManifestError::Invalid {
-            file: source.to_string(),
-            position,
-            field,
-            message,
-        }])
-    })?;
+    let raw: Raw = deserialize_located(source, text).map_err(|e| ManifestErrors(vec![e]))?;
     let mut errors = Vec::new();
     let err = |errors: &mut Vec<ManifestError>, path: &[Seg], field: String, message: String| {
         errors.push(ManifestError::Invalid {

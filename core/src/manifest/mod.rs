@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use error::{ManifestError, ManifestErrors, Position};
+pub(crate) use parse::deserialize_located;
 pub use parse::parse;
 pub use reference::{RefTarget, Reference};
 pub use rollout::RolloutSpec;

@@ -50,24 +50,7 @@ fn parse_size(text: &str) -> Option<u64> {
 
 /// Parses one manifest. `source` is the name shown in errors and in the unit header.
 pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
-    let deserializer = serde_yaml::Deserializer::from_str(text);
-    let raw: RawManifest = serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let position = e.inner().location().map(|l| Position {
-            line: l.line(),
-            column: l.column(),
-        });
-        let field = match e.path().to_string() {
-            p if p == "." => "(document)".to_string(),
-            p => p,
-        };
-        let message = plain_message(&e.inner().to_string(), &field);
-        ManifestError::Invalid {
-            file: source.to_string(),
-            position,
-            field,
-            message,
-        }
-    })?;
+    let raw: RawManifest = deserialize_located(source, text)?;
     let mut errors = raw.structure(source, text);
     if let Some(value) = raw.systemd.get("dropins") {
         if super::DropInPolicy::parse(&value.0).is_none() {
@@ -87,6 +70,33 @@ pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
         return Err(ManifestErrors(errors));
     }
     Ok(raw.into_manifest(source, text))
+}
+
+/// `text` (the YAML file `source`) read into `T`; a type error, a missing or unknown field, or bad
+/// YAML is one error with the line, column and field path. Manifests and experiment files are
+/// both read this way.
+pub(crate) fn deserialize_located<T: serde::de::DeserializeOwned>(
+    source: &str,
+    text: &str,
+) -> Result<T, ManifestError> {
+    let deserializer = serde_yaml::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let position = e.inner().location().map(|l| Position {
+            line: l.line(),
+            column: l.column(),
+        });
+        let field = match e.path().to_string() {
+            p if p == "." => "(document)".to_string(),
+            p => p,
+        };
+        let message = plain_message(&e.inner().to_string(), &field);
+        ManifestError::Invalid {
+            file: source.to_string(),
+            position,
+            field,
+            message,
+        }
+    })
 }
 
 /// serde_yaml's message without the path and position it repeats (both are shown already).
