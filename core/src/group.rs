@@ -188,6 +188,20 @@ pub fn died_of_a_peer(journal: &str) -> bool {
         || journal.contains("Connection was likely closed")
 }
 
+/// systemd's line saying a unit's process ended in failure, from its journal: systemd logs "Main
+/// process exited, code=..., status=..." at notice level only when the result is a failure
+/// (`src/core/service.c`, `service_sigchld_event`), then "Failed with result '...'". A rank whose
+/// verification a peer's failure cut short may have crashed too, and this says so.
+pub fn process_failure(journal: &str) -> Option<&str> {
+    if !journal.contains("Failed with result") {
+        return None;
+    }
+    journal
+        .lines()
+        .rev()
+        .find(|l| l.contains("Main process exited"))
+}
+
 /// Which of the ranks that failed in their own right is to blame, given them in the order they
 /// were seen to fail, each with whether its journal says it died of a peer ([`died_of_a_peer`]):
 /// the first that did not. When a rank crashes, its peers die of it within moments, and which
@@ -379,5 +393,18 @@ mod tests {
         // All died of a peer (the journals could not tell): the first seen.
         assert_eq!(root_cause(&[(1, true), (0, true)]), Some(1));
         assert_eq!(root_cause(&[]), None);
+    }
+
+    #[test]
+    fn a_process_that_failed_is_read_from_systemds_lines() {
+        let crashed = "loading\nt.service: Main process exited, code=exited, status=1/FAILURE\nt.service: Failed with result 'exit-code'.\nStopped t.service.";
+        assert_eq!(
+            process_failure(crashed),
+            Some("t.service: Main process exited, code=exited, status=1/FAILURE")
+        );
+        assert_eq!(
+            process_failure("loading\nStopping t.service...\nStopped t.service."),
+            None
+        );
     }
 }

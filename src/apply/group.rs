@@ -841,6 +841,29 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
             .as_deref()
             .and_then(reconcile_core::diagnose::diagnose);
     }
+    // A rank cut short by a peer's failure may have crashed as well (when rank 1 crashes, rank 0
+    // dies of it, and either death may be seen first): one whose process failed is a candidate
+    // too, after those that failed in their own right.
+    let mut causes = causes;
+    for &i in cut_short {
+        let journal = ranks[i].report.report.journal.as_deref().unwrap_or("");
+        if let Some(line) = reconcile_core::group::process_failure(journal) {
+            let stage = ranks[i]
+                .report
+                .report
+                .failed_stage
+                .clone()
+                .unwrap_or_default();
+            causes.push(Cause {
+                rank: i,
+                stage: stage.clone(),
+                error: ApplyError::VerificationFailed {
+                    stage,
+                    reason: format!("its process failed ({})", line.trim()),
+                },
+            });
+        }
+    }
     let seen: Vec<(usize, bool)> = causes
         .iter()
         .map(|c| {
@@ -866,9 +889,14 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
         report.failed_stage.get_or_insert_with(|| "group".into());
         // A rank stopped because a peer failed says so, not that someone pressed Ctrl-C.
         if cut_short.contains(&i) {
+            // Blamed after all (its process failed too), it says how; else that a peer stopped it.
+            let detail = match &cause.error {
+                ApplyError::VerificationFailed { reason, .. } if i == cause.rank => reason.clone(),
+                _ => cut_text.clone(),
+            };
             if let Some(v) = report.verification.as_mut() {
                 for stage in v.stages.iter_mut().filter(|s| !s.passed) {
-                    stage.detail = cut_text.clone();
+                    stage.detail = detail.clone();
                 }
             }
         }

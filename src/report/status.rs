@@ -171,7 +171,6 @@ mod tests {
                 ..Systemd::default()
             },
             served_models: None,
-            deployed_manifest: None,
             record: None,
             error: None,
         }

@@ -92,7 +92,10 @@ fn groups(statuses: &mut [UnitStatus], ordered: &[Target]) {
                     host: &statuses[i].host,
                     in_sync: statuses[i].in_sync(),
                     why,
-                    deployed: statuses[i].deployed_manifest.as_deref(),
+                    deployed: statuses[i]
+                        .record
+                        .as_ref()
+                        .map(|r| r.manifest_sha256.as_str()),
                 })
                 .collect();
             reconcile_core::group::group_status(&ranks)
@@ -185,7 +188,6 @@ async fn unit_status(
         systemd: facts.systemd,
         served_models,
         error: None,
-        deployed_manifest: record.map(|r| r.manifest_sha256.clone()),
         record: record.cloned(),
     })
 }
@@ -254,7 +256,6 @@ fn failed(t: &Target, error: String) -> UnitStatus {
         systemd: Systemd::default(),
         served_models: None,
         error: Some(error),
-        deployed_manifest: None,
         record: None,
     }
 }

@@ -381,10 +381,8 @@ pub struct UnitStatus {
     pub served_models: Option<Vec<String>>,
     /// Set when the host or unit could not be read; `classes` is then empty.
     pub error: Option<String>,
-    /// The manifest digest of the last deployment (a server group's ranks share it).
-    #[serde(skip)]
-    pub deployed_manifest: Option<String>,
-    /// The last deployment record, whole: its figures are the metrics' (`metrics`).
+    /// The last deployment record, whole: its figures are the metrics' (`metrics`), its manifest
+    /// digest what a server group's ranks share.
     #[serde(skip)]
     pub record: Option<Record>,
 }
@@ -715,7 +713,6 @@ mod tests {
             applied_by: None,
             systemd: Systemd::default(),
             served_models: None,
-            deployed_manifest: None,
             record: None,
             error,
         }
