@@ -209,12 +209,17 @@ impl Router {
         }
     }
 
-    /// Takes the replica at `url` out, unless that leaves too few healthy replicas of its model.
-    /// `Ok(None)`: the router did not list it.
-    pub async fn take_out(&self, url: &str) -> Result<Option<()>, TakeOutError> {
+    /// Takes the replica at `url` out, unless that leaves fewer than `min_available` healthy
+    /// replicas of its model. `Ok(None)`: the router did not list it. The manifests sharing one
+    /// router each keep their own settings: `min_available` is the replica's manifest's.
+    pub async fn take_out(
+        &self,
+        url: &str,
+        min_available: usize,
+    ) -> Result<Option<()>, TakeOutError> {
         let _one_at_a_time = self.taking_out.lock().await;
         let workers = self.workers().await?;
-        match decide::take_out(&workers, url, self.spec.min_available) {
+        match decide::take_out(&workers, url, min_available) {
             decide::TakeOut::NotListed => Ok(None),
             decide::TakeOut::Refuse(why) => Err(TakeOutError::Refused(why)),
             decide::TakeOut::Remove { id } => {
@@ -225,13 +230,18 @@ impl Router {
         }
     }
 
-    /// Puts the replica at `url` (back) in and waits until the router lists it healthy.
-    pub async fn put_back(&self, url: &str, api_key: Option<&str>) -> Result<(), RouterError> {
+    /// Puts the replica at `url` (back) in and waits, at most `healthy_timeout` (the replica's
+    /// manifest's), until the router lists it healthy.
+    pub async fn put_back(
+        &self,
+        url: &str,
+        api_key: Option<&str>,
+        healthy_timeout: Duration,
+    ) -> Result<(), RouterError> {
         if decide::listed(&self.workers().await?, url) == Listed::Absent {
             self.add(url, api_key).await?;
         }
-        self.wait_until(url, Listed::Healthy, self.spec.healthy_timeout)
-            .await
+        self.wait_until(url, Listed::Healthy, healthy_timeout).await
     }
 }
 

@@ -51,6 +51,11 @@ pub(crate) async fn apply_group(
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
     targets.sort_by_key(|t| t.group.as_ref().map_or(0, |g| g.rank));
+    // Behind a router, rank 0 is drained as a replica out of it is (`rollout::draining`).
+    let routed = options.routers.as_ref().and_then(|r| r.of(&targets[0]));
+    if let (Some(_), Some(spec)) = (routed, targets[0].manifest.router.clone()) {
+        targets[0] = super::rollout::draining(&targets[0], &spec);
+    }
     let started = Instant::now();
     if *options.cancel.borrow() {
         let e = ApplyError::InterruptedBeforeHost;
@@ -182,6 +187,27 @@ async fn apply_on(
             .map(|t| super::unchanged(t, started))
             .collect();
     }
+    // Behind a router, rank 0 (the group's only API) leaves it before a restart, like a replica
+    // (`rollout::behind_router`); a reload keeps it serving.
+    let router = match group {
+        Verdict::Restart | Verdict::Install => {
+            options.routers.as_ref().and_then(|r| r.of(&targets[0]))
+        }
+        _ => None,
+    };
+    let taken_out = match router {
+        None => None,
+        Some(router) => {
+            let out = match router {
+                Ok(router) => super::rollout::TakenOut::take_out(router, &targets[0]).await,
+                Err(e) => Err(ApplyError::Router(e)),
+            };
+            match out {
+                Ok(out) => Some(out),
+                Err(e) => return refuse_all(targets, started, 0, &e),
+            }
+        }
+    };
     let mut ranks: Vec<Rank<'_>> = Vec::new();
     for (job, (observed, survey, look, drift)) in jobs.into_iter().zip(seen) {
         let verdict = rank_verdict(own[ranks.len()], group);
@@ -248,6 +274,9 @@ async fn apply_on(
             .await;
         }
         reports.push(rank.report.finish(ending));
+    }
+    if let Some(out) = taken_out {
+        out.put_back(&mut reports[0]).await;
     }
     reports
 }

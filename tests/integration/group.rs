@@ -473,3 +473,118 @@ fn status_history_and_rollback_take_the_group_whole() {
     assert!(details.contains("the server is NOT in sync"), "{details}");
     clean(unit);
 }
+
+/// A server group behind the real sglang-router (`crate::router`'s router on `ROUTER`): rank 0
+/// (the group's only API) on `rank0`, the other rank on the other `GROUP` host, serving the
+/// router's model on `port` (rendezvous one above). `generation` is an env value: a new one
+/// restarts the group.
+fn routed_group(service: &str, rank0: usize, port: u16, generation: u32) -> String {
+    use crate::router::{KEY_FILE, MODEL, ROUTER_PORT};
+    let (first, second) = (GROUP[rank0], GROUP[1 - rank0]);
+    let gpu = (port - 37501) / 2;
+    format!(
+        "service: {service}\n\
+         nodes:\n  - name: {first}\n    address: {}\n  - name: {second}\n    address: {}\n\
+         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: {MODEL}\n  host: 0.0.0.0\n  port: {port}\n  dist_init_port: {}\n  flags: {{ tp-size: 2, dist-timeout: 30, enable-metrics: true }}\n\
+         env: {{ CUDA_VISIBLE_DEVICES: \"{gpu}\", FAKE_SGLANG_GPU_COUNT: \"16\", FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_MEMORY_MB: \"10\", GENERATION: \"{generation}\" }}\n\
+         verify: {{ crash_window: 2s, sample_interval: 1s, stall_timeout: 15s, load_deadline: 60s }}\n\
+         router:\n  url: http://127.0.0.1:{ROUTER_PORT}\n  via: {}\n  admin_key_file: {KEY_FILE}\n  workers:\n    {first}: \"http://{}:{port}\"\n",
+        lab().address(first),
+        lab().address(second),
+        port + 1,
+        crate::lab::ROUTER,
+        lab().address(first),
+    )
+}
+
+/// Two groups of one model behind one router, rank 0 of each on a different host: a restarting
+/// change rolls group after group, each group's rank 0 out of the router while its ranks restart
+/// and back once the group is verified, so a client sending through the router all along loses
+/// no request and one group always serves.
+#[test]
+fn two_groups_behind_a_router_roll_one_after_the_other_and_lose_no_request() {
+    let _turn = crate::router::TURN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    crate::router::fresh_router();
+    let groups = [("t-group-ra", 0, 37521), ("t-group-rb", 1, 37523)];
+    for (service, _, _) in groups {
+        clean(&format!("{service}.service"));
+    }
+    let apply = |generation| {
+        let mut r = Reconcile::new();
+        for (service, rank0, port) in groups {
+            r = r.manifest(
+                &format!("{service}.yaml"),
+                &routed_group(service, rank0, port, generation),
+            );
+        }
+        let ran = r.args(&["apply", "--format", "json"]).run();
+        let units = ran.json()["units"].as_array().cloned().unwrap_or_default();
+        (ran.code, units, format!("{}{}", ran.stdout, ran.stderr))
+    };
+    let rank0_url =
+        |rank0: usize, port: u16| format!("http://{}:{port}", lab().address(GROUP[rank0]));
+    let mut both_in: Vec<(String, bool)> = groups
+        .iter()
+        .map(|&(_, rank0, port)| (rank0_url(rank0, port), true))
+        .collect();
+    both_in.sort();
+
+    // First install: each group's rank 0 goes into the router once its group is verified; the
+    // other rank never does.
+    let (code, _, out) = apply(1);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(crate::router::listed(), both_in, "{out}");
+
+    let client = crate::router::Client::start();
+    std::thread::sleep(Duration::from_secs(1));
+    let (code, units, out) = apply(2);
+    std::thread::sleep(Duration::from_secs(1));
+    let seen = client.stop();
+    assert_eq!(code, 0, "{out}");
+    let unit_at = |service: &str, host: &str| {
+        units
+            .iter()
+            .find(|u| u["host"] == host && u["unit"] == format!("{service}.service"))
+            .unwrap_or_else(|| panic!("no report of {service} on {host}: {out}"))
+            .clone()
+    };
+    // Each group's ranks: (first start, last start) in CLOCK_MONOTONIC microseconds.
+    let mut windows = Vec::new();
+    for (service, rank0, port) in groups {
+        let unit = format!("{service}.service");
+        for host in GROUP {
+            assert_eq!(unit_at(service, host)["outcome"], "converged", "{out}");
+        }
+        let notes = unit_at(service, GROUP[rank0])["notes"].to_string();
+        assert!(
+            notes.contains(&format!("router: {} out in", rank0_url(rank0, port)))
+                && notes.contains("healthy after"),
+            "rank 0 left the router and came back: {notes}"
+        );
+        let other = unit_at(service, GROUP[1 - rank0])["notes"].to_string();
+        assert!(!other.contains("router: "), "rank 1 is no worker: {other}");
+        let starts: Vec<u64> = GROUP.iter().map(|h| started_us(h, &unit)).collect();
+        windows.push((*starts.iter().min().unwrap(), *starts.iter().max().unwrap()));
+    }
+    // Group after group: the second group's ranks started only after the first group's had,
+    // and at least its verification (a crash window of 2 s) later.
+    let (first, second) = if windows[0].0 <= windows[1].0 {
+        (windows[0], windows[1])
+    } else {
+        (windows[1], windows[0])
+    };
+    let gap = second.0.saturating_sub(first.1) as f64 / 1e6;
+    eprintln!("the second group started {gap:.2}s after the first");
+    assert!(gap >= 2.0, "the groups overlapped: {windows:?}");
+    assert_eq!(
+        seen["failed"], 0,
+        "requests failed through the router: {seen}"
+    );
+    assert!(seen["ok"].as_u64().unwrap_or(0) > 0, "{seen}");
+    assert_eq!(crate::router::listed(), both_in, "the worker list is whole");
+    for (service, _, _) in groups {
+        clean(&format!("{service}.service"));
+    }
+}

@@ -119,6 +119,17 @@ pub(super) fn check(m: &Manifest, text: &str, fail: &mut dyn FnMut(&[Seg], Strin
                 &path,
                 format!("`{host}` is not one of this service's hosts"),
             );
+        } else if m.group.is_some() && m.hosts.first().is_some_and(|rank0| &rank0.name != host) {
+            // sglang 0.5.23 `entrypoints/http_server.py`: a rank >= 1 serves no API (only the
+            // dummy health server), so the router can only ever send the group's requests to
+            // rank 0.
+            fail(
+                &path,
+                format!(
+                    "`{host}` is not rank 0 of this server group: only rank 0 ({}) serves the API, so it alone is the router's worker",
+                    m.hosts[0].name
+                ),
+            );
         } else if let Err(why) = http_url(url) {
             fail(&path, why);
         }
@@ -183,6 +194,23 @@ mod tests {
         );
         assert_eq!(r.worker_url("rl19", 30000), "http://10.0.0.19:30000");
         assert_eq!(r.worker_url("root@rl20:2222", 30000), "http://rl20:30000");
+    }
+
+    #[test]
+    fn a_server_groups_worker_is_its_rank_0() {
+        let group = "service: q\nnodes: [rl22, rl23]\nsglang: { python: /usr/bin/python3, version: 0.5.23, model_path: /m, port: 30000 }\nrouter:\n  url: http://10.0.0.9:30000\n  workers:\n";
+        let check = |workers: &str| {
+            let text = format!("{group}{workers}");
+            let m = parse("m.yaml", &text).unwrap();
+            validate(&m, &text).map_err(|e| e.0.iter().map(|e| e.to_string()).collect::<Vec<_>>())
+        };
+        check("    rl22: \"http://10.0.0.22:30000\"\n").unwrap();
+        let e = check("    rl23: \"http://10.0.0.23:30000\"\n").unwrap_err();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("m.yaml:7:5: router.workers.rl23: `rl23` is not rank 0 of this server group: only rank 0 (rl22) serves the API"),
+            "{e:?}"
+        );
     }
 
     #[test]
