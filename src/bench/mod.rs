@@ -119,8 +119,8 @@ async fn drive_level(
     // One warmup request first, not counted, as SGLang's own benchmark does
     // (`sglang/benchmark/serving.py`, `benchmark`: `warmup_requests` 1 by default): the level's
     // client has no connection yet, and a server idle since its start answers its first request
-    // late. Without it, the first of two measurements of one unchanged server came out up to
-    // 14 % lower (the experiments' drift check). Its prompt is none of the level's.
+    // late. (It does not remove all the spread: two baselines of one unchanged stand-in were
+    // still measured up to 27 % apart on a 2-core test machine.) Its prompt is none of the level's.
     let warmup = request_body(
         model,
         &prompt(WARMUP_SEED, spec.prompt_tokens),
