@@ -154,10 +154,18 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
         "tok/s at 4: baseline {base:.1}, mixed-chunk {fast:.1}, chunked-prefill {slow:.1}; drift {}",
         json["drift"]
     );
-    assert!(
-        fast > 1.5 * base && slow < 0.75 * base,
-        "{base} {fast} {slow}"
-    );
+    // Against the first baseline, each on its side of it: the stand-in doubles and halves its
+    // rate, but what the client measures of that moves with the machine's load (a CI run measured
+    // the doubled rate only 1.28x the baseline, run alone), so only the direction is asserted.
+    assert!(fast > base && slow < base, "{base} {fast} {slow}");
+    for (name, sign) in [("mixed-chunk", 1.0), ("chunked-prefill", -1.0)] {
+        let vs = json["ranking"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["name"] == name))
+            .and_then(|r| r["vs_baseline"].as_f64())
+            .unwrap_or_else(|| panic!("{name} has no vs_baseline: {json:#}"));
+        assert!(vs * sign > 0.0, "{name}: {vs} % against the baseline");
+    }
 
     // The OOM: rolled back, with the journal's diagnosis.
     let oom = variant(&json, "oom");
