@@ -116,17 +116,6 @@ async fn drive_level(
     concurrency: u32,
 ) -> (Level, Option<String>) {
     let total = spec.requests_at(concurrency);
-    // One warmup request first, not counted, as SGLang's own benchmark does
-    // (`sglang/benchmark/serving.py`, `benchmark`: `warmup_requests` 1 by default): the level's
-    // client has no connection yet, and a server idle since its start answers its first request
-    // late. (It does not remove all the spread: two baselines of one unchanged stand-in were
-    // still measured up to 27 % apart on a 2-core test machine.) Its prompt is none of the level's.
-    let warmup = request_body(
-        model,
-        &prompt(WARMUP_SEED, spec.prompt_tokens),
-        spec.output_tokens,
-    );
-    let _ = one_request(server, &warmup).await;
     let taken = AtomicU32::new(0);
     let started = Instant::now();
     let deadline = spec.duration.map(|d| started + d);
@@ -160,9 +149,6 @@ async fn drive_level(
     let error = samples.iter().find_map(|s| s.error.clone());
     (level(concurrency, &samples, wall), error)
 }
-
-/// The warmup request's prompt seed: past any level's request numbers.
-const WARMUP_SEED: u64 = u64::MAX;
 
 /// The request: streamed, usage in the last chunk, greedy, and generating exactly `output_tokens`
 /// (`ignore_eos`, an SGLang extension: `sglang/srt/entrypoints/openai/protocol.py`).
@@ -464,8 +450,7 @@ pub(crate) mod tests {
         .await;
         assert_eq!(measured.first_error, None);
         assert_eq!(*seen.lock().unwrap(), [1, 4]);
-        // Each level's 8 requests and its one warmup request, uncounted in its figures.
-        assert_eq!(counts.0.load(Ordering::SeqCst), 18);
+        assert_eq!(counts.0.load(Ordering::SeqCst), 16);
         assert_eq!(counts.2.load(Ordering::SeqCst), 4);
         let levels = &measured.record.levels;
         assert_eq!(levels.iter().map(|l| l.errors).sum::<u32>(), 0);
