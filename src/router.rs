@@ -55,8 +55,11 @@ pub enum RouterError {
 }
 
 /// One router, connected: an HTTP client to its base URL, through the SSH forward it holds.
+/// It keeps only what identifies the router: every manifest behind it has its own worker URLs,
+/// `min_available` and timeouts (its `router:`), which its callers pass in.
 pub struct Router {
-    pub spec: RouterSpec,
+    /// The router's base URL as the manifests write it (`router.url`), for messages.
+    pub url: String,
     client: reqwest::Client,
     base: String,
     key: Option<String>,
@@ -94,7 +97,7 @@ impl Router {
                 why: e.to_string(),
             })?;
         Ok(Router {
-            spec: spec.clone(),
+            url: spec.url.clone(),
             client,
             base,
             key,
@@ -105,7 +108,7 @@ impl Router {
 
     fn fail(&self, request: &str, why: impl Into<String>) -> RouterError {
         RouterError::Request {
-            router: self.spec.url.clone(),
+            router: self.url.clone(),
             request: request.into(),
             why: why.into(),
         }
@@ -200,7 +203,7 @@ impl Router {
                     _ => format!("did not list {url} healthy"),
                 };
                 return Err(RouterError::Timeout {
-                    router: self.spec.url.clone(),
+                    router: self.url.clone(),
                     what,
                     within,
                 });

@@ -51,10 +51,10 @@ pub(crate) async fn apply_group(
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
     targets.sort_by_key(|t| t.group.as_ref().map_or(0, |g| g.rank));
-    // Behind a router, rank 0 is drained as a replica out of it is (`rollout::draining`).
+    // Behind a router, rank 0 is drained as a replica out of it is (`routed::draining`).
     let routed = options.routers.as_ref().and_then(|r| r.of(&targets[0]));
     if let (Some(_), Some(spec)) = (routed, targets[0].manifest.router.clone()) {
-        targets[0] = super::rollout::draining(&targets[0], &spec);
+        targets[0] = super::routed::draining(&targets[0], &spec);
     }
     let started = Instant::now();
     if *options.cancel.borrow() {
@@ -199,7 +199,7 @@ async fn apply_on(
         None => None,
         Some(router) => {
             let out = match router {
-                Ok(router) => super::rollout::TakenOut::take_out(router, &targets[0]).await,
+                Ok(router) => super::routed::TakenOut::take_out(router, &targets[0]).await,
                 Err(e) => Err(ApplyError::Router(e)),
             };
             match out {

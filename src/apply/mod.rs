@@ -22,6 +22,7 @@ mod install;
 mod quality;
 mod restore;
 mod rollout;
+mod routed;
 pub(crate) mod state;
 #[cfg(test)]
 mod testing;

@@ -10,12 +10,13 @@
 use super::decide;
 use super::error::ApplyError;
 use super::restore::{restore_and_verify, Restore, Restored, Then};
+use super::routed::TakenOut;
 use super::verifier::Live;
 use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
-use crate::manifest::{RouterSpec, VerifySpec};
+use crate::manifest::VerifySpec;
 use crate::remote::{error_chain, Host, SshOptions};
-use crate::router::{Router, Routers, TakeOutError};
+use crate::router::{Router, Routers};
 use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
 use reconcile_core::rollout::schedule::{Schedule, Step};
@@ -391,156 +392,14 @@ pub(super) async fn behind_router(
         Ok(out) => out,
         Err(e) => return refuse(e),
     };
-    let mut report = super::apply_one(host, &draining(t, &out.spec), options).await;
+    let mut report = super::apply_one(host, &out.draining(t), options).await;
     out.put_back(&mut report).await;
     report
-}
-
-/// A server taken out of its router for a restart: a replica, or a server group's rank 0 (the
-/// only rank that serves the API). [`TakenOut::put_back`] ends it once the apply has.
-pub(super) struct TakenOut {
-    router: std::sync::Arc<Router>,
-    /// The server's own manifest's `router:`: manifests sharing one router each keep their own
-    /// worker URLs, `min_available` and timeouts (the connected router holds the first one's).
-    spec: RouterSpec,
-    url: String,
-    api_key: Option<String>,
-    /// The router listed the server before: a new one goes in only once it converged.
-    listed: bool,
-    out: std::time::Duration,
-}
-
-impl TakenOut {
-    /// Takes the server `t` runs out of `router`, unless that leaves too few healthy servers of
-    /// its model (refused, nothing changed).
-    pub(super) async fn take_out(
-        router: std::sync::Arc<Router>,
-        t: &Target,
-    ) -> Result<TakenOut, ApplyError> {
-        let endpoint = crate::verify::Expect::from_unit(&t.desired.model).endpoint;
-        let spec = t
-            .manifest
-            .router
-            .clone()
-            .unwrap_or_else(|| router.spec.clone());
-        let url = spec.worker_url(&t.host, endpoint.port);
-        let started = std::time::Instant::now();
-        let listed = match router.take_out(&url, spec.min_available).await {
-            Ok(listed) => listed.is_some(),
-            Err(TakeOutError::Refused(why)) => return Err(ApplyError::Refused(why)),
-            Err(TakeOutError::Router(e)) => return Err(ApplyError::Router(e.to_string())),
-        };
-        Ok(TakenOut {
-            router,
-            spec,
-            url,
-            api_key: endpoint.api_key,
-            listed,
-            out: started.elapsed(),
-        })
-    }
-
-    /// Puts the server back in once its apply ended as `report` says (see [`goes_back`]), and
-    /// says in the report how long each step took, or why it stays out.
-    pub(super) async fn put_back(self, report: &mut UnitReport) {
-        let TakenOut {
-            router,
-            spec,
-            url,
-            api_key,
-            listed,
-            out,
-        } = self;
-        let applied = std::time::Instant::now();
-        if goes_back(report.outcome, listed) {
-            match router
-                .put_back(&url, api_key.as_deref(), spec.healthy_timeout)
-                .await
-            {
-                Ok(()) => {
-                    let drained = report.drain.as_ref().map_or(0.0, |d| d.seconds);
-                    let back = applied.elapsed().as_secs_f64();
-                    report.notes.push(format!(
-                        "router: {url} out in {:.2}s, drained in {drained:.2}s, back in {} and healthy after {back:.2}s (bookkeeping {:.2}s)",
-                        out.as_secs_f64(),
-                        spec.url,
-                        out.as_secs_f64() + drained + back
-                    ));
-                }
-                Err(e) => router_failed(report, &e.to_string()),
-            }
-        } else if listed {
-            report.notes.push(format!(
-                "router: {url} stays out of {}: it needs attention before it serves again",
-                spec.url
-            ));
-        }
-    }
-}
-
-/// Whether a replica goes (back) into the router after its apply ended in `outcome`; `listed`:
-/// it was in before. What converged serves the new unit; refused, interrupted or rolled back, the
-/// old unit serves (a rollback passed verification), so it goes back where it was; a failed
-/// rollback leaves a server nobody verified, which stays out.
-fn goes_back(outcome: Outcome, listed: bool) -> bool {
-    match outcome {
-        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => true,
-        Outcome::RollbackFailed => false,
-        Outcome::Error | Outcome::NotStarted | Outcome::RolledBack => listed,
-    }
-}
-
-/// `t` with the drain its apply runs once the replica is out of the router: the manifest's own, or
-/// `router.drain_timeout` refusing on timeout (cutting requests off is the operator's call).
-pub(super) fn draining(t: &Target, router: &RouterSpec) -> Target {
-    let mut t = t.clone();
-    if t.manifest.drain.is_none() {
-        std::sync::Arc::make_mut(&mut t.manifest).drain = Some(crate::manifest::DrainSpec {
-            timeout: router.drain_timeout,
-            on_timeout: crate::manifest::OnTimeout::Refuse,
-        });
-    }
-    t
-}
-
-/// The replica was applied but the router did not take it back: a converged replica counts as
-/// failed (the rollout stops); a rolled-back one keeps its outcome and says so.
-fn router_failed(report: &mut UnitReport, why: &str) {
-    let what = format!("the router did not take it back: {why}");
-    if matches!(
-        report.outcome,
-        Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged
-    ) {
-        let e = ApplyError::Router(format!("{}; but {what}", report.detail));
-        report.outcome = Outcome::Error;
-        report.error = Some(e.kind());
-        report.detail = e.to_string();
-    } else {
-        report.detail = format!("{}; {what}", report.detail);
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn what_goes_back_into_the_router() {
-        // A new replica (not listed before) goes in only once it converged.
-        assert!(goes_back(Outcome::Converged, false));
-        assert!(!goes_back(Outcome::RolledBack, false));
-        assert!(!goes_back(Outcome::Error, false));
-        // A listed one goes back on its new unit, or on its verified old one.
-        for outcome in [
-            Outcome::Converged,
-            Outcome::RolledBack,
-            Outcome::Error,
-            Outcome::NotStarted,
-        ] {
-            assert!(goes_back(outcome, true), "{outcome:?}");
-        }
-        assert!(!goes_back(Outcome::RollbackFailed, true));
-    }
 
     #[test]
     fn the_manifests_canary_host_goes_first_and_the_rest_keep_their_order() {
