@@ -145,15 +145,15 @@ pub fn dead_worker(samples: &[Sample], own_gpus: bool) -> Option<String> {
             ));
         }
     }
-    let peak = |f: fn(&Sample) -> Option<u32>| samples.iter().filter_map(f).max();
-    if let (Some(now), Some(most)) = (last.schedulers, peak(|s| s.schedulers)) {
+    let most_schedulers = samples.iter().filter_map(|s| s.schedulers).max();
+    if let (Some(now), Some(most)) = (last.schedulers, most_schedulers) {
         if now < most {
             return Some(format!(
                 "a worker process died: {now} of {most} `sglang::scheduler` processes are left while the main process lives"
             ));
         }
     }
-    if let (Some(now), Some(most)) = (last.processes, peak(|s| s.processes)) {
+    if let (Some(now), Some(most)) = (last.processes, held_peak(samples)) {
         if most >= 3 && now <= most / 2 {
             return Some(format!(
                 "a worker process died: the service's processes fell from {most} to {now} while the main process lives"
@@ -161,6 +161,17 @@ pub fn dead_worker(samples: &[Sample], own_gpus: bool) -> Option<String> {
         }
     }
     None
+}
+
+/// The most processes the cgroup held in two looks in a row. A start-up script's own children
+/// (the command substitutions of a venv wrapper before its `exec`) live for milliseconds, so one
+/// look may catch three processes that are one a moment later: that is a start, not a death
+/// (seen in the real SGLang tier, 3 processes at 0.2 s, 1 at 1 s). Workers stay.
+fn held_peak(samples: &[Sample]) -> Option<u32> {
+    samples
+        .windows(2)
+        .filter_map(|w| Some(w[0].processes?.min(w[1].processes?)))
+        .max()
 }
 
 /// The largest rise in `readings` (its low, then its peak): what this invocation loaded onto a
@@ -467,9 +478,14 @@ mod tests {
         };
         let reason = dead_worker(&[with(1.0, 4, 6), with(2.0, 3, 5)], true).unwrap();
         assert!(reason.contains("3 of 4 `sglang::scheduler`"), "{reason}");
-        assert!(dead_worker(&[with(1.0, 0, 8), with(2.0, 0, 4)], true)
-            .unwrap()
-            .contains("fell from 8 to 4"));
+        assert!(
+            dead_worker(&[with(1.0, 0, 8), with(2.0, 0, 8), with(3.0, 0, 4)], true)
+                .unwrap()
+                .contains("fell from 8 to 4")
+        );
+        // A wrapper's children before its `exec`, seen in one look, are not workers.
+        let wrapper = [with(0.2, 0, 3), with(1.0, 0, 1), with(2.0, 0, 1)];
+        assert_eq!(dead_worker(&wrapper, true), None);
         // Compile workers come and go: one process fewer is not a death.
         assert_eq!(dead_worker(&[with(1.0, 4, 9), with(2.0, 4, 6)], true), None);
         // A GPU that never loaded much is not judged.
