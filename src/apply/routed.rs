@@ -99,10 +99,10 @@ impl TakenOut {
     }
 }
 
-/// Whether a replica goes (back) into the router after its apply ended in `outcome`; `listed`:
-/// it was in before. What converged serves the new unit; refused, interrupted or rolled back, the
-/// old unit serves (a rollback passed verification), so it goes back where it was; a failed
-/// rollback leaves a server nobody verified, which stays out.
+/// Whether a server (a replica or a group's rank 0) goes (back) into the router after its apply
+/// ended in `outcome`; `listed`: it was in before. What converged serves the new unit; refused,
+/// interrupted or rolled back, the old unit serves (a rollback passed verification), so it goes
+/// back where it was; a failed rollback leaves a server nobody verified, which stays out.
 fn goes_back(outcome: Outcome, listed: bool) -> bool {
     match outcome {
         Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged => true,
@@ -111,7 +111,7 @@ fn goes_back(outcome: Outcome, listed: bool) -> bool {
     }
 }
 
-/// `t` with the drain its apply runs once the replica is out of the router: the manifest's own, or
+/// `t` with the drain its apply runs once the server is out of the router: the manifest's own, or
 /// `router.drain_timeout` refusing on timeout (cutting requests off is the operator's call).
 pub(super) fn draining(t: &Target, router: &RouterSpec) -> Target {
     let mut t = t.clone();
@@ -124,7 +124,7 @@ pub(super) fn draining(t: &Target, router: &RouterSpec) -> Target {
     t
 }
 
-/// The replica was applied but the router did not take it back: a converged replica counts as
+/// The server was applied but the router did not take it back: a converged one counts as
 /// failed (the rollout stops); a rolled-back one keeps its outcome and says so.
 fn router_failed(report: &mut UnitReport, why: &str) {
     let what = format!("the router did not take it back: {why}");
