@@ -95,13 +95,32 @@ async fn open(name: &str, options: &SshOptions) -> Result<Session, RemoteError> 
     if let Some(timeout) = options.connect_timeout {
         builder.connect_timeout(timeout);
     }
-    builder
-        .connect_mux(destination(name))
-        .await
-        .map_err(|source| RemoteError::Connect {
-            host: name.to_string(),
-            source,
-        })
+    // ssh says why it could not connect in its log; one that ends with an empty log was stopped
+    // from outside before it could say (a signal), which says nothing about the host: it is
+    // asked once more, and a second silent end is reported as such.
+    let mut result = builder.connect_mux(destination(name)).await;
+    if result.as_ref().err().is_some_and(is_silent) {
+        tracing::debug!(
+            host = name,
+            "ssh ended without a reason; connecting once more"
+        );
+        result = builder.connect_mux(destination(name)).await;
+    }
+    result.map_err(|source| RemoteError::Connect {
+        host: name.to_string(),
+        source: if is_silent(&source) {
+            openssh::Error::Connect(std::io::Error::other(
+                "ssh ended twice without saying why (its log was empty)",
+            ))
+        } else {
+            source
+        },
+    })
+}
+
+/// A failed connection whose ssh left no reason in its log.
+fn is_silent(error: &openssh::Error) -> bool {
+    matches!(error, openssh::Error::Connect(e) if e.get_ref().is_some() && e.to_string().trim().is_empty())
 }
 
 #[async_trait]
@@ -249,7 +268,25 @@ fn destination(name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::destination;
+    use super::{destination, is_silent};
+
+    #[test]
+    fn only_an_empty_ssh_log_is_silent() {
+        let said = |text: &str| {
+            openssh::Error::Connect(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                text,
+            ))
+        };
+        assert!(is_silent(&said("")));
+        assert!(is_silent(&said(" \n")));
+        assert!(!is_silent(&said(
+            "connect to host 10.0.0.9 port 22: No route to host"
+        )));
+        // An error of this machine's own (ssh could not start) is not ssh's silence.
+        let not_found = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(!is_silent(&openssh::Error::Connect(not_found)));
+    }
 
     #[test]
     fn ports_move_into_the_uri_form() {

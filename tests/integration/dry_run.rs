@@ -254,6 +254,49 @@ fn an_unreachable_host_is_an_error_for_that_host_only() {
     assert_eq!(planned["verdict"], "install");
 }
 
+/// An ssh stopped from outside before it could say why (killed by a signal: its log is empty)
+/// says nothing about the host. Its `ProxyCommand` kills it here, on the first connect only or
+/// every time: the first is asked once more and gives ssh's reason; the second is named as such.
+#[test]
+fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
+    for (every_time, said) in [
+        (false, "Connection closed"),
+        (true, "ssh ended twice without saying why"),
+    ] {
+        let run =
+            Reconcile::new().manifest("a.yaml", &manifest("t-silent", &["rl-silent", SHARED], ""));
+        let marker = run.dir().join("killed-once");
+        let kill = if every_time {
+            "kill -KILL $PPID".to_string()
+        } else {
+            format!(
+                "[ -e {m} ] || {{ : > {m}; kill -KILL $PPID; }}; exit 1",
+                m = marker.display()
+            )
+        };
+        let run = run.ssh_config(&format!(
+            // An Include inside a Host block would apply only to that host: it comes first.
+            "Include {}\n\nHost rl-silent\n  HostName 127.0.0.1\n  BatchMode yes\n  \
+             ProxyCommand /bin/sh -c '{kill}'\n",
+            lab().ssh_config().display()
+        ));
+        let run = run.args(&["plan", "--format", "json"]);
+        let ran = run.run();
+        assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+        let json = ran.json();
+        let units = json["units"].as_array().unwrap();
+        let silent = units.iter().find(|u| u["host"] == "rl-silent").unwrap();
+        let error = silent["error"].as_str().unwrap();
+        assert!(error.contains("cannot connect to rl-silent"), "{error}");
+        assert!(error.contains(said), "every time: {every_time}: {error}");
+        if !every_time {
+            assert!(marker.exists(), "the first ssh was killed");
+        }
+        let planned = units.iter().find(|u| u["host"] == SHARED).unwrap();
+        assert_eq!(planned["verdict"], "install", "{planned}");
+    }
+}
+
 #[test]
 fn secret_env_values_are_redacted_in_every_format() {
     const CANARY: &str = "hf_canary_3c9e1f";

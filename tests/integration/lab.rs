@@ -324,6 +324,8 @@ pub struct Reconcile {
     dir: tempfile::TempDir,
     args: Vec<String>,
     env: Vec<(String, String)>,
+    /// An ssh_config of the test's own in place of the lab's.
+    ssh_config: Option<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -339,7 +341,22 @@ impl Reconcile {
             dir: tempfile::tempdir().expect("temp dir"),
             args: Vec::new(),
             env: Vec::new(),
+            ssh_config: None,
         }
+    }
+
+    /// Writes `text` as the run's ssh_config, used instead of the lab's (which it may `Include`).
+    pub fn ssh_config(mut self, text: &str) -> Reconcile {
+        let path = self.dir.path().join("ssh_config");
+        std::fs::write(&path, text).unwrap();
+        self.ssh_config = Some(path);
+        self
+    }
+
+    fn ssh_config_path(&self) -> PathBuf {
+        self.ssh_config
+            .clone()
+            .unwrap_or_else(|| lab().ssh_config())
     }
 
     pub fn manifest(self, name: &str, text: &str) -> Reconcile {
@@ -379,7 +396,7 @@ impl Reconcile {
         command
             .args(&self.args)
             .arg("--ssh-config")
-            .arg(lab().ssh_config())
+            .arg(self.ssh_config_path())
             .current_dir(self.dir.path())
             .env("NO_COLOR", "1")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
@@ -397,7 +414,7 @@ impl Reconcile {
         command
             .args(args)
             .arg("--ssh-config")
-            .arg(lab().ssh_config())
+            .arg(self.ssh_config_path())
             .current_dir(self.dir.path())
             .env("NO_COLOR", "1")
             .envs(self.env.iter().map(|(k, v)| (k, v)));
