@@ -98,13 +98,14 @@ async fn open(name: &str, options: &SshOptions) -> Result<Session, RemoteError> 
     // ssh says why it could not connect in its log; one that ends with an empty log was stopped
     // from outside before it could say (a signal), which says nothing about the host: it is
     // asked once more, and a second silent end is reported as such.
-    let mut result = builder.connect_mux(destination(name)).await;
+    let to = destination(name);
+    let mut result = builder.connect_mux(&to).await;
     if result.as_ref().err().is_some_and(is_silent) {
         tracing::debug!(
             host = name,
             "ssh ended without a reason; connecting once more"
         );
-        result = builder.connect_mux(destination(name)).await;
+        result = builder.connect_mux(&to).await;
     }
     result.map_err(|source| RemoteError::Connect {
         host: name.to_string(),
@@ -120,7 +121,7 @@ async fn open(name: &str, options: &SshOptions) -> Result<Session, RemoteError> 
 
 /// A failed connection whose ssh left no reason in its log.
 fn is_silent(error: &openssh::Error) -> bool {
-    matches!(error, openssh::Error::Connect(e) if e.get_ref().is_some() && e.to_string().trim().is_empty())
+    matches!(error, openssh::Error::Connect(e) if e.to_string().trim().is_empty())
 }
 
 #[async_trait]
