@@ -8,7 +8,7 @@
 //! its command line. The benchmarks are tiny (levels 1 and 4, 16 output tokens, 8 requests), so
 //! each takes well under a second.
 
-use crate::lab::{apply_one_unit, lab, manifest, Reconcile, THROUGHPUT};
+use crate::lab::{apply_one_unit, lab, manifest, tokens_at, Reconcile, THROUGHPUT};
 
 /// The change that makes the stand-in slower: a flag, with the stand-in told to halve its rates
 /// when it sees it.
@@ -47,15 +47,6 @@ fn current(unit: &str) -> serde_json::Value {
         &format!("cat /var/lib/reconcile/{unit}/current.json"),
     );
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("current.json ({e}): {text}"))
-}
-
-/// Output tokens/s at concurrency `level` in a record's (or a report's) figures.
-fn tokens_at(benchmark: &serde_json::Value, level: u64) -> f64 {
-    benchmark["levels"]
-        .as_array()
-        .and_then(|levels| levels.iter().find(|l| l["concurrency"] == level))
-        .and_then(|l| l["output_tokens_per_s"].as_f64())
-        .unwrap_or_else(|| panic!("no figures at {level}: {benchmark}"))
 }
 
 fn identity(unit: &str) -> String {

@@ -319,6 +319,22 @@ pub fn apply_one_unit(text: &str) -> (i32, serde_json::Value) {
     (ran.code, json["units"][0].clone())
 }
 
+/// The figures at concurrency `level` in a benchmark's `levels`: a record's, a report's, or the
+/// report's `comparison`.
+pub fn level_at(figures: &serde_json::Value, level: u64) -> &serde_json::Value {
+    figures["levels"]
+        .as_array()
+        .and_then(|levels| levels.iter().find(|l| l["concurrency"] == level))
+        .unwrap_or_else(|| panic!("no figures at {level}: {figures:#}"))
+}
+
+/// Output tokens/s at concurrency `level` in a record's (or a report's) figures.
+pub fn tokens_at(benchmark: &serde_json::Value, level: u64) -> f64 {
+    level_at(benchmark, level)["output_tokens_per_s"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no output tokens/s at {level}: {benchmark:#}"))
+}
+
 /// One run of the binary in a folder of its own.
 pub struct Reconcile {
     dir: tempfile::TempDir,
@@ -392,9 +408,14 @@ impl Reconcile {
     }
 
     fn command(&self) -> Command {
+        self.command_with(&self.args)
+    }
+
+    /// The binary in the run's folder with `args`, its environment and the ssh_config.
+    fn command_with<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Command {
         let mut command = Command::new(env!("CARGO_BIN_EXE_reconcile"));
         command
-            .args(&self.args)
+            .args(args)
             .arg("--ssh-config")
             .arg(self.ssh_config_path())
             .current_dir(self.dir.path())
@@ -410,15 +431,7 @@ impl Reconcile {
 
     /// Runs the binary in the same folder with other arguments (a plan, then its apply).
     pub fn run_args(&self, args: &[&str]) -> Ran {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_reconcile"));
-        command
-            .args(args)
-            .arg("--ssh-config")
-            .arg(self.ssh_config_path())
-            .current_dir(self.dir.path())
-            .env("NO_COLOR", "1")
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
-        Ran::from(command.output().expect("reconcile runs"))
+        Ran::from(self.command_with(args).output().expect("reconcile runs"))
     }
 
     /// Runs the binary in the same folder for a command that reaches no host (`validate`, which

@@ -6,15 +6,7 @@
 //! benchmark measures.
 
 use super::{slots, Service, HOSTS};
-
-/// Output tokens/s at a concurrency level.
-fn tokens_at(benchmark: &serde_json::Value, level: u64) -> f64 {
-    benchmark["levels"]
-        .as_array()
-        .and_then(|l| l.iter().find(|l| l["concurrency"] == level))
-        .and_then(|l| l["output_tokens_per_s"].as_f64())
-        .unwrap_or_else(|| panic!("no figures at {level}: {benchmark:#}"))
-}
+use crate::lab::{level_at, tokens_at};
 
 #[test]
 fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
@@ -52,10 +44,7 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
     // slower change's 245.7 was only 17 % under it while the gate rightly saw it far under the
     // neutral deployment's figures.
     let regressed = tokens_at(&report["benchmark"], 4);
-    let compared = report["benchmark"]["comparison"]["levels"]
-        .as_array()
-        .and_then(|l| l.iter().find(|l| l["concurrency"] == 4))
-        .unwrap_or_else(|| panic!("no comparison at 4: {report:#}"));
+    let compared = level_at(&report["benchmark"]["comparison"], 4);
     assert_eq!(
         compared["previous_tokens_per_s"].as_f64(),
         Some(neutral_tokens),
