@@ -23,20 +23,41 @@ export STATE=${STATE:-/tmp/reconcile-lab}
 HOSTS=${HOSTS:-34}
 REAL_SGLANG=${REAL_SGLANG:-1}
 
+# Each tier's wall time, printed at the end: name and seconds.
+times=()
+tier_start=$SECONDS
+tier_done() {
+  times+=("$1 $((SECONDS - tier_start))")
+  tier_start=$SECONDS
+}
+report_times() {
+  echo "tests/run.sh: time by tier"
+  local t
+  for t in "${times[@]}"; do
+    printf '  %-28s %5ss\n' "${t% *}" "${t##* }"
+  done
+  printf '  %-28s %5ss\n' total "$SECONDS"
+}
+
 bash tests/hostlab/build-rootfs.sh
 if [ "$REAL_SGLANG" = 1 ]; then
   SGLANG_CPU=$(bash tests/hostlab/sglang-cpu/install.sh)
   export SGLANG_CPU
 fi
 cargo build --locked --all-targets
+tier_done "set-up (image, SGLang, build)"
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
-trap 'bash tests/hostlab/down.sh' EXIT
+trap 'bash tests/hostlab/down.sh; report_times' EXIT
 # ROUTE=1: the router host (rl18) reaches the replica hosts behind it (rl19..rl23), and the agents
 # on rl27..rl32 reach etcd and the git daemon on rl26.
 ROUTE=1 bash tests/hostlab/up.sh "$HOSTS"
+tier_done "test hosts booted"
 log=$(mktemp)
 status=0
-RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" --skip real_server:: --skip coordinator:: --skip experiment:: 2>&1 | tee "$log" || status=$?
+# The lab tests are `#[ignore]`d so that a plain `cargo test` skips them, saying why; here the hosts
+# are up, so they run (--include-ignored).
+RECONCILE_LAB=$STATE cargo test --locked -- --include-ignored --test-threads "${TEST_THREADS:-4}" --skip real_server:: --skip coordinator:: --skip experiment:: 2>&1 | tee "$log" || status=$?
+tier_done "unit and stand-in tests"
 # Tests that measure time run on their own, one at a time, on a machine no other test loads:
 # - the coordinator's judge how many hosts restarted at once from the hosts' journals, whose
 #   timestamps are when journald read a line; with three other tests loading the machine's two
@@ -46,12 +67,14 @@ RECONCILE_LAB=$STATE cargo test --locked -- --test-threads "${TEST_THREADS:-4}" 
 #   CI run measured the same baseline 29 % apart at concurrency 4 (708 then 505 tok/s). They
 #   take turns on their host anyway.
 for part in coordinator:: experiment::; do
-  RECONCILE_LAB=$STATE cargo test --locked "$part" -- --test-threads 1 --skip real_server:: 2>&1 | tee -a "$log" || status=$?
+  RECONCILE_LAB=$STATE cargo test --locked "$part" -- --include-ignored --test-threads 1 --skip real_server:: 2>&1 | tee -a "$log" || status=$?
+  tier_done "${part%::} tests (one at a time)"
 done
 bash tests/fault-matrix.sh "$log" || status=1
 if [ "$REAL_SGLANG" = 1 ]; then
   RECONCILE_LAB=$STATE RECONCILE_SGLANG_CPU=/opt/sglang-cpu \
-    cargo test --locked --test integration real_server:: -- --test-threads 2 || status=$?
+    cargo test --locked --test integration real_server:: -- --include-ignored --test-threads 2 || status=$?
+  tier_done "real SGLang tier"
 else
   echo "tests/run.sh: REAL_SGLANG=0: the integration tests against the real SGLang server did not run"
 fi

@@ -118,6 +118,7 @@ fn install_binary() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     let version = on_host("git --version");
     assert_eq!(

@@ -83,6 +83,7 @@ pub fn unit_file(unit: &str) -> Option<String> {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_new_unit_starts_and_a_second_apply_restarts_nothing() {
     fresh("t-apply-new.service");
     let text = service("t-apply-new", 32001, "");
@@ -103,6 +104,7 @@ fn a_new_unit_starts_and_a_second_apply_restarts_nothing() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_no_op_apply_costs_one_round_trip_after_connect() {
     fresh("t-apply-rounds.service");
     let text = service("t-apply-rounds", 32025, "");
@@ -120,6 +122,7 @@ fn a_no_op_apply_costs_one_round_trip_after_connect() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_description_change_reloads_without_restarting() {
     fresh("t-apply-desc.service");
     let text = service("t-apply-desc", 32002, "");
@@ -137,6 +140,7 @@ fn a_description_change_reloads_without_restarting() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
     fresh("t-apply-crash.service");
     let good = service("t-apply-crash", 32003, "");
@@ -178,6 +182,7 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unknown_flag_is_refused_before_the_host_is_touched() {
     fresh("t-apply-badflag.service");
     let text = service("t-apply-badflag", 32004, "").replace(
@@ -204,6 +209,7 @@ fn an_unknown_flag_is_refused_before_the_host_is_touched() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_removed() {
     fresh("t-apply-exit.service");
     let text = service(
@@ -238,6 +244,7 @@ fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_remove
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_apply_is_refused_while_another_holds_the_lock() {
     fresh("t-apply-lock.service");
     let text = service("t-apply-lock", 32005, "");
@@ -329,6 +336,7 @@ pub fn assert_rolled_back_from(
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_crash_during_load_after_the_window_rolls_back() {
     let env =
         ", FAKE_SGLANG_LOAD_SECONDS: \"8\", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"4.5\"";
@@ -336,6 +344,7 @@ fn a_crash_during_load_after_the_window_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_stalled_load_rolls_back() {
     let env =
         ", FAKE_SGLANG_LOAD_SECONDS: \"8\", FAKE_SGLANG_FAIL: stall, FAKE_SGLANG_FAIL_AT: \"0.5\"";
@@ -343,6 +352,7 @@ fn a_stalled_load_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_wrong_model_rolls_back() {
     assert_rolled_back(
         "t-fail-model",
@@ -355,6 +365,7 @@ fn a_wrong_model_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_port_that_never_opens_misses_the_load_deadline() {
     let verify = ", load_deadline: 6s, stall_timeout: 30s";
     let reason = "not ready after the 6s load deadline";
@@ -369,6 +380,7 @@ fn a_port_that_never_opens_misses_the_load_deadline() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn runaway_memory_over_the_ceiling_rolls_back() {
     let env = ", FAKE_SGLANG_LOAD_SECONDS: \"6\", FAKE_SGLANG_FAIL: oom, FAKE_SGLANG_FAIL_AT: \"10\", FAKE_SGLANG_OOM_CAP_MB: \"900\"";
     assert_rolled_back(
@@ -382,6 +394,7 @@ fn runaway_memory_over_the_ceiling_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn gpu_memory_far_from_the_expected_plateau_rolls_back() {
     // Half the expected memory on each GPU: what a wrong tensor-parallel size looks like.
     let env = ", FAKE_SGLANG_GPU_MEMORY_MB: \"37500\"";
@@ -397,6 +410,7 @@ fn gpu_memory_far_from_the_expected_plateau_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_garbage_answer_fails_the_smoke_completion() {
     let verify = ", smoke: { prompt: \"What is the capital of France?\", expect: Paris }";
     assert_rolled_back(
@@ -410,6 +424,7 @@ fn a_garbage_answer_fails_the_smoke_completion() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_verified_apply_records_its_deployment_and_its_memory_trajectory() {
     let unit = "t-apply-record.service";
     fresh(unit);
@@ -460,6 +475,7 @@ fn a_verified_apply_records_its_deployment_and_its_memory_trajectory() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_lock_left_by_a_dead_run_on_this_machine_is_broken() {
     let unit = "t-apply-stale.service";
     fresh(unit);
@@ -486,6 +502,7 @@ fn json_of(ran: &Ran) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
     let unit = "t-apply-twice.service";
     fresh(unit);
@@ -523,6 +540,7 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn ctrl_c_during_verification_rolls_back() {
     let unit = "t-apply-ctrlc.service";
     fresh(unit);
@@ -562,6 +580,7 @@ fn ctrl_c_during_verification_rolls_back() {
 /// moments of an apply: the host is left with the complete old or the complete new unit, never a
 /// partial one, and the next apply converges.
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() {
     let unit = "t-apply-cut.service";
     fresh(unit);

@@ -57,6 +57,7 @@ fn identity(unit: &str) -> String {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_first_deployment_records_a_baseline() {
     let unit = "t-bench-baseline.service";
     lab().remove_unit(THROUGHPUT, unit);
@@ -121,6 +122,7 @@ fn a_first_deployment_records_a_baseline() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_faster_change_converges_and_records_its_figures() {
     let unit = "t-bench-faster.service";
     lab().remove_unit(THROUGHPUT, unit);
@@ -158,6 +160,7 @@ fn a_faster_change_converges_and_records_its_figures() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_slower_change_beyond_the_threshold_rolls_back() {
     let unit = "t-bench-slower.service";
     lab().remove_unit(THROUGHPUT, unit);
@@ -196,6 +199,7 @@ fn a_slower_change_beyond_the_threshold_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
     let unit = "t-bench-gate-off.service";
     lab().remove_unit(THROUGHPUT, unit);
@@ -220,6 +224,7 @@ fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn reconcile_bench_on_a_running_unit_records_a_baseline() {
     let unit = "t-bench-cli.service";
     lab().remove_unit(THROUGHPUT, unit);

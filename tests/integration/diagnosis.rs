@@ -45,6 +45,7 @@ fn rolled_back_with_diagnosis(unit: &serde_json::Value) -> (String, String) {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
     let unit = "t-diag-oom.service";
     lab().remove_unit(THROUGHPUT, unit);
@@ -97,6 +98,7 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
     let unit = "t-diag-graph.service";
     lab().remove_unit(THROUGHPUT, unit);
@@ -141,6 +143,7 @@ time.sleep(3600)
 "#;
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
     let unit = "t-diag-port.service";
     let port = 37003;

@@ -95,6 +95,7 @@ fn deploy(text: &str) {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn drain_waits_for_a_slow_request_before_restarting() {
     let unit = "t-drain-wait.service";
     lab().remove_unit(DRAIN, unit);
@@ -129,6 +130,7 @@ fn drain_waits_for_a_slow_request_before_restarting() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_drain_that_times_out_refuses_and_the_old_server_keeps_serving() {
     let unit = "t-drain-refuse.service";
     lab().remove_unit(DRAIN, unit);
@@ -160,6 +162,7 @@ fn a_drain_that_times_out_refuses_and_the_old_server_keeps_serving() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_drain_that_times_out_restarts_anyway_when_told_to() {
     let unit = "t-drain-anyway.service";
     lab().remove_unit(DRAIN, unit);
@@ -198,6 +201,7 @@ fn a_drain_that_times_out_restarts_anyway_when_told_to() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_reload_only_change_does_not_drain() {
     let unit = "t-drain-reload.service";
     lab().remove_unit(DRAIN, unit);
@@ -225,6 +229,7 @@ fn a_reload_only_change_does_not_drain() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_server_without_enable_metrics_is_not_restarted_blind() {
     let unit = "t-drain-blind.service";
     lab().remove_unit(DRAIN, unit);

@@ -37,6 +37,7 @@ fn changed_lines(diff: &str) -> Vec<&str> {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_without_the_unit_gets_it_installed() {
     let run = Reconcile::new()
         .manifest("a.yaml", &manifest("t-missing", &[SHARED], ""))
@@ -59,6 +60,7 @@ fn a_host_without_the_unit_gets_it_installed() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_identical_unit_means_nothing_to_do() {
     let run = Reconcile::new()
         .manifest("a.yaml", &manifest("t-same", &[SHARED], ""))
@@ -75,6 +77,7 @@ fn an_identical_unit_means_nothing_to_do() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
     // Four visible GPUs in both, so tp-size 4 passes preflight and only the flags differ.
     let four_gpus = |text: String| text.replace("\"0,1\"", "\"0,1,2,3\"");
@@ -132,6 +135,7 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_new_description_only_needs_a_reload() {
     let before = Reconcile::new().manifest("a.yaml", &manifest("t-desc", &[SHARED], ""));
     install_rendered(&before, SHARED, "t-desc.service");
@@ -164,6 +168,7 @@ fn a_new_description_only_needs_a_reload() {
 const FIVE: [&str; 5] = ["rl9", "rl5", "rl7", "rl6", "rl8"];
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
     let text = manifest("t-group", &FIVE, "");
     let plan = |format: &str| {
@@ -203,6 +208,7 @@ fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
     let text = manifest("t-badkey", &[BAD_KEY, SHARED], "");
     let ran = Reconcile::new()
@@ -229,6 +235,7 @@ fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unreachable_host_is_an_error_for_that_host_only() {
     let text = manifest("t-unreach", &[UNREACHABLE, SHARED], "");
     let ran = Reconcile::new()
@@ -258,6 +265,7 @@ fn an_unreachable_host_is_an_error_for_that_host_only() {
 /// says nothing about the host. Its `ProxyCommand` kills it here, on the first connect only or
 /// every time: the first is asked once more and gives ssh's reason; the second is named as such.
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
     for (every_time, said) in [
         (false, "Connection closed"),
@@ -298,6 +306,7 @@ fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn secret_env_values_are_redacted_in_every_format() {
     const CANARY: &str = "hf_canary_3c9e1f";
     let secret = |value: &str| {
@@ -337,6 +346,7 @@ fn secret_env_values_are_redacted_in_every_format() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
     let _alone = lab().exclusive(COUNTED);
     let before = logins();
@@ -383,6 +393,7 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn one_ssh_connection_per_host_per_run() {
     let _alone = lab().exclusive(COUNTED);
     let before = logins();
@@ -416,6 +427,7 @@ fn round_trip_service(i: u16) -> String {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
     // b.yaml, as in the plan below: the rendered unit's header names its manifest file.
     let one = Reconcile::new().manifest("b.yaml", &round_trip_service(2));

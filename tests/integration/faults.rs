@@ -76,6 +76,7 @@ fn assert_untouched_then_recovers(unit: &str, name: &str, port: u16, v1: &str, r
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_read_only_unit_folder_changes_nothing() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let unit = "t-fault-ro.service";
@@ -97,6 +98,7 @@ fn a_read_only_unit_folder_changes_nothing() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_full_unit_folder_changes_nothing() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let unit = "t-fault-full.service";
@@ -122,6 +124,7 @@ fn a_full_unit_folder_changes_nothing() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_systemd_that_cannot_reload_gets_its_previous_unit_back_and_asks_for_attention() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let unit = "t-fault-reload.service";
@@ -148,6 +151,7 @@ fn a_systemd_that_cannot_reload_gets_its_previous_unit_back_and_asks_for_attenti
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention() {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     let unit = "t-fault-both.service";
@@ -332,6 +336,7 @@ fn assert_intact_then_converges(unit: &str, r: &Rebooted) -> serde_json::Value {
 /// unit back and verifies it. The generations are whole, nothing temporary or locked is left,
 /// and the next apply converges.
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_rebooted_during_verification_gets_its_previous_unit_back() {
     let _turn = REBOOT_TURN.lock().unwrap_or_else(|e| e.into_inner());
     let unit = "t-reboot-verify.service";
@@ -362,6 +367,7 @@ fn a_host_rebooted_during_verification_gets_its_previous_unit_back() {
 /// the apply ends saying the host needs attention, what is on it and what the next apply does;
 /// once the host is back, that next apply converges.
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_down_past_the_wait_during_verification_is_reported_as_needing_attention() {
     let _turn = REBOOT_TURN.lock().unwrap_or_else(|e| e.into_inner());
     let unit = "t-reboot-down.service";

@@ -70,6 +70,7 @@ fn clean(unit: &str) {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn planning_six_hosts_with_one_unreachable_reports_it_and_plans_the_rest_in_order() {
     let mut hosts: Vec<&str> = FLEET[..5].to_vec();
     hosts.push(UNREACHABLE);
@@ -95,6 +96,7 @@ fn planning_six_hosts_with_one_unreachable_reports_it_and_plans_the_rest_in_orde
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_failing_canary_stops_the_rollout_before_any_other_host_is_touched() {
     let unit = "t-fleet-canary.service";
     clean(unit);
@@ -126,6 +128,7 @@ fn a_failing_canary_stops_the_rollout_before_any_other_host_is_touched() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
     let unit = "t-fleet-budget.service";
     clean(unit);
@@ -169,6 +172,7 @@ fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
     let unit = "t-fleet-all.service";
     clean(unit);
@@ -215,6 +219,7 @@ fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
     let unit = "t-fleet-uptodate.service";
     clean(unit);

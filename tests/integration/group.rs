@@ -104,6 +104,7 @@ fn unit_file(host: &str, unit: &str) -> String {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
     let unit = "t-group-flow.service";
     clean(unit);
@@ -164,6 +165,7 @@ fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
     let unit = "t-group-crash.service";
     let kept = deployed("t-group-crash", 37503);
@@ -214,6 +216,7 @@ fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
     let unit = "t-group-unreach.service";
     clean(unit);
@@ -275,6 +278,7 @@ fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn ctrl_c_during_the_groups_verification_puts_every_rank_back() {
     let unit = "t-group-int.service";
     let kept = deployed("t-group-int", 37507);
@@ -320,6 +324,7 @@ fn ctrl_c_during_the_groups_verification_puts_every_rank_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn bad_group_input_is_refused_offline_with_its_place() {
     let validate = |text: &str| {
         let ran = Reconcile::new()
@@ -408,6 +413,7 @@ fn run(text: &str, args: &[&str]) -> crate::lab::Ran {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn status_history_and_rollback_take_the_group_whole() {
     let unit = "t-group-hist.service";
     clean(unit);
@@ -502,6 +508,7 @@ fn routed_group(service: &str, rank0: usize, port: u16, generation: u32) -> Stri
 /// and back once the group is verified, so a client sending through the router all along loses
 /// no request and one group always serves.
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn two_groups_behind_a_router_roll_one_after_the_other_and_lose_no_request() {
     let _turn = crate::router::TURN
         .lock()

@@ -62,7 +62,7 @@ impl Drop for Planted {
     fn drop(&mut self) {
         // Never panics: a panic while a failing test unwinds would abort every test.
         // `[.]` keeps pkill's pattern from matching this command's own shell.
-        lab().sh_quietly(
+        crate::lab::sh_quietly(
             HANGS,
             &format!(
                 "rm -f {} /run/t-hang-show; pkill -f 'sleep 3600[.]123' || true",
@@ -76,6 +76,7 @@ impl Drop for Planted {
 const HANG: &str = "exec sleep 3600.123";
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figures() {
     let _turn = turn();
     let unit = "t-hang-smi.service";
@@ -120,6 +121,7 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
     let _turn = turn();
     let unit = "t-hang-systemctl.service";
@@ -173,6 +175,7 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
     let _turn = turn();
     let unit = "t-hang-record.service";
@@ -235,6 +238,7 @@ fn signalled(run: &Reconcile, unit: &str, signal: &str) -> (Ran, serde_json::Val
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn sigterm_during_verification_rolls_back() {
     let _turn = turn();
     let unit = "t-hang-sigterm.service";
@@ -268,6 +272,7 @@ fn sigterm_during_verification_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched() {
     let _turn = turn();
     let (first, second) = ("t-hang-two-a.service", "t-hang-two-b.service");

@@ -38,7 +38,7 @@ fn start(unit: &str, files: &[(String, String)]) {
 }
 
 fn stop(unit: &str) {
-    lab().sh_quietly(
+    crate::lab::sh_quietly(
         IMPORT,
         &format!("systemctl disable --now {unit}; rm -rf {UNIT_DIR}/{unit} {UNIT_DIR}/{unit}.d /var/lib/reconcile/{unit}; systemctl daemon-reload"),
     );
@@ -113,6 +113,7 @@ fn round_trip(unit: &str, secrets: &[(&str, &str)]) -> (String, String, serde_js
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_seeds_unit_round_trips_with_its_secrets_kept_out() {
     let unit = "t-import-seeds.service";
     let text = format!(
@@ -156,6 +157,7 @@ fn the_seeds_unit_round_trips_with_its_secrets_kept_out() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn quoted_values_and_percent_signs_round_trip() {
     let unit = "t-import-quoted.service";
     let text = format!(
@@ -177,6 +179,7 @@ fn quoted_values_and_percent_signs_round_trip() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_drop_in_is_folded_in_and_moved_aside() {
     let unit = "t-import-dropin.service";
     let text = format!(
@@ -215,6 +218,7 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_environment_file_is_carried_as_is() {
     let unit = "t-import-envfile.service";
     let text = format!(
@@ -241,6 +245,7 @@ fn an_environment_file_is_carried_as_is() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn list_flags_round_trip_as_lists() {
     let unit = "t-import-lists.service";
     let text = format!(
@@ -261,6 +266,7 @@ fn list_flags_round_trip_as_lists() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_inexpressible_unit_is_refused_with_its_file_and_line() {
     let unit = "t-import-refused.service";
     let text = format!(

@@ -44,6 +44,7 @@ fn current(unit: &str) -> Value {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
     let unit = "t-learned.service";
     lab().remove_unit(THROUGHPUT, unit);

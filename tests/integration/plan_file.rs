@@ -56,6 +56,7 @@ fn unit_report(ran: &Ran) -> serde_json::Value {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
     let unit = "t-planfile-exact.service";
     fresh(APPLY, unit);
@@ -111,6 +112,7 @@ fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
     let unit = "t-planfile-edited.service";
     fresh(APPLY, unit);
@@ -164,6 +166,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn manifests_edited_after_the_plan_are_refused() {
     let unit = "t-planfile-moved.service";
     fresh(APPLY, unit);
@@ -189,6 +192,7 @@ fn manifests_edited_after_the_plan_are_refused() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn another_sglang_since_the_plan_is_refused() {
     let unit = "t-planfile-sglang.service";
     fresh(APPLY, unit);
@@ -236,6 +240,7 @@ chmod 755 $d/bin/python3"#
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_plan_file_holds_no_secret() {
     let canaries = ["hf_planfile_canary_3b7e", "creds-planfile-canary-91d2"];
     let unit = "t-planfile-secret.service";

@@ -75,6 +75,7 @@ fn passed_stages(lines: &[String], label: &str) -> Vec<String> {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_terminal_shows_the_live_line_with_stage_elapsed_time_and_memory() {
     let output = apply_on_terminal(
         "t-pty-live",
@@ -139,6 +140,7 @@ fn plain_on_terminal(name: &str, port: u16, gpu: u32, env: &[(&str, &str)], remo
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn no_color_on_a_terminal_gets_plain_lines() {
     plain_on_terminal(
         "t-pty-nocolor",
@@ -150,11 +152,13 @@ fn no_color_on_a_terminal_gets_plain_lines() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_dumb_terminal_gets_plain_lines() {
     plain_on_terminal("t-pty-dumb", 37033, 4, &[("TERM", "dumb")], &["NO_COLOR"]);
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_pipe_gets_plain_lines() {
     let (name, unit) = ("t-pty-pipe", "t-pty-pipe.service");
     lab().remove_unit(PTY, unit);

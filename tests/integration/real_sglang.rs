@@ -35,6 +35,7 @@ fn stop(unit: &str) {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_health_check_slower_than_a_second_is_waited_for() {
     // Real `/health` runs a one-token generation and answers 200 no sooner than a second later.
     let unit = "t-real-slowhealth.service";
@@ -60,6 +61,7 @@ fn a_health_check_slower_than_a_second_is_waited_for() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_warmup_answering_503_is_progress_not_a_failure() {
     let unit = "t-real-warmup.service";
     fresh(unit);
@@ -94,6 +96,7 @@ fn a_warmup_answering_503_is_progress_not_a_failure() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_flat_busy_phase_three_times_the_stall_timeout_is_not_a_stall() {
     // DeepGEMM's JIT pre-compilation: memory flat, a core busy, nothing logged, for minutes.
     let unit = "t-real-jit.service";
@@ -117,6 +120,7 @@ fn a_flat_busy_phase_three_times_the_stall_timeout_is_not_a_stall() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
     let unit = "t-real-apikey.service";
     fresh(unit);
@@ -152,6 +156,7 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_reasoning_model_is_asked_not_to_think() {
     // 16 tokens: a model that thought first (the stand-in thinks ~40 tokens) would be cut off
     // before its answer, so passing proves `enable_thinking: false` was sent.
@@ -176,6 +181,7 @@ fn a_reasoning_model_is_asked_not_to_think() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_dead_rank_of_sglang_0_5_9_is_a_worker_death_and_the_rollback_waits_out_a_slow_health() {
     // 0.5.9 has no watchdog: the rank dies, the main process lives on and hangs. The good unit
     // answers /health after 3 s; its own verification after the rollback must wait for that.
@@ -205,6 +211,7 @@ fn a_dead_rank_of_sglang_0_5_9_is_a_worker_death_and_the_rollback_waits_out_a_sl
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
     // 0.5.23 polls its ranks while they start (`engine.py`) and exits 1 a few seconds after one
     // dies; reconcile may see the dead rank (its GPU's memory freed) or that exit first: either
@@ -236,6 +243,7 @@ fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_warmup_that_never_ends_fails_the_warmup_stage() {
     assert_rolled_back_from(
         "t-real-warmhang",

@@ -152,7 +152,7 @@ impl Client {
 
 impl Drop for Client {
     fn drop(&mut self) {
-        lab().sh_quietly(ROUTER, "touch /root/stop");
+        crate::lab::sh_quietly(ROUTER, "touch /root/stop");
     }
 }
 
@@ -176,6 +176,7 @@ pub(crate) fn starts_since(host: &str, since: u64) -> usize {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_rolling_apply_behind_the_router_loses_no_request() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     fresh_router();
@@ -209,6 +210,7 @@ fn a_rolling_apply_behind_the_router_loses_no_request() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_replica_failing_verification_is_back_in_the_router_on_its_old_unit() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     fresh_router();
@@ -250,6 +252,7 @@ fn a_replica_failing_verification_is_back_in_the_router_on_its_old_unit() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_last_healthy_replica_is_never_taken_out() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     fresh_router();
@@ -278,6 +281,7 @@ fn the_last_healthy_replica_is_never_taken_out() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
     let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
     fresh_router();

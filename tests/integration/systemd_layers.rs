@@ -113,6 +113,7 @@ fn aside_records(unit: &str) -> String {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_by_a_rollback() {
     let lab = lab();
     let (service, port) = ("t-ly-dropin", 37301);
@@ -262,6 +263,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by_a_rollback() {
     let lab = lab();
     let (service, port) = ("t-ly-masked", 37302);
@@ -328,6 +330,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_restored() {
     let lab = lab();
     let (service, port) = ("t-ly-shadow", 37303);
@@ -418,6 +421,7 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_disabled_unit_is_planned_named_and_enabled_without_a_restart() {
     let lab = lab();
     let (service, port) = ("t-ly-disabled", 37304);

@@ -33,6 +33,7 @@ fn probe(unit: &str, python: &str, model_path: &str, env: &[&str]) -> serde_json
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_stand_in_answers_the_probes_as_the_real_server_does() {
     let _slot = slots(1);
     let real = probe(

@@ -9,6 +9,7 @@ use super::{slots, Service};
 use crate::lab::{lab, Reconcile, EXPERIMENT_REAL};
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_real_server_experiment_ranks_a_neutral_cap_above_a_serialising_one() {
     let _slots = slots(1);
     let s = Service::new("t-rs-exp", EXPERIMENT_REAL, 38051);

@@ -40,6 +40,7 @@ fn cause(report: &serde_json::Value) -> String {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-ctxlen", HOSTS[0], 38011);
@@ -67,6 +68,7 @@ fn model_without_config(host: &str) -> &'static str {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-noconfig", HOSTS[1], 38012);
@@ -82,6 +84,7 @@ fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-template", HOSTS[0], 38013);
@@ -94,6 +97,7 @@ fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
     // `--quantization fp8` is refused only on a CPU without AMX, and `--dtype float16` is served:
     // an fp8 KV cache is what the CPU engine refuses on every machine.
@@ -107,6 +111,7 @@ fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-killed", HOSTS[0], 38015);
@@ -145,6 +150,7 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn what_the_hosts_sglang_refuses_is_refused_at_plan_time_and_the_server_keeps_serving() {
     let _slot = slots(1);
     let s = Service::new("t-rs-plan", HOSTS[1], 38016);

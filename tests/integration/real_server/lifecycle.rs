@@ -7,6 +7,7 @@ use super::{slots, stage, Service, HOSTS};
 use crate::lab::{lab, Ran, Reconcile};
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn first_install_converges_and_a_second_apply_touches_nothing() {
     let _slot = slots(1);
     let s = Service::new("t-rs-first", HOSTS[0], 38001);
@@ -47,6 +48,7 @@ fn first_install_converges_and_a_second_apply_touches_nothing() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_flag_change_restarts_the_real_server_which_runs_it() {
     let _slot = slots(1);
     let s = Service::new("t-rs-flag", HOSTS[1], 38002);
@@ -65,6 +67,7 @@ fn a_flag_change_restarts_the_real_server_which_runs_it() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
     let _slot = slots(1);
     let key = "sk-reconcile-real-3e9b27";
@@ -131,6 +134,7 @@ open("{result}.tmp", "w").write(out)
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     let _slot = slots(1);
     let drain = "drain: { timeout: 240s }\n";
@@ -207,6 +211,7 @@ fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str,
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn sigterm_during_verification_of_a_real_server_rolls_back() {
     interrupted_apply_rolls_back(
         "t-rs-sigterm",
@@ -218,6 +223,7 @@ fn sigterm_during_verification_of_a_real_server_rolls_back() {
 }
 
 #[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn ctrl_c_during_verification_of_a_real_server_rolls_back() {
     interrupted_apply_rolls_back(
         "t-rs-ctrlc",

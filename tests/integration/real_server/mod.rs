@@ -152,7 +152,7 @@ impl<'a> Service<'a> {
     }
 
     pub fn stop(&self) {
-        lab().sh_quietly(
+        crate::lab::sh_quietly(
             self.host,
             &format!("systemctl disable --now {}", self.unit()),
         );
@@ -245,7 +245,7 @@ pub fn stopped(host: &str, unit: &str) -> Stopped {
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        lab().sh_quietly(
+        crate::lab::sh_quietly(
             &self.host,
             &format!("systemctl disable --now {}", self.unit),
         );
