@@ -579,7 +579,7 @@ mod tests {
         let f = "health failed: 503";
         let cause = ApplyErrorKind::VerificationFailed;
         let back = |r: Result<Restored, NotRestored>| rolled_back(f, cause, &r);
-        let end = back(Ok(Restored::Verified(verification(Some(3.0)))));
+        let end = back(Ok(Restored::Verified(Box::new(verification(Some(3.0))))));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
@@ -589,7 +589,7 @@ mod tests {
             )
         );
         assert_eq!(
-            back(Ok(Restored::Verified(verification(None)))).detail,
+            back(Ok(Restored::Verified(Box::new(verification(None))))).detail,
             "health failed: 503; the previous unit was restored and passed verification"
         );
         assert_eq!(
@@ -612,7 +612,7 @@ mod tests {
         let failure = Failure {
             stage: "smoke",
             reason: "timed out".into(),
-            verification: Verification::default(),
+            verification: Box::default(),
         };
         assert_eq!(
             back(Err(NotRestored::Verify(failure))).detail,
@@ -655,7 +655,7 @@ mod tests {
     fn rollback_all_details() {
         let why = "the canary failed, so the rollout stopped";
         let done = |r: Restored| rolled_back_with_rollout("restarted and verified: x", why, Ok(&r));
-        let end = done(Restored::Verified(Verification::default()));
+        let end = done(Restored::Verified(Box::default()));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
@@ -682,7 +682,7 @@ mod tests {
         let failure = Failure {
             stage: "health",
             reason: "503".into(),
-            verification: Verification::default(),
+            verification: Box::default(),
         };
         assert_eq!(
             not_restored(&NotRestored::Verify(failure)),

@@ -489,7 +489,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
                     .notes
                     .splice(0..0, r.learned_notes.iter().cloned());
                 f.verification.previous_loads = r.history.clone();
-                r.report.report.verification = Some(f.verification.clone());
+                r.report.report.verification = Some(Verification::clone(&f.verification));
                 failures.push((i, f));
                 verified.push(Verification::default());
             }
@@ -500,7 +500,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         // others failed in their own right, in the order seen (the first to fail first).
         let interrupted = crate::signals::interrupted();
         let ctrl_c = *options.cancel.borrow();
-        let (own, cut): (Vec<&(usize, Failure)>, Vec<&(usize, Failure)>) = failures
+        let (own, cut): (Vec<_>, Vec<_>) = failures
             .iter()
             .partition(|(_, f)| ctrl_c || f.reason != interrupted);
         let mut own: Vec<&(usize, Failure)> = if own.is_empty() {
@@ -855,7 +855,7 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
     let hosts: Vec<&dyn Host> = to_verify.iter().map(|&i| ranks[i].job.host).collect();
     let (results, _) = together(&hosts, ranks[0].job.verifier, checks, &group_tx, None).await;
     for (i, result) in to_verify.into_iter().zip(results) {
-        put_back[i] = Some(result.map(Restored::Verified).map_err(NotRestored::Verify));
+        put_back[i] = Some(result.map(|v| Restored::Verified(Box::new(v))).map_err(NotRestored::Verify));
     }
     drop(restores);
     // Read after the rollback, which gives journald time to take in the failed processes' last
@@ -945,8 +945,8 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
         }
         let ending = decide::rolled_back(&text, kind, &result);
         match result {
-            Ok(Restored::Verified(v)) => report.rollback = Some(v),
-            Err(NotRestored::Verify(f)) => report.rollback = Some(f.verification),
+            Ok(Restored::Verified(v)) => report.rollback = Some(*v),
+            Err(NotRestored::Verify(f)) => report.rollback = Some(*f.verification),
             _ => {}
         }
         endings.push(ending);

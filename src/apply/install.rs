@@ -295,7 +295,7 @@ async fn verify_restarted(
             mut verification,
         }) => {
             learned(&mut verification);
-            report.verification = Some(verification);
+            report.verification = Some(*verification);
             let failed = Failed::stage(stage, reason, r.invocation);
             roll_back(job, fallback, report, failed).await
         }
@@ -473,8 +473,8 @@ async fn roll_back(
         let result = restore_and_verify(fallback.restore(job), job.verifier).await;
         let ending = decide::rolled_back(&text, cause, &result);
         match result {
-            Ok(Restored::Verified(v)) => report.rollback = Some(v),
-            Err(NotRestored::Verify(f)) => report.rollback = Some(f.verification),
+            Ok(Restored::Verified(v)) => report.rollback = Some(*v),
+            Err(NotRestored::Verify(f)) => report.rollback = Some(*f.verification),
             _ => {}
         }
         if ending.outcome != super::Outcome::RollbackFailed
@@ -657,7 +657,7 @@ mod tests {
         Err(Failure {
             stage,
             reason: "503".into(),
-            verification: Verification::default(),
+            verification: Box::default(),
         })
     }
 

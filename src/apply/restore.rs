@@ -103,7 +103,8 @@ pub enum Restored {
     /// The previous unit is back, daemon-reloaded only.
     Reloaded,
     /// The previous unit runs again and passed verification.
-    Verified(Verification),
+    /// Boxed: the other variants are empty.
+    Verified(Box<Verification>),
 }
 
 #[derive(Debug)]
@@ -148,7 +149,7 @@ pub async fn restore_and_verify(
         Ok(check) => verifier
             .verify(r.host, check)
             .await
-            .map(Restored::Verified)
+            .map(|v| Restored::Verified(Box::new(v)))
             .map_err(NotRestored::Verify),
         Err(restored) => Ok(restored),
     }

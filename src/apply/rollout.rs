@@ -123,7 +123,7 @@ pub async fn roll_out(
     let mut turns: Vec<Option<Turn>> = turns.into_iter().map(Some).collect();
     let mut schedule = Schedule::new(options.rollout, turns.len());
     loop {
-        match schedule.next() {
+        match schedule.next_step() {
             Step::Apply(batch) => {
                 let batch: Vec<Turn> = batch.iter().filter_map(|&i| turns[i].take()).collect();
                 let results = take_turns(batch, ssh, options).await;
@@ -295,7 +295,7 @@ fn rolled_back(r: &mut UnitReport, why: &str, restored: Result<Restored, String>
     let ending =
         decide::rolled_back_with_rollout(&r.detail, why, restored.as_ref().map_err(Clone::clone));
     if let Ok(Restored::Verified(v)) = restored {
-        r.rollback = Some(v);
+        r.rollback = Some(*v);
     }
     r.outcome = ending.outcome;
     r.detail = ending.detail;

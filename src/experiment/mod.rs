@@ -244,7 +244,7 @@ async fn run_on(
     // the experiment's own time.
     let apply_options = ApplyOptions::new(
         Owner::this_process(),
-        options.lock.clone(),
+        options.lock,
         cancel.clone(),
         p.redactor.clone(),
     )

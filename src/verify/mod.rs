@@ -174,7 +174,8 @@ impl Verification {
 pub struct Failure {
     pub stage: &'static str,
     pub reason: String,
-    pub verification: Verification,
+    /// Boxed: a `Failure` is the error of every verification's `Result`, kept small to move.
+    pub verification: Box<Verification>,
 }
 
 /// Verifies a unit systemd has just (re)started. `cancel` turning true (Ctrl-C) fails it.
@@ -456,7 +457,7 @@ impl Run<'_> {
         Failure {
             stage: name,
             reason,
-            verification: std::mem::take(&mut self.record),
+            verification: Box::new(std::mem::take(&mut self.record)),
         }
     }
 

@@ -45,7 +45,7 @@ fn parse_size(text: &str) -> Option<u64> {
         "tb" => 1e12,
         _ => return None,
     };
-    (number >= 0.0).then(|| (number * scale) as u64)
+    (number >= 0.0).then_some((number * scale) as u64)
 }
 
 /// Parses one manifest. `source` is the name shown in errors and in the unit header.

@@ -58,7 +58,7 @@ impl Schedule {
         self.next == 0 && self.policy.canary > 0
     }
 
-    pub fn next(&mut self) -> Step {
+    pub fn next_step(&mut self) -> Step {
         debug_assert!(
             !self.awaiting,
             "finished() was not called for the last batch"
@@ -130,7 +130,7 @@ mod tests {
     fn run(mut s: Schedule, failed: impl Fn(&[usize]) -> usize) -> Vec<Step> {
         let mut steps = Vec::new();
         loop {
-            let step = s.next();
+            let step = s.next_step();
             if let Step::Apply(batch) = &step {
                 s.finished(failed(batch));
             }
@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn done_stays_done() {
         let mut s = Schedule::new(policy(0, 1, 1, true), 0);
-        assert_eq!(s.next(), Step::Done);
-        assert_eq!(s.next(), Step::Done);
+        assert_eq!(s.next_step(), Step::Done);
+        assert_eq!(s.next_step(), Step::Done);
     }
 }

@@ -650,9 +650,9 @@ mod props {
 
                 // The argv is the manifest's, value for value.
                 let mut argv = vec![s.python.clone(), "-m".into(), "sglang.launch_server".into()];
-                argv.extend(flag_args("model-path", &[s.model_path.clone()]));
+                argv.extend(flag_args("model-path", std::slice::from_ref(&s.model_path)));
                 if let Some(n) = &s.served_model_name {
-                    argv.extend(flag_args("served-model-name", &[n.clone()]));
+                    argv.extend(flag_args("served-model-name", std::slice::from_ref(n)));
                 }
                 let mut all_flags = s.flags.clone();
                 all_flags.extend(h.flags.clone());
@@ -665,7 +665,7 @@ mod props {
                     }
                 }
                 if let Some(host) = &s.host {
-                    argv.extend(flag_args("host", &[host.clone()]));
+                    argv.extend(flag_args("host", std::slice::from_ref(host)));
                 }
                 argv.extend(flag_args("port", &[s.port.to_string()]));
                 prop_assert_eq!(&back.exec_start, &argv);
