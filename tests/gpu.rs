@@ -87,7 +87,11 @@ async fn nvml_follows_a_real_load_and_the_memory_judges_read_it() {
     );
     for (n, s) in by_nvml.iter().zip(&by_smi) {
         let apart = n.total_mib.abs_diff(s.total_mib) as f64 / s.total_mib as f64;
-        assert!(apart < 0.02, "GPU {} totals: NVML {n:?}, nvidia-smi {s:?}", n.index);
+        assert!(
+            apart < 0.02,
+            "GPU {} totals: NVML {n:?}, nvidia-smi {s:?}",
+            n.index
+        );
     }
 
     // The stand-in loads; the readings start with its first step.
@@ -126,7 +130,9 @@ async fn nvml_follows_a_real_load_and_the_memory_judges_read_it() {
             assert_eq!(stall(&samples, &policy(Duration::from_secs(2), None)), None);
         }
         // Flat for three seconds after the load: what a stall judge must see as no progress.
-        if loaded_at.is_some() && samples.last().unwrap().seconds > samples[loaded_at.unwrap() - 1].seconds + 3.0 {
+        if loaded_at.is_some()
+            && samples.last().unwrap().seconds > samples[loaded_at.unwrap() - 1].seconds + 3.0
+        {
             break;
         }
         tokio::time::sleep(EVERY).await;
@@ -147,15 +153,21 @@ async fn nvml_follows_a_real_load_and_the_memory_judges_read_it() {
     let flat = stall(&samples, &policy(Duration::from_secs(2), None));
     println!("stall judge on the flat end: {flat:?}");
     assert!(
-        flat.as_deref().is_some_and(|s| s.contains("GPU memory flat")),
+        flat.as_deref()
+            .is_some_and(|s| s.contains("GPU memory flat")),
         "{flat:?}"
     );
 
     // The plateau against the memory the manifest expects per GPU.
     let last = samples.last().unwrap().clone();
     let right = plateau_failure(&last, &policy(Duration::from_secs(300), Some(loaded_mib)));
-    let wrong = plateau_failure(&last, &policy(Duration::from_secs(300), Some(2 * loaded_mib)));
-    println!("plateau judge, expecting {loaded_mib} MiB: {right:?}; expecting twice that: {wrong:?}");
+    let wrong = plateau_failure(
+        &last,
+        &policy(Duration::from_secs(300), Some(2 * loaded_mib)),
+    );
+    println!(
+        "plateau judge, expecting {loaded_mib} MiB: {right:?}; expecting twice that: {wrong:?}"
+    );
     assert_eq!(right, None);
     assert!(wrong.is_some_and(|w| w.contains("wrong tp or wrong model")));
 

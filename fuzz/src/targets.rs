@@ -265,7 +265,10 @@ pub mod survey {
             return;
         };
         let mut again = String::new();
-        for key in text.lines().filter_map(|l| l.strip_prefix("== ")?.split(' ').next()) {
+        for key in text
+            .lines()
+            .filter_map(|l| l.strip_prefix("== ")?.split(' ').next())
+        {
             let Ok(s) = sections.get(key) else { continue };
             let _ = survey::file(s, "/p");
             let _ = survey::show(s, "u.service");

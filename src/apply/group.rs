@@ -855,7 +855,11 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
     let hosts: Vec<&dyn Host> = to_verify.iter().map(|&i| ranks[i].job.host).collect();
     let (results, _) = together(&hosts, ranks[0].job.verifier, checks, &group_tx, None).await;
     for (i, result) in to_verify.into_iter().zip(results) {
-        put_back[i] = Some(result.map(|v| Restored::Verified(Box::new(v))).map_err(NotRestored::Verify));
+        put_back[i] = Some(
+            result
+                .map(|v| Restored::Verified(Box::new(v)))
+                .map_err(NotRestored::Verify),
+        );
     }
     drop(restores);
     // Read after the rollback, which gives journald time to take in the failed processes' last
