@@ -204,7 +204,7 @@ fn base64_encode(bytes: &[u8]) -> String {
 /// Standard base64 with padding, as coreutils writes it (its line breaks already removed).
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
     let text = text.as_bytes();
-    if text.len() % 4 != 0 {
+    if !text.len().is_multiple_of(4) {
         return None;
     }
     let value = |c: u8| ALPHABET.iter().position(|&a| a == c).map(|v| v as u32);
