@@ -3,7 +3,7 @@
 
 use std::process::{Command, Stdio};
 
-use crate::lab::{lab, manifest, Ran, AGENT};
+use crate::lab::{lab, manifest, Manifest, Ran, AGENT};
 
 const UNIT: &str = "t-agent.service";
 const REPO: &str = "/root/agent-repo.git";
@@ -14,16 +14,16 @@ const EXAMPLE_REPO: &str = "https://git.example.com/infra/llm-manifests.git";
 
 /// The test service for host `local`: loads in one second, judged over a three-second window (the
 /// settings of the apply tests).
-fn service() -> String {
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s }}\n",
-        manifest("t-agent", &["local"], "")
-            .replace("port: 30000", "port: 33001")
-            .replace(
-                "NCCL_P2P_DISABLE: \"1\"",
-                "NCCL_P2P_DISABLE: \"1\", FAKE_SGLANG_LOAD_SECONDS: \"1\""
-            )
-    )
+fn service() -> Manifest {
+    manifest("t-agent", &["local"])
+        .port(33001)
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+            ("load_deadline", "20s"),
+        ])
 }
 
 /// A script run on the agent host, whatever its exit status.
@@ -61,8 +61,12 @@ fn commit_and_push(message: &str) -> String {
     .to_string()
 }
 
-fn write_manifest(text: &str) {
-    lab().put(AGENT, &format!("{WORK}/manifests/t-agent.yaml"), text);
+fn write_manifest(manifest: &Manifest) {
+    lab().put(
+        AGENT,
+        &format!("{WORK}/manifests/t-agent.yaml"),
+        &manifest.to_yaml(),
+    );
 }
 
 fn invocation() -> String {
@@ -140,7 +144,7 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     lab().put(
         AGENT,
         &format!("{WORK}/manifests/elsewhere.yaml"),
-        &manifest("t-agent-elsewhere", &["rl1"], ""),
+        &manifest("t-agent-elsewhere", &["rl1"]).to_yaml(),
     );
     let first = commit_and_push("t-agent");
 
@@ -185,7 +189,7 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     assert_eq!(invocation(), started, "a no-op round restarted the server");
 
     // (iii) A changed flag is pulled and applied.
-    write_manifest(&text.replace("context-length: 8192", "context-length: 4096"));
+    write_manifest(&text.clone().flag("context-length", 4096));
     let second = commit_and_push("shorter context");
     let ran = round();
     assert_eq!(ran.code, 0);
@@ -204,10 +208,9 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     assert_eq!(record()["git_commit"], second.as_str());
 
     // (iv) A bad manifest: the error names file, line and field; the host is not touched.
-    let bad = text
-        .replace("context-length: 8192", "context-length: 4096")
-        .replace("port: 33001", "port: seventy");
+    let bad = text.clone().flag("context-length", 4096).port("seventy");
     let line = bad
+        .to_yaml()
         .lines()
         .position(|l| l.contains("port: seventy"))
         .expect("the port line")
@@ -240,8 +243,9 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     // also renames the service reloads it.
     write_manifest(
         &text
-            .replace("context-length: 8192", "context-length: 4096")
-            .replace("description: test service", "description: pulled service"),
+            .clone()
+            .flag("context-length", 4096)
+            .description("pulled service t-agent"),
     );
     let fourth = commit_and_push("fixed, renamed");
     let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/systemd");

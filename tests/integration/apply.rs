@@ -2,54 +2,39 @@
 
 use std::time::Duration;
 
-use crate::lab::{lab, manifest, round_trips, Ran, Reconcile, APPLY};
+use crate::builder::yaml;
+use crate::lab::{lab, manifest, round_trips, Manifest, Ran, Reconcile, APPLY};
 
 /// A test service that loads in one second and is judged over a three-second crash window.
-/// Each test has its own service and port on the shared apply host. The stand-in loads in one
-/// second unless `env` says otherwise; verification windows are seconds, not minutes.
-pub fn service(name: &str, port: u16, env: &str) -> String {
-    service_with(name, port, env, "")
-}
-
-pub fn service_with(name: &str, port: u16, env: &str, verify: &str) -> String {
+/// Each test has its own service and port on the shared apply host. Tests set more env (the
+/// stand-in's failures, a longer load) and verification settings on what this returns;
+/// verification windows are seconds, not minutes.
+pub fn service(name: &str, port: u16) -> Manifest {
     // Tests run at once on one host: each gets its own two of the stand-in's 64 simulated GPUs, so
     // one test's loading never looks like another's progress.
     let gpu = 2 * (port % 32);
-    let load = if env.contains("FAKE_SGLANG_LOAD_SECONDS") {
-        ""
-    } else {
-        ", FAKE_SGLANG_LOAD_SECONDS: \"1\""
-    };
-    let defaults = [
-        ("crash_window", "3s"),
-        ("sample_interval", "500ms"),
-        ("stall_timeout", "4s"),
-        ("load_deadline", "20s"),
-    ];
-    let settings: Vec<String> = defaults
-        .iter()
-        .filter(|(k, _)| !verify.contains(k))
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect();
-    let env = format!(
-        "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\"{load}{env}",
-        gpu + 1
-    );
-    format!(
-        "{}verify: {{ {}{verify} }}\n",
-        manifest(name, &[APPLY], "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &env
-            ),
-        settings.join(", ")
-    )
+    manifest(name, &[APPLY])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+            ("load_deadline", "20s"),
+        ])
 }
 
-pub fn apply(text: &str) -> (i32, serde_json::Value) {
+/// `verify.smoke`: the completion the stand-in answers.
+pub fn france() -> serde_yaml::Value {
+    yaml(r#"{ prompt: "What is the capital of France?", expect: Paris }"#)
+}
+
+pub fn apply(manifest: &Manifest) -> (i32, serde_json::Value) {
     let ran = Reconcile::new()
-        .manifest("a.yaml", text)
+        .manifest("a.yaml", manifest)
         .args(&["apply", "--format", "json"])
         .run();
     let json = ran.json();
@@ -86,7 +71,7 @@ pub fn unit_file(unit: &str) -> Option<String> {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_new_unit_starts_and_a_second_apply_restarts_nothing() {
     fresh("t-apply-new.service");
-    let text = service("t-apply-new", 32001, "");
+    let text = service("t-apply-new", 32001);
     let (code, unit) = apply(&text);
     assert_eq!(code, 0, "{unit}");
     assert_eq!(unit["outcome"], "converged");
@@ -107,7 +92,7 @@ fn a_new_unit_starts_and_a_second_apply_restarts_nothing() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_no_op_apply_costs_one_round_trip_after_connect() {
     fresh("t-apply-rounds.service");
-    let text = service("t-apply-rounds", 32025, "");
+    let text = service("t-apply-rounds", 32025);
     let (code, unit) = apply(&text);
     assert_eq!(code, 0, "{unit}");
     let ran = Reconcile::new()
@@ -125,11 +110,10 @@ fn a_no_op_apply_costs_one_round_trip_after_connect() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_description_change_reloads_without_restarting() {
     fresh("t-apply-desc.service");
-    let text = service("t-apply-desc", 32002, "");
+    let text = service("t-apply-desc", 32002);
     assert_eq!(apply(&text).0, 0);
     let before = identity("t-apply-desc.service");
-    let (code, unit) =
-        apply(&text.replace("description: test service", "description: renamed service"));
+    let (code, unit) = apply(&text.clone().description("renamed service t-apply-desc"));
     assert_eq!(code, 0, "{unit}");
     assert_eq!(unit["outcome"], "reloaded");
     assert_eq!(identity("t-apply-desc.service"), before);
@@ -143,14 +127,12 @@ fn a_description_change_reloads_without_restarting() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
     fresh("t-apply-crash.service");
-    let good = service("t-apply-crash", 32003, "");
+    let good = service("t-apply-crash", 32003);
     assert_eq!(apply(&good).0, 0);
     let good_unit = unit_file("t-apply-crash.service").unwrap();
-    let crashing = service(
-        "t-apply-crash",
-        32003,
-        ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"",
-    );
+    let crashing = service("t-apply-crash", 32003)
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "1");
     let (code, unit) = apply(&crashing);
     assert_eq!(code, 3, "{unit}");
     assert_eq!(unit["outcome"], "rolled_back");
@@ -185,10 +167,7 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unknown_flag_is_refused_before_the_host_is_touched() {
     fresh("t-apply-badflag.service");
-    let text = service("t-apply-badflag", 32004, "").replace(
-        "    tp-size: 2\n",
-        "    tp-size: 2\n    enable-fused-moe-sum-allreduce: true\n",
-    );
+    let text = service("t-apply-badflag", 32004).flag("enable-fused-moe-sum-allreduce", true);
     let ran = Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["apply"])
@@ -212,11 +191,9 @@ fn an_unknown_flag_is_refused_before_the_host_is_touched() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_removed() {
     fresh("t-apply-exit.service");
-    let text = service(
-        "t-apply-exit",
-        32006,
-        ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"0\"",
-    );
+    let text = service("t-apply-exit", 32006)
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "0");
     let (code, unit) = apply(&text);
     assert_eq!(code, 3, "{unit}");
     assert_eq!(unit["outcome"], "rolled_back");
@@ -247,7 +224,7 @@ fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_remove
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_apply_is_refused_while_another_holds_the_lock() {
     fresh("t-apply-lock.service");
-    let text = service("t-apply-lock", 32005, "");
+    let text = service("t-apply-lock", 32005);
     lab().sh(APPLY, "mkdir -p /var/lib/reconcile/t-apply-lock.service/lock && printf 'ci\\nbuilder\\n42\\n%s\\n' $(date +%s) > /var/lib/reconcile/t-apply-lock.service/lock/owner");
     let (code, unit) = apply(&text);
     lab().sh(APPLY, "rm -rf /var/lib/reconcile/t-apply-lock.service/lock");
@@ -281,40 +258,20 @@ pub fn passed_stages(verification: &serde_json::Value) -> Vec<String> {
     names
 }
 
-/// Applies a good unit, then a failing change to it: the failing stage and reason are reported,
-/// and the good unit is back on disk, running and verified. `verify` applies to both.
-fn assert_rolled_back(
-    name: &str,
-    port: u16,
-    bad_env: &str,
-    verify: &str,
-    stage: &str,
-    reason: &str,
-) {
-    assert_rolled_back_from(name, port, "", bad_env, verify, stage, reason);
-}
-
-/// `assert_rolled_back` from a good unit with `good_env` (the bad one adds `bad_env` to it).
-pub fn assert_rolled_back_from(
-    name: &str,
-    port: u16,
-    good_env: &str,
-    bad_env: &str,
-    verify: &str,
+/// Applies `good`, then `good` with `bad_env` added: the failing stage and reason are reported,
+/// and the good unit is back on disk, running and verified. Returns the failed apply's report.
+pub fn assert_rolled_back(
+    good: &Manifest,
+    bad_env: &[(&str, &str)],
     stage: &str,
     reason: &str,
 ) -> serde_json::Value {
-    let unit = format!("{name}.service");
+    let unit = format!("{}.service", good.service_name());
     fresh(&unit);
-    let (code, report) = apply(&service_with(name, port, good_env, verify));
+    let (code, report) = apply(good);
     assert_eq!(code, 0, "{report:#}");
     let good_text = unit_file(&unit).unwrap();
-    let (code, report) = apply(&service_with(
-        name,
-        port,
-        &format!("{good_env}{bad_env}"),
-        verify,
-    ));
+    let (code, report) = apply(&good.clone().env_all(bad_env));
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     assert_eq!(report["failed_stage"], stage, "{report:#}");
@@ -325,7 +282,7 @@ pub fn assert_rolled_back_from(
         "{detail}"
     );
     let mut all = vec!["crash window", "identity", "memory", "readiness", "warmup"];
-    if verify.contains("smoke") {
+    if good.verifies("smoke") {
         all.insert(4, "smoke");
     }
     assert_eq!(passed_stages(&report["rollback"]), all, "{report:#}");
@@ -338,27 +295,36 @@ pub fn assert_rolled_back_from(
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_crash_during_load_after_the_window_rolls_back() {
-    let env =
-        ", FAKE_SGLANG_LOAD_SECONDS: \"8\", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"4.5\"";
-    assert_rolled_back("t-fail-late", 32011, env, "", "loading", "crashed ");
+    let env = [
+        ("FAKE_SGLANG_LOAD_SECONDS", "8"),
+        ("FAKE_SGLANG_FAIL", "crash"),
+        ("FAKE_SGLANG_FAIL_AT", "4.5"),
+    ];
+    assert_rolled_back(&service("t-fail-late", 32011), &env, "loading", "crashed ");
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_stalled_load_rolls_back() {
-    let env =
-        ", FAKE_SGLANG_LOAD_SECONDS: \"8\", FAKE_SGLANG_FAIL: stall, FAKE_SGLANG_FAIL_AT: \"0.5\"";
-    assert_rolled_back("t-fail-stall", 32012, env, "", "loading", "no progress for");
+    let env = [
+        ("FAKE_SGLANG_LOAD_SECONDS", "8"),
+        ("FAKE_SGLANG_FAIL", "stall"),
+        ("FAKE_SGLANG_FAIL_AT", "0.5"),
+    ];
+    assert_rolled_back(
+        &service("t-fail-stall", 32012),
+        &env,
+        "loading",
+        "no progress for",
+    );
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_wrong_model_rolls_back() {
     assert_rolled_back(
-        "t-fail-model",
-        32013,
-        ", FAKE_SGLANG_FAIL: wrong-model",
-        "",
+        &service("t-fail-model", 32013),
+        &[("FAKE_SGLANG_FAIL", "wrong-model")],
         "identity",
         "wrong model",
     );
@@ -367,13 +333,13 @@ fn a_wrong_model_rolls_back() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_port_that_never_opens_misses_the_load_deadline() {
-    let verify = ", load_deadline: 6s, stall_timeout: 30s";
+    let good = service("t-fail-port", 32014)
+        .verify("load_deadline", "6s")
+        .verify("stall_timeout", "30s");
     let reason = "not ready after the 6s load deadline";
     assert_rolled_back(
-        "t-fail-port",
-        32014,
-        ", FAKE_SGLANG_FAIL: no-port",
-        verify,
+        &good,
+        &[("FAKE_SGLANG_FAIL", "no-port")],
         "readiness",
         reason,
     );
@@ -382,12 +348,15 @@ fn a_port_that_never_opens_misses_the_load_deadline() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn runaway_memory_over_the_ceiling_rolls_back() {
-    let env = ", FAKE_SGLANG_LOAD_SECONDS: \"6\", FAKE_SGLANG_FAIL: oom, FAKE_SGLANG_FAIL_AT: \"10\", FAKE_SGLANG_OOM_CAP_MB: \"900\"";
+    let env = [
+        ("FAKE_SGLANG_LOAD_SECONDS", "6"),
+        ("FAKE_SGLANG_FAIL", "oom"),
+        ("FAKE_SGLANG_FAIL_AT", "10"),
+        ("FAKE_SGLANG_OOM_CAP_MB", "900"),
+    ];
     assert_rolled_back(
-        "t-fail-oom",
-        32015,
-        env,
-        ", memory_ceiling: 500MiB",
+        &service("t-fail-oom", 32015).verify("memory_ceiling", "500MiB"),
+        &env,
         "memory",
         "over the ceiling of 500 MiB",
     );
@@ -397,13 +366,10 @@ fn runaway_memory_over_the_ceiling_rolls_back() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn gpu_memory_far_from_the_expected_plateau_rolls_back() {
     // Half the expected memory on each GPU: what a wrong tensor-parallel size looks like.
-    let env = ", FAKE_SGLANG_GPU_MEMORY_MB: \"37500\"";
-    let verify = ", gpu_memory_per_gpu: 75000 MiB";
+    let env = [("FAKE_SGLANG_GPU_MEMORY_MB", "37500")];
     assert_rolled_back(
-        "t-fail-plateau",
-        32016,
-        env,
-        verify,
+        &service("t-fail-plateau", 32016).verify("gpu_memory_per_gpu", "75000 MiB"),
+        &env,
         "memory",
         "far from the expected 75000 MiB",
     );
@@ -412,12 +378,9 @@ fn gpu_memory_far_from_the_expected_plateau_rolls_back() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_garbage_answer_fails_the_smoke_completion() {
-    let verify = ", smoke: { prompt: \"What is the capital of France?\", expect: Paris }";
     assert_rolled_back(
-        "t-fail-smoke",
-        32017,
-        ", FAKE_SGLANG_FAIL: garbage",
-        verify,
+        &service("t-fail-smoke", 32017).verify("smoke", france()),
+        &[("FAKE_SGLANG_FAIL", "garbage")],
         "smoke",
         "lacks \"Paris\"",
     );
@@ -428,8 +391,11 @@ fn a_garbage_answer_fails_the_smoke_completion() {
 fn a_verified_apply_records_its_deployment_and_its_memory_trajectory() {
     let unit = "t-apply-record.service";
     fresh(unit);
-    let verify = ", gpu_memory_per_gpu: 75000 MiB, smoke: { prompt: \"What is the capital of France?\", expect: Paris }";
-    let (code, report) = apply(&service_with("t-apply-record", 32018, "", verify));
+    let (code, report) = apply(
+        &service("t-apply-record", 32018)
+            .verify("gpu_memory_per_gpu", "75000 MiB")
+            .verify("smoke", france()),
+    );
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(
         passed_stages(&report["verification"]),
@@ -485,7 +451,7 @@ fn a_lock_left_by_a_dead_run_on_this_machine_is_broken() {
         .to_string();
     // pid 4194304 is above any pid this machine hands out
     lab().sh(APPLY, &format!("mkdir -p /var/lib/reconcile/{unit}/lock && printf 'ci\\n{machine}\\n4194304\\n%s\\n' $(date +%s) > /var/lib/reconcile/{unit}/lock/owner"));
-    let (code, report) = apply(&service("t-apply-stale", 32019, ""));
+    let (code, report) = apply(&service("t-apply-stale", 32019));
     assert_eq!(code, 0, "{report:#}");
     assert!(
         report["notes"][0]
@@ -506,7 +472,7 @@ fn json_of(ran: &Ran) -> serde_json::Value {
 fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
     let unit = "t-apply-twice.service";
     fresh(unit);
-    let slow = service("t-apply-twice", 32020, ", FAKE_SGLANG_LOAD_SECONDS: \"5\"");
+    let slow = service("t-apply-twice", 32020).env("FAKE_SGLANG_LOAD_SECONDS", "5");
     let first = Reconcile::new()
         .manifest("a.yaml", &slow)
         .args(&["apply", "--format", "json"]);
@@ -544,10 +510,10 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
 fn ctrl_c_during_verification_rolls_back() {
     let unit = "t-apply-ctrlc.service";
     fresh(unit);
-    let good = service("t-apply-ctrlc", 32021, "");
+    let good = service("t-apply-ctrlc", 32021);
     assert_eq!(apply(&good).0, 0);
     let good_text = unit_file(unit).unwrap();
-    let slow = service("t-apply-ctrlc", 32021, ", FAKE_SGLANG_LOAD_SECONDS: \"8\"");
+    let slow = service("t-apply-ctrlc", 32021).env("FAKE_SGLANG_LOAD_SECONDS", "8");
     let run = Reconcile::new()
         .manifest("a.yaml", &slow)
         .args(&["apply", "--format", "json"]);
@@ -584,16 +550,11 @@ fn ctrl_c_during_verification_rolls_back() {
 fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() {
     let unit = "t-apply-cut.service";
     fresh(unit);
-    let old = service("t-apply-cut", 32022, "");
+    let old = service("t-apply-cut", 32022);
     // A long unit, so the cut can land while it is being written.
-    let padding: String = (0..200)
-        .map(|i| format!(", PAD_{i}: \"{}\"", "x".repeat(64)))
-        .collect();
-    let new = service(
-        "t-apply-cut",
-        32022,
-        &format!(", FAKE_SGLANG_LOAD_SECONDS: \"2\"{padding}"),
-    );
+    let new = (0..200).fold(old.clone().env("FAKE_SGLANG_LOAD_SECONDS", "2"), |m, i| {
+        m.env(&format!("PAD_{i}"), "x".repeat(64))
+    });
     let mut cut_mid_apply = 0;
     for (round, delay_ms) in [150u64, 400, 900, 2500].into_iter().enumerate() {
         assert_eq!(apply(&old).0, 0, "round {round}: back to the old unit");

@@ -8,32 +8,39 @@
 //! its command line. The benchmarks are tiny (levels 1 and 4, 16 output tokens, 8 requests), so
 //! each takes well under a second.
 
-use crate::lab::{apply_one_unit, lab, manifest, tokens_at, Reconcile, THROUGHPUT};
+use crate::builder::yaml;
+use crate::lab::{apply_one_unit, lab, manifest, tokens_at, Manifest, Reconcile, THROUGHPUT};
 
-/// The change that makes the stand-in slower: a flag, with the stand-in told to halve its rates
-/// when it sees it.
-const SLOW: &str = "    chunked-prefill-size: 4096\n";
-const SLOW_ENV: &str = ", FAKE_SGLANG_SLOW_FLAG: \"--chunked-prefill-size=0.5\"";
+/// The tiny benchmark's settings.
+const TINY: &str = "{ levels: [1, 4], prompt_tokens: 16, output_tokens: 16, requests: 8 }";
 
 /// A service on the throughput host with its own port and two GPUs (10 + 2 x (port - 37011)),
-/// `flags` added (indented), `env` added to the unit's env (`, NAME: "value"`), and the tiny
-/// benchmark with `bench` added to its settings (`, gate: false`); `bench: None` leaves the
-/// benchmark out.
-fn service(name: &str, port: u16, flags: &str, env: &str, bench: Option<&str>) -> String {
+/// and the tiny benchmark.
+fn service(name: &str, port: u16) -> Manifest {
     let gpu = 10 + 2 * (port - 37011);
-    let env = format!(
-        "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"1\"{env}",
-        gpu + 1
-    );
-    let benchmark = bench.map_or(String::new(), |b| {
-        format!(", benchmark: {{ levels: [1, 4], prompt_tokens: 16, output_tokens: 16, requests: 8{b} }}")
-    });
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s{benchmark} }}\n",
-        manifest(name, &[THROUGHPUT], flags)
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", &env)
-    )
+    manifest(name, &[THROUGHPUT])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+            ("load_deadline", "20s"),
+        ])
+        .verify("benchmark", yaml(TINY))
+}
+
+/// [`service`], with the stand-in told to halve its rates when it sees [`slower`]'s flag.
+fn slowed(name: &str, port: u16) -> Manifest {
+    service(name, port).env("FAKE_SGLANG_SLOW_FLAG", "--chunked-prefill-size=0.5")
+}
+
+/// The change that makes a [`slowed`] service slower: the flag it halves its rates for.
+fn slower(base: &Manifest) -> Manifest {
+    base.clone().flag("chunked-prefill-size", 4096)
 }
 
 fn stop(unit: &str) {
@@ -61,7 +68,7 @@ fn identity(unit: &str) -> String {
 fn a_first_deployment_records_a_baseline() {
     let unit = "t-bench-baseline.service";
     lab().remove_unit(THROUGHPUT, unit);
-    let (code, report) = apply_one_unit(&service("t-bench-baseline", 37011, "", "", Some("")));
+    let (code, report) = apply_one_unit(&service("t-bench-baseline", 37011));
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged");
     let b = &report["benchmark"];
@@ -126,14 +133,14 @@ fn a_first_deployment_records_a_baseline() {
 fn a_faster_change_converges_and_records_its_figures() {
     let unit = "t-bench-faster.service";
     lab().remove_unit(THROUGHPUT, unit);
-    let (code, first) = apply_one_unit(&service("t-bench-faster", 37012, "", "", Some("")));
+    let (code, first) = apply_one_unit(&service("t-bench-faster", 37012));
     assert_eq!(
         (code, &first["benchmark"]["verdict"]),
         (0, &"baseline".into()),
         "{first}"
     );
-    let faster = ", FAKE_SGLANG_TOKENS_PER_SECOND: \"400\"";
-    let (code, report) = apply_one_unit(&service("t-bench-faster", 37012, "", faster, Some("")));
+    let faster = service("t-bench-faster", 37012).env("FAKE_SGLANG_TOKENS_PER_SECOND", "400");
+    let (code, report) = apply_one_unit(&faster);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged");
     let b = &report["benchmark"];
@@ -164,11 +171,11 @@ fn a_faster_change_converges_and_records_its_figures() {
 fn a_slower_change_beyond_the_threshold_rolls_back() {
     let unit = "t-bench-slower.service";
     lab().remove_unit(THROUGHPUT, unit);
-    let (code, first) = apply_one_unit(&service("t-bench-slower", 37013, "", SLOW_ENV, Some("")));
+    let base = slowed("t-bench-slower", 37013);
+    let (code, first) = apply_one_unit(&base);
     assert_eq!(code, 0, "{first}");
     let baseline = current(unit);
-    let (code, report) =
-        apply_one_unit(&service("t-bench-slower", 37013, SLOW, SLOW_ENV, Some("")));
+    let (code, report) = apply_one_unit(&slower(&base));
     assert_eq!(code, 3, "{report}");
     assert_eq!(report["outcome"], "rolled_back");
     assert_eq!(report["failed_stage"], "benchmark");
@@ -203,10 +210,12 @@ fn a_slower_change_beyond_the_threshold_rolls_back() {
 fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
     let unit = "t-bench-gate-off.service";
     lab().remove_unit(THROUGHPUT, unit);
-    let off = Some(", gate: false");
-    let (code, first) = apply_one_unit(&service("t-bench-gate-off", 37014, "", SLOW_ENV, off));
+    let mut off = yaml(TINY);
+    off["gate"] = false.into();
+    let base = slowed("t-bench-gate-off", 37014).verify("benchmark", off);
+    let (code, first) = apply_one_unit(&base);
     assert_eq!(code, 0, "{first}");
-    let (code, report) = apply_one_unit(&service("t-bench-gate-off", 37014, SLOW, SLOW_ENV, off));
+    let (code, report) = apply_one_unit(&slower(&base));
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged");
     assert_eq!(report["benchmark"]["verdict"], "regressed");
@@ -228,13 +237,13 @@ fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
 fn reconcile_bench_on_a_running_unit_records_a_baseline() {
     let unit = "t-bench-cli.service";
     lab().remove_unit(THROUGHPUT, unit);
-    let (code, report) = apply_one_unit(&service("t-bench-cli", 37015, "", SLOW_ENV, None));
+    let text = slowed("t-bench-cli", 37015);
+    let (code, report) = apply_one_unit(&text.clone().without_verify("benchmark"));
     assert_eq!(code, 0, "{report}");
     assert!(report.get("benchmark").is_none(), "{report}");
     assert!(current(unit).get("benchmark").is_none());
     let before = identity(unit);
 
-    let text = service("t-bench-cli", 37015, "", SLOW_ENV, Some(""));
     let run = Reconcile::new().manifest("a.yaml", &text);
     let ran = run.run_args(&["bench", "t-bench-cli", "--format", "json"]);
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
@@ -272,7 +281,7 @@ fn reconcile_bench_on_a_running_unit_records_a_baseline() {
         "{report}"
     );
     // ... and the next change is judged against the stored figures.
-    let (code, report) = apply_one_unit(&service("t-bench-cli", 37015, SLOW, SLOW_ENV, Some("")));
+    let (code, report) = apply_one_unit(&slower(&text));
     assert_eq!(code, 3, "{report}");
     assert_eq!(report["failed_stage"], "benchmark");
     stop(unit);

@@ -14,7 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::lab::{lab, Ran, COORDINATOR, FLEET};
+use crate::builder::yaml;
+use crate::lab::{lab, Manifest, Ran, COORDINATOR, FLEET};
 
 const BIN: &str = "/usr/local/bin/reconcile";
 const ETCD_PORT: u16 = 2379;
@@ -118,22 +119,20 @@ impl Fleet {
         format!("/test/{}", self.service)
     }
 
-    /// The manifest, with `env` added to the service's environment.
-    fn manifest(&self, env: &str, context: u32) -> String {
-        format!(
-            "service: {service}\n\
-             description: coordinated test service\n\
-             hosts: [{hosts}]\n\
-             sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  flags:\n    tp-size: 2\n    context-length: {context}\n\
-             env: {{ CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\", FAKE_SGLANG_LOAD_SECONDS: \"1\"{env} }}\n\
-             systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
-             verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s }}\n\
-             rollout: {rollout}\n",
-            service = self.service,
-            hosts = FLEET.join(", "),
-            port = self.port,
-            rollout = self.rollout,
-        )
+    /// The manifest, with `context-length: context`.
+    fn manifest(&self, context: u32) -> Manifest {
+        crate::lab::manifest(self.service, &FLEET)
+            .description("coordinated test service")
+            .port(self.port)
+            .flag("context-length", context)
+            .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+            .verify_all(&[
+                ("crash_window", "3s"),
+                ("sample_interval", "500ms"),
+                ("stall_timeout", "4s"),
+                ("load_deadline", "20s"),
+            ])
+            .section("rollout", yaml(self.rollout))
     }
 
     /// Removes what an earlier run left: the units, their records, the agents' checkouts, the
@@ -157,14 +156,14 @@ impl Fleet {
     }
 
     /// Commits `manifest` and pushes it; returns the commit.
-    fn commit(&self, manifest: &str, message: &str) -> String {
+    fn commit(&self, manifest: &Manifest, message: &str) -> String {
         lab().put(
             COORDINATOR,
             &format!(
                 "/root/work-{}/manifests/{}.yaml",
                 self.service, self.service
             ),
-            manifest,
+            &manifest.to_yaml(),
         );
         lab().sh(
             COORDINATOR,
@@ -217,7 +216,7 @@ impl Fleet {
     }
 
     /// `reconcile rollout status --format json` from this machine, and its exit code.
-    fn rollout_status(&self, manifest: &str) -> (i32, serde_json::Value) {
+    fn rollout_status(&self, manifest: &Manifest) -> (i32, serde_json::Value) {
         let run =
             crate::lab::Reconcile::new().manifest(&format!("{}.yaml", self.service), manifest);
         let ran = run.run_offline(&[
@@ -242,7 +241,7 @@ impl Fleet {
     }
 
     /// Waits until `reconcile rollout status` shows `host` under `heading`.
-    fn wait_for(&self, manifest: &str, heading: &str, host: &str, within: Duration) {
+    fn wait_for(&self, manifest: &Manifest, heading: &str, host: &str, within: Duration) {
         let began = Instant::now();
         loop {
             let (_, v) = self.rollout_status(manifest);
@@ -359,9 +358,9 @@ fn invocations(unit: &str) -> BTreeMap<String, String> {
 }
 
 /// Deploys the first version on every host (itself a coordinated rollout) and checks it landed.
-fn deploy_base(fleet: &Fleet) -> String {
+fn deploy_base(fleet: &Fleet) -> Manifest {
     fleet.fresh();
-    let base = fleet.manifest("", 8192);
+    let base = fleet.manifest(8192);
     fleet.commit(&base, "base");
     let ran = fleet.rounds(&FLEET);
     for (host, r) in &ran {
@@ -383,7 +382,7 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     deploy_base(&fleet);
     let before = invocations(&fleet.unit());
     let since = now();
-    let changed = fleet.manifest("", 4096);
+    let changed = fleet.manifest(4096);
     let commit = fleet.commit(&changed, "shorter context");
     // `rollout status --watch` follows the rollout live, from this machine, until it is done.
     let watching =
@@ -566,10 +565,10 @@ fn a_failed_canary_stops_every_other_host_and_each_says_why() {
     };
     deploy_base(&fleet);
     let before = invocations(&fleet.unit());
-    let crashing = fleet.manifest(
-        ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"",
-        8192,
-    );
+    let crashing = fleet
+        .manifest(8192)
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "1");
     fleet.commit(&crashing, "crashes while loading");
     let ran = fleet.rounds(&FLEET);
     let canary = &ran[FLEET[0]];
@@ -620,7 +619,7 @@ fn a_failed_canary_stops_every_other_host_and_each_says_why() {
         "{}",
         again[FLEET[0]].stdout
     );
-    let fixed = fleet.manifest("", 2048);
+    let fixed = fleet.manifest(2048);
     fleet.commit(&fixed, "fixed");
     let ran = fleet.rounds(&FLEET);
     for (host, r) in &ran {
@@ -639,7 +638,7 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
         rollout: "{ max_parallel: 2, max_failures: 1 }",
     };
     deploy_base(&fleet);
-    let changed = fleet.manifest("", 4096);
+    let changed = fleet.manifest(4096);
     fleet.commit(&changed, "shorter context");
     // The canary and the victim first: the victim takes a slot as soon as the canary succeeded,
     // and the other four start while it holds it.
@@ -730,7 +729,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     };
     deploy_base(&fleet);
     let since = now();
-    let changed = fleet.manifest("", 4096);
+    let changed = fleet.manifest(4096);
     fleet.commit(&changed, "shorter context");
     let children: Vec<(String, std::process::Child)> = FLEET
         .iter()
@@ -796,10 +795,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     let _restart_etcd = crate::lab::Undo::new(COORDINATOR, "systemctl start lab-etcd");
     let host = FLEET[2];
     let before = lab().invocation(host, &fleet.unit());
-    let renamed = changed.replace(
-        "description: coordinated test service",
-        "description: renamed service",
-    );
+    let renamed = changed.clone().description("renamed service");
     fleet.commit(&renamed, "renamed");
     let bounded = |h: &str| {
         let child = fleet.spawn_round_with(h, "--coordinator-poll 300ms --coordinator-wait 3s");
@@ -821,7 +817,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         "{}",
         reload.stdout
     );
-    let restart = renamed.replace("context-length: 4096", "context-length: 2048");
+    let restart = renamed.clone().flag("context-length", 2048);
     fleet.commit(&restart, "restart while etcd is down");
     let held = bounded(host);
     assert_eq!(held.code, 1, "{}{}", held.stdout, held.stderr);

@@ -4,23 +4,23 @@
 //! SGLang lines (fixtures/fake-sglang/README.md). Host `THROUGHPUT` (rl15): ports 37001-37009,
 //! GPUs 0-9.
 
-use crate::lab::{apply_one_unit, lab, manifest, Reconcile, Undo, THROUGHPUT};
+use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, Undo, THROUGHPUT};
 
 /// A test service on the throughput host: its port, its two GPUs (`gpu`, `gpu + 1`), the
-/// stand-in's env (`, KEY: value` pairs) and short verification windows.
-fn service(name: &str, port: u16, gpu: u32, env: &str) -> String {
-    format!(
-        "{}verify: {{ crash_window: 10s, sample_interval: 500ms, stall_timeout: 8s, load_deadline: 30s }}\n",
-        manifest(name, &[THROUGHPUT], "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &format!(
-                    "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\"{env}",
-                    gpu + 1
-                ),
-            )
-    )
+/// stand-in's `env` and short verification windows.
+fn service(name: &str, port: u16, gpu: u32, env: &[(&str, &str)]) -> Manifest {
+    manifest(name, &[THROUGHPUT])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env_all(env)
+        .verify_all(&[
+            ("crash_window", "10s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "8s"),
+            ("load_deadline", "30s"),
+        ])
 }
 
 fn unit_gone(unit: &str) -> bool {
@@ -54,7 +54,12 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
         "t-diag-oom",
         37001,
         0,
-        ", FAKE_SGLANG_LOAD_SECONDS: \"5\", FAKE_SGLANG_FAIL: oom, FAKE_SGLANG_FAIL_AT: \"2\", FAKE_SGLANG_OOM_CAP_MB: \"300\"",
+        &[
+            ("FAKE_SGLANG_LOAD_SECONDS", "5"),
+            ("FAKE_SGLANG_FAIL", "oom"),
+            ("FAKE_SGLANG_FAIL_AT", "2"),
+            ("FAKE_SGLANG_OOM_CAP_MB", "300"),
+        ],
     );
     let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
@@ -107,7 +112,13 @@ fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
         "t-diag-graph",
         37002,
         2,
-        ", FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_GRAPH_SECONDS: \"6\", FAKE_SGLANG_FAIL: oom, FAKE_SGLANG_FAIL_AT: \"3\", FAKE_SGLANG_OOM_CAP_MB: \"300\"",
+        &[
+            ("FAKE_SGLANG_LOAD_SECONDS", "1"),
+            ("FAKE_SGLANG_GRAPH_SECONDS", "6"),
+            ("FAKE_SGLANG_FAIL", "oom"),
+            ("FAKE_SGLANG_FAIL_AT", "3"),
+            ("FAKE_SGLANG_OOM_CAP_MB", "300"),
+        ],
     );
     let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
@@ -163,7 +174,7 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
         THROUGHPUT,
         "systemctl stop t-diag-squatter 2>/dev/null; systemctl reset-failed t-diag-squatter 2>/dev/null; true",
     );
-    let text = service("t-diag-port", port, 4, ", FAKE_SGLANG_LOAD_SECONDS: \"3\"");
+    let text = service("t-diag-port", port, 4, &[("FAKE_SGLANG_LOAD_SECONDS", "3")]);
     let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["failed_stage"], "crash window", "{report:#}");

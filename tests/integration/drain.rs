@@ -12,35 +12,42 @@
 
 use std::time::Duration;
 
-use crate::lab::{apply_one_unit, lab, manifest, Reconcile, DRAIN};
+use crate::builder::yaml;
+use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, DRAIN};
 
-/// A service on the drain host with its own port and two GPUs (2 x (port - 37101)), metrics on,
-/// each chat request taking `request_seconds`; `drain` is the manifest's `drain:` value (`None`:
-/// no drain) and `flags` more flags (indented).
-fn service(
-    name: &str,
-    port: u16,
-    request_seconds: u32,
-    drain: Option<&str>,
-    flags: &str,
-) -> String {
+/// A service on the drain host with its own port and two GPUs (2 x (port - 37101)), each chat
+/// request taking `request_seconds`; `drain` is the manifest's `drain:` value, as YAML (`None`:
+/// no drain).
+fn service(name: &str, port: u16, request_seconds: u32, drain: Option<&str>) -> Manifest {
     let gpu = 2 * (port - 37101);
-    let env = format!(
-        "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_REQUEST_SECONDS: \"{request_seconds}\"",
-        gpu + 1
-    );
-    let drain = drain.map_or(String::new(), |d| format!("drain: {d}\n"));
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 10s, load_deadline: 30s }}\n{drain}",
-        manifest(name, &[DRAIN], flags)
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", &env)
-    )
+    let m = manifest(name, &[DRAIN])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .env("FAKE_SGLANG_REQUEST_SECONDS", request_seconds.to_string())
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "10s"),
+            ("load_deadline", "30s"),
+        ]);
+    match drain {
+        Some(d) => m.section("drain", yaml(d)),
+        None => m,
+    }
 }
 
-const METRICS: &str = "    enable-metrics: true\n";
+/// [`service`] with metrics on, which a drain reads.
+fn with_metrics(name: &str, port: u16, request_seconds: u32, drain: Option<&str>) -> Manifest {
+    service(name, port, request_seconds, drain).flag("enable-metrics", true)
+}
+
 /// The change that restarts the server.
-const CHANGE: &str = "    enable-metrics: true\n    mem-fraction-static: 0.8\n";
+fn change(base: &Manifest) -> Manifest {
+    base.clone().flag("mem-fraction-static", 0.8)
+}
 
 /// Starts one chat completion on the host, in the background; `result` gets
 /// `STATUS MONOTONIC_END_SECONDS` (or `error ...`) when it ends. Waits until the server counts it.
@@ -88,8 +95,8 @@ fn started_at(unit: &str) -> f64 {
     us.trim().parse::<f64>().expect("a monotonic timestamp") / 1e6
 }
 
-fn deploy(text: &str) {
-    let (code, report) = apply_one_unit(text);
+fn deploy(manifest: &Manifest) {
+    let (code, report) = apply_one_unit(manifest);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged", "{report}");
 }
@@ -100,11 +107,12 @@ fn drain_waits_for_a_slow_request_before_restarting() {
     let unit = "t-drain-wait.service";
     lab().remove_unit(DRAIN, unit);
     let drain = Some("{ timeout: 60s }");
-    deploy(&service("t-drain-wait", 37101, 12, drain, METRICS));
+    let base = with_metrics("t-drain-wait", 37101, 12, drain);
+    deploy(&base);
     let before = lab().invocation(DRAIN, unit);
     let result = "/tmp/t-drain-wait.result";
     slow_request(37101, result);
-    let (code, report) = apply_one_unit(&service("t-drain-wait", 37101, 12, drain, CHANGE));
+    let (code, report) = apply_one_unit(&change(&base));
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged", "{report}");
     assert_ne!(lab().invocation(DRAIN, unit), before, "restarted");
@@ -135,12 +143,13 @@ fn a_drain_that_times_out_refuses_and_the_old_server_keeps_serving() {
     let unit = "t-drain-refuse.service";
     lab().remove_unit(DRAIN, unit);
     let drain = Some("{ timeout: 3s, on_timeout: refuse }");
-    deploy(&service("t-drain-refuse", 37102, 30, drain, METRICS));
+    let base = with_metrics("t-drain-refuse", 37102, 30, drain);
+    deploy(&base);
     let before = lab().invocation(DRAIN, unit);
     let unit_file = lab().sh(DRAIN, &format!("cat /etc/systemd/system/{unit}"));
     let result = "/tmp/t-drain-refuse.result";
     slow_request(37102, result);
-    let (code, report) = apply_one_unit(&service("t-drain-refuse", 37102, 30, drain, CHANGE));
+    let (code, report) = apply_one_unit(&change(&base));
     // A refused unit: exit 1, nothing changed on the host.
     assert_eq!(code, 1, "{report}");
     assert_eq!(report["outcome"], "error", "{report}");
@@ -167,11 +176,12 @@ fn a_drain_that_times_out_restarts_anyway_when_told_to() {
     let unit = "t-drain-anyway.service";
     lab().remove_unit(DRAIN, unit);
     let drain = Some("{ timeout: 3s, on_timeout: restart }");
-    deploy(&service("t-drain-anyway", 37103, 30, drain, METRICS));
+    let base = with_metrics("t-drain-anyway", 37103, 30, drain);
+    deploy(&base);
     let before = lab().invocation(DRAIN, unit);
     let result = "/tmp/t-drain-anyway.result";
     slow_request(37103, result);
-    let (code, report) = apply_one_unit(&service("t-drain-anyway", 37103, 30, drain, CHANGE));
+    let (code, report) = apply_one_unit(&change(&base));
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged", "{report}");
     assert_ne!(lab().invocation(DRAIN, unit), before, "restarted");
@@ -206,15 +216,14 @@ fn a_reload_only_change_does_not_drain() {
     let unit = "t-drain-reload.service";
     lab().remove_unit(DRAIN, unit);
     let drain = Some("{ timeout: 60s }");
-    let text = service("t-drain-reload", 37104, 20, drain, METRICS);
+    let text = with_metrics("t-drain-reload", 37104, 20, drain);
     deploy(&text);
     let before = lab().invocation(DRAIN, unit);
     let result = "/tmp/t-drain-reload.result";
     slow_request(37104, result);
-    let changed = text.replace(
-        "description: test service t-drain-reload",
-        "description: test service t-drain-reload, renamed",
-    );
+    let changed = text
+        .clone()
+        .description("test service t-drain-reload, renamed");
     let (code, report) = apply_one_unit(&changed);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "reloaded", "{report}");
@@ -235,7 +244,7 @@ fn a_server_without_enable_metrics_is_not_restarted_blind() {
     lab().remove_unit(DRAIN, unit);
     // Offline: `drain:` without --enable-metrics is a manifest error naming file, line and field
     // (the plan stops before connecting; `validate` takes no --ssh-config, which the runner adds).
-    let bad = service("t-drain-blind", 37105, 1, Some("{ timeout: 60s }"), "");
+    let bad = service("t-drain-blind", 37105, 1, Some("{ timeout: 60s }"));
     let ran = Reconcile::new()
         .manifest("a.yaml", &bad)
         .args(&["plan"])
@@ -248,10 +257,10 @@ fn a_server_without_enable_metrics_is_not_restarted_blind() {
     );
     // Running without metrics, then a change that turns drain and metrics on: the old server
     // cannot be seen, so it is not restarted.
-    deploy(&service("t-drain-blind", 37105, 1, None, ""));
+    deploy(&service("t-drain-blind", 37105, 1, None));
     let before = lab().invocation(DRAIN, unit);
     let drain = Some("{ timeout: 60s, on_timeout: refuse }");
-    let (code, report) = apply_one_unit(&service("t-drain-blind", 37105, 1, drain, METRICS));
+    let (code, report) = apply_one_unit(&with_metrics("t-drain-blind", 37105, 1, drain));
     assert_eq!(code, 1, "{report}");
     assert_eq!(report["error"], "drain_refused", "{report}");
     assert_eq!(

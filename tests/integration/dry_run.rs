@@ -1,6 +1,8 @@
 //! `reconcile --dry-run` against real hosts.
 
-use crate::lab::{lab, manifest, round_trips, Reconcile, BAD_KEY, COUNTED, SHARED, UNREACHABLE};
+use crate::lab::{
+    lab, manifest, round_trips, Manifest, Reconcile, BAD_KEY, COUNTED, SHARED, UNREACHABLE,
+};
 
 /// Installs what `run` renders for `host` as the host's unit, and has systemd load it.
 fn install_rendered(run: &Reconcile, host: &str, unit: &str) {
@@ -40,7 +42,7 @@ fn changed_lines(diff: &str) -> Vec<&str> {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_without_the_unit_gets_it_installed() {
     let run = Reconcile::new()
-        .manifest("a.yaml", &manifest("t-missing", &[SHARED], ""))
+        .manifest("a.yaml", manifest("t-missing", &[SHARED]))
         .args(&["--dry-run"]);
     let ran = run.run();
     assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
@@ -63,7 +65,7 @@ fn a_host_without_the_unit_gets_it_installed() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_identical_unit_means_nothing_to_do() {
     let run = Reconcile::new()
-        .manifest("a.yaml", &manifest("t-same", &[SHARED], ""))
+        .manifest("a.yaml", manifest("t-same", &[SHARED]))
         .args(&["plan", "--format", "json"]);
     install_rendered(&run, SHARED, "t-same.service");
     let ran = run.run();
@@ -80,22 +82,13 @@ fn an_identical_unit_means_nothing_to_do() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
     // Four visible GPUs in both, so tp-size 4 passes preflight and only the flags differ.
-    let four_gpus = |text: String| text.replace("\"0,1\"", "\"0,1,2,3\"");
-    let before = Reconcile::new().manifest(
-        "a.yaml",
-        &four_gpus(manifest(
-            "t-flags",
-            &[SHARED],
-            "    mem-fraction-static: 0.8\n",
-        )),
-    );
+    let four_gpus = manifest("t-flags", &[SHARED]).env("CUDA_VISIBLE_DEVICES", "0,1,2,3");
+    let before =
+        Reconcile::new().manifest("a.yaml", four_gpus.clone().flag("mem-fraction-static", 0.8));
     install_rendered(&before, SHARED, "t-flags.service");
-    let after = four_gpus(manifest(
-        "t-flags",
-        &[SHARED],
-        "    mem-fraction-static: 0.9\n",
-    ))
-    .replace("tp-size: 2", "tp-size: 4");
+    let after = four_gpus
+        .flag("mem-fraction-static", 0.9)
+        .flag("tp-size", 4);
     let ran = Reconcile::new()
         .manifest("a.yaml", &after)
         .args(&["plan", "--format", "json"])
@@ -137,10 +130,9 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_new_description_only_needs_a_reload() {
-    let before = Reconcile::new().manifest("a.yaml", &manifest("t-desc", &[SHARED], ""));
+    let before = Reconcile::new().manifest("a.yaml", manifest("t-desc", &[SHARED]));
     install_rendered(&before, SHARED, "t-desc.service");
-    let after = manifest("t-desc", &[SHARED], "")
-        .replace("description: test service t-desc", "description: renamed");
+    let after = manifest("t-desc", &[SHARED]).description("renamed");
     let ran = Reconcile::new()
         .manifest("a.yaml", &after)
         .args(&["--dry-run"])
@@ -170,7 +162,7 @@ const FIVE: [&str; 5] = ["rl9", "rl5", "rl7", "rl6", "rl8"];
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
-    let text = manifest("t-group", &FIVE, "");
+    let text = manifest("t-group", &FIVE);
     let plan = |format: &str| {
         let ran = Reconcile::new()
             .manifest("a.yaml", &text)
@@ -210,7 +202,7 @@ fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
-    let text = manifest("t-badkey", &[BAD_KEY, SHARED], "");
+    let text = manifest("t-badkey", &[BAD_KEY, SHARED]);
     let ran = Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["--dry-run"])
@@ -237,7 +229,7 @@ fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unreachable_host_is_an_error_for_that_host_only() {
-    let text = manifest("t-unreach", &[UNREACHABLE, SHARED], "");
+    let text = manifest("t-unreach", &[UNREACHABLE, SHARED]);
     let ran = Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["plan", "--format", "json"])
@@ -271,8 +263,7 @@ fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
         (false, "Connection closed"),
         (true, "ssh ended twice without saying why"),
     ] {
-        let run =
-            Reconcile::new().manifest("a.yaml", &manifest("t-silent", &["rl-silent", SHARED], ""));
+        let run = Reconcile::new().manifest("a.yaml", manifest("t-silent", &["rl-silent", SHARED]));
         let marker = run.dir().join("killed-once");
         let kill = if every_time {
             "kill -KILL $PPID".to_string()
@@ -310,12 +301,11 @@ fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
 fn secret_env_values_are_redacted_in_every_format() {
     const CANARY: &str = "hf_canary_3c9e1f";
     let secret = |value: &str| {
-        manifest("t-secret", &[SHARED], "    api-key: sk-canary-flag-77\n").replace(
-            "NCCL_P2P_DISABLE: \"1\"",
-            &format!("NCCL_P2P_DISABLE: \"1\", HF_TOKEN: {value}"),
-        )
+        manifest("t-secret", &[SHARED])
+            .flag("api-key", "sk-canary-flag-77")
+            .env("HF_TOKEN", value)
     };
-    let before = Reconcile::new().manifest("a.yaml", &secret("hf_old_value_000"));
+    let before = Reconcile::new().manifest("a.yaml", secret("hf_old_value_000"));
     lab().put(
         SHARED,
         "/etc/systemd/system/t-secret.service",
@@ -325,7 +315,7 @@ fn secret_env_values_are_redacted_in_every_format() {
     );
     for format in ["text", "markdown", "json"] {
         let ran = Reconcile::new()
-            .manifest("a.yaml", &secret(CANARY))
+            .manifest("a.yaml", secret(CANARY))
             .args(&["plan", "-vv", "--format", format])
             .run();
         assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
@@ -350,8 +340,10 @@ fn secret_env_values_are_redacted_in_every_format() {
 fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
     let _alone = lab().exclusive(COUNTED);
     let before = logins();
-    let bad = manifest("t-bad", &["rl2"], "    port: 1\n").replace("port: 30000", "port: 70000");
-    let also_bad = manifest("t-bad2", &["rl2"], "").replace("NCCL_P2P_DISABLE", "NCCL-P2P");
+    let bad = manifest("t-bad", &["rl2"]).flag("port", 1).port(70000);
+    let also_bad = manifest("t-bad2", &["rl2"])
+        .without_env("NCCL_P2P_DISABLE")
+        .env("NCCL-P2P", "1");
     let ran = Reconcile::new()
         .manifest("a.yaml", &bad)
         .manifest("b.yaml", &also_bad)
@@ -360,20 +352,20 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
     assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
     assert!(
         ran.stderr
-            .contains("manifests/a.yaml:9:3: sglang.port: port must be between 1 and 65535"),
+            .contains("manifests/a.yaml:10:3: sglang.port: port must be between 1 and 65535"),
         "{}",
         ran.stderr
     );
     assert!(
         ran.stderr.contains(
-            "manifests/a.yaml:13:5: sglang.flags.port: --port is set through `sglang.port`"
+            "manifests/a.yaml:14:5: sglang.flags.port: --port is set through `sglang.port`"
         ),
         "{}",
         ran.stderr
     );
     assert!(
         ran.stderr.contains(
-            "manifests/b.yaml:13:37: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name"
+            "manifests/b.yaml:16:3: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name"
         ),
         "{}",
         ran.stderr
@@ -398,15 +390,15 @@ fn one_ssh_connection_per_host_per_run() {
     let _alone = lab().exclusive(COUNTED);
     let before = logins();
     // Three services on one host: each its own port and GPUs, so preflight passes.
-    let other = |name: &str, port: &str, gpus: &str| {
-        manifest(name, &[COUNTED], "")
-            .replace("port: 30000", port)
-            .replace("\"0,1\"", gpus)
+    let other = |name: &str, port: u16, gpus: &str| {
+        manifest(name, &[COUNTED])
+            .port(port)
+            .env("CUDA_VISIBLE_DEVICES", gpus)
     };
     let run = Reconcile::new()
-        .manifest("a.yaml", &manifest("t-conn-a", &[COUNTED], ""))
-        .manifest("b.yaml", &other("t-conn-b", "port: 30001", "\"2,3\""))
-        .manifest("c.yaml", &other("t-conn-c", "port: 30002", "\"4,5\""))
+        .manifest("a.yaml", manifest("t-conn-a", &[COUNTED]))
+        .manifest("b.yaml", other("t-conn-b", 30001, "2,3"))
+        .manifest("c.yaml", other("t-conn-c", 30002, "4,5"))
         .args(&["--dry-run"]);
     let ran = run.run();
     assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
@@ -420,22 +412,22 @@ fn one_ssh_connection_per_host_per_run() {
 }
 
 /// One of three services on the shared host, with a port and GPUs of its own.
-fn round_trip_service(i: u16) -> String {
-    manifest(&format!("t-round-{i}"), &[SHARED], "")
-        .replace("port: 30000", &format!("port: {}", 30410 + i))
-        .replace("\"0,1\"", &format!("\"{},{}\"", 2 * i, 2 * i + 1))
+fn round_trip_service(i: u16) -> Manifest {
+    manifest(&format!("t-round-{i}"), &[SHARED])
+        .port(30410 + i)
+        .env("CUDA_VISIBLE_DEVICES", format!("{},{}", 2 * i, 2 * i + 1))
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
     // b.yaml, as in the plan below: the rendered unit's header names its manifest file.
-    let one = Reconcile::new().manifest("b.yaml", &round_trip_service(2));
+    let one = Reconcile::new().manifest("b.yaml", round_trip_service(2));
     install_rendered(&one, SHARED, "t-round-2.service");
     let run = Reconcile::new()
-        .manifest("a.yaml", &round_trip_service(1))
-        .manifest("b.yaml", &round_trip_service(2))
-        .manifest("c.yaml", &round_trip_service(3))
+        .manifest("a.yaml", round_trip_service(1))
+        .manifest("b.yaml", round_trip_service(2))
+        .manifest("c.yaml", round_trip_service(3))
         // The survey's one round trip; the deep check of the two new units is a round trip of
         // its own (docs/benchmarks.md: "Round trips").
         .args(&["plan", "--format", "json", "--trace-remote", "--no-deep"]);

@@ -21,8 +21,14 @@ fn exclusive() -> std::sync::MutexGuard<'static, ()> {
     HOST.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// The manifest, with comments and a layout `--write` must keep.
+/// The manifest, with comments and a layout `--write` must keep (text, not a
+/// [`crate::builder::Manifest`]: the test compares it byte for byte).
 fn manifest() -> String {
+    manifest_with("")
+}
+
+/// [`manifest`] with `more_flags` lines after its last flag: what `--write` should make of it.
+fn manifest_with(more_flags: &str) -> String {
     format!(
         "# The experiment's service. This comment must survive --write.\n\
          service: t-exp\n\
@@ -37,6 +43,7 @@ fn manifest() -> String {
          \x20   tp-size: 1        # one GPU\n\
          \x20   # keep the context short: the stand-in's needle runs at 1k\n\
          \x20   context-length: 16384\n\
+         {more_flags}\
          \n\
          env: {{ CUDA_VISIBLE_DEVICES: \"0\", FAKE_SGLANG_GPU_COUNT: \"8\", FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_SLOW_FLAG: \"--enable-mixed-chunk=2.0,--chunked-prefill-size=0.5\", FAKE_SGLANG_LOGIT_NOISE: \"0.5\", FAKE_SGLANG_NOISE_FLAG: \"--enable-fused-moe-sum-all-reduce\" }}\n\
          systemd: {{ Restart: \"no\" }}\n\
@@ -78,7 +85,7 @@ fn clean() {
 
 fn setup(variants: &str) -> Reconcile {
     clean();
-    let r = Reconcile::new().manifest("t-exp.yaml", &manifest());
+    let r = Reconcile::new().manifest("t-exp.yaml", manifest());
     std::fs::write(r.dir().join("experiment.yaml"), experiment(variants)).unwrap();
     // The baseline, deployed as an operator would have it before experimenting.
     let ran = r.run_args(&["apply", "--format", "json"]);
@@ -216,13 +223,7 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
 
     // The manifest: exactly the winner's one line more, every comment kept.
     let written = std::fs::read_to_string(r.dir().join("manifests/t-exp.yaml")).unwrap();
-    assert_eq!(
-        written,
-        manifest().replace(
-            "    context-length: 16384\n",
-            "    context-length: 16384\n    enable-mixed-chunk: true\n"
-        )
-    );
+    assert_eq!(written, manifest_with("    enable-mixed-chunk: true\n"));
     let diff = json["manifest_diff"].as_str().unwrap();
     assert!(diff.contains("\n+    enable-mixed-chunk: true\n"), "{diff}");
 
@@ -304,7 +305,7 @@ fn sigterm_in_a_variant_restores_the_baseline_and_resume_finishes() {
 fn an_unknown_flag_in_one_variant_is_reported_at_its_line_and_nothing_starts() {
     let _host = exclusive();
     clean();
-    let r = Reconcile::new().manifest("t-exp.yaml", &manifest());
+    let r = Reconcile::new().manifest("t-exp.yaml", manifest());
     let variants = "  - name: good\n    flags: { enable-mixed-chunk: true }\n  - name: typo\n    flags:\n      enable-mixed-chunks: true\n";
     std::fs::write(r.dir().join("experiment.yaml"), experiment(variants)).unwrap();
     let ran = r.run_args(&["experiment", "experiment.yaml"]);

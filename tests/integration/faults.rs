@@ -7,29 +7,33 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::lab::{lab, manifest, Ran, Reconcile, Undo, REBOOT};
+use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, Undo, REBOOT};
 
 const HOST: &str = "rl11";
 
 static TURN: Mutex<()> = Mutex::new(());
 
-fn service(name: &str, port: u16, release: &str) -> String {
+fn service(name: &str, port: u16, release: &str) -> Manifest {
+    let m = manifest(name, &[HOST])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .env("RELEASE", release);
     // A long unit, so a full disk runs out while writing it.
-    let padding: String = (0..40)
-        .map(|i| format!(", PAD_{i}: \"{}\"", "x".repeat(60)))
-        .collect();
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_deadline: 20s }}\n",
-        manifest(name, &[HOST], "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace("NCCL_P2P_DISABLE: \"1\"", &format!("FAKE_SGLANG_LOAD_SECONDS: \"1\", RELEASE: \"{release}\"{padding}"))
-            .replace("systemd: { Restart: on-failure, RestartSec: 1 }", "systemd: { Restart: on-failure, RestartSec: 1, EnvironmentFile: -/etc/t-fault.env }")
-    )
+    (0..40)
+        .fold(m, |m, i| m.env(&format!("PAD_{i}"), "x".repeat(60)))
+        .systemd("EnvironmentFile", "-/etc/t-fault.env")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "5s"),
+            ("load_deadline", "20s"),
+        ])
 }
 
-fn apply(text: &str) -> (i32, serde_json::Value) {
+fn apply(manifest: &Manifest) -> (i32, serde_json::Value) {
     let ran = Reconcile::new()
-        .manifest("a.yaml", text)
+        .manifest("a.yaml", manifest)
         .args(&["apply", "--format", "json"])
         .run();
     (ran.code, ran.json()["units"][0].clone())
@@ -191,16 +195,18 @@ fn a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention() {
 static REBOOT_TURN: Mutex<()> = Mutex::new(());
 
 /// Release `n` of the reboot tests' service `name`, whose server takes `load` seconds to load.
-fn reboot_release(name: &str, port: u16, n: &str, load: &str) -> String {
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 10s, load_deadline: 40s }}\n",
-        manifest(name, &[REBOOT], "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "NCCL_P2P_DISABLE: \"1\"",
-                &format!("FAKE_SGLANG_LOAD_SECONDS: \"{load}\", RELEASE: \"{n}\"")
-            )
-    )
+fn reboot_release(name: &str, port: u16, n: &str, load: &str) -> Manifest {
+    manifest(name, &[REBOOT])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("FAKE_SGLANG_LOAD_SECONDS", load)
+        .env("RELEASE", n)
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "10s"),
+            ("load_deadline", "40s"),
+        ])
 }
 
 /// The RELEASE the unit's running server was started with, or "" when none runs.
@@ -223,7 +229,7 @@ struct Rebooted {
     /// Its generations before the apply.
     kept_before: Vec<String>,
     /// The release the apply installed.
-    new: String,
+    new: Manifest,
     ran: Ran,
     report: serde_json::Value,
 }
@@ -237,7 +243,7 @@ fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
     // Two releases, so there is a kept generation to find intact afterwards.
     for n in ["0", "1"] {
         let ran = Reconcile::new()
-            .manifest("a.yaml", &reboot_release(name, port, n, "1"))
+            .manifest("a.yaml", reboot_release(name, port, n, "1"))
             .args(&["apply", "--format", "json"])
             .run();
         assert_eq!(ran.code, 0, "{}", ran.stdout);

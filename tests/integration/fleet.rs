@@ -1,34 +1,36 @@
 //! Fleets: planning many hosts at once, and rolling apply with a canary, batches, a failure
 //! budget and --rollback-all, on six test hosts of their own.
 
-use crate::lab::{lab, manifest, Reconcile, UNREACHABLE};
+use crate::builder::map;
+use crate::lab::{lab, manifest, Manifest, Reconcile, UNREACHABLE};
 
 /// The fleet's hosts in the order a rollout takes them (sorted by name).
 const FLEET: [&str; 6] = ["rl10", "rl5", "rl6", "rl7", "rl8", "rl9"];
 
 /// A service on the whole fleet; `failing` hosts get a server that crashes one second in.
-fn fleet_service(name: &str, port: u16, gpus: &str, failing: &[&str], version: &str) -> String {
-    let hosts: Vec<String> = FLEET
-        .iter()
-        .map(|h| {
-            let fail = if failing.contains(h) {
-                ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\""
-            } else {
-                ""
-            };
-            format!("\n  - name: {h}\n    env: {{ RELEASE: \"{version}\"{fail} }}")
-        })
-        .collect();
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_deadline: 20s }}\n",
-        manifest(name, &[], "")
-            .replace("hosts: []", &format!("hosts:{}", hosts.join("")))
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", &format!("CUDA_VISIBLE_DEVICES: \"{gpus}\", FAKE_SGLANG_LOAD_SECONDS: \"1\""))
-    )
+fn fleet_service(name: &str, port: u16, gpus: &str, failing: &[&str], version: &str) -> Manifest {
+    let hosts = FLEET.iter().map(|h| {
+        let mut env = vec![("RELEASE", version)];
+        if failing.contains(h) {
+            env.extend([("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "1")]);
+        }
+        map([("name", (*h).into()), ("env", map(env))])
+    });
+    hosts
+        .fold(manifest(name, &[]), Manifest::host)
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpus)
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "5s"),
+            ("load_deadline", "20s"),
+        ])
 }
 
-fn rollout(text: &str, args: &[&str]) -> (i32, Vec<serde_json::Value>) {
+fn rollout(text: &Manifest, args: &[&str]) -> (i32, Vec<serde_json::Value>) {
     let mut all = vec!["apply", "--format", "json"];
     all.extend_from_slice(args);
     let ran = Reconcile::new().manifest("a.yaml", text).args(&all).run();
@@ -75,7 +77,7 @@ fn planning_six_hosts_with_one_unreachable_reports_it_and_plans_the_rest_in_orde
     let mut hosts: Vec<&str> = FLEET[..5].to_vec();
     hosts.push(UNREACHABLE);
     let ran = Reconcile::new()
-        .manifest("a.yaml", &manifest("t-fleet-plan", &hosts, ""))
+        .manifest("a.yaml", manifest("t-fleet-plan", &hosts))
         .args(&["plan", "--format", "json"])
         .run();
     assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);

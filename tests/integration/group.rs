@@ -5,41 +5,47 @@
 
 use std::time::Duration;
 
-use crate::lab::{lab, Reconcile, GROUP, UNREACHABLE};
+use serde_yaml::Value;
+
+use crate::builder::map;
+use crate::lab::{lab, Manifest, Reconcile, GROUP, UNREACHABLE};
 
 /// A group manifest over `nodes` (each with the lab's address for it, or `address` when given):
-/// `rank1_env` is more env for rank 1 only (a failure to inject), `flags` more flags.
+/// `rank1_env` is more env for rank 1 only (a failure to inject).
 fn group(
     service: &str,
     port: u16,
     nodes: &[(&str, Option<&str>)],
-    rank1_env: &str,
-    flags: &str,
-) -> String {
+    rank1_env: &[(&str, &str)],
+) -> Manifest {
     let gpu = (port - 37501) / 2;
-    let entries: String = nodes
+    let base = Manifest::new(service)
+        .description(format!("test server group {service}"))
+        .without("hosts");
+    nodes
         .iter()
         .enumerate()
-        .map(|(i, (name, address))| {
+        .fold(base, |m, (i, (name, address))| {
             let address = address.map_or_else(|| lab().address(name), str::to_string);
-            let env = if i == 1 && !rank1_env.is_empty() {
-                format!("\n    env: {{ {rank1_env} }}")
-            } else {
-                String::new()
-            };
-            format!("  - name: {name}\n    address: {address}{env}\n")
+            let mut entry = vec![("name", Value::from(*name)), ("address", address.into())];
+            if i == 1 && !rank1_env.is_empty() {
+                entry.push(("env", map(rank1_env.iter().copied())));
+            }
+            m.node(map(entry))
         })
-        .collect();
-    format!(
-        "service: {service}\n\
-         description: test server group {service}\n\
-         nodes:\n{entries}\
-         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  dist_init_port: {}\n  flags:\n    tp-size: 2\n    context-length: 8192\n    dist-timeout: 30\n{flags}\
-         env: {{ CUDA_VISIBLE_DEVICES: \"{gpu}\", FAKE_SGLANG_GPU_COUNT: \"16\", FAKE_SGLANG_LOAD_SECONDS: \"2\" }}\n\
-         systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
-         verify: {{ crash_window: 3s, sample_interval: 1s, stall_timeout: 15s, load_deadline: 60s }}\n",
-        port + 1
-    )
+        .port(port)
+        .dist_init_port(port + 1)
+        .flag("dist-timeout", 30)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpu.to_string())
+        .env("FAKE_SGLANG_GPU_COUNT", "16")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "2")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "1s"),
+            ("stall_timeout", "15s"),
+            ("load_deadline", "60s"),
+        ])
 }
 
 fn both() -> Vec<(&'static str, Option<&'static str>)> {
@@ -53,7 +59,7 @@ fn clean(unit: &str) {
 }
 
 /// `reconcile apply --format json`: the exit code and the units' reports, by host.
-fn apply(text: &str) -> (i32, Vec<serde_json::Value>, String) {
+fn apply(text: &Manifest) -> (i32, Vec<serde_json::Value>, String) {
     let ran = Reconcile::new()
         .manifest("group.yaml", text)
         .args(&["apply", "--format", "json"])
@@ -87,7 +93,7 @@ fn started_us(host: &str, unit: &str) -> u64 {
 fn deployed(service: &str, port: u16) -> Vec<String> {
     let unit = format!("{service}.service");
     clean(&unit);
-    let (code, _, out) = apply(&group(service, port, &both(), "", ""));
+    let (code, _, out) = apply(&group(service, port, &both(), &[]));
     assert_eq!(code, 0, "{out}");
     GROUP.iter().map(|h| unit_file(h, &unit)).collect()
 }
@@ -108,7 +114,7 @@ fn unit_file(host: &str, unit: &str) -> String {
 fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
     let unit = "t-group-flow.service";
     clean(unit);
-    let v1 = group("t-group-flow", 37501, &both(), "", "");
+    let v1 = group("t-group-flow", 37501, &both(), &[]);
     let (code, units, out) = apply(&v1);
     assert_eq!(code, 0, "{out}");
     for host in GROUP {
@@ -133,13 +139,7 @@ fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
 
     // A flag change restarts both ranks, together.
     let before: Vec<String> = GROUP.iter().map(|h| lab().invocation(h, unit)).collect();
-    let v2 = group(
-        "t-group-flow",
-        37501,
-        &both(),
-        "",
-        "    mem-fraction-static: 0.8\n",
-    );
+    let v2 = group("t-group-flow", 37501, &both(), &[]).flag("mem-fraction-static", 0.8);
     let (code, units, out) = apply(&v2);
     assert_eq!(code, 0, "{out}");
     for (i, host) in GROUP.iter().enumerate() {
@@ -169,14 +169,8 @@ fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
 fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
     let unit = "t-group-crash.service";
     let kept = deployed("t-group-crash", 37503);
-    let crash = "FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"";
-    let v2 = group(
-        "t-group-crash",
-        37503,
-        &both(),
-        crash,
-        "    mem-fraction-static: 0.8\n",
-    );
+    let crash = [("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "1")];
+    let v2 = group("t-group-crash", 37503, &both(), &crash).flag("mem-fraction-static", 0.8);
     let (code, units, out) = apply(&v2);
     assert_eq!(code, 3, "rolled back: {out}");
     for (i, host) in GROUP.iter().enumerate() {
@@ -220,7 +214,7 @@ fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
 fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
     let unit = "t-group-unreach.service";
     clean(unit);
-    let (code, _, out) = apply(&group("t-group-unreach", 37505, &both(), "", ""));
+    let (code, _, out) = apply(&group("t-group-unreach", 37505, &both(), &[]));
     assert_eq!(code, 0, "{out}");
     let before = lab().invocation(GROUP[0], unit);
     let kept = unit_file(GROUP[0], unit);
@@ -231,13 +225,7 @@ fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
         (UNREACHABLE, Some(lab().address(GROUP[1]))),
     ];
     let nodes: Vec<(&str, Option<&str>)> = nodes.iter().map(|(h, a)| (*h, a.as_deref())).collect();
-    let text = group(
-        "t-group-unreach",
-        37505,
-        &nodes,
-        "",
-        "    mem-fraction-static: 0.8\n",
-    );
+    let text = group("t-group-unreach", 37505, &nodes, &[]).flag("mem-fraction-static", 0.8);
     let plan = Reconcile::new()
         .manifest("group.yaml", &text)
         .run_args(&["plan", "--format", "json"]);
@@ -282,17 +270,9 @@ fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
 fn ctrl_c_during_the_groups_verification_puts_every_rank_back() {
     let unit = "t-group-int.service";
     let kept = deployed("t-group-int", 37507);
-    let v2 = group(
-        "t-group-int",
-        37507,
-        &both(),
-        "",
-        "    mem-fraction-static: 0.8\n",
-    )
-    .replace(
-        "FAKE_SGLANG_LOAD_SECONDS: \"2\"",
-        "FAKE_SGLANG_LOAD_SECONDS: \"30\"",
-    );
+    let v2 = group("t-group-int", 37507, &both(), &[])
+        .flag("mem-fraction-static", 0.8)
+        .env("FAKE_SGLANG_LOAD_SECONDS", "30");
     let run = Reconcile::new()
         .manifest("group.yaml", &v2)
         .args(&["apply", "--format", "json"]);
@@ -326,27 +306,21 @@ fn ctrl_c_during_the_groups_verification_puts_every_rank_back() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn bad_group_input_is_refused_offline_with_its_place() {
-    let validate = |text: &str| {
+    let validate = |text: &Manifest| {
         let ran = Reconcile::new()
             .manifest("group.yaml", text)
             .run_offline(&["validate"]);
         (ran.code, format!("{}{}", ran.stdout, ran.stderr))
     };
-    let one = group("t-group-bad", 37509, &both(), "", "").replace(
-        &format!(
-            "  - name: {}\n    address: {}\n",
-            GROUP[1],
-            lab().address(GROUP[1])
-        ),
-        "",
-    );
+    // One node: a group of one is refused.
+    let one = group("t-group-bad", 37509, &both()[..1], &[]);
     let (code, out) = validate(&one);
     assert_ne!(code, 0, "{out}");
     assert!(
         out.contains("group.yaml:3:") && out.contains("nodes"),
         "{out}"
     );
-    let ranked = group("t-group-bad", 37509, &both(), "", "    node-rank: 1\n");
+    let ranked = group("t-group-bad", 37509, &both(), &[]).flag("node-rank", 1);
     let (code, out) = validate(&ranked);
     assert_ne!(code, 0, "{out}");
     assert!(
@@ -354,9 +328,8 @@ fn bad_group_input_is_refused_offline_with_its_place() {
         "{out}"
     );
     // Two groups claiming one rendezvous port on rank 0's host.
-    let a = group("t-group-bad-a", 37509, &both(), "", "");
-    let b = group("t-group-bad-b", 37511, &both(), "", "")
-        .replace("dist_init_port: 37512", "dist_init_port: 37510");
+    let a = group("t-group-bad-a", 37509, &both(), &[]);
+    let b = group("t-group-bad-b", 37511, &both(), &[]).dist_init_port(37510);
     let ran = Reconcile::new()
         .manifest("a.yaml", &a)
         .manifest("b.yaml", &b)
@@ -377,8 +350,7 @@ fn bad_group_input_is_refused_offline_with_its_place() {
         };
         lab().sh(host, &script);
     }
-    let text = group("t-group-version", 37513, &both(), "", "")
-        .replace("python: /usr/bin/python3", &format!("python: {py}"));
+    let text = group("t-group-version", 37513, &both(), &[]).python(py);
     let (code, units, out) = apply(&text);
     assert_eq!(code, 1, "{out}");
     let rank1 = unit_of(&units, GROUP[1]);
@@ -405,7 +377,7 @@ fn bad_group_input_is_refused_offline_with_its_place() {
 }
 
 /// A run of the binary over the group's manifest, as `group.yaml`.
-fn run(text: &str, args: &[&str]) -> crate::lab::Ran {
+fn run(text: &Manifest, args: &[&str]) -> crate::lab::Ran {
     Reconcile::new()
         .manifest("group.yaml", text)
         .args(args)
@@ -417,14 +389,8 @@ fn run(text: &str, args: &[&str]) -> crate::lab::Ran {
 fn status_history_and_rollback_take_the_group_whole() {
     let unit = "t-group-hist.service";
     clean(unit);
-    let v1 = group("t-group-hist", 37515, &both(), "", "");
-    let v2 = group(
-        "t-group-hist",
-        37515,
-        &both(),
-        "",
-        "    mem-fraction-static: 0.8\n",
-    );
+    let v1 = group("t-group-hist", 37515, &both(), &[]);
+    let v2 = v1.clone().flag("mem-fraction-static", 0.8);
     let (code, _, out) = apply(&v1);
     assert_eq!(code, 0, "{out}");
     let first: Vec<String> = GROUP.iter().map(|h| unit_file(h, unit)).collect();
@@ -484,23 +450,49 @@ fn status_history_and_rollback_take_the_group_whole() {
 /// (the group's only API) on `rank0`, the other rank on the other `GROUP` host, serving the
 /// router's model on `port` (rendezvous one above). `generation` is an env value: a new one
 /// restarts the group.
-fn routed_group(service: &str, rank0: usize, port: u16, generation: u32) -> String {
+fn routed_group(service: &str, rank0: usize, port: u16, generation: u32) -> Manifest {
     use crate::router::{KEY_FILE, MODEL, ROUTER_PORT};
     let (first, second) = (GROUP[rank0], GROUP[1 - rank0]);
     let gpu = (port - 37501) / 2;
-    format!(
-        "service: {service}\n\
-         nodes:\n  - name: {first}\n    address: {}\n  - name: {second}\n    address: {}\n\
-         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: {MODEL}\n  host: 0.0.0.0\n  port: {port}\n  dist_init_port: {}\n  flags: {{ tp-size: 2, dist-timeout: 30, enable-metrics: true }}\n\
-         env: {{ CUDA_VISIBLE_DEVICES: \"{gpu}\", FAKE_SGLANG_GPU_COUNT: \"16\", FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_MEMORY_MB: \"10\", GENERATION: \"{generation}\" }}\n\
-         verify: {{ crash_window: 2s, sample_interval: 1s, stall_timeout: 15s, load_deadline: 60s }}\n\
-         router:\n  url: http://127.0.0.1:{ROUTER_PORT}\n  via: {}\n  admin_key_file: {KEY_FILE}\n  workers:\n    {first}: \"http://{}:{port}\"\n",
-        lab().address(first),
-        lab().address(second),
-        port + 1,
-        crate::lab::ROUTER,
-        lab().address(first),
-    )
+    let node = |name: &str| map([("name", name.to_string()), ("address", lab().address(name))]);
+    let router = map([
+        (
+            "url",
+            Value::from(format!("http://127.0.0.1:{ROUTER_PORT}")),
+        ),
+        ("via", crate::lab::ROUTER.into()),
+        ("admin_key_file", KEY_FILE.into()),
+        (
+            "workers",
+            map([(first, format!("http://{}:{port}", lab().address(first)))]),
+        ),
+    ]);
+    Manifest::new(service)
+        .without("description")
+        .without("hosts")
+        .without("systemd")
+        .node(node(first))
+        .node(node(second))
+        .served_model_name(MODEL)
+        .listen("0.0.0.0")
+        .port(port)
+        .dist_init_port(port + 1)
+        .without_flag("context-length")
+        .flag("dist-timeout", 30)
+        .flag("enable-metrics", true)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpu.to_string())
+        .env("FAKE_SGLANG_GPU_COUNT", "16")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .env("FAKE_SGLANG_MEMORY_MB", "10")
+        .env("GENERATION", generation.to_string())
+        .verify_all(&[
+            ("crash_window", "2s"),
+            ("sample_interval", "1s"),
+            ("stall_timeout", "15s"),
+            ("load_deadline", "60s"),
+        ])
+        .section("router", router)
 }
 
 /// Two groups of one model behind one router, rank 0 of each on a different host: a restarting
@@ -523,7 +515,7 @@ fn two_groups_behind_a_router_roll_one_after_the_other_and_lose_no_request() {
         for (service, rank0, port) in groups {
             r = r.manifest(
                 &format!("{service}.yaml"),
-                &routed_group(service, rank0, port, generation),
+                routed_group(service, rank0, port, generation),
             );
         }
         let ran = r.args(&["apply", "--format", "json"]).run();

@@ -7,7 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::lab::{lab, manifest, Ran, Reconcile, HANGS};
+use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, HANGS};
 
 static TURN: Mutex<()> = Mutex::new(());
 
@@ -15,24 +15,26 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
     TURN.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A test service on the hangs host.
-fn service(name: &str, port: u16, gpus: &str, env: &str) -> String {
-    format!(
-        "{}verify: {{ crash_window: 2s, sample_interval: 500ms, stall_timeout: 10s, load_deadline: 30s }}\n",
-        manifest(name, &[HANGS], "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &format!("CUDA_VISIBLE_DEVICES: \"{gpus}\", FAKE_SGLANG_LOAD_SECONDS: \"1\"{env}")
-            )
-    )
+/// A test service on the hangs host, loading in one second.
+fn service(name: &str, port: u16, gpus: &str) -> Manifest {
+    manifest(name, &[HANGS])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpus)
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "2s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "10s"),
+            ("load_deadline", "30s"),
+        ])
 }
 
 fn fresh(unit: &str) {
     lab().sh(HANGS, &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"));
 }
 
-fn apply(text: &str, extra: &[&str]) -> Ran {
+fn apply(text: &Manifest, extra: &[&str]) -> Ran {
     let mut args = vec!["apply", "--format", "json"];
     args.extend_from_slice(extra);
     Reconcile::new().manifest("a.yaml", text).args(&args).run()
@@ -81,7 +83,7 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
     let _turn = turn();
     let unit = "t-hang-smi.service";
     fresh(unit);
-    let text = service("t-hang-smi", 36001, "0,1", "");
+    let text = service("t-hang-smi", 36001, "0,1");
     {
         // /usr/local/sbin comes before the stand-in's /usr/local/bin on root's PATH.
         let _smi = Planted::script("/usr/local/sbin/nvidia-smi", HANG);
@@ -126,7 +128,7 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
     let _turn = turn();
     let unit = "t-hang-systemctl.service";
     fresh(unit);
-    let good = service("t-hang-systemctl", 36002, "2,3", "");
+    let good = service("t-hang-systemctl", 36002, "2,3");
     assert_eq!(apply(&good, &[]).code, 0);
     let running = invocation(unit);
     // The next `systemctl show` after the marker appears hangs, once.
@@ -134,13 +136,7 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
         "/usr/local/sbin/systemctl",
         &format!("if [ \"$1\" = show ] && rm /run/t-hang-show 2>/dev/null; then {HANG}; fi\nexec /usr/bin/systemctl \"$@\""),
     );
-    let slow = service(
-        "t-hang-systemctl",
-        36002,
-        "2,3",
-        ", FAKE_SGLANG_LOAD_SECONDS: \"6\"",
-    )
-    .replace("FAKE_SGLANG_LOAD_SECONDS: \"1\", ", "");
+    let slow = good.clone().env("FAKE_SGLANG_LOAD_SECONDS", "6");
     let run = Reconcile::new().manifest("a.yaml", &slow).args(&[
         "apply",
         "--format",
@@ -180,7 +176,7 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
     let _turn = turn();
     let unit = "t-hang-record.service";
     fresh(unit);
-    let text = service("t-hang-record", 36003, "4,5", "");
+    let text = service("t-hang-record", 36003, "4,5");
     assert_eq!(apply(&text, &[]).code, 0);
     let running = invocation(unit);
     let record = format!("/var/lib/reconcile/{unit}/current.json");
@@ -243,13 +239,10 @@ fn sigterm_during_verification_rolls_back() {
     let _turn = turn();
     let unit = "t-hang-sigterm.service";
     fresh(unit);
-    let good = service("t-hang-sigterm", 36004, "6,7", "");
+    let good = service("t-hang-sigterm", 36004, "6,7");
     assert_eq!(apply(&good, &[]).code, 0);
     let good_text = lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}"));
-    let slow = good.replace(
-        "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
-        "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
-    );
+    let slow = good.clone().env("FAKE_SGLANG_LOAD_SECONDS", "8");
     let run = Reconcile::new()
         .manifest("a.yaml", &slow)
         .args(&["apply", "--format", "json"]);
@@ -278,11 +271,8 @@ fn ctrl_c_with_two_units_on_one_host_leaves_the_second_untouched() {
     let (first, second) = ("t-hang-two-a.service", "t-hang-two-b.service");
     fresh(first);
     fresh(second);
-    let a = service("t-hang-two-a", 36005, "8,9", "").replace(
-        "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
-        "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
-    );
-    let b = service("t-hang-two-b", 36006, "10,11", "");
+    let a = service("t-hang-two-a", 36005, "8,9").env("FAKE_SGLANG_LOAD_SECONDS", "8");
+    let b = service("t-hang-two-b", 36006, "10,11");
     let run = Reconcile::new()
         .manifest("a.yaml", &a)
         .manifest("b.yaml", &b)

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+pub use crate::builder::Manifest;
+
 /// Host for tests that do not care which.
 pub const SHARED: &str = "rl1";
 /// Host whose sshd log one test counts logins in; nothing else may connect to it.
@@ -292,17 +294,10 @@ pub fn sh_quietly(host: &str, script: &str) {
     }
 }
 
-/// A manifest for tests: `/usr/bin/python3` on the hosts runs the SGLang stand-in.
-pub fn manifest(service: &str, hosts: &[&str], extra_flags: &str) -> String {
-    format!(
-        "service: {service}\n\
-         description: test service {service}\n\
-         hosts: [{}]\n\
-         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: 30000\n  flags:\n    tp-size: 2\n    context-length: 8192\n{extra_flags}\
-         env: {{ CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\" }}\n\
-         systemd: {{ Restart: on-failure, RestartSec: 1 }}\n",
-        hosts.join(", ")
-    )
+/// The stand-in tests' base manifest on `hosts` (see [`Manifest::new`]): `/usr/bin/python3` on
+/// the hosts runs the SGLang stand-in.
+pub fn manifest(service: &str, hosts: &[&str]) -> Manifest {
+    Manifest::new(service).hosts(hosts)
 }
 
 /// Sequential round trips to `host` after connecting, from `--trace-remote`'s lines on stderr:
@@ -324,9 +319,9 @@ pub fn round_trips(stderr: &str, host: &str) -> u32 {
 
 /// `reconcile apply --format json` of one manifest with one unit: the exit code and that unit's
 /// report.
-pub fn apply_one_unit(text: &str) -> (i32, serde_json::Value) {
+pub fn apply_one_unit(manifest: &Manifest) -> (i32, serde_json::Value) {
     let ran = Reconcile::new()
-        .manifest("a.yaml", text)
+        .manifest("a.yaml", manifest)
         .args(&["apply", "--format", "json"])
         .run();
     let json = ran.json();
@@ -395,10 +390,11 @@ impl Reconcile {
             .unwrap_or_else(|| lab().ssh_config())
     }
 
-    pub fn manifest(self, name: &str, text: &str) -> Reconcile {
+    /// Writes `text` (a [`Manifest`], or any other file's text) as `manifests/NAME`.
+    pub fn manifest(self, name: &str, text: impl std::fmt::Display) -> Reconcile {
         let path = self.dir.path().join("manifests").join(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, text).unwrap();
+        std::fs::write(path, text.to_string()).unwrap();
         self
     }
 

@@ -4,23 +4,23 @@
 
 use serde_json::Value;
 
-use crate::lab::{apply_one_unit, lab, manifest, Reconcile, THROUGHPUT};
+use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, THROUGHPUT};
 
 /// A service on the throughput host that loads in two seconds, on GPUs `gpu` and `gpu + 1`, with
-/// `flags` (lines of `sglang.flags`) and extra `verify` settings.
-fn service(name: &str, port: u16, gpu: u32, flags: &str, verify: &str) -> String {
-    format!(
-        "{}verify: {{ crash_window: 2s, sample_interval: 500ms, stall_timeout: 4s{verify} }}\n",
-        manifest(name, &[THROUGHPUT], flags)
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &format!(
-                    "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"2\"",
-                    gpu + 1
-                )
-            )
-    )
+/// `--mem-fraction-static` (changing it restarts the server) and no load deadline of its own.
+fn service(name: &str, port: u16, gpu: u32, mem_fraction_static: f64) -> Manifest {
+    manifest(name, &[THROUGHPUT])
+        .flag("mem-fraction-static", mem_fraction_static)
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "2")
+        .verify_all(&[
+            ("crash_window", "2s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+        ])
 }
 
 fn notes(report: &Value) -> Vec<String> {
@@ -48,7 +48,7 @@ fn current(unit: &str) -> Value {
 fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
     let unit = "t-learned.service";
     lab().remove_unit(THROUGHPUT, unit);
-    let first = service("t-learned", 37021, 30, "    mem-fraction-static: 0.8\n", "");
+    let first = service("t-learned", 37021, 30, 0.8);
 
     // The first load has no history: nothing is learned or compared.
     let (code, report) = apply_one_unit(&first);
@@ -92,13 +92,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
     );
 
     // A changed flag restarts it: the second load is shown against the first.
-    let second = service(
-        "t-learned",
-        37021,
-        30,
-        "    mem-fraction-static: 0.85\n",
-        "",
-    );
+    let second = service("t-learned", 37021, 30, 0.85);
     let (code, report) = apply_one_unit(&second);
     assert_eq!(
         (code, report["outcome"].as_str()),
@@ -144,13 +138,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
         .all(|l| l["trajectory"].as_array().is_some_and(|t| !t.is_empty())));
 
     // A load deadline set in the manifest is kept; the text report compares with the last load.
-    let third = service(
-        "t-learned",
-        37021,
-        30,
-        "    mem-fraction-static: 0.8\n",
-        ", load_deadline: 40s",
-    );
+    let third = service("t-learned", 37021, 30, 0.8).verify("load_deadline", "40s");
     let ran = Reconcile::new()
         .manifest("a.yaml", &third)
         .args(&["apply"])

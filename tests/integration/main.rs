@@ -4,6 +4,7 @@
 mod agent;
 mod apply;
 mod benchmark;
+mod builder;
 mod coordinator;
 mod diagnosis;
 mod docs_guide;

@@ -117,21 +117,25 @@ fn the_package_installs_runs_an_agent_round_with_metrics_and_removes_cleanly() {
     );
 
     // A repository for this host (`--as pkg`), and the installed agent configured to pull it.
-    let text = format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s }}\n",
-        manifest("t-pkg", &["pkg"], "")
-            .replace("port: 30000", "port: 37701")
-            .replace("\"0,1\"", "\"60,61\"")
-            .replace(
-                "NCCL_P2P_DISABLE: \"1\"",
-                "NCCL_P2P_DISABLE: \"1\", FAKE_SGLANG_LOAD_SECONDS: \"1\""
-            )
-    );
+    let text = manifest("t-pkg", &["pkg"])
+        .port(37701)
+        .env("CUDA_VISIBLE_DEVICES", "60,61")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+            ("load_deadline", "20s"),
+        ]);
     lab().sh(
         PACKAGE,
         &format!("git init -q --bare -b main {REPO} && git clone -q {REPO} {WORK} 2>/dev/null && mkdir -p {WORK}/manifests {TEXTFILES}"),
     );
-    lab().put(PACKAGE, &format!("{WORK}/manifests/t-pkg.yaml"), &text);
+    lab().put(
+        PACKAGE,
+        &format!("{WORK}/manifests/t-pkg.yaml"),
+        &text.to_yaml(),
+    );
     lab().sh(
         PACKAGE,
         &format!("cd {WORK} && git add -A && git -c user.name=T -c user.email=t@example.com commit -q -m one && git push -q origin main"),

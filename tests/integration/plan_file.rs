@@ -4,23 +4,23 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::lab::{lab, manifest, Ran, Reconcile, APPLY, SHARED};
+use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, APPLY, SHARED};
 
 /// A service that loads in a second and is judged over a three-second crash window, on its own
 /// port and its own two of the stand-in's 64 simulated GPUs.
-fn service(name: &str, hosts: &[&str], port: u16, gpu: u16) -> String {
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s }}\n",
-        manifest(name, hosts, "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &format!(
-                    "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"1\"",
-                    gpu + 1
-                )
-            )
-    )
+fn service(name: &str, hosts: &[&str], port: u16, gpu: u16) -> Manifest {
+    manifest(name, hosts)
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+            ("load_deadline", "20s"),
+        ])
 }
 
 /// Removes what an earlier run of the same test left on a host.
@@ -63,7 +63,7 @@ fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
     fresh(SHARED, unit);
     let run = Reconcile::new().manifest(
         "a.yaml",
-        &service("t-planfile-exact", &[APPLY, SHARED], 39101, 56),
+        service("t-planfile-exact", &[APPLY, SHARED], 39101, 56),
     );
     let planned = run.run_args(&["plan", "--host", APPLY, "--out", "plan.json"]);
     assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
@@ -126,10 +126,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
         "{}{}",
         installed.stdout, installed.stderr
     );
-    let run = Reconcile::new().manifest(
-        "a.yaml",
-        &text.replace("context-length: 8192", "context-length: 4096"),
-    );
+    let run = Reconcile::new().manifest("a.yaml", text.clone().flag("context-length", 4096));
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
     assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
     let (_, plan) = plan_file(&run);
@@ -176,7 +173,7 @@ fn manifests_edited_after_the_plan_are_refused() {
     assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
     std::fs::write(
         run.dir().join("manifests/a.yaml"),
-        text.replace("context-length: 8192", "context-length: 4096"),
+        text.clone().flag("context-length", 4096).to_yaml(),
     )
     .unwrap();
     let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
@@ -216,8 +213,8 @@ chmod 755 $d/bin/python3"#
     // after the review, so preflight would pass now, but what runs is not what was reviewed.
     install("0.5.23");
     let text = service("t-planfile-sglang", &[APPLY], 39104, 62)
-        .replace("/usr/bin/python3", python)
-        .replace("version: 0.5.23", "version: 0.5.9");
+        .python(python)
+        .version("0.5.9");
     let run = Reconcile::new().manifest("a.yaml", &text);
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
     assert_eq!(planned.code, 1, "{}{}", planned.stdout, planned.stderr);
@@ -245,16 +242,10 @@ fn a_plan_file_holds_no_secret() {
     let canaries = ["hf_planfile_canary_3b7e", "creds-planfile-canary-91d2"];
     let unit = "t-planfile-secret.service";
     fresh(APPLY, unit);
-    let text = format!(
-        "{}secret_env: [PLAN_CREDS]\n",
-        service("t-planfile-secret", &[APPLY], 39105, 62).replace(
-            "FAKE_SGLANG_GPU_COUNT: \"64\"",
-            &format!(
-                "FAKE_SGLANG_GPU_COUNT: \"64\", HF_TOKEN: {}, PLAN_CREDS: {}",
-                canaries[0], canaries[1]
-            )
-        )
-    );
+    let text = service("t-planfile-secret", &[APPLY], 39105, 62)
+        .env("HF_TOKEN", canaries[0])
+        .env("PLAN_CREDS", canaries[1])
+        .section("secret_env", vec!["PLAN_CREDS"]);
     let run = Reconcile::new().manifest("a.yaml", &text);
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
     assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);

@@ -3,7 +3,7 @@
 
 use std::sync::Once;
 
-use crate::lab::{lab, manifest, Reconcile, ESCAPING};
+use crate::lab::{lab, manifest, Manifest, Reconcile, ESCAPING};
 
 const HOST: &str = ESCAPING;
 
@@ -30,11 +30,11 @@ done
 }
 
 /// A test manifest on the preflight host, with its own port.
-fn service(name: &str, port: u16, extra_flags: &str) -> String {
-    manifest(name, &[HOST], extra_flags).replace("port: 30000", &format!("port: {port}"))
+fn service(name: &str, port: u16) -> Manifest {
+    manifest(name, &[HOST]).port(port)
 }
 
-fn plan_json(manifests: &[(&str, &str)], extra: &[&str]) -> (i32, serde_json::Value, String) {
+fn plan_json(manifests: &[(&str, &Manifest)], extra: &[&str]) -> (i32, serde_json::Value, String) {
     let mut run = Reconcile::new();
     for (name, text) in manifests {
         run = run.manifest(name, text);
@@ -68,7 +68,7 @@ fn messages_of(unit: &serde_json::Value, check: &str) -> Vec<String> {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_clean_unit_has_no_findings() {
-    let (code, json, _) = plan_json(&[("a.yaml", &service("t-pre-clean", 33000, ""))], &[]);
+    let (code, json, _) = plan_json(&[("a.yaml", &service("t-pre-clean", 33000))], &[]);
     assert_eq!(code, 2, "{json:#}");
     assert_eq!(findings(&json["units"][0]), []);
 }
@@ -78,8 +78,9 @@ fn a_clean_unit_has_no_findings() {
 fn another_sglang_version_on_the_host_names_both_and_fails_the_plan() {
     other_pythons();
     // --enable-tf32-matmul is new in 0.5.23: right for the manifest, unknown to the host's 0.5.9.
-    let text = service("t-pre-version", 33001, "    enable-tf32-matmul: true\n")
-        .replace("/usr/bin/python3", "/opt/t-pre-py-0.5.9/bin/python3");
+    let text = service("t-pre-version", 33001)
+        .flag("enable-tf32-matmul", true)
+        .python("/opt/t-pre-py-0.5.9/bin/python3");
     let (code, json, stderr) = plan_json(&[("a.yaml", &text)], &[]);
     assert_eq!(code, 1, "{json:#}{stderr}");
     let unit = &json["units"][0];
@@ -118,7 +119,7 @@ fn another_sglang_version_on_the_host_names_both_and_fails_the_plan() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn too_few_gpus_for_tp_size() {
     // The host's nvidia-smi stand-in lists 64 GPUs (8 before a stand-in server wrote its state).
-    let text = service("t-pre-gpus", 33002, "").replace("tp-size: 2", "tp-size: 128");
+    let text = service("t-pre-gpus", 33002).flag("tp-size", 128);
     let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
     assert_eq!(code, 1, "{json:#}");
     let unit = &json["units"][0];
@@ -138,7 +139,7 @@ fn too_few_gpus_for_tp_size() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_missing_model_path() {
-    let text = service("t-pre-model", 33003, "").replace("/models/test", "/models/t-pre-absent");
+    let text = service("t-pre-model", 33003).model_path("/models/t-pre-absent");
     let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
     assert_eq!(code, 1, "{json:#}");
     assert_eq!(
@@ -150,8 +151,8 @@ fn a_missing_model_path() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn two_services_claiming_one_gpu_name_each_other() {
-    let a = service("t-pre-share-a", 33004, "");
-    let b = service("t-pre-share-b", 33005, "").replace("\"0,1\"", "\"1,2\"");
+    let a = service("t-pre-share-a", 33004);
+    let b = service("t-pre-share-b", 33005).env("CUDA_VISIBLE_DEVICES", "1,2");
     let (code, json, _) = plan_json(&[("a.yaml", &a), ("b.yaml", &b)], &[]);
     assert_eq!(code, 1, "{json:#}");
     let units = json["units"].as_array().unwrap();
@@ -182,8 +183,9 @@ fn a_port_taken_by_another_process_but_not_by_the_unit_itself() {
         &format!("systemctl stop t-pre-squatter t-pre-port 2>/dev/null; systemctl reset-failed t-pre-squatter 2>/dev/null; systemd-run --unit=t-pre-squatter python3 -m http.server {port} --bind 127.0.0.1"),
     );
     wait_listening(port);
-    let text = service("t-pre-port", port, "")
-        .replace("NCCL_P2P_DISABLE: \"1\"", "FAKE_SGLANG_LOAD_SECONDS: \"0\"");
+    let text = service("t-pre-port", port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "0");
     let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
     lab().sh(HOST, "systemctl stop t-pre-squatter");
     assert_eq!(code, 1, "{json:#}");
@@ -223,13 +225,10 @@ fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
     other_pythons();
     // SGLang 0.6.0 has no catalog here, so its flags go unchecked offline (a warning); the host's
     // SGLang, asked with --deep, refuses the misspelt flag.
-    let valid = service("t-pre-deep", 33007, "")
-        .replace("version: 0.5.23", "version: 0.6.0")
-        .replace("/usr/bin/python3", "/opt/t-pre-py-0.6.0/bin/python3");
-    let misspelt = valid.replace(
-        "    tp-size: 2\n",
-        "    tp-size: 2\n    enable-fused-moe-sum-allreduce: true\n",
-    );
+    let valid = service("t-pre-deep", 33007)
+        .version("0.6.0")
+        .python("/opt/t-pre-py-0.6.0/bin/python3");
+    let misspelt = valid.clone().flag("enable-fused-moe-sum-allreduce", true);
     let (code, json, stderr) = plan_json(&[("a.yaml", &misspelt)], &["--no-deep"]);
     assert_eq!(code, 2, "with --no-deep nothing sees it: {json:#}");
     assert!(stderr.contains("no catalog of SGLang 0.6.0"), "{stderr}");
@@ -257,7 +256,7 @@ fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn apply_refuses_a_unit_that_fails_preflight_and_touches_nothing() {
     let unit = "t-pre-apply.service";
-    let text = service("t-pre-apply", 33008, "").replace("/models/test", "/models/t-pre-absent");
+    let text = service("t-pre-apply", 33008).model_path("/models/t-pre-absent");
     let ran = Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["apply", "--format", "json"])
@@ -286,9 +285,9 @@ fn apply_refuses_a_unit_that_fails_preflight_and_touches_nothing() {
 fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
     other_pythons();
     let unit = "t-pre-unchanged.service";
-    let text = service("t-pre-unchanged", 33009, "")
-        .replace("/models/test", "/models/t-pre-absent")
-        .replace("/usr/bin/python3", "/opt/t-pre-py-0.5.9/bin/python3");
+    let text = service("t-pre-unchanged", 33009)
+        .model_path("/models/t-pre-absent")
+        .python("/opt/t-pre-py-0.5.9/bin/python3");
     let run = Reconcile::new().manifest("a.yaml", &text);
     lab().put(
         HOST,

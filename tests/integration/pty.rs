@@ -7,7 +7,7 @@ mod harness;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::lab::{lab, manifest, Reconcile, PTY};
+use crate::lab::{lab, manifest, Manifest, Reconcile, PTY};
 use harness::{live_line, not_plain, run_in_pty, shown_lines, Setup};
 
 /// A run on the terminal gets this long before it counts as hung: the unit loads in 3 s and is
@@ -17,19 +17,19 @@ const WITHIN: Duration = Duration::from_secs(120);
 
 /// A service on the pty host that loads in 3 s on GPUs `gpu` and `gpu + 1`, sampled every 500 ms:
 /// enough samples for a sparkline, in the crash window and after it.
-fn service(name: &str, port: u16, gpu: u32) -> String {
-    format!(
-        "{}verify: {{ crash_window: 2s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 30s }}\n",
-        manifest(name, &[PTY], "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &format!(
-                    "CUDA_VISIBLE_DEVICES: \"{gpu},{}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"3\"",
-                    gpu + 1
-                )
-            )
-    )
+fn service(name: &str, port: u16, gpu: u32) -> Manifest {
+    manifest(name, &[PTY])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "3")
+        .verify_all(&[
+            ("crash_window", "2s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+            ("load_deadline", "30s"),
+        ])
 }
 
 /// `reconcile apply` of `service`'s fresh unit on a terminal set up with `env` and without
@@ -43,7 +43,7 @@ fn apply_on_terminal(
 ) -> String {
     let unit = format!("{name}.service");
     lab().remove_unit(PTY, &unit);
-    let run = Reconcile::new().manifest("a.yaml", &service(name, port, gpu));
+    let run = Reconcile::new().manifest("a.yaml", service(name, port, gpu));
     let config = lab().ssh_config();
     let argv = [
         env!("CARGO_BIN_EXE_reconcile"),
@@ -162,7 +162,7 @@ fn a_dumb_terminal_gets_plain_lines() {
 fn a_pipe_gets_plain_lines() {
     let (name, unit) = ("t-pty-pipe", "t-pty-pipe.service");
     lab().remove_unit(PTY, unit);
-    let run = Reconcile::new().manifest("a.yaml", &service(name, 37034, 6));
+    let run = Reconcile::new().manifest("a.yaml", service(name, 37034, 6));
     // Not the harness's runner, which sets NO_COLOR: here only the pipe may make it plain.
     let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
         .args(["apply", "--ssh-config"])

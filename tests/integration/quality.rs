@@ -7,25 +7,35 @@
 //!
 //! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-59.
 
-use crate::lab::{lab, Reconcile};
+use crate::builder::yaml;
+use crate::lab::{lab, Manifest, Reconcile};
 
 const HOST: &str = "rl24";
 
 /// The stand-in's logits move by up to 0.5 when the server runs this flag: a kernel that is
 /// subtly wrong, switched on by a flag change.
-const NOISY: &str = "FAKE_SGLANG_LOGIT_NOISE: \"0.5\", FAKE_SGLANG_NOISE_FLAG: \"--enable-fused-moe-sum-all-reduce\"";
+const NOISY: [(&str, &str); 2] = [
+    ("FAKE_SGLANG_LOGIT_NOISE", "0.5"),
+    (
+        "FAKE_SGLANG_NOISE_FLAG",
+        "--enable-fused-moe-sum-all-reduce",
+    ),
+];
 
 const CASES: &str = "{\"prompt\": \"What is 17 + 25?\", \"expect\": \"42\"}\n{\"prompt\": \"What is 9 * 8?\", \"regex\": \"\\\\b72\\\\b\"}\n{\"prompt\": \"What is 100 - 1?\", \"expect\": \"99\"}\n{\"prompt\": \"What is the capital of France?\", \"expect\": \"Paris\"}\n";
 
-fn manifest(service: &str, port: u16, gpu: u16, flags: &str, env: &str, quality: &str) -> String {
-    format!(
-        "service: {service}\n\
-         hosts: [{HOST}]\n\
-         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  flags:\n    tp-size: 1\n    context-length: 16384\n{flags}\
-         env: {{ CUDA_VISIBLE_DEVICES: \"{gpu}\"{env} }}\n\
-         systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
-         verify:\n  crash_window: 2s\n  load_deadline: 60s\n  quality: {quality}\n"
-    )
+/// A service on one GPU with the quality gate's settings `quality` (YAML).
+fn manifest(service: &str, port: u16, gpu: u16, quality: &str) -> Manifest {
+    crate::lab::manifest(service, &[HOST])
+        .without("description")
+        .port(port)
+        .flag("tp-size", 1)
+        .flag("context-length", 16384)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpu.to_string())
+        .verify("crash_window", "2s")
+        .verify("load_deadline", "60s")
+        .verify("quality", yaml(quality))
 }
 
 fn apply(r: &Reconcile) -> (i32, serde_json::Value) {
@@ -65,7 +75,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
     clean(&unit);
     let q = "{ needle: { lengths: [1024, 8192] }, cases: cases.jsonl }";
     let first = Reconcile::new()
-        .manifest("m.yaml", &manifest(service, port, gpu, "", "", q))
+        .manifest("m.yaml", manifest(service, port, gpu, q))
         .manifest("cases.jsonl", CASES);
     let (code, u) = apply(&first);
     assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
@@ -85,7 +95,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
     let neutral = Reconcile::new()
         .manifest(
             "m.yaml",
-            &manifest(service, port, gpu, "    enable-metrics: true\n", "", q),
+            manifest(service, port, gpu, q).flag("enable-metrics", true),
         )
         .manifest("cases.jsonl", CASES);
     // The pull request comment says the change will be judged on quality.
@@ -145,21 +155,16 @@ fn logits_perturbed_by_a_flag_change_are_rolled_back_at_stage_quality() {
     let (service, port, gpu) = ("t-q-noise", 37312, 53);
     let unit = format!("{service}.service");
     clean(&unit);
-    let env = format!(", {NOISY}");
-    let base = Reconcile::new().manifest("m.yaml", &manifest(service, port, gpu, "", &env, "{}"));
+    let base =
+        Reconcile::new().manifest("m.yaml", manifest(service, port, gpu, "{}").env_all(&NOISY));
     let (code, u) = apply(&base);
     assert_eq!((code, verdict(&u).as_str()), (0, "recorded"), "{u}");
 
     let noisy = Reconcile::new().manifest(
         "m.yaml",
-        &manifest(
-            service,
-            port,
-            gpu,
-            "    enable-fused-moe-sum-all-reduce: true\n",
-            &env,
-            "{}",
-        ),
+        manifest(service, port, gpu, "{}")
+            .env_all(&NOISY)
+            .flag("enable-fused-moe-sum-all-reduce", true),
     );
     let (code, u) = apply(&noisy);
     assert_eq!(code, 3, "{u}");
@@ -184,20 +189,13 @@ fn retrieval_broken_past_4k_tokens_is_caught_by_the_needle() {
     let unit = format!("{service}.service");
     clean(&unit);
     let q = "{ needle: { lengths: [1024, 8192] } }";
-    let base = Reconcile::new().manifest("m.yaml", &manifest(service, port, gpu, "", "", q));
+    let base = Reconcile::new().manifest("m.yaml", manifest(service, port, gpu, q));
     let (code, u) = apply(&base);
     assert_eq!((code, verdict(&u).as_str()), (0, "recorded"), "{u}");
 
     let broken = Reconcile::new().manifest(
         "m.yaml",
-        &manifest(
-            service,
-            port,
-            gpu,
-            "",
-            ", FAKE_SGLANG_RETRIEVAL_TOKENS: \"4096\"",
-            q,
-        ),
+        manifest(service, port, gpu, q).env("FAKE_SGLANG_RETRIEVAL_TOKENS", "4096"),
     );
     let (code, u) = apply(&broken);
     assert_eq!(
@@ -225,19 +223,19 @@ fn wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported() {
     clean(&unit);
     let on = "{ cases: cases.jsonl }";
     let off = "{ cases: cases.jsonl, gate: false }";
-    let wrong = ", FAKE_SGLANG_WRONG_ANSWERS: \"1\"";
-    let run = |env: &str, q: &str| {
+    let wrong = [("FAKE_SGLANG_WRONG_ANSWERS", "1")];
+    let run = |env: &[(&str, &str)], q: &str| {
         apply(
             &Reconcile::new()
-                .manifest("m.yaml", &manifest(service, port, gpu, "", env, q))
+                .manifest("m.yaml", manifest(service, port, gpu, q).env_all(env))
                 .manifest("cases.jsonl", CASES),
         )
     };
-    let (code, u) = run("", on);
+    let (code, u) = run(&[], on);
     assert_eq!((code, verdict(&u).as_str()), (0, "recorded"), "{u}");
     assert_eq!(u["quality"]["cases"]["now"]["passed"], 4, "{u}");
 
-    let (code, u) = run(wrong, on);
+    let (code, u) = run(&wrong, on);
     assert_eq!(
         (code, u["failed_stage"].as_str()),
         (3, Some("quality")),
@@ -245,7 +243,7 @@ fn wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported() {
     );
     assert!(u["quality"]["reasons"].to_string().contains("cases"), "{u}");
 
-    let (code, u) = run(wrong, off);
+    let (code, u) = run(&wrong, off);
     assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
     assert_eq!(verdict(&u), "failed", "measured and reported: {u}");
     assert!(
@@ -262,7 +260,7 @@ fn wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_missing_or_malformed_cases_file_is_an_offline_error_with_file_and_line() {
     let q = "{ cases: cases.jsonl }";
-    let text = manifest("t-q-bad", 37315, 56, "", "", q);
+    let text = manifest("t-q-bad", 37315, 56, q);
     let missing = Reconcile::new()
         .manifest("m.yaml", &text)
         .run_offline(&["validate"]);

@@ -3,16 +3,9 @@
 //! 503, a long flat phase with a busy CPU, an API key, a reasoning model; and the failures that
 //! must roll back with the right stage: a dead rank, a warmup that never ends.
 
-use crate::apply::{apply, assert_rolled_back_from, fresh, passed_stages, service_with};
-use crate::lab::{lab, APPLY};
-
-/// Adds `launch_server` flags to a test service.
-fn with_flags(text: String, flags: &str) -> String {
-    text.replace(
-        "    context-length: 8192\n",
-        &format!("    context-length: 8192\n{flags}"),
-    )
-}
+use crate::apply::{apply, assert_rolled_back, france, fresh, passed_stages, service};
+use crate::builder::yaml;
+use crate::lab::{lab, Manifest, APPLY};
 
 fn stage<'a>(verification: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     verification["stages"]
@@ -23,8 +16,8 @@ fn stage<'a>(verification: &'a serde_json::Value, name: &str) -> &'a serde_json:
         .unwrap_or_else(|| panic!("no stage {name} in {verification:#}"))
 }
 
-fn converges(text: &str) -> serde_json::Value {
-    let (code, report) = apply(text);
+fn converges(manifest: &Manifest) -> serde_json::Value {
+    let (code, report) = apply(manifest);
     assert_eq!(code, 0, "{report:#}");
     assert_eq!(report["outcome"], "converged", "{report:#}");
     report
@@ -40,12 +33,8 @@ fn a_health_check_slower_than_a_second_is_waited_for() {
     // Real `/health` runs a one-token generation and answers 200 no sooner than a second later.
     let unit = "t-real-slowhealth.service";
     fresh(unit);
-    let report = converges(&service_with(
-        "t-real-slowhealth",
-        32023,
-        ", FAKE_SGLANG_HEALTH_SECONDS: \"3\"",
-        "",
-    ));
+    let report =
+        converges(&service("t-real-slowhealth", 32023).env("FAKE_SGLANG_HEALTH_SECONDS", "3"));
     let readiness = stage(&report["verification"], "readiness");
     let detail = readiness["detail"].as_str().unwrap();
     let took: f64 = detail
@@ -66,12 +55,11 @@ fn a_warmup_answering_503_is_progress_not_a_failure() {
     let unit = "t-real-warmup.service";
     fresh(unit);
     // The stall timeout is shorter than the warmup: warmup is not judged as a stall.
-    let report = converges(&service_with(
-        "t-real-warmup",
-        32024,
-        ", FAKE_SGLANG_WARMUP_SECONDS: \"5\"",
-        ", stall_timeout: 2s",
-    ));
+    let report = converges(
+        &service("t-real-warmup", 32024)
+            .env("FAKE_SGLANG_WARMUP_SECONDS", "5")
+            .verify("stall_timeout", "2s"),
+    );
     let v = &report["verification"];
     let opened = v["port_open_seconds"]
         .as_f64()
@@ -101,12 +89,12 @@ fn a_flat_busy_phase_three_times_the_stall_timeout_is_not_a_stall() {
     // DeepGEMM's JIT pre-compilation: memory flat, a core busy, nothing logged, for minutes.
     let unit = "t-real-jit.service";
     fresh(unit);
-    let report = converges(&service_with(
-        "t-real-jit",
-        32007,
-        ", FAKE_SGLANG_JIT_SECONDS: \"9\"",
-        ", stall_timeout: 3s, load_deadline: 40s",
-    ));
+    let report = converges(
+        &service("t-real-jit", 32007)
+            .env("FAKE_SGLANG_JIT_SECONDS", "9")
+            .verify("stall_timeout", "3s")
+            .verify("load_deadline", "40s"),
+    );
     let v = &report["verification"];
     assert!(v["load_seconds"].as_f64().unwrap() >= 9.0, "{v:#}");
     let samples = v["samples"].as_array().unwrap();
@@ -125,15 +113,9 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
     let unit = "t-real-apikey.service";
     fresh(unit);
     let key = "sk-reconcile-test-6d1f0a";
-    let text = with_flags(
-        service_with(
-            "t-real-apikey",
-            32008,
-            "",
-            ", smoke: { prompt: \"What is the capital of France?\", expect: Paris }",
-        ),
-        &format!("    api-key: {key}\n"),
-    );
+    let text = service("t-real-apikey", 32008)
+        .verify("smoke", france())
+        .flag("api-key", key);
     let ran = crate::lab::Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["apply", "--format", "json"])
@@ -162,15 +144,12 @@ fn a_reasoning_model_is_asked_not_to_think() {
     // before its answer, so passing proves `enable_thinking: false` was sent.
     let unit = "t-real-think.service";
     fresh(unit);
-    let text = with_flags(
-        service_with(
-            "t-real-think",
-            32027,
-            "",
-            ", smoke: { prompt: \"What is the capital of France?\", expect: Paris, max_tokens: 16 }",
-        ),
-        "    reasoning-parser: qwen3\n",
-    );
+    let text = service("t-real-think", 32027)
+        .verify(
+            "smoke",
+            yaml(r#"{ prompt: "What is the capital of France?", expect: Paris, max_tokens: 16 }"#),
+        )
+        .flag("reasoning-parser", "qwen3");
     let report = converges(&text);
     let smoke = stage(&report["verification"], "smoke");
     assert!(
@@ -185,13 +164,17 @@ fn a_reasoning_model_is_asked_not_to_think() {
 fn a_dead_rank_of_sglang_0_5_9_is_a_worker_death_and_the_rollback_waits_out_a_slow_health() {
     // 0.5.9 has no watchdog: the rank dies, the main process lives on and hangs. The good unit
     // answers /health after 3 s; its own verification after the rollback must wait for that.
-    let good = ", FAKE_SGLANG_VERSION: \"0.5.9\", FAKE_SGLANG_HEALTH_SECONDS: \"3\", FAKE_SGLANG_LOAD_SECONDS: \"6\"";
-    let report = assert_rolled_back_from(
-        "t-real-deadrank",
-        32028,
-        good,
-        ", FAKE_SGLANG_FAIL: dead-rank, FAKE_SGLANG_FAIL_AT: \"4\"",
-        "",
+    let good = service("t-real-deadrank", 32028).env_all(&[
+        ("FAKE_SGLANG_VERSION", "0.5.9"),
+        ("FAKE_SGLANG_HEALTH_SECONDS", "3"),
+        ("FAKE_SGLANG_LOAD_SECONDS", "6"),
+    ]);
+    let report = assert_rolled_back(
+        &good,
+        &[
+            ("FAKE_SGLANG_FAIL", "dead-rank"),
+            ("FAKE_SGLANG_FAIL_AT", "4"),
+        ],
         "loading",
         "a worker process died",
     );
@@ -218,15 +201,14 @@ fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
     // fails the crash window and rolls back.
     let unit = "t-real-watchdog.service";
     fresh(unit);
-    let good = service_with("t-real-watchdog", 32030, "", ", crash_window: 8s");
+    let good = service("t-real-watchdog", 32030).verify("crash_window", "8s");
     let (code, report) = apply(&good);
     assert_eq!(code, 0, "{report:#}");
-    let bad = service_with(
-        "t-real-watchdog",
-        32030,
-        ", FAKE_SGLANG_LOAD_SECONDS: \"4\", FAKE_SGLANG_FAIL: dead-rank, FAKE_SGLANG_FAIL_AT: \"1\"",
-        ", crash_window: 8s",
-    );
+    let bad = good.clone().env_all(&[
+        ("FAKE_SGLANG_LOAD_SECONDS", "4"),
+        ("FAKE_SGLANG_FAIL", "dead-rank"),
+        ("FAKE_SGLANG_FAIL_AT", "1"),
+    ]);
     let (code, report) = apply(&bad);
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["failed_stage"], "crash window", "{report:#}");
@@ -245,12 +227,9 @@ fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_warmup_that_never_ends_fails_the_warmup_stage() {
-    assert_rolled_back_from(
-        "t-real-warmhang",
-        32031,
-        "",
-        ", FAKE_SGLANG_FAIL: warmup-hang",
-        ", warmup_timeout: 3s",
+    assert_rolled_back(
+        &service("t-real-warmhang", 32031).verify("warmup_timeout", "3s"),
+        &[("FAKE_SGLANG_FAIL", "warmup-hang")],
         "warmup",
         "still warming up",
     );

@@ -8,7 +8,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::lab::{lab, Reconcile, REPLICAS, ROUTER};
+use serde_yaml::Value;
+
+use crate::builder::map;
+use crate::lab::{lab, Manifest, Reconcile, REPLICAS, ROUTER};
 
 pub(crate) static TURN: Mutex<()> = Mutex::new(());
 
@@ -81,33 +84,48 @@ pub(crate) fn fresh_router() {
 
 /// The replicas' manifest. `generation` is an env value (a new one restarts every replica);
 /// `failing` makes that host's stand-in crash as it starts.
-fn manifest(hosts: &[&str], generation: u32, failing: Option<&str>) -> String {
-    let entries: Vec<String> = hosts
-        .iter()
-        .map(|h| match failing {
-            Some(f) if f == *h => format!(
-                "  - name: {h}\n    env: {{ FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\" }}\n"
+fn manifest(hosts: &[&str], generation: u32, failing: Option<&str>) -> Manifest {
+    let entries = hosts.iter().map(|h| match failing {
+        Some(f) if f == *h => map([
+            ("name", Value::from(*h)),
+            (
+                "env",
+                map([("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "1")]),
             ),
-            _ => format!("  - {h}\n"),
-        })
-        .collect();
-    let workers: Vec<String> = hosts
-        .iter()
-        .map(|h| format!("    {h}: \"{}\"\n", worker_url(h)))
-        .collect();
-    format!(
-        "service: {SERVICE}\n\
-         hosts:\n{}\
-         sglang: {{ python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: {MODEL}, host: 0.0.0.0, port: 30000, flags: {{ enable-metrics: true }} }}\n\
-         env: {{ FAKE_SGLANG_LOAD_SECONDS: \"1\", FAKE_SGLANG_MEMORY_MB: \"10\", GENERATION: \"{generation}\" }}\n\
-         verify: {{ crash_window: 2s }}\n\
-         router:\n  url: http://127.0.0.1:{ROUTER_PORT}\n  via: {ROUTER}\n  admin_key_file: {KEY_FILE}\n  workers:\n{}",
-        entries.concat(),
-        workers.concat()
-    )
+        ]),
+        _ => Value::from(*h),
+    });
+    entries
+        .fold(Manifest::new(SERVICE), Manifest::host)
+        .without("description")
+        .without("systemd")
+        .served_model_name(MODEL)
+        .listen("0.0.0.0")
+        .without_flag("tp-size")
+        .without_flag("context-length")
+        .flag("enable-metrics", true)
+        .without("env")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .env("FAKE_SGLANG_MEMORY_MB", "10")
+        .env("GENERATION", generation.to_string())
+        .verify("crash_window", "2s")
+        .section("router", router_section(hosts))
 }
 
-pub(crate) fn apply(text: &str, extra: &[&str]) -> (i32, serde_json::Value) {
+/// `router:` of the replicas on `hosts`: the router on `ROUTER`, each host's worker URL.
+pub(crate) fn router_section(hosts: &[&str]) -> Value {
+    map([
+        (
+            "url",
+            Value::from(format!("http://127.0.0.1:{ROUTER_PORT}")),
+        ),
+        ("via", ROUTER.into()),
+        ("admin_key_file", KEY_FILE.into()),
+        ("workers", map(hosts.iter().map(|h| (*h, worker_url(h))))),
+    ])
+}
+
+pub(crate) fn apply(text: &Manifest, extra: &[&str]) -> (i32, serde_json::Value) {
     let ran = Reconcile::new()
         .manifest("replicas.yaml", text)
         .args(&["apply", "--format", "json"])
@@ -289,10 +307,7 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
     let (code, first) = apply(&manifest(two, 1, None), &[]);
     assert_eq!(code, 0, "{first}");
     let unit = format!("{SERVICE}.service");
-    let slow = manifest(two, 2, None).replace(
-        "FAKE_SGLANG_LOAD_SECONDS: \"1\"",
-        "FAKE_SGLANG_LOAD_SECONDS: \"8\"",
-    );
+    let slow = manifest(two, 2, None).env("FAKE_SGLANG_LOAD_SECONDS", "8");
     let before = lab().invocation(two[0], &unit);
     // Bound, not a temporary: the run's folder (its manifests) lives as long as this value.
     let run = Reconcile::new().manifest("replicas.yaml", &slow).args(&[

@@ -1,7 +1,7 @@
 //! Security: secrets never leave reconcile, and manifest values with shell metacharacters are
 //! data, never code, on the host.
 
-use crate::lab::{lab, manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY};
+use crate::lab::{lab, manifest, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY};
 
 const CANARIES: [&str; 3] = [
     "hf_canary_7f3a91c2",
@@ -11,19 +11,22 @@ const CANARIES: [&str; 3] = [
 
 /// A service carrying three secrets: a name that looks secret, one declared in `secret_env`, and
 /// SGLang's `--api-key` flag (which SGLang itself logs in its resolved arguments).
-fn secret_service(port: u16, env: &str) -> String {
-    format!(
-        "{}secret_env: [MY_CREDS]\nverify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_deadline: 20s }}\n",
-        manifest("t-sec-canary", &[APPLY], &format!("    api-key: {}\n", CANARIES[2]))
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &format!(
-                    "CUDA_VISIBLE_DEVICES: \"50,51\", FAKE_SGLANG_LOAD_SECONDS: \"1\", HF_TOKEN: {}, MY_CREDS: {}{env}",
-                    CANARIES[0], CANARIES[1]
-                )
-            )
-    )
+fn secret_service(port: u16) -> Manifest {
+    manifest("t-sec-canary", &[APPLY])
+        .flag("api-key", CANARIES[2])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", "50,51")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .env("HF_TOKEN", CANARIES[0])
+        .env("MY_CREDS", CANARIES[1])
+        .section("secret_env", vec!["MY_CREDS"])
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "5s"),
+            ("load_deadline", "20s"),
+        ])
 }
 
 fn assert_no_canary(what: &str, text: &str) {
@@ -40,11 +43,11 @@ fn assert_no_canary(what: &str, text: &str) {
 fn a_planted_secret_appears_in_no_output_log_error_or_record() {
     let unit = "t-sec-canary.service";
     lab().sh(APPLY, &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload"));
-    let good = secret_service(38001, "");
-    let crashing = secret_service(
-        38001,
-        ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"2\"",
-    );
+    let good = secret_service(38001);
+    let crashing = good
+        .clone()
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "2");
     let mut runs = Vec::new();
     for format in ["text", "markdown", "json"] {
         runs.push((
@@ -97,10 +100,9 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
         assert_no_canary(&format!("{what} stderr"), &ran.stderr);
     }
     // A bad secret value: the error names the field, not the value.
-    let bad = good.replace(
-        &format!("MY_CREDS: {}", CANARIES[1]),
-        &format!("MY_CREDS: \"{}\\nsecond line\"", CANARIES[1]),
-    );
+    let bad = good
+        .clone()
+        .env("MY_CREDS", format!("{}\nsecond line", CANARIES[1]));
     let ran = Reconcile::new()
         .manifest("a.yaml", &bad)
         .args(&["plan"])
@@ -156,14 +158,21 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_deadline: 20s }}\n",
-        manifest("t-sec-meta", &[APPLY], "    speculative-algorithm: \"; touch /tmp/pwned-flag\"\n")
-            .replace("model_path: /models/test", &format!("model_path: {}", serde_json::to_string(model).unwrap()))
-            .replace("served_model_name: test-model", "served_model_name: \"$(touch /tmp/pwned-name)\"")
-            .replace("port: 30000", "port: 38002")
-            .replace("CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"", "CUDA_VISIBLE_DEVICES: \"52,53\", FAKE_SGLANG_LOAD_SECONDS: \"1\", ODD: \"`touch /tmp/pwned-env` && $(touch /tmp/pwned-env2)\"")
-    );
+    let text = manifest("t-sec-meta", &[APPLY])
+        .flag("speculative-algorithm", "; touch /tmp/pwned-flag")
+        .model_path(model)
+        .served_model_name("$(touch /tmp/pwned-name)")
+        .port(38002)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", "52,53")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .env("ODD", "`touch /tmp/pwned-env` && $(touch /tmp/pwned-env2)")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "5s"),
+            ("load_deadline", "20s"),
+        ]);
     let plan = Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["plan", "--format", "json"])
@@ -213,7 +222,7 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
 fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
     let known = lab().file("known_hosts_new");
     std::fs::write(&known, "").unwrap();
-    let text = manifest("t-sec-newkey", &[NEW_KEY], "");
+    let text = manifest("t-sec-newkey", &[NEW_KEY]);
     let ran = Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["plan"])
@@ -240,7 +249,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
             .starts_with(NEW_KEY),
         "the new key is recorded"
     );
-    let changed = manifest("t-sec-newkey", &[BAD_KEY], "");
+    let changed = manifest("t-sec-newkey", &[BAD_KEY]);
     let ran = Reconcile::new()
         .manifest("a.yaml", &changed)
         .args(&["plan", "--accept-new-host-keys"])

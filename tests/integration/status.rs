@@ -5,24 +5,24 @@
 //! The shared host runs other tests' `t-*` units, so these use `t-st-*` names, ports from 35000 and
 //! GPU pairs of their own among the stand-in's 64.
 
-use crate::lab::{lab, manifest, Ran, Reconcile, SHARED};
+use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, SHARED};
 
 const HOST: &str = SHARED;
 
 /// A service that loads in one second and is verified in seconds (as in `apply.rs`).
-fn service(name: &str, port: u16, gpus: &str) -> String {
-    let env = format!(
-        "CUDA_VISIBLE_DEVICES: \"{gpus}\", FAKE_SGLANG_GPU_COUNT: \"64\", FAKE_SGLANG_LOAD_SECONDS: \"1\""
-    );
-    format!(
-        "{}verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_deadline: 20s }}\n",
-        manifest(name, &[HOST], "")
-            .replace("port: 30000", &format!("port: {port}"))
-            .replace(
-                "CUDA_VISIBLE_DEVICES: \"0,1\", NCCL_P2P_DISABLE: \"1\"",
-                &env
-            )
-    )
+fn service(name: &str, port: u16, gpus: &str) -> Manifest {
+    manifest(name, &[HOST])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpus)
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "4s"),
+            ("load_deadline", "20s"),
+        ])
 }
 
 /// Removes what an earlier run of the same test left.
@@ -33,17 +33,17 @@ fn fresh(unit: &str) {
     );
 }
 
-fn run(text: &str, args: &[&str]) -> Ran {
+fn run(text: &Manifest, args: &[&str]) -> Ran {
     Reconcile::new().manifest("a.yaml", text).args(args).run()
 }
 
-fn apply(text: &str) {
+fn apply(text: &Manifest) {
     let ran = run(text, &["apply", "--format", "json"]);
     assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
 }
 
 /// The classes `status` gives the only unit of `text`, and its exit code.
-fn classes(text: &str) -> (Vec<String>, i32, serde_json::Value) {
+fn classes(text: &Manifest) -> (Vec<String>, i32, serde_json::Value) {
     let ran = run(text, &["status", "--format", "json"]);
     let json = ran.json();
     let unit = json["units"][0].clone();
@@ -74,7 +74,7 @@ fn status_follows_a_hand_edit_through_reload_and_restart() {
     assert!(json["applied_at"].is_string());
 
     // The manifest moved on; the host did not.
-    let changed = text.replace("description: test service", "description: renamed");
+    let changed = text.clone().description("renamed t-st-edit");
     let (c, code, _) = classes(&changed);
     assert_eq!((c, code), (vec!["pending_change".to_string()], 2));
 
@@ -221,7 +221,7 @@ fn a_unit_reconcile_never_applied_is_unmanaged_and_a_missing_one_absent() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn status_of_an_unreachable_host_is_an_error() {
-    let text = manifest("t-st-unreach", &[crate::lab::UNREACHABLE], "");
+    let text = manifest("t-st-unreach", &[crate::lab::UNREACHABLE]);
     let ran = run(&text, &["status"]);
     assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
     assert!(
@@ -237,8 +237,8 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
     let unit = "t-st-hist.service";
     fresh(unit);
     let v1 = service("t-st-hist", 35005, "18,19");
-    let v2 = v1.replace("context-length: 8192", "context-length: 4096");
-    let v3 = v2.replace("description: test service", "description: renamed service");
+    let v2 = v1.clone().flag("context-length", 4096);
+    let v3 = v2.clone().description("renamed service t-st-hist");
     apply(&v1);
     let first = unit_file(unit);
     apply(&v2);

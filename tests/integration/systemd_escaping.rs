@@ -27,19 +27,13 @@ const HOSTILE: [&str; 16] = [
 fn hostile_values_reach_the_process_exactly() {
     // Each value is passed as --speculative-algorithm (a free string in SGLang 0.5.23) and as an
     // env var, one unit per value, all started at once.
-    let flag_lines: Vec<String> = HOSTILE
-        .iter()
-        .map(|v| serde_json::to_string(v).unwrap())
-        .collect();
-    for (i, value) in flag_lines.iter().enumerate() {
+    for (i, value) in HOSTILE.iter().enumerate() {
         let service = format!("t-hostile-{i}");
-        let text = manifest(
-            &service,
-            &[ESCAPING],
-            &format!("    speculative-algorithm: {value}\n"),
-        )
-        .replace("port: 30000", &format!("port: {}", 31000 + i))
-        .replace("NCCL_P2P_DISABLE: \"1\"", &format!("HOSTILE: {value}"));
+        let text = manifest(&service, &[ESCAPING])
+            .flag("speculative-algorithm", *value)
+            .port(31000 + i)
+            .without_env("NCCL_P2P_DISABLE")
+            .env("HOSTILE", *value);
         let run = Reconcile::new().manifest("a.yaml", &text);
         lab().put(
             ESCAPING,

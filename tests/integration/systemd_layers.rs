@@ -8,23 +8,24 @@
 //! Host rl24; each test its own unit, port (37301-37309) and GPUs (57-63): the stand-in's GPU
 //! memory is per GPU, and a server of another test leaving a shared GPU reads as a dead rank.
 
-use crate::lab::{lab, Reconcile};
+use crate::lab::{lab, Manifest, Reconcile};
 
 const HOST: &str = "rl24";
 
 /// A crash one second after the start: the crash window fails and apply rolls back.
-const CRASHES: &str = ", FAKE_SGLANG_FAIL: crash, FAKE_SGLANG_FAIL_AT: \"1\"";
+const CRASHES: [(&str, &str); 2] = [("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "1")];
 
-fn manifest(service: &str, port: u16, gpus: &str, env: &str, systemd: &str) -> String {
+/// The service on `gpus`, with as many ranks (`tp-size`).
+fn manifest(service: &str, port: u16, gpus: &str) -> Manifest {
     let tp = gpus.split(',').count();
-    format!(
-        "service: {service}\n\
-         hosts: [{HOST}]\n\
-         sglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /models/test\n  served_model_name: test-model\n  port: {port}\n  flags:\n    tp-size: {tp}\n    context-length: 8192\n\
-         env: {{ CUDA_VISIBLE_DEVICES: \"{gpus}\"{env} }}\n\
-         systemd: {{ Restart: on-failure, RestartSec: 1{systemd} }}\n\
-         verify: {{ crash_window: 3s, load_deadline: 60s }}\n"
-    )
+    crate::lab::manifest(service, &[HOST])
+        .without("description")
+        .port(port)
+        .flag("tp-size", tp)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpus)
+        .verify("crash_window", "3s")
+        .verify("load_deadline", "60s")
 }
 
 /// A hand-written unit running the stand-in, as an operator's own would.
@@ -120,7 +121,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
     const GPUS: &str = "60,61";
     let unit = format!("{service}.service");
     clean(&unit);
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, applied) = apply(&r, &[]);
     assert_eq!(
         (code, applied["outcome"].as_str()),
@@ -204,7 +205,8 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
 
     // Replace, with a manifest whose server crashes: the rollback puts the drop-in back, and the
     // server runs its command line again.
-    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, CRASHES, ""));
+    let failing =
+        Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS).env_all(&CRASHES));
     let (code, failed) = apply(&failing, &["--replace-dropins"]);
     assert_ne!(code, 0, "{failed}");
     assert_eq!(failed["outcome"], "rolled_back", "{failed}");
@@ -231,7 +233,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
     // Replace, from the manifest: converges with the manifest's unit alone.
     let replacing = Reconcile::new().manifest(
         "m.yaml",
-        &manifest(service, port, GPUS, "", ", dropins: replace"),
+        manifest(service, port, GPUS).systemd("dropins", "replace"),
     );
     let (code, converged) = apply(&replacing, &[]);
     assert_eq!(
@@ -275,7 +277,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
     let is_mask = || lab.sh(HOST, &format!("readlink {path} || true")).trim() == "/dev/null";
     assert!(is_mask());
 
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, p) = plan(&r);
     assert_eq!(code, 2, "{p}");
     assert_eq!(kinds(&p), ["masked"]);
@@ -298,7 +300,8 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
     let (classes, _) = status_classes(&r);
     assert!(classes.contains(&"masked".to_string()), "{classes:?}");
 
-    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, CRASHES, ""));
+    let failing =
+        Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS).env_all(&CRASHES));
     let (code, failed) = apply(&failing, &["--replace-dropins"]);
     assert_ne!(code, 0, "{failed}");
     assert_eq!(failed["outcome"], "rolled_back", "{failed}");
@@ -360,7 +363,7 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
     assert_eq!(fragment(), shadow);
     let before = lab.invocation(HOST, &unit);
 
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, p) = plan(&r);
     assert_eq!(code, 2, "{p}");
     assert_eq!(kinds(&p), ["shadowed"]);
@@ -380,7 +383,8 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
     let (classes, _) = status_classes(&r);
     assert!(classes.contains(&"shadowed".to_string()), "{classes:?}");
 
-    let failing = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, CRASHES, ""));
+    let failing =
+        Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS).env_all(&CRASHES));
     let (code, failed) = apply(&failing, &["--replace-dropins"]);
     assert_ne!(code, 0, "{failed}");
     assert_eq!(failed["outcome"], "rolled_back", "{failed}");
@@ -428,7 +432,7 @@ fn a_disabled_unit_is_planned_named_and_enabled_without_a_restart() {
     const GPUS: &str = "57";
     let unit = format!("{service}.service");
     clean(&unit);
-    let r = Reconcile::new().manifest("m.yaml", &manifest(service, port, GPUS, "", ""));
+    let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, applied) = apply(&r, &[]);
     assert_eq!(
         (code, applied["outcome"].as_str()),

@@ -15,7 +15,7 @@ fn a_real_server_experiment_ranks_a_neutral_cap_above_a_serialising_one() {
     let s = Service::new("t-rs-exp", EXPERIMENT_REAL, 38051);
     let _stopped = s.fresh();
     s.converge();
-    let r = Reconcile::new().manifest("svc.yaml", &s.manifest());
+    let r = Reconcile::new().manifest("svc.yaml", s.manifest());
     // 25 %: the throughput test's measured spread of two runs of one unit on this shared 2-core
     // machine (17.5 %), with room; the serialising cap costs about three quarters at 4.
     std::fs::write(

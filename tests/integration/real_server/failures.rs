@@ -7,11 +7,11 @@
 //! so their rollback tests skip it with `--no-deep`, as an operator who skipped it would.
 
 use super::{slots, Service, HOSTS, MODEL_CONTEXT, ROOT};
-use crate::lab::{lab, Reconcile};
+use crate::lab::{lab, Manifest, Reconcile};
 
 /// Deploys `s`, then applies `bad` (its manifest) with `args`: asserts the bad start was rolled
 /// back to the good unit, which serves again, and returns the failed unit's report.
-fn rolled_back(s: &Service, bad: &str, args: &[&str]) -> serde_json::Value {
+fn rolled_back(s: &Service, bad: &Manifest, args: &[&str]) -> serde_json::Value {
     let _stopped = s.fresh();
     s.converge();
     let good = s.unit_file();
@@ -44,8 +44,8 @@ fn cause(report: &serde_json::Value) -> String {
 fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-ctxlen", HOSTS[0], 38011);
-    let bad = Service::new("t-rs-ctxlen", HOSTS[0], 38011)
-        .flags(&format!("    context-length: {}\n", 2 * MODEL_CONTEXT));
+    let bad =
+        Service::new("t-rs-ctxlen", HOSTS[0], 38011).flag("context-length", 2 * MODEL_CONTEXT);
     let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
@@ -73,10 +73,7 @@ fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-noconfig", HOSTS[1], 38012);
     let path = model_without_config(s.host);
-    let bad = s.manifest().replace(
-        &format!("model_path: {ROOT}/tiny-model"),
-        &format!("model_path: {path}"),
-    );
+    let bad = s.manifest().model_path(path);
     let report = rolled_back(&s, &bad, &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("config"), "{cause}");
@@ -89,7 +86,7 @@ fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
     let _slot = slots(1);
     let s = Service::new("t-rs-template", HOSTS[0], 38013);
     let bad = Service::new("t-rs-template", HOSTS[0], 38013)
-        .flags("    chat-template: /models/no-such-template.jinja\n");
+        .flag("chat-template", "/models/no-such-template.jinja");
     let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("/models/no-such-template.jinja"), "{cause}");
@@ -103,7 +100,7 @@ fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
     // an fp8 KV cache is what the CPU engine refuses on every machine.
     let _slot = slots(1);
     let s = Service::new("t-rs-kvdtype", HOSTS[1], 38014);
-    let bad = Service::new("t-rs-kvdtype", HOSTS[1], 38014).flags("    kv-cache-dtype: fp8_e5m2\n");
+    let bad = Service::new("t-rs-kvdtype", HOSTS[1], 38014).flag("kv-cache-dtype", "fp8_e5m2");
     let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("fp8_e5m2"), "{cause}");
@@ -120,11 +117,10 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     let good = s.unit_file();
     let before = s.invocation();
     // The change's server has its scheduler killed while it loads, as the OOM killer would.
-    let changed =
-        Service::new("t-rs-killed", HOSTS[0], 38015).flags("    max-running-requests: 9\n");
+    let changed = Service::new("t-rs-killed", HOSTS[0], 38015).flag("max-running-requests", 9);
     // The run's folder (its manifests) must outlive the child.
     let run = Reconcile::new()
-        .manifest("a.yaml", &changed.manifest())
+        .manifest("a.yaml", changed.manifest())
         .args(&["apply", "--format", "json"]);
     let child = run.spawn(&[]);
     lab().wait_for_restart_within(s.host, &s.unit(), &before, super::RESTART_WITHIN);
@@ -159,12 +155,9 @@ fn what_the_hosts_sglang_refuses_is_refused_at_plan_time_and_the_server_keeps_se
     let before = s.invocation();
     let path = model_without_config(s.host);
     let context = Service::new("t-rs-plan", HOSTS[1], 38016)
-        .flags(&format!("    context-length: {}\n", 2 * MODEL_CONTEXT))
+        .flag("context-length", 2 * MODEL_CONTEXT)
         .manifest();
-    let no_config = s.manifest().replace(
-        &format!("model_path: {ROOT}/tiny-model"),
-        &format!("model_path: {path}"),
-    );
+    let no_config = s.manifest().model_path(path);
     for (what, text, field) in [
         ("context length", &context, "sglang.flags.context-length"),
         ("no config.json", &no_config, "sglang.model_path"),

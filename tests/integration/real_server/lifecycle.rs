@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use super::{slots, stage, Service, HOSTS};
-use crate::lab::{lab, Ran, Reconcile};
+use crate::builder::yaml;
+use crate::lab::{lab, Manifest, Ran, Reconcile};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -55,7 +56,7 @@ fn a_flag_change_restarts_the_real_server_which_runs_it() {
     let _stopped = s.fresh();
     s.converge();
     let before = s.invocation();
-    let changed = Service::new("t-rs-flag", HOSTS[1], 38002).flags("    max-running-requests: 7\n");
+    let changed = Service::new("t-rs-flag", HOSTS[1], 38002).flag("max-running-requests", 7);
     changed.converge();
     assert_ne!(s.invocation(), before, "restarted");
     // The real server resolved the new flag: its /server_info says so.
@@ -71,10 +72,10 @@ fn a_flag_change_restarts_the_real_server_which_runs_it() {
 fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
     let _slot = slots(1);
     let key = "sk-reconcile-real-3e9b27";
-    let s = Service::new("t-rs-apikey", HOSTS[0], 38003).flags(&format!("    api-key: {key}\n"));
+    let s = Service::new("t-rs-apikey", HOSTS[0], 38003).flag("api-key", key);
     let _stopped = s.fresh();
     let ran = Reconcile::new()
-        .manifest("a.yaml", &s.manifest())
+        .manifest("a.yaml", s.manifest())
         .args(&["apply", "--format", "json"])
         .run();
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
@@ -89,11 +90,7 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
         "the key was shown"
     );
     let plan = Reconcile::new()
-        .manifest(
-            "a.yaml",
-            &s.manifest()
-                .replace("max-total-tokens: 4096", "max-total-tokens: 4000"),
-        )
+        .manifest("a.yaml", s.manifest().flag("max-total-tokens", 4000))
         .args(&["plan"])
         .run();
     assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
@@ -137,10 +134,10 @@ open("{result}.tmp", "w").write(out)
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     let _slot = slots(1);
-    let drain = "drain: { timeout: 240s }\n";
+    let drain = yaml("{ timeout: 240s }");
     let s = Service::new("t-rs-drain", HOSTS[1], 38004)
-        .flags("    enable-metrics: true\n")
-        .extra(drain);
+        .flag("enable-metrics", true)
+        .section("drain", drain.clone());
     let _stopped = s.fresh();
     s.converge();
     let before = s.invocation();
@@ -148,8 +145,9 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     // 1500 tokens of the tiny model on one CPU thread: several seconds of generation.
     long_generation(&s, 1500, result);
     let changed = Service::new("t-rs-drain", HOSTS[1], 38004)
-        .flags("    enable-metrics: true\n    max-running-requests: 6\n")
-        .extra(drain);
+        .flag("enable-metrics", true)
+        .flag("max-running-requests", 6)
+        .section("drain", drain);
     let report = changed.converge();
     assert_ne!(s.invocation(), before, "restarted");
     assert_eq!(report["drain"]["outcome"], "idle", "{report:#}");
@@ -176,7 +174,7 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
 
 /// Starts an apply of `s` with `text`, sends `signal` once the restarted server is verifying
 /// (the real server imports torch for seconds), and returns what the run reported.
-fn signalled(s: &Service, text: &str, signal: &str) -> (Ran, serde_json::Value) {
+fn signalled(s: &Service, text: &Manifest, signal: &str) -> (Ran, serde_json::Value) {
     let run = Reconcile::new()
         .manifest("a.yaml", text)
         .args(&["apply", "--format", "json"]);
@@ -195,7 +193,7 @@ fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str,
     let _stopped = s.fresh();
     s.converge();
     let good = s.unit_file();
-    let changed = Service::new(name, host, port).flags("    max-running-requests: 5\n");
+    let changed = Service::new(name, host, port).flag("max-running-requests", 5);
     let (ran, json) = signalled(&s, &changed.manifest(), signal);
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];

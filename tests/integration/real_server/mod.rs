@@ -21,7 +21,7 @@ mod throughput;
 
 use std::sync::{Condvar, Mutex};
 
-use crate::lab::{lab, Reconcile};
+use crate::lab::{lab, Manifest, Reconcile};
 
 /// The two hosts of the tier; the router test also uses `crate::lab::ROUTER` in front of them.
 pub const HOSTS: [&str; 2] = ["rl22", "rl23"];
@@ -73,17 +73,42 @@ fn tier() {
     assert_eq!(root, ROOT, "the tier is bound at {ROOT} in the hosts");
 }
 
-/// A real SGLang service on one of the tier's hosts. `flags` are more `launch_server` flags
-/// (YAML lines, four spaces in), `env` more environment (`KEY: value` pairs after a comma),
-/// `verify` more verification settings (after a comma).
+/// A real SGLang service on one of the tier's hosts: [`manifest`] with more flags, verification
+/// settings and sections set on it.
 pub struct Service<'a> {
     pub name: &'a str,
     pub host: &'a str,
     pub port: u16,
-    pub flags: String,
-    pub env: String,
-    pub verify: String,
-    pub extra: String,
+    manifest: Manifest,
+}
+
+/// The tier's manifest. The flags every CPU launch needs: the CPU device, its attention and
+/// sampling backends, and a KV pool of 4096 tokens (without it the pool takes 15 GB of this
+/// machine). The crash window is the stand-in tests' 3 s; the stall timeout is SGLang's own
+/// `--watchdog-timeout` default (300 s); the load deadline bounds a start that took 140 s under
+/// load here.
+pub fn manifest(name: &str, hosts: &[&str], port: u16) -> Manifest {
+    Manifest::new(name)
+        .description(format!("real SGLang {name}"))
+        .hosts(hosts)
+        .python(format!("{ROOT}/bin/python3"))
+        .model_path(format!("{ROOT}/tiny-model"))
+        .served_model_name(format!("tiny-{name}"))
+        .port(port)
+        .without_flag("tp-size")
+        .without_flag("context-length")
+        .flag("device", "cpu")
+        .flag("attention-backend", "torch_native")
+        .flag("sampling-backend", "pytorch")
+        .flag("max-total-tokens", 4096)
+        .without("env")
+        .env("OMP_NUM_THREADS", "1")
+        .verify_all(&[
+            ("crash_window", "3s"),
+            ("sample_interval", "500ms"),
+            ("stall_timeout", "300s"),
+            ("load_deadline", "240s"),
+        ])
 }
 
 impl<'a> Service<'a> {
@@ -92,10 +117,7 @@ impl<'a> Service<'a> {
             name,
             host,
             port,
-            flags: String::new(),
-            env: String::new(),
-            verify: String::new(),
-            extra: String::new(),
+            manifest: manifest(name, &[host], port),
         }
     }
 
@@ -103,44 +125,27 @@ impl<'a> Service<'a> {
         format!("{}.service", self.name)
     }
 
-    pub fn flags(mut self, flags: &str) -> Self {
-        self.flags.push_str(flags);
+    /// Sets a `launch_server` flag.
+    pub fn flag(mut self, name: &str, value: impl Into<serde_yaml::Value>) -> Self {
+        self.manifest = self.manifest.flag(name, value);
         self
     }
 
-    pub fn verify(mut self, verify: &str) -> Self {
-        self.verify.push_str(verify);
+    /// Sets a verification setting.
+    pub fn verify(mut self, name: &str, value: impl Into<serde_yaml::Value>) -> Self {
+        self.manifest = self.manifest.verify(name, value);
         self
     }
 
-    /// More top-level manifest sections (`drain:`, `secrets:`), as YAML lines.
-    pub fn extra(mut self, extra: &str) -> Self {
-        self.extra.push_str(extra);
+    /// Sets a top-level manifest section (`drain:`).
+    pub fn section(mut self, name: &str, value: impl Into<serde_yaml::Value>) -> Self {
+        self.manifest = self.manifest.section(name, value);
         self
     }
 
-    /// The manifest. The flags every CPU launch needs: the CPU device, its attention and sampling
-    /// backends, and a KV pool of 4096 tokens (without it the pool takes 15 GB of this machine).
-    /// The crash window is the stand-in tests' 3 s; the stall timeout is SGLang's own
-    /// `--watchdog-timeout` default (300 s); the load deadline bounds a start that took 140 s
-    /// under load here.
-    pub fn manifest(&self) -> String {
-        format!(
-            "service: {name}\n\
-             description: real SGLang {name}\n\
-             hosts: [{host}]\n\
-             sglang:\n  python: {ROOT}/bin/python3\n  version: 0.5.23\n  model_path: {ROOT}/tiny-model\n  served_model_name: tiny-{name}\n  port: {port}\n  flags:\n    device: cpu\n    attention-backend: torch_native\n    sampling-backend: pytorch\n    max-total-tokens: 4096\n{flags}\
-             env: {{ OMP_NUM_THREADS: \"1\"{env} }}\n\
-             systemd: {{ Restart: on-failure, RestartSec: 1 }}\n\
-             verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 300s, load_deadline: 240s{verify} }}\n{extra}",
-            name = self.name,
-            host = self.host,
-            port = self.port,
-            flags = self.flags,
-            env = self.env,
-            verify = self.verify,
-            extra = self.extra,
-        )
+    /// The manifest.
+    pub fn manifest(&self) -> Manifest {
+        self.manifest.clone()
     }
 
     /// Removes what an earlier run left: the unit, its state and records. The guard stops the
@@ -163,12 +168,12 @@ impl<'a> Service<'a> {
         self.apply_text(&self.manifest())
     }
 
-    pub fn apply_text(&self, text: &str) -> (i32, serde_json::Value) {
+    pub fn apply_text(&self, text: &Manifest) -> (i32, serde_json::Value) {
         self.apply_with(text, &[])
     }
 
     /// `reconcile apply --format json ARGS` of `text`: the exit code and the unit's report.
-    pub fn apply_with(&self, text: &str, args: &[&str]) -> (i32, serde_json::Value) {
+    pub fn apply_with(&self, text: &Manifest, args: &[&str]) -> (i32, serde_json::Value) {
         let ran = Reconcile::new()
             .manifest("a.yaml", text)
             .args(&["apply", "--format", "json"])

@@ -5,10 +5,14 @@
 //! at stage `quality` with the default thresholds.
 
 use super::{slots, Service, HOSTS, ROOT};
+use crate::builder::yaml;
 use crate::lab::lab;
 
-/// Sixteen greedy tokens per prompt keep the stage a few seconds on the CPU engine.
-const QUALITY: &str = ", quality: { max_new_tokens: 16 }";
+/// `verify.quality`: sixteen greedy tokens per prompt keep the stage a few seconds on the CPU
+/// engine.
+fn quality_gate() -> serde_yaml::Value {
+    yaml("{ max_new_tokens: 16 }")
+}
 
 /// Copies the tiny model to `dst` with every weight matrix moved by Gaussian noise of its own
 /// standard deviation (seeded): the same architecture, tokenizer and name, other numbers. The
@@ -49,8 +53,8 @@ fn neutral_changes(
     let mut kls = Vec::new();
     for limit in limits {
         let s = Service::new(name, host, port)
-            .verify(QUALITY)
-            .flags(&format!("    max-running-requests: {limit}\n"));
+            .verify("quality", quality_gate())
+            .flag("max-running-requests", limit);
         let report = converge(&s);
         let q = quality(&report);
         assert_eq!(q["verdict"], "passed", "neutral change {limit}: {report:#}");
@@ -103,7 +107,7 @@ fn stage_seconds(report: &serde_json::Value) -> f64 {
 fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_back() {
     let _slot = slots(1);
     let (name, host, port) = ("t-rs-quality", HOSTS[0], 38021);
-    let s = Service::new(name, host, port).verify(QUALITY);
+    let s = Service::new(name, host, port).verify("quality", quality_gate());
     let _stopped = s.fresh();
     let first = converge(&s);
     assert_eq!(quality(&first)["verdict"], "recorded", "{first:#}");
@@ -119,10 +123,8 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
             "{ROOT}/bin/python3 - {ROOT}/tiny-model /models/tiny-perturbed <<'EOF'\n{PERTURB}\nEOF"
         ),
     );
-    let perturbed = Service::new(name, host, port).verify(QUALITY);
-    let text = perturbed
-        .manifest()
-        .replace(&format!("{ROOT}/tiny-model"), "/models/tiny-perturbed");
+    let perturbed = Service::new(name, host, port).verify("quality", quality_gate());
+    let text = perturbed.manifest().model_path("/models/tiny-perturbed");
     let before = perturbed.invocation();
     let (code, report) = perturbed.apply_with(&text, &["--no-deep"]);
     assert_eq!(code, 3, "{report:#}");
@@ -156,7 +158,7 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
 fn five_more_neutral_changes_pass_on_the_other_host() {
     let _slot = slots(1);
     let (name, host, port) = ("t-rs-quality2", HOSTS[1], 38022);
-    let s = Service::new(name, host, port).verify(QUALITY);
+    let s = Service::new(name, host, port).verify("quality", quality_gate());
     let _stopped = s.fresh();
     assert_eq!(quality(&converge(&s))["verdict"], "recorded");
     let kls = neutral_changes(name, host, port, 13..18);

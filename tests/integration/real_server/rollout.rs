@@ -5,31 +5,25 @@
 
 use std::time::Duration;
 
-use super::{slots, HOSTS, ROOT};
-use crate::lab::{lab, ROUTER};
+use super::{slots, HOSTS};
+use crate::builder::yaml;
+use crate::lab::Manifest;
 use crate::router::{
-    all_healthy, apply, fresh_router, listed, since_epoch, starts_since, unit_of, worker_url,
-    Client, KEY_FILE, MODEL, ROUTER_PORT, SERVICE, TURN,
+    all_healthy, apply, fresh_router, listed, router_section, since_epoch, starts_since, unit_of,
+    Client, MODEL, SERVICE, TURN,
 };
 
 /// The replicas' manifest; a new `generation` (a flag value) restarts every replica.
-fn manifest(generation: u32) -> String {
-    let workers: Vec<String> = HOSTS
-        .iter()
-        .map(|h| format!("    {h}: \"{}\"\n", worker_url(h)))
-        .collect();
-    format!(
-        "service: {SERVICE}\n\
-         hosts: [{}]\n\
-         sglang:\n  python: {ROOT}/bin/python3\n  version: 0.5.23\n  model_path: {ROOT}/tiny-model\n  served_model_name: {MODEL}\n  host: 0.0.0.0\n  port: 30000\n  flags:\n    device: cpu\n    attention-backend: torch_native\n    sampling-backend: pytorch\n    max-total-tokens: 4096\n    enable-metrics: true\n    max-running-requests: {}\n\
-         env: {{ OMP_NUM_THREADS: \"1\" }}\n\
-         verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 300s, load_deadline: 240s }}\n\
-         drain: {{ timeout: 120s }}\n\
-         router:\n  url: http://127.0.0.1:{ROUTER_PORT}\n  via: {ROUTER}\n  admin_key_file: {KEY_FILE}\n  workers:\n{}",
-        HOSTS.join(", "),
-        16 + generation,
-        workers.concat()
-    )
+fn manifest(generation: u32) -> Manifest {
+    super::manifest(SERVICE, &HOSTS, 30000)
+        .without("description")
+        .without("systemd")
+        .served_model_name(MODEL)
+        .listen("0.0.0.0")
+        .flag("enable-metrics", true)
+        .flag("max-running-requests", 16 + generation)
+        .section("drain", yaml("{ timeout: 120s }"))
+        .section("router", router_section(&HOSTS))
 }
 
 #[test]

@@ -6,6 +6,7 @@
 //! benchmark measures.
 
 use super::{slots, Service, HOSTS};
+use crate::builder::yaml;
 use crate::lab::{level_at, tokens_at};
 
 #[test]
@@ -15,8 +16,10 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
     // 25 %: two instances of the same unit on this 2-core shared machine measured up to 17.5 %
     // apart at concurrency 1 (16 requests of 64 tokens, a compile running beside them); the
     // slower change below costs about three quarters at concurrency 4, far beyond either.
-    let bench = ", benchmark: { levels: [1, 4], prompt_tokens: 32, output_tokens: 128, requests: 24, max_regression: 25 }";
-    let s = Service::new("t-rs-bench", HOSTS[0], 38021).verify(bench);
+    let bench = yaml(
+        "{ levels: [1, 4], prompt_tokens: 32, output_tokens: 128, requests: 24, max_regression: 25 }",
+    );
+    let s = Service::new("t-rs-bench", HOSTS[0], 38021).verify("benchmark", bench.clone());
     let _stopped = s.fresh();
     let first = s.converge();
     assert_eq!(first["benchmark"]["verdict"], "baseline", "{first:#}");
@@ -25,16 +28,16 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
 
     // Neutral: a cap above what the benchmark ever runs at once.
     let neutral = Service::new("t-rs-bench", HOSTS[0], 38021)
-        .verify(bench)
-        .flags("    max-running-requests: 64\n");
+        .verify("benchmark", bench.clone())
+        .flag("max-running-requests", 64);
     let report = neutral.converge();
     assert_eq!(report["benchmark"]["verdict"], "passed", "{report:#}");
     let neutral_tokens = tokens_at(&report["benchmark"], 4);
     let good = s.unit_file();
 
     let slower = Service::new("t-rs-bench", HOSTS[0], 38021)
-        .verify(bench)
-        .flags("    max-running-requests: 1\n");
+        .verify("benchmark", bench)
+        .flag("max-running-requests", 1);
     let (code, report) = slower.apply();
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
