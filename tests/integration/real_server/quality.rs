@@ -33,7 +33,7 @@ for name, w in weights.items():
 save_file(weights, path, metadata={"format": "pt"})
 "#;
 
-fn quality<'v>(report: &'v serde_json::Value) -> &'v serde_json::Value {
+fn quality(report: &serde_json::Value) -> &serde_json::Value {
     let q = &report["quality"];
     assert!(
         q.is_object(),
