@@ -7,8 +7,8 @@
 #   1. the SGLang stand-in (fixtures/fake-sglang/): everything a CPU cannot show (GPU memory, CUDA
 #      OOM, NCCL, several ranks) and the faults, four tests at a time;
 #   2. the real SGLang 0.5.23 on its CPU engine (tests/integration/real_server/, installed by
-#      tests/hostlab/sglang-cpu/install.sh: 3.6 GB of wheels the first time, cached after), two
-#      tests at a time, since one real server takes 3.8 GB.
+#      tests/hostlab/sglang-cpu/install.sh: 3.4 GB of wheels the first time, cached after), three
+#      tests at a time: the slots of real_server/mod.rs keep the servers to what this machine holds.
 # REAL_SGLANG=0 skips the second tier (a machine without ~12 GB of disk and ~8 GB of memory
 # to spare); the run then says so at the end.
 set -euo pipefail
@@ -39,12 +39,29 @@ report_times() {
   printf '  %-28s %5ss\n' total "$SECONDS"
 }
 
-bash tests/hostlab/build-rootfs.sh
+# The hosts' image and the real-SGLang tier are mostly downloads (apt, 3.4 GB of wheels): they
+# run beside the build, which is mostly compiling. Their logs are printed if they fail.
+setup=$(mktemp -d)
+(
+  bash tests/hostlab/build-rootfs.sh >"$setup/rootfs.log" 2>&1 || { echo rootfs >"$setup/failed"; exit 1; }
+  if [ "$REAL_SGLANG" = 1 ]; then
+    bash tests/hostlab/sglang-cpu/install.sh >"$setup/sglang" 2>"$setup/sglang.log" || { echo sglang >"$setup/failed"; exit 1; }
+  fi
+) &
+downloads=$!
+cargo build --locked --all-targets
+wait "$downloads" || true
+if [ -e "$setup/failed" ]; then
+  cat "$setup/rootfs.log" "$setup/sglang.log" 2>/dev/null >&2
+  echo "tests/run.sh: setting up the test hosts failed ($(cat "$setup/failed"))" >&2
+  exit 1
+fi
+cat "$setup/rootfs.log"
 if [ "$REAL_SGLANG" = 1 ]; then
-  SGLANG_CPU=$(bash tests/hostlab/sglang-cpu/install.sh)
+  cat "$setup/sglang.log" >&2
+  SGLANG_CPU=$(tail -n 1 "$setup/sglang")
   export SGLANG_CPU
 fi
-cargo build --locked --all-targets
 tier_done "set-up (image, SGLang, build)"
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
 trap 'bash tests/hostlab/down.sh; report_times' EXIT
@@ -73,7 +90,7 @@ done
 bash tests/fault-matrix.sh "$log" || status=1
 if [ "$REAL_SGLANG" = 1 ]; then
   RECONCILE_LAB=$STATE RECONCILE_SGLANG_CPU=/opt/sglang-cpu \
-    cargo test --locked --test integration real_server:: -- --include-ignored --test-threads 2 || status=$?
+    cargo test --locked --test integration real_server:: -- --include-ignored --test-threads 3 || status=$?
   tier_done "real SGLang tier"
 else
   echo "tests/run.sh: REAL_SGLANG=0: the integration tests against the real SGLang server did not run"

@@ -2,18 +2,23 @@
 //! unit of the same service: the failed start is rolled back, the previous unit is verified again
 //! and serves, and the report names the cause (its diagnosis, from the real journal). The ones
 //! the host's SGLang can name before anything stops are also refused at plan time, host untouched.
+//! The good server is installed once per host and shared ([`super::Shared`]): each test leaves
+//! it on its good unit, as the rollback it asserts must.
 //!
 //! Apply's preflight would refuse the first two before the restart (see `refused_at_plan_time`),
 //! so their rollback tests skip it with `--no-deep`, as an operator who skipped it would.
 
-use super::{slots, Service, HOSTS, MODEL_CONTEXT, ROOT};
+use super::{Service, Shared, HOSTS, MODEL_CONTEXT, ROOT};
 use crate::lab::{lab, Manifest, Reconcile};
 
-/// Deploys `s`, then applies `bad` (its manifest) with `args`: asserts the bad start was rolled
-/// back to the good unit, which serves again, and returns the failed unit's report.
+/// The good servers the failures are applied to, one a host; each names how many tests take it.
+static ON_FIRST: Shared = Shared::new("t-rs-fail-a", HOSTS[0], 38011, 3);
+static ON_SECOND: Shared = Shared::new("t-rs-fail-b", HOSTS[1], 38012, 3);
+
+/// Applies `bad` (a manifest of `s`'s service) with `args` to `s`, which runs its good unit:
+/// asserts the bad start was rolled back to the good unit, which serves again, and returns the
+/// failed unit's report.
 fn rolled_back(s: &Service, bad: &Manifest, args: &[&str]) -> serde_json::Value {
-    let _stopped = s.fresh();
-    s.converge();
     let good = s.unit_file();
     let (code, report) = s.apply_with(bad, args);
     assert_eq!(code, 3, "{report:#}");
@@ -42,11 +47,10 @@ fn cause(report: &serde_json::Value) -> String {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
-    let _slot = slots(1);
-    let s = Service::new("t-rs-ctxlen", HOSTS[0], 38011);
-    let bad =
-        Service::new("t-rs-ctxlen", HOSTS[0], 38011).flag("context-length", 2 * MODEL_CONTEXT);
-    let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
+    let turn = ON_FIRST.take();
+    let s = turn.service();
+    let bad = ON_FIRST.good().flag("context-length", 2 * MODEL_CONTEXT);
+    let report = rolled_back(s, &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
     let advice = report["diagnosis"]["advice"].as_str().unwrap();
@@ -54,7 +58,6 @@ fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
         advice.contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"),
         "{advice}"
     );
-    s.stop();
 }
 
 /// A copy of the tiny model on the host, without `config.json`.
@@ -70,27 +73,25 @@ fn model_without_config(host: &str) -> &'static str {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
-    let _slot = slots(1);
-    let s = Service::new("t-rs-noconfig", HOSTS[1], 38012);
+    let turn = ON_SECOND.take();
+    let s = turn.service();
     let path = model_without_config(s.host);
     let bad = s.manifest().model_path(path);
-    let report = rolled_back(&s, &bad, &["--no-deep"]);
+    let report = rolled_back(s, &bad, &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("config"), "{cause}");
-    s.stop();
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
-    let _slot = slots(1);
-    let s = Service::new("t-rs-template", HOSTS[0], 38013);
-    let bad = Service::new("t-rs-template", HOSTS[0], 38013)
+    let turn = ON_FIRST.take();
+    let bad = ON_FIRST
+        .good()
         .flag("chat-template", "/models/no-such-template.jinja");
-    let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
+    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("/models/no-such-template.jinja"), "{cause}");
-    s.stop();
 }
 
 #[test]
@@ -98,26 +99,22 @@ fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
 fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
     // `--quantization fp8` is refused only on a CPU without AMX, and `--dtype float16` is served:
     // an fp8 KV cache is what the CPU engine refuses on every machine.
-    let _slot = slots(1);
-    let s = Service::new("t-rs-kvdtype", HOSTS[1], 38014);
-    let bad = Service::new("t-rs-kvdtype", HOSTS[1], 38014).flag("kv-cache-dtype", "fp8_e5m2");
-    let report = rolled_back(&s, &bad.manifest(), &["--no-deep"]);
+    let turn = ON_SECOND.take();
+    let bad = ON_SECOND.good().flag("kv-cache-dtype", "fp8_e5m2");
+    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
     assert!(cause.contains("fp8_e5m2"), "{cause}");
-    s.stop();
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_killed_scheduler_is_rolled_back_with_its_cause() {
-    let _slot = slots(1);
-    let s = Service::new("t-rs-killed", HOSTS[0], 38015);
-    let _stopped = s.fresh();
-    s.converge();
+    let turn = ON_FIRST.take();
+    let s = turn.service();
     let good = s.unit_file();
     let before = s.invocation();
     // The change's server has its scheduler killed while it loads, as the OOM killer would.
-    let changed = Service::new("t-rs-killed", HOSTS[0], 38015).flag("max-running-requests", 9);
+    let changed = ON_FIRST.good().flag("max-running-requests", 9);
     // The run's folder (its manifests) must outlive the child.
     let run = Reconcile::new()
         .manifest("a.yaml", changed.manifest())
@@ -142,19 +139,17 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     let cause = cause(report);
     assert!(cause.contains("scheduler"), "{cause}");
-    s.stop();
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn what_the_hosts_sglang_refuses_is_refused_at_plan_time_and_the_server_keeps_serving() {
-    let _slot = slots(1);
-    let s = Service::new("t-rs-plan", HOSTS[1], 38016);
-    let _stopped = s.fresh();
-    s.converge();
+    let turn = ON_SECOND.take();
+    let s = turn.service();
     let before = s.invocation();
     let path = model_without_config(s.host);
-    let context = Service::new("t-rs-plan", HOSTS[1], 38016)
+    let context = ON_SECOND
+        .good()
         .flag("context-length", 2 * MODEL_CONTEXT)
         .manifest();
     let no_config = s.manifest().model_path(path);
@@ -188,5 +183,4 @@ fn what_the_hosts_sglang_refuses_is_refused_at_plan_time_and_the_server_keeps_se
         "the running server was not restarted"
     );
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
-    s.stop();
 }

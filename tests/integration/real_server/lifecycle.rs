@@ -1,15 +1,16 @@
-//! A real server's life through `reconcile`: first install, a no-op, a flag change, an API key,
-//! drain of a long generation, and `reconcile` stopped by SIGTERM or Ctrl-C while it verifies.
+//! A real server's life through `reconcile`: first install, a no-op and a flag change (one
+//! server), an API key, drain of a long generation, and `reconcile` stopped by SIGTERM or Ctrl-C
+//! while it verifies (one server, shared).
 
 use std::time::Duration;
 
-use super::{slots, stage, Service, HOSTS};
+use super::{slots, stage, Service, Shared, HOSTS};
 use crate::builder::yaml;
 use crate::lab::{lab, Manifest, Ran, Reconcile};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
-fn first_install_converges_and_a_second_apply_touches_nothing() {
+fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_restarts_it() {
     let _slot = slots(1);
     let s = Service::new("t-rs-first", HOSTS[0], 38001);
     let _stopped = s.fresh();
@@ -45,18 +46,10 @@ fn first_install_converges_and_a_second_apply_touches_nothing() {
     );
     let after = s.identity();
     assert_eq!(before, after, "a no-op apply restarted the real server");
-    s.stop();
-}
 
-#[test]
-#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
-fn a_flag_change_restarts_the_real_server_which_runs_it() {
-    let _slot = slots(1);
-    let s = Service::new("t-rs-flag", HOSTS[1], 38002);
-    let _stopped = s.fresh();
-    s.converge();
+    // A flag change restarts the same server, which then runs it.
     let before = s.invocation();
-    let changed = Service::new("t-rs-flag", HOSTS[1], 38002).flag("max-running-requests", 7);
+    let changed = Service::new("t-rs-first", HOSTS[0], 38001).flag("max-running-requests", 7);
     changed.converge();
     assert_ne!(s.invocation(), before, "restarted");
     // The real server resolved the new flag: its /server_info says so.
@@ -187,14 +180,15 @@ fn signalled(s: &Service, text: &Manifest, signal: &str) -> (Ran, serde_json::Va
     )
 }
 
-fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str, says: &str) {
-    let _slot = slots(1);
-    let s = Service::new(name, host, port);
-    let _stopped = s.fresh();
-    s.converge();
+/// The server `reconcile` is interrupted on, by SIGTERM in one test and Ctrl-C in the other.
+static INTERRUPTED: Shared = Shared::new("t-rs-interrupted", HOSTS[0], 38005, 2);
+
+fn interrupted_apply_rolls_back(signal: &str, says: &str) {
+    let turn = INTERRUPTED.take();
+    let s = turn.service();
     let good = s.unit_file();
-    let changed = Service::new(name, host, port).flag("max-running-requests", 5);
-    let (ran, json) = signalled(&s, &changed.manifest(), signal);
+    let changed = INTERRUPTED.good().flag("max-running-requests", 5);
+    let (ran, json) = signalled(s, &changed.manifest(), signal);
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
@@ -205,29 +199,16 @@ fn interrupted_apply_rolls_back(name: &str, port: u16, host: &str, signal: &str,
     assert_eq!(s.unit_file(), good);
     // The previous unit was verified again and the real server serves.
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
-    s.stop();
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn sigterm_during_verification_of_a_real_server_rolls_back() {
-    interrupted_apply_rolls_back(
-        "t-rs-sigterm",
-        38005,
-        HOSTS[0],
-        "-TERM",
-        "interrupted (SIGTERM)",
-    );
+    interrupted_apply_rolls_back("-TERM", "interrupted (SIGTERM)");
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn ctrl_c_during_verification_of_a_real_server_rolls_back() {
-    interrupted_apply_rolls_back(
-        "t-rs-ctrlc",
-        38006,
-        HOSTS[1],
-        "-INT",
-        "interrupted (Ctrl-C)",
-    );
+    interrupted_apply_rolls_back("-INT", "interrupted (Ctrl-C)");
 }

@@ -2,17 +2,17 @@
 //! change passes, and a change that really is slower (`--max-running-requests 1`, which makes the
 //! real scheduler run the benchmark's four concurrent requests one at a time) is rolled back.
 //!
-//! The test takes both slots: a second real server loading beside it would take the CPU the
+//! The test takes every slot: another real server loading beside it would take the CPU the
 //! benchmark measures.
 
-use super::{slots, Service, HOSTS};
+use super::{slots, Service, HOSTS, SLOTS_FREE};
 use crate::builder::yaml;
 use crate::lab::{level_at, tokens_at};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
-    let _slots = slots(2);
+    let _slots = slots(SLOTS_FREE);
     // 25 %: two instances of the same unit on this 2-core shared machine measured up to 17.5 %
     // apart at concurrency 1 (16 requests of 64 tokens, a compile running beside them); the
     // slower change below costs about three quarters at concurrency 4, far beyond either.
