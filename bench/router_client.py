@@ -2,10 +2,12 @@
 """A client loop through sglang-router: chat completions from a few threads until a stop file
 appears, then one JSON line with what it saw. Standard library only (it runs on a test host).
 
-Usage: router_client.py URL MODEL STOP_FILE [THREADS]
+Usage: router_client.py URL MODEL STOP_FILE [THREADS [PROGRESS_FILE]]
 Each request is a non-streamed chat completion of a few tokens; any answer but 200 with a
 `choices` list, and any connection error, is a failed request. A request's latency is kept so the
 output can show the slowest (a request held while its replica drained is slow, not lost).
+With PROGRESS_FILE, the counts so far (`OK FAILED`) are written there as they change, so a caller
+can wait for answers rather than sleep.
 """
 import json
 import os
@@ -17,6 +19,7 @@ import urllib.request
 
 url, model, stop = sys.argv[1], sys.argv[2], sys.argv[3]
 threads = int(sys.argv[4]) if len(sys.argv) > 4 else 4
+progress = sys.argv[5] if len(sys.argv) > 5 else None
 lock = threading.Lock()
 ok = 0
 failed = []
@@ -45,6 +48,14 @@ def one():
     return why, time.monotonic() - started
 
 
+def report():
+    """Writes the counts to PROGRESS_FILE, whole (a rename), under the lock."""
+    if progress:
+        with open(progress + ".tmp", "w") as f:
+            f.write("%d %d\n" % (ok, len(failed)))
+        os.replace(progress + ".tmp", progress)
+
+
 def loop():
     global ok, slowest
     while not os.path.exists(stop):
@@ -55,8 +66,10 @@ def loop():
                 ok += 1
             else:
                 failed.append("%.3f %s" % (time.time(), why))
+            report()
 
 
+report()
 workers = [threading.Thread(target=loop) for _ in range(threads)]
 for w in workers:
     w.start()

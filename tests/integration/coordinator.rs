@@ -3,8 +3,12 @@
 //! harness on its own test host) and pulling one git repository served by `git daemon` there. The
 //! servers are the SGLang stand-in, loading in one second.
 //!
-//! What restarted when is read from the hosts' own journals (systemd's "Stopping"/"Starting" for
-//! the unit, the stand-in's ready line), never from reconcile's own word.
+//! What restarted when is read from systemd on the hosts: how many times it started the unit
+//! (its "Started" messages, by invocation), when it began stopping the old server and when it
+//! started the new one (its own CLOCK_MONOTONIC timestamps, one clock for every test host), and
+//! how long the new server took to be ready after that, as the agent recorded it on the host. No
+//! judgement rests on journald's timestamps (when journald read a line, seconds late on a loaded
+//! machine), so these tests may run beside others.
 //!
 //! The tests share the seven hosts, so they take turns ([`turn`]); each has its own service, port
 //! and key prefix in etcd, so nothing one leaves behind reaches another.
@@ -18,9 +22,7 @@ use crate::builder::yaml;
 use crate::lab::{lab, Manifest, Ran, COORDINATOR, FLEET};
 
 const BIN: &str = "/usr/local/bin/reconcile";
-const ETCD_PORT: u16 = 2379;
-/// SGLang's ready line, as the stand-in prints it (http_server.py: _wait_and_warmup).
-const READY: &str = "The server is fired up and ready to roll!";
+const ETCD_PORT: u16 = crate::lab::ETCD.ports.start;
 
 /// One test at a time on the fleet's hosts.
 fn turn() -> MutexGuard<'static, ()> {
@@ -259,47 +261,60 @@ impl Fleet {
         }
     }
 
-    /// Each host's restarts of the unit since `since` (unix seconds), from its journal: from
-    /// systemd stopping or starting it to the server's ready line.
-    fn restarts(&self, since: f64) -> Vec<Window> {
+    /// Each host's restart of the unit since it ran invocation `before[host]`, from systemd: how
+    /// many starts (each window says), from systemd stopping the old server
+    /// (`ActiveExitTimestampMonotonic`) to the new one ready: systemd's start of its main process
+    /// (`ExecMainStartTimestampMonotonic`) plus the load time the agent's verification recorded
+    /// in the deployment record (`load_seconds`, counted from just after the restart, so no
+    /// later than the agent saw it ready, and so inside its slot). A host that did not restart has
+    /// no window.
+    fn restarts(&self, before: &BTreeMap<String, String>) -> Vec<Window> {
+        let unit = self.unit();
         let mut windows = Vec::new();
         for host in FLEET {
-            let journal = lab().sh(
+            let starts = lab().starts_after(host, &unit, &before[host]);
+            if starts == 0 {
+                continue;
+            }
+            let t = lab().show(
+                host,
+                &unit,
+                &[
+                    "ActiveExitTimestampMonotonic",
+                    "ExecMainStartTimestampMonotonic",
+                ],
+            );
+            let seconds = |p: &str| -> f64 {
+                t[p].parse::<f64>()
+                    .unwrap_or_else(|_| panic!("{host}: {p} of {unit}: {t:?}"))
+                    / 1e6
+            };
+            // The record is this restart's when it is of the unit file systemd runs now.
+            let record = lab().sh(
                 host,
                 &format!(
-                    "journalctl -u {} --since @{since:.3} -o short-unix --no-pager",
-                    self.unit()
+                    "cat /var/lib/reconcile/{unit}/current.json; echo; sha256sum < /etc/systemd/system/{unit}"
                 ),
             );
-            let mut began: Option<f64> = None;
-            for line in journal.lines() {
-                let Some((at, text)) = line.split_once(' ') else {
-                    continue;
-                };
-                let Ok(at) = at.parse::<f64>() else {
-                    continue;
-                };
-                let systemd = text.contains("systemd[1]:");
-                if systemd && (text.contains("Stopping ") || text.contains("Starting ")) {
-                    began.get_or_insert(at);
-                } else if text.contains(READY) {
-                    if let Some(b) = began.take() {
-                        windows.push(Window {
-                            host: host.to_string(),
-                            began: b,
-                            ended: at,
-                        });
-                    }
+            let (json, sha) = record
+                .trim()
+                .rsplit_once('\n')
+                .expect("record and checksum");
+            let record: serde_json::Value = serde_json::from_str(json)
+                .unwrap_or_else(|e| panic!("{host}: current.json ({e}): {json}"));
+            let ready = match record["load_seconds"].as_f64() {
+                Some(load) if sha.starts_with(record["unit_sha256"].as_str().unwrap_or("-")) => {
+                    seconds("ExecMainStartTimestampMonotonic") + load
                 }
-            }
-            if let Some(b) = began {
-                // Started and never ready (a crash): it ran until the journal ends.
-                windows.push(Window {
-                    host: host.to_string(),
-                    began: b,
-                    ended: f64::MAX,
-                });
-            }
+                // Never ready (or no record of this restart): it ran until now.
+                _ => f64::MAX,
+            };
+            windows.push(Window {
+                host: host.to_string(),
+                starts,
+                began: seconds("ActiveExitTimestampMonotonic"),
+                ended: ready,
+            });
         }
         windows
     }
@@ -320,9 +335,12 @@ fn finish(children: Vec<(String, std::process::Child)>) -> BTreeMap<String, Ran>
         .collect()
 }
 
+/// A host's restart, in seconds of CLOCK_MONOTONIC (the test hosts' one clock).
 #[derive(Debug, Clone)]
 struct Window {
     host: String,
+    /// How many times systemd started the unit since the invocation before.
+    starts: usize,
     began: f64,
     ended: f64,
 }
@@ -341,13 +359,6 @@ fn most_at_once(windows: &[Window]) -> usize {
         most = most.max(now);
     }
     most as usize
-}
-
-fn now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
 }
 
 fn invocations(unit: &str) -> BTreeMap<String, String> {
@@ -381,7 +392,6 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     };
     deploy_base(&fleet);
     let before = invocations(&fleet.unit());
-    let since = now();
     let changed = fleet.manifest(4096);
     let commit = fleet.commit(&changed, "shorter context");
     // `rollout status --watch` follows the rollout live, from this machine, until it is done.
@@ -431,11 +441,10 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
     for host in FLEET {
         assert_ne!(before[host], after[host], "{host} was not restarted");
     }
-    let windows = fleet.restarts(since);
-    eprintln!("restart windows from the journals: {windows:#?}");
-    assert_eq!(
-        windows.len(),
-        FLEET.len(),
+    let windows = fleet.restarts(&before);
+    eprintln!("restart windows from systemd: {windows:#?}");
+    assert!(
+        windows.len() == FLEET.len() && windows.iter().all(|w| w.starts == 1),
         "one restart a host: {windows:#?}"
     );
     assert!(
@@ -530,15 +539,19 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
                 fleet.prefix()
             ),
         );
-        let journal = lab().sh(
+        let cursor = lab().cursor(host);
+        lab().sh(
             host,
-            "systemctl daemon-reload && systemctl start reconcile-agent.service && \
-             journalctl -u reconcile-agent.service -o cat --no-pager -n 20; \
+            "systemctl daemon-reload && systemctl start reconcile-agent.service; \
              rm -f /etc/systemd/system/reconcile-agent.service /etc/reconcile/agent.env; systemctl daemon-reload",
         );
-        assert!(
-            journal.contains(&format!("{host} {} unchanged", fleet.unit())),
-            "{host}: {journal}"
+        // Waits for the line: journald takes in the round's output when it gets to it.
+        lab().journal_after(
+            host,
+            "reconcile-agent.service",
+            &cursor,
+            &[&format!("{host} {} unchanged", fleet.unit())],
+            Duration::from_secs(30),
         );
     }
     assert_eq!(
@@ -653,14 +666,27 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
         .map(|h| (h.to_string(), fleet.spawn_round(h)))
         .collect();
     children.push((FLEET[0].to_string(), canary));
-    // Mid-verification: its restart has happened and the crash window (3 s) is running.
-    lab().wait_for_restart_within(victim, &fleet.unit(), &before, Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(1500));
-    lab().sh(
-        victim,
-        &format!("pkill -KILL -f 'agent-{}/repo'", fleet.service),
-    );
-    let killed_at = Instant::now();
+    // Mid-verification: killed on the host itself as soon as its restart is seen (polled every
+    // 100 ms for 30 s, far longer than a restart takes), so the kill lands inside the verification
+    // (its crash window alone is 3 s) however late this machine would see the restart. The kill's
+    // moment is the host's CLOCK_MONOTONIC. `[/]` keeps pkill's pattern from matching this
+    // script's own shell.
+    let killed_at: f64 = lab()
+        .sh(
+            victim,
+            &format!(
+                "for i in $(seq 300); do \
+                   if [ \"$(systemctl show -p InvocationID --value {unit})\" != '{before}' ]; then \
+                     pkill -KILL -f 'agent-{service}[/]repo' && exec python3 -c 'import time; print(time.monotonic())'; exit 1; \
+                   fi; sleep 0.1; \
+                 done; exit 1",
+                unit = fleet.unit(),
+                service = fleet.service
+            ),
+        )
+        .trim()
+        .parse()
+        .expect("the moment of the kill");
     let killed = Ran::from(victim_round.wait_with_output().expect("ssh ends"));
     assert_ne!(
         killed.code, 0,
@@ -669,10 +695,18 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
     );
     eprintln!("killed on {victim} (invocation {before})");
     // The lease (5 s) runs out: the slot is free and the abandoned attempt counts as failed.
+    // 30 s bounds a lease that never runs out (it does 3.3-5.5 s after the kill).
     fleet.wait_for(&changed, "failed", victim, Duration::from_secs(30));
+    // No sooner than the lease allows: renewed every third of its TTL, it runs out 3.3 s to 5 s
+    // after the kill (later when etcd is slow to look), measured 4.3-5.2 s here under full load
+    // (the moment it shows is read after the fact, so never early). A slot the kill itself freed
+    // shows at once. The bound is a third of the least it can be, so a late renewal before the
+    // kill cannot fail it.
+    let freed = lab().clock(COORDINATOR) - killed_at;
+    eprintln!("the slot showed free {freed:.2}s after the kill");
     assert!(
-        killed_at.elapsed() >= Duration::from_secs(3),
-        "the slot freed before its lease could run out"
+        freed >= 1.1,
+        "the slot freed {freed:.2}s after the kill, before its lease could run out"
     );
     let ran = finish(children);
     // max_failures 1: the hosts that had not started are held, their servers as they were.
@@ -728,7 +762,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         rollout: "{ max_parallel: 2, max_failures: 1 }",
     };
     deploy_base(&fleet);
-    let since = now();
+    let before = invocations(&fleet.unit());
     let changed = fleet.manifest(4096);
     fleet.commit(&changed, "shorter context");
     let children: Vec<(String, std::process::Child)> = FLEET
@@ -738,8 +772,9 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     fleet.wait_for(&changed, "succeeded", FLEET[0], Duration::from_secs(90));
     // Killed at once. The slots it held then are the only restarts that may go on while it is
     // down (they were granted before): read from a copy of its data, served by a second etcd on
-    // the coordinator's own loopback, which no agent can reach.
-    let down = now();
+    // the coordinator's own loopback, which no agent can reach (its health is polled for 30 s,
+    // far longer than etcd takes to start).
+    let restart_etcd = crate::lab::Undo::new(COORDINATOR, "systemctl start lab-etcd");
     let held = lab().sh(
         COORDINATOR,
         &format!(
@@ -747,17 +782,25 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
              systemd-run --quiet --unit lab-etcd-copy /usr/local/bin/etcd --name lab --data-dir /var/lib/lab-etcd-copy --force-new-cluster \
                --listen-client-urls http://127.0.0.1:2479 --advertise-client-urls http://127.0.0.1:2479 \
                --listen-peer-urls http://127.0.0.1:2480 --initial-advertise-peer-urls http://127.0.0.1:2480 && \
-             for i in $(seq 100); do ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2479 endpoint health >/dev/null 2>&1 && break; sleep 0.1; done; \
-             ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2479 get --prefix {}/services/{}/slots/ --keys-only; \
-             systemctl stop lab-etcd-copy",
+             ok=; for i in $(seq 300); do ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2479 endpoint health >/dev/null 2>&1 && {{ ok=1; break; }}; sleep 0.1; done; \
+             [ -n \"$ok\" ] && ETCDCTL_API=3 etcdctl --endpoints 127.0.0.1:2479 get --prefix {}/services/{}/slots/ --keys-only; \
+             s=$?; systemctl stop lab-etcd-copy; exit $s",
             fleet.prefix(),
             fleet.service
         ),
     );
-    // Longer than the slots' lease TTL (5 s): a lease must not run out while the cluster is down.
+    // When systemd saw etcd die (a restart that began after it had no slot to be granted).
+    lab().wait_until(
+        COORDINATOR,
+        "! systemctl -q is-active lab-etcd",
+        Duration::from_secs(30),
+    );
+    let down = lab().monotonic(COORDINATOR, "lab-etcd", "ActiveExitTimestampMonotonic");
+    // An input of the fault, not a wait: etcd stays down longer than the slots' lease TTL (5 s),
+    // and a lease must not run out while the cluster is down.
     std::thread::sleep(Duration::from_secs(8));
-    let up = now();
-    lab().sh(COORDINATOR, "systemctl start lab-etcd");
+    restart_etcd.undo();
+    let up = lab().monotonic(COORDINATOR, "lab-etcd", "ExecMainStartTimestampMonotonic");
     let ran = finish(children);
     for (host, r) in &ran {
         assert_eq!(r.code, 0, "{host}: {}{}", r.stdout, r.stderr);
@@ -767,11 +810,14 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         .filter_map(|k| k.rsplit('/').next())
         .filter(|h| !h.is_empty())
         .collect();
-    let windows = fleet.restarts(since);
+    let windows = fleet.restarts(&before);
     eprintln!(
         "etcd down {down:.3}..{up:.3}, slots held then: {held:?}; restart windows: {windows:#?}"
     );
-    assert_eq!(windows.len(), FLEET.len(), "{windows:#?}");
+    assert!(
+        windows.len() == FLEET.len() && windows.iter().all(|w| w.starts == 1),
+        "one restart a host: {windows:#?}"
+    );
     for w in &windows {
         assert!(
             !(w.began > down && w.began < up) || held.contains(&w.host.as_str()),

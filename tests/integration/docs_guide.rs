@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use crate::guide_blocks::{steps, Step};
-use crate::lab::{lab, Reconcile, SHARED};
+use crate::lab::{lab, Reconcile, DOCS_GUIDE, SHARED};
 
 const GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guide.md");
 
@@ -46,7 +46,11 @@ fn guide_units(steps: &[Step]) -> Vec<String> {
         assert!(service.starts_with("t-docs-"), "{path}: service {service}");
         assert_eq!(value("hosts:").as_deref(), Some("[rl1]"), "{path}");
         let port: u16 = value("port:").and_then(|p| p.parse().ok()).unwrap_or(0);
-        assert!((37601..=37609).contains(&port), "{path}: port {port}");
+        assert!(
+            DOCS_GUIDE.ports.contains(&port),
+            "{path}: port {port} is outside the guide's lease {:?}",
+            DOCS_GUIDE.ports
+        );
         units.push(format!("{service}.service"));
     }
     units.sort();

@@ -257,6 +257,7 @@ fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
         .args(&["apply", "--format", "json"]);
     let mut child = run.spawn(&[]);
     let waiting = Instant::now();
+    // Polled; 30 s bounds an apply that never starts the new server (it does in a few seconds).
     while running_release(&unit) != "2" {
         if child.try_wait().unwrap().is_some() || waiting.elapsed() > Duration::from_secs(30) {
             let _ = child.kill();
@@ -268,7 +269,8 @@ fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    // Inside the crash window of the new server's verification.
+    // Inside the crash window of the new server's verification. An input of the fault, not a wait:
+    // the reboot comes a second into a verification that lasts the 10 s load at least.
     std::thread::sleep(Duration::from_secs(1));
     let reboot = std::thread::spawn(move || {
         Command::new(concat!(

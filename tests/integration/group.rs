@@ -537,9 +537,10 @@ fn two_groups_behind_a_router_roll_one_after_the_other_and_lose_no_request() {
     assert_eq!(crate::router::listed(), both_in, "{out}");
 
     let client = crate::router::Client::start();
-    std::thread::sleep(Duration::from_secs(1));
+    // Requests flow through the router before the rollout begins, and after it ends.
+    client.wait_for_answers(4);
     let (code, units, out) = apply(2);
-    std::thread::sleep(Duration::from_secs(1));
+    client.wait_for_answers(4);
     let seen = client.stop();
     assert_eq!(code, 0, "{out}");
     let unit_at = |service: &str, host: &str| {

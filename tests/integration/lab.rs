@@ -4,56 +4,414 @@
 //! happens on a host (SSH logins) have a host of their own.
 
 use std::io::Write;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 pub use crate::builder::Manifest;
 
+/// What a test file holds on the test hosts, so that two files never collide: its hosts, the
+/// ports its units listen on or its plans name (preflight fails a plan whose port another server
+/// listens on), and the stand-in GPUs its servers run on (the stand-in's GPU memory is per GPU
+/// and host-wide: another test's server on a shared GPU reads as progress, or leaving it as a
+/// dead rank). `gpus` is empty when the file starts no server there. A file may hold several
+/// leases; [`leases_never_overlap`] checks the table.
+#[derive(Debug)]
+pub struct Lease {
+    /// The test file(s) holding it, and why when it is not obvious.
+    pub user: &'static str,
+    pub hosts: &'static [&'static str],
+    pub ports: Range<u16>,
+    pub gpus: Range<u32>,
+}
+
+/// A lease of ports only: its tests plan, or run servers that take no GPU.
+const NO_GPUS: Range<u32> = 0..0;
+
+impl Lease {
+    /// The lease's first host.
+    pub const fn host(&self) -> &'static str {
+        self.hosts[0]
+    }
+
+    /// `CUDA_VISIBLE_DEVICES` for `port`'s server, where the lease hands out two GPUs a port in
+    /// order: its first port gets the first two.
+    pub fn gpu_pair(&self, port: u16) -> String {
+        assert!(
+            self.ports.contains(&port),
+            "port {port} is outside {}'s lease {:?} on {:?}",
+            self.user,
+            self.ports,
+            self.hosts
+        );
+        let first = self.gpus.start + 2 * u32::from(port - self.ports.start);
+        assert!(
+            first + 2 <= self.gpus.end,
+            "{}'s lease {:?} on {:?} has no two GPUs for port {port}",
+            self.user,
+            self.gpus,
+            self.hosts
+        );
+        format!("{first},{}", first + 1)
+    }
+}
+
+/// The lease on `host` that holds `port`.
+pub fn lease_of(host: &str, port: u16) -> &'static Lease {
+    LEASES
+        .iter()
+        .find(|l| l.hosts.contains(&host) && l.ports.contains(&port))
+        .unwrap_or_else(|| panic!("no lease on {host} holds port {port}: add one to lab::LEASES"))
+}
+
+/// Plans only, at the builder's default port (30000): dry_run.rs and security.rs, on the shared
+/// host, the counted host and five of the fleet's.
+pub const DEFAULT_PORT_PLANS: Lease = Lease {
+    user: "dry_run.rs, security.rs (plans only, the builder's default port)",
+    hosts: &["rl1", "rl2", "rl5", "rl6", "rl7", "rl8", "rl9"],
+    ports: 30000..30001,
+    gpus: NO_GPUS,
+};
+/// The shared host's leases: `reconcile status`, `history` and `rollback` (status.rs).
+pub const STATUS: Lease = Lease {
+    user: "status.rs",
+    hosts: &["rl1"],
+    ports: 35000..35006,
+    gpus: 10..20,
+};
+/// The guide's lab blocks (docs_guide.rs runs docs/guide.md's `t-docs-*` units).
+pub const DOCS_GUIDE: Lease = Lease {
+    user: "docs_guide.rs (docs/guide.md's units)",
+    hosts: &["rl1"],
+    ports: 37601..37610,
+    gpus: 44..46,
+};
+/// Plan files (plan_file.rs): servers on the apply host (one also on the shared host) at 39101-39103,
+/// two GPUs each; 39104-39105 plan and refuse, starting nothing.
+pub const PLAN_FILE: Lease = Lease {
+    user: "plan_file.rs",
+    hosts: &["rl4", "rl1"],
+    ports: 39101..39106,
+    gpus: 58..64,
+};
 /// Host for tests that do not care which.
-pub const SHARED: &str = "rl1";
+pub const SHARED: &str = DEFAULT_PORT_PLANS.hosts[0];
 /// Host whose sshd log one test counts logins in; nothing else may connect to it.
-pub const COUNTED: &str = "rl2";
-/// Host for the escaping round trip through systemd.
-pub const ESCAPING: &str = "rl3";
+pub const COUNTED: &str = DEFAULT_PORT_PLANS.hosts[1];
+/// Host for the escaping round trip through systemd (systemd_escaping.rs: sixteen servers on
+/// ports 31000-31015, all on GPUs 0-1), and preflight.rs's plans.
+pub const ESCAPING_LEASE: Lease = Lease {
+    user: "systemd_escaping.rs",
+    hosts: &["rl3"],
+    ports: 31000..31016,
+    gpus: 0..2,
+};
+pub const ESCAPING: &str = ESCAPING_LEASE.host();
+/// Apply tests on the apply host: apply.rs's `service` (also real_sglang.rs's) takes each
+/// port's two GPUs from these ([`lease_of`], [`Lease::gpu_pair`]), in blocks around the ports no
+/// test uses (32009-32010, 32026, 32029), so that security.rs and plan_file.rs have GPUs too.
+pub const APPLY_1: Lease = Lease {
+    user: "apply.rs, real_sglang.rs (apply::service)",
+    hosts: &["rl4"],
+    ports: 32001..32009,
+    gpus: 0..16,
+};
+pub const APPLY_2: Lease = Lease {
+    user: "apply.rs, real_sglang.rs (apply::service)",
+    hosts: &["rl4"],
+    ports: 32011..32026,
+    gpus: 16..46,
+};
+pub const APPLY_3: Lease = Lease {
+    user: "real_sglang.rs (apply::service)",
+    hosts: &["rl4"],
+    ports: 32027..32029,
+    gpus: 46..50,
+};
+pub const APPLY_4: Lease = Lease {
+    user: "real_sglang.rs (apply::service)",
+    hosts: &["rl4"],
+    ports: 32030..32032,
+    gpus: 50..54,
+};
 /// Host where apply tests start and roll back services.
-pub const APPLY: &str = "rl4";
-/// Host the reboot fault reboots (tests/hostlab/reboot.sh); nothing else may use it.
-pub const REBOOT: &str = "rl12";
+pub const APPLY: &str = APPLY_1.host();
+/// Secrets and metacharacters (security.rs) on the apply host.
+pub const SECURITY: Lease = Lease {
+    user: "security.rs",
+    hosts: &["rl4"],
+    ports: 38001..38003,
+    gpus: 54..58,
+};
+/// Fleets (fleet.rs): rolling apply over six hosts of their own.
+pub const FLEET_LEASE: Lease = Lease {
+    user: "fleet.rs",
+    hosts: &["rl10", "rl5", "rl6", "rl7", "rl8", "rl9"],
+    ports: 34001..34005,
+    gpus: 0..8,
+};
+/// Faults in the host under an apply (faults.rs): a host to break, and the host the reboot fault
+/// reboots (tests/hostlab/reboot.sh); nothing else may use either.
+pub const FAULTS: Lease = Lease {
+    user: "faults.rs",
+    hosts: &["rl11"],
+    ports: 37001..37005,
+    gpus: 0..2,
+};
+pub const REBOOT_LEASE: Lease = Lease {
+    user: "faults.rs (the reboot)",
+    hosts: &["rl12"],
+    ports: 37101..37103,
+    gpus: 0..2,
+};
+pub const REBOOT: &str = REBOOT_LEASE.host();
 /// Host where `reconcile agent` runs on the host itself, pulling from a git repository there.
-pub const AGENT: &str = "rl13";
+pub const AGENT_LEASE: Lease = Lease {
+    user: "agent.rs",
+    hosts: &["rl13"],
+    ports: 33001..33002,
+    gpus: 0..2,
+};
+pub const AGENT: &str = AGENT_LEASE.host();
 /// Host whose nvidia-smi and systemctl the hang tests wedge on purpose; nothing else may use it.
-pub const HANGS: &str = "rl14";
-/// The throughput gate, learned load times and failure diagnoses (issue 14): benchmark.rs uses
-/// ports 37011-37019 and GPUs 10-29, learned.rs 37021-37029 and GPUs 30-39, diagnosis.rs
-/// 37001-37009 and GPUs 0-9.
-pub const THROUGHPUT: &str = "rl15";
-/// `reconcile apply` on a real terminal (pty.rs): ports 37031-37039, GPUs 0-9.
-pub const PTY: &str = "rl16";
-/// Drain before a restart (issue 16): drain.rs uses ports 37101-37109 and GPUs 0-17.
-pub const DRAIN: &str = "rl17";
+pub const HANGS_LEASE: Lease = Lease {
+    user: "hangs.rs",
+    hosts: &["rl14"],
+    ports: 36001..36007,
+    gpus: 0..12,
+};
+pub const HANGS: &str = HANGS_LEASE.host();
+/// The throughput gate, learned load times and failure diagnoses (issue 14), on one host.
+pub const DIAGNOSIS: Lease = Lease {
+    user: "diagnosis.rs",
+    hosts: &["rl15"],
+    ports: 37001..37010,
+    gpus: 0..10,
+};
+pub const BENCHMARK: Lease = Lease {
+    user: "benchmark.rs",
+    hosts: &["rl15"],
+    ports: 37011..37020,
+    gpus: 10..30,
+};
+pub const LEARNED: Lease = Lease {
+    user: "learned.rs",
+    hosts: &["rl15"],
+    ports: 37021..37030,
+    gpus: 30..40,
+};
+pub const THROUGHPUT: &str = BENCHMARK.host();
+/// `reconcile apply` on a real terminal (pty.rs).
+pub const PTY_LEASE: Lease = Lease {
+    user: "pty.rs",
+    hosts: &["rl16"],
+    ports: 37031..37040,
+    gpus: 0..10,
+};
+pub const PTY: &str = PTY_LEASE.host();
+/// Drain before a restart (issue 16): drain.rs's port `p` runs on GPUs `2 (p - 37101)` and one up.
+pub const DRAIN_LEASE: Lease = Lease {
+    user: "drain.rs",
+    hosts: &["rl17"],
+    ports: 37101..37110,
+    gpus: 0..18,
+};
+pub const DRAIN: &str = DRAIN_LEASE.host();
 /// Zero-downtime rollouts (issue 16): the host running the real sglang-router (a systemd unit the
 /// router tests start), and the three replica hosts behind it. The lab must be booted with
-/// `ROUTE=1` (tests/hostlab/up.sh) so the router host reaches the replicas.
-pub const ROUTER: &str = "rl18";
-pub const REPLICAS: [&str; 3] = ["rl19", "rl20", "rl21"];
-/// `reconcile import` (import.rs): hand-written units adopted, ports 37201-37209, GPUs 40-57.
-pub const IMPORT: &str = "rl25";
-/// The Debian package installed, run and removed (package.rs): port 37701, GPUs 60-61, the
-/// package's own files in /usr and /lib, node_exporter on 127.0.0.1:39100.
-pub const PACKAGE: &str = "rl25";
-/// Pull agents rolling out together (coordinator.rs): the host running etcd and the git daemon the
-/// agents pull from, and the six hosts whose agents coordinate through it (ports 37401-37409,
-/// GPUs 0-1; the tests take turns).
-pub const COORDINATOR: &str = "rl26";
-pub const FLEET: [&str; 6] = ["rl27", "rl28", "rl29", "rl30", "rl31", "rl32"];
-/// Server groups (group.rs): one server over these two hosts, rank 0 first (ports 37501-37519).
-/// The lab must be booted with `ROUTE=1` so the ranks reach each other.
-pub const GROUP: [&str; 2] = ["rl22", "rl23"];
+/// `ROUTE=1` (tests/hostlab/up.sh) so the router host reaches the replicas. The router's users
+/// take turns (`router::TURN`).
+pub const ROUTER_LEASE: Lease = Lease {
+    user: "router.rs, group.rs, real_server/rollout.rs (the router, taking turns)",
+    hosts: &["rl18"],
+    ports: 30100..30101,
+    gpus: NO_GPUS,
+};
+pub const REPLICAS_LEASE: Lease = Lease {
+    user: "router.rs (the replicas)",
+    hosts: &["rl19", "rl20", "rl21"],
+    ports: 30000..30001,
+    gpus: 0..2,
+};
+pub const ROUTER: &str = ROUTER_LEASE.host();
+pub const REPLICAS: [&str; 3] = [
+    REPLICAS_LEASE.hosts[0],
+    REPLICAS_LEASE.hosts[1],
+    REPLICAS_LEASE.hosts[2],
+];
+/// Server groups (group.rs): one server over these two hosts, rank 0 first (server port, then the
+/// rendezvous port one above; GPU `(port - 37501) / 2`). The lab must be booted with `ROUTE=1` so
+/// the ranks reach each other.
+pub const GROUP_LEASE: Lease = Lease {
+    user: "group.rs",
+    hosts: &["rl22", "rl23"],
+    ports: 37501..37525,
+    gpus: 0..12,
+};
+pub const GROUP: [&str; 2] = [GROUP_LEASE.hosts[0], GROUP_LEASE.hosts[1]];
+/// The real-SGLang tier's hosts (real_server/ keeps its own constants: these are data, for the
+/// check): its servers run on the CPU, and its rollout is `router::SERVICE` on port 30000.
+pub const REAL_SERVER: Lease = Lease {
+    user: "real_server/ (CPU servers)",
+    hosts: &["rl22", "rl23"],
+    ports: 38001..38031,
+    gpus: NO_GPUS,
+};
+pub const REAL_SERVER_ROLLOUT: Lease = Lease {
+    user: "real_server/rollout.rs (router::SERVICE, CPU servers)",
+    hosts: &["rl22", "rl23"],
+    ports: 30000..30001,
+    gpus: NO_GPUS,
+};
+/// The quality gate (quality.rs) and what systemd really runs (systemd_layers.rs), on one host.
+pub const QUALITY: Lease = Lease {
+    user: "quality.rs",
+    hosts: &["rl24"],
+    ports: 37311..37320,
+    gpus: 52..57,
+};
+pub const SYSTEMD_LAYERS: Lease = Lease {
+    user: "systemd_layers.rs",
+    hosts: &["rl24"],
+    ports: 37301..37310,
+    gpus: 57..64,
+};
+/// `reconcile import` (import.rs): hand-written units adopted.
+pub const IMPORT_LEASE: Lease = Lease {
+    user: "import.rs",
+    hosts: &["rl25"],
+    ports: 37201..37210,
+    gpus: 40..58,
+};
+pub const IMPORT: &str = IMPORT_LEASE.host();
+/// The Debian package installed, run and removed (package.rs): its unit's port, GPUs 60-61, the
+/// package's own files in /usr and /lib.
+pub const PACKAGE_LEASE: Lease = Lease {
+    user: "package.rs",
+    hosts: &["rl25"],
+    ports: 37701..37702,
+    gpus: 60..62,
+};
+/// node_exporter, run by package.rs on 127.0.0.1.
+pub const PACKAGE_EXPORTER: Lease = Lease {
+    user: "package.rs (node_exporter)",
+    hosts: &["rl25"],
+    ports: 39100..39101,
+    gpus: NO_GPUS,
+};
+pub const PACKAGE: &str = PACKAGE_LEASE.host();
+/// Pull agents rolling out together (coordinator.rs): the host running etcd (2379-2380; a copy
+/// of its data on 2479-2480) and the git daemon (9418) the agents pull from, and the six hosts
+/// whose agents coordinate through it (the tests take turns).
+pub const ETCD: Lease = Lease {
+    user: "coordinator.rs (etcd)",
+    hosts: &["rl26"],
+    ports: 2379..2381,
+    gpus: NO_GPUS,
+};
+pub const ETCD_COPY: Lease = Lease {
+    user: "coordinator.rs (the copy of etcd's data)",
+    hosts: &["rl26"],
+    ports: 2479..2481,
+    gpus: NO_GPUS,
+};
+pub const GIT_DAEMON: Lease = Lease {
+    user: "coordinator.rs (git daemon)",
+    hosts: &["rl26"],
+    ports: 9418..9419,
+    gpus: NO_GPUS,
+};
+pub const FLEET_AGENTS: Lease = Lease {
+    user: "coordinator.rs (the agents)",
+    hosts: &["rl27", "rl28", "rl29", "rl30", "rl31", "rl32"],
+    ports: 37401..37410,
+    gpus: 0..2,
+};
+pub const COORDINATOR: &str = ETCD.host();
+pub const FLEET: [&str; 6] = [
+    FLEET_AGENTS.hosts[0],
+    FLEET_AGENTS.hosts[1],
+    FLEET_AGENTS.hosts[2],
+    FLEET_AGENTS.hosts[3],
+    FLEET_AGENTS.hosts[4],
+    FLEET_AGENTS.hosts[5],
+];
 /// Experiments (experiment.rs): the host whose service an experiment's variants run on, and the
-/// host of its real-SGLang variant set.
-pub const EXPERIMENT: &str = "rl33";
-pub const EXPERIMENT_REAL: &str = "rl34";
+/// host of its real-SGLang variant set (real_server/experiment.rs, data here).
+pub const EXPERIMENT_LEASE: Lease = Lease {
+    user: "experiment.rs",
+    hosts: &["rl33"],
+    ports: 37511..37512,
+    gpus: 0..1,
+};
+pub const EXPERIMENT_REAL_LEASE: Lease = Lease {
+    user: "real_server/experiment.rs (CPU server)",
+    hosts: &["rl34"],
+    ports: 38051..38052,
+    gpus: NO_GPUS,
+};
+pub const EXPERIMENT: &str = EXPERIMENT_LEASE.host();
+pub const EXPERIMENT_REAL: &str = EXPERIMENT_REAL_LEASE.host();
+
+/// Every lease; [`leases_never_overlap`] checks that no two on one host share a port or a GPU.
+pub const LEASES: &[Lease] = &[
+    DEFAULT_PORT_PLANS,
+    Lease {
+        user: "dry_run.rs (plans only)",
+        hosts: &["rl2"],
+        ports: 30001..30003,
+        gpus: NO_GPUS,
+    },
+    Lease {
+        user: "dry_run.rs (plans only)",
+        hosts: &["rl1"],
+        ports: 30411..30414,
+        gpus: NO_GPUS,
+    },
+    STATUS,
+    DOCS_GUIDE,
+    PLAN_FILE,
+    ESCAPING_LEASE,
+    Lease {
+        user: "preflight.rs (plans only)",
+        hosts: &["rl3"],
+        ports: 33000..33010,
+        gpus: NO_GPUS,
+    },
+    APPLY_1,
+    APPLY_2,
+    APPLY_3,
+    APPLY_4,
+    SECURITY,
+    FLEET_LEASE,
+    FAULTS,
+    REBOOT_LEASE,
+    AGENT_LEASE,
+    HANGS_LEASE,
+    DIAGNOSIS,
+    BENCHMARK,
+    LEARNED,
+    PTY_LEASE,
+    DRAIN_LEASE,
+    ROUTER_LEASE,
+    REPLICAS_LEASE,
+    GROUP_LEASE,
+    REAL_SERVER,
+    REAL_SERVER_ROLLOUT,
+    QUALITY,
+    SYSTEMD_LAYERS,
+    IMPORT_LEASE,
+    PACKAGE_LEASE,
+    PACKAGE_EXPORTER,
+    ETCD,
+    ETCD_COPY,
+    GIT_DAEMON,
+    FLEET_AGENTS,
+    EXPERIMENT_LEASE,
+    EXPERIMENT_REAL_LEASE,
+];
+
 /// Entries of the lab's ssh_config that must fail.
 pub const BAD_KEY: &str = "rl-badkey";
 pub const UNREACHABLE: &str = "rl-unreachable";
@@ -163,6 +521,120 @@ impl Lab {
         .to_string()
     }
 
+    /// systemd's properties of a unit (`systemctl show -p ...`), by name.
+    pub fn show(
+        &self,
+        host: &str,
+        unit: &str,
+        properties: &[&str],
+    ) -> std::collections::BTreeMap<String, String> {
+        let out = self.sh(
+            host,
+            &format!("systemctl show -p {} {unit}", properties.join(",")),
+        );
+        out.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// One of systemd's `*TimestampMonotonic` properties of a unit, in seconds of CLOCK_MONOTONIC:
+    /// when systemd itself saw it happen. The test hosts are containers of one kernel, without
+    /// time namespaces, so these compare across hosts (and with [`Lab::clock`]); journald's
+    /// timestamps do not: they are when journald read a line, seconds late on a loaded machine.
+    pub fn monotonic(&self, host: &str, unit: &str, property: &str) -> f64 {
+        let shown = self.show(host, unit, &[property]);
+        let us: u64 = shown
+            .get(property)
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {property} of {unit} on {host}: {shown:?}"));
+        us as f64 / 1e6
+    }
+
+    /// CLOCK_MONOTONIC on a host now, in seconds: the clock of [`Lab::monotonic`].
+    pub fn clock(&self, host: &str) -> f64 {
+        let out = self.sh(host, "python3 -c 'import time; print(time.monotonic())'");
+        out.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("CLOCK_MONOTONIC on {host}: {out}"))
+    }
+
+    /// How many times systemd started `unit` since its invocation `before` (its InvocationID
+    /// then), counted from systemd's own "Started" messages (each names the invocation it
+    /// started, `INVOCATION_ID`) in the order PID 1 wrote them, never from their timestamps.
+    /// journald takes those in when it gets to them: this first waits until the message of the
+    /// invocation running now is in.
+    pub fn starts_after(&self, host: &str, unit: &str, before: &str) -> usize {
+        let now = self.invocation(host, unit);
+        let started = Self::started_messages(unit);
+        if !now.is_empty() {
+            // Bounds a journald that never catches up; it lags seconds at most, under full load.
+            self.wait_until(
+                host,
+                &format!("{started} | grep -q '\"{now}\"'"),
+                std::time::Duration::from_secs(30),
+            );
+        }
+        let ids: Vec<String> = self
+            .sh(host, &started)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|e| e["INVOCATION_ID"].as_str().map(str::to_string))
+            .collect();
+        let from = ids.iter().rposition(|id| id == before).unwrap_or_else(|| {
+            panic!("on {host}: no start of {unit} as invocation {before:?} in its journal: {ids:?}")
+        });
+        let mut after: Vec<&String> = ids[from + 1..].iter().collect();
+        after.dedup();
+        after.len()
+    }
+
+    /// The shell command listing systemd's "Started" messages of `unit`, oldest first, as JSON
+    /// lines (`MESSAGE_ID` SD_MESSAGE_UNIT_STARTED, written by PID 1; `INVOCATION_ID`, and
+    /// `_SOURCE_REALTIME_TIMESTAMP`: when PID 1 logged it, not when journald read it).
+    pub fn started_messages(unit: &str) -> String {
+        format!(
+            "journalctl UNIT={unit} _PID=1 MESSAGE_ID=39f53479d3a045ac8e11786248231fbf -o json \
+             --output-fields=INVOCATION_ID,_SOURCE_REALTIME_TIMESTAMP --no-pager"
+        )
+    }
+
+    /// The journal's cursor on a host now: what is written after it is read with
+    /// [`Lab::journal_after`].
+    pub fn cursor(&self, host: &str) -> String {
+        let out = self.sh(host, "journalctl -n 0 --show-cursor -q");
+        out.trim()
+            .strip_prefix("-- cursor: ")
+            .unwrap_or_else(|| panic!("no journal cursor on {host}: {out}"))
+            .to_string()
+    }
+
+    /// `unit`'s lines (`-o cat`) written after `cursor`, once they hold every one of `needles`:
+    /// journald takes in a process's lines when it gets to them, which on a loaded machine can be
+    /// seconds after the process ended. Panics after `within`, showing what they held then.
+    pub fn journal_after(
+        &self,
+        host: &str,
+        unit: &str,
+        cursor: &str,
+        needles: &[&str],
+        within: std::time::Duration,
+    ) -> String {
+        let read = format!("journalctl --no-pager -o cat -u {unit} --after-cursor='{cursor}'");
+        let began = std::time::Instant::now();
+        loop {
+            let journal = self.sh(host, &read);
+            if needles.iter().all(|n| journal.contains(n)) {
+                return journal;
+            }
+            assert!(
+                began.elapsed() < within,
+                "on {host}: {unit}'s journal did not show {needles:?} within {within:?}:\n{journal}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
     /// Waits until the unit has been started again since it had invocation `before`: a restart
     /// happened and its verification is under way.
     pub fn wait_for_restart(&self, host: &str, unit: &str, before: &str) {
@@ -265,6 +737,11 @@ impl Drop for Undo {
 /// Starts `run`, an apply that restarts `unit` on `host`; once the restarted unit has been
 /// verifying for `settle` (its restart seen within `within`), sends `signal` (`-TERM`, `-INT`) to
 /// the run and returns what it reported. `run` must outlive the child: it holds its manifests.
+///
+/// `settle` is an input of the fault, not a wait for something to happen: where in the
+/// verification the signal lands. Every caller's server loads for far longer than `settle` plus
+/// the harness's lag (seconds: a load of 6 s or more against a settle of 2 s at most), so however
+/// late the restart is seen, the signal lands while it is verified.
 pub fn signalled(
     run: &Reconcile,
     (host, unit): (&str, &str),
@@ -493,4 +970,57 @@ impl Ran {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", self.stdout))
     }
+}
+
+/// No two leases on one host share a port or a GPU, and every GPU is one of the stand-in's 64
+/// (`/etc/fake-sglang/gpu_count` on the test hosts): two test files never collide by accident.
+/// Needs no test host.
+#[test]
+fn leases_never_overlap() {
+    fn overlap<T: Ord + Copy>(a: &Range<T>, b: &Range<T>) -> bool {
+        a.start < a.end && b.start < b.end && a.start < b.end && b.start < a.end
+    }
+    let mut problems = Vec::new();
+    for (i, a) in LEASES.iter().enumerate() {
+        if a.ports.is_empty() || a.hosts.is_empty() {
+            problems.push(format!("{} holds no port or no host: {a:?}", a.user));
+        }
+        if a.gpus.end > 64 {
+            problems.push(format!(
+                "{} holds GPUs past the stand-in's 64: {a:?}",
+                a.user
+            ));
+        }
+        for b in &LEASES[i + 1..] {
+            for host in a.hosts.iter().filter(|h| b.hosts.contains(h)) {
+                if overlap(&a.ports, &b.ports) {
+                    problems.push(format!(
+                        "on {host}: ports {:?} of {} and {:?} of {}",
+                        a.ports, a.user, b.ports, b.user
+                    ));
+                }
+                if overlap(&a.gpus, &b.gpus) {
+                    problems.push(format!(
+                        "on {host}: GPUs {:?} of {} and {:?} of {}",
+                        a.gpus, a.user, b.gpus, b.user
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "leases collide:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// A lease's two GPUs a port are its own, and a port outside it is refused.
+#[test]
+fn a_lease_hands_out_two_gpus_a_port() {
+    assert_eq!(lease_of(APPLY, 32001).gpu_pair(32001), "0,1");
+    assert_eq!(lease_of(APPLY, 32025).gpu_pair(32025), "44,45");
+    assert_eq!(lease_of(APPLY, 32031).gpu_pair(32031), "52,53");
+    assert_eq!(DRAIN_LEASE.gpu_pair(37109), "16,17");
+    assert!(std::panic::catch_unwind(|| APPLY_1.gpu_pair(32009)).is_err());
 }

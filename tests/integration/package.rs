@@ -34,7 +34,26 @@ fn build(out: &Path) -> PathBuf {
         "build.sh: {}",
         String::from_utf8_lossy(&ran.stderr)
     );
-    PathBuf::from(String::from_utf8(ran.stdout).unwrap().trim())
+    let deb = PathBuf::from(String::from_utf8(ran.stdout).unwrap().trim());
+    lint(&deb);
+    deb
+}
+
+/// Debian's own check of the package: no error (`--fail-on error`; warnings are printed). CI
+/// installs lintian; it refuses to run as root unless told it may.
+fn lint(deb: &Path) {
+    let ran = Command::new("lintian")
+        .args(["--fail-on", "error", "--allow-root"])
+        .arg(deb)
+        .output()
+        .expect("lintian runs (Debian: lintian; .ci/run installs it)");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    eprintln!("lintian {}:\n{said}", deb.display());
+    assert!(ran.status.success(), "lintian found errors:\n{said}");
 }
 
 /// Debian's node_exporter binary, from its package (downloaded once, kept beside the lab's other

@@ -1,18 +1,19 @@
 //! Plan files: `reconcile plan --out plan.json`, then `reconcile apply plan.json` applies exactly
 //! what was planned, or refuses a unit whose manifests, unit file or SGLang changed since. Units
-//! here are `t-planfile-*` on the apply host, ports 39101+.
+//! here are `t-planfile-*` on the apply host, ports and GPUs from `lab::PLAN_FILE`.
 
 use sha2::{Digest, Sha256};
 
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, APPLY, SHARED};
+use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED};
 
 /// A service that loads in a second and is judged over a three-second crash window, on its own
-/// port and its own two of the stand-in's 64 simulated GPUs.
-fn service(name: &str, hosts: &[&str], port: u16, gpu: u16) -> Manifest {
+/// port and its own two of the stand-in's 64 simulated GPUs (the lease's, two a port; the tests
+/// past the third port start no server and share the last two).
+fn service(name: &str, hosts: &[&str], port: u16) -> Manifest {
     manifest(name, hosts)
         .port(port)
         .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+        .env("CUDA_VISIBLE_DEVICES", PLAN_FILE.gpu_pair(port.min(39103)))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&[
@@ -63,7 +64,7 @@ fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
     fresh(SHARED, unit);
     let run = Reconcile::new().manifest(
         "a.yaml",
-        service("t-planfile-exact", &[APPLY, SHARED], 39101, 56),
+        service("t-planfile-exact", &[APPLY, SHARED], 39101),
     );
     let planned = run.run_args(&["plan", "--host", APPLY, "--out", "plan.json"]);
     assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
@@ -116,7 +117,7 @@ fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
 fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
     let unit = "t-planfile-edited.service";
     fresh(APPLY, unit);
-    let text = service("t-planfile-edited", &[APPLY], 39102, 58);
+    let text = service("t-planfile-edited", &[APPLY], 39102);
     let installed = Reconcile::new()
         .manifest("a.yaml", &text)
         .args(&["apply"])
@@ -167,7 +168,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
 fn manifests_edited_after_the_plan_are_refused() {
     let unit = "t-planfile-moved.service";
     fresh(APPLY, unit);
-    let text = service("t-planfile-moved", &[APPLY], 39103, 60);
+    let text = service("t-planfile-moved", &[APPLY], 39103);
     let run = Reconcile::new().manifest("a.yaml", &text);
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
     assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
@@ -212,7 +213,7 @@ chmod 755 $d/bin/python3"#
     // Planned while the host lags the manifest (preflight says so, exit 1); the host is upgraded
     // after the review, so preflight would pass now, but what runs is not what was reviewed.
     install("0.5.23");
-    let text = service("t-planfile-sglang", &[APPLY], 39104, 62)
+    let text = service("t-planfile-sglang", &[APPLY], 39104)
         .python(python)
         .version("0.5.9");
     let run = Reconcile::new().manifest("a.yaml", &text);
@@ -242,7 +243,7 @@ fn a_plan_file_holds_no_secret() {
     let canaries = ["hf_planfile_canary_3b7e", "creds-planfile-canary-91d2"];
     let unit = "t-planfile-secret.service";
     fresh(APPLY, unit);
-    let text = service("t-planfile-secret", &[APPLY], 39105, 62)
+    let text = service("t-planfile-secret", &[APPLY], 39105)
         .env("HF_TOKEN", canaries[0])
         .env("PLAN_CREDS", canaries[1])
         .section("secret_env", vec!["PLAN_CREDS"]);

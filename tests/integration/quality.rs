@@ -5,7 +5,7 @@
 //! caught at stage `quality` and rolled back, or only reported with `gate: false`. The real
 //! server's figures are in real_server/quality.rs.
 //!
-//! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-59.
+//! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-56 (`lab::QUALITY`).
 
 use crate::builder::yaml;
 use crate::lab::{lab, Manifest, Reconcile};

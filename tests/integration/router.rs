@@ -149,14 +149,40 @@ pub(crate) fn unit_of<'a>(report: &'a serde_json::Value, host: &str) -> &'a serd
 /// The client loop on the router host, sending through the router until stopped.
 pub(crate) struct Client;
 
+/// Where the client loop keeps its counts so far (`OK FAILED`).
+const PROGRESS: &str = "/root/client.progress";
+
 impl Client {
     pub(crate) fn start() -> Client {
         lab().put(ROUTER, "/root/router_client.py", CLIENT);
         lab().sh(
             ROUTER,
-            &format!("rm -f /root/stop /root/client.json; nohup python3 /root/router_client.py http://127.0.0.1:{ROUTER_PORT} {MODEL} /root/stop 4 > /root/client.json 2>&1 < /dev/null &"),
+            &format!("rm -f /root/stop /root/client.json {PROGRESS}; nohup python3 /root/router_client.py http://127.0.0.1:{ROUTER_PORT} {MODEL} /root/stop 4 {PROGRESS} > /root/client.json 2>&1 < /dev/null &"),
         );
         Client
+    }
+
+    /// Requests answered so far.
+    pub(crate) fn answered(&self) -> u64 {
+        lab()
+            .sh(
+                ROUTER,
+                &format!("cut -d' ' -f1 {PROGRESS} 2>/dev/null || echo 0"),
+            )
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    }
+
+    /// Waits until `n` more requests have been answered: traffic flows through the router now.
+    /// 60 s bounds a router that never answers (one answer takes well under a second).
+    pub(crate) fn wait_for_answers(&self, n: u64) {
+        let target = self.answered() + n;
+        lab().wait_until(
+            ROUTER,
+            &format!("[ \"$(cut -d' ' -f1 {PROGRESS} 2>/dev/null || echo 0)\" -ge {target} ]"),
+            Duration::from_secs(60),
+        );
     }
 
     /// Stops the loop: what it saw.
@@ -181,16 +207,36 @@ pub(crate) fn since_epoch() -> u64 {
         .as_secs()
 }
 
-/// Starts of the replica's unit since `since` (seconds since the epoch), from its journal.
+/// Starts of the replica's unit since `since` (seconds since the epoch): systemd's "Started"
+/// messages logged at or after it by PID 1's own clock (`_SOURCE_REALTIME_TIMESTAMP`), never
+/// journald's timestamps (when it read a line, seconds late on a loaded machine), once the
+/// message of the invocation running now is in the journal. The stand-in tests count by
+/// invocation instead ([`crate::lab::Lab::starts_after`]).
 pub(crate) fn starts_since(host: &str, since: u64) -> usize {
-    lab()
-        .sh(
+    let unit = format!("{SERVICE}.service");
+    let started = crate::lab::Lab::started_messages(&unit);
+    let now = lab().invocation(host, &unit);
+    if !now.is_empty() {
+        // Bounds a journald that never catches up; it lags seconds at most, under full load.
+        lab().wait_until(
             host,
-            &format!("journalctl -u {SERVICE}.service --since @{since} -o cat --no-pager | grep -c '^Started ' || true"),
-        )
-        .trim()
-        .parse()
-        .unwrap_or(0)
+            &format!("{started} | grep -q '\"{now}\"'"),
+            Duration::from_secs(30),
+        );
+    }
+    lab()
+        .sh(host, &started)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| {
+            let us = e["_SOURCE_REALTIME_TIMESTAMP"]
+                .as_str()
+                .or(e["__REALTIME_TIMESTAMP"].as_str())
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(0);
+            us >= since * 1_000_000
+        })
+        .count()
 }
 
 #[test]
@@ -202,14 +248,19 @@ fn a_rolling_apply_behind_the_router_loses_no_request() {
     assert_eq!(code, 0, "{first}");
     // New replicas are not in the router yet: each is added once verified.
     assert_eq!(listed(), all_healthy(&REPLICAS));
+    let unit = format!("{SERVICE}.service");
+    let before: Vec<String> = REPLICAS
+        .iter()
+        .map(|h| lab().invocation(h, &unit))
+        .collect();
     let client = Client::start();
-    std::thread::sleep(Duration::from_secs(1));
-    let since = since_epoch();
+    // Requests flow through the router before the rollout begins, and after it ends.
+    client.wait_for_answers(4);
     let (code, report) = apply(&manifest(&REPLICAS, 2, None), &[]);
-    std::thread::sleep(Duration::from_secs(1));
+    client.wait_for_answers(4);
     let seen = client.stop();
     assert_eq!(code, 0, "{report}");
-    for host in REPLICAS {
+    for (host, before) in REPLICAS.iter().zip(&before) {
         let u = unit_of(&report, host);
         assert_eq!(u["outcome"], "converged", "{u}");
         let notes = u["notes"].to_string();
@@ -217,7 +268,11 @@ fn a_rolling_apply_behind_the_router_loses_no_request() {
             notes.contains("router: ") && notes.contains("healthy after"),
             "{notes}"
         );
-        assert_eq!(starts_since(host, since), 1, "{host} restarted once");
+        assert_eq!(
+            lab().starts_after(host, &unit, before),
+            1,
+            "{host} restarted once"
+        );
     }
     assert_eq!(
         seen["failed"], 0,
@@ -320,6 +375,8 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
     let child = run.spawn(&[]);
     lab().wait_for_restart(two[0], &unit, &before);
     assert_eq!(listed(), all_healthy(&two[1..]), "out while it restarts");
+    // An input of the fault, not a wait: the signal lands half a second into a verification that
+    // lasts the 8 s load at least.
     std::thread::sleep(Duration::from_millis(500));
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

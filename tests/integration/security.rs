@@ -1,7 +1,7 @@
 //! Security: secrets never leave reconcile, and manifest values with shell metacharacters are
 //! data, never code, on the host.
 
-use crate::lab::{lab, manifest, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY};
+use crate::lab::{lab, manifest, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY, SECURITY};
 
 const CANARIES: [&str; 3] = [
     "hf_canary_7f3a91c2",
@@ -16,7 +16,7 @@ fn secret_service(port: u16) -> Manifest {
         .flag("api-key", CANARIES[2])
         .port(port)
         .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", "50,51")
+        .env("CUDA_VISIBLE_DEVICES", SECURITY.gpu_pair(port))
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .env("HF_TOKEN", CANARIES[0])
         .env("MY_CREDS", CANARIES[1])
@@ -164,7 +164,7 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
         .served_model_name("$(touch /tmp/pwned-name)")
         .port(38002)
         .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", "52,53")
+        .env("CUDA_VISIBLE_DEVICES", SECURITY.gpu_pair(38002))
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .env("ODD", "`touch /tmp/pwned-env` && $(touch /tmp/pwned-env2)")
         .verify_all(&[
