@@ -482,6 +482,8 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
         .args(&["apply", "--format", "json"]);
     let child = first.spawn(&[]);
     let pid = child.id();
+    // 30 s bounds a run that never takes the lock (it does within a second or two, before its
+    // 5 s load).
     lab().wait_until(
         APPLY,
         &format!("test -d /var/lib/reconcile/{unit}/lock"),

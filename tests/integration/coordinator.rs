@@ -59,6 +59,7 @@ fn setup() {
             COORDINATOR,
             "rm -rf /var/lib/lab-etcd /srv/git && mkdir -p /srv/git && systemctl daemon-reload && systemctl restart lab-etcd lab-git",
         );
+        // 30 s bounds an etcd or git daemon that never listens (they do within seconds).
         lab().wait_until(
             COORDINATOR,
             &format!("(exec 3<>/dev/tcp/127.0.0.1/{ETCD_PORT}) 2>/dev/null && (exec 3<>/dev/tcp/127.0.0.1/9418) 2>/dev/null"),
@@ -659,6 +660,8 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
     let canary = fleet.spawn_round(FLEET[0]);
     let before = lab().invocation(victim, &fleet.unit());
     let victim_round = fleet.spawn_round(victim);
+    // 90 s bounds a rollout that never gets there: the canary's restart and verification take
+    // seconds (a 1 s load, a 3 s crash window).
     fleet.wait_for(&changed, "in_flight", victim, Duration::from_secs(90));
     let others: Vec<&str> = FLEET[2..].to_vec();
     let mut children: Vec<(String, std::process::Child)> = others
@@ -769,6 +772,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         .iter()
         .map(|h| (h.to_string(), fleet.spawn_round(h)))
         .collect();
+    // 90 s bounds a canary that never succeeds (it does in seconds: a 1 s load, a 3 s window).
     fleet.wait_for(&changed, "succeeded", FLEET[0], Duration::from_secs(90));
     // Killed at once. The slots it held then are the only restarts that may go on while it is
     // down (they were granted before): read from a copy of its data, served by a second etcd on
@@ -963,6 +967,7 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
         .output()
         .map_or(true, |o| !o.status.success())
     {
+        // 20 s bounds an etcd that never starts (it answers within a second or two).
         assert!(
             began.elapsed() < Duration::from_secs(20),
             "the TLS etcd did not start"

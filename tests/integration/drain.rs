@@ -70,11 +70,13 @@ open("{result}.tmp", "w").write(out)
     let running = format!(
         r#"python3 -c 'import sys, urllib.request; b = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode(); sys.exit(0 if any(l.startswith("sglang:num_running_reqs") and not l.endswith(" 0.0") for l in b.splitlines()) else 1)' 2>/dev/null"#
     );
-    lab().wait_until(DRAIN, &running, Duration::from_secs(10));
+    // 30 s bounds a request that never reaches the server (it does within a second).
+    lab().wait_until(DRAIN, &running, Duration::from_secs(30));
 }
 
 /// The slow request's result, once it has ended: its status (or `error`) and when it ended.
 fn request_result(result: &str) -> (String, f64) {
+    // 60 s bounds a request that never ends: the longest lasts 20 s.
     lab().wait_until(DRAIN, &format!("[ -s {result} ]"), Duration::from_secs(60));
     let text = lab().sh(DRAIN, &format!("cat {result}"));
     let fields: Vec<&str> = text.split_whitespace().collect();

@@ -30,6 +30,7 @@ fn start(unit: &str, files: &[(String, String)]) {
         IMPORT,
         &format!("systemctl daemon-reload && systemctl start {unit}"),
     );
+    // 20 s bounds a start that never happens (a Type=simple unit is active once forked).
     lab().wait_until(
         IMPORT,
         &format!("systemctl is-active --quiet {unit}"),

@@ -214,6 +214,7 @@ fn the_package_installs_runs_an_agent_round_with_metrics_and_removes_cleanly() {
     let scrape = format!(
         "python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:{EXPORTER_PORT}/metrics\", timeout=5).read().decode())'"
     );
+    // 20 s bounds a node_exporter that never serves (it does within a second).
     lab().wait_until(
         PACKAGE,
         &format!("{scrape} >/dev/null 2>&1"),

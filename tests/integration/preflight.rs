@@ -166,7 +166,8 @@ fn two_services_claiming_one_gpu_name_each_other() {
     );
 }
 
-/// Waits until something listens on the host's port.
+/// Waits until something listens on the host's port; 10 s bounds a listener that never comes
+/// (a Python one-liner, listening within a second).
 fn wait_listening(port: u16) {
     lab().sh(
         HOST,

@@ -74,6 +74,7 @@ pub(crate) fn fresh_router() {
              --control-plane-api-keys \"reconcile:reconcile:admin:$(cat {KEY_FILE})\""
         ),
     );
+    // 30 s bounds a router that never listens (it does within seconds).
     lab().wait_until(
         ROUTER,
         &format!("python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {ROUTER_PORT}), 1)' 2>/dev/null"),
@@ -188,6 +189,7 @@ impl Client {
     /// Stops the loop: what it saw.
     pub(crate) fn stop(self) -> serde_json::Value {
         lab().sh(ROUTER, "touch /root/stop");
+        // 150 s bounds a loop that never ends: its requests time out at 120 s.
         lab().wait_until(ROUTER, "[ -s /root/client.json ]", Duration::from_secs(150));
         let out = lab().sh(ROUTER, "cat /root/client.json");
         serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("client output ({e}): {out}"))

@@ -141,6 +141,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
         HOST,
         &format!("systemctl daemon-reload && systemctl restart {unit}"),
     );
+    // 20 s bounds a start that never happens (the main process is there once forked).
     lab.wait_until(
         HOST,
         &format!("[ -e /proc/$(systemctl show -p MainPID --value {unit})/cmdline ]"),
@@ -348,6 +349,7 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
         HOST,
         &format!("systemctl daemon-reload && systemctl start {unit}"),
     );
+    // 20 s bounds a start that never happens (the main process is there once forked).
     lab.wait_until(
         HOST,
         &format!("[ -e /proc/$(systemctl show -p MainPID --value {unit})/cmdline ]"),
