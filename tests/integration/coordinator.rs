@@ -701,7 +701,7 @@ fn a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_rou
     // 30 s bounds a lease that never runs out (it does 3.3-5.5 s after the kill).
     fleet.wait_for(&changed, "failed", victim, Duration::from_secs(30));
     // No sooner than the lease allows: renewed every third of its TTL, it runs out 3.3 s to 5 s
-    // after the kill (later when etcd is slow to look), measured 4.3-5.2 s here under full load
+    // after the kill (later when etcd is slow to look), measured 4.0-5.1 s here under full load
     // (the moment it shows is read after the fact, so never early). A slot the kill itself freed
     // shows at once. The bound is a third of the least it can be, so a late renewal before the
     // kill cannot fail it.
