@@ -64,9 +64,8 @@ fn experiment(variants: &str) -> String {
          benchmark: {{ levels: [1, 4], prompt_tokens: 16, output_tokens: 64, requests: 16 }}\n\
          objective: {{ metric: output_tokens_per_s, concurrency: 4 }}\n\
          constraints: {{ ttft_p99: 2s, quality: true }}\n\
-         # Both baselines run through an SSH forward on a two-core machine: measured up to 27 % apart\n\
-         # run alone (as tests/run.sh runs them), 29 % beside other tests; trusted up to three times\n\
-         # that (the most the file allows is under 100). Variants are 2x apart.\n\
+         # Baselines over an SSH forward on two cores: up to 27 % apart run alone, 29 % beside other\n\
+         # tests; trusted up to three times that (the file allows under 100). Variants are 2x apart.\n\
          noise_percent: 90\n\
          budget: 30m\n\
          variants:\n{variants}"
