@@ -3,6 +3,7 @@
 
 use std::process::{Command, Stdio};
 
+use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{lab, manifest, Manifest, Ran, AGENT};
 
 const UNIT: &str = "t-agent.service";
@@ -18,12 +19,7 @@ fn service() -> Manifest {
     manifest("t-agent", &["local"])
         .port(33001)
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&[
-            ("crash_window", "3s"),
-            ("sample_interval", "500ms"),
-            ("stall_timeout", "4s"),
-            ("load_deadline", "20s"),
-        ])
+        .verify_all(&STAND_IN_VERIFY)
 }
 
 /// A script run on the agent host, whatever its exit status.

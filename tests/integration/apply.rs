@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::builder::yaml;
+use crate::builder::{yaml, STAND_IN_VERIFY};
 use crate::lab::{lab, lease_of, manifest, round_trips, Manifest, Ran, Reconcile, APPLY};
 
 /// A test service that loads in one second and is judged over a three-second crash window.
@@ -19,12 +19,7 @@ pub fn service(name: &str, port: u16) -> Manifest {
         .env("CUDA_VISIBLE_DEVICES", lease_of(APPLY, port).gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&[
-            ("crash_window", "3s"),
-            ("sample_interval", "500ms"),
-            ("stall_timeout", "4s"),
-            ("load_deadline", "20s"),
-        ])
+        .verify_all(&STAND_IN_VERIFY)
 }
 
 /// `verify.smoke`: the completion the stand-in answers.

@@ -8,7 +8,7 @@
 //! its command line. The benchmarks are tiny (levels 1 and 4, 16 output tokens, 8 requests), so
 //! each takes well under a second.
 
-use crate::builder::yaml;
+use crate::builder::{yaml, STAND_IN_VERIFY};
 use crate::lab::{
     apply_one_unit, lab, manifest, tokens_at, Manifest, Reconcile, BENCHMARK, THROUGHPUT,
 };
@@ -25,12 +25,7 @@ fn service(name: &str, port: u16) -> Manifest {
         .env("CUDA_VISIBLE_DEVICES", BENCHMARK.gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&[
-            ("crash_window", "3s"),
-            ("sample_interval", "500ms"),
-            ("stall_timeout", "4s"),
-            ("load_deadline", "20s"),
-        ])
+        .verify_all(&STAND_IN_VERIFY)
         .verify("benchmark", yaml(TINY))
 }
 

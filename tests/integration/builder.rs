@@ -51,6 +51,15 @@ struct Sglang {
     flags: Mapping,
 }
 
+/// The stand-in tests' verification, for a server that loads in a second: a 3 s crash window,
+/// a sample every 500 ms, a 4 s stall timeout and a 20 s load deadline.
+pub const STAND_IN_VERIFY: [(&str, &str); 4] = [
+    ("crash_window", "3s"),
+    ("sample_interval", "500ms"),
+    ("stall_timeout", "4s"),
+    ("load_deadline", "20s"),
+];
+
 /// A YAML value written as YAML (`yaml("{ timeout: 60s }")`, `yaml("[1, 4]")`): for the nested
 /// maps and lists of `verify`, `drain`, `router` and host entries. Panics on a syntax error.
 pub fn yaml(text: &str) -> Value {

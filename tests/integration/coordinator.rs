@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::builder::yaml;
+use crate::builder::{yaml, STAND_IN_VERIFY};
 use crate::lab::{lab, Manifest, Ran, COORDINATOR, FLEET};
 
 const BIN: &str = "/usr/local/bin/reconcile";
@@ -129,12 +129,7 @@ impl Fleet {
             .port(self.port)
             .flag("context-length", context)
             .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-            .verify_all(&[
-                ("crash_window", "3s"),
-                ("sample_interval", "500ms"),
-                ("stall_timeout", "4s"),
-                ("load_deadline", "20s"),
-            ])
+            .verify_all(&STAND_IN_VERIFY)
             .section("rollout", yaml(self.rollout))
     }
 

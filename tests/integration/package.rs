@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{lab, manifest, PACKAGE};
 
 const UNIT: &str = "t-pkg.service";
@@ -140,12 +141,7 @@ fn the_package_installs_runs_an_agent_round_with_metrics_and_removes_cleanly() {
         .port(37701)
         .env("CUDA_VISIBLE_DEVICES", "60,61")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&[
-            ("crash_window", "3s"),
-            ("sample_interval", "500ms"),
-            ("stall_timeout", "4s"),
-            ("load_deadline", "20s"),
-        ]);
+        .verify_all(&STAND_IN_VERIFY);
     lab().sh(
         PACKAGE,
         &format!("git init -q --bare -b main {REPO} && git clone -q {REPO} {WORK} 2>/dev/null && mkdir -p {WORK}/manifests {TEXTFILES}"),

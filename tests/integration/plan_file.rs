@@ -4,6 +4,7 @@
 
 use sha2::{Digest, Sha256};
 
+use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED};
 
 /// A service that loads in a second and is judged over a three-second crash window, on its own
@@ -16,12 +17,7 @@ fn service(name: &str, hosts: &[&str], port: u16) -> Manifest {
         .env("CUDA_VISIBLE_DEVICES", PLAN_FILE.gpu_pair(port.min(39103)))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&[
-            ("crash_window", "3s"),
-            ("sample_interval", "500ms"),
-            ("stall_timeout", "4s"),
-            ("load_deadline", "20s"),
-        ])
+        .verify_all(&STAND_IN_VERIFY)
 }
 
 /// Removes what an earlier run of the same test left on a host.

@@ -5,6 +5,7 @@
 //! The shared host runs other tests' `t-*` units, so these use `t-st-*` names, ports from 35000 and
 //! GPU pairs of their own among the stand-in's 64.
 
+use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, SHARED};
 
 const HOST: &str = SHARED;
@@ -17,12 +18,7 @@ fn service(name: &str, port: u16, gpus: &str) -> Manifest {
         .env("CUDA_VISIBLE_DEVICES", gpus)
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&[
-            ("crash_window", "3s"),
-            ("sample_interval", "500ms"),
-            ("stall_timeout", "4s"),
-            ("load_deadline", "20s"),
-        ])
+        .verify_all(&STAND_IN_VERIFY)
 }
 
 /// Removes what an earlier run of the same test left.
