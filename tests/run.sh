@@ -62,6 +62,7 @@ if [ "$REAL_SGLANG" = 1 ]; then
   SGLANG_CPU=$(tail -n 1 "$setup/sglang")
   export SGLANG_CPU
 fi
+rm -rf "$setup"
 tier_done "set-up (image, SGLang, build)"
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
 trap 'bash tests/hostlab/down.sh; report_times' EXIT

@@ -254,7 +254,6 @@ pub struct Shared {
     state: Mutex<SharedState>,
 }
 
-#[derive(Default)]
 struct SharedState {
     installed: bool,
     done: u32,
