@@ -50,6 +50,9 @@ matrix=(
   "a server group's rank 1 crashes while loading (rank 0 dies of it)|group::rank_one_crashing_while_loading_rolls_both_ranks_back"
   "a server group's rank unreachable at plan time|group::an_unreachable_rank_leaves_the_group_unplanned_and_untouched"
   "Ctrl-C during a server group's verification|group::ctrl_c_during_the_groups_verification_puts_every_rank_back"
+  "apply SIGKILLed (with its ssh) during the verification of a crash-looping change|guard::a_crash_looping_change_goes_back_when_the_controller_is_killed"
+  "apply SIGKILLed during the verification of a healthy change|guard::a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it"
+  "apply SIGKILLed during its own rollback|guard::the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it"
 )
 passed=0; failed=0
 echo "fault matrix:"

@@ -20,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 cd "$(dirname "$0")/.."
 export STATE=${STATE:-/tmp/reconcile-lab}
-HOSTS=${HOSTS:-34}
+HOSTS=${HOSTS:-35}
 REAL_SGLANG=${REAL_SGLANG:-1}
 
 # Each tier's wall time, printed at the end: name and seconds.

@@ -17,6 +17,7 @@ pub mod finding;
 pub mod flags;
 pub mod group;
 pub mod grouping;
+pub mod guard;
 pub mod import;
 pub mod layers;
 pub mod learned;

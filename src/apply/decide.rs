@@ -14,6 +14,7 @@ use crate::plan_file;
 use crate::preflight;
 use crate::targets::Target;
 use crate::verify::Verification;
+use reconcile_core::guard::{GuardState, Settled};
 
 /// How a unit's apply ended: what goes into its report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,7 +42,7 @@ impl Ending {
     }
 
     /// The way back failed too: the host needs attention.
-    fn rollback_failed(detail: String) -> Ending {
+    pub(super) fn rollback_failed(detail: String) -> Ending {
         let e = ApplyError::RollbackFailed(detail);
         Ending::failed(Outcome::RollbackFailed, e.to_string(), e.kind())
     }
@@ -80,6 +81,9 @@ pub struct Install {
     pub previous: Previous,
     pub was_running: bool,
     pub note: Option<String>,
+    /// The unit runs already, kept unconfirmed by the host's guard: verify it as it runs and
+    /// confirm it, without a restart.
+    pub confirm: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +100,7 @@ pub fn start(
     verdict: Verdict,
     observed: &Observed,
     unfinished: Option<Result<bool, state::RecordError>>,
+    guard: Option<&Settled>,
 ) -> Start {
     let was_running = matches!(
         observed.state.active_state.as_str(),
@@ -107,6 +112,7 @@ pub fn start(
             previous: Previous::Observed,
             was_running,
             note: None,
+            confirm: false,
         });
     }
     match unfinished {
@@ -114,13 +120,33 @@ pub fn start(
         Some(Err(e)) => Start::Refuse(ApplyError::RecordUnreadable(e.to_string())),
         // The unit on disk is the desired one but no run recorded it: an apply died after the
         // rename. Finish that apply, with the generation it kept to fall back on.
+        // The apply died, and the host's guard found the new unit healthy at its deadline and
+        // kept it: verified as it runs, never restarted for nothing.
+        Some(Ok(true)) if kept_unconfirmed(observed, guard) => Start::Install(Install {
+            verdict: Verdict::Restart,
+            previous: Previous::NewestGeneration,
+            was_running: true,
+            note: guard.and_then(Settled::summary).map(|s| {
+                format!("{s}; verifying it as it runs, without a restart, to confirm it")
+            }),
+            confirm: true,
+        }),
         Some(Ok(true)) => Start::Install(Install {
             verdict: Verdict::Restart,
             previous: Previous::NewestGeneration,
             was_running: true,
             note: Some("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into()),
+            confirm: false,
         }),
     }
+}
+
+/// Whether the unit on disk is the one the host's guard kept unconfirmed, and it still runs.
+fn kept_unconfirmed(observed: &Observed, guard: Option<&Settled>) -> bool {
+    let (Some(text), Some(guard)) = (&observed.unit_text, guard) else {
+        return false;
+    };
+    guard.unconfirmed(&state::sha256(text)) && observed.state.active_state == "active"
 }
 
 /// The refusal of a unit that systemd runs with more than its managed file (drop-ins, a mask, a
@@ -304,6 +330,18 @@ pub fn rolled_back(
     }
 }
 
+/// The host's guard settled the unit before this run could roll it back (its lease ran out while
+/// the link was cut): what it did is the ending.
+pub fn guard_acted_first(failed: &str, cause: ApplyErrorKind, guard: &Settled) -> Ending {
+    let did = guard.summary().unwrap_or_else(|| guard.detail.clone());
+    match guard.state {
+        GuardState::RolledBack => {
+            Ending::failed(Outcome::RolledBack, format!("{failed}; {did}"), cause)
+        }
+        _ => Ending::rollback_failed(format!("host needs attention: {failed}; {did}")),
+    }
+}
+
 /// The host went away during the rollback and did not come back within `window_secs`.
 pub fn host_lost(failed: &str, window_secs: u64, error: &str, left_behind: &str) -> Ending {
     Ending::rollback_failed(format!(
@@ -388,15 +426,17 @@ mod tests {
     fn a_changed_unit_is_installed_against_what_the_host_has() {
         let running = observed(Some("old"), "activating");
         assert_eq!(
-            start(Verdict::Restart, &running, None),
+            start(Verdict::Restart, &running, None, None),
             Start::Install(Install {
                 verdict: Verdict::Restart,
                 previous: Previous::Observed,
                 was_running: true,
                 note: None,
+                confirm: false,
             })
         );
-        let Start::Install(i) = start(Verdict::Install, &observed(None, "inactive"), None) else {
+        let Start::Install(i) = start(Verdict::Install, &observed(None, "inactive"), None, None)
+        else {
             panic!("installs");
         };
         assert_eq!((i.verdict, i.was_running), (Verdict::Install, false));
@@ -406,19 +446,44 @@ mod tests {
     fn no_change_is_unchanged_unless_the_last_apply_did_not_finish() {
         let o = observed(Some("u"), "failed");
         assert_eq!(
-            start(Verdict::NoChange, &o, Some(Ok(false))),
+            start(Verdict::NoChange, &o, Some(Ok(false)), None),
             Start::Unchanged
         );
         assert_eq!(
-            start(Verdict::NoChange, &o, Some(Ok(true))),
+            start(Verdict::NoChange, &o, Some(Ok(true)), None),
             Start::Install(Install {
                 verdict: Verdict::Restart,
                 previous: Previous::NewestGeneration,
                 was_running: true,
                 note: Some("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into()),
+                confirm: false,
             })
         );
-        let Start::Refuse(e) = start(Verdict::NoChange, &o, Some(Err(record_error()))) else {
+        // The host's guard kept this very unit, healthy: it is confirmed as it runs.
+        let running = observed(Some("u"), "active");
+        let kept = Settled::parse(&format!(
+            r#"{{"state":"unconfirmed","new_sha256":"{}","detail":"healthy","settled_at":"t1","armed_by":"me","armed_at":"t0"}}"#,
+            state::sha256("u")
+        ))
+        .unwrap();
+        let Start::Install(i) = start(Verdict::NoChange, &running, Some(Ok(true)), Some(&kept))
+        else {
+            panic!("confirmed");
+        };
+        assert!(
+            i.confirm && i.previous == Previous::NewestGeneration,
+            "{i:?}"
+        );
+        // Not once it stopped running, nor for another unit than the one it kept.
+        let stopped = observed(Some("u"), "failed");
+        let other = observed(Some("v"), "active");
+        for o in [&stopped, &other] {
+            let Start::Install(i) = start(Verdict::NoChange, o, Some(Ok(true)), Some(&kept)) else {
+                panic!("restarted");
+            };
+            assert!(!i.confirm, "{i:?}");
+        }
+        let Start::Refuse(e) = start(Verdict::NoChange, &o, Some(Err(record_error())), None) else {
             panic!("refused");
         };
         assert_eq!(e.kind(), ApplyErrorKind::RecordUnreadable);

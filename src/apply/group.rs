@@ -226,6 +226,7 @@ async fn apply_on(
                 note: (verdict != Verdict::NoChange).then(|| {
                     "this rank's unit is unchanged; it restarts with its group".to_string()
                 }),
+                confirm: false,
             },
         };
         report.report.notes.extend(todo.note.clone());
@@ -312,7 +313,7 @@ async fn look(
         }),
         _ => None,
     };
-    let look = match decide::start(planned.verdict, &observed, unfinished) {
+    let look = match decide::start(planned.verdict, &observed, unfinished, None) {
         Start::Unchanged => Look::Unchanged,
         Start::Refuse(e) => return Err(e),
         Start::Install(todo) => Look::Install(todo),

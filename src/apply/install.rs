@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::aside::{self, Aside};
 use super::decide::{self, Ending};
 use super::error::ApplyError;
+use super::guard::{self, Armed};
 use super::restore::{put_back_file, restore_and_verify, NotRestored, Restore, Restored, Then};
 use super::verifier::Check;
 use super::{state, Job, UnitReport};
@@ -21,6 +22,7 @@ use crate::remote::{error_chain, Host, RemoteError};
 use crate::systemd::Systemd;
 use crate::unit::{parse_unit, UnitModel};
 use crate::verify::{Expect, Failure, Verification, POLL_INTERVAL};
+use reconcile_core::guard::GuardState;
 
 /// What to go back to when the new unit fails.
 pub struct Fallback {
@@ -55,6 +57,18 @@ impl Fallback {
             (Some(model), _) => Some(Expect::from_unit(model)),
             (None, Some(text)) => Some(Expect::from_unit(&parse_unit(text))),
             (None, None) => None,
+        }
+    }
+
+    /// What the host's guard restores, should this run not be there to.
+    pub(super) fn going_back(&self) -> guard::GoingBack {
+        guard::GoingBack {
+            kept: self.kept.clone(),
+            previous_sha256: self.previous.as_deref().map(state::sha256),
+            beneath: self.layers.beneath,
+            was_disabled: self.layers.was_disabled,
+            was_running: self.was_running,
+            aside: self.layers.aside.as_ref().map(|a| a.record.clone()),
         }
     }
 
@@ -152,6 +166,25 @@ pub async fn install(
         Some(_) => state::read_record(host, unit).await.ok().flatten(),
         None => None,
     };
+    // Armed before the old server stops: from here on, a failed change goes back even if this
+    // process dies. A host where it cannot be armed is not restarted.
+    let armed = match guard::arm(job, fallback.going_back()).await {
+        Ok(armed) => armed,
+        Err(e) => {
+            let e = ApplyError::InstallFailed(format!(
+                "the host's guard could not be armed: {}",
+                error_chain(&e)
+            ));
+            let put_back = put_back_file(
+                host,
+                unit,
+                fallback.previous.as_deref(),
+                fallback.layers.aside.as_ref(),
+            )
+            .await;
+            return decide::install_failed(&e, put_back.map_err(|e| error_chain(&e)));
+        }
+    };
     let invocation = match restart(host, unit, verdict).await {
         Ok(id) => id,
         Err(e) => {
@@ -161,7 +194,7 @@ pub async fn install(
                 error,
                 invocation: "",
             };
-            return roll_back(job, &fallback, report, failed).await;
+            return roll_back(job, &fallback, report, failed, &armed).await;
         }
     };
     let restarted = Restarted {
@@ -172,7 +205,54 @@ pub async fn install(
         quality: quality_before.as_ref(),
         invocation: &invocation,
     };
-    verify_restarted(job, &fallback, report, restarted).await
+    verify_restarted(job, &fallback, report, restarted, &armed).await
+}
+
+/// Confirms a unit the host's guard kept unconfirmed (its apply died, the guard found it healthy):
+/// verified as it runs, under a new guard, without a restart; a failed stage rolls back to the
+/// generation that apply kept.
+pub async fn confirm(job: &Job<'_>, fallback: Fallback, report: &mut UnitReport) -> Ending {
+    let (host, t) = (job.host, job.t);
+    let unit = &t.desired.unit;
+    let history = load_history(job, report).await;
+    let (spec, learned_notes) = learned::learned_spec(&t.verify, history.as_ref());
+    let before = match &t.verify.benchmark {
+        Some(_) => state::read_record(host, unit).await.ok().flatten(),
+        None => None,
+    };
+    let armed = match guard::arm(job, fallback.going_back()).await {
+        Ok(armed) => armed,
+        Err(e) => {
+            return decide::install_failed(
+                &ApplyError::InstallFailed(format!(
+                    "the host's guard could not be armed: {}",
+                    error_chain(&e)
+                )),
+                Ok(false),
+            )
+        }
+    };
+    let invocation = match host.unit_state(unit).await {
+        Ok(state) => state.invocation_id,
+        Err(e) => {
+            let error = ApplyError::ObserveFailed(error_chain(&e));
+            let failed = Failed {
+                stage: "restart",
+                error,
+                invocation: "",
+            };
+            return roll_back(job, &fallback, report, failed, &armed).await;
+        }
+    };
+    let restarted = Restarted {
+        spec: &spec,
+        history: history.as_ref(),
+        learned_notes: &learned_notes,
+        before: before.as_ref(),
+        quality: None,
+        invocation: &invocation,
+    };
+    verify_restarted(job, &fallback, report, restarted, &armed).await
 }
 
 /// The drain before a restart, when the manifest asks for one (`drain:`) and the change restarts a
@@ -235,6 +315,7 @@ async fn verify_restarted(
     fallback: &Fallback,
     report: &mut UnitReport,
     r: Restarted<'_>,
+    armed: &Armed<'_>,
 ) -> Ending {
     let (host, t, options) = (job.host, job.t, job.options);
     let unit = &t.desired.unit;
@@ -250,55 +331,78 @@ async fn verify_restarted(
         v.notes.splice(0..0, r.learned_notes.iter().cloned());
         v.previous_loads = r.history.cloned();
     };
-    match job.verifier.verify(host, check).await {
-        Ok(mut v) => {
-            learned(&mut v);
-            if let Some(reason) = throughput_gate(job, &mut v, r.before, report).await {
-                report.verification = Some(v);
-                let failed = Failed::stage("benchmark", reason, r.invocation);
-                return roll_back(job, fallback, report, failed).await;
-            }
-            let keep = match quality_gate(job, &mut v, r.quality, report).await {
-                Err(reason) => {
-                    report.verification = Some(v);
-                    let failed = Failed::stage("quality", reason, r.invocation);
-                    return roll_back(job, fallback, report, failed).await;
+    // Every stage under the guard's lease: it stays put while this process judges.
+    let judged = armed
+        .leased(async {
+            match job.verifier.verify(host, check).await {
+                Ok(mut v) => {
+                    learned(&mut v);
+                    if let Some(reason) = throughput_gate(job, &mut v, r.before, report).await {
+                        report.verification = Some(v);
+                        return Err(Failed::stage("benchmark", reason, r.invocation));
+                    }
+                    match quality_gate(job, &mut v, r.quality, report).await {
+                        Err(reason) => {
+                            report.verification = Some(v);
+                            Err(Failed::stage("quality", reason, r.invocation))
+                        }
+                        Ok(keep) => Ok((v, keep)),
+                    }
                 }
-                Ok(keep) => keep,
-            };
-            let mut ending = decide::converged(&v);
-            if let Some(b) = &report.benchmark {
-                ending.detail.push_str(&decide::benchmark_passed(&b.detail));
-            }
-            if let Some(q) = &report.quality {
-                ending.detail.push_str(&format!("; quality: {}", q.detail));
-            }
-            if let Some(reference) = keep {
-                report
-                    .notes
-                    .extend(reconcile_core::quality::oversize_note(&reference));
-                // The converged server's answers are what the next change is compared with.
-                if let Err(e) = crate::quality::keep_reference(host, unit, &reference).await {
-                    report.notes.push(format!(
-                        "quality: the new reference could not be kept: {}",
-                        error_chain(&e)
-                    ));
+                Err(Failure {
+                    stage,
+                    reason,
+                    mut verification,
+                }) => {
+                    learned(&mut verification);
+                    report.verification = Some(*verification);
+                    Err(Failed::stage(stage, reason, r.invocation))
                 }
             }
-            record(job, "converged", Some(&v), report).await;
-            report.verification = Some(v);
-            ending
+        })
+        .await;
+    let (v, keep) = match judged {
+        Ok(passed) => passed,
+        Err(failed) => return roll_back(job, fallback, report, failed, armed).await,
+    };
+    disarm(armed, report).await;
+    let mut ending = decide::converged(&v);
+    if let Some(b) = &report.benchmark {
+        ending.detail.push_str(&decide::benchmark_passed(&b.detail));
+    }
+    if let Some(q) = &report.quality {
+        ending.detail.push_str(&format!("; quality: {}", q.detail));
+    }
+    if let Some(reference) = keep {
+        report
+            .notes
+            .extend(reconcile_core::quality::oversize_note(&reference));
+        // The converged server's answers are what the next change is compared with.
+        if let Err(e) = crate::quality::keep_reference(host, unit, &reference).await {
+            report.notes.push(format!(
+                "quality: the new reference could not be kept: {}",
+                error_chain(&e)
+            ));
         }
-        Err(Failure {
-            stage,
-            reason,
-            mut verification,
-        }) => {
-            learned(&mut verification);
-            report.verification = Some(*verification);
-            let failed = Failed::stage(stage, reason, r.invocation);
-            roll_back(job, fallback, report, failed).await
-        }
+    }
+    record(job, "converged", Some(&v), report).await;
+    report.verification = Some(v);
+    ending
+}
+
+/// Stands the guard down; one that cannot be reached is a note: it finds the unit healthy at
+/// its deadline and keeps it, marked unconfirmed, and the next apply confirms it.
+async fn disarm(armed: &Armed<'_>, report: &mut UnitReport) {
+    match armed.disarm().await {
+        Ok(Some(found)) if found.acted() => report.notes.push(format!(
+            "the host's guard had settled the unit already ({})",
+            found.name()
+        )),
+        Ok(_) => {}
+        Err(e) => report.notes.push(format!(
+            "the host's guard could not be disarmed ({}); it will keep the unit at its deadline, unconfirmed",
+            error_chain(&e)
+        )),
     }
 }
 
@@ -429,12 +533,41 @@ async fn roll_back(
     fallback: &Fallback,
     report: &mut UnitReport,
     failed: Failed<'_>,
+    armed: &Armed<'_>,
 ) -> Ending {
-    let (host, t) = (job.host, job.t);
-    let unit = &t.desired.unit;
     report.failed_stage = Some(failed.stage.to_string());
     let cause = failed.error.kind();
-    let mut text = failed.error.to_string();
+    let text = failed.error.to_string();
+    let (ending, reached) = armed
+        .leased(restore_through(job, fallback, report, text, cause, armed))
+        .await;
+    // A host that did not come back keeps its guard, which finishes the rollback there.
+    if reached {
+        if let Err(e) = armed.disarm().await {
+            report.notes.push(format!(
+                "the host's guard could not be disarmed after the rollback: {}",
+                error_chain(&e)
+            ));
+        }
+    }
+    // Read after the rollback, which gives journald time to take in the failed process's last
+    // lines.
+    report.journal = redacted_journal(job, fallback, failed.invocation).await;
+    report.diagnosis = report.journal.as_deref().and_then(diagnose);
+    ending
+}
+
+/// The rollback's restore and verification, through a host that may go away and come back.
+async fn restore_through(
+    job: &Job<'_>,
+    fallback: &Fallback,
+    report: &mut UnitReport,
+    mut text: String,
+    cause: super::error::ApplyErrorKind,
+    armed: &Armed<'_>,
+) -> (Ending, bool) {
+    let (host, t) = (job.host, job.t);
+    let unit = &t.desired.unit;
     // The host may go away under us (a reboot, a cut network): then wait for it and roll back as
     // for any other failure. The new unit never passed verification and may be what brought the
     // host down; enabled, it may be running again after a reboot, unverified. A host shutting
@@ -465,8 +598,23 @@ async fn roll_back(
                         fallback.kept.as_deref(),
                         tried,
                     );
-                    return decide::host_lost(&text, window.as_secs(), &error_chain(&e), &left);
+                    let lost = decide::host_lost(&text, window.as_secs(), &error_chain(&e), &left);
+                    return (lost, false);
                 }
+            }
+        }
+        // One of this run and the host's guard rolls back, never both: taking the guard over
+        // tells which (the guard acted first if its lease ran out while the host was out of
+        // reach), and leaves the guard to finish this rollback should this process die in it.
+        if !tried {
+            match armed.take().await {
+                Ok(Some(found)) if found != GuardState::Armed => {
+                    return match armed.settled(&t.verify).await {
+                        Some(settled) => (decide::guard_acted_first(&text, cause, &settled), true),
+                        None => (Ending::rollback_failed(format!("host needs attention: {text}; the host's guard is rolling back ({})", found.name())), true),
+                    };
+                }
+                _ => {}
             }
         }
         tried = true;
@@ -484,11 +632,7 @@ async fn roll_back(
             break ending;
         }
     };
-    // Read after the rollback, which gives journald time to take in the failed process's last
-    // lines.
-    report.journal = redacted_journal(job, fallback, failed.invocation).await;
-    report.diagnosis = report.journal.as_deref().and_then(diagnose);
-    ending
+    (ending, true)
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -18,6 +18,7 @@ mod benchmark;
 mod decide;
 mod error;
 mod group;
+mod guard;
 mod install;
 mod quality;
 mod restore;
@@ -628,7 +629,12 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
         }),
         _ => None,
     };
-    let todo = match decide::start(verdict, &observed, unfinished) {
+    // A unit the host's guard kept unconfirmed is confirmed without a restart: its record says so.
+    let kept = match &unfinished {
+        Some(Ok(true)) => guard::read(host, unit).await.ok().flatten(),
+        _ => None,
+    };
+    let todo = match decide::start(verdict, &observed, unfinished, kept.as_ref()) {
         Start::Unchanged => return unchanged(t, r.started),
         Start::Refuse(e) => return r.fail(&e),
         Start::Install(todo) => todo,
@@ -667,7 +673,11 @@ async fn apply_unit(job: &Job<'_>) -> UnitReport {
         kept: None,
         layers: layered,
     };
-    let ending = install::install(job, &observed, todo.verdict, fallback, &mut r.report).await;
+    let ending = if todo.confirm {
+        install::confirm(job, fallback, &mut r.report).await
+    } else {
+        install::install(job, &observed, todo.verdict, fallback, &mut r.report).await
+    };
     unlock(host, unit, &mut r.report).await;
     r.finish(ending)
 }

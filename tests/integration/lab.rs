@@ -249,6 +249,13 @@ pub const GROUP_LEASE: Lease = Lease {
     ports: 37501..37525,
     gpus: 0..12,
 };
+/// The host's guard (guard.rs): its tests kill the controller; a host of their own.
+pub const GUARD: Lease = Lease {
+    user: "guard.rs",
+    hosts: &["rl35"],
+    ports: 37601..37607,
+    gpus: 0..12,
+};
 pub const GROUP: [&str; 2] = [GROUP_LEASE.hosts[0], GROUP_LEASE.hosts[1]];
 /// The real-SGLang tier's hosts (real_server/ keeps its own constants: these are data, for the
 /// check): its servers run on the CPU, and its rollout is `router::SERVICE` on port 30000.
@@ -397,6 +404,7 @@ pub const LEASES: &[Lease] = &[
     ROUTER_LEASE,
     REPLICAS_LEASE,
     GROUP_LEASE,
+    GUARD,
     REAL_SERVER,
     REAL_SERVER_ROLLOUT,
     QUALITY,

@@ -14,6 +14,7 @@ mod experiment;
 mod faults;
 mod fleet;
 mod group;
+mod guard;
 mod guide_blocks;
 mod hangs;
 mod import;

@@ -223,6 +223,10 @@ pub struct VerifySpec {
     pub stall_timeout: Duration,
     /// Port open but `/health` still 503 (SGLang's warmup request) for this long fails.
     pub warmup_timeout: Duration,
+    /// How long the host's guard waits after the controller's last word before it acts on a
+    /// failed or crash-looping unit, and beyond verification's own bounds before it judges one
+    /// that never answered (`crate::guard`).
+    pub guard_margin: Duration,
     pub sample_interval: Duration,
     /// The service's memory (its cgroup) must stay below this many bytes.
     pub memory_ceiling: Option<u64>,
@@ -326,6 +330,7 @@ impl Default for VerifySpec {
             // `SGLANG_WARMUP_TIMEOUT` unset: the warmup request waits 600 s
             // (http_server.py, `_wait_and_warmup`), plus a minute for its log line and `/health`.
             warmup_timeout: Duration::from_secs(660),
+            guard_margin: crate::guard::DEFAULT_MARGIN,
             sample_interval: Duration::from_secs(2),
             memory_ceiling: None,
             gpu_memory_per_gpu: None,

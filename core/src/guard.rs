@@ -1,0 +1,240 @@
+//! The guard: a rollback the host itself carries out when the machine that ran `reconcile apply`
+//! dies mid-change (deploy-rs's "magic rollback", made safe for a server that takes 15 minutes to
+//! load).
+//!
+//! Before the old server stops, apply writes `guard.json` beside the unit's records and starts
+//! the guard (`guard.py`) as a transient unit with `systemd-run`. While the controller lives it
+//! renews a lease; the guard does nothing until the lease runs out. Then it judges what it can see
+//! on the host:
+//! - the new unit failed or is crash-looping, or is not active with `/health` 200 by the
+//!   verification deadline: the previous unit goes back (as apply's rollback puts it back), and the
+//!   guard waits for it to answer `/health`;
+//! - the new unit active with `/health` 200 at the deadline: it is kept and marked unconfirmed.
+//!   A healthy server is never rolled back blind; the next apply verifies and confirms it.
+//!
+//! The controller's own rollback first `take`s the guard: the guard then finishes that rollback if
+//! the controller dies during it. Both sides decide under one flock on one file, so exactly one of
+//! them acts. This module is the pure half: the record, the deadline, the names.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The guard program, run on the host by the SGLang venv's Python (standard library only).
+pub const SCRIPT: &str = include_str!("guard.py");
+
+/// How long after the controller's last word the guard acts on a unit, unless the manifest says
+/// (`verify.guard_margin`). Covers a slow round trip and the stages after readiness (smoke,
+/// benchmark, quality) without letting a crash loop run for long once nobody watches it.
+pub const DEFAULT_MARGIN: Duration = Duration::from_secs(120);
+
+/// How often the controller renews its lease: a quarter of the margin, so three renewals can be
+/// lost (a congested link) before the guard acts.
+pub fn renew_every(margin: Duration) -> Duration {
+    margin / 4
+}
+
+/// Where the guard stands, as `guard.json` spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GuardState {
+    /// Watching a new unit; the controller has not confirmed it yet.
+    Armed,
+    /// A rollback is under way (the controller's, or the guard's own).
+    RollingBack,
+    /// The controller finished: verified, or its rollback done. The guard did nothing.
+    Disarmed,
+    /// The guard found the new unit healthy at its deadline and kept it; no apply confirmed it.
+    Unconfirmed,
+    /// The guard put the previous unit back (and it answers `/health` when it was to run).
+    RolledBack,
+    /// The guard's rollback failed, or the restored unit did not come up: the host needs attention.
+    RollbackFailed,
+    /// The unit file changed under the guard (another change): it left everything as it was.
+    Left,
+}
+
+impl GuardState {
+    /// Whether the guard is still at work on the host.
+    pub fn active(self) -> bool {
+        matches!(self, GuardState::Armed | GuardState::RollingBack)
+    }
+
+    /// Whether the guard, not the controller, settled the unit: status and plan say so.
+    pub fn acted(self) -> bool {
+        matches!(
+            self,
+            GuardState::Unconfirmed
+                | GuardState::RolledBack
+                | GuardState::RollbackFailed
+                | GuardState::Left
+        )
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GuardState::Armed => "armed",
+            GuardState::RollingBack => "rolling_back",
+            GuardState::Disarmed => "disarmed",
+            GuardState::Unconfirmed => "unconfirmed",
+            GuardState::RolledBack => "rolled_back",
+            GuardState::RollbackFailed => "rollback_failed",
+            GuardState::Left => "left",
+        }
+    }
+
+    /// The state `guard.py` printed (`take`, `disarm`, `renew`).
+    pub fn parse(text: &str) -> Option<GuardState> {
+        serde_json::from_value(serde_json::Value::String(text.trim().to_string())).ok()
+    }
+}
+
+/// What to do after the previous unit is back, as `guard.py` reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Then {
+    Restart,
+    Stop,
+}
+
+/// `guard.json` as the controller writes it when arming. The guard adds its own fields (its
+/// monotonic times, what it did); [`Settled`] reads those back.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Arming {
+    pub format: u32,
+    pub state: GuardState,
+    pub unit: String,
+    pub unit_path: String,
+    /// sha256 of the new unit's text: the guard leaves a unit file that is no longer it.
+    pub new_sha256: String,
+    /// The kept generation to restore; `None`: the unit was new (removed on a rollback) or the
+    /// unit beneath comes back (`beneath`).
+    pub previous: Option<String>,
+    pub previous_sha256: Option<String>,
+    pub beneath: bool,
+    /// Disable the unit again after restoring (it was disabled before this apply).
+    pub disable: bool,
+    pub then: Then,
+    /// The record of files moved aside, put back with the unit.
+    pub aside: Option<String>,
+    /// The unit's own `/health`, on the host (no API key: SGLang exempts `/health`).
+    pub health_url: String,
+    /// Seconds after arming that the new unit must be healthy by.
+    pub judge_after: f64,
+    /// Seconds the controller's lease lasts after each renewal.
+    pub margin: f64,
+    /// Who armed it, for status.
+    pub armed_by: String,
+    pub armed_at: String,
+}
+
+/// How long after arming the guard judges a unit that neither failed nor answered: the whole of
+/// verification's own bounds (the crash window, the load deadline, the warmup), plus the margin.
+pub fn judge_after(
+    crash_window: Duration,
+    load_deadline: Duration,
+    warmup_timeout: Duration,
+    margin: Duration,
+) -> Duration {
+    crash_window + load_deadline + warmup_timeout + margin
+}
+
+/// `guard.json` as the guard left it: what status, plan and the next apply read.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Settled {
+    pub state: GuardState,
+    pub new_sha256: String,
+    #[serde(default)]
+    pub detail: String,
+    #[serde(default)]
+    pub settled_at: Option<String>,
+    #[serde(default)]
+    pub armed_by: String,
+    #[serde(default)]
+    pub armed_at: String,
+}
+
+impl Settled {
+    pub fn parse(text: &str) -> Result<Settled, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// One line for status and plan, when the guard acted.
+    pub fn summary(&self) -> Option<String> {
+        let when = self.settled_at.as_deref().unwrap_or("?");
+        let what = match self.state {
+            GuardState::Unconfirmed => "the host's guard kept the new unit, unconfirmed",
+            GuardState::RolledBack => "the host's guard rolled back to the previous unit",
+            GuardState::RollbackFailed => "the host's guard could not roll back",
+            GuardState::Left => "the host's guard left the unit as it found it",
+            _ => return None,
+        };
+        Some(format!(
+            "{what} at {when} ({}; applied by {} at {})",
+            self.detail, self.armed_by, self.armed_at
+        ))
+    }
+
+    /// Whether the unit on the host is the one the guard kept unconfirmed.
+    pub fn unconfirmed(&self, unit_sha256: &str) -> bool {
+        self.state == GuardState::Unconfirmed && self.new_sha256 == unit_sha256
+    }
+}
+
+/// The transient unit's name for `unit`'s guard: `reconcile-guard-<unit>`, with `.service` left
+/// off the managed unit's name.
+pub fn unit_name(unit: &str) -> String {
+    let stem = unit.strip_suffix(".service").unwrap_or(unit);
+    format!("reconcile-guard-{stem}.service")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_reads_as_guard_py_prints_it() {
+        for s in [
+            GuardState::Armed,
+            GuardState::RollingBack,
+            GuardState::Disarmed,
+            GuardState::Unconfirmed,
+            GuardState::RolledBack,
+            GuardState::RollbackFailed,
+            GuardState::Left,
+        ] {
+            assert_eq!(GuardState::parse(&format!("{}\n", s.name())), Some(s));
+            assert_eq!(serde_json::to_value(s).unwrap(), s.name());
+            assert!(!(s.active() && s.acted()), "{s:?}");
+        }
+        assert_eq!(GuardState::parse("Traceback"), None);
+    }
+
+    #[test]
+    fn the_deadline_covers_every_bound_of_verification_and_the_margin() {
+        let s = Duration::from_secs;
+        assert_eq!(judge_after(s(10), s(1800), s(660), s(120)), s(2590));
+        assert_eq!(renew_every(DEFAULT_MARGIN), s(30));
+    }
+
+    #[test]
+    fn only_the_guards_own_acts_are_summarised() {
+        let text = r#"{"state":"unconfirmed","new_sha256":"ab","detail":"active and /health 200 at the deadline, but no apply confirmed it","settled_at":"2026-12-04T10:00:00Z","armed_by":"ci@box pid 7","armed_at":"2026-12-04T09:40:00Z","judge_at":123.5}"#;
+        let s = Settled::parse(text).unwrap();
+        assert!(s.unconfirmed("ab") && !s.unconfirmed("cd"));
+        assert_eq!(
+            s.summary().unwrap(),
+            "the host's guard kept the new unit, unconfirmed at 2026-12-04T10:00:00Z (active and /health 200 at the deadline, but no apply confirmed it; applied by ci@box pid 7 at 2026-12-04T09:40:00Z)"
+        );
+        let disarmed = Settled {
+            state: GuardState::Disarmed,
+            ..s
+        };
+        assert_eq!(disarmed.summary(), None);
+    }
+
+    #[test]
+    fn the_guards_unit_is_named_after_the_managed_one() {
+        assert_eq!(unit_name("qwen.service"), "reconcile-guard-qwen.service");
+    }
+}

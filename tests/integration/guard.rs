@@ -1,0 +1,231 @@
+//! The host holds the transaction: `reconcile apply` killed (it and every ssh it started) while a
+//! change is verified, and the host's guard still leaves it right. Every wait polls the host to a
+//! deadline derived from the manifest's own bounds (`reconcile_core::guard::judge_after`).
+
+use std::time::{Duration, Instant};
+
+use crate::builder::STAND_IN_VERIFY;
+use crate::lab::{lab, lease_of, manifest, Manifest, Reconcile, GUARD};
+
+const HOST: &str = GUARD.host();
+
+/// The guard's bounds in these tests: verification's (crash window 3 s, load deadline 20 s,
+/// warmup 5 s) plus a 4 s margin, so the guard judges 32 s after it was armed.
+const MARGIN: &str = "4s";
+const JUDGE_AFTER: Duration = Duration::from_secs(3 + 20 + 5 + 4);
+
+fn service(name: &str, port: u16) -> Manifest {
+    manifest(name, &[HOST])
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", lease_of(HOST, port).gpu_pair(port))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&STAND_IN_VERIFY)
+        .verify("warmup_timeout", "5s")
+        .verify("guard_margin", MARGIN)
+}
+
+fn sh(script: &str) -> String {
+    lab().sh(HOST, script)
+}
+
+fn fresh(unit: &str) {
+    sh(&format!("systemctl stop reconcile-guard-{}.service 2>/dev/null; systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload", unit.trim_end_matches(".service")));
+}
+
+fn apply(m: &Manifest) -> (i32, serde_json::Value) {
+    let ran = Reconcile::new()
+        .manifest("a.yaml", m)
+        .args(&["apply", "--format", "json"])
+        .run();
+    (ran.code, ran.json()["units"][0].clone())
+}
+
+fn unit_file(unit: &str) -> String {
+    sh(&format!("cat /etc/systemd/system/{unit}"))
+}
+
+fn guard_state(unit: &str) -> String {
+    sh(&format!("python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"state\"])' /var/lib/reconcile/{unit}/guard.json 2>/dev/null")).trim().to_string()
+}
+
+/// `unit`'s guard units left on the host (none once a run is done with it).
+fn guards_left(unit: &str) -> String {
+    let guard = format!("reconcile-guard-{}*", unit.trim_end_matches(".service"));
+    sh(&format!("systemctl list-units --all --no-legend '{guard}'; systemctl list-timers --all --no-legend '{guard}'")).trim().to_string()
+}
+
+fn healthy(port: u16) -> bool {
+    sh(&format!("python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:{port}/health\", timeout=25).status)' 2>/dev/null")).trim() == "200"
+}
+
+/// Polls `check` every 200 ms until it holds; panics with `what` at the deadline.
+fn until(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Starts `reconcile apply` of `m`, waits until `ready` holds on the host, then SIGKILLs it and
+/// every ssh it started (found by the TMPDIR their control sockets live in).
+fn apply_then_kill(m: &Manifest, ready: impl FnMut() -> bool, what: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_str().unwrap().to_string();
+    // Kept until the end: its folder holds the manifests the run reads.
+    let run = Reconcile::new()
+        .manifest("a.yaml", m)
+        .args(&["apply", "--format", "json"]);
+    let mut child = run.spawn(&[("TMPDIR", &dir)]);
+    let mut ready = ready;
+    until(Duration::from_secs(60), what, || {
+        if let Ok(Some(status)) = child.try_wait() {
+            let out = child.wait_with_output_now();
+            panic!("reconcile ended ({status}) before {what}: {out}");
+        }
+        ready()
+    });
+    child.kill().unwrap();
+    let _ = std::process::Command::new("pkill")
+        .args(["-KILL", "-f", &format!("{dir}/")])
+        .status();
+    child.wait().unwrap();
+}
+
+trait Output {
+    fn wait_with_output_now(&mut self) -> String;
+}
+
+impl Output for std::process::Child {
+    fn wait_with_output_now(&mut self) -> String {
+        use std::io::Read;
+        let mut text = String::new();
+        if let Some(o) = self.stdout.as_mut() {
+            let _ = o.read_to_string(&mut text);
+        }
+        if let Some(e) = self.stderr.as_mut() {
+            let _ = e.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+fn invocation(unit: &str) -> String {
+    lab().invocation(HOST, unit)
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
+    let unit = "t-guard-crash.service";
+    fresh(unit);
+    let good = service("t-guard-crash", 37601);
+    let (code, report) = apply(&good);
+    assert_eq!(code, 0, "{report}");
+    // A confirmed apply leaves no guard behind.
+    assert_eq!(guards_left(unit), "");
+    assert_eq!(guard_state(unit), "disarmed");
+    let good_text = unit_file(unit);
+    let before = invocation(unit);
+    // The new server crashes 5 s after each start: the controller dies before it can see it.
+    let crashing = good
+        .clone()
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "5");
+    apply_then_kill(
+        &crashing,
+        || invocation(unit) != before,
+        "the new unit started",
+    );
+    let killed = Instant::now();
+    until(JUDGE_AFTER * 3, "the guard rolled back", || {
+        guard_state(unit) == "rolled_back"
+    });
+    // The host acted within the manifest's bounds: the crash loop is caught once the lease
+    // runs out, well before the deadline a unit that never answers would get.
+    assert!(killed.elapsed() < JUDGE_AFTER * 3, "{:?}", killed.elapsed());
+    assert_eq!(unit_file(unit), good_text);
+    assert!(healthy(37601), "the previous unit answers /health");
+    let detail = sh(&format!("cat /var/lib/reconcile/{unit}/guard.json"));
+    assert!(detail.contains("crash-looping"), "{detail}");
+    assert_eq!(guards_left(unit), "");
+    // The next apply of the good manifest finds nothing to do.
+    let (code, report) = apply(&good);
+    assert_eq!(
+        (code, report["outcome"].as_str()),
+        (0, Some("unchanged")),
+        "{report}"
+    );
+    fresh(unit);
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it() {
+    let unit = "t-guard-healthy.service";
+    fresh(unit);
+    let good = service("t-guard-healthy", 37602);
+    assert_eq!(apply(&good).0, 0);
+    let before = invocation(unit);
+    let changed = good.clone().env("FAKE_SGLANG_LOAD_SECONDS", "2");
+    apply_then_kill(
+        &changed,
+        || invocation(unit) != before,
+        "the new unit started",
+    );
+    let new = invocation(unit);
+    until(JUDGE_AFTER * 3, "the guard kept the unit", || {
+        guard_state(unit) == "unconfirmed"
+    });
+    // Never rolled back blind, never restarted.
+    assert_eq!(invocation(unit), new);
+    assert!(healthy(37602));
+    assert_eq!(guards_left(unit), "");
+    // The next apply verifies the server as it runs and confirms it: no restart.
+    let (code, report) = apply(&changed);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged", "{report}");
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("kept the new unit, unconfirmed"), "{notes}");
+    assert_eq!(invocation(unit), new, "confirming restarted the server");
+    assert_eq!(guard_state(unit), "disarmed");
+    assert_eq!(guards_left(unit), "");
+    let (code, report) = apply(&changed);
+    assert_eq!(
+        (code, report["outcome"].as_str()),
+        (0, Some("unchanged")),
+        "{report}"
+    );
+    fresh(unit);
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it() {
+    let unit = "t-guard-midway.service";
+    fresh(unit);
+    // The previous unit loads for 6 s: the controller's rollback is still verifying it when it
+    // is killed.
+    let good = service("t-guard-midway", 37603).env("FAKE_SGLANG_LOAD_SECONDS", "6");
+    assert_eq!(apply(&good).0, 0);
+    let good_text = unit_file(unit);
+    let crashing = good
+        .clone()
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "1");
+    apply_then_kill(
+        &crashing,
+        || guard_state(unit) == "rolling_back",
+        "the controller's rollback began",
+    );
+    until(JUDGE_AFTER * 3, "the guard finished the rollback", || {
+        guard_state(unit) == "rolled_back"
+    });
+    assert_eq!(unit_file(unit), good_text);
+    assert!(healthy(37603), "the previous unit answers /health");
+    assert_eq!(guards_left(unit), "");
+    fresh(unit);
+}
