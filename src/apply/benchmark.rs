@@ -11,7 +11,7 @@ use crate::bench;
 use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
 use crate::remote::error_chain;
-use crate::verify::{Expect, Progress, Verification};
+use crate::verify::{Expect, Progress, Stage, Verification};
 
 /// Runs the benchmark against the unit just verified (`v`, which gains the stage) and judges it
 /// against `before`, the deployment record read before the restart.
@@ -50,7 +50,7 @@ pub async fn stage(
         },
         _ = cancel.wait_for(|c| *c) => BenchmarkReport::could_not_run(spec, &crate::signals::interrupted()),
     };
-    v.push_after("benchmark", !report.fails(), started, &report.detail);
-    progress.stage("benchmark", !report.fails(), &report.detail);
+    v.push_after(Stage::Benchmark, !report.fails(), started, &report.detail);
+    progress.stage(Stage::Benchmark, !report.fails(), &report.detail);
     report
 }

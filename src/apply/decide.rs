@@ -280,7 +280,7 @@ fn summary(v: &Verification) -> String {
     let load = v
         .load_seconds
         .map_or(String::new(), |s| format!("ready after {s:.1}s"));
-    let stages: Vec<&str> = v.stages.iter().map(|s| s.name).collect();
+    let stages: Vec<&str> = v.stages.iter().map(|s| s.name.name()).collect();
     format!(
         "{load} ({} passed) memory {}",
         stages.join(", "),
@@ -412,7 +412,7 @@ mod tests {
     use super::*;
     use crate::apply::testing::{observed, target};
     use crate::preflight::{Finding, Severity};
-    use crate::verify::{Failure, Stage};
+    use crate::verify::{Failure, Stage, StageResult};
 
     fn record_error() -> state::RecordError {
         state::RecordError {
@@ -608,7 +608,7 @@ mod tests {
     }
 
     fn verification(load: Option<f64>) -> Verification {
-        let stage = |name| Stage {
+        let stage = |name| StageResult {
             name,
             passed: true,
             seconds: 1.0,
@@ -616,7 +616,7 @@ mod tests {
             detail: String::new(),
         };
         Verification {
-            stages: vec![stage("health"), stage("smoke")],
+            stages: vec![stage(Stage::Readiness), stage(Stage::Smoke)],
             load_seconds: load,
             ..Verification::default()
         }
@@ -629,14 +629,14 @@ mod tests {
         assert_eq!(end.error, None);
         assert!(
             end.detail.starts_with(
-                "restarted and verified: ready after 12.3s (health, smoke passed) memory "
+                "restarted and verified: ready after 12.3s (readiness, smoke passed) memory "
             ),
             "{}",
             end.detail
         );
         assert!(converged(&verification(None))
             .detail
-            .starts_with("restarted and verified:  (health, smoke passed) memory "));
+            .starts_with("restarted and verified:  (readiness, smoke passed) memory "));
     }
 
     #[test]
@@ -675,7 +675,7 @@ mod tests {
             )
         );
         let failure = Failure {
-            stage: "smoke",
+            stage: Stage::Smoke,
             reason: "timed out".into(),
             verification: Box::default(),
         };
@@ -745,13 +745,13 @@ mod tests {
             )
         );
         let failure = Failure {
-            stage: "health",
+            stage: Stage::Readiness,
             reason: "503".into(),
             verification: Box::default(),
         };
         assert_eq!(
             not_restored(&NotRestored::Verify(failure)),
-            "the restored unit failed health: 503"
+            "the restored unit failed readiness: 503"
         );
         assert_eq!(not_restored(&NotRestored::Restore("e".into())), "e");
     }

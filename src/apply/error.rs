@@ -8,6 +8,8 @@
 
 use serde::Serialize;
 
+use crate::verify::Stage;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApplyError {
     /// The host could not be reached; nothing was changed.
@@ -54,7 +56,7 @@ pub enum ApplyError {
     DrainRefused(String),
     /// A stage of the new unit's verification failed.
     #[error("{stage} failed: {reason}")]
-    VerificationFailed { stage: String, reason: String },
+    VerificationFailed { stage: Stage, reason: String },
     /// Putting the previous unit back failed, or the restored unit failed verification. The text is
     /// the whole detail: what failed first, then how the rollback failed.
     #[error("{0}")]
@@ -159,11 +161,11 @@ mod tests {
         );
         assert_eq!(
             ApplyError::VerificationFailed {
-                stage: "health".into(),
+                stage: Stage::Readiness,
                 reason: "503".into()
             }
             .to_string(),
-            "health failed: 503"
+            "readiness failed: 503"
         );
         assert_eq!(
             ApplyError::RestartFailed("boom".into()).to_string(),

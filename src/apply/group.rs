@@ -41,7 +41,7 @@ use crate::preflight::{self, Survey};
 use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::systemd::Systemd as _;
 use crate::targets::Target;
-use crate::verify::{Expect, Failure, Verification};
+use crate::verify::{Expect, Failure, Stage, Verification};
 
 /// Applies one server group: `targets` are its ranks (any order). Connects to every rank first;
 /// one that cannot be reached leaves the group untouched.
@@ -444,7 +444,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
     if let Err((i, e)) = restart_in_order(ranks).await {
         let failed = Cause {
             rank: i,
-            stage: "restart".into(),
+            stage: Stage::Restart,
             error: ApplyError::RestartFailed(e),
         };
         return roll_back(ranks, vec![failed], &[]).await;
@@ -517,9 +517,9 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
             .map(|(i, f)| Cause::stage(*i, f.stage, f.reason.clone()))
             .collect();
         for (i, f) in &failures {
-            ranks[*i].report.report.failed_stage = Some(f.stage.to_string());
+            ranks[*i].report.report.failed_stage = Some(f.stage);
         }
-        let cut: Vec<usize> = cut.iter().map(|(i, _)| *i).collect();
+        let cut: Vec<(usize, Stage)> = cut.iter().map(|(i, f)| (*i, f.stage)).collect();
         return roll_back(ranks, causes, &cut).await;
     }
     // Rank 0's benchmark and quality gate: the group's API is rank 0's.
@@ -531,13 +531,13 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
             install::throughput_gate(job, v, before.as_ref(), &mut report.report).await
         {
             report.report.verification = Some(v.clone());
-            let failed = Cause::stage(0, "benchmark", reason);
+            let failed = Cause::stage(0, Stage::Benchmark, reason);
             return roll_back(ranks, vec![failed], &[]).await;
         }
         match install::quality_gate(job, v, quality_before.as_ref(), &mut report.report).await {
             Err(reason) => {
                 report.report.verification = Some(v.clone());
-                let failed = Cause::stage(0, "quality", reason);
+                let failed = Cause::stage(0, Stage::Quality, reason);
                 return roll_back(ranks, vec![failed], &[]).await;
             }
             Ok(k) => keep = k,
@@ -754,19 +754,16 @@ fn first_error(results: Vec<Result<(), remote::RemoteError>>) -> Result<(), (usi
 /// What failed the group: the rank, the stage and the error.
 struct Cause {
     rank: usize,
-    stage: String,
+    stage: Stage,
     error: ApplyError,
 }
 
 impl Cause {
-    fn stage(rank: usize, stage: &str, reason: String) -> Cause {
+    fn stage(rank: usize, stage: Stage, reason: String) -> Cause {
         Cause {
             rank,
-            stage: stage.to_string(),
-            error: ApplyError::VerificationFailed {
-                stage: stage.to_string(),
-                reason,
-            },
+            stage,
+            error: ApplyError::VerificationFailed { stage, reason },
         }
     }
 }
@@ -818,8 +815,13 @@ async fn together(
 
 /// Step 6: every rank stopped, every previous unit put back and started in order, and the group
 /// verified again. Each rank's ending says what failed (its own stage, or the rank that failed
-/// first) and how its rollback went.
-async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usize]) -> Vec<Ending> {
+/// first) and how its rollback went. `cut_short`: the ranks a peer's failure cut short, each with
+/// the stage it was cut at.
+async fn roll_back(
+    ranks: &mut [Rank<'_>],
+    causes: Vec<Cause>,
+    cut_short: &[(usize, Stage)],
+) -> Vec<Ending> {
     // Stopped first, all of them: a rank on its old unit must not dial into a new rank 0.
     let mut stopped: Vec<Option<String>> = vec![None; ranks.len()];
     for i in stop_order(ranks.len()) {
@@ -879,18 +881,12 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
     // dies of it, and either death may be seen first): one whose process failed is a candidate
     // too, after those that failed in their own right.
     let mut causes = causes;
-    for &i in cut_short {
+    for &(i, stage) in cut_short {
         let journal = ranks[i].report.report.journal.as_deref().unwrap_or("");
         if let Some(line) = reconcile_core::group::process_failure(journal) {
-            let stage = ranks[i]
-                .report
-                .report
-                .failed_stage
-                .clone()
-                .unwrap_or_default();
             causes.push(Cause {
                 rank: i,
-                stage: stage.clone(),
+                stage,
                 error: ApplyError::VerificationFailed {
                     stage,
                     reason: format!("its process failed ({})", line.trim()),
@@ -912,7 +908,7 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
         .expect("the blamed rank is one of the causes");
     let kind = cause.error.kind();
     let failed_host = ranks[cause.rank].job.t.host.clone();
-    ranks[cause.rank].report.report.failed_stage = Some(cause.stage.clone());
+    ranks[cause.rank].report.report.failed_stage = Some(cause.stage);
     let cut_text = format!(
         "cut short: the group's rank {} ({failed_host}) failed its {}",
         cause.rank, cause.stage
@@ -920,9 +916,9 @@ async fn roll_back(ranks: &mut [Rank<'_>], causes: Vec<Cause>, cut_short: &[usiz
     let mut endings = Vec::new();
     for (i, r) in ranks.iter_mut().enumerate() {
         let report = &mut r.report.report;
-        report.failed_stage.get_or_insert_with(|| "group".into());
+        report.failed_stage.get_or_insert(Stage::Group);
         // A rank stopped because a peer failed says so, not that someone pressed Ctrl-C.
-        if cut_short.contains(&i) {
+        if cut_short.iter().any(|&(cut, _)| cut == i) {
             // Blamed after all (its process failed too), it says how; else that a peer stopped it.
             let detail = match &cause.error {
                 ApplyError::VerificationFailed { reason, .. } if i == cause.rank => reason.clone(),

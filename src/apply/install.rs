@@ -21,7 +21,7 @@ use crate::redact::{redact_text, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError};
 use crate::systemd::Systemd;
 use crate::unit::{parse_unit, UnitModel};
-use crate::verify::{Expect, Failure, Verification, POLL_INTERVAL};
+use crate::verify::{Expect, Failure, Stage, Verification, POLL_INTERVAL};
 use reconcile_core::guard::GuardState;
 
 /// What to go back to when the new unit fails.
@@ -190,7 +190,7 @@ pub async fn install(
         Err(e) => {
             let error = ApplyError::RestartFailed(error_chain(&e));
             let failed = Failed {
-                stage: "restart",
+                stage: Stage::Restart,
                 error,
                 invocation: "",
             };
@@ -237,7 +237,7 @@ pub async fn confirm(job: &Job<'_>, fallback: Fallback, report: &mut UnitReport)
         Err(e) => {
             let error = ApplyError::ObserveFailed(error_chain(&e));
             let failed = Failed {
-                stage: "restart",
+                stage: Stage::Restart,
                 error,
                 invocation: "",
             };
@@ -339,12 +339,12 @@ async fn verify_restarted(
                     learned(&mut v);
                     if let Some(reason) = throughput_gate(job, &mut v, r.before, report).await {
                         report.verification = Some(v);
-                        return Err(Failed::stage("benchmark", reason, r.invocation));
+                        return Err(Failed::stage(Stage::Benchmark, reason, r.invocation));
                     }
                     match quality_gate(job, &mut v, r.quality, report).await {
                         Err(reason) => {
                             report.verification = Some(v);
-                            Err(Failed::stage("quality", reason, r.invocation))
+                            Err(Failed::stage(Stage::Quality, reason, r.invocation))
                         }
                         Ok(keep) => Ok((v, keep)),
                     }
@@ -506,7 +506,7 @@ async fn restart(host: &dyn Host, unit: &str, verdict: Verdict) -> Result<String
 
 /// What failed in the new unit, for the rollback.
 struct Failed<'a> {
-    stage: &'a str,
+    stage: Stage,
     error: ApplyError,
     /// The failed invocation, whose journal goes into the report ("" when it never started).
     invocation: &'a str,
@@ -514,11 +514,8 @@ struct Failed<'a> {
 
 impl<'a> Failed<'a> {
     /// A verification stage (or the throughput gate) that failed for `reason`.
-    fn stage(stage: &'a str, reason: String, invocation: &'a str) -> Failed<'a> {
-        let error = ApplyError::VerificationFailed {
-            stage: stage.to_string(),
-            reason,
-        };
+    fn stage(stage: Stage, reason: String, invocation: &'a str) -> Failed<'a> {
+        let error = ApplyError::VerificationFailed { stage, reason };
         Failed {
             stage,
             error,
@@ -535,7 +532,7 @@ async fn roll_back(
     failed: Failed<'_>,
     armed: &Armed<'_>,
 ) -> Ending {
-    report.failed_stage = Some(failed.stage.to_string());
+    report.failed_stage = Some(failed.stage);
     let cause = failed.error.kind();
     let text = failed.error.to_string();
     let (ending, reached) = armed
@@ -797,7 +794,7 @@ mod tests {
         })
     }
 
-    fn failed(stage: &'static str) -> Result<Verification, Failure> {
+    fn failed(stage: Stage) -> Result<Verification, Failure> {
         Err(Failure {
             stage,
             reason: "503".into(),
@@ -987,19 +984,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_stage_restores_restarts_and_verifies_the_previous_unit() {
         let host = host(Some("old"));
-        let verifier = Scripted::new(vec![failed("health"), passed()]);
+        let verifier = Scripted::new(vec![failed(Stage::Readiness), passed()]);
         let before = observed(Some("old"), "active");
         let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
                 Outcome::RolledBack,
-                "health failed: 503; the previous unit was restored and passed verification (ready after 2.0s)",
+                "readiness failed: 503; the previous unit was restored and passed verification (ready after 2.0s)",
                 Some(ApplyErrorKind::VerificationFailed)
             )
         );
         assert_eq!(host.file(PATH).as_deref(), Some("old"));
-        assert_eq!(report.failed_stage.as_deref(), Some("health"));
+        assert_eq!(report.failed_stage.map(Stage::name), Some("readiness"));
         assert!(report.rollback.is_some() && report.journal.is_some());
         assert!(host
             .commands()
@@ -1014,7 +1011,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_new_unit_that_fails_is_removed_and_a_failing_restore_says_so() {
         let host = host(None);
-        let verifier = Scripted::new(vec![failed("smoke")]);
+        let verifier = Scripted::new(vec![failed(Stage::Smoke)]);
         let before = observed(None, "inactive");
         let (end, _) = install_on(&host, &verifier, &before, Verdict::Install, false).await;
         assert_eq!(
@@ -1033,14 +1030,14 @@ mod tests {
 
         // The restored unit fails its own verification: the host needs attention.
         let host = self::host(Some("old"));
-        let verifier = Scripted::new(vec![failed("health"), failed("smoke")]);
+        let verifier = Scripted::new(vec![failed(Stage::Readiness), failed(Stage::Smoke)]);
         let before = observed(Some("old"), "active");
         let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
                 Outcome::RollbackFailed,
-                "health failed: 503; the restored previous unit failed too: smoke: 503",
+                "readiness failed: 503; the restored previous unit failed too: smoke: 503",
                 Some(ApplyErrorKind::RollbackFailed)
             )
         );
@@ -1107,7 +1104,7 @@ mod tests {
             "{}",
             end.detail
         );
-        assert_eq!(report.failed_stage.as_deref(), Some("restart"));
+        assert_eq!(report.failed_stage.map(Stage::name), Some("restart"));
         // No invocation started, so there is no journal to read.
         assert!(report.journal.is_none());
         assert_eq!(host.file(PATH).as_deref(), Some("old"));
@@ -1127,7 +1124,7 @@ mod tests {
             .once(&["systemctl", "is-system-running"], running)
             .once(&["systemctl", "is-system-running"], stopping.clone())
             .once(&["systemctl", "is-system-running"], stopping);
-        let verifier = Scripted::new(vec![failed("health"), passed()]);
+        let verifier = Scripted::new(vec![failed(Stage::Readiness), passed()]);
         let before = observed(Some("old"), "active");
         let started = Instant::now();
         let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
@@ -1135,7 +1132,7 @@ mod tests {
             (end.outcome, end.detail.as_str()),
             (
                 Outcome::RolledBack,
-                "health failed: 503; the host was shutting down; the previous unit was restored and passed verification (ready after 2.0s)"
+                "readiness failed: 503; the host was shutting down; the previous unit was restored and passed verification (ready after 2.0s)"
             )
         );
         // It waited (on the paused clock) for the shutdown to pass before trying again.
@@ -1227,9 +1224,12 @@ mod tests {
             "{}",
             end.detail
         );
-        assert_eq!(report.failed_stage.as_deref(), Some("benchmark"));
+        assert_eq!(report.failed_stage.map(Stage::name), Some("benchmark"));
         let stages = &report.verification.as_ref().unwrap().stages;
-        assert_eq!((stages[0].name, stages[0].passed), ("benchmark", false));
+        assert_eq!(
+            (stages[0].name.name(), stages[0].passed),
+            ("benchmark", false)
+        );
         // The record of the deployment that still runs is left as it was.
         assert_eq!(second.file(current).as_deref(), Some(faster.as_str()));
         assert_eq!(second.file(PATH).as_deref(), Some("old"));

@@ -113,7 +113,7 @@ pub struct UnitReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ApplyErrorKind>,
     /// The stage that failed, when one did.
-    pub failed_stage: Option<String>,
+    pub failed_stage: Option<crate::verify::Stage>,
     pub notes: Vec<String>,
     /// Stages and memory samples of the new unit's verification.
     pub verification: Option<Verification>,

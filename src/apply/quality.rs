@@ -18,7 +18,7 @@ use reconcile_core::quality::{self, QualityReport, QualitySpec, Reference};
 use super::Job;
 use crate::quality::{self as measure, Measured};
 use crate::remote::error_chain;
-use crate::verify::{Expect, Progress, Verification};
+use crate::verify::{Expect, Progress, Stage, Verification};
 
 /// What was measured before the restart.
 #[derive(Debug, Default)]
@@ -139,7 +139,7 @@ pub async fn stage(
         Err(e) => (QualityReport::could_not_run(spec, &e), None),
     };
     report.notes.extend(before.notes.iter().cloned());
-    v.push_after("quality", !report.fails(), started, &report.detail);
-    progress.stage("quality", !report.fails(), &report.detail);
+    v.push_after(Stage::Quality, !report.fails(), started, &report.detail);
+    progress.stage(Stage::Quality, !report.fails(), &report.detail);
     (report, keep)
 }

@@ -141,7 +141,7 @@ pub fn result_of(
         changes: v.changes.iter().map(|c| c.text()).collect(),
         status,
         detail: report.detail.clone(),
-        failed_stage: report.failed_stage.clone(),
+        failed_stage: report.failed_stage,
         diagnosis: report
             .diagnosis
             .as_ref()

@@ -34,6 +34,7 @@ pub use progress::Progress;
 pub use reconcile_core::verify::judge::{
     self, bytes, crash_reason, sparkline, MemoryPolicy, Sample,
 };
+pub use reconcile_core::verify::Stage;
 
 use crate::flags::flags;
 use crate::manifest::VerifySpec;
@@ -108,8 +109,8 @@ impl Expect {
 
 /// One stage's result.
 #[derive(Debug, Clone, Serialize)]
-pub struct Stage {
-    pub name: &'static str,
+pub struct StageResult {
+    pub name: Stage,
     pub passed: bool,
     /// Since the restart.
     pub seconds: f64,
@@ -121,7 +122,7 @@ pub struct Stage {
 /// Everything verification saw, for the report and the deployment record.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Verification {
-    pub stages: Vec<Stage>,
+    pub stages: Vec<StageResult>,
     pub samples: Vec<Sample>,
     /// Seconds from the restart to `/health` answering 200.
     pub load_seconds: Option<f64>,
@@ -142,13 +143,13 @@ impl Verification {
     /// count from the restart, as the earlier stages' do.
     pub fn push_after(
         &mut self,
-        name: &'static str,
+        name: Stage,
         passed: bool,
         started: std::time::Instant,
         detail: &str,
     ) {
         let since_restart = self.stages.last().map_or(0.0, |s| s.seconds);
-        self.stages.push(Stage {
+        self.stages.push(StageResult {
             name,
             passed,
             seconds: since_restart + started.elapsed().as_secs_f64(),
@@ -172,7 +173,7 @@ impl Verification {
 #[derive(Debug, thiserror::Error)]
 #[error("{stage}: {reason}")]
 pub struct Failure {
-    pub stage: &'static str,
+    pub stage: Stage,
     pub reason: String,
     /// Boxed: a `Failure` is the error of every verification's `Result`, kept small to move.
     pub verification: Box<Verification>,
@@ -192,9 +193,9 @@ pub async fn verify(
         record: Verification::default(),
         progress,
     };
-    let first = run.remote("crash window", host.unit_state(unit).await)?;
+    let first = run.remote(Stage::CrashWindow, host.unit_state(unit).await)?;
     let server = run.remote(
-        "readiness",
+        Stage::Readiness,
         host.server(&expect.endpoint, spec.url.as_deref()).await,
     )?;
     let every = spec
@@ -434,9 +435,9 @@ impl Run<'_> {
         decision.next
     }
 
-    fn pass(&mut self, name: &'static str, detail: String) {
+    fn pass(&mut self, name: Stage, detail: String) {
         self.progress.stage(name, true, &detail);
-        self.record.stages.push(Stage {
+        self.record.stages.push(StageResult {
             name,
             passed: true,
             seconds: self.elapsed(),
@@ -445,9 +446,9 @@ impl Run<'_> {
         });
     }
 
-    fn fail(&mut self, name: &'static str, reason: String) -> Failure {
+    fn fail(&mut self, name: Stage, reason: String) -> Failure {
         self.progress.stage(name, false, &reason);
-        self.record.stages.push(Stage {
+        self.record.stages.push(StageResult {
             name,
             passed: false,
             seconds: self.elapsed(),
@@ -463,7 +464,7 @@ impl Run<'_> {
 
     fn remote<T, E: std::error::Error + 'static>(
         &mut self,
-        stage: &'static str,
+        stage: Stage,
         r: Result<T, E>,
     ) -> Result<T, Failure> {
         r.map_err(|e| self.fail(stage, error_chain(&e)))
@@ -637,7 +638,7 @@ mod tests {
     }
 
     fn names(v: &Verification) -> Vec<(&'static str, bool)> {
-        v.stages.iter().map(|s| (s.name, s.passed)).collect()
+        v.stages.iter().map(|s| (s.name.name(), s.passed)).collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -680,7 +681,7 @@ mod tests {
         };
         let (_cancel, never) = watch::channel(false);
         let f = drive(&fake, &spec(), never).await.expect_err("crashed");
-        assert_eq!(f.stage, "crash window");
+        assert_eq!(f.stage.name(), "crash window");
         assert!(
             f.reason.starts_with("crashed 3.") && f.reason.contains("it is failed (failed)"),
             "{}",
@@ -700,7 +701,7 @@ mod tests {
         };
         let (_cancel, never) = watch::channel(false);
         let f = drive(&fake, &spec(), never).await.expect_err("crashed");
-        assert_eq!(f.stage, "loading");
+        assert_eq!(f.stage.name(), "loading");
         assert!(f.reason.starts_with("crashed 12.5s"), "{}", f.reason);
         // Without an exit, the worker's death is reported after CONFIRM_POLLS polls.
         let fake = Fake {
@@ -709,7 +710,7 @@ mod tests {
         };
         let (_cancel, never) = watch::channel(false);
         let f = drive(&fake, &spec(), never).await.expect_err("dead worker");
-        assert_eq!(f.stage, "loading");
+        assert_eq!(f.stage.name(), "loading");
         assert_eq!(
             f.reason,
             "a worker process died: 1 of 2 `sglang::scheduler` processes are left while the main process lives"
@@ -736,7 +737,7 @@ mod tests {
             .await
             .expect_err("cancelled");
         assert_eq!(
-            (f.stage, f.reason.as_str()),
+            (f.stage.name(), f.reason.as_str()),
             ("loading", "interrupted (cancelled)")
         );
         let at = f.verification.stages[1].seconds;
@@ -756,7 +757,7 @@ mod tests {
             ..spec()
         };
         let f = drive(&fake, &spec, never).await.expect_err("not ready");
-        assert_eq!(f.stage, "readiness");
+        assert_eq!(f.stage.name(), "readiness");
         assert_eq!(
             f.reason,
             "not ready after the 120s load deadline; last: the port is not open yet (connection refused)"

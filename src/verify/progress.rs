@@ -6,7 +6,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use reconcile_core::learned::{LoadHistory, Point};
 
 use super::judge::{bytes, sparkline, Sample};
-use super::Verification;
+use super::{Stage, Verification};
 
 /// The display for one unit's verification.
 pub struct Progress {
@@ -64,7 +64,7 @@ impl Progress {
         ));
     }
 
-    pub fn stage(&self, name: &str, passed: bool, detail: &str) {
+    pub fn stage(&self, name: Stage, passed: bool, detail: &str) {
         if self.label.is_empty() {
             return;
         }

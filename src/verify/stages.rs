@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use super::judge::{self, bytes, Sample};
-use super::MemoryPolicy;
 use super::CONFIRM_POLLS;
+use super::{MemoryPolicy, Stage};
 use crate::manifest::{Smoke, VerifySpec};
 use crate::remote::http::Answer;
 use crate::remote::{Health, Model};
@@ -104,13 +104,13 @@ impl Findings {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Passed {
-    pub stage: &'static str,
+    pub stage: Stage,
     pub detail: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Failed {
-    pub stage: &'static str,
+    pub stage: Stage,
     pub reason: String,
 }
 
@@ -159,11 +159,11 @@ impl Decision {
         }
     }
 
-    fn fail(stage: &'static str, reason: String) -> Decision {
+    fn fail(stage: Stage, reason: String) -> Decision {
         Decision::next(Next::Fail(Failed { stage, reason }))
     }
 
-    fn pass(&mut self, stage: &'static str, detail: String) {
+    fn pass(&mut self, stage: Stage, detail: String) {
         self.passed.push(Passed { stage, detail });
     }
 }
@@ -181,7 +181,7 @@ pub struct Stages {
     next_sample: Duration,
     /// The stage the current round of polling began in: a sample or a confirmation in it fails
     /// that stage, even once the crash window has passed meanwhile.
-    round: &'static str,
+    round: Stage,
     /// Confirmation polls of systemd done, and the failure to report if none shows a crash.
     suspect: Option<(u32, Failed)>,
 }
@@ -196,7 +196,7 @@ impl Stages {
             ready: false,
             seen: Seen::default(),
             next_sample: Duration::ZERO,
-            round: "crash window",
+            round: Stage::CrashWindow,
             suspect: None,
         }
     }
@@ -206,11 +206,11 @@ impl Stages {
     }
 
     /// The stage a crash, a cancel or an unreachable systemd fails.
-    fn stage(&self) -> &'static str {
+    fn stage(&self) -> Stage {
         if self.crash_passed {
-            "loading"
+            Stage::Loading
         } else {
-            "crash window"
+            Stage::CrashWindow
         }
     }
 
@@ -219,12 +219,12 @@ impl Stages {
         match (self.ready, self.seen.opened) {
             (true, _) => "loaded",
             (false, Some(_)) => "warmup",
-            (false, None) => self.round,
+            (false, None) => self.round.name(),
         }
     }
 
     /// A failure of `stage` on what systemd said.
-    fn systemd_failed(stage: &'static str, elapsed: Duration, systemd: Systemd) -> Decision {
+    fn systemd_failed(stage: Stage, elapsed: Duration, systemd: Systemd) -> Decision {
         let reason = match systemd {
             Systemd::Healthy => unreachable!("a healthy unit fails nothing"),
             Systemd::Crashed(crash) => format!(
@@ -246,7 +246,7 @@ impl Stages {
         if !self.crash_passed && elapsed >= self.rules.crash_window {
             self.crash_passed = true;
             d.pass(
-                "crash window",
+                Stage::CrashWindow,
                 format!(
                     "no crash, restart or new invocation in {:?}",
                     self.rules.crash_window
@@ -256,10 +256,10 @@ impl Stages {
         self.seen = seen.clone();
         if let (false, Some(models)) = (self.identified, &self.seen.models) {
             match identity(models, &self.rules.model_id, self.rules.context_length) {
-                Ok(detail) => d.pass("identity", detail),
+                Ok(detail) => d.pass(Stage::Identity, detail),
                 Err(reason) => {
                     d.next = Next::Fail(Failed {
-                        stage: "identity",
+                        stage: Stage::Identity,
                         reason,
                     });
                     return d;
@@ -279,20 +279,20 @@ impl Stages {
                 // SGLang opens a rank >= 1's dummy health server only once its schedulers
                 // joined the group and loaded (engine.py, `_launch_subprocesses`): no warmup.
                 d.pass(
-                    "readiness",
+                    Stage::Readiness,
                     format!("the rank joined its group and loaded: its health port answered 200 after {now:.1}s (a rank >= 1 serves no API)"),
                 );
                 return self.after_ready(elapsed, d);
             }
             d.pass(
-                "warmup",
+                Stage::Warmup,
                 format!(
                     "the port opened after {opened:.1}s; warmup ended {:.1}s later",
                     (now - opened).max(0.0)
                 ),
             );
             d.pass(
-                "readiness",
+                Stage::Readiness,
                 format!(
                     "/health answered 200 after {now:.1}s (the probe took {:.1}s)",
                     took.as_secs_f64()
@@ -318,12 +318,12 @@ impl Stages {
         let stage = self.round;
         let findings = match took {
             Took::Done(findings) => findings,
-            Took::Failed(reason) => return Decision::fail("memory", reason),
+            Took::Failed(reason) => return Decision::fail(Stage::Memory, reason),
             Took::BrokeOff(systemd) => return Self::systemd_failed(stage, elapsed, systemd),
         };
         let suspect = match (findings.memory, findings.dead_worker) {
             (Some(reason), _) => Some(Failed {
-                stage: "memory",
+                stage: Stage::Memory,
                 reason,
             }),
             (None, Some(reason)) => Some(Failed { stage, reason }),
@@ -337,7 +337,7 @@ impl Stages {
             return Decision::next(Next::Confirm);
         }
         if let (None, Some(reason)) = (self.seen.opened, findings.stall) {
-            return Decision::fail("loading", reason);
+            return Decision::fail(Stage::Loading, reason);
         }
         Decision::next(self.deadlines(elapsed))
     }
@@ -376,7 +376,7 @@ impl Stages {
                     self.rules.warmup_timeout
                 );
                 return Next::Fail(Failed {
-                    stage: "warmup",
+                    stage: Stage::Warmup,
                     reason,
                 });
             }
@@ -387,9 +387,9 @@ impl Stages {
                 self.rules.load_deadline
             );
             let stage = if self.seen.opened.is_some() {
-                "warmup"
+                Stage::Warmup
             } else {
-                "readiness"
+                Stage::Readiness
             };
             return Next::Fail(Failed { stage, reason });
         }
@@ -400,10 +400,10 @@ impl Stages {
     pub fn plateau(&mut self, loaded: Result<&Sample, String>) -> Decision {
         let loaded = match loaded {
             Ok(sample) => sample,
-            Err(reason) => return Decision::fail("memory", reason),
+            Err(reason) => return Decision::fail(Stage::Memory, reason),
         };
         if let Some(reason) = judge::plateau_failure(loaded, &self.rules.policy) {
-            return Decision::fail("memory", reason);
+            return Decision::fail(Stage::Memory, reason);
         }
         let plateau = format!(
             "plateau: service {}{}",
@@ -418,7 +418,7 @@ impl Stages {
             Some(_) => Next::Smoke,
             None => Next::Done,
         });
-        d.pass("memory", plateau);
+        d.pass(Stage::Memory, plateau);
         d
     }
 
@@ -449,17 +449,17 @@ impl Stages {
                     ""
                 };
                 return Decision::fail(
-                    "smoke",
+                    Stage::Smoke,
                     format!(
                         "answered {:?}, which lacks {:?}{cut}",
                         answer.content, smoke.expect
                     ),
                 );
             }
-            Err(e) => return Decision::fail("smoke", e),
+            Err(e) => return Decision::fail(Stage::Smoke, e),
         };
         let mut d = Decision::next(Next::Done);
-        d.pass("smoke", detail);
+        d.pass(Stage::Smoke, detail);
         d
     }
 
@@ -467,8 +467,8 @@ impl Stages {
     /// failed after all), or verification was cancelled (during the smoke completion).
     pub fn final_broke_off(&self, elapsed: Duration, systemd: Systemd) -> Decision {
         let stage = match systemd {
-            Systemd::Cancelled(_) => "smoke",
-            _ => "loading",
+            Systemd::Cancelled(_) => Stage::Smoke,
+            _ => Stage::Loading,
         };
         Self::systemd_failed(stage, elapsed, systemd)
     }
@@ -567,15 +567,23 @@ mod tests {
         }
     }
 
-    fn fail(stage: &'static str, reason: &str) -> Next {
+    /// The stage named `name` in reports.
+    fn named(name: &str) -> Stage {
+        Stage::ALL
+            .into_iter()
+            .find(|s| s.name() == name)
+            .expect("a stage of that name")
+    }
+
+    fn fail(stage: &str, reason: &str) -> Next {
         Next::Fail(Failed {
-            stage,
+            stage: named(stage),
             reason: reason.into(),
         })
     }
 
     fn names(d: &Decision) -> Vec<&'static str> {
-        d.passed.iter().map(|p| p.stage).collect()
+        d.passed.iter().map(|p| p.stage.name()).collect()
     }
 
     fn crashed() -> Systemd {
@@ -687,7 +695,7 @@ mod tests {
         assert_eq!(
             d.passed,
             [Passed {
-                stage: "crash window",
+                stage: named("crash window"),
                 detail: "no crash, restart or new invocation in 10s".into()
             }]
         );
@@ -695,7 +703,7 @@ mod tests {
         assert_eq!(s.phase(), "crash window");
         let d = s.sampled(at(10.3), Took::BrokeOff(crashed()));
         assert!(
-            matches!(&d.next, Next::Fail(f) if f.stage == "crash window" && f.reason.starts_with("crashed 10.3s")),
+            matches!(&d.next, Next::Fail(f) if f.stage.name() == "crash window" && f.reason.starts_with("crashed 10.3s")),
             "{d:?}"
         );
         let d = s.polled(at(10.5), Systemd::Healthy, &closed());
@@ -787,7 +795,7 @@ mod tests {
         assert_eq!(s.confirmed(at(20.2), Systemd::Healthy).next, Next::Confirm);
         let d = s.confirmed(at(20.5), crashed());
         assert!(
-            matches!(&d.next, Next::Fail(f) if f.stage == "loading" && f.reason.starts_with("crashed 20.5s after the restart: it is failed")),
+            matches!(&d.next, Next::Fail(f) if f.stage.name() == "loading" && f.reason.starts_with("crashed 20.5s after the restart: it is failed")),
             "{d:?}"
         );
     }
@@ -886,7 +894,7 @@ mod tests {
         assert_eq!(
             d.passed,
             [Passed {
-                stage: "identity",
+                stage: named("identity"),
                 detail: "/v1/models serves `qwen`".into()
             }]
         );
@@ -1006,11 +1014,11 @@ mod tests {
             d.passed,
             [
                 Passed {
-                    stage: "warmup",
+                    stage: named("warmup"),
                     detail: "the port opened after 7.5s; warmup ended 12.5s later".into()
                 },
                 Passed {
-                    stage: "readiness",
+                    stage: named("readiness"),
                     detail: "/health answered 200 after 20.0s (the probe took 1.5s)".into()
                 }
             ]
@@ -1091,7 +1099,7 @@ mod tests {
             ..Sample::default()
         };
         assert!(
-            matches!(s.plateau(Ok(&wrong_tp)).next, Next::Fail(f) if f.stage == "memory" && f.reason.contains("wrong tp"))
+            matches!(s.plateau(Ok(&wrong_tp)).next, Next::Fail(f) if f.stage.name() == "memory" && f.reason.contains("wrong tp"))
         );
         assert_eq!(
             s.plateau(Err("ssh: gone".into())).next,
@@ -1140,7 +1148,7 @@ mod tests {
         let s = Stages::new(rules());
         assert!(matches!(
             s.final_broke_off(at(30.0), crashed()).next,
-            Next::Fail(f) if f.stage == "loading" && f.reason.starts_with("crashed 30.0s after the restart")
+            Next::Fail(f) if f.stage.name() == "loading" && f.reason.starts_with("crashed 30.0s after the restart")
         ));
         assert_eq!(
             s.final_broke_off(at(30.0), Systemd::Unreachable("ssh: gone".into()))

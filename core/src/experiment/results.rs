@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::file::{Constraints, Experiment, Objective};
 use crate::benchmark::Level;
+use crate::verify::Stage;
 
 /// One run of the experiment: a baseline measurement or a variant.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -18,7 +19,7 @@ pub struct RunResult {
     pub detail: String,
     /// The failed stage, when one failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failed_stage: Option<String>,
+    pub failed_stage: Option<Stage>,
     /// A known SGLang failure read from the journal: the cause and what to change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diagnosis: Option<String>,
@@ -511,7 +512,7 @@ pub(crate) mod tests {
             changes: vec![format!("flags.{name}: true")],
             status,
             detail: "d".into(),
-            failed_stage: (status != Status::Measured).then(|| "crash window".into()),
+            failed_stage: (status != Status::Measured).then_some(Stage::CrashWindow),
             diagnosis: None,
             levels: if status == Status::Measured {
                 vec![level(1, tps / 3.0, 50.0), level(4, tps, 80.0)]
