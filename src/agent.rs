@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Owner, Rollout, UnitReport};
+use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Outcome, Owner, Rollout, UnitReport};
 use crate::coordinator::{self, Coordination, CoordinatorOptions, Link};
 use crate::manifest::ManifestErrors;
 use crate::redact::Redactor;
@@ -340,9 +340,9 @@ async fn write_metrics(
     limits: Limits,
 ) -> std::io::Result<()> {
     let statuses = crate::status::status_host(&Local::new(limits), targets, redactor).await;
-    let outcomes: Vec<(String, String, String)> = reports
+    let outcomes: Vec<(String, String, Outcome)> = reports
         .iter()
-        .map(|r| (r.host.clone(), r.unit.clone(), r.outcome.name().to_string()))
+        .map(|r| (r.host.clone(), r.unit.clone(), r.outcome))
         .collect();
     let text = crate::status::metrics(&statuses, &outcomes);
     let name = path

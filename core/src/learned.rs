@@ -22,6 +22,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::manifest::VerifySpec;
+use crate::outcome::Outcome;
 use crate::record::Record;
 use crate::verify::judge::Sample;
 
@@ -93,7 +94,9 @@ impl LoadHistory {
     pub fn from_records<'a>(records: impl IntoIterator<Item = &'a Record>) -> Option<LoadHistory> {
         let mut good: Vec<&Record> = records
             .into_iter()
-            .filter(|r| r.outcome == "converged" && r.load_seconds.is_some_and(|s| s >= 0.0))
+            .filter(|r| {
+                r.outcome == Outcome::Converged.name() && r.load_seconds.is_some_and(|s| s >= 0.0)
+            })
             .collect();
         good.reverse();
         good.truncate(LOADS_KEPT);

@@ -5,7 +5,7 @@
 //! Nothing here reads a file, the environment or the clock, and nothing reaches a host: the
 //! `reconcile` binary does that and passes the values in, so every decision can be tested (and
 //! fuzzed) without a host or root. The modules import each other without cycles; the leaves are
-//! `finding`, `digest`, `flags`, `observed` and `manifest`.
+//! `finding`, `digest`, `flags`, `observed`, `outcome` and `manifest`.
 
 pub mod benchmark;
 pub mod diagnose;
@@ -24,6 +24,7 @@ pub mod learned;
 pub mod manifest;
 pub mod metrics;
 pub mod observed;
+pub mod outcome;
 pub mod plan;
 pub mod plan_file;
 pub mod preflight;

@@ -11,17 +11,7 @@
 
 use std::fmt::Write;
 
-/// The outcomes of an apply, as reports and records name them: the state set of
-/// `reconcile_last_outcome`.
-pub const OUTCOMES: [&str; 7] = [
-    "unchanged",
-    "reloaded",
-    "converged",
-    "not_started",
-    "error",
-    "rolled_back",
-    "rollback_failed",
-];
+use crate::outcome::Outcome;
 
 /// One unit on one host, as far as it is known.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -33,8 +23,8 @@ pub struct UnitMetrics {
     pub in_sync: Option<bool>,
     /// When the last deployment was recorded, seconds since the Unix epoch.
     pub last_apply_unix: Option<f64>,
-    /// The last apply's outcome (one of [`OUTCOMES`]).
-    pub outcome: Option<String>,
+    /// The last apply's outcome: every [`Outcome`] is a series of its state set.
+    pub outcome: Option<Outcome>,
     /// Seconds from the last restart to the server ready (`/health` 200), as verification saw it.
     pub verification_seconds: Option<f64>,
     /// The last benchmark's output tokens per second, per concurrency level.
@@ -90,9 +80,12 @@ pub fn render(units: &[UnitMetrics]) -> String {
         }
     });
     family(&mut out, &OUTCOME, units, |u, put| {
-        if let Some(outcome) = &u.outcome {
-            for known in OUTCOMES {
-                put(&[("outcome", known)], f64::from(u8::from(known == outcome)));
+        if let Some(outcome) = u.outcome {
+            for known in Outcome::ALL {
+                put(
+                    &[("outcome", known.name())],
+                    f64::from(u8::from(known == outcome)),
+                );
             }
         }
     });
@@ -175,7 +168,7 @@ mod tests {
             host: host.into(),
             in_sync: Some(true),
             last_apply_unix: Some(1_764_700_000.0),
-            outcome: Some("converged".into()),
+            outcome: Some(Outcome::Converged),
             verification_seconds: Some(12.5),
             benchmark: vec![(1, 40.25), (64, 1800.0)],
         }
@@ -199,7 +192,7 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("reconcile_last_outcome{") && l.contains("gpu-a"))
             .collect();
-        assert_eq!(outcome.len(), OUTCOMES.len());
+        assert_eq!(outcome.len(), Outcome::ALL.len());
         assert_eq!(outcome.iter().filter(|l| l.ends_with(" 1")).count(), 1);
         assert!(outcome
             .iter()

@@ -405,7 +405,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         let mut endings = Vec::new();
         for r in ranks.iter_mut() {
             if r.verdict == Verdict::ReloadOnly {
-                install::record(&r.job, "reloaded", None, &mut r.report.report).await;
+                install::record(&r.job, Outcome::Reloaded, None, &mut r.report.report).await;
                 endings.push(decide::reloaded());
             } else {
                 endings.push(Ending {
@@ -574,7 +574,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         ending
             .detail
             .push_str(&format!(" (rank {i} of {n}; the group restarted together)"));
-        install::record(&r.job, "converged", Some(&v), &mut r.report.report).await;
+        install::record(&r.job, Outcome::Converged, Some(&v), &mut r.report.report).await;
         r.report.report.verification = Some(v);
         endings.push(ending);
     }

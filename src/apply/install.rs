@@ -13,7 +13,7 @@ use super::error::ApplyError;
 use super::guard::{self, Armed};
 use super::restore::{put_back_file, restore_and_verify, NotRestored, Restore, Restored, Then};
 use super::verifier::Check;
-use super::{state, Job, UnitReport};
+use super::{state, Job, Outcome, UnitReport};
 use crate::layers::Moved;
 use crate::observed::Observed;
 use crate::plan::{Verdict, UNIT_DIR};
@@ -139,7 +139,7 @@ pub async fn install(
         return decide::install_failed(&e, put_back.map_err(|e| error_chain(&e)));
     }
     if verdict == Verdict::ReloadOnly {
-        record(job, "reloaded", None, report).await;
+        record(job, Outcome::Reloaded, None, report).await;
         return decide::reloaded();
     }
     // The unit's last good loads, read before the restart: what this load is compared with, and
@@ -385,7 +385,7 @@ async fn verify_restarted(
             ));
         }
     }
-    record(job, "converged", Some(&v), report).await;
+    record(job, Outcome::Converged, Some(&v), report).await;
     report.verification = Some(v);
     ending
 }
@@ -662,7 +662,7 @@ async fn presence(host: &dyn Host) -> Presence {
 /// Writes the deployment record; a failure to record is a note, not a failed deployment.
 pub(super) async fn record(
     job: &Job<'_>,
-    outcome: &str,
+    outcome: Outcome,
     v: Option<&Verification>,
     report: &mut UnitReport,
 ) {
@@ -678,7 +678,7 @@ pub(super) async fn record(
         git_author: options.git.author.clone(),
         applied_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         applied_by: format!("{}@{} pid {}", owner.user, owner.machine, owner.pid),
-        outcome: outcome.to_string(),
+        outcome: outcome.name().to_string(),
         load_seconds: v.and_then(|v| v.load_seconds),
         plateau_service_bytes: plateau.and_then(|p| p.service_bytes),
         plateau_gpu_mib: plateau.map(|p| p.gpu_mib.clone()).unwrap_or_default(),
@@ -766,7 +766,7 @@ mod tests {
     use crate::apply::error::ApplyErrorKind;
     use crate::apply::testing::{observed, options, target};
     use crate::apply::verifier::fake::Scripted;
-    use crate::apply::{Outcome, Report};
+    use crate::apply::Report;
     use crate::remote::fake::{FakeHost, Reply};
     use crate::verify::Sample;
 

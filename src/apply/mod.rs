@@ -38,6 +38,7 @@ use tokio::sync::watch;
 
 pub use error::{ApplyError, ApplyErrorKind};
 pub(crate) use group::apply_group;
+pub use reconcile_core::outcome::Outcome;
 pub use reconcile_core::rollout::Rollout;
 pub use state::{LockPolicy, Owner};
 
@@ -55,49 +56,6 @@ use crate::verify::Verification;
 use decide::{Ending, Previous, Start};
 use install::{Fallback, Layered};
 use verifier::{Live, Verifier};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    /// Nothing differed; nothing was touched.
-    Unchanged,
-    /// The unit was replaced and systemd reloaded; the server kept running.
-    Reloaded,
-    /// The unit was replaced and the server restarted and passed every stage.
-    Converged,
-    /// Not started: the run was interrupted before this host's turn.
-    NotStarted,
-    /// Nothing was changed because of an error (unreachable, locked, unreadable).
-    Error,
-    /// Verification failed; the previous unit runs again and passed verification.
-    RolledBack,
-    /// Verification failed and so did the rollback: the host needs attention.
-    RollbackFailed,
-}
-
-impl Outcome {
-    /// The name reports and metrics give it: its JSON spelling (`rolled_back`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Outcome::Unchanged => "unchanged",
-            Outcome::Reloaded => "reloaded",
-            Outcome::Converged => "converged",
-            Outcome::NotStarted => "not_started",
-            Outcome::Error => "error",
-            Outcome::RolledBack => "rolled_back",
-            Outcome::RollbackFailed => "rollback_failed",
-        }
-    }
-
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Outcome::Unchanged | Outcome::Reloaded | Outcome::Converged => 0,
-            Outcome::Error | Outcome::NotStarted => 1,
-            Outcome::RolledBack => 3,
-            Outcome::RollbackFailed => 4,
-        }
-    }
-}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct UnitReport {
@@ -951,26 +909,6 @@ mod tests {
         let commands = fake.commands();
         assert_eq!(commands.len(), 2, "{commands:?}");
         assert!(commands[1].starts_with(&deep.iter().map(|a| a.to_string()).collect::<Vec<_>>()));
-    }
-
-    #[test]
-    fn an_outcomes_name_is_its_json_and_a_metrics_state() {
-        use Outcome::*;
-        for o in [
-            Unchanged,
-            Reloaded,
-            Converged,
-            NotStarted,
-            Error,
-            RolledBack,
-            RollbackFailed,
-        ] {
-            assert_eq!(serde_json::to_value(o).unwrap(), o.name());
-            assert!(
-                reconcile_core::metrics::OUTCOMES.contains(&o.name()),
-                "{o:?}"
-            );
-        }
     }
 
     #[test]

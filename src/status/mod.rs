@@ -19,6 +19,7 @@ use serde::Serialize;
 pub use gather::{status_host, status_targets};
 
 use crate::apply::state::{sha256, Record};
+use crate::apply::Outcome;
 use crate::flags::flags;
 use crate::layers::{Drift, Layers};
 use crate::redact::Redactor;
@@ -390,7 +391,7 @@ pub struct UnitStatus {
 /// The Prometheus text of `statuses` (`reconcile_core::metrics`). `outcomes` are what this
 /// process just did to units, `(host, unit, outcome)` (an agent's round): they stand for the
 /// recorded outcome, which only says how the last deployment that succeeded went.
-pub fn metrics(statuses: &[UnitStatus], outcomes: &[(String, String, String)]) -> String {
+pub fn metrics(statuses: &[UnitStatus], outcomes: &[(String, String, Outcome)]) -> String {
     let units: Vec<reconcile_core::metrics::UnitMetrics> = statuses
         .iter()
         .map(|s| {
@@ -398,7 +399,7 @@ pub fn metrics(statuses: &[UnitStatus], outcomes: &[(String, String, String)]) -
             let just = outcomes
                 .iter()
                 .find(|(host, unit, _)| *host == s.host && *unit == s.unit)
-                .map(|(_, _, outcome)| outcome.clone());
+                .map(|(_, _, outcome)| *outcome);
             reconcile_core::metrics::UnitMetrics {
                 service: s
                     .unit
@@ -409,7 +410,9 @@ pub fn metrics(statuses: &[UnitStatus], outcomes: &[(String, String, String)]) -
                 host: s.host.clone(),
                 in_sync: s.error.is_none().then(|| s.in_sync()),
                 last_apply_unix: record.and_then(|r| unix_seconds(&r.applied_at)),
-                outcome: just.or_else(|| record.map(|r| r.outcome.clone())),
+                // A record's outcome is text on the host; one that names no outcome (no
+                // reconcile writes such) has no state set.
+                outcome: just.or_else(|| record.and_then(|r| Outcome::from_name(&r.outcome))),
                 verification_seconds: record.and_then(|r| r.load_seconds),
                 benchmark: record
                     .and_then(|r| r.benchmark.as_ref())
