@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::apply::{self, ApplyOptions, GitInfo, LockPolicy, Outcome, Owner, Rollout, UnitReport};
 use crate::coordinator::{self, Coordination, CoordinatorOptions, Link};
@@ -159,10 +159,9 @@ pub async fn run(options: AgentOptions, limits: Limits, print: &dyn Fn(Event<'_>
         if options.once {
             return code;
         }
-        let mut stopped = stop.clone();
         tokio::select! {
             _ = tokio::time::sleep(options.interval) => {}
-            _ = stopped.wait_for(|s| *s) => return 0,
+            _ = stop.cancelled() => return 0,
         }
     }
 }
@@ -172,7 +171,7 @@ pub async fn run(options: AgentOptions, limits: Limits, print: &dyn Fn(Event<'_>
 struct Here<'a> {
     options: &'a AgentOptions,
     names: &'a [String],
-    stop: &'a watch::Receiver<bool>,
+    stop: &'a CancellationToken,
     limits: Limits,
     print: &'a dyn Fn(Event<'_>),
     /// The coordinator, when the agent rolls out with the others.
@@ -383,7 +382,7 @@ async fn coordinated_here(
     let say = |text: String| (here.print)(Event::Coordination(text));
     let mut reports = Vec::new();
     for t in targets {
-        if *here.stop.borrow() {
+        if here.stop.is_cancelled() {
             // Stopping: apply's own path reports the unit as not started.
             reports.extend(apply_here(std::slice::from_ref(t), options, here.limits).await);
             continue;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use indicatif::MultiProgress;
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::flags::flags;
 use crate::manifest::DrainSpec;
@@ -69,24 +69,23 @@ impl DrainReport {
 /// Waits until `server` has no running or queued request, for at most `spec.timeout`, reading its
 /// `/metrics` every [`POLL`]. Shown live under `label` (a spinner in `progress`, else a line every
 /// 10 s on stderr). Returns at once when `/metrics` does not expose the requests (404, no
-/// gauges), and when `cancel` turns true (Ctrl-C, SIGTERM). `restarted` in the result says
+/// gauges), and when `cancel` is cancelled (Ctrl-C, SIGTERM). `restarted` in the result says
 /// whether the caller should go on with the restart, as `spec.on_timeout` decides.
 pub async fn wait_until_idle(
     server: &Server,
     spec: &DrainSpec,
     label: &str,
     progress: Option<&MultiProgress>,
-    cancel: &watch::Receiver<bool>,
+    cancel: &CancellationToken,
 ) -> DrainReport {
     let started = Instant::now();
     let show = Progress::new(label.to_string(), progress);
-    let mut cancel = cancel.clone();
     let mut logged: Option<Instant> = None;
     let mut readings = 0;
     loop {
         let reading = tokio::select! {
             r = read(server) => r,
-            _ = cancel.wait_for(|c| *c) => return interrupted(spec, started),
+            _ = cancel.cancelled() => return interrupted(spec, started),
         };
         let elapsed = started.elapsed();
         readings += 1;
@@ -101,7 +100,7 @@ pub async fn wait_until_idle(
         }
         tokio::select! {
             _ = tokio::time::sleep(POLL) => {}
-            _ = cancel.wait_for(|c| *c) => return interrupted(spec, started),
+            _ = cancel.cancelled() => return interrupted(spec, started),
         }
     }
 }
@@ -146,7 +145,7 @@ pub async fn before_restart(
     running: &Running<'_>,
     spec: &DrainSpec,
     label: &str,
-    options: (Option<&MultiProgress>, &watch::Receiver<bool>),
+    options: (Option<&MultiProgress>, &CancellationToken),
 ) -> DrainReport {
     let none = Reading::Failed(String::new());
     if !running.running {
@@ -224,7 +223,7 @@ mod tests {
     #[tokio::test]
     async fn it_waits_while_requests_run_and_ends_when_none_do() {
         let server = Server::at(&serve(vec![BUSY, BUSY, IDLE]).await, None).unwrap();
-        let (_tx, cancel) = watch::channel(false);
+        let cancel = CancellationToken::new();
         let d = wait_until_idle(&server, &spec(OnTimeout::Refuse), "", None, &cancel).await;
         assert_eq!((d.outcome, d.restarted), (Ended::Idle, true));
         assert_eq!(d.last, Some(Load::default()));
@@ -237,7 +236,7 @@ mod tests {
     #[tokio::test]
     async fn a_busy_server_times_out_and_a_404_is_blind_at_once() {
         let server = Server::at(&serve(vec![BUSY]).await, None).unwrap();
-        let (_tx, cancel) = watch::channel(false);
+        let cancel = CancellationToken::new();
         let short = DrainSpec {
             timeout: Duration::from_secs(1),
             on_timeout: OnTimeout::Restart,
@@ -260,10 +259,11 @@ mod tests {
     #[tokio::test]
     async fn a_signal_ends_the_wait_without_a_restart() {
         let server = Server::at(&serve(vec![BUSY]).await, None).unwrap();
-        let (tx, cancel) = watch::channel(false);
+        let cancel = CancellationToken::new();
+        let cancelling = cancel.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(1500)).await;
-            tx.send(true).unwrap();
+            cancelling.cancel();
         });
         let d = wait_until_idle(&server, &spec(OnTimeout::Restart), "", None, &cancel).await;
         assert_eq!((d.outcome, d.restarted), (Ended::Interrupted, false));
@@ -275,7 +275,7 @@ mod tests {
     #[tokio::test]
     async fn a_stopped_server_is_not_waited_for_and_an_unmetered_one_is_blind() {
         let host = FakeHost::new("gpu-a");
-        let (_tx, cancel) = watch::channel(false);
+        let cancel = CancellationToken::new();
         let stopped = Running {
             unit_text: UNIT,
             running: false,

@@ -333,13 +333,12 @@ async fn rollout_status(args: RolloutStatusArgs) -> Result<ExitCode, Error> {
             print!("{shown}");
             last = shown;
         }
-        if !args.watch || view.exit_code() != 2 || *stop.borrow() {
+        if !args.watch || view.exit_code() != 2 || stop.is_cancelled() {
             return Ok(ExitCode::from(view.exit_code()));
         }
-        let mut stopped = stop.clone();
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            _ = stopped.wait_for(|s| *s) => return Ok(ExitCode::from(view.exit_code())),
+            _ = stop.cancelled() => return Ok(ExitCode::from(view.exit_code())),
         }
     }
 }

@@ -3,7 +3,7 @@
 //! that unit back and start no new unit or host. Rolling back can itself take a model load, so a
 //! second signal does not cut it short: it says how to abandon, and a third abandons.
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// Exit status of a run abandoned by a third signal: 128 + SIGINT, as shells report it.
 const ABANDONED: i32 = 130;
@@ -19,9 +19,11 @@ pub fn interrupted() -> String {
     )
 }
 
-/// A flag that turns true on the first Ctrl-C or SIGTERM.
-pub fn stop_on_signal() -> watch::Receiver<bool> {
-    let (stop, stopped) = watch::channel(false);
+/// A token cancelled on the first Ctrl-C or SIGTERM: the run's, whose children (a server group's
+/// verification) are cancelled with it.
+pub fn stop_on_signal() -> CancellationToken {
+    let stop = CancellationToken::new();
+    let stopping = stop.clone();
     tokio::spawn(async move {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
@@ -47,7 +49,7 @@ pub fn stop_on_signal() -> watch::Receiver<bool> {
             match received {
                 1 => {
                     eprintln!("stopping: rolling back what is being verified, starting nothing new");
-                    let _ = stop.send(true);
+                    stopping.cancel();
                 }
                 2 => eprintln!(
                     "rolling back: signal again to abandon (a host being rolled back is then left as it is; the next apply finishes the job)"
@@ -59,5 +61,5 @@ pub fn stop_on_signal() -> watch::Receiver<bool> {
             }
         }
     });
-    stopped
+    stop
 }

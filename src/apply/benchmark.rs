@@ -28,7 +28,6 @@ pub async fn stage(
         job.options.progress.as_ref(),
     );
     let started = Instant::now();
-    let mut cancel = job.options.cancel.clone();
     let measured = async {
         let server = job
             .host
@@ -48,7 +47,7 @@ pub async fn stage(
             ),
             Err(e) => BenchmarkReport::could_not_run(spec, &e),
         },
-        _ = cancel.wait_for(|c| *c) => BenchmarkReport::could_not_run(spec, &crate::signals::interrupted()),
+        _ = job.options.cancel.cancelled() => BenchmarkReport::could_not_run(spec, &crate::signals::interrupted()),
     };
     v.push_after(Stage::Benchmark, !report.fails(), started, &report.detail);
     progress.stage(Stage::Benchmark, !report.fails(), &report.detail);

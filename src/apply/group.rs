@@ -26,7 +26,7 @@ use std::time::Instant;
 use futures::future::join_all;
 use reconcile_core::group::{group_verdict, rank_verdict, start_order, stop_order};
 use reconcile_core::learned::LoadHistory;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::decide::{self, Ending, Previous, Start};
 use super::error::ApplyError;
@@ -57,7 +57,7 @@ pub(crate) async fn apply_group(
         targets[0] = super::routed::draining(&targets[0], &spec);
     }
     let started = Instant::now();
-    if *options.cancel.borrow() {
+    if options.cancel.is_cancelled() {
         let e = ApplyError::InterruptedBeforeHost;
         return targets
             .iter()
@@ -425,7 +425,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         r.learned_notes = notes;
     }
     // The last moment to stop without a restart.
-    if *options.cancel.borrow() {
+    if options.cancel.is_cancelled() {
         let put_back = put_back_all(ranks).await;
         let interrupted = crate::signals::interrupted();
         return put_back
@@ -449,8 +449,9 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         };
         return roll_back(ranks, vec![failed], &[]).await;
     }
-    // 5. Every rank verified at once.
-    let (group_tx, group_rx) = watch::channel(false);
+    // 5. Every rank verified at once, under a child of the run's token: Ctrl-C cancels it with
+    // the run, and the first rank to fail cancels it alone.
+    let group_cancel = options.cancel.child_token();
     let checks: Vec<Check<'_>> = ranks
         .iter()
         .map(|r| Check {
@@ -463,19 +464,12 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
                 r.job.t.desired.unit,
                 rank_of(r)
             ),
-            cancel: &group_rx,
+            cancel: &group_cancel,
             history: r.history.as_ref(),
         })
         .collect();
     let hosts: Vec<&dyn Host> = ranks.iter().map(|r| r.job.host).collect();
-    let (results, first) = together(
-        &hosts,
-        ranks[0].job.verifier,
-        checks,
-        &group_tx,
-        Some(&options.cancel),
-    )
-    .await;
+    let (results, first) = together(&hosts, ranks[0].job.verifier, checks, &group_cancel).await;
     let mut verified = Vec::new();
     let mut failures = Vec::new();
     for (i, (r, result)) in ranks.iter_mut().zip(results).enumerate() {
@@ -500,7 +494,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         // A rank whose verification ended on the group's cancel was cut short by a peer; the
         // others failed in their own right, in the order seen (the first to fail first).
         let interrupted = crate::signals::interrupted();
-        let ctrl_c = *options.cancel.borrow();
+        let ctrl_c = options.cancel.is_cancelled();
         let (own, cut): (Vec<_>, Vec<_>) = failures
             .iter()
             .partition(|(_, f)| ctrl_c || f.reason != interrupted);
@@ -768,47 +762,33 @@ impl Cause {
     }
 }
 
-/// Runs every rank's check at once. The first to fail turns `group` (cutting the others short:
-/// without it, they would wait for a peer that is gone until their own deadlines), and so does
-/// `cancel` (Ctrl-C). Returns each rank's result and the rank that failed first, if one did.
+/// Runs every rank's check at once, each under `group` (the token the checks carry). The first to
+/// fail cancels it, cutting the others short: without that, they would wait for a peer that is
+/// gone until their own deadlines. Whoever cancels `group`'s parent (Ctrl-C) cuts them all short
+/// too. Returns each rank's result and the rank that failed first, if one did.
 async fn together(
     hosts: &[&dyn Host],
     verifier: &dyn Verifier,
     checks: Vec<Check<'_>>,
-    group: &watch::Sender<bool>,
-    cancel: Option<&watch::Receiver<bool>>,
+    group: &CancellationToken,
 ) -> (Vec<Result<Verification, Failure>>, Option<usize>) {
     let first = Mutex::new(None);
-    let results = {
-        let verifying = join_all(checks.into_iter().enumerate().map(|(i, check)| {
-            let first = &first;
-            async move {
-                let result = verifier.verify(hosts[i], check).await;
-                if result.is_err() {
-                    let mut first = first.lock().unwrap_or_else(|p| p.into_inner());
-                    if first.is_none() && !*group.borrow() {
-                        *first = Some(i);
-                    }
-                    group.send_replace(true);
+    let results = join_all(checks.into_iter().enumerate().map(|(i, check)| {
+        let first = &first;
+        async move {
+            let result = verifier.verify(hosts[i], check).await;
+            if result.is_err() {
+                let mut first = first.lock().unwrap_or_else(|p| p.into_inner());
+                // A rank that fails once the group is cancelled was cut short: not the first.
+                if first.is_none() && !group.is_cancelled() {
+                    *first = Some(i);
                 }
-                result
+                group.cancel();
             }
-        }));
-        tokio::pin!(verifying);
-        match cancel {
-            Some(cancel) => {
-                let mut cancel = cancel.clone();
-                tokio::select! {
-                    results = &mut verifying => results,
-                    Ok(_) = cancel.wait_for(|c| *c) => {
-                        group.send_replace(true);
-                        verifying.await
-                    }
-                }
-            }
-            None => verifying.await,
+            result
         }
-    };
+    }))
+    .await;
     let first = first.into_inner().unwrap_or_else(|p| p.into_inner());
     (results, first)
 }
@@ -838,16 +818,16 @@ async fn roll_back(
             put_back[i] = Some(Err(NotRestored::Restore(error_chain(&e))));
         }
     }
-    // The restored ranks verified together, as the new ones were; a second Ctrl-C does not cut
-    // this short: it is the way back.
-    let (group_tx, group_rx) = watch::channel(false);
+    // The restored ranks verified together, as the new ones were, under a token of their own, no
+    // child of the run's: a second Ctrl-C does not cut this short, for it is the way back.
+    let group_cancel = CancellationToken::new();
     let mut to_verify = Vec::new();
     let mut checks = Vec::new();
     for (i, r) in restores.iter().enumerate() {
         if put_back[i].is_some() {
             continue;
         }
-        match restored_check(r, &group_rx) {
+        match restored_check(r, &group_cancel) {
             Ok(check) => {
                 to_verify.push(i);
                 checks.push(check);
@@ -856,7 +836,7 @@ async fn roll_back(
         }
     }
     let hosts: Vec<&dyn Host> = to_verify.iter().map(|&i| ranks[i].job.host).collect();
-    let (results, _) = together(&hosts, ranks[0].job.verifier, checks, &group_tx, None).await;
+    let (results, _) = together(&hosts, ranks[0].job.verifier, checks, &group_cancel).await;
     for (i, result) in to_verify.into_iter().zip(results) {
         put_back[i] = Some(
             result
@@ -953,4 +933,93 @@ async fn roll_back(
         endings.push(ending);
     }
     endings
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::remote::fake::FakeHost;
+    use crate::unit::UnitModel;
+
+    /// Rank `fails` fails its loading at once; every other rank verifies until its token is
+    /// cancelled, then fails as a cancelled verification does.
+    struct OneFails {
+        fails: Option<usize>,
+    }
+
+    impl Verifier for OneFails {
+        fn verify<'a>(
+            &'a self,
+            _host: &'a dyn Host,
+            check: Check<'a>,
+        ) -> BoxFuture<'a, Result<Verification, Failure>> {
+            let failure = |reason: String| Failure {
+                stage: Stage::Loading,
+                reason,
+                verification: Box::default(),
+            };
+            Box::pin(async move {
+                if self
+                    .fails
+                    .is_some_and(|i| check.label == format!("rank {i}"))
+                {
+                    return Err(failure("a worker process died".into()));
+                }
+                check.cancel.cancelled().await;
+                Err(failure(crate::signals::interrupted()))
+            })
+        }
+    }
+
+    async fn verify_three(verifier: &OneFails, group: &CancellationToken) -> Option<usize> {
+        let hosts = [
+            FakeHost::new("gpu-a"),
+            FakeHost::new("gpu-b"),
+            FakeHost::new("gpu-c"),
+        ];
+        let hosts: Vec<&dyn Host> = hosts.iter().map(|h| h as &dyn Host).collect();
+        let spec = VerifySpec::default();
+        let checks = (0..3)
+            .map(|i| Check {
+                unit: "s.service",
+                spec: &spec,
+                expect: Expect::from_unit(&UnitModel::default()),
+                label: format!("rank {i}"),
+                cancel: group,
+                history: None,
+            })
+            .collect();
+        let (results, first) = together(&hosts, verifier, checks, group).await;
+        assert!(results.iter().all(Result::is_err), "every rank failed");
+        first
+    }
+
+    #[tokio::test]
+    async fn the_first_rank_to_fail_cuts_its_group_short_but_not_the_run() {
+        let run = CancellationToken::new();
+        let group = run.child_token();
+        let first = verify_three(&OneFails { fails: Some(1) }, &group).await;
+        assert_eq!(first, Some(1));
+        assert!(group.is_cancelled());
+        assert!(
+            !run.is_cancelled(),
+            "the run goes on to roll the group back"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_cuts_the_group_short_and_no_rank_failed_first() {
+        let run = CancellationToken::new();
+        let group = run.child_token();
+        let signal = run.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            signal.cancel();
+        });
+        let first = verify_three(&OneFails { fails: None }, &group).await;
+        assert_eq!(first, None);
+        assert!(group.is_cancelled());
+    }
 }

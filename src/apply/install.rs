@@ -147,7 +147,7 @@ pub async fn install(
     let history = load_history(job, report).await;
     let (spec, learned_notes) = learned::learned_spec(&t.verify, history.as_ref());
     // The last moment to stop without a restart: a signal now leaves the server as it was.
-    if *options.cancel.borrow() {
+    if options.cancel.is_cancelled() {
         let put_back = put_back_file(
             host,
             unit,
@@ -277,8 +277,8 @@ pub(super) async fn drain(
         url: t.verify.url.as_deref(),
     };
     let label = format!("{} {}", t.host, t.desired.unit);
-    let watch = (options.progress.as_ref(), &options.cancel);
-    let d = crate::drain::before_restart(job.host, &running, spec, &label, watch).await;
+    let shown = (options.progress.as_ref(), &options.cancel);
+    let d = crate::drain::before_restart(job.host, &running, spec, &label, shown).await;
     let ending = match (d.restarted, d.outcome) {
         (true, _) => {
             report.notes.push(d.detail.clone());
@@ -760,7 +760,7 @@ async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
 mod tests {
     use std::time::Instant as StdInstant;
 
-    use tokio::sync::watch;
+    use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::apply::error::ApplyErrorKind;
@@ -821,8 +821,11 @@ mod tests {
         verdict: Verdict,
         cancel: bool,
     ) -> (Ending, UnitReport) {
-        let (_tx, rx) = watch::channel(cancel);
-        let options = options(rx);
+        let token = CancellationToken::new();
+        if cancel {
+            token.cancel();
+        }
+        let options = options(token);
         let job = Job {
             host,
             t: &t,
@@ -1153,8 +1156,7 @@ mod tests {
     ) -> (Ending, UnitReport) {
         let verifier = Scripted::new((0..answers).map(|_| passed()).collect());
         let before = observed(Some("old"), "active");
-        let (_tx, rx) = watch::channel(false);
-        let options = options(rx);
+        let options = options(CancellationToken::new());
         let job = Job {
             host,
             t,

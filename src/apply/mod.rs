@@ -34,7 +34,7 @@ use std::time::Instant;
 use indicatif::MultiProgress;
 use reconcile_core::diagnose::Diagnosis;
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 pub use error::{ApplyError, ApplyErrorKind};
 pub(crate) use group::apply_group;
@@ -128,8 +128,8 @@ pub struct ApplyOptions {
     pub owner: Owner,
     pub lock: LockPolicy,
     pub git: GitInfo,
-    /// Turns true on Ctrl-C: verification in progress fails (and rolls back), no new host starts.
-    pub cancel: watch::Receiver<bool>,
+    /// Cancelled on Ctrl-C: verification in progress fails (and rolls back), no new host starts.
+    pub cancel: CancellationToken,
     /// Live display on a terminal.
     pub progress: Option<MultiProgress>,
     /// Which units get preflight's deep check (the host's SGLang checks the unit's argv and its
@@ -150,13 +150,13 @@ pub struct ApplyOptions {
 }
 
 impl ApplyOptions {
-    /// Applying as `owner` under `lock`, stopping when `cancel` turns, hiding what `redactor`
+    /// Applying as `owner` under `lock`, stopping when `cancel` is cancelled, hiding what `redactor`
     /// hides; by default without git info or live display, with the deep check for units that
     /// restart, one host at a time, and restoring nothing. Every command's options start here.
     pub fn new(
         owner: Owner,
         lock: LockPolicy,
-        cancel: watch::Receiver<bool>,
+        cancel: CancellationToken,
         redactor: Redactor,
     ) -> ApplyOptions {
         ApplyOptions {
@@ -249,8 +249,8 @@ pub(crate) async fn apply_one(host: &dyn Host, t: &Target, options: &ApplyOption
     .await
 }
 
-/// Applies a host's units in turn over a connection the caller holds. Once `options.cancel` turns,
-/// no further unit starts; each is reported `not started: {stopping}`.
+/// Applies a host's units in turn over a connection the caller holds. Once `options.cancel` is
+/// cancelled, no further unit starts; each is reported `not started: {stopping}`.
 pub(crate) async fn apply_units(
     host: &dyn Host,
     targets: &[Target],
@@ -259,7 +259,7 @@ pub(crate) async fn apply_units(
 ) -> Vec<UnitReport> {
     let mut reports = Vec::new();
     for t in targets {
-        if *options.cancel.borrow() {
+        if options.cancel.is_cancelled() {
             let e = ApplyError::Interrupted(stopping.to_string());
             reports.push(Report::new(t, Instant::now()).fail(&e));
             continue;
@@ -334,13 +334,13 @@ fn not_started(t: &Target, e: &ApplyError) -> UnitReport {
 }
 
 /// A batch of the rollout's turns, all at once: per host connect, apply its units, close. Once
-/// `options.cancel` has turned, no host of the batch is contacted.
+/// `options.cancel` is cancelled, no host of the batch is contacted.
 pub(super) async fn apply_hosts(
     hosts: Vec<(String, Vec<Target>)>,
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Vec<Vec<UnitReport>> {
-    if *options.cancel.borrow() {
+    if options.cancel.is_cancelled() {
         let e = ApplyError::InterruptedBeforeHost;
         let started = Instant::now();
         return hosts
@@ -786,12 +786,13 @@ mod tests {
 
     #[tokio::test]
     async fn once_cancelled_no_unit_starts_and_the_host_is_not_touched() {
-        let (_tx, rx) = watch::channel(true);
+        let cancel = CancellationToken::new();
+        cancel.cancel();
         let host = FakeHost::new("gpu-a");
         let reports = apply_units(
             &host,
             &[target(), target()],
-            &options(rx),
+            &options(cancel),
             "the agent is stopping",
         )
         .await;
@@ -862,8 +863,7 @@ mod tests {
                 Reply::ok(&fake_answer(argv, "0.5.23", &files))
             })
         };
-        let (_tx, rx) = watch::channel(false);
-        let options = options(rx);
+        let options = options(CancellationToken::new());
         let fake = host(files.clone());
         assert!(!host_has_work(&fake, &targets, &options).await);
         assert_eq!(fake.commands().len(), 1, "{:?}", fake.commands());
@@ -898,8 +898,8 @@ mod tests {
                 Reply::ok(&fake_answer(argv, "0.5.23", &[]))
             })
             .on(&deep, Reply::exit(1, &answer, "Traceback ...\n"));
-        let (_tx, rx) = watch::channel(false);
-        let reports = apply_units(&fake, &[t], &options(rx), "stopping").await;
+        let reports =
+            apply_units(&fake, &[t], &options(CancellationToken::new()), "stopping").await;
         assert_eq!(reports[0].outcome, Outcome::Error, "{:?}", reports[0]);
         assert_eq!(
             reports[0].detail,

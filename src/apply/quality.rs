@@ -109,7 +109,6 @@ pub async fn stage(
         job.options.progress.as_ref(),
     );
     let started = Instant::now();
-    let mut cancel = job.options.cancel.clone();
     let measured = async {
         let server = job
             .host
@@ -129,7 +128,7 @@ pub async fn stage(
     };
     let measured: Result<Measured, String> = tokio::select! {
         m = measured => m,
-        _ = cancel.wait_for(|c| *c) => Err(crate::signals::interrupted()),
+        _ = job.options.cancel.cancelled() => Err(crate::signals::interrupted()),
     };
     let (mut report, keep) = match measured {
         Ok(m) => (

@@ -6,7 +6,7 @@
 //! - [`restore_and_verify`]: `restore`, then verification of the restored unit when it was
 //!   restarted. Used by apply's rollback and by `--rollback-all`.
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::aside::Aside;
 use super::verifier::{Check, Verifier};
@@ -144,7 +144,8 @@ pub async fn restore_and_verify(
     restore(&r)
         .await
         .map_err(|e| NotRestored::Restore(error_chain(&e)))?;
-    let (_keep, never) = watch::channel(false);
+    // Its own token, which nothing cancels: a signal does not cut the way back short.
+    let never = CancellationToken::new();
     match restored_check(&r, &never) {
         Ok(check) => verifier
             .verify(r.host, check)
@@ -160,7 +161,7 @@ pub async fn restore_and_verify(
 /// only reloaded. A server group's rollback restores every rank first and verifies them together.
 pub fn restored_check<'a>(
     r: &Restore<'a>,
-    cancel: &'a watch::Receiver<bool>,
+    cancel: &'a CancellationToken,
 ) -> Result<Check<'a>, Restored> {
     let expect = match (r.previous, r.then) {
         (None, _) if !r.beneath => return Err(Restored::Removed),

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use super::{ApplyOptions, GitInfo, LockPolicy, Owner, Rollout};
 use crate::observed::{Observed, UnitState};
@@ -18,8 +18,8 @@ pub fn target() -> Target {
         .remove(0)
 }
 
-/// Options of a run; `cancel` is the receiving end of its Ctrl-C.
-pub fn options(cancel: watch::Receiver<bool>) -> ApplyOptions {
+/// Options of a run; `cancel` is its Ctrl-C.
+pub fn options(cancel: CancellationToken) -> ApplyOptions {
     ApplyOptions {
         owner: Owner {
             user: "me".into(),

@@ -5,7 +5,7 @@
 
 use futures::future::BoxFuture;
 use indicatif::MultiProgress;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::manifest::VerifySpec;
 use crate::remote::Host;
@@ -18,8 +18,8 @@ pub struct Check<'a> {
     pub expect: Expect,
     /// Shown with the live display's line for it.
     pub label: String,
-    /// Turning true fails the verification in progress.
-    pub cancel: &'a watch::Receiver<bool>,
+    /// Cancelling it fails the verification in progress.
+    pub cancel: &'a CancellationToken,
     /// The unit's last good loads, for the live display to compare with.
     pub history: Option<&'a reconcile_core::learned::LoadHistory>,
 }

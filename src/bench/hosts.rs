@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::apply::state::{self, LockPolicy, Owner};
 use crate::benchmark::{judge, BenchmarkReport, Level};
@@ -21,8 +21,8 @@ pub struct BenchOptions<'a> {
     pub url: Option<&'a str>,
     pub owner: Owner,
     pub lock: LockPolicy,
-    /// Turning true (Ctrl-C) stops the benchmark; nothing is stored.
-    pub cancel: watch::Receiver<bool>,
+    /// Cancelled on Ctrl-C: stops the benchmark; nothing is stored.
+    pub cancel: CancellationToken,
     /// Each finished level, for live progress (host, figures).
     pub on_level: &'a (dyn Fn(&str, &Level) + Sync),
 }
@@ -120,10 +120,9 @@ async fn measure_and_store(
         .map_err(|e| error_chain(&e))?;
     let name = host.name().to_string();
     let on_level = |l: &Level| (options.on_level)(&name, l);
-    let mut cancel = options.cancel.clone();
     let measured = tokio::select! {
         m = super::run(&server, &expect.model_id, options.spec, &on_level) => m,
-        _ = cancel.wait_for(|c| *c) => return Err(crate::signals::interrupted()),
+        _ = options.cancel.cancelled() => return Err(crate::signals::interrupted()),
     };
     let previous = record.as_ref().and_then(|r| r.benchmark.as_ref());
     let report = judge(

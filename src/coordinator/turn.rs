@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use reconcile_core::rollout::ledger::{HostEntry, State};
 use reconcile_core::rollout::turn::{decide, Turn, View, Wait};
 use reconcile_core::rollout::Rollout;
-use tokio::sync::{watch, Mutex};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::{entry, Coordinator, CoordinatorOptions};
 use crate::apply::{self, Need, Outcome, UnitReport};
@@ -65,7 +66,7 @@ pub struct Coordination<'a> {
     /// The service's hosts in rollout order, canary first.
     pub order: &'a [&'a str],
     pub policy: Rollout,
-    pub stop: &'a watch::Receiver<bool>,
+    pub stop: &'a CancellationToken,
     /// Says what the coordination does, for the agent's journal.
     pub say: &'a dyn Fn(String),
     /// The manifests' secret names: what an entry says is redacted with them before it is written
@@ -211,7 +212,7 @@ where
         )
     };
     loop {
-        if *c.stop.borrow() {
+        if c.stop.is_cancelled() {
             return not_started("not started: the agent is stopping".into());
         }
         let waited = started.elapsed();
@@ -358,9 +359,8 @@ async fn release_retrying(
 async fn pause(c: &Coordination<'_>, poll: Duration) {
     let jitter = (crate::coordinator::now() as u128 * 7919 + std::process::id() as u128) % 400;
     let poll = poll.mul_f64(0.8 + jitter as f64 / 1000.0);
-    let mut stop = c.stop.clone();
     tokio::select! {
         _ = tokio::time::sleep(poll) => {}
-        _ = stop.wait_for(|s| *s) => {}
+        _ = c.stop.cancelled() => {}
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use reconcile_core::experiment::results::{RunResult, Status};
 use reconcile_core::experiment::Variant;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::apply::{Outcome, UnitReport};
 use crate::benchmark::Level;
@@ -24,11 +24,10 @@ pub async fn baseline(
     host: &dyn Host,
     t: &Target,
     spec: &BenchmarkSpec,
-    cancel: &watch::Receiver<bool>,
+    cancel: &CancellationToken,
 ) -> Option<RunResult> {
     let expect = Expect::from_unit(&t.desired.model);
     let started = std::time::Instant::now();
-    let mut cancel = cancel.clone();
     let measured = async {
         let server = host
             .server(&expect.endpoint, t.verify.url.as_deref())
@@ -39,7 +38,7 @@ pub async fn baseline(
     };
     let measured = tokio::select! {
         m = measured => m,
-        _ = cancel.wait_for(|c| *c) => return None,
+        _ = cancel.cancelled() => return None,
     };
     let seconds = started.elapsed().as_secs_f64();
     let (status, detail, levels) = match measured {

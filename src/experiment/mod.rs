@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use reconcile_core::experiment::{self as core, eta, results, Experiment, Report};
 use reconcile_core::learned::LoadHistory;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::apply::{self, ApplyOptions, LockPolicy, Outcome, Owner, UnitReport};
 use crate::manifest::{Manifest, ManifestError, ManifestErrors};
@@ -251,9 +251,8 @@ async fn run_on(
     .deep(crate::preflight::DeepWhen::Never);
     // Putting the baseline back is what a stop asks for: it is not itself stopped by the signal
     // that interrupted the variant (a second signal does; see `signals`).
-    let (_never, never_cancelled) = watch::channel(false);
     let restore_options = ApplyOptions {
-        cancel: never_cancelled,
+        cancel: CancellationToken::new(),
         ..apply_options.clone()
     };
 
@@ -273,7 +272,7 @@ async fn run_on(
         let b = measure::baseline(host, baseline, &e.benchmark, &cancel).await;
         let interrupted = b.is_none();
         done.report.baseline = b;
-        if interrupted || *cancel.borrow() {
+        if interrupted || cancel.is_cancelled() {
             done.report.interrupted = true;
             state::write(host, unit, &p.digest, &done.report).await;
             return Ok(done);
@@ -287,7 +286,7 @@ async fn run_on(
         if done.report.variants.iter().any(|r| r.name == v.name) {
             continue;
         }
-        if *cancel.borrow() {
+        if cancel.is_cancelled() {
             done.report.interrupted = true;
             break;
         }
@@ -305,7 +304,7 @@ async fn run_on(
         let started = Instant::now();
         let report = apply::apply_one(host, t, &apply_options).await;
         let mut stops = measure::last_stop_seconds(host, unit).await;
-        let cancelled_during = *cancel.borrow();
+        let cancelled_during = cancel.is_cancelled();
         let back = back_to_baseline(host, restore, &restore_options, &report).await;
         if matches!(&back, Ok(Some(r)) if r.outcome == Outcome::Converged) {
             stops += measure::last_stop_seconds(host, unit).await;
@@ -344,7 +343,7 @@ async fn run_on(
             );
         }
     }
-    if done.report.interrupted || *cancel.borrow() {
+    if done.report.interrupted || cancel.is_cancelled() {
         done.report.interrupted = true;
         state::write(host, unit, &p.digest, &done.report).await;
         return Ok(done);

@@ -33,7 +33,7 @@ pub async fn rollback(
     let mut reports = Vec::new();
     let mut stopped: Option<ApplyError> = None;
     for name in hosts {
-        if stopped.is_none() && *options.cancel.borrow() {
+        if stopped.is_none() && options.cancel.is_cancelled() {
             stopped = Some(ApplyError::Interrupted(
                 "interrupted before this host's turn".into(),
             ));

@@ -4,7 +4,7 @@
 //! stage compares with.
 
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use reconcile_core::quality::{self, QualityReport, QualitySpec};
 
@@ -20,8 +20,8 @@ pub struct QualityOptions<'a> {
     pub url: Option<&'a str>,
     pub owner: Owner,
     pub lock: LockPolicy,
-    /// Turning true (Ctrl-C) stops the measurement; nothing is stored.
-    pub cancel: watch::Receiver<bool>,
+    /// Cancelled on Ctrl-C: stops the measurement; nothing is stored.
+    pub cancel: CancellationToken,
 }
 
 /// One host's measurement.
@@ -117,10 +117,9 @@ async fn measure_and_store(
         .await
         .map_err(|e| error_chain(&e))?;
     let context = expect.context_length.map(|c| c as u32);
-    let mut cancel = options.cancel.clone();
     let measured = tokio::select! {
         m = super::measure(&server, &expect.model_id, options.spec, reference.as_ref(), context, expect.reasoning) => m?,
-        _ = cancel.wait_for(|c| *c) => return Err(crate::signals::interrupted()),
+        _ = options.cancel.cancelled() => return Err(crate::signals::interrupted()),
     };
     // The running server is its own reference: no floor beyond its run-to-run noise, which this
     // comparison is.

@@ -27,8 +27,8 @@ mod stages;
 use std::time::Duration;
 
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 pub use progress::Progress;
 pub use reconcile_core::verify::judge::{
@@ -179,14 +179,15 @@ pub struct Failure {
     pub verification: Box<Verification>,
 }
 
-/// Verifies a unit systemd has just (re)started. `cancel` turning true (Ctrl-C) fails it.
+/// Verifies a unit systemd has just (re)started. `cancel` being cancelled (Ctrl-C, a group's
+/// failed rank) fails it.
 pub async fn verify(
     host: &dyn Host,
     unit: &str,
     spec: &VerifySpec,
     expect: &Expect,
     progress: &Progress,
-    cancel: &watch::Receiver<bool>,
+    cancel: &CancellationToken,
 ) -> Result<Verification, Failure> {
     let mut run = Run {
         started: Instant::now(),
@@ -222,7 +223,7 @@ struct Driver<'a, P> {
     /// systemd's view at the restart, and at the last poll.
     first: UnitState,
     now: UnitState,
-    cancel: watch::Receiver<bool>,
+    cancel: CancellationToken,
 }
 
 impl<P: Probes> Driver<'_, P> {
@@ -233,7 +234,7 @@ impl<P: Probes> Driver<'_, P> {
                 Next::Poll => {
                     tokio::select! {
                         _ = tokio::time::sleep(POLL_INTERVAL) => {}
-                        _ = self.cancel.changed() => {}
+                        _ = self.cancel.cancelled() => {}
                     }
                     self.poll().await
                 }
@@ -251,7 +252,7 @@ impl<P: Probes> Driver<'_, P> {
                         ),
                         self.probes,
                         &self.first,
-                        &mut self.cancel,
+                        &self.cancel,
                     )
                     .await;
                     finished.unwrap_or_else(|broke| {
@@ -266,12 +267,12 @@ impl<P: Probes> Driver<'_, P> {
 
     /// Asks systemd, unless cancelled first or meanwhile.
     async fn poll(&mut self) -> Decision {
-        let asked = if *self.cancel.borrow() {
+        let asked = if self.cancel.is_cancelled() {
             None
         } else {
             tokio::select! {
                 r = self.probes.unit_state() => Some(r),
-                _ = cancelled(&mut self.cancel) => None,
+                _ = self.cancel.cancelled() => None,
             }
         };
         let systemd = match asked {
@@ -305,7 +306,7 @@ impl<P: Probes> Driver<'_, P> {
             take_sample(self.probes, &mut self.run, &self.first, &self.now),
             self.probes,
             &self.first,
-            &mut self.cancel,
+            &self.cancel,
         )
         .await;
         let took = match sampled {
@@ -379,12 +380,12 @@ async fn race<T, P: Probes>(
     step: impl std::future::Future<Output = T>,
     probes: &P,
     first: &UnitState,
-    cancel: &mut watch::Receiver<bool>,
+    cancel: &CancellationToken,
 ) -> Result<T, Systemd> {
     tokio::select! {
         done = step => Ok(done),
         broke = crash_meanwhile(probes, first) => Err(broke),
-        _ = cancelled(cancel) => Err(Systemd::Cancelled(crate::signals::interrupted())),
+        _ = cancel.cancelled() => Err(Systemd::Cancelled(crate::signals::interrupted())),
     }
 }
 
@@ -397,13 +398,6 @@ async fn crash_meanwhile<P: Probes>(probes: &P, first: &UnitState) -> Systemd {
             Systemd::Healthy => {}
             broke => return broke,
         }
-    }
-}
-
-/// Resolves once `cancel` turns true; never when nobody can cancel any more.
-async fn cancelled(cancel: &mut watch::Receiver<bool>) {
-    if cancel.wait_for(|c| *c).await.is_err() {
-        std::future::pending::<()>().await
     }
 }
 
@@ -615,7 +609,7 @@ mod tests {
     async fn drive(
         fake: &Fake,
         spec: &VerifySpec,
-        cancel: watch::Receiver<bool>,
+        cancel: CancellationToken,
     ) -> Result<Verification, Failure> {
         let progress = Progress::new(String::new(), None);
         let expect = Expect::from_unit(&parse_unit(UNIT));
@@ -644,7 +638,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_driver_records_every_stage_of_a_good_start_in_order() {
         let fake = Fake::new();
-        let (_cancel, never) = watch::channel(false);
+        let never = CancellationToken::new();
         let v = drive(&fake, &spec(), never).await.expect("verified");
         assert_eq!(
             names(&v),
@@ -679,7 +673,7 @@ mod tests {
             sample_takes: Duration::from_secs(60),
             ..Fake::new()
         };
-        let (_cancel, never) = watch::channel(false);
+        let never = CancellationToken::new();
         let f = drive(&fake, &spec(), never).await.expect_err("crashed");
         assert_eq!(f.stage.name(), "crash window");
         assert!(
@@ -699,7 +693,7 @@ mod tests {
             schedulers: |t| if t < 12.0 { 2 } else { 1 },
             ..Fake::new()
         };
-        let (_cancel, never) = watch::channel(false);
+        let never = CancellationToken::new();
         let f = drive(&fake, &spec(), never).await.expect_err("crashed");
         assert_eq!(f.stage.name(), "loading");
         assert!(f.reason.starts_with("crashed 12.5s"), "{}", f.reason);
@@ -708,7 +702,7 @@ mod tests {
             schedulers: |t| if t < 12.0 { 2 } else { 1 },
             ..Fake::new()
         };
-        let (_cancel, never) = watch::channel(false);
+        let never = CancellationToken::new();
         let f = drive(&fake, &spec(), never).await.expect_err("dead worker");
         assert_eq!(f.stage.name(), "loading");
         assert_eq!(
@@ -726,16 +720,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cancel_fails_the_current_stage_at_once() {
         let fake = Fake::new();
-        let (cancel, cancelled) = watch::channel(false);
+        let cancel = CancellationToken::new();
+        let cancelling = cancel.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(7100)).await;
-            cancel.send_replace(true);
-            // Kept until the end, so nobody mistakes a dropped sender for a cancel.
-            std::future::pending::<()>().await
+            cancelling.cancel();
         });
-        let f = drive(&fake, &spec(), cancelled)
-            .await
-            .expect_err("cancelled");
+        let f = drive(&fake, &spec(), cancel).await.expect_err("cancelled");
         assert_eq!(
             (f.stage.name(), f.reason.as_str()),
             ("loading", "interrupted (cancelled)")
@@ -751,7 +742,7 @@ mod tests {
             ready_at: f64::INFINITY,
             ..Fake::new()
         };
-        let (_cancel, never) = watch::channel(false);
+        let never = CancellationToken::new();
         let spec = VerifySpec {
             stall_timeout: Duration::from_secs(600),
             ..spec()
