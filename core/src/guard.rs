@@ -28,6 +28,10 @@ pub const SCRIPT: &str = include_str!("guard.py");
 /// benchmark, quality) without letting a crash loop run for long once nobody watches it.
 pub const DEFAULT_MARGIN: Duration = Duration::from_secs(120);
 
+/// The shortest margin a manifest may set: renewals a second apart at least (the guard looks once
+/// a second), so that a renewal in flight is not outrun by the guard.
+pub const MIN_MARGIN: Duration = Duration::from_secs(4);
+
 /// How often the controller renews its lease: a quarter of the margin, so three renewals can be
 /// lost (a congested link) before the guard acts.
 pub fn renew_every(margin: Duration) -> Duration {

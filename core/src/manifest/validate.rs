@@ -65,6 +65,15 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     check.env(&[Seg::Key("env")], &m.env);
     check.settings(&[Seg::Key("systemd")], &m.systemd);
     check.errors.extend(super::reference::check(m));
+    if m.verify.guard_margin < crate::guard::MIN_MARGIN {
+        check.fail(
+            &[Seg::Key("verify"), Seg::Key("guard_margin")],
+            format!(
+                "guard_margin must be at least {}s: the lease is renewed every quarter of it, and the host's guard looks once a second",
+                crate::guard::MIN_MARGIN.as_secs()
+            ),
+        );
+    }
     if let Some(b) = &m.verify.benchmark {
         check.benchmark(b);
     }
@@ -1185,6 +1194,19 @@ mod tests {
                 .any(|e| e.contains("verify.quality.needle.depths[0]")),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_guard_margin_too_short_to_renew_is_refused_at_its_line() {
+        let e = errors(&format!("{BASE}verify:\n  guard_margin: 500ms\n"));
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].contains("m.yaml:9:")
+                && e[0].contains("verify.guard_margin")
+                && e[0].contains("at least 4s"),
+            "{e:?}"
+        );
+        assert!(errors(&format!("{BASE}verify: {{ guard_margin: 4s }}\n")).is_empty());
     }
 
     #[test]
