@@ -30,6 +30,7 @@ pub struct GoingBack {
 /// A guard armed on a host, for the unit of one apply.
 pub struct Armed<'a> {
     host: &'a dyn Host,
+    unit: String,
     dir: String,
     python: String,
     margin: Duration,
@@ -80,6 +81,7 @@ pub async fn arm<'a>(job: &Job<'a>, back: GoingBack) -> Result<Armed<'a>, Remote
     };
     let armed = Armed {
         host,
+        unit: unit.clone(),
         dir: unit_dir(unit),
         python: t.manifest.sglang.python.clone(),
         margin,
@@ -161,9 +163,7 @@ impl Armed<'_> {
         }
         Ok(found)
     }
-}
 
-impl Armed<'_> {
     /// The guard's record once it has settled, waited for as long as its own rollback may take
     /// (the restored unit's load, judged by the same bounds); `None` if it has not by then.
     pub async fn settled(&self, spec: &VerifySpec) -> Option<Settled> {
@@ -175,11 +175,7 @@ impl Armed<'_> {
         );
         let until = tokio::time::Instant::now() + bound;
         loop {
-            let text = self
-                .host
-                .read_file(&format!("{}/guard.json", self.dir))
-                .await;
-            if let Ok(Some(s)) = text.map(|t| t.and_then(|t| Settled::parse(&t).ok())) {
+            if let Ok(Some(s)) = read(self.host, &self.unit).await {
                 if !s.state.active() {
                     return Some(s);
                 }
@@ -198,4 +194,269 @@ pub async fn read(host: &dyn Host, unit: &str) -> Result<Option<Settled>, Remote
         .read_file(&format!("{}/guard.json", unit_dir(unit)))
         .await?;
     Ok(text.and_then(|t| Settled::parse(&t).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    /// `guard.py`'s `judge` over `cases` (guard record, facts, now, /health's answer), run by the
+    /// Python the tests need anyway, as the host's would run it: each case's verdict and reason.
+    /// A case whose `/health` is `"unasked"` fails if the guard asks for it.
+    fn judged(cases: &Value) -> Vec<(String, String)> {
+        const RUN: &str = r#"
+import json, sys
+guard = {"__name__": "guard"}
+exec(sys.argv[1], guard)
+out = []
+for case in json.load(sys.stdin):
+    def healthy(code=case["health"]):
+        assert code != "unasked", "the guard asked /health where it must not"
+        return code
+    out.append(guard["judge"](case["guard"], case["facts"], case["now"], healthy))
+print(json.dumps(out))
+"#;
+        use std::io::Write;
+        let mut child = std::process::Command::new("python3")
+            .args(["-c", RUN, reconcile_core::guard::SCRIPT])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs (the tests need it, as the hosts do)");
+        let input = cases.to_string();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// A guard armed at 100 s on the host's clock, judging at 200 s, its lease out at 110 s.
+    fn armed() -> Value {
+        json!({
+            "state": "armed", "new_sha256": "new", "previous": "/gen/1.service",
+            "previous_sha256": "old", "beneath": false, "then": "restart",
+            "armed_mono": 100.0, "judge_at": 200.0, "lease_until": 110.0
+        })
+    }
+
+    fn facts(sha: &str, active: &str, sub: &str, restarts: u32, entered: f64) -> Value {
+        json!({"sha256": sha, "active": active, "sub": sub, "restarts": restarts, "entered": entered})
+    }
+
+    fn case(guard: Value, facts: Value, now: f64, health: Value) -> Value {
+        json!({"guard": guard, "facts": facts, "now": now, "health": health})
+    }
+
+    fn with(mut guard: Value, fields: Value) -> Value {
+        for (k, v) in fields.as_object().unwrap() {
+            guard[k] = v.clone();
+        }
+        guard
+    }
+
+    #[test]
+    fn the_guard_restores_only_what_is_broken_and_keeps_a_healthy_unit() {
+        let unasked = json!("unasked");
+        let cases = json!([
+            // The controller's lease holds: nothing, whatever the unit does.
+            case(
+                armed(),
+                facts("new", "failed", "failed", 0, 101.0),
+                105.0,
+                unasked.clone()
+            ),
+            // Another change replaced the unit file: left alone.
+            case(
+                armed(),
+                facts("other", "failed", "failed", 0, 101.0),
+                150.0,
+                unasked.clone()
+            ),
+            // The new invocation failed, or systemd restarted it twice: restored before the deadline.
+            case(
+                armed(),
+                facts("new", "failed", "failed", 0, 101.0),
+                150.0,
+                unasked.clone()
+            ),
+            case(
+                armed(),
+                facts("new", "activating", "auto-restart", 2, 130.0),
+                150.0,
+                unasked.clone()
+            ),
+            // The old invocation's state says nothing of the new one (not started yet).
+            case(
+                armed(),
+                facts("new", "failed", "failed", 5, 90.0),
+                150.0,
+                unasked.clone()
+            ),
+            // Loading, before the deadline: /health is not even asked.
+            case(
+                armed(),
+                facts("new", "activating", "start", 0, 101.0),
+                150.0,
+                unasked.clone()
+            ),
+            // At the deadline: healthy is kept, anything else restored.
+            case(
+                armed(),
+                facts("new", "active", "running", 0, 101.0),
+                200.0,
+                json!(200)
+            ),
+            case(
+                armed(),
+                facts("new", "active", "running", 0, 101.0),
+                200.0,
+                json!(503)
+            ),
+            case(
+                armed(),
+                facts("new", "activating", "start", 0, 101.0),
+                200.0,
+                Value::Null
+            ),
+        ]);
+        let verdicts = judged(&cases);
+        let expected = [
+            ("wait", "the controller renewed its lease"),
+            (
+                "leave",
+                "the unit file changed since the guard was armed; left as it is",
+            ),
+            ("restore", "the new unit failed"),
+            ("restore", "the new unit is crash-looping (2 restarts)"),
+            ("wait", "before the deadline"),
+            ("wait", "before the deadline"),
+            (
+                "keep",
+                "active and /health 200 at the deadline, but no apply confirmed it",
+            ),
+            (
+                "restore",
+                "not healthy by the deadline (active/running, /health 503)",
+            ),
+            (
+                "restore",
+                "not healthy by the deadline (activating/start, /health no answer)",
+            ),
+        ];
+        for (i, (got, want)) in verdicts.iter().zip(expected).enumerate() {
+            assert_eq!((got.0.as_str(), got.1.as_str()), want, "case {i}");
+        }
+        assert_eq!(verdicts.len(), expected.len());
+    }
+
+    #[test]
+    fn a_rollback_under_way_is_finished_without_restarting_what_came_back() {
+        let unasked = json!("unasked");
+        // The controller took the guard over at 150 s and died; the guard judges from 160 s.
+        let taken = with(
+            armed(),
+            json!({"state": "rolling_back", "taken_at": 150.0, "lease_until": 160.0, "judge_at": 400.0}),
+        );
+        let by_guard = with(
+            taken.clone(),
+            json!({"restored": true, "restored_at": 170.0}),
+        );
+        let new_unit = with(
+            taken.clone(),
+            json!({"previous": null, "previous_sha256": null}),
+        );
+        let cases = json!([
+            // The previous unit back and restarted since: waited for, then done.
+            case(
+                taken.clone(),
+                facts("old", "active", "running", 0, 151.0),
+                165.0,
+                json!(200)
+            ),
+            case(
+                taken.clone(),
+                facts("old", "activating", "start", 0, 151.0),
+                165.0,
+                json!(503)
+            ),
+            case(
+                taken.clone(),
+                facts("old", "activating", "start", 0, 151.0),
+                400.0,
+                json!(503)
+            ),
+            // Its file back, but the new server still runs (not restarted since): restored.
+            case(
+                taken.clone(),
+                facts("old", "active", "running", 0, 120.0),
+                165.0,
+                unasked.clone()
+            ),
+            case(
+                taken.clone(),
+                facts("new", "active", "running", 0, 120.0),
+                165.0,
+                unasked.clone()
+            ),
+            // The guard's own restore did not start the previous unit: not restored again.
+            case(
+                by_guard,
+                facts("old", "failed", "failed", 0, 171.0),
+                180.0,
+                unasked.clone()
+            ),
+            // A unit that was new: removed, once.
+            case(
+                new_unit.clone(),
+                facts("new", "active", "running", 0, 120.0),
+                165.0,
+                unasked.clone()
+            ),
+            case(
+                with(new_unit, json!({"restored": true})),
+                facts("gone", "inactive", "dead", 0, 120.0),
+                165.0,
+                unasked.clone()
+            ),
+            // Settled already: nothing more.
+            case(
+                with(armed(), json!({"state": "disarmed"})),
+                facts("new", "failed", "failed", 0, 101.0),
+                300.0,
+                unasked
+            ),
+        ]);
+        let verdicts = judged(&cases);
+        let expected = [
+            (
+                "done",
+                "the previous unit runs again and answers /health 200",
+            ),
+            ("wait", "the restored unit is loading"),
+            (
+                "failed",
+                "the restored unit was not healthy by its deadline (activating/start)",
+            ),
+            ("restore", "the controller's rollback did not finish"),
+            ("restore", "the controller's rollback did not finish"),
+            ("failed", "the restored unit did not start (failed/failed)"),
+            ("restore", "the controller's rollback did not finish"),
+            ("done", "the rollback finished"),
+            ("leave", "the guard is disarmed"),
+        ];
+        for (i, (got, want)) in verdicts.iter().zip(expected).enumerate() {
+            assert_eq!((got.0.as_str(), got.1.as_str()), want, "case {i}");
+        }
+        assert_eq!(verdicts.len(), expected.len());
+    }
 }
