@@ -107,8 +107,7 @@ pub async fn install(
     mut fallback: Fallback,
     report: &mut UnitReport,
 ) -> Ending {
-    let (host, t, options) = (job.host, job.t, job.options);
-    let unit = &t.desired.unit;
+    let (t, options) = (job.t, job.options);
     // The quality gate's reference and noise floor, read from the old server while it serves.
     // Not for `reconcile rollback`: a kept deployment is put back because the newest went wrong,
     // and the newest is what the reference may come from.
@@ -129,35 +128,52 @@ pub async fn install(
     }
     if let Err(e) = write_unit(job, observed, &mut fallback).await {
         let e = ApplyError::InstallFailed(error_chain(&e));
-        let put_back = put_back_file(
-            host,
-            unit,
-            fallback.previous.as_deref(),
-            fallback.layers.aside.as_ref(),
-        )
-        .await;
-        return decide::install_failed(&e, put_back.map_err(|e| error_chain(&e)));
+        return decide::install_failed(&e, put_back(job, &fallback).await);
     }
     if verdict == Verdict::ReloadOnly {
         record(job, Outcome::Reloaded, None, report).await;
         return decide::reloaded();
     }
+    let begin = Begin::Restart(verdict);
+    under_guard(job, &fallback, report, begin, quality_before.as_ref()).await
+}
+
+/// Confirms a unit the host's guard kept unconfirmed (its apply died, the guard found it healthy):
+/// verified as it runs, under a new guard, without a restart; a failed stage rolls back to the
+/// generation that apply kept.
+pub async fn confirm(job: &Job<'_>, fallback: Fallback, report: &mut UnitReport) -> Ending {
+    under_guard(job, &fallback, report, Begin::AsItRuns, None).await
+}
+
+/// How the new unit's invocation begins, once the guard is armed.
+#[derive(Clone, Copy)]
+enum Begin {
+    /// Restarted (or started, for a new unit) as the plan says.
+    Restart(Verdict),
+    /// Already running, kept by the guard: verified as it runs.
+    AsItRuns,
+}
+
+/// The part an install and a confirmation share: the unit's past loads and the figures to
+/// compare with read, the guard armed, the invocation begun, and verification.
+async fn under_guard(
+    job: &Job<'_>,
+    fallback: &Fallback,
+    report: &mut UnitReport,
+    begin: Begin,
+    quality_before: Option<&super::quality::Before>,
+) -> Ending {
+    let (host, t, options) = (job.host, job.t, job.options);
+    let unit = &t.desired.unit;
     // The unit's last good loads, read before the restart: what this load is compared with, and
     // the load deadline when the manifest leaves it unset.
     let history = load_history(job, report).await;
     let (spec, learned_notes) = learned::learned_spec(&t.verify, history.as_ref());
     // The last moment to stop without a restart: a signal now leaves the server as it was.
-    if options.cancel.is_cancelled() {
-        let put_back = put_back_file(
-            host,
-            unit,
-            fallback.previous.as_deref(),
-            fallback.layers.aside.as_ref(),
-        )
-        .await;
+    if matches!(begin, Begin::Restart(_)) && options.cancel.is_cancelled() {
         return decide::cancelled_before_restart(
             &crate::signals::interrupted(),
-            put_back.map_err(|e| error_chain(&e)),
+            put_back(job, fallback).await,
         );
     }
     // The current deployment's record, read before the restart: the figures the benchmark stage
@@ -175,84 +191,54 @@ pub async fn install(
                 "the host's guard could not be armed: {}",
                 error_chain(&e)
             ));
-            let put_back = put_back_file(
-                host,
-                unit,
-                fallback.previous.as_deref(),
-                fallback.layers.aside.as_ref(),
-            )
-            .await;
-            return decide::install_failed(&e, put_back.map_err(|e| error_chain(&e)));
+            let back = match begin {
+                Begin::Restart(_) => put_back(job, fallback).await,
+                Begin::AsItRuns => Ok(false),
+            };
+            return decide::install_failed(&e, back);
         }
     };
-    let invocation = match restart(host, unit, verdict).await {
-        Ok(id) => id,
-        Err(e) => {
-            let error = ApplyError::RestartFailed(error_chain(&e));
-            let failed = Failed {
-                stage: Stage::Restart,
-                error,
-                invocation: "",
-            };
-            return roll_back(job, &fallback, report, failed, &armed).await;
-        }
+    let invocation = match begin {
+        Begin::Restart(verdict) => match restart(host, unit, verdict).await {
+            Ok(id) => id,
+            Err(e) => {
+                let error = ApplyError::RestartFailed(error_chain(&e));
+                let failed = Failed {
+                    stage: Stage::Restart,
+                    error,
+                    invocation: "",
+                };
+                return roll_back(job, fallback, report, failed, &armed).await;
+            }
+        },
+        // Not a reason to roll back a server that may be healthy: the guard, armed, judges it.
+        Begin::AsItRuns => match host.unit_state(unit).await {
+            Ok(state) => state.invocation_id,
+            Err(e) => return Ending::refused(&ApplyError::ObserveFailed(error_chain(&e))),
+        },
     };
     let restarted = Restarted {
         spec: &spec,
         history: history.as_ref(),
         learned_notes: &learned_notes,
         before: before.as_ref(),
-        quality: quality_before.as_ref(),
+        quality: quality_before,
         invocation: &invocation,
     };
-    verify_restarted(job, &fallback, report, restarted, &armed).await
+    verify_restarted(job, fallback, report, restarted, &armed).await
 }
 
-/// Confirms a unit the host's guard kept unconfirmed (its apply died, the guard found it healthy):
-/// verified as it runs, under a new guard, without a restart; a failed stage rolls back to the
-/// generation that apply kept.
-pub async fn confirm(job: &Job<'_>, fallback: Fallback, report: &mut UnitReport) -> Ending {
-    let (host, t) = (job.host, job.t);
-    let unit = &t.desired.unit;
-    let history = load_history(job, report).await;
-    let (spec, learned_notes) = learned::learned_spec(&t.verify, history.as_ref());
-    let before = match &t.verify.benchmark {
-        Some(_) => state::read_record(host, unit).await.ok().flatten(),
-        None => None,
-    };
-    let armed = match guard::arm(job, fallback.going_back()).await {
-        Ok(armed) => armed,
-        Err(e) => {
-            return decide::install_failed(
-                &ApplyError::InstallFailed(format!(
-                    "the host's guard could not be armed: {}",
-                    error_chain(&e)
-                )),
-                Ok(false),
-            )
-        }
-    };
-    let invocation = match host.unit_state(unit).await {
-        Ok(state) => state.invocation_id,
-        Err(e) => {
-            let error = ApplyError::ObserveFailed(error_chain(&e));
-            let failed = Failed {
-                stage: Stage::Restart,
-                error,
-                invocation: "",
-            };
-            return roll_back(job, &fallback, report, failed, &armed).await;
-        }
-    };
-    let restarted = Restarted {
-        spec: &spec,
-        history: history.as_ref(),
-        learned_notes: &learned_notes,
-        before: before.as_ref(),
-        quality: None,
-        invocation: &invocation,
-    };
-    verify_restarted(job, &fallback, report, restarted, &armed).await
+/// The previous unit's file back after a failed write, an unarmed guard or a cancel: nothing was
+/// restarted, so the server is left alone. `Ok(whether anything had to be put back)`.
+async fn put_back(job: &Job<'_>, fallback: &Fallback) -> Result<bool, String> {
+    put_back_file(
+        job.host,
+        &job.t.desired.unit,
+        fallback.previous.as_deref(),
+        fallback.layers.aside.as_ref(),
+    )
+    .await
+    .map_err(|e| error_chain(&e))
 }
 
 /// The drain before a restart, when the manifest asks for one (`drain:`) and the change restarts a
