@@ -40,7 +40,7 @@ pub struct Armed<'a> {
 /// Arms the guard for `job`'s unit, whose new file is in place and whose restart comes next:
 /// `guard.json` written (0600, nothing secret in it), then the guard started as a transient unit.
 /// A guard left by an earlier run is stopped first: this run's record replaces its.
-pub async fn arm<'a>(job: &Job<'a>, back: GoingBack) -> Result<Armed<'a>, RemoteError> {
+pub(super) async fn arm<'a>(job: &Job<'a>, back: GoingBack) -> Result<Armed<'a>, RemoteError> {
     let (host, t) = (job.host, job.t);
     let unit = &t.desired.unit;
     let spec = &t.verify;

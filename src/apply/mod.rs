@@ -18,7 +18,7 @@ mod benchmark;
 mod decide;
 mod error;
 mod group;
-mod guard;
+pub(crate) mod guard;
 mod install;
 mod quality;
 mod restore;

@@ -133,11 +133,12 @@ async fn unit_status(
     let unit = &t.desired.unit;
     let path = format!("{UNIT_DIR}/{unit}");
     let layers_argv = ["sh", "-c", LAYERS_SCRIPT, "sh", unit, &path];
-    let (disk_text, record, systemd, layers) = tokio::join!(
+    let (disk_text, record, systemd, layers, guard) = tokio::join!(
         host.read_file(&path),
         read_record(host, unit),
         systemd(host, unit),
-        host.run_ok(&layers_argv)
+        host.run_ok(&layers_argv),
+        crate::apply::guard::read(host, unit)
     );
     let (disk_text, (systemd, unit_file_state), layers) = (disk_text?, systemd?, layers?);
     let layers = parse_layers(&layers, &systemd.load_state, &unit_file_state);
@@ -162,6 +163,8 @@ async fn unit_status(
         disk_text,
         record,
         record_error,
+        // A guard record that cannot be read says nothing the others do not.
+        guard: guard.ok().flatten(),
         systemd,
         running,
     };

@@ -24,6 +24,7 @@ use crate::flags::flags;
 use crate::layers::{Drift, Layers};
 use crate::redact::Redactor;
 use crate::unit::parse_unit;
+use reconcile_core::guard::{GuardState, Settled};
 
 /// One way a unit can stand. A unit has one or more; `InSync` only alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -49,6 +50,12 @@ pub enum Class {
     Disabled,
     /// The service is not active.
     Down,
+    /// The host's guard kept this unit (its apply died, the server was healthy at the guard's
+    /// deadline); no apply has confirmed it yet. The next apply verifies it without a restart.
+    Unconfirmed,
+    /// The host's guard rolled back the change the manifest still asks for (its apply died and
+    /// the new unit failed); the next apply tries it again.
+    RolledBackByGuard,
     /// A unit file reconcile has no deployment record of.
     Unmanaged,
     /// The unit's deployment record exists but cannot be read or parsed (or a newer reconcile
@@ -71,6 +78,8 @@ impl Class {
             Class::Shadowed => "shadowed",
             Class::Disabled => "disabled",
             Class::Down => "down",
+            Class::Unconfirmed => "unconfirmed",
+            Class::RolledBackByGuard => "rolled_back_by_guard",
             Class::Unmanaged => "unmanaged",
             Class::RecordUnreadable => "record_unreadable",
             Class::Absent => "absent",
@@ -115,6 +124,8 @@ pub struct Facts {
     /// Why the record could not be used, when it exists but cannot be read or parsed (`record`
     /// is then `None`).
     pub record_error: Option<String>,
+    /// The host's guard's record (`guard.json`), when it has one that reads.
+    pub guard: Option<Settled>,
     pub systemd: Systemd,
     /// The main process, when there is one and it could be read.
     pub running: Option<Running>,
@@ -144,12 +155,18 @@ pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
         }
         return found.sorted();
     };
-    against_record(
-        &mut found,
-        applied,
-        &disk_sha.unwrap_or_default(),
-        f.record_error.is_some(),
-    );
+    let disk_sha = disk_sha.unwrap_or_default();
+    match f.guard.as_ref().filter(|g| g.unconfirmed(&disk_sha)) {
+        // Not a hand edit: the unit a dead apply installed, kept by the guard.
+        Some(kept) => found.add(Class::Unconfirmed, kept.summary().unwrap_or_default()),
+        None => against_record(&mut found, applied, &disk_sha, f.record_error.is_some()),
+    }
+    if let Some(g) = f.guard.as_ref().filter(|g| {
+        matches!(g.state, GuardState::RolledBack | GuardState::RollbackFailed)
+            && g.new_sha256 == desired_sha
+    }) {
+        found.add(Class::RolledBackByGuard, g.summary().unwrap_or_default());
+    }
     // What systemd would start now: the file with its drop-ins, or the file that shadows it.
     let effective = if layered {
         f.layers.effective_model(&f.unit, Some(disk_text))
@@ -515,6 +532,7 @@ mod tests {
             disk_text: Some(UNIT.into()),
             record: Some(record(UNIT)),
             record_error: None,
+            guard: None,
             systemd: Systemd {
                 load_state: "loaded".into(),
                 active_state: "active".into(),
@@ -567,6 +585,60 @@ mod tests {
         s.layers.fragment = "/run/systemd/system/s.service".into();
         s.layers.fragment_text = Some(UNIT.into());
         assert_eq!(classes(&s), [Class::Shadowed]);
+    }
+
+    fn guard(state: &str, new: &str) -> Settled {
+        Settled::parse(&format!(
+            r#"{{"state":"{state}","new_sha256":"{}","detail":"why","settled_at":"t1","armed_by":"ci@box pid 7","armed_at":"t0"}}"#,
+            sha256(new)
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn what_the_hosts_guard_did_is_said_and_not_taken_for_a_hand_edit() {
+        // A dead apply installed `new`; the guard found it healthy and kept it.
+        let mut f = synced();
+        let new = UNIT.replace("--port 30000", "--port 30000 --mem-fraction-static 0.8");
+        f.desired_text = new.clone();
+        f.disk_text = Some(new.clone());
+        f.running = Some(running(&new));
+        f.guard = Some(guard("unconfirmed", &new));
+        // Pending too: the next apply has its confirmation to do.
+        let (classes, details) = classify(&f, &Redactor::default());
+        assert_eq!(
+            classes,
+            [Class::PendingChange, Class::Unconfirmed],
+            "{details:?}"
+        );
+        assert!(
+            details[1].starts_with("the host's guard kept the new unit, unconfirmed at t1"),
+            "{details:?}"
+        );
+        // Without the guard's record, the same unit is an edit on the host.
+        f.guard = None;
+        assert_eq!(
+            classify(&f, &Redactor::default()).0,
+            [Class::PendingChange, Class::EditedOnHost]
+        );
+
+        // The guard rolled `new` back: the previous unit runs, the manifest still asks for new.
+        let mut f = synced();
+        f.desired_text = new.clone();
+        f.guard = Some(guard("rolled_back", &new));
+        let (classes, details) = classify(&f, &Redactor::default());
+        assert_eq!(
+            classes,
+            [Class::PendingChange, Class::RolledBackByGuard],
+            "{details:?}"
+        );
+        assert!(
+            details[1].starts_with("the host's guard rolled back to the previous unit at t1"),
+            "{details:?}"
+        );
+        // Once the manifest moved on, that rollback is history, not status.
+        f.desired_text = UNIT.into();
+        assert_eq!(classify(&f, &Redactor::default()).0, [Class::InSync]);
     }
 
     #[test]

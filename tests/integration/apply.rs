@@ -10,13 +10,18 @@ use crate::lab::{lab, lease_of, manifest, round_trips, Manifest, Ran, Reconcile,
 /// stand-in's failures, a longer load) and verification settings on what this returns;
 /// verification windows are seconds, not minutes.
 pub fn service(name: &str, port: u16) -> Manifest {
+    service_on(APPLY, name, port)
+}
+
+/// [`service`] on `host`, with the two GPUs its lease there gives `port`.
+pub fn service_on(host: &str, name: &str, port: u16) -> Manifest {
     // Tests run at once on one host: each gets its own two of the stand-in's 64 simulated GPUs
     // (its port's, from the lease holding it), so one test's loading never looks like another's
     // progress.
-    manifest(name, &[APPLY])
+    manifest(name, &[host])
         .port(port)
         .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", lease_of(APPLY, port).gpu_pair(port))
+        .env("CUDA_VISIBLE_DEVICES", lease_of(host, port).gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&STAND_IN_VERIFY)

@@ -4,8 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, lease_of, manifest, Manifest, Reconcile, GUARD};
+use crate::lab::{lab, Manifest, Reconcile, GUARD};
 
 const HOST: &str = GUARD.host();
 
@@ -15,13 +14,7 @@ const MARGIN: &str = "4s";
 const JUDGE_AFTER: Duration = Duration::from_secs(3 + 20 + 5 + 4);
 
 fn service(name: &str, port: u16) -> Manifest {
-    manifest(name, &[HOST])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", lease_of(HOST, port).gpu_pair(port))
-        .env("FAKE_SGLANG_GPU_COUNT", "64")
-        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&STAND_IN_VERIFY)
+    crate::apply::service_on(HOST, name, port)
         .verify("warmup_timeout", "5s")
         .verify("guard_margin", MARGIN)
 }
@@ -40,6 +33,21 @@ fn apply(m: &Manifest) -> (i32, serde_json::Value) {
         .args(&["apply", "--format", "json"])
         .run();
     (ran.code, ran.json()["units"][0].clone())
+}
+
+/// `reconcile status`'s classes for the only unit of `m`, and its exit code.
+fn status(m: &Manifest) -> (Vec<String>, i32) {
+    let ran = Reconcile::new()
+        .manifest("a.yaml", m)
+        .args(&["status", "--format", "json"])
+        .run();
+    let classes = ran.json()["units"][0]["classes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", ran.stdout))
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    (classes, ran.code)
 }
 
 fn unit_file(unit: &str) -> String {
@@ -112,6 +120,19 @@ impl Output for std::process::Child {
     }
 }
 
+/// Waits for the guard to settle `unit` as rolled back, then checks the host as a rollback must
+/// leave it: the previous unit's file, its server answering `/health` on `port`, no guard unit
+/// left. Returns the guard's record.
+fn rolled_back_by_the_guard(unit: &str, port: u16, previous: &str) -> String {
+    until(JUDGE_AFTER * 3, "the guard rolled back", || {
+        guard_state(unit) == "rolled_back"
+    });
+    assert_eq!(unit_file(unit), previous);
+    assert!(healthy(port), "the previous unit answers /health");
+    assert_eq!(guards_left(unit), "");
+    sh(&format!("cat /var/lib/reconcile/{unit}/guard.json"))
+}
+
 fn invocation(unit: &str) -> String {
     lab().invocation(HOST, unit)
 }
@@ -139,18 +160,18 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
         || invocation(unit) != before,
         "the new unit started",
     );
-    let killed = Instant::now();
-    until(JUDGE_AFTER * 3, "the guard rolled back", || {
-        guard_state(unit) == "rolled_back"
-    });
-    // The host acted within the manifest's bounds: the crash loop is caught once the lease
-    // runs out, well before the deadline a unit that never answers would get.
-    assert!(killed.elapsed() < JUDGE_AFTER * 3, "{:?}", killed.elapsed());
-    assert_eq!(unit_file(unit), good_text);
-    assert!(healthy(37601), "the previous unit answers /health");
-    let detail = sh(&format!("cat /var/lib/reconcile/{unit}/guard.json"));
+    let detail = rolled_back_by_the_guard(unit, 37601, &good_text);
+    // Caught as a crash loop once the lease ran out, not left until the deadline a unit that
+    // never answers gets ("not healthy by the deadline").
     assert!(detail.contains("crash-looping"), "{detail}");
-    assert_eq!(guards_left(unit), "");
+    // status says what the host did with the change the manifest still asks for.
+    assert_eq!(
+        status(&crashing),
+        (
+            vec!["pending_change".into(), "rolled_back_by_guard".into()],
+            2
+        )
+    );
     // The next apply of the good manifest finds nothing to do.
     let (code, report) = apply(&good);
     assert_eq!(
@@ -183,6 +204,11 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
     assert_eq!(invocation(unit), new);
     assert!(healthy(37602));
     assert_eq!(guards_left(unit), "");
+    // status says it is kept but unconfirmed, not edited by hand.
+    assert_eq!(
+        status(&changed),
+        (vec!["pending_change".into(), "unconfirmed".into()], 2)
+    );
     // The next apply verifies the server as it runs and confirms it: no restart.
     let (code, report) = apply(&changed);
     assert_eq!(code, 0, "{report}");
@@ -221,11 +247,6 @@ fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it()
         || guard_state(unit) == "rolling_back",
         "the controller's rollback began",
     );
-    until(JUDGE_AFTER * 3, "the guard finished the rollback", || {
-        guard_state(unit) == "rolled_back"
-    });
-    assert_eq!(unit_file(unit), good_text);
-    assert!(healthy(37603), "the previous unit answers /health");
-    assert_eq!(guards_left(unit), "");
+    rolled_back_by_the_guard(unit, 37603, &good_text);
     fresh(unit);
 }
