@@ -250,3 +250,89 @@ fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it()
     rolled_back_by_the_guard(unit, 37603, &good_text);
     fresh(unit);
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_reports_it() {
+    let unit = "t-guard-cut.service";
+    fresh(unit);
+    let good = service("t-guard-cut", 37604);
+    assert_eq!(apply(&good).0, 0);
+    let good_text = unit_file(unit);
+    let before = invocation(unit);
+    let crashing = good
+        .clone()
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "5");
+    let run = Reconcile::new()
+        .manifest("a.yaml", &crashing)
+        .args(&["apply", "--format", "json"]);
+    let child = run.spawn(&[]);
+    until(Duration::from_secs(60), "the new unit started", || {
+        invocation(unit) != before
+    });
+    // This machine's side of the host's only link, down: the host is cut off from apply, which
+    // stays alive. Put back whatever happens, so no later test finds the host unreachable.
+    let link = Link::cut(HOST);
+    // The guard acts on its own once the lease runs out, while the link is still down.
+    until(
+        JUDGE_AFTER * 3,
+        "the guard rolled back behind the cut",
+        || link.guard_state(unit) == "rolled_back",
+    );
+    drop(link);
+    let out = child.wait_with_output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let report = &json["units"][0];
+    assert_eq!(out.status.code(), Some(3), "{report:#}");
+    assert_eq!(report["outcome"], "rolled_back", "{report:#}");
+    let detail = report["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("the host's guard rolled back to the previous unit"),
+        "{detail}"
+    );
+    rolled_back_by_the_guard(unit, 37604, &good_text);
+    fresh(unit);
+}
+
+/// A host's link cut on this machine's side (its veth, `<host>h`), put back when dropped.
+struct Link(&'static str);
+
+impl Link {
+    fn cut(host: &'static str) -> Link {
+        let status = std::process::Command::new("ip")
+            .args(["link", "set", &format!("{host}h"), "down"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "ip link set {host}h down");
+        Link(host)
+    }
+
+    /// The guard's state read without the link: through the root of a process in the host's
+    /// network namespace (the container's own files, as its systemd sees them).
+    fn guard_state(&self, unit: &str) -> String {
+        let pids = std::process::Command::new("ip")
+            .args(["netns", "pids", self.0])
+            .output()
+            .unwrap();
+        let pids = String::from_utf8_lossy(&pids.stdout);
+        let pid = pids
+            .split_whitespace()
+            .next()
+            .expect("a process in the host");
+        let path = format!("/proc/{pid}/root/var/lib/reconcile/{unit}/guard.json");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        serde_json::from_str::<serde_json::Value>(&text)
+            .map(|g| g["state"].as_str().unwrap_or("").to_string())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "set", &format!("{}h", self.0), "up"])
+            .status();
+    }
+}
