@@ -53,6 +53,7 @@ matrix=(
   "apply SIGKILLed (with its ssh) during the verification of a crash-looping change|guard::a_crash_looping_change_goes_back_when_the_controller_is_killed"
   "apply SIGKILLed during the verification of a healthy change|guard::a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it"
   "apply SIGKILLed during its own rollback|guard::the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it"
+  "a server group's apply SIGKILLed during the verification of a broken change|group::a_group_whose_apply_is_killed_gets_every_rank_back_from_its_hosts_guard"
   "host's link cut past the guard's lease during verification|guard::a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_reports_it"
 )
 passed=0; failed=0

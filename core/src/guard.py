@@ -26,7 +26,9 @@ import urllib.request
 # one-token generation, up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s) on a busy server.
 POLL = 1.0
 HEALTH_TIMEOUT = 25.0
-# A unit that systemd restarted this often since the new invocation began is crash-looping.
+# A unit that systemd restarted this often since the new invocation began is crash-looping. A rank
+# of a server group is broken at its first restart: its process group cannot be rejoined
+# (guard.json's `crash_loop_restarts` says 1 then).
 CRASH_LOOP_RESTARTS = 2
 
 
@@ -128,8 +130,9 @@ def judge(guard, f, at, healthy):
         started = f["entered"] > guard["armed_mono"]
         if started and f["active"] == "failed":
             return ("restore", "the new unit failed")
-        if started and f["restarts"] >= CRASH_LOOP_RESTARTS:
-            return ("restore", "the new unit is crash-looping (%d restarts)" % f["restarts"])
+        if started and f["restarts"] >= guard.get("crash_loop_restarts", CRASH_LOOP_RESTARTS):
+            n = f["restarts"]
+            return ("restore", "the new unit is crash-looping (%d restart%s)" % (n, "" if n == 1 else "s"))
         if at < guard["judge_at"]:
             return ("wait", "before the deadline")
         code = healthy()

@@ -123,6 +123,10 @@ pub struct Arming {
     pub aside: Option<String>,
     /// The unit's own `/health`, on the host (no API key: SGLang exempts `/health`).
     pub health_url: String,
+    /// Restarts by systemd after which the new unit counts as crash-looping: 2 for a server of
+    /// its own, 1 for a rank of a group (one that died takes its process group with it, and a
+    /// restarted rank cannot rejoin it).
+    pub crash_loop_restarts: u32,
     /// Seconds after arming that the new unit must be healthy by.
     pub judge_after: f64,
     /// Seconds the controller's lease lasts after each renewal.

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::decide::{self, Ending, Previous, Start};
 use super::error::ApplyError;
+use super::guard::{self, Armed};
 use super::install::{self, Fallback};
 use super::restore::{put_back_file, restore, restored_check, NotRestored, Restored};
 use super::verifier::{Check, Live, Verifier};
@@ -440,6 +441,34 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
             .flatten(),
         None => None,
     };
+    // Every rank's guard armed before any stops: should this process die, each rank's guard
+    // judges its own rank (a follower answers `/health` on its dummy port once its group loaded).
+    let armed = join_all(
+        ranks
+            .iter()
+            .map(|r| guard::arm(&r.job, r.fallback.going_back())),
+    )
+    .await;
+    if let Some((i, e)) = armed
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| a.as_ref().err().map(|e| (i, error_chain(e))))
+    {
+        for a in armed.iter().flatten() {
+            let _ = a.disarm().await;
+        }
+        let put_back = put_back_all(ranks).await;
+        let e = ApplyError::InstallFailed(format!(
+            "the host's guard could not be armed on rank {i} ({}): {e}",
+            ranks[i].job.t.host
+        ));
+        return put_back
+            .into_iter()
+            .map(|back| decide::install_failed(&e, back))
+            .collect();
+    }
+    let armed: Vec<Armed<'_>> = armed.into_iter().flatten().collect();
+    let guards: Vec<&Armed<'_>> = armed.iter().collect();
     // 4. Stopped together, started in SGLang's order.
     if let Err((i, e)) = restart_in_order(ranks).await {
         let failed = Cause {
@@ -447,7 +476,7 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
             stage: Stage::Restart,
             error: ApplyError::RestartFailed(e),
         };
-        return roll_back(ranks, vec![failed], &[]).await;
+        return roll_back(ranks, vec![failed], &[], &guards).await;
     }
     // 5. Every rank verified at once, under a child of the run's token: Ctrl-C cancels it with
     // the run, and the first rank to fail cancels it alone.
@@ -469,7 +498,8 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
         })
         .collect();
     let hosts: Vec<&dyn Host> = ranks.iter().map(|r| r.job.host).collect();
-    let (results, first) = together(&hosts, ranks[0].job.verifier, checks, &group_cancel).await;
+    let verifying = together(&hosts, ranks[0].job.verifier, checks, &group_cancel);
+    let (results, first) = guard::leased_all(&guards, verifying).await;
     let mut verified = Vec::new();
     let mut failures = Vec::new();
     for (i, (r, result)) in ranks.iter_mut().zip(results).enumerate() {
@@ -514,28 +544,31 @@ async fn run(ranks: &mut [Rank<'_>]) -> Vec<Ending> {
             ranks[*i].report.report.failed_stage = Some(f.stage);
         }
         let cut: Vec<(usize, Stage)> = cut.iter().map(|(i, f)| (*i, f.stage)).collect();
-        return roll_back(ranks, causes, &cut).await;
+        return roll_back(ranks, causes, &cut, &guards).await;
     }
     // Rank 0's benchmark and quality gate: the group's API is rank 0's.
     let keep;
     {
         let Rank { job, report, .. } = &mut ranks[0];
         let v = &mut verified[0];
-        if let Some(reason) =
-            install::throughput_gate(job, v, before.as_ref(), &mut report.report).await
-        {
+        let benchmark = install::throughput_gate(job, v, before.as_ref(), &mut report.report);
+        if let Some(reason) = guard::leased_all(&guards, benchmark).await {
             report.report.verification = Some(v.clone());
             let failed = Cause::stage(0, Stage::Benchmark, reason);
-            return roll_back(ranks, vec![failed], &[]).await;
+            return roll_back(ranks, vec![failed], &[], &guards).await;
         }
-        match install::quality_gate(job, v, quality_before.as_ref(), &mut report.report).await {
+        let quality = install::quality_gate(job, v, quality_before.as_ref(), &mut report.report);
+        match guard::leased_all(&guards, quality).await {
             Err(reason) => {
                 report.report.verification = Some(v.clone());
                 let failed = Cause::stage(0, Stage::Quality, reason);
-                return roll_back(ranks, vec![failed], &[]).await;
+                return roll_back(ranks, vec![failed], &[], &guards).await;
             }
             Ok(k) => keep = k,
         }
+    }
+    for (i, g) in guards.iter().enumerate() {
+        install::disarm(g, &mut ranks[i].report.report).await;
     }
     // Every rank passed: each deployment recorded.
     let n = ranks.len();
@@ -798,6 +831,30 @@ async fn together(
 /// first) and how its rollback went. `cut_short`: the ranks a peer's failure cut short, each with
 /// the stage it was cut at.
 async fn roll_back(
+    ranks: &mut [Rank<'_>],
+    causes: Vec<Cause>,
+    cut_short: &[(usize, Stage)],
+    guards: &[&Armed<'_>],
+) -> Vec<Ending> {
+    // Taken over first, so each rank's guard finishes this rollback should this process die in
+    // it; renewed while it runs; disarmed once it is done.
+    for g in guards {
+        let _ = g.take().await;
+    }
+    let endings = guard::leased_all(guards, restore_group(ranks, causes, cut_short)).await;
+    for (i, g) in guards.iter().enumerate() {
+        if let Err(e) = g.disarm().await {
+            ranks[i].report.report.notes.push(format!(
+                "the host's guard could not be disarmed after the rollback: {}",
+                error_chain(&e)
+            ));
+        }
+    }
+    endings
+}
+
+/// The group's rollback proper: every rank stopped, restored, started in order and verified.
+async fn restore_group(
     ranks: &mut [Rank<'_>],
     causes: Vec<Cause>,
     cut_short: &[(usize, Stage)],

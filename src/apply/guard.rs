@@ -68,6 +68,7 @@ pub(super) async fn arm<'a>(job: &Job<'a>, back: GoingBack) -> Result<Armed<'a>,
         },
         aside: back.aside,
         health_url: format!("http://{address}:{}/health", endpoint.port),
+        crash_loop_restarts: if t.group.is_some() { 1 } else { 2 },
         judge_after: guard::judge_after(
             spec.crash_window,
             spec.load_deadline,
@@ -128,16 +129,7 @@ impl Armed<'_> {
     /// Runs `work` while renewing the lease, so the guard stays put as long as this process
     /// works. A renewal that fails (a cut link) is let go: the guard acts once the lease is out.
     pub async fn leased<F: Future>(&self, work: F) -> F::Output {
-        let renewing = async {
-            loop {
-                tokio::time::sleep(guard::renew_every(self.margin)).await;
-                let _ = self.call("renew").await;
-            }
-        };
-        tokio::select! {
-            out = work => out,
-            _ = renewing => unreachable!("the renewal loop never ends"),
-        }
+        leased_all(&[self], work).await
     }
 
     /// This process's rollback begins: the guard finishes it should this process die. Returns the
@@ -185,6 +177,23 @@ impl Armed<'_> {
             }
             tokio::time::sleep(crate::verify::POLL_INTERVAL).await;
         }
+    }
+}
+
+/// [`Armed::leased`] for several guards at once: a server group's ranks, each with its own.
+pub async fn leased_all<F: Future>(guards: &[&Armed<'_>], work: F) -> F::Output {
+    let Some(margin) = guards.iter().map(|g| g.margin).min() else {
+        return work.await;
+    };
+    let renewing = async {
+        loop {
+            tokio::time::sleep(guard::renew_every(margin)).await;
+            futures::future::join_all(guards.iter().map(|g| g.call("renew"))).await;
+        }
+    };
+    tokio::select! {
+        out = work => out,
+        _ = renewing => unreachable!("the renewal loop never ends"),
     }
 }
 
@@ -295,6 +304,19 @@ print(json.dumps(out))
                 150.0,
                 unasked.clone()
             ),
+            // A group's rank is broken at its first restart: it cannot rejoin its process group.
+            case(
+                with(armed(), json!({"crash_loop_restarts": 1})),
+                facts("new", "activating", "auto-restart", 1, 130.0),
+                150.0,
+                unasked.clone()
+            ),
+            case(
+                armed(),
+                facts("new", "activating", "auto-restart", 1, 130.0),
+                150.0,
+                unasked.clone()
+            ),
             // The old invocation's state says nothing of the new one (not started yet).
             case(
                 armed(),
@@ -338,6 +360,8 @@ print(json.dumps(out))
             ),
             ("restore", "the new unit failed"),
             ("restore", "the new unit is crash-looping (2 restarts)"),
+            ("restore", "the new unit is crash-looping (1 restart)"),
+            ("wait", "before the deadline"),
             ("wait", "before the deadline"),
             ("wait", "before the deadline"),
             (

@@ -378,7 +378,7 @@ async fn verify_restarted(
 
 /// Stands the guard down; one that cannot be reached is a note: it finds the unit healthy at
 /// its deadline and keeps it, marked unconfirmed, and the next apply confirms it.
-async fn disarm(armed: &Armed<'_>, report: &mut UnitReport) {
+pub(super) async fn disarm(armed: &Armed<'_>, report: &mut UnitReport) {
     match armed.disarm().await {
         Ok(Some(found)) if found.acted() => report.notes.push(format!(
             "the host's guard had settled the unit already ({})",

@@ -211,6 +211,47 @@ fn rank_one_crashing_while_loading_rolls_both_ranks_back() {
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_group_whose_apply_is_killed_gets_every_rank_back_from_its_hosts_guard() {
+    use crate::guard::{apply_then_kill, guard_state_on, healthy_on, until};
+    let unit = "t-group-guard.service";
+    let kept = deployed("t-group-guard", 37525);
+    let before = lab().invocation(GROUP[1], unit);
+    // Rank 1 crashes 5 s after each start (rank 0 dies of it); apply dies first.
+    let crash = [("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "5")];
+    let v2 = group("t-group-guard", 37525, &both(), &crash)
+        .flag("mem-fraction-static", 0.8)
+        .verify("warmup_timeout", "5s")
+        .verify("guard_margin", "4s");
+    apply_then_kill(
+        &v2,
+        || lab().invocation(GROUP[1], unit) != before,
+        "rank 1 restarted",
+    );
+    // Each rank's guard judges its own rank: broken at its first restart, it goes back. The
+    // bound is the manifest's: crash window, load deadline, warmup and margin, thrice.
+    let bound = Duration::from_secs((3 + 60 + 5 + 4) * 3);
+    for (i, host) in GROUP.iter().enumerate() {
+        until(bound, &format!("{host}'s guard rolled back"), || {
+            guard_state_on(host, unit) == "rolled_back"
+        });
+        assert_eq!(
+            unit_file(host, unit),
+            kept[i],
+            "{host} runs its previous unit"
+        );
+    }
+    // The previous ranks meet again: rank 0 answers /health for the group.
+    until(bound, "the restored group answers /health", || {
+        healthy_on(GROUP[0], 37525)
+    });
+    for host in GROUP {
+        assert_eq!(active(host, unit), "active", "{host}");
+    }
+    clean(unit);
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unreachable_rank_leaves_the_group_unplanned_and_untouched() {
     let unit = "t-group-unreach.service";
     clean(unit);

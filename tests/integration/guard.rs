@@ -54,22 +54,31 @@ fn unit_file(unit: &str) -> String {
     sh(&format!("cat /etc/systemd/system/{unit}"))
 }
 
-fn guard_state(unit: &str) -> String {
-    sh(&format!("python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"state\"])' /var/lib/reconcile/{unit}/guard.json 2>/dev/null")).trim().to_string()
+pub fn guard_state_on(host: &str, unit: &str) -> String {
+    lab().sh(host, &format!("python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[\"state\"])' /var/lib/reconcile/{unit}/guard.json 2>/dev/null")).trim().to_string()
 }
 
 /// `unit`'s guard units left on the host (none once a run is done with it).
+fn guard_state(unit: &str) -> String {
+    guard_state_on(HOST, unit)
+}
+
 fn guards_left(unit: &str) -> String {
     let guard = format!("reconcile-guard-{}*", unit.trim_end_matches(".service"));
     sh(&format!("systemctl list-units --all --no-legend '{guard}'; systemctl list-timers --all --no-legend '{guard}'")).trim().to_string()
 }
 
+/// Whether the server on `port` of `host` answers `/health` 200, asked on the host itself.
+pub fn healthy_on(host: &str, port: u16) -> bool {
+    lab().sh(host, &format!("python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:{port}/health\", timeout=25).status)' 2>/dev/null || true")).trim() == "200"
+}
+
 fn healthy(port: u16) -> bool {
-    sh(&format!("python3 -c 'import urllib.request; print(urllib.request.urlopen(\"http://127.0.0.1:{port}/health\", timeout=25).status)' 2>/dev/null")).trim() == "200"
+    healthy_on(HOST, port)
 }
 
 /// Polls `check` every 200 ms until it holds; panics with `what` at the deadline.
-fn until(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
+pub fn until(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
     while !check() {
         assert!(Instant::now() < deadline, "not within {within:?}: {what}");
@@ -79,7 +88,7 @@ fn until(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
 
 /// Starts `reconcile apply` of `m`, waits until `ready` holds on the host, then SIGKILLs it and
 /// every ssh it started (found by the TMPDIR their control sockets live in).
-fn apply_then_kill(m: &Manifest, ready: impl FnMut() -> bool, what: &str) {
+pub fn apply_then_kill(m: &Manifest, ready: impl FnMut() -> bool, what: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_str().unwrap().to_string();
     // Kept until the end: its folder holds the manifests the run reads.

@@ -246,8 +246,8 @@ pub const REPLICAS: [&str; 3] = [
 pub const GROUP_LEASE: Lease = Lease {
     user: "group.rs",
     hosts: &["rl22", "rl23"],
-    ports: 37501..37525,
-    gpus: 0..12,
+    ports: 37501..37527,
+    gpus: 0..14,
 };
 /// The host's guard (guard.rs): its tests kill the controller; a host of their own.
 pub const GUARD: Lease = Lease {
