@@ -88,13 +88,11 @@ pub(super) async fn arm<'a>(job: &Job<'a>, back: GoingBack) -> Result<Armed<'a>,
         margin,
         transient: guard::unit_name(unit),
     };
-    host.run(&["systemctl", "stop", "--", &armed.transient])
-        .await?;
-    host.run(&["systemctl", "reset-failed", "--", &armed.transient])
+    // One round trip before the record: an earlier guard of this unit gone, its folder there.
+    const CLEAR: &str = "systemctl stop -- \"$1\" 2>/dev/null; systemctl reset-failed -- \"$1\" 2>/dev/null; mkdir -p -m 0700 -- \"$2\"";
+    host.run_ok(&["sh", "-c", CLEAR, "sh", &armed.transient, &armed.dir])
         .await?;
     let json = serde_json::to_string_pretty(&arming).expect("the guard's record serializes");
-    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &armed.dir])
-        .await?;
     host.write_file(&format!("{}/guard.json", armed.dir), &(json + "\n"), "0600")
         .await?;
     let description = format!("reconcile guard for {unit}");

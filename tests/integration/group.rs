@@ -216,10 +216,12 @@ fn a_group_whose_apply_is_killed_gets_every_rank_back_from_its_hosts_guard() {
     let unit = "t-group-guard.service";
     let kept = deployed("t-group-guard", 37525);
     let before = lab().invocation(GROUP[1], unit);
-    // Rank 1 crashes 5 s after each start (rank 0 dies of it); apply dies first.
-    let crash = [("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "5")];
+    // Rank 1 crashes 10 s after each start (rank 0 dies of it); apply dies first. The crash
+    // window outlasts the crash, so apply cannot finish before the test has killed it.
+    let crash = [("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "10")];
     let v2 = group("t-group-guard", 37525, &both(), &crash)
         .flag("mem-fraction-static", 0.8)
+        .verify("crash_window", "15s")
         .verify("warmup_timeout", "5s")
         .verify("guard_margin", "4s");
     apply_then_kill(
@@ -229,7 +231,7 @@ fn a_group_whose_apply_is_killed_gets_every_rank_back_from_its_hosts_guard() {
     );
     // Each rank's guard judges its own rank: broken at its first restart, it goes back. The
     // bound is the manifest's: crash window, load deadline, warmup and margin, thrice.
-    let bound = Duration::from_secs((3 + 60 + 5 + 4) * 3);
+    let bound = Duration::from_secs((15 + 60 + 5 + 4) * 3);
     for (i, host) in GROUP.iter().enumerate() {
         until(bound, &format!("{host}'s guard rolled back"), || {
             guard_state_on(host, unit) == "rolled_back"

@@ -8,13 +8,16 @@ use crate::lab::{lab, Manifest, Reconcile, GUARD};
 
 const HOST: &str = GUARD.host();
 
-/// The guard's bounds in these tests: verification's (crash window 3 s, load deadline 20 s,
-/// warmup 5 s) plus a 4 s margin, so the guard judges 32 s after it was armed.
+/// The guard's bounds in these tests: verification's (crash window 15 s, load deadline 20 s,
+/// warmup 5 s) plus a 4 s margin, so the guard judges 44 s after it was armed. The crash window is
+/// long so that apply cannot finish (converge, or see a crash at 10 s) before the test, polling
+/// the host, has killed it or cut its link: the test needs the restart seen within 10 s.
 const MARGIN: &str = "4s";
-const JUDGE_AFTER: Duration = Duration::from_secs(3 + 20 + 5 + 4);
+const JUDGE_AFTER: Duration = Duration::from_secs(15 + 20 + 5 + 4);
 
 fn service(name: &str, port: u16) -> Manifest {
     crate::apply::service_on(HOST, name, port)
+        .verify("crash_window", "15s")
         .verify("warmup_timeout", "5s")
         .verify("guard_margin", MARGIN)
 }
@@ -159,11 +162,11 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
     assert_eq!(guard_state(unit), "disarmed");
     let good_text = unit_file(unit);
     let before = invocation(unit);
-    // The new server crashes 5 s after each start: the controller dies before it can see it.
+    // The new server crashes 10 s after each start: the controller dies before it can see it.
     let crashing = good
         .clone()
         .env("FAKE_SGLANG_FAIL", "crash")
-        .env("FAKE_SGLANG_FAIL_AT", "5");
+        .env("FAKE_SGLANG_FAIL_AT", "10");
     apply_then_kill(
         &crashing,
         || invocation(unit) != before,
@@ -272,7 +275,7 @@ fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_report
     let crashing = good
         .clone()
         .env("FAKE_SGLANG_FAIL", "crash")
-        .env("FAKE_SGLANG_FAIL_AT", "5");
+        .env("FAKE_SGLANG_FAIL_AT", "10");
     let run = Reconcile::new()
         .manifest("a.yaml", &crashing)
         .args(&["apply", "--format", "json"]);
