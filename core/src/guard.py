@@ -85,7 +85,7 @@ def facts(guard):
     shown = {}
     out = systemctl(
         "show", "-p", "ActiveState", "-p", "SubState", "-p", "NRestarts",
-        "-p", "InactiveExitTimestampMonotonic", "--", guard["unit"],
+        "-p", "InactiveExitTimestampMonotonic", "-p", "NeedDaemonReload", "--", guard["unit"],
     ).stdout
     for line in out.splitlines():
         key, _, value = line.partition("=")
@@ -97,6 +97,8 @@ def facts(guard):
         "restarts": int(shown.get("NRestarts", "0") or 0),
         # When the unit last began to start, on the monotonic clock `now()` reads too.
         "entered": int(shown.get("InactiveExitTimestampMonotonic", "0") or 0) / 1e6,
+        # systemd still runs an older definition than the file on disk (no daemon-reload yet).
+        "stale": shown.get("NeedDaemonReload", "no") == "yes",
     }
 
 
@@ -146,10 +148,13 @@ def judge(guard, f, at, healthy):
             if guard.get("restored"):
                 return ("done", "the rollback finished")
             return ("restore", "the controller's rollback did not finish")
-        # Restarted since the rollback began, on the previous unit's file: wait for it to load,
-        # rather than restart a previous unit that may already serve.
+        # Restarted since the rollback began, from the previous unit's file as systemd loaded it,
+        # and not crash-looping: wait for it to load, rather than restart a previous unit that
+        # may already serve. A file put back without the reload still runs the new definition.
         began = guard.get("restored_at") or guard.get("taken_at", 0)
-        back = f["sha256"] == guard.get("previous_sha256") and f["entered"] > began
+        back = (f["sha256"] == guard.get("previous_sha256") and not f.get("stale")
+                and f["entered"] > began
+                and f["restarts"] < guard.get("crash_loop_restarts", CRASH_LOOP_RESTARTS))
         if back and f["active"] in ("active", "activating"):
             if healthy() == 200:
                 return ("done", "the previous unit runs again and answers /health 200")

@@ -247,6 +247,15 @@ print(json.dumps(out))
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// Each case's verdict and reason are `expected`'s, in order.
+    fn assert_judged(cases: &Value, expected: &[(&str, &str)]) {
+        let verdicts = judged(cases);
+        for (i, (got, want)) in verdicts.iter().zip(expected).enumerate() {
+            assert_eq!((got.0.as_str(), got.1.as_str()), *want, "case {i}");
+        }
+        assert_eq!(verdicts.len(), expected.len());
+    }
+
     /// A guard armed at 100 s on the host's clock, judging at 200 s, its lease out at 110 s.
     fn armed() -> Value {
         json!({
@@ -257,7 +266,7 @@ print(json.dumps(out))
     }
 
     fn facts(sha: &str, active: &str, sub: &str, restarts: u32, entered: f64) -> Value {
-        json!({"sha256": sha, "active": active, "sub": sub, "restarts": restarts, "entered": entered})
+        json!({"sha256": sha, "active": active, "sub": sub, "restarts": restarts, "entered": entered, "stale": false})
     }
 
     fn case(guard: Value, facts: Value, now: f64, health: Value) -> Value {
@@ -349,7 +358,6 @@ print(json.dumps(out))
                 Value::Null
             ),
         ]);
-        let verdicts = judged(&cases);
         let expected = [
             ("wait", "the controller renewed its lease"),
             (
@@ -375,10 +383,7 @@ print(json.dumps(out))
                 "not healthy by the deadline (activating/start, /health no answer)",
             ),
         ];
-        for (i, (got, want)) in verdicts.iter().zip(expected).enumerate() {
-            assert_eq!((got.0.as_str(), got.1.as_str()), want, "case {i}");
-        }
-        assert_eq!(verdicts.len(), expected.len());
+        assert_judged(&cases, &expected);
     }
 
     #[test]
@@ -430,6 +435,23 @@ print(json.dumps(out))
                 165.0,
                 unasked.clone()
             ),
+            // The previous file back but not loaded (apply died before daemon-reload): the new
+            // definition still runs, crash-looping. Restored, not waited for.
+            case(
+                taken.clone(),
+                with(
+                    facts("old", "activating", "auto-restart", 9, 155.0),
+                    json!({"stale": true})
+                ),
+                165.0,
+                unasked.clone()
+            ),
+            case(
+                taken.clone(),
+                facts("old", "activating", "auto-restart", 9, 155.0),
+                165.0,
+                unasked.clone()
+            ),
             // The guard's own restore did not start the previous unit: not restored again.
             case(
                 by_guard,
@@ -458,7 +480,6 @@ print(json.dumps(out))
                 unasked
             ),
         ]);
-        let verdicts = judged(&cases);
         let expected = [
             (
                 "done",
@@ -471,14 +492,13 @@ print(json.dumps(out))
             ),
             ("restore", "the controller's rollback did not finish"),
             ("restore", "the controller's rollback did not finish"),
+            ("restore", "the controller's rollback did not finish"),
+            ("restore", "the controller's rollback did not finish"),
             ("failed", "the restored unit did not start (failed/failed)"),
             ("restore", "the controller's rollback did not finish"),
             ("done", "the rollback finished"),
             ("leave", "the guard is disarmed"),
         ];
-        for (i, (got, want)) in verdicts.iter().zip(expected).enumerate() {
-            assert_eq!((got.0.as_str(), got.1.as_str()), want, "case {i}");
-        }
-        assert_eq!(verdicts.len(), expected.len());
+        assert_judged(&cases, &expected);
     }
 }

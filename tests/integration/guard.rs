@@ -145,6 +145,16 @@ fn rolled_back_by_the_guard(unit: &str, port: u16, previous: &str) -> String {
     sh(&format!("cat /var/lib/reconcile/{unit}/guard.json"))
 }
 
+/// A second apply of `m` finds nothing to do.
+fn assert_unchanged(m: &Manifest) {
+    let (code, report) = apply(m);
+    assert_eq!(
+        (code, report["outcome"].as_str()),
+        (0, Some("unchanged")),
+        "{report}"
+    );
+}
+
 fn invocation(unit: &str) -> String {
     lab().invocation(HOST, unit)
 }
@@ -185,12 +195,7 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
         )
     );
     // The next apply of the good manifest finds nothing to do.
-    let (code, report) = apply(&good);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("unchanged")),
-        "{report}"
-    );
+    assert_unchanged(&good);
     fresh(unit);
 }
 
@@ -200,7 +205,8 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
     let unit = "t-guard-healthy.service";
     fresh(unit);
     let good = service("t-guard-healthy", 37602);
-    assert_eq!(apply(&good).0, 0);
+    let (code, report) = apply(&good);
+    assert_eq!(code, 0, "{report}");
     let before = invocation(unit);
     let changed = good.clone().env("FAKE_SGLANG_LOAD_SECONDS", "2");
     apply_then_kill(
@@ -230,12 +236,7 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
     assert_eq!(invocation(unit), new, "confirming restarted the server");
     assert_eq!(guard_state(unit), "disarmed");
     assert_eq!(guards_left(unit), "");
-    let (code, report) = apply(&changed);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("unchanged")),
-        "{report}"
-    );
+    assert_unchanged(&changed);
     fresh(unit);
 }
 
@@ -244,14 +245,14 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
 fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it() {
     let unit = "t-guard-midway.service";
     fresh(unit);
-    // The previous unit loads for 6 s: the controller's rollback is still verifying it when it
-    // is killed.
-    let good = service("t-guard-midway", 37603).env("FAKE_SGLANG_LOAD_SECONDS", "6");
-    assert_eq!(apply(&good).0, 0);
+    // The controller's rollback verifies the restored unit through its 15 s crash window: it is
+    // still at it when the test kills it.
+    let good = service("t-guard-midway", 37603);
+    let (code, report) = apply(&good);
+    assert_eq!(code, 0, "{report}");
     let good_text = unit_file(unit);
     let crashing = good
         .clone()
-        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .env("FAKE_SGLANG_FAIL", "crash")
         .env("FAKE_SGLANG_FAIL_AT", "1");
     apply_then_kill(
@@ -269,7 +270,8 @@ fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_report
     let unit = "t-guard-cut.service";
     fresh(unit);
     let good = service("t-guard-cut", 37604);
-    assert_eq!(apply(&good).0, 0);
+    let (code, report) = apply(&good);
+    assert_eq!(code, 0, "{report}");
     let good_text = unit_file(unit);
     let before = invocation(unit);
     let crashing = good
