@@ -149,12 +149,20 @@ def judge(guard, f, at, healthy):
                 return ("done", "the rollback finished")
             return ("restore", "the controller's rollback did not finish")
         # Restarted since the rollback began, from the previous unit's file as systemd loaded it,
-        # and not crash-looping: wait for it to load, rather than restart a previous unit that
-        # may already serve. A file put back without the reload still runs the new definition.
-        began = guard.get("restored_at") or guard.get("taken_at", 0)
-        back = (f["sha256"] == guard.get("previous_sha256") and not f.get("stale")
-                and f["entered"] > began
-                and f["restarts"] < guard.get("crash_loop_restarts", CRASH_LOOP_RESTARTS))
+        # and not crash-looping since: wait for it to load, rather than restart a previous unit
+        # that may already serve. A file put back without the reload still runs the new
+        # definition. After the guard's own restore, its start and restart count are the ones
+        # read once its restart returned: that restart may have joined a start already under way
+        # (a dead controller's), and systemd keeps NRestarts across a restart of a unit waiting
+        # to auto-restart.
+        if guard.get("restored"):
+            started = f["entered"] >= guard.get("restored_entered", guard.get("restored_at", 0))
+            counted = guard.get("restored_restarts", 0)
+        else:
+            started = f["entered"] > guard.get("taken_at", 0)
+            counted = guard.get("taken_restarts", 0)
+        back = (f["sha256"] == guard.get("previous_sha256") and not f.get("stale") and started
+                and f["restarts"] - counted < guard.get("crash_loop_restarts", CRASH_LOOP_RESTARTS))
         if back and f["active"] in ("active", "activating"):
             if healthy() == 200:
                 return ("done", "the previous unit runs again and answers /health 200")
@@ -162,7 +170,7 @@ def judge(guard, f, at, healthy):
                 return ("wait", "the restored unit is loading")
             return ("failed", "the restored unit was not healthy by its deadline (%s)" % running(f))
         if guard.get("restored"):
-            return ("failed", "the restored unit did not start (%s)" % running(f))
+            return ("failed", "the restored unit did not start or did not stay up (%s)" % running(f))
         return ("restore", "the controller's rollback did not finish")
     return ("leave", "the guard is %s" % state)
 
@@ -256,6 +264,9 @@ def watch(folder):
             except Exception as e:
                 settle(guard, "rollback_failed", "%s; the rollback failed: %s" % (guard["why"], e))
                 return
+            after = facts(guard)
+            guard["restored_entered"] = after["entered"]
+            guard["restored_restarts"] = after["restarts"]
             guard["detail"] = "%s; %s" % (guard["why"], guard["did"])
 
 
@@ -273,6 +284,7 @@ def take(folder):
             guard["state"] = "rolling_back"
             guard["why"] = "the controller's verification failed"
             guard["taken_at"] = now()
+            guard["taken_restarts"] = facts(guard)["restarts"]
             guard["lease_until"] = now() + guard["margin"]
             guard["judge_at"] = now() + guard["judge_after"]
 

@@ -36,5 +36,6 @@ pub mod router;
 pub mod sglang;
 pub mod survey;
 pub mod targets;
+pub mod transaction;
 pub mod unit;
 pub mod verify;

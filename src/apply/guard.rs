@@ -454,10 +454,40 @@ print(json.dumps(out))
             ),
             // The guard's own restore did not start the previous unit: not restored again.
             case(
-                by_guard,
+                by_guard.clone(),
                 facts("old", "failed", "failed", 0, 171.0),
                 180.0,
                 unasked.clone()
+            ),
+            // Its restart joined a start the dead controller had begun (at 168 s, before the
+            // guard's restore at 170 s): that start is the restored unit's.
+            case(
+                with(by_guard.clone(), json!({"restored_entered": 168.0, "restored_restarts": 0})),
+                facts("old", "active", "running", 0, 168.0),
+                180.0,
+                json!(200)
+            ),
+            // A group's rank: systemd kept its one restart across the guard's restart. Counted
+            // from there, it has not restarted since; once it does, it is not back.
+            case(
+                with(by_guard.clone(), json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})),
+                facts("old", "active", "running", 1, 171.0),
+                180.0,
+                json!(200)
+            ),
+            case(
+                with(by_guard, json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})),
+                facts("old", "activating", "auto-restart", 2, 185.0),
+                190.0,
+                unasked.clone()
+            ),
+            // The controller took over a unit systemd had restarted once: its rollback's start
+            // counts from there.
+            case(
+                with(taken.clone(), json!({"crash_loop_restarts": 1, "taken_restarts": 1})),
+                facts("old", "active", "running", 1, 155.0),
+                165.0,
+                json!(200)
             ),
             // A unit that was new: removed, once.
             case(
@@ -494,7 +524,26 @@ print(json.dumps(out))
             ("restore", "the controller's rollback did not finish"),
             ("restore", "the controller's rollback did not finish"),
             ("restore", "the controller's rollback did not finish"),
-            ("failed", "the restored unit did not start (failed/failed)"),
+            (
+                "failed",
+                "the restored unit did not start or did not stay up (failed/failed)",
+            ),
+            (
+                "done",
+                "the previous unit runs again and answers /health 200",
+            ),
+            (
+                "done",
+                "the previous unit runs again and answers /health 200",
+            ),
+            (
+                "failed",
+                "the restored unit did not start or did not stay up (activating/auto-restart)",
+            ),
+            (
+                "done",
+                "the previous unit runs again and answers /health 200",
+            ),
             ("restore", "the controller's rollback did not finish"),
             ("done", "the rollback finished"),
             ("leave", "the guard is disarmed"),

@@ -1,0 +1,294 @@
+//! One apply of one server as a state machine, without hosts or clocks: which step comes next,
+//! given how the last one went. A server is a group of ranks, one unit on one host each; a single
+//! server is a group of one, so every apply (a replica, a rank, `reconcile rollback`, an
+//! experiment's variant) takes this one path. The driver (the binary's `apply::pipeline`) carries
+//! each step out on every rank and reports back with [`Transaction::went`].
+//!
+//! The order is the promise: nothing changes before every rank passed preflight and is locked;
+//! the drain comes before any file changes; every guard is armed before any server stops; a
+//! failure before the restart puts the files back and leaves the servers alone; a failure after
+//! it rolls every rank back (a rollback costs a full load, so only then). A unit the host's guard
+//! kept unconfirmed is verified as it runs, never rewritten or restarted.
+
+use crate::plan::Verdict;
+
+/// What the apply does to the server, decided from the ranks' plans before the first step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A change systemd takes with `daemon-reload`: the server keeps serving.
+    ReloadOnly,
+    /// A new unit, or one whose change restarts the server.
+    Restart,
+    /// The unit runs already, kept unconfirmed by the host's guard after its apply died: armed,
+    /// verified as it runs and confirmed, or rolled back if it fails.
+    Confirm,
+}
+
+impl Kind {
+    /// The kind for a server whose ranks do `verdict` together (`group::group_verdict`);
+    /// `confirm` when every rank is a unit its guard kept. `None`: nothing to do.
+    pub fn of(verdict: Verdict, confirm: bool) -> Option<Kind> {
+        match verdict {
+            Verdict::NoChange => None,
+            Verdict::ReloadOnly => Some(Kind::ReloadOnly),
+            Verdict::Restart | Verdict::Install if confirm => Some(Kind::Confirm),
+            Verdict::Restart | Verdict::Install => Some(Kind::Restart),
+        }
+    }
+}
+
+/// What the driver does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Preflight on every rank (and the rendezvous port on rank 0), then every rank's lock.
+    Prepare,
+    /// Rank 0, the server's API, drained when the manifest asks (`drain:`).
+    Drain,
+    /// Every rank's new unit written and loaded (`daemon-reload`).
+    Write,
+    /// A reload-only change took: recorded, the server untouched.
+    RecordReload,
+    /// Every rank's guard armed on its host, before any server stops; the last moment a signal
+    /// stops the apply without a restart.
+    Arm,
+    /// Every rank stopped and started in SGLang's order.
+    Restart,
+    /// Every rank verified at once, under its guard's lease.
+    Verify,
+    /// Rank 0's throughput and quality gates.
+    Gates,
+    /// Passed: every guard disarmed, every deployment recorded.
+    Confirm,
+    /// Nothing restarted yet: every previous file put back, the servers left as they run.
+    PutBack,
+    /// Every rank's previous unit back, restarted in order and verified.
+    RollBack,
+    Done(End),
+}
+
+/// How a step went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Went {
+    Passed,
+    /// Stopped before it changed anything on this step (a refusal, a drain that timed out, a
+    /// signal before the restart).
+    Stopped,
+    /// Failed after it changed something (a file written, a server restarted).
+    Failed,
+}
+
+/// How the apply ended, as the steps it took tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Stopped before anything changed.
+    Refused,
+    Reloaded,
+    Converged,
+    /// The files were put back before any restart.
+    PutBack,
+    RolledBack,
+}
+
+/// One apply's progress through [`Step`]s.
+#[derive(Debug, Clone)]
+pub struct Transaction {
+    kind: Kind,
+    step: Step,
+    /// Guards are armed on the ranks' hosts: the driver disarms them (or its rollback takes them
+    /// over) before it is done.
+    armed: bool,
+}
+
+impl Transaction {
+    pub fn new(kind: Kind) -> Transaction {
+        Transaction {
+            kind,
+            step: Step::Prepare,
+            armed: false,
+        }
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The step to carry out now.
+    pub fn step(&self) -> Step {
+        self.step
+    }
+
+    /// Whether the ranks' guards are armed.
+    pub fn armed(&self) -> bool {
+        self.armed
+    }
+
+    /// The current step went `went`: the next step.
+    pub fn went(&mut self, went: Went) -> Step {
+        use Step::*;
+        let confirm = self.kind == Kind::Confirm;
+        self.step = match (self.step, went) {
+            (Done(end), _) => Done(end),
+            (Prepare, Went::Passed) if confirm => Arm,
+            (Prepare, Went::Passed) => Drain,
+            (Drain, Went::Passed) => Write,
+            (Prepare | Drain, _) => Done(End::Refused),
+            (Write, Went::Passed) if self.kind == Kind::ReloadOnly => RecordReload,
+            (Write, Went::Passed) => Arm,
+            (Write, _) => PutBack,
+            (RecordReload, _) => Done(End::Reloaded),
+            (Arm, Went::Passed) => {
+                self.armed = true;
+                if confirm {
+                    Verify
+                } else {
+                    Restart
+                }
+            }
+            // A unit kept unconfirmed was not touched: nothing to put back.
+            (Arm, _) if confirm => Done(End::Refused),
+            (Arm, _) => PutBack,
+            (Restart, Went::Passed) => Verify,
+            (Verify, Went::Passed) => Gates,
+            (Gates, Went::Passed) => Confirm,
+            (Restart | Verify | Gates, _) => RollBack,
+            (Confirm, _) => Done(End::Converged),
+            (PutBack, _) => Done(End::PutBack),
+            (RollBack, _) => Done(End::RolledBack),
+        };
+        self.step
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Step::*;
+
+    /// The steps a transaction of `kind` takes when each goes as `went` says (the rest pass).
+    fn walk(kind: Kind, went: &[(Step, Went)]) -> Vec<Step> {
+        let mut t = Transaction::new(kind);
+        let mut steps = vec![t.step()];
+        while !matches!(t.step(), Done(_)) {
+            let how = went
+                .iter()
+                .find(|(s, _)| *s == t.step())
+                .map_or(Went::Passed, |(_, w)| *w);
+            steps.push(t.went(how));
+            assert!(steps.len() < 20, "no end: {steps:?}");
+        }
+        steps
+    }
+
+    #[test]
+    fn a_restart_is_prepared_drained_written_armed_restarted_verified_and_confirmed() {
+        assert_eq!(
+            walk(Kind::Restart, &[]),
+            [
+                Prepare,
+                Drain,
+                Write,
+                Arm,
+                Restart,
+                Verify,
+                Gates,
+                Confirm,
+                Done(End::Converged)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_reload_only_change_never_arms_or_restarts() {
+        assert_eq!(
+            walk(Kind::ReloadOnly, &[]),
+            [Prepare, Drain, Write, RecordReload, Done(End::Reloaded)]
+        );
+    }
+
+    #[test]
+    fn a_kept_unit_is_verified_as_it_runs_never_written_drained_or_restarted() {
+        let steps = walk(Kind::Confirm, &[]);
+        assert_eq!(
+            steps,
+            [Prepare, Arm, Verify, Gates, Confirm, Done(End::Converged)]
+        );
+        let failed = walk(Kind::Confirm, &[(Verify, Went::Failed)]);
+        assert_eq!(failed, [Prepare, Arm, Verify, RollBack, Done(End::RolledBack)]);
+        let unarmed = walk(Kind::Confirm, &[(Arm, Went::Failed)]);
+        assert_eq!(unarmed, [Prepare, Arm, Done(End::Refused)]);
+    }
+
+    #[test]
+    fn a_refusal_before_the_write_changes_nothing() {
+        for step in [Prepare, Drain] {
+            let steps = walk(Kind::Restart, &[(step, Went::Stopped)]);
+            assert_eq!(steps.last(), Some(&Done(End::Refused)), "{step:?}");
+            assert!(!steps.contains(&Write), "{step:?}: {steps:?}");
+        }
+    }
+
+    #[test]
+    fn before_the_restart_files_are_put_back_and_the_server_left_alone() {
+        for (step, went) in [
+            (Write, Went::Failed),
+            (Arm, Went::Failed),
+            (Arm, Went::Stopped),
+        ] {
+            let steps = walk(Kind::Restart, &[(step, went)]);
+            assert_eq!(
+                &steps[steps.len() - 2..],
+                [PutBack, Done(End::PutBack)],
+                "{step:?} {went:?}"
+            );
+            assert!(!steps.contains(&Restart) && !steps.contains(&RollBack));
+        }
+    }
+
+    #[test]
+    fn after_the_restart_any_failure_rolls_back_once() {
+        for step in [Restart, Verify, Gates] {
+            let steps = walk(Kind::Restart, &[(step, Went::Failed)]);
+            assert_eq!(
+                &steps[steps.len() - 2..],
+                [RollBack, Done(End::RolledBack)],
+                "{step:?}"
+            );
+            assert_eq!(steps.iter().filter(|s| **s == RollBack).count(), 1);
+            assert!(!steps.contains(&Confirm) && !steps.contains(&PutBack));
+        }
+    }
+
+    #[test]
+    fn guards_are_armed_from_the_arm_step_on_and_only_by_it() {
+        let mut t = Transaction::new(Kind::Restart);
+        for _ in 0..3 {
+            assert!(!t.armed(), "{:?}", t.step());
+            t.went(Went::Passed);
+        }
+        assert_eq!(t.step(), Arm);
+        t.went(Went::Passed);
+        assert!(t.armed());
+        let mut put_back = Transaction::new(Kind::Restart);
+        for _ in 0..3 {
+            put_back.went(Went::Passed);
+        }
+        put_back.went(Went::Stopped);
+        assert!(!put_back.armed());
+    }
+
+    #[test]
+    fn a_finished_transaction_stays_finished() {
+        let mut t = Transaction::new(Kind::Restart);
+        t.went(Went::Stopped);
+        assert_eq!(t.went(Went::Passed), Done(End::Refused));
+    }
+
+    #[test]
+    fn the_kind_follows_the_servers_verdict() {
+        assert_eq!(Kind::of(Verdict::NoChange, false), None);
+        assert_eq!(Kind::of(Verdict::ReloadOnly, true), Some(Kind::ReloadOnly));
+        assert_eq!(Kind::of(Verdict::Restart, false), Some(Kind::Restart));
+        assert_eq!(Kind::of(Verdict::Install, false), Some(Kind::Restart));
+        assert_eq!(Kind::of(Verdict::Restart, true), Some(Kind::Confirm));
+    }
+}
