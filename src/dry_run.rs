@@ -6,6 +6,7 @@
 
 use futures::stream::{self, StreamExt};
 
+use crate::apply::state::STATE_DIR;
 use crate::digest::sha256;
 use crate::fleet;
 use crate::observed::Observed;
@@ -15,6 +16,7 @@ use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::systemd::Systemd;
 use crate::targets::Target;
+use reconcile_core::guard::Settled;
 
 pub use reconcile_core::dry_run::{PlanOutcome, Tally};
 
@@ -68,7 +70,7 @@ async fn plan_host(
     deep: DeepWhen,
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
-    let survey = match preflight::survey(host, targets, Ask::PLAN).await {
+    let survey = match preflight::survey(host, targets, Ask::plan(STATE_DIR)).await {
         Ok(Some(survey)) => survey,
         Ok(None) => {
             return stream::iter(targets)
@@ -107,7 +109,10 @@ async fn plan_surveyed(
     let verdict = planned.verdict;
     let checked = preflight::check_surveyed(host, t, survey, &observed.state, verdict, deep).await;
     match checked {
-        Ok((findings, sglang)) => planned_with(t, &observed, planned, findings, sglang),
+        Ok((findings, sglang)) => {
+            let guard = survey.guard(&t.desired.unit);
+            planned_with(t, &observed, planned, findings, sglang, guard)
+        }
         Err(e) => PlanOutcome::failed(t, error_chain(&e)),
     }
 }
@@ -131,7 +136,11 @@ async fn plan_unit(
             Ok(all) => all,
             Err(e) => return PlanOutcome::failed(t, error_chain(&e)),
         };
-    planned_with(t, &observed, planned, findings, sglang)
+    let guard = crate::apply::guard::read(host, &t.desired.unit)
+        .await
+        .ok()
+        .flatten();
+    planned_with(t, &observed, planned, findings, sglang, guard)
 }
 
 fn planned_with(
@@ -140,8 +149,16 @@ fn planned_with(
     mut planned: UnitPlan,
     findings: Vec<preflight::Finding>,
     sglang: Option<String>,
+    guard: Option<Settled>,
 ) -> PlanOutcome {
     planned.preflight = findings;
+    let current = observed.unit_text.as_deref().map(sha256);
+    let desired = sha256(&t.desired.text);
+    // What the host's guard did with the last change, when its apply died: kept unconfirmed (the
+    // next apply confirms it, no restart) or rolled back (this plan asks for it again).
+    planned
+        .notes
+        .extend(guard.and_then(|g| g.plan_note(current.as_deref(), &desired)));
     // A restart is judged on its answers too: the pull request says so before it merges.
     if let Some(q) = &t.verify.quality {
         if matches!(
@@ -162,8 +179,8 @@ fn planned_with(
         }
     }
     planned.recorded = Some(PlannedState {
-        desired_sha256: sha256(&t.desired.text),
-        current_sha256: observed.unit_text.as_deref().map(sha256),
+        desired_sha256: desired,
+        current_sha256: current,
         sglang_version: sglang,
     });
     PlanOutcome::Planned(Box::new(planned))

@@ -183,6 +183,26 @@ impl Settled {
         ))
     }
 
+    /// What `plan` says of a unit from its guard's record, given the unit on the host and the
+    /// one the manifest asks for (their sha256): a unit kept unconfirmed is confirmed without a
+    /// restart; a change the guard rolled back is the one asked for again. `None`: nothing to say.
+    pub fn plan_note(&self, current_sha256: Option<&str>, desired_sha256: &str) -> Option<String> {
+        let summary = self.summary()?;
+        match self.state {
+            GuardState::Unconfirmed if current_sha256 == Some(self.new_sha256.as_str()) => {
+                Some(format!(
+                    "{summary}; apply verifies it as it runs, without a restart, and confirms it"
+                ))
+            }
+            GuardState::RolledBack | GuardState::RollbackFailed
+                if desired_sha256 == self.new_sha256 =>
+            {
+                Some(format!("{summary}; this plan asks for that change again"))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether the unit on the host is the one the guard kept unconfirmed.
     pub fn unconfirmed(&self, unit_sha256: &str) -> bool {
         self.state == GuardState::Unconfirmed && self.new_sha256 == unit_sha256
@@ -239,6 +259,35 @@ mod tests {
             ..s
         };
         assert_eq!(disarmed.summary(), None);
+    }
+
+    #[test]
+    fn plan_tells_a_kept_unit_from_a_change_the_guard_rolled_back() {
+        let settled = |state| Settled {
+            state,
+            new_sha256: "new".into(),
+            detail: "why".into(),
+            settled_at: Some("t1".into()),
+            armed_by: "ci".into(),
+            armed_at: "t0".into(),
+        };
+        let kept = settled(GuardState::Unconfirmed);
+        assert!(kept
+            .plan_note(Some("new"), "new")
+            .unwrap()
+            .ends_with("; apply verifies it as it runs, without a restart, and confirms it"));
+        // The unit changed since (edited by hand, applied again): the record is history.
+        assert_eq!(kept.plan_note(Some("other"), "new"), None);
+        let back = settled(GuardState::RolledBack);
+        assert_eq!(
+            back.plan_note(Some("old"), "new").unwrap(),
+            "the host's guard rolled back to the previous unit at t1 (why; applied by ci at t0); this plan asks for that change again"
+        );
+        assert_eq!(back.plan_note(Some("old"), "newer"), None);
+        assert_eq!(
+            settled(GuardState::Disarmed).plan_note(Some("new"), "new"),
+            None
+        );
     }
 
     #[test]

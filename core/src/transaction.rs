@@ -213,7 +213,10 @@ mod tests {
             [Prepare, Arm, Verify, Gates, Confirm, Done(End::Converged)]
         );
         let failed = walk(Kind::Confirm, &[(Verify, Went::Failed)]);
-        assert_eq!(failed, [Prepare, Arm, Verify, RollBack, Done(End::RolledBack)]);
+        assert_eq!(
+            failed,
+            [Prepare, Arm, Verify, RollBack, Done(End::RolledBack)]
+        );
         let unarmed = walk(Kind::Confirm, &[(Arm, Went::Failed)]);
         assert_eq!(unarmed, [Prepare, Arm, Done(End::Refused)]);
     }

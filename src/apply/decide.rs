@@ -1,5 +1,5 @@
 //! Apply's decisions for one unit, as functions of what was found: no host, no clock. The driver
-//! (`apply_unit`, `install`) gathers the facts, asks here what they mean, and does what it is told;
+//! (`pipeline`) gathers the facts, asks here what they mean, and does what it is told;
 //! each outcome's detail text is written here and only here (reports, JSON and integration tests
 //! read it byte for byte).
 

@@ -124,12 +124,6 @@ impl Armed<'_> {
         Ok(GuardState::parse(&out))
     }
 
-    /// Runs `work` while renewing the lease, so the guard stays put as long as this process
-    /// works. A renewal that fails (a cut link) is let go: the guard acts once the lease is out.
-    pub async fn leased<F: Future>(&self, work: F) -> F::Output {
-        leased_all(&[self], work).await
-    }
-
     /// This process's rollback begins: the guard finishes it should this process die. Returns the
     /// state found: anything but `armed` means the guard acted first, and this rollback must not.
     pub async fn take(&self) -> Result<Option<GuardState>, RemoteError> {
@@ -178,7 +172,9 @@ impl Armed<'_> {
     }
 }
 
-/// [`Armed::leased`] for several guards at once: a server group's ranks, each with its own.
+/// Runs `work` while renewing the lease of every guard (a server's ranks, each with its own), so
+/// they stay put as long as this process works. A renewal that fails (a cut link) is let go: that
+/// guard acts once its lease is out.
 pub async fn leased_all<F: Future>(guards: &[&Armed<'_>], work: F) -> F::Output {
     let Some(margin) = guards.iter().map(|g| g.margin).min() else {
         return work.await;
@@ -462,7 +458,10 @@ print(json.dumps(out))
             // Its restart joined a start the dead controller had begun (at 168 s, before the
             // guard's restore at 170 s): that start is the restored unit's.
             case(
-                with(by_guard.clone(), json!({"restored_entered": 168.0, "restored_restarts": 0})),
+                with(
+                    by_guard.clone(),
+                    json!({"restored_entered": 168.0, "restored_restarts": 0})
+                ),
                 facts("old", "active", "running", 0, 168.0),
                 180.0,
                 json!(200)
@@ -470,13 +469,19 @@ print(json.dumps(out))
             // A group's rank: systemd kept its one restart across the guard's restart. Counted
             // from there, it has not restarted since; once it does, it is not back.
             case(
-                with(by_guard.clone(), json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})),
+                with(
+                    by_guard.clone(),
+                    json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})
+                ),
                 facts("old", "active", "running", 1, 171.0),
                 180.0,
                 json!(200)
             ),
             case(
-                with(by_guard, json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})),
+                with(
+                    by_guard,
+                    json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})
+                ),
                 facts("old", "activating", "auto-restart", 2, 185.0),
                 190.0,
                 unasked.clone()
@@ -484,7 +489,10 @@ print(json.dumps(out))
             // The controller took over a unit systemd had restarted once: its rollback's start
             // counts from there.
             case(
-                with(taken.clone(), json!({"crash_loop_restarts": 1, "taken_restarts": 1})),
+                with(
+                    taken.clone(),
+                    json!({"crash_loop_restarts": 1, "taken_restarts": 1})
+                ),
                 facts("old", "active", "running", 1, 155.0),
                 165.0,
                 json!(200)

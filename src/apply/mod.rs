@@ -8,18 +8,22 @@
 //! previous unit is restored, restarted and verified the same way (a unit that was new is
 //! removed), and the report carries the failed invocation's journal.
 //!
-//! The layout: `decide` (what each fact means, and every detail text) is pure, and so is the
-//! rollout's order (`reconcile_core::rollout::schedule`); `install`, `restore` and `rollout` do the
-//! remote calls they decide;
+//! A server is a group of ranks and a single server a group of one: every apply takes one path,
+//! `pipeline`, whose steps are `reconcile_core::transaction`'s state machine.
+//!
+//! The layout: `decide` (what each fact means, and every detail text) is pure, and so are the
+//! steps' order (`reconcile_core::transaction`) and the rollout's
+//! (`reconcile_core::rollout::schedule`); `pipeline`, `install`, `guard`, `restore` and `rollout`
+//! do the remote calls they decide;
 //! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
 pub(crate) mod aside;
 mod benchmark;
 mod decide;
 mod error;
-mod group;
 pub(crate) mod guard;
 mod install;
+mod pipeline;
 mod quality;
 mod restore;
 mod rollout;
@@ -37,7 +41,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{ApplyError, ApplyErrorKind};
-pub(crate) use group::apply_group;
+pub(crate) use pipeline::apply_group;
 pub use reconcile_core::outcome::Outcome;
 pub use reconcile_core::rollout::Rollout;
 pub use state::{LockPolicy, Owner};
@@ -53,8 +57,8 @@ use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd;
 use crate::targets::Target;
 use crate::verify::Verification;
-use decide::{Ending, Previous, Start};
-use install::{Fallback, Layered};
+use decide::Ending;
+use install::Layered;
 use verifier::{Live, Verifier};
 
 #[derive(Debug, Clone, Serialize)]
@@ -240,7 +244,7 @@ pub(crate) async fn apply_one(host: &dyn Host, t: &Target, options: &ApplyOption
     let verifier = Live {
         progress: options.progress.as_ref(),
     };
-    apply_unit(&Job {
+    pipeline::apply_single(&Job {
         host,
         t,
         options,
@@ -266,7 +270,7 @@ pub(crate) async fn apply_units(
         }
         if let Some(rank) = &t.group {
             // A rank applied alone would restart out of its process group; the group's ranks
-            // are applied together, from one run (`group::apply_group`).
+            // are applied together, from one run (`pipeline::apply_group`).
             let e = ApplyError::Refused(format!(
                 "{} is a server group over {}: its ranks are applied together by `reconcile apply`, never one host alone",
                 t.desired.unit,
@@ -543,101 +547,6 @@ struct Job<'a> {
     t: &'a Target,
     options: &'a ApplyOptions,
     verifier: &'a dyn Verifier,
-}
-
-async fn apply_unit(job: &Job<'_>) -> UnitReport {
-    let (host, t, options) = (job.host, job.t, job.options);
-    let unit = &t.desired.unit;
-    let mut r = Report::new(t, Instant::now());
-    let span = tracing::info_span!("unit", host = %t.host, unit = %unit);
-    let _guard = span.enter();
-    // Everything read before a decision (the unit, systemd's state, the record, preflight's
-    // facts) comes from one survey of the host.
-    let ask = preflight::Ask {
-        preflight: true,
-        records: Some(state::STATE_DIR),
-    };
-    let observed = match preflight::survey(host, std::slice::from_ref(t), ask).await {
-        Ok(Some(survey)) => survey.observed(unit).map(|o| (o, Some(survey))),
-        Ok(None) => host.observe(unit).await.map(|o| (o, None)),
-        Err(e) => Err(e),
-    };
-    let (observed, survey) = match observed {
-        Ok(o) => o,
-        Err(e) => return r.fail(&ApplyError::ObserveFailed(error_chain(&e))),
-    };
-    // A plan file's unit: the host must still have what the plan was made against. Checked here
-    // for an early refusal (and for a unit with nothing to do, which takes no lock), and again
-    // under the lock below, where nothing else can change it before the install.
-    if let Some(e) = decide::stale_plan(t, &observed) {
-        return r.fail(&e);
-    }
-    let planned = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor);
-    let (verdict, drift) = (planned.verdict, planned.drift);
-    // What systemd runs besides the managed file: refused, touching nothing, unless the manifest
-    // (or --replace-dropins) says to move it aside.
-    let policy = options.dropins(t);
-    if let Some(e) = decide::overridden(unit, &drift, policy) {
-        return r.fail(&e);
-    }
-    let unfinished = match verdict {
-        Verdict::NoChange => Some(match survey.as_ref().and_then(|s| s.record(unit)) {
-            Some(record) => recorded(&observed, Some(record)),
-            None => unfinished(host, t, &observed).await,
-        }),
-        _ => None,
-    };
-    // A unit the host's guard kept unconfirmed is confirmed without a restart: its record says so.
-    let kept = match &unfinished {
-        Some(Ok(true)) => guard::read(host, unit).await.ok().flatten(),
-        _ => None,
-    };
-    let todo = match decide::start(verdict, &observed, unfinished, kept.as_ref()) {
-        Start::Unchanged => return unchanged(t, r.started),
-        Start::Refuse(e) => return r.fail(&e),
-        Start::Install(todo) => todo,
-    };
-    r.report.notes.extend(todo.note);
-    let previous = match todo.previous {
-        // A mask is no unit to go back to: the record of what was moved aside keeps it.
-        Previous::Observed if observed.layers.managed_is_mask => None,
-        Previous::Observed => observed.unit_text.clone(),
-        Previous::NewestGeneration => state::newest_generation(host, unit).await.ok().flatten(),
-    };
-    let layered = layered(unit, &observed, &drift);
-    r.report.notes.extend(moved_notes(unit, &layered));
-    r.report.verdict = Some(todo.verdict);
-    // Preflight before the lock and any change: a unit its host cannot run is refused while the
-    // old server still serves. A unit with nothing to do was left above, untouched, whatever
-    // preflight would say (`plan` checks only its SGLang version).
-    if let Err(e) =
-        run_preflight(job, &observed, todo.verdict, survey.as_ref(), &mut r.report).await
-    {
-        return r.fail(&e);
-    }
-    match state::lock(host, unit, &options.owner, options.lock).await {
-        Ok(note) => r.report.notes.extend(note),
-        Err(e) => return r.fail(&e),
-    }
-    if let Some(expected) = &t.expected {
-        if let Err(e) = still_as_planned(host, t, expected, &observed).await {
-            unlock(host, unit, &mut r.report).await;
-            return r.fail(&e);
-        }
-    }
-    let fallback = Fallback {
-        previous,
-        was_running: todo.was_running,
-        kept: None,
-        layers: layered,
-    };
-    let ending = if todo.confirm {
-        install::confirm(job, fallback, &mut r.report).await
-    } else {
-        install::install(job, &observed, todo.verdict, fallback, &mut r.report).await
-    };
-    unlock(host, unit, &mut r.report).await;
-    r.finish(ending)
 }
 
 /// What systemd ran besides the managed file, as the install and a rollback need it: what to

@@ -91,7 +91,7 @@ pub async fn roll_out(
         .collect();
     let all = targets.clone();
     // A server group's ranks are one server: applied together, group after group, once the
-    // replicas' rollout is done (`group::apply_group`).
+    // replicas' rollout is done (`pipeline::apply_group`).
     let (grouped, targets): (Vec<Target>, Vec<Target>) =
         targets.into_iter().partition(|t| t.group.is_some());
     let hosts = canary_first(by_host(targets));
@@ -160,7 +160,7 @@ pub async fn roll_out(
     reports
 }
 
-/// Server groups one after another, each as one unit of work (`group::apply_group`). Once the
+/// Server groups one after another, each as one unit of work (`pipeline::apply_group`). Once the
 /// rollout has seen `max_failures` failures (hosts before, groups here), no further group starts.
 async fn roll_out_groups(
     grouped: Vec<Target>,
@@ -188,7 +188,7 @@ async fn roll_out_groups(
             reports.extend(group.iter().map(|t| super::not_started(t, &e)));
             continue;
         }
-        let done = super::group::apply_group(group, ssh, options).await;
+        let done = super::pipeline::apply_group(group, ssh, options).await;
         if done.iter().any(|r| failed(r.outcome)) {
             failures += 1;
         }

@@ -69,11 +69,12 @@ pub async fn read_deployments(host: &dyn Host, unit: &str) -> Result<Read, Remot
 
 async fn read(host: &dyn Host, unit: &str) -> Result<HostHistory, RemoteError> {
     let path = format!("{UNIT_DIR}/{unit}");
-    let (deployed, kept_generations, disk, aside) = tokio::join!(
+    let (deployed, kept_generations, disk, aside, guard) = tokio::join!(
         read_deployments(host, unit),
         state::generations(host, unit),
         host.read_file(&path),
-        crate::apply::aside::records(host, unit)
+        crate::apply::aside::records(host, unit),
+        crate::apply::guard::read(host, unit)
     );
     let Read {
         deployments: deployed,
@@ -85,6 +86,9 @@ async fn read(host: &dyn Host, unit: &str) -> Result<HostHistory, RemoteError> {
         .map(|e| format!("{e}; no deployment is marked current"))
         .collect();
     notes.extend(disk_notes(&deployed, disk_sha.as_deref()));
+    // What the host's guard did when the apply that armed it died: kept or rolled back on its own.
+    // A guard that cannot be read says nothing here (`status` reports the unit's state).
+    notes.extend(guard.ok().flatten().and_then(|g| g.summary()));
     Ok(HostHistory {
         host: host.name().to_string(),
         unit: unit.to_string(),

@@ -61,6 +61,7 @@ while [ "$i" -lt "$n" ]; do
   part "show.$i" systemctl show -p "$props" -- "$1"
   part "layers.$i" sh -c "$lay" sh "$1" "$2"
   [ -n "$6" ] && part "record.$i" sh -c "$read_file" sh "$6"
+  [ -n "$6" ] && part "guard.$i" sh -c "$read_file" sh "${6%/*}/guard.json"
   # A drop-in directory may change what runs even when the file is the rendered one.
   if [ -n "$4" ] && { [ "$(sha256sum 2>/dev/null < "$2" | cut -d' ' -f1)" != "$3" ] ||
     [ -n "$(ls -A "/etc/systemd/system/$1.d" "/run/systemd/system/$1.d" \
@@ -110,11 +111,14 @@ pub struct Ask<'a> {
 }
 
 impl Ask<'_> {
-    /// What `plan` needs.
-    pub const PLAN: Ask<'static> = Ask {
-        preflight: true,
-        records: None,
-    };
+    /// What `plan` needs: preflight, and the records under `state_dir` for what the host's
+    /// guard did.
+    pub const fn plan(state_dir: &str) -> Ask<'_> {
+        Ask {
+            preflight: true,
+            records: Some(state_dir),
+        }
+    }
 }
 
 /// Asks `host` for every fact of `targets` at once. `Ok(None)`: the host could not run the survey
@@ -322,6 +326,20 @@ impl Survey {
                 crate::remote::error_chain(&e),
             ))),
         })
+    }
+}
+
+impl Survey {
+    /// The unit's guard record (`guard.json`, beside the deployment record), when the survey
+    /// asked for records and the host has one that reads.
+    pub fn guard(&self, unit: &str) -> Option<reconcile_core::guard::Settled> {
+        let dir = self.records.as_deref()?;
+        let path = format!("{dir}/{unit}/guard.json");
+        let i = self.index(unit).ok()?;
+        let text = self
+            .read(&format!("guard.{i}"), |s| survey::file(s, &path))
+            .ok()??;
+        reconcile_core::guard::Settled::parse(&text).ok()
     }
 }
 

@@ -53,6 +53,15 @@ fn status(m: &Manifest) -> (Vec<String>, i32) {
     (classes, ran.code)
 }
 
+/// `reconcile plan`'s notes for the only unit of `m`.
+fn plan_notes(m: &Manifest) -> String {
+    let ran = Reconcile::new()
+        .manifest("a.yaml", m)
+        .args(&["plan", "--format", "json"])
+        .run();
+    ran.json()["units"][0]["notes"].to_string()
+}
+
 fn unit_file(unit: &str) -> String {
     sh(&format!("cat /etc/systemd/system/{unit}"))
 }
@@ -194,6 +203,23 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
             2
         )
     );
+    // history keeps what the guard did.
+    let history = Reconcile::new()
+        .manifest("a.yaml", &crashing)
+        .args(&["history", "t-guard-crash", "--format", "json"])
+        .run();
+    let notes = history.json()["hosts"][0]["notes"].to_string();
+    assert!(
+        notes.contains("the host's guard rolled back to the previous unit"),
+        "{notes}"
+    );
+    // plan says so of the change asked for again.
+    let notes = plan_notes(&crashing);
+    assert!(
+        notes.contains("the host's guard rolled back to the previous unit")
+            && notes.contains("this plan asks for that change again"),
+        "{notes}"
+    );
     // The next apply of the good manifest finds nothing to do.
     assert_unchanged(&good);
     fresh(unit);
@@ -226,6 +252,13 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
     assert_eq!(
         status(&changed),
         (vec!["pending_change".into(), "unconfirmed".into()], 2)
+    );
+    // So does plan, with what the next apply does about it.
+    let notes = plan_notes(&changed);
+    assert!(
+        notes.contains("kept the new unit, unconfirmed")
+            && notes.contains("apply verifies it as it runs, without a restart, and confirms it"),
+        "{notes}"
     );
     // The next apply verifies the server as it runs and confirms it: no restart.
     let (code, report) = apply(&changed);
