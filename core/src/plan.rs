@@ -15,6 +15,8 @@ use crate::flags::flags;
 use crate::layers::Drift;
 use crate::observed::{Observed, UnitState};
 use crate::redact::{redact_text, Redactor, Secret, REDACTED, REDACTED_CHANGED};
+use crate::sglang::meaning::as_parsed;
+use crate::sglang::Catalog;
 use crate::unit::{parse_unit, takes_effect_without_restart, Desired, UnitModel};
 
 pub use crate::layers::UNIT_DIR;
@@ -151,7 +153,7 @@ pub fn plan(
         _ if masked => Verdict::Restart,
         None => Verdict::Install,
         Some(text) if drift.is_empty() && text == desired.text => Verdict::NoChange,
-        Some(_) if needs_restart(&old_model, &desired.model) => Verdict::Restart,
+        Some(_) if needs_restart(&old_model, &desired.model, parser(desired)) => Verdict::Restart,
         // Same meaning, but files to move aside or a unit to enable: apply has work.
         Some(_) => Verdict::ReloadOnly,
     };
@@ -238,16 +240,31 @@ fn attribute(summary: &mut Summary, observed: &Observed, unit: &str) {
     }
 }
 
-fn needs_restart(old: &UnitModel, new: &UnitModel) -> bool {
-    restart_reason(old, new).is_some()
+fn needs_restart(old: &UnitModel, new: &UnitModel, parser: Option<&Catalog>) -> bool {
+    restart_reason(old, new, parser).is_some()
+}
+
+/// The parser a plan compares `desired`'s flags as: its SGLang version's, when cataloged.
+pub fn parser(desired: &Desired) -> Option<&'static Catalog> {
+    Catalog::for_version(&desired.sglang_version)
 }
 
 /// What differs between two units that restarts the server, named (`the flag --tp-size`), or
 /// `None` when a reload applies every difference. argparse does not care about the order of
 /// distinct flags, so neither does this; a setting left out counts as systemd's default for it.
-pub fn restart_reason(old: &UnitModel, new: &UnitModel) -> Option<String> {
+/// With the SGLang version's `parser`, flags are compared as it reads them (an alias, a prefix, a
+/// number spelled otherwise is the same setting: `sglang::meaning`); without, as written.
+pub fn restart_reason(
+    old: &UnitModel,
+    new: &UnitModel,
+    parser: Option<&Catalog>,
+) -> Option<String> {
     let (old_cmd, old_flags) = flags(&old.exec_start);
     let (new_cmd, new_flags) = flags(&new.exec_start);
+    let (old_flags, new_flags) = match parser {
+        Some(c) => (as_parsed(c, &old_flags), as_parsed(c, &new_flags)),
+        None => (old_flags, new_flags),
+    };
     if old_cmd != new_cmd {
         return Some(format!(
             "the command: `{}` against `{}`",
@@ -414,6 +431,52 @@ mod tests {
         )
     }
 
+    /// BASE with its flags as `flags` (a YAML map's body).
+    fn with_flags(flags: &str) -> String {
+        let base = "flags: { tp-size: 4, context-length: 8192, trust-remote-code: true }";
+        assert!(BASE.contains(base));
+        BASE.replace(base, &format!("flags: {{ {flags} }}"))
+    }
+
+    #[test]
+    fn a_command_line_sglang_reads_the_same_way_reloads_and_shows_its_text() {
+        // As an operator wrote it: a prefix, an alias and a float spelled otherwise.
+        let host = with_flags(
+            "tp: 4, context-len: 8192, trust-remote-code: true, mem-fraction-static: \"0.80\"",
+        );
+        let manifest = with_flags(
+            "tp-size: 4, context-length: 8192, trust-remote-code: true, mem-fraction-static: 0.8",
+        );
+        let p = plan_between(&host, &manifest);
+        assert_eq!(p.verdict, Verdict::ReloadOnly, "{}", p.diff);
+        assert!(
+            p.diff.contains("--tp 4") && p.diff.contains("--tp-size 4"),
+            "{}",
+            p.diff
+        );
+        // A value that differs in meaning still restarts, named as SGLang knows it.
+        let other = with_flags(
+            "tp: 2, context-len: 8192, trust-remote-code: true, mem-fraction-static: \"0.80\"",
+        );
+        let p = plan_between(&other, &manifest);
+        assert_eq!(p.verdict, Verdict::Restart);
+        assert_eq!(
+            restart_reason(
+                &desired(&other).model,
+                &desired(&manifest).model,
+                parser(&desired(&manifest))
+            )
+            .as_deref(),
+            Some("the flag --tp-size")
+        );
+        // A version with no catalog compares the text, as before.
+        let unknown = manifest.replace("version: 0.5.23", "version: 9.9.9");
+        assert_eq!(
+            plan_between(&host.replace("version: 0.5.23", "version: 9.9.9"), &unknown).verdict,
+            Verdict::Restart
+        );
+    }
+
     #[test]
     fn identical_units_need_nothing() {
         let p = plan_between(BASE, BASE);
@@ -517,7 +580,7 @@ mod tests {
         );
         assert_eq!(p.verdict, Verdict::Restart);
         assert_eq!(
-            restart_reason(&parse_unit(&forking), &desired(BASE).model).as_deref(),
+            restart_reason(&parse_unit(&forking), &desired(BASE).model, None).as_deref(),
             Some("the setting Service.Type")
         );
     }

@@ -343,6 +343,7 @@ pub fn restore_target(
             text,
             model,
             dropins: m.dropins,
+            sglang_version: m.sglang.version.clone(),
         },
         manifest: Arc::new(m),
         conflicts: Vec::new(),

@@ -298,3 +298,51 @@ fn an_inexpressible_unit_is_refused_with_its_file_and_line() {
     );
     stop(unit);
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_command_line_sglang_reads_the_same_way_restarts_nothing() {
+    let unit = "t-import-same.service";
+    let m = crate::apply::service_on(IMPORT, "t-import-same", 37207)
+        .flag("tp-size", 2)
+        .flag("mem-fraction-static", 0.8);
+    let run = Reconcile::new().manifest("a.yaml", &m);
+    // The unit as an operator wrote it: `--tp`, argparse's unique prefix of `--tp-size`, and the
+    // fraction with a trailing zero. SGLang reads both as the manifest says.
+    let rendered = run.rendered(IMPORT);
+    let written = rendered.replace("\t--tp-size 2 ", "\t--tp 2 ").replace(
+        "\t--mem-fraction-static 0.8 ",
+        "\t--mem-fraction-static 0.80 ",
+    );
+    assert_eq!(
+        (
+            written.matches("\t--tp 2 ").count(),
+            written.matches(" 0.80 ").count()
+        ),
+        (1, 1),
+        "{rendered}"
+    );
+    start(unit, &[(format!("{UNIT_DIR}/{unit}"), written)]);
+    lab().sh(IMPORT, &format!("systemctl enable --quiet {unit}"));
+    let (argv, invocation) = running(unit);
+    assert!(argv.iter().any(|a| a == "--tp"), "{argv:?}");
+    // The plan shows the text that changes, and restarts nothing.
+    let plan = run.run_args(&["plan", "--format", "json"]);
+    let planned = &plan.json()["units"][0];
+    assert_eq!(planned["verdict"], "reload_only", "{planned:#}");
+    let diff = planned["diff"].as_str().unwrap();
+    assert!(
+        diff.contains("-\t--tp 2 ") && diff.contains("+\t--tp-size 2 "),
+        "{diff}"
+    );
+    // Applied: the manifest's spelling on disk, the same server running.
+    let applied = run.run_args(&["apply", "--format", "json"]);
+    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    assert_eq!(applied.json()["units"][0]["outcome"], "reloaded");
+    assert_eq!(running(unit), (argv, invocation));
+    assert_eq!(
+        lab().sh(IMPORT, &format!("cat {UNIT_DIR}/{unit}")),
+        rendered
+    );
+    stop(unit);
+}

@@ -46,7 +46,7 @@ pub fn check(
         }));
     }
     let desired = render(&m, &m.hosts[0]);
-    match restart_reason(host, &desired.model) {
+    match restart_reason(host, &desired.model, crate::plan::parser(&desired)) {
         Some(what) => Err(vec![what]),
         None => Ok(warnings),
     }

@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod check;
 mod env;
 mod finding;
+pub mod meaning;
 mod python;
 mod resolve;
 mod suggest;

@@ -20,6 +20,8 @@ pub struct Desired {
     pub model: UnitModel,
     /// What apply does with drop-ins, a mask or a shadowing unit file (`systemd.dropins`).
     pub dropins: crate::manifest::DropInPolicy,
+    /// The SGLang version the manifest names: its parser is what a plan compares flags as.
+    pub sglang_version: String,
 }
 
 pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
@@ -34,6 +36,7 @@ pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
         text,
         model,
         dropins: m.dropins,
+        sglang_version: m.sglang.version.clone(),
     }
 }
 
