@@ -44,6 +44,42 @@ impl<H: Host + ?Sized> Systemd for H {
     }
 }
 
+/// How long systemd took over the unit's last stop (from `ActiveExit` to `InactiveEnter`), in
+/// seconds: the old server's own shutdown inside `systemctl restart`, which apply's stage clock
+/// (started once the restart returned) does not count. SGLang's shutdown (its scheduler and
+/// detokenizer processes, `kill_process_tree`) takes seconds on the real server; that is the
+/// server's time, not the experiment's; with `KillMode=mixed` it includes the requests in flight
+/// SGLang finished. `None` when systemd does not say.
+pub async fn last_stop_seconds(host: &dyn Host, unit: &str) -> Option<f64> {
+    let out = host
+        .run_ok(&[
+            "systemctl",
+            "show",
+            "-p",
+            "ActiveExitTimestampMonotonic",
+            "-p",
+            "InactiveEnterTimestampMonotonic",
+            "--",
+            unit,
+        ])
+        .await
+        .unwrap_or_default();
+    let value = |key: &str| -> Option<f64> {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    match (
+        value("ActiveExitTimestampMonotonic"),
+        value("InactiveEnterTimestampMonotonic"),
+    ) {
+        (Some(exit), Some(inactive)) if exit > 0.0 && inactive >= exit => {
+            Some((inactive - exit) / 1e6)
+        }
+        _ => None,
+    }
+}
+
 /// The unit file of a unit that runs now, for a command that measures its server without a
 /// restart (`bench`, `quality`): an error saying why there is nothing `to` do otherwise.
 pub async fn running_unit(host: &dyn Host, unit: &str, to: &str) -> Result<String, String> {

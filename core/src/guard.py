@@ -155,14 +155,18 @@ def judge(guard, f, at, healthy):
         # read once its restart returned: that restart may have joined a start already under way
         # (a dead controller's), and systemd keeps NRestarts across a restart of a unit waiting
         # to auto-restart.
+        # Once the guard restored the unit itself, its restarts do not judge it: a group's rank
+        # restarts while its peers come back (its first process dies with the group it joined),
+        # so the restored unit has until its deadline to answer /health.
         if guard.get("restored"):
             started = f["entered"] >= guard.get("restored_entered", guard.get("restored_at", 0))
-            counted = guard.get("restored_restarts", 0)
+            steady = True
         else:
             started = f["entered"] > guard.get("taken_at", 0)
-            counted = guard.get("taken_restarts", 0)
+            steady = (f["restarts"] - guard.get("taken_restarts", 0)
+                      < guard.get("crash_loop_restarts", CRASH_LOOP_RESTARTS))
         back = (f["sha256"] == guard.get("previous_sha256") and not f.get("stale") and started
-                and f["restarts"] - counted < guard.get("crash_loop_restarts", CRASH_LOOP_RESTARTS))
+                and steady)
         if back and f["active"] in ("active", "activating"):
             if healthy() == 200:
                 return ("done", "the previous unit runs again and answers /health 200")

@@ -292,6 +292,12 @@ fn summary(v: &Verification) -> String {
 pub const SHUTTING_DOWN: &str = "; the host was shutting down";
 const LOST: &str = "the connection to the host was lost";
 
+/// A note on how long the old server took to stop (systemd's own timestamps: from leaving
+/// `active` to `inactive`): with `KillMode=mixed` that is SGLang finishing its requests in flight.
+pub fn stopped_in(seconds: f64) -> String {
+    format!("the old server stopped in {seconds:.1}s (SGLang finished the requests in flight)")
+}
+
 /// Appended to what failed when the connection broke and came back after `seconds`.
 pub fn reconnected(seconds: f64) -> String {
     format!("; {LOST}, reconnected after {seconds:.1}s")

@@ -212,9 +212,9 @@ import json, sys
 guard = {"__name__": "guard"}
 exec(sys.argv[1], guard)
 out = []
-for case in json.load(sys.stdin):
-    def healthy(code=case["health"]):
-        assert code != "unasked", "the guard asked /health where it must not"
+for i, case in enumerate(json.load(sys.stdin)):
+    def healthy(code=case["health"], i=i):
+        assert code != "unasked", "case %d: the guard asked /health where it must not" % i
         return code
     out.append(guard["judge"](case["guard"], case["facts"], case["now"], healthy))
 print(json.dumps(out))
@@ -466,8 +466,9 @@ print(json.dumps(out))
                 180.0,
                 json!(200)
             ),
-            // A group's rank: systemd kept its one restart across the guard's restart. Counted
-            // from there, it has not restarted since; once it does, it is not back.
+            // A group's rank: systemd kept its one restart across the guard's restart, and the
+            // restored rank restarts again while its peers come back. Judged by /health by its
+            // deadline, not by its restarts.
             case(
                 with(
                     by_guard.clone(),
@@ -479,12 +480,21 @@ print(json.dumps(out))
             ),
             case(
                 with(
-                    by_guard,
+                    by_guard.clone(),
                     json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})
                 ),
                 facts("old", "activating", "auto-restart", 2, 185.0),
                 190.0,
-                unasked.clone()
+                json!(503)
+            ),
+            case(
+                with(
+                    by_guard,
+                    json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})
+                ),
+                facts("old", "activating", "auto-restart", 7, 395.0),
+                400.0,
+                json!(503)
             ),
             // The controller took over a unit systemd had restarted once: its rollback's start
             // counts from there.
@@ -544,9 +554,10 @@ print(json.dumps(out))
                 "done",
                 "the previous unit runs again and answers /health 200",
             ),
+            ("wait", "the restored unit is loading"),
             (
                 "failed",
-                "the restored unit did not start or did not stay up (activating/auto-restart)",
+                "the restored unit was not healthy by its deadline (activating/auto-restart)",
             ),
             (
                 "done",

@@ -950,6 +950,7 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
         r.invocation = restart(host, unit, r.verdict)
             .await
             .map_err(|e| (0, error_chain(&e)))?;
+        note_stop(r).await;
         return Ok(());
     }
     for i in stop_order(ranks.len()) {
@@ -957,6 +958,9 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
         host.run_ok(&["systemctl", "stop", "--", unit])
             .await
             .map_err(|e| (i, error_chain(&e)))?;
+    }
+    for r in ranks.iter_mut() {
+        note_stop(r).await;
     }
     // New units enabled first, so the starts below are one command each.
     let enabled = join_all(ranks.iter().map(|r| async move {
@@ -1004,6 +1008,19 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
         ranks[i].invocation = invocation.map_err(|e| (i, error_chain(&e)))?;
     }
     Ok(())
+}
+
+/// Notes how long a rank's old server took to stop, from systemd's monotonic timestamps of its
+/// last stop (leaving `active`, entering `inactive`), read once it stopped. Nothing for a server
+/// that was not running, or timestamps that do not read.
+async fn note_stop(r: &mut Rank<'_>) {
+    if !r.fallback.was_running {
+        return;
+    }
+    let (host, unit) = (r.job.host, &r.job.t.desired.unit);
+    if let Some(seconds) = crate::systemd::last_stop_seconds(host, unit).await {
+        r.report.report.notes.push(decide::stopped_in(seconds));
+    }
 }
 
 /// Enables a new unit, restarts it, and returns the new invocation's id (for its journal).

@@ -74,38 +74,6 @@ pub async fn baseline(
     })
 }
 
-/// How long systemd took over the unit's last stop (from `ActiveExit` to `InactiveEnter`), in
-/// seconds: the old server's own shutdown inside `systemctl restart`, which apply's stage clock
-/// (started once the restart returned) does not count. SGLang's shutdown (its scheduler and
-/// detokenizer processes, `kill_process_tree`) takes seconds on the real server; that is the
-/// server's time, not the experiment's. 0 when systemd does not say.
-pub async fn last_stop_seconds(host: &dyn Host, unit: &str) -> f64 {
-    let out = host
-        .run_ok(&[
-            "systemctl",
-            "show",
-            "-p",
-            "ActiveExitTimestampMonotonic",
-            "-p",
-            "InactiveEnterTimestampMonotonic",
-            unit,
-        ])
-        .await
-        .unwrap_or_default();
-    let value = |key: &str| -> Option<f64> {
-        out.lines()
-            .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
-    match (
-        value("ActiveExitTimestampMonotonic"),
-        value("InactiveEnterTimestampMonotonic"),
-    ) {
-        (Some(exit), Some(inactive)) if exit > 0.0 && inactive >= exit => (inactive - exit) / 1e6,
-        _ => 0.0,
-    }
-}
-
 /// A variant's result from apply's report of it and of the baseline's restore after it
 /// (`None`: its own rollback restored the baseline), and systemd's stop times of the old server
 /// in each (`stops`, seconds).

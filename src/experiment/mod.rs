@@ -303,11 +303,15 @@ async fn run_on(
         );
         let started = Instant::now();
         let report = apply::apply_one(host, t, &apply_options).await;
-        let mut stops = measure::last_stop_seconds(host, unit).await;
+        let mut stops = crate::systemd::last_stop_seconds(host, unit)
+            .await
+            .unwrap_or(0.0);
         let cancelled_during = cancel.is_cancelled();
         let back = back_to_baseline(host, restore, &restore_options, &report).await;
         if matches!(&back, Ok(Some(r)) if r.outcome == Outcome::Converged) {
-            stops += measure::last_stop_seconds(host, unit).await;
+            stops += crate::systemd::last_stop_seconds(host, unit)
+                .await
+                .unwrap_or(0.0);
         }
         let mut result = measure::result_of(v, &report, back.as_ref(), started.elapsed(), stops);
         if let Err(why) = &back {

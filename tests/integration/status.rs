@@ -151,9 +151,9 @@ fn a_reload_without_restart_is_not_restarted_and_a_stopped_service_is_down() {
     let (c, code, json) = classes(&text);
     assert_eq!((c, code), (vec!["down".to_string()], 2), "{json:#}");
     assert!(
-        // systemd's stop SIGTERMs every process of the unit; SGLang 0.5.23's watchdog sees its
-        // scheduler die of it and SIGKILLs the tree, so a stopped server's unit ends failed.
-        json["details"].to_string().contains("failed (failed)"),
+        // The rendered unit's stop is graceful (KillMode=mixed): SIGTERM to SGLang's main
+        // process alone, which exits 0 once idle, so a stopped server's unit ends inactive.
+        json["details"].to_string().contains("inactive (dead)"),
         "{json:#}\n{}",
         lab().sh(HOST, &format!("journalctl -u {unit} -n 40 --no-pager"))
     );

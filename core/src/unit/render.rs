@@ -7,6 +7,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::escape::{escape_specifiers, quote_env, quote_exec_arg};
+use std::time::Duration;
+
 use super::read::{continues, strip};
 use super::{section_of, UnitModel};
 use crate::manifest::{FlagValue, HostSpec, Manifest};
@@ -105,6 +107,18 @@ fn settings(m: &Manifest, host: &HostSpec) -> BTreeMap<String, Vec<String>> {
     .into_iter()
     .map(|(k, v)| (k.to_string(), vec![v]))
     .collect();
+    // A graceful stop: SIGTERM to SGLang's main process alone, which stops taking requests,
+    // finishes those in flight and then ends its schedulers itself. With systemd's default
+    // (control-group) every process gets SIGTERM at once, the schedulers die mid-request and the
+    // unit ends `failed`. Not for a rank of a server over several hosts: a rank >= 1 answers
+    // SIGTERM only with a log line and waits for rank 0's shutdown broadcast (sglang 0.5.23
+    // `entrypoints/engine.py`, `_launch_subprocesses`), so its stop would last until
+    // TimeoutStopSec unless rank 0 stopped first.
+    if m.group.is_none() {
+        let timeout = format!("{}s", stop_timeout(m).as_secs());
+        settings.insert("Service.KillMode".into(), vec!["mixed".into()]);
+        settings.insert("Service.TimeoutStopSec".into(), vec![timeout]);
+    }
     for (key, value) in m.systemd.iter().chain(&host.systemd) {
         settings.insert(format!("{}.{key}", section_of(key)), vec![value.clone()]);
     }
@@ -119,6 +133,21 @@ fn settings(m: &Manifest, host: &HostSpec) -> BTreeMap<String, Vec<String>> {
     }
     settings.retain(|_, values| values.iter().all(|v| !v.is_empty()));
     settings
+}
+
+/// How long the requests in flight may take when no `drain:` says: two minutes, as long as an
+/// 8k-token answer at 70 tokens a second.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(120);
+
+/// SGLang's own time to stop once the requests are done (sglang 0.5.23
+/// `managers/tokenizer_manager.py`): `sigterm_watchdog` sees SIGTERM within its 5 s poll, then
+/// gives its schedulers `_SCHEDULER_EXIT_TIMEOUT_SECS` (15 s) to release the GPUs.
+pub const SGLANG_STOP_OVERHEAD: Duration = Duration::from_secs(20);
+
+/// `TimeoutStopSec=`: the drain's timeout (what the manifest allows the requests in flight), or
+/// [`DEFAULT_STOP_GRACE`], plus SGLang's own stop. Past it systemd sends SIGKILL.
+pub fn stop_timeout(m: &Manifest) -> Duration {
+    m.drain.as_ref().map_or(DEFAULT_STOP_GRACE, |d| d.timeout) + SGLANG_STOP_OVERHEAD
 }
 
 fn unit_text(source: &str, model: &UnitModel) -> String {
@@ -235,9 +264,11 @@ ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server \\
 \t--speculative-num-steps 1 \\
 \t--tp-size 4 \\
 \t--port 30000
+KillMode=mixed
 LimitNOFILE=1048576
 Restart=on-failure
 RestartSec=10
+TimeoutStopSec=140s
 User=root
 
 [Install]
@@ -245,6 +276,32 @@ WantedBy=multi-user.target
 ";
         assert_eq!(unit.text, expected);
         assert_eq!(unit.unit, "sglang-qwen.service");
+    }
+
+    #[test]
+    fn a_stop_is_graceful_for_the_drains_timeout_or_two_minutes_and_the_manifest_may_say_otherwise()
+    {
+        let settings = |yaml: &str| {
+            let m = parse("q.yaml", yaml).unwrap();
+            let unit = render(&m, &m.hosts[0]);
+            let get = |k: &str| unit.model.settings.get(k).map(|v| v.join(" "));
+            (get("Service.KillMode"), get("Service.TimeoutStopSec"))
+        };
+        let mixed = Some("mixed".to_string());
+        assert_eq!(settings(QWEN), (mixed.clone(), Some("140s".into())));
+        let drained = format!("{QWEN}drain: {{ timeout: 10m }}\n");
+        assert_eq!(settings(&drained), (mixed, Some("620s".into())));
+        let own = QWEN.replace(
+            "LimitNOFILE: 1048576 }",
+            "LimitNOFILE: 1048576, KillMode: control-group, TimeoutStopSec: 30 }",
+        );
+        assert_eq!(
+            settings(&own),
+            (Some("control-group".into()), Some("30".into()))
+        );
+        // A rank of a server over several hosts keeps systemd's default (see `settings`).
+        let group = "service: big\nnodes: [gpu-a, gpu-b]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n  flags: { tp-size: 2 }\n";
+        assert_eq!(settings(group), (None, None));
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::lab::{lab, Manifest, Ran, Reconcile};
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_restarts_it() {
     let _slot = slots(1);
-    let s = Service::new("t-rs-first", HOSTS[0], 38001);
+    let s = Service::new("t-rs-first", HOSTS[0], 38001).flag("enable-metrics", true);
     let _stopped = s.fresh();
     let report = s.converge();
     let v = &report["verification"];
@@ -47,11 +47,68 @@ fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_rest
     let after = s.identity();
     assert_eq!(before, after, "a no-op apply restarted the real server");
 
-    // A flag change restarts the same server, which then runs it.
+    // A flag change restarts the same server, which then runs it. The stop is graceful
+    // (KillMode=mixed, no `drain:` asked for): SGLang answers a long generation in flight in
+    // full before it exits, and its invocation ends successfully.
     let before = s.invocation();
-    let changed = Service::new("t-rs-first", HOSTS[0], 38001).flag("max-running-requests", 7);
-    changed.converge();
+    let result = "/tmp/t-rs-first.result";
+    let changed = Service::new("t-rs-first", HOSTS[0], 38001)
+        .flag("enable-metrics", true)
+        .flag("max-running-requests", 7);
+    let run = Reconcile::new()
+        .manifest("a.yaml", changed.manifest())
+        .args(&["apply", "--format", "json"]);
+    let apply = run.spawn(&[]);
+    // Once apply wrote the new unit, the restart is a few round trips away (the guard armed,
+    // then `systemctl restart`): a generation of 4 answers of 1900 tokens begun then is still
+    // running when the old server gets SIGTERM (one answer alone ended 2.7 s after it here).
+    lab().wait_until(
+        s.host,
+        &format!(
+            "grep -q -- --max-running-requests /etc/systemd/system/{}",
+            s.unit()
+        ),
+        Duration::from_secs(120),
+    );
+    long_generation(&s, 1900, 4, result);
+    let out = apply.wait_with_output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    let report = &json["units"][0];
+    assert_eq!(report["outcome"], "converged", "{report:#}");
     assert_ne!(s.invocation(), before, "restarted");
+    lab().wait_until(s.host, &format!("[ -s {result} ]"), Duration::from_secs(60));
+    let text = lab().sh(s.host, &format!("cat {result}"));
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(
+        (fields[0], fields[1]),
+        ("200", "7600"),
+        "the generation in flight, 4 answers of 1900 tokens: {text}"
+    );
+    // It ended after the stop began (systemd's monotonic clock, the host's): in flight then.
+    let ended: f64 = fields[2].parse().unwrap();
+    let stop_began = lab().sh(
+        s.host,
+        &format!(
+            "systemctl show -p ActiveExitTimestampMonotonic --value {}",
+            s.unit()
+        ),
+    );
+    let stop_began = stop_began.trim().parse::<f64>().unwrap() / 1e6;
+    assert!(
+        ended > stop_began,
+        "the generation ended at {ended}, before the stop began at {stop_began}"
+    );
+    let notes = report["notes"].to_string();
+    assert!(notes.contains("the old server stopped in"), "{notes}");
+    let ended = lab().sh(
+        s.host,
+        &format!("journalctl --no-pager -o cat INVOCATION_ID={before}"),
+    );
+    assert!(
+        ended.contains("Deactivated successfully") && !ended.contains("Failed with result"),
+        "{ended}"
+    );
     // The real server resolved the new flag: its /server_info says so.
     let (status, info) = s.http("GET", "/server_info", None, None);
     assert_eq!(status, 200, "{info}");
@@ -99,13 +156,13 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
 
 /// A long generation in flight on the host (`ignore_eos`, many tokens); `result` gets
 /// `STATUS COMPLETION_TOKENS MONOTONIC_END` when it ends.
-fn long_generation(s: &Service, tokens: u32, result: &str) {
+fn long_generation(s: &Service, tokens: u32, choices: u32, result: &str) {
     let script = format!(
         r#"rm -f {result}; ( python3 -c '
 import http.client, json, time
 try:
     c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=300)
-    c.request("POST", "/v1/chat/completions", body=json.dumps({{"model": "m", "messages": [{{"role": "user", "content": "tell me a story"}}], "max_tokens": {tokens}, "ignore_eos": True}}), headers={{"Content-Type": "application/json"}})
+    c.request("POST", "/v1/chat/completions", body=json.dumps({{"model": "m", "messages": [{{"role": "user", "content": "tell me a story"}}], "max_tokens": {tokens}, "n": {choices}, "ignore_eos": True}}), headers={{"Content-Type": "application/json"}})
     r = c.getresponse()
     body = json.loads(r.read())
     out = "%d %d %.3f" % (r.status, body.get("usage", {{}}).get("completion_tokens", -1), time.monotonic())
@@ -136,7 +193,7 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     let before = s.invocation();
     let result = "/tmp/t-rs-drain.result";
     // 1500 tokens of the tiny model on one CPU thread: several seconds of generation.
-    long_generation(&s, 1500, result);
+    long_generation(&s, 1500, 1, result);
     let changed = Service::new("t-rs-drain", HOSTS[1], 38004)
         .flag("enable-metrics", true)
         .flag("max-running-requests", 6)
