@@ -394,6 +394,11 @@ print(json.dumps(out))
             taken.clone(),
             json!({"restored": true, "restored_at": 170.0}),
         );
+        // A group's rank the guard restored, systemd's count of 1 restart kept across it.
+        let rank = with(
+            by_guard.clone(),
+            json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1}),
+        );
         let new_unit = with(
             taken.clone(),
             json!({"previous": null, "previous_sha256": null}),
@@ -470,28 +475,19 @@ print(json.dumps(out))
             // restored rank restarts again while its peers come back. Judged by /health by its
             // deadline, not by its restarts.
             case(
-                with(
-                    by_guard.clone(),
-                    json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})
-                ),
+                rank.clone(),
                 facts("old", "active", "running", 1, 171.0),
                 180.0,
                 json!(200)
             ),
             case(
-                with(
-                    by_guard.clone(),
-                    json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})
-                ),
+                rank.clone(),
                 facts("old", "activating", "auto-restart", 2, 185.0),
                 190.0,
                 json!(503)
             ),
             case(
-                with(
-                    by_guard,
-                    json!({"crash_loop_restarts": 1, "restored_entered": 171.0, "restored_restarts": 1})
-                ),
+                rank,
                 facts("old", "activating", "auto-restart", 7, 395.0),
                 400.0,
                 json!(503)

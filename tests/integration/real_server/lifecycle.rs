@@ -77,24 +77,10 @@ fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_rest
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "converged", "{report:#}");
     assert_ne!(s.invocation(), before, "restarted");
-    lab().wait_until(s.host, &format!("[ -s {result} ]"), Duration::from_secs(60));
-    let text = lab().sh(s.host, &format!("cat {result}"));
-    let fields: Vec<&str> = text.split_whitespace().collect();
-    assert_eq!(
-        (fields[0], fields[1]),
-        ("200", "7600"),
-        "the generation in flight, 4 answers of 1900 tokens: {text}"
-    );
+    // 4 answers of 1900 tokens, all of them.
+    let ended = generated(&s, result, 7600);
     // It ended after the stop began (systemd's monotonic clock, the host's): in flight then.
-    let ended: f64 = fields[2].parse().unwrap();
-    let stop_began = lab().sh(
-        s.host,
-        &format!(
-            "systemctl show -p ActiveExitTimestampMonotonic --value {}",
-            s.unit()
-        ),
-    );
-    let stop_began = stop_began.trim().parse::<f64>().unwrap() / 1e6;
+    let stop_began = monotonic(&s, "ActiveExitTimestampMonotonic");
     assert!(
         ended > stop_began,
         "the generation ended at {ended}, before the stop began at {stop_began}"
@@ -156,6 +142,29 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
 
 /// A long generation in flight on the host (`ignore_eos`, many tokens); `result` gets
 /// `STATUS COMPLETION_TOKENS MONOTONIC_END` when it ends.
+/// Waits for [`long_generation`]'s `result`, asserts it was answered 200 with `tokens` in all,
+/// and returns when it ended (CLOCK_MONOTONIC seconds on the host).
+fn generated(s: &Service, result: &str, tokens: u32) -> f64 {
+    lab().wait_until(s.host, &format!("[ -s {result} ]"), Duration::from_secs(60));
+    let text = lab().sh(s.host, &format!("cat {result}"));
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    assert_eq!(
+        (fields[0], fields[1]),
+        ("200", tokens.to_string().as_str()),
+        "the generation in flight, answered in full: {text}"
+    );
+    fields[2].parse().unwrap()
+}
+
+/// One of systemd's monotonic timestamps of the unit, in seconds.
+fn monotonic(s: &Service, property: &str) -> f64 {
+    let us = lab().sh(
+        s.host,
+        &format!("systemctl show -p {property} --value {}", s.unit()),
+    );
+    us.trim().parse::<f64>().expect("a monotonic timestamp") / 1e6
+}
+
 fn long_generation(s: &Service, tokens: u32, choices: u32, result: &str) {
     let script = format!(
         r#"rm -f {result}; ( python3 -c '
@@ -201,20 +210,8 @@ fn drain_waits_for_a_long_generation_which_completes_before_the_restart() {
     let report = changed.converge();
     assert_ne!(s.invocation(), before, "restarted");
     assert_eq!(report["drain"]["outcome"], "idle", "{report:#}");
-    lab().wait_until(s.host, &format!("[ -s {result} ]"), Duration::from_secs(60));
-    let text = lab().sh(s.host, &format!("cat {result}"));
-    let fields: Vec<&str> = text.split_whitespace().collect();
-    assert_eq!(fields[0], "200", "the generation in flight: {text}");
-    assert_eq!(fields[1], "1500", "it was answered in full: {text}");
-    let ended: f64 = fields[2].parse().unwrap();
-    let us = lab().sh(
-        s.host,
-        &format!(
-            "systemctl show -p ExecMainStartTimestampMonotonic --value {}",
-            s.unit()
-        ),
-    );
-    let started = us.trim().parse::<f64>().unwrap() / 1e6;
+    let ended = generated(&s, result, 1500);
+    let started = monotonic(&s, "ExecMainStartTimestampMonotonic");
     assert!(
         ended < started,
         "the new server started at {started}, before the generation ended at {ended}"
