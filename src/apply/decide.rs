@@ -338,6 +338,10 @@ pub fn rolled_back(
 
 /// The host's guard settled the unit before this run could roll it back (its lease ran out while
 /// the link was cut): what it did is the ending.
+/// What failed when verification passed but the host's guard had acted before this run could
+/// disarm it: its lease ran out while the host was out of reach.
+pub const CONFIRMED_TOO_LATE: &str = "verification passed, but this run lost the host before it could confirm the unit, and the host's guard acted first";
+
 pub fn guard_acted_first(failed: &str, cause: ApplyErrorKind, guard: &Settled) -> Ending {
     let did = guard.summary().unwrap_or_else(|| guard.detail.clone());
     match guard.state {

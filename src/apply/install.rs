@@ -130,18 +130,28 @@ pub(super) async fn drain(
 }
 
 /// Stands the guard down; one that cannot be reached is a note: it finds the unit healthy at
-/// its deadline and keeps it, marked unconfirmed, and the next apply confirms it.
-pub(super) async fn disarm(armed: &Armed<'_>, report: &mut UnitReport) {
+/// its deadline and keeps it, marked unconfirmed, and the next apply confirms it. Returns what
+/// the guard had done already, if it acted.
+pub(super) async fn disarm(
+    armed: &Armed<'_>,
+    report: &mut UnitReport,
+) -> Option<reconcile_core::guard::GuardState> {
     match armed.disarm().await {
-        Ok(Some(found)) if found.acted() => report.notes.push(format!(
-            "the host's guard had settled the unit already ({})",
-            found.name()
-        )),
-        Ok(_) => {}
-        Err(e) => report.notes.push(format!(
-            "the host's guard could not be disarmed ({}); it will keep the unit at its deadline, unconfirmed",
-            error_chain(&e)
-        )),
+        Ok(Some(found)) if found.acted() => {
+            report.notes.push(format!(
+                "the host's guard had settled the unit already ({})",
+                found.name()
+            ));
+            Some(found)
+        }
+        Ok(_) => None,
+        Err(e) => {
+            report.notes.push(format!(
+                "the host's guard could not be disarmed ({}); it will keep the unit at its deadline, unconfirmed",
+                error_chain(&e)
+            ));
+            None
+        }
     }
 }
 

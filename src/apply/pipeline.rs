@@ -34,7 +34,7 @@ use reconcile_core::transaction::{Kind, Step, Transaction, Went};
 use tokio_util::sync::CancellationToken;
 
 use super::decide::{self, Ending, Previous, Start};
-use super::error::ApplyError;
+use super::error::{ApplyError, ApplyErrorKind};
 use super::guard::{self, Armed};
 use super::install::{self, Fallback};
 use super::restore::{put_back_file, restore, restored_check, NotRestored, Restored};
@@ -774,12 +774,37 @@ async fn confirm(
     verified: Vec<Verification>,
     keep: Option<reconcile_core::quality::Reference>,
 ) -> Vec<Ending> {
+    let mut acted = Vec::new();
     for (i, g) in armed.iter().enumerate() {
-        install::disarm(g, &mut ranks[i].report.report).await;
+        acted.push(install::disarm(g, &mut ranks[i].report.report).await);
     }
     let n = ranks.len();
     let mut endings = Vec::new();
     for (i, (r, v)) in ranks.iter_mut().zip(verified).enumerate() {
+        // The guard rolled the unit back (its lease ran out while this run could not reach the
+        // host, say during the disarm itself): the host runs the previous unit, whatever
+        // verification saw. Reported as the guard's rollback, and no deployment recorded.
+        if matches!(
+            acted.get(i),
+            Some(Some(GuardState::RolledBack | GuardState::RollbackFailed))
+        ) {
+            let settled = guard::read(r.job.host, &r.job.t.desired.unit)
+                .await
+                .ok()
+                .flatten();
+            let cause = ApplyErrorKind::Unreachable;
+            endings.push(match settled {
+                Some(settled) => {
+                    decide::guard_acted_first(decide::CONFIRMED_TOO_LATE, cause, &settled)
+                }
+                None => Ending::rollback_failed(format!(
+                    "host needs attention: {}; its record could not be read",
+                    decide::CONFIRMED_TOO_LATE
+                )),
+            });
+            r.report.report.verification = Some(v);
+            continue;
+        }
         let mut ending = decide::converged(&v);
         if i == 0 {
             if let Some(b) = &r.report.report.benchmark {
