@@ -381,7 +381,10 @@ impl Stages {
                 });
             }
         }
-        if elapsed >= self.rules.load_deadline.as_secs_f64() {
+        // A server ready and identified has met the load deadline: what is left is the crash
+        // window, which the next poll of systemd settles (a verifier held up past the deadline
+        // under load, its last poll before the window's end, is no failure of the server's).
+        if elapsed >= self.rules.load_deadline.as_secs_f64() && !(self.ready && self.identified) {
             let reason = format!(
                 "not ready after the {:?} load deadline; last: {last}",
                 self.rules.load_deadline
@@ -614,6 +617,33 @@ mod tests {
             Next::Poll
         );
         s
+    }
+
+    #[test]
+    fn a_server_ready_before_the_load_deadline_is_not_failed_by_a_late_sample() {
+        // Crash window 15 s, load deadline 20 s (the guard tests'): ready at 3 s, then the
+        // verifier is held up under load and its next sample comes at 30 s, before any poll
+        // past the crash window. Not a load-deadline failure: the next poll settles the window.
+        let mut s = Stages::new(Rules {
+            crash_window: Duration::from_secs(15),
+            load_deadline: Duration::from_secs(20),
+            ..rules()
+        });
+        round(&mut s, 0.0, &closed());
+        let d = s.polled(at(3.0), Systemd::Healthy, &ready(2.8));
+        assert!(d.next != Next::Plateau, "the crash window has not passed");
+        let late = s.sampled(at(30.0), Took::Done(Findings::default()));
+        assert!(
+            !matches!(late.next, Next::Fail(_)),
+            "failed a server ready at 3 s: {late:?}"
+        );
+        let d = s.polled(at(30.1), Systemd::Healthy, &ready(2.8));
+        assert_eq!(names(&d), ["crash window"]);
+        let next = match d.next {
+            Next::Sample => s.sampled(at(30.1), Took::Done(Findings::default())).next,
+            next => next,
+        };
+        assert_eq!(next, Next::Plateau);
     }
 
     #[test]
