@@ -1154,8 +1154,7 @@ async fn roll_back(
         ranks[c.rank].report.report.failed_stage = Some(c.stage);
     }
     let mut backs: Vec<Back> = (0..ranks.len()).map(|_| Back::default()).collect();
-    let returned = guard::leased_all(guards, return_all(ranks, &causes, guards, &mut backs)).await;
-    debug_assert!(returned);
+    guard::leased_all(guards, return_all(ranks, &causes, guards, &mut backs)).await;
     // A host that did not come back keeps its guard, which finishes the rollback there.
     for (i, g) in guards.iter().enumerate() {
         if !backs[i].reached {
@@ -1242,14 +1241,13 @@ fn failure_text(i: usize, cause: &Cause, failed_host: &str) -> String {
 
 /// Every rank back on its previous unit, or settled otherwise (its host lost, its guard acted
 /// first). A rank whose rollback failed while its host was going away is tried again once the
-/// host is back, within the crash window and the reconnect grace. Returns true (for the lease
-/// it runs under).
+/// host is back, within the crash window and the reconnect grace.
 async fn return_all(
     ranks: &[Rank<'_>],
     causes: &[Cause],
     guards: &[&Armed<'_>],
     backs: &mut [Back],
-) -> bool {
+) {
     let n = ranks.len();
     let window = ranks
         .iter()
@@ -1270,7 +1268,7 @@ async fn return_all(
             .filter(|&i| backs[i].settled.is_none() && backs[i].restored.is_none())
             .collect();
         if pending.is_empty() {
-            return true;
+            return;
         }
         let mut go = Vec::new();
         for i in pending {
@@ -1333,7 +1331,7 @@ async fn return_all(
             }
         }
         if !again {
-            return true;
+            return;
         }
     }
 }
