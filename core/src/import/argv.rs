@@ -4,6 +4,7 @@
 
 use crate::redact::Redactor;
 use crate::sglang::catalog::{Catalog, Kind, ValueType};
+use crate::sglang::resolve::{resolve, Resolved};
 
 /// One value as the manifest writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,8 +36,11 @@ pub struct Command {
     pub served_model_name: Option<String>,
     pub host: Option<String>,
     pub port: u16,
-    /// By name as written (without `--`), in argv order.
+    /// By name as written (without `--`), in argv order; an abbreviation by the flag's name.
     pub flags: Vec<(String, Written)>,
+    /// Names the manifest spells otherwise than the unit: each a text change the plan shows
+    /// and reads as the same setting (a reload, no restart).
+    pub notes: Vec<String>,
 }
 
 /// Reads `argv` (ExecStart's, as systemd runs it) into a [`Command`]; every problem found is a
@@ -51,12 +55,7 @@ pub fn read(
         [python, m, module, rest @ ..] if m == "-m" && module == "sglang.launch_server" => {
             (python.clone(), rest)
         }
-        _ => {
-            return Err(vec![format!(
-                "ExecStart runs `{}`, not `<python> -m sglang.launch_server ...`, the only command reconcile renders",
-                argv.iter().take(3).cloned().collect::<Vec<_>>().join(" ")
-            )])
-        }
+        _ => return Err(vec![not_sglang(argv)]),
     };
     if !python.starts_with('/') {
         problems.push(format!(
@@ -67,33 +66,50 @@ pub fn read(
         python,
         ..Command::default()
     };
-    let mut seen: Vec<String> = Vec::new();
+    // By the flag each name means, with the name written first, to tell a repeat.
+    let mut seen: Vec<(String, String)> = Vec::new();
     let mut port = None;
-    for (name, values) in group(rest, &mut problems) {
-        if seen.contains(&name) {
+    for (written, values) in group(rest, &mut problems) {
+        let (name, canonical) = match spelled(catalog, &written) {
+            Ok(Spelled {
+                name,
+                canonical,
+                note,
+            }) => {
+                command.notes.extend(note);
+                (name, canonical)
+            }
+            Err(problem) => {
+                problems.push(problem);
+                continue;
+            }
+        };
+        if let Some((_, first)) = seen.iter().find(|(c, _)| *c == canonical) {
+            let as_what = if *first == written {
+                String::new()
+            } else {
+                format!(" (as --{first} and --{written})")
+            };
             problems.push(format!(
-                "--{name} is given twice; a manifest sets each flag once (merge them in the unit first)"
+                "--{canonical} is given twice{as_what}; a manifest sets each flag once (merge them in the unit first)"
             ));
             continue;
         }
-        seen.push(name.clone());
+        seen.push((canonical, written.clone()));
         match name.as_str() {
-            "model-path" => command.model_path = one(&name, &values, &mut problems),
+            "model-path" => command.model_path = one(&written, &values, &mut problems),
             "served-model-name" => {
-                command.served_model_name = Some(one(&name, &values, &mut problems))
+                command.served_model_name = Some(one(&written, &values, &mut problems))
             }
-            "host" => command.host = Some(one(&name, &values, &mut problems)),
-            "port" => port = Some(one(&name, &values, &mut problems)),
-            "model" => problems.push(
-                "--model is rendered as --model-path by reconcile, which the plan would count as a changed flag: write --model-path in the unit first".into(),
-            ),
+            "host" => command.host = Some(one(&written, &values, &mut problems)),
+            "port" => port = Some(one(&written, &values, &mut problems)),
             _ => match flag(&name, &values, catalog, redactor) {
-                Ok(written) => command.flags.push((name, written)),
+                Ok(value) => command.flags.push((name, value)),
                 Err(problem) => problems.push(problem),
             },
         }
     }
-    if command.model_path.is_empty() && !seen.iter().any(|n| n == "model") {
+    if command.model_path.is_empty() && !seen.iter().any(|(n, _)| n == "model-path") {
         problems.push("ExecStart has no --model-path, which every manifest renders".into());
     }
     match port {
@@ -113,6 +129,33 @@ pub fn read(
         Err(problems)
     }
 }
+
+/// Why an ExecStart is not one a manifest renders; a container runtime is named as such, since
+/// the SGLang inside it (its image, its Python) is out of reconcile's reach.
+fn not_sglang(argv: &[String]) -> String {
+    let shown = argv.iter().take(3).cloned().collect::<Vec<_>>().join(" ");
+    let program = argv
+        .first()
+        .map_or("", |p| p.rsplit('/').next().unwrap_or(p));
+    if CONTAINER_RUNTIMES.contains(&program) {
+        return format!(
+            "ExecStart runs a container (`{shown} ...`), not SGLang itself: reconcile renders `<python> -m sglang.launch_server` run on the host, so a containerised server cannot be adopted (install SGLang on the host, or keep this unit out of reconcile)"
+        );
+    }
+    format!(
+        "ExecStart runs `{shown}`, not `<python> -m sglang.launch_server ...`, the only command reconcile renders"
+    )
+}
+
+/// Programs that run a server inside a container image.
+const CONTAINER_RUNTIMES: [&str; 6] = [
+    "docker",
+    "podman",
+    "nerdctl",
+    "ctr",
+    "apptainer",
+    "singularity",
+];
 
 /// The flags with their values: `--name=value` (one value) or `--name v1 v2 ...`.
 fn group(args: &[String], problems: &mut Vec<String>) -> Vec<(String, Vec<String>)> {
@@ -172,7 +215,12 @@ fn flag(
         }
         Some(c) => match c.option(name) {
             Some(f) => (f.kind, f.value_type, f.nargs),
-            None => return Err(unknown(c, name)),
+            None => {
+                return Err(format!(
+                    "SGLang {} has no flag --{name}, so a manifest for it cannot carry it",
+                    c.version
+                ))
+            }
         },
     };
     // A secret is one text value (`--api-key`): a count or a list of numbers whose name has a
@@ -205,21 +253,63 @@ fn flag(
     }
 }
 
-/// Why a name is not one the catalog knows: an abbreviation argparse expands (which the manifest
-/// would render in full: a changed flag to the plan), or no flag at all.
-fn unknown(c: &Catalog, name: &str) -> String {
-    let mut matches: Vec<&str> = c.option_strings().filter(|o| o.starts_with(name)).collect();
-    matches.sort_unstable();
-    match matches.as_slice() {
-        [option] => format!(
-            "--{name} is an abbreviation argparse expands to --{option}, which a manifest renders in full (a changed flag to the plan): write --{option} in the unit first"
-        ),
-        _ => format!(
-            "SGLang {} has no flag --{name}, so a manifest for it cannot carry it",
+/// The name a manifest gives a flag written `--{written}`, as the host's SGLang reads it.
+struct Spelled {
+    name: String,
+    /// The flag's canonical name, to tell a flag given twice under two names.
+    canonical: String,
+    note: Option<String>,
+}
+
+/// An alias stays as written (the manifest renders it so); an abbreviation argparse expands
+/// becomes the option it stands for, and `--model` the manifest's `model_path` (rendered
+/// `--model-path`): text the plan shows, a setting it reads as the same. Without a catalog,
+/// every name stays as written.
+fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, String> {
+    let as_written = |canonical: &str| Spelled {
+        name: written.to_string(),
+        canonical: canonical.to_string(),
+        note: None,
+    };
+    let Some(c) = catalog else {
+        return Ok(as_written(written));
+    };
+    let renamed = |name: &str, canonical: &str| {
+        Spelled {
+        name: name.to_string(),
+        canonical: canonical.to_string(),
+        note: Some(format!(
+            "--{written} is SGLang {}'s --{name}; the manifest writes {name}, and its unit says --{name} (a text change the plan reads as the same flag: a reload, no restart)",
             c.version
-        ),
+        )),
+    }
+    };
+    match resolve(c, written) {
+        Resolved::Exact(flag) => Ok(as_written(flag.name)),
+        Resolved::Alias(flag) if RENDERED.contains(&flag.name) => Ok(renamed(flag.name, flag.name)),
+        Resolved::Alias(flag) => Ok(as_written(flag.name)),
+        Resolved::Prefix { flag, .. } if RENDERED.contains(&flag.name) => {
+            Ok(renamed(flag.name, flag.name))
+        }
+        // The option string it abbreviates (an alias stays one), written in full.
+        Resolved::Prefix { flag, option } => Ok(renamed(option, flag.name)),
+        Resolved::Ambiguous(mut options) => {
+            options.sort_unstable();
+            Err(format!(
+                "--{written} is ambiguous in SGLang {}: argparse stops, since it could mean --{}",
+                c.version,
+                options.join(", --")
+            ))
+        }
+        Resolved::Unknown => Err(format!(
+            "SGLang {} has no flag --{written}, so a manifest for it cannot carry it",
+            c.version
+        )),
     }
 }
+
+/// The flags a manifest renders from fields of its own, by their canonical names.
+const RENDERED: [&str; 4] = ["model-path", "served-model-name", "host", "port"];
 
 /// A number bare when YAML reads it back as the very same text; anything else as text.
 fn typed(value: &str, value_type: ValueType) -> Item {
@@ -297,6 +387,54 @@ mod tests {
     }
 
     #[test]
+    fn aliases_stay_as_written_and_abbreviations_are_written_in_full() {
+        let c = read(
+            &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --tensor-parallel-size 4 --port 30000 --served 'q'"),
+            catalog(),
+            &Redactor::default(),
+        );
+        // --tp and --tensor-parallel-size are one flag: argparse keeps the last, a manifest one.
+        assert!(c.unwrap_err()[0]
+            .contains("--tp-size is given twice (as --tp and --tensor-parallel-size)"));
+        let c = read(
+            &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --dp-size 2 --data-parallel 1 --served q --port 30000"),
+            catalog(),
+            &Redactor::default(),
+        );
+        assert!(c.unwrap_err()[0].contains("--dp-size is given twice"));
+        let c = read(
+            &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --data-parallel-size 2 --served q --port 30000"),
+            catalog(),
+            &Redactor::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            (c.model_path.as_str(), c.served_model_name.as_deref()),
+            ("/m", Some("q"))
+        );
+        let names: Vec<&str> = c.flags.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["tp-size", "data-parallel-size"]);
+        assert_eq!(c.notes.len(), 3, "{:#?}", c.notes);
+        assert!(
+            c.notes[0].starts_with(
+                "--model is SGLang 0.5.23's --model-path; the manifest writes model-path"
+            ),
+            "{}",
+            c.notes[0]
+        );
+        assert!(
+            c.notes[1].starts_with("--tp is SGLang 0.5.23's --tp-size"),
+            "{}",
+            c.notes[1]
+        );
+        assert!(
+            c.notes[2].starts_with("--served is SGLang 0.5.23's --served-model-name"),
+            "{}",
+            c.notes[2]
+        );
+    }
+
+    #[test]
     fn numbers_stay_text_unless_yaml_reads_them_back_the_same() {
         assert_eq!(typed("007", ValueType::Int), Item::Text("007".into()));
         assert_eq!(typed("1e-3", ValueType::Float), Item::Text("1e-3".into()));
@@ -313,11 +451,16 @@ mod tests {
             p[0].contains("not `<python> -m sglang.launch_server"),
             "{p:?}"
         );
-        let p = problems("python3 -m sglang.launch_server --model-path /m --tp 2 --tp-size 1 --tp-size 2 --no-such 1 --enable-metrics yes");
+        let p = problems("/usr/local/bin/docker run --gpus all lmsysorg/sglang python3 -m sglang.launch_server --model-path /m --port 30000");
+        assert!(
+            p[0].starts_with("ExecStart runs a container (`/usr/local/bin/docker run --gpus ...`), not SGLang itself"),
+            "{p:?}"
+        );
+        let p = problems("python3 -m sglang.launch_server --model-path /m --tp 2 --tp-size 1 --enable 1 --no-such 1 --enable-metrics yes");
         assert_eq!(p.len(), 6, "{p:#?}");
         assert!(p[0].contains("not an absolute path"));
-        assert!(p[1].contains("--tp is an abbreviation argparse expands to --tp-size"));
-        assert!(p[2].contains("--tp-size is given twice"));
+        assert!(p[1].contains("--tp-size is given twice (as --tp and --tp-size)"));
+        assert!(p[2].starts_with("--enable is ambiguous in SGLang 0.5.23: argparse stops, since it could mean --enable-"), "{}", p[2]);
         assert!(p[3].contains("SGLang 0.5.23 has no flag --no-such"));
         assert!(p[4].contains("--enable-metrics is a switch"));
         assert!(p[5].contains("no --port"));

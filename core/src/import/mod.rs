@@ -23,7 +23,7 @@ use std::fmt;
 
 use crate::redact::Redactor;
 use crate::sglang::Catalog;
-use crate::unit::{parse_unit, section_of, UnitModel};
+use crate::unit::{current_spelling, parse_unit, section_of, UnitModel};
 
 pub use lines::split_cat;
 
@@ -319,7 +319,10 @@ impl<'a> Reader<'a> {
             ok = false;
         }
         match argv::read(&model.exec_start, self.catalog, &self.redactor) {
-            Ok(command) if ok => Some(command),
+            Ok(mut command) if ok => {
+                self.notes.append(&mut command.notes);
+                Some(command)
+            }
             Ok(_) => None,
             Err(problems) => {
                 for p in problems {
@@ -412,6 +415,13 @@ impl<'a> Reader<'a> {
                 );
                 continue;
             }
+            let (section, key) = match current_spelling(section, key) {
+                Some((home, name)) => {
+                    self.notes.push(format!("{key}= in [{section}] is systemd's old spelling of {name}= in [{home}], which the manifest writes (a reload, no restart)"));
+                    (home, name)
+                }
+                None => (section, key),
+            };
             if section_of(key) != section {
                 self.fail_at(last, format!("{key}= is in [{section}], and a manifest's `systemd.{key}` is rendered in [{}]", section_of(key)));
                 continue;
@@ -445,6 +455,10 @@ impl<'a> Reader<'a> {
                 }
             };
             if RENDERED_DEFAULTS.contains(&(setting.as_str(), value.as_str())) {
+                continue;
+            }
+            if systemd.iter().any(|(k, _, _)| k == key) {
+                self.fail_at(last, format!("{key}= is set both in its old and its current spelling; systemd keeps whichever it reads last: keep one in the unit first"));
                 continue;
             }
             systemd.push((key.to_string(), value, self.origin(last)));

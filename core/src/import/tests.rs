@@ -369,7 +369,7 @@ fn what_a_manifest_cannot_express_is_refused_with_its_line() {
         "{e:#?}"
     );
 
-    let e = refused(&[(FRAGMENT, "[Service]\nExecStart=-/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp 2\n")]);
+    let e = refused(&[(FRAGMENT, "[Service]\nExecStart=-/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp 2 --tensor-parallel-size 2\n")]);
     assert!(
         !e.iter().any(|e| e.contains("Type")),
         "no Type= is Type=simple, systemd's default: {e:#?}"
@@ -379,8 +379,77 @@ fn what_a_manifest_cannot_express_is_refused_with_its_line() {
         "{e:#?}"
     );
     assert!(
-        e.iter().any(|e| e.contains(":2: --tp is an abbreviation")),
+        e.iter().any(
+            |e| e.contains(":2: --tp-size is given twice (as --tp and --tensor-parallel-size)")
+        ),
         "{e:#?}"
+    );
+
+    let e = refused(&[(
+        FRAGMENT,
+        "[Service]\nStartLimitBurst=3\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1\n[Unit]\nStartLimitBurst=5\n",
+    )]);
+    assert_eq!(
+        e,
+        [format!("{FRAGMENT}:5: StartLimitBurst= is set both in its old and its current spelling; systemd keeps whichever it reads last: keep one in the unit first")]
+    );
+}
+
+/// Shaped like units operators publish: flags by alias or abbreviation, the start limits in
+/// `[Service]` (where systemd once kept them), no Description.
+const OPERATORS: &str = "\
+[Unit]
+After=network.target
+
+[Service]
+StartLimitInterval=60
+StartLimitBurst=3
+ExecStart=/opt/sglang/.venv/bin/python -m sglang.launch_server --model /models/Qwen3-32B --tp 4 --mem-fraction-static 0.80 --tensor-parallel-size 4 --trust-remote-code --host 0.0.0.0 --port 30000
+Restart=always
+";
+
+#[test]
+fn aliases_abbreviations_and_old_spellings_are_adopted_restarting_nothing() {
+    let unit = OPERATORS.replace(" --tensor-parallel-size 4", "");
+    let (verdict, imported) = round_trip(&files(&[(FRAGMENT, &unit)]));
+    assert_eq!(verdict, Verdict::ReloadOnly);
+    let yaml = &imported.yaml;
+    for written in [
+        "  model_path: /models/Qwen3-32B\n",
+        "    tp-size: 4\n",
+        "    mem-fraction-static: \"0.80\"\n",
+        "  StartLimitBurst: 3\n",
+        "  StartLimitIntervalSec: 60\n",
+    ] {
+        assert!(yaml.contains(written), "no `{written}` in\n{yaml}");
+    }
+    let m = parse("m.yaml", yaml).unwrap();
+    let desired = render(&m, &m.hosts[0]);
+    assert_eq!(
+        desired.model.settings.get("Unit.StartLimitBurst"),
+        Some(&vec!["3".to_string()]),
+        "rendered where systemd keeps it now"
+    );
+    for note in [
+        "--model is SGLang 0.5.23's --model-path",
+        "--tp is SGLang 0.5.23's --tp-size",
+        "StartLimitInterval= in [Service] is systemd's old spelling of StartLimitIntervalSec= in [Unit]",
+        "StartLimitBurst= in [Service] is systemd's old spelling of StartLimitBurst= in [Unit]",
+    ] {
+        assert!(
+            imported.notes.iter().any(|n| n.starts_with(note)),
+            "no note `{note}` in {:#?}",
+            imported.notes
+        );
+    }
+
+    // An alias stays as written: the unit's text is the manifest's.
+    let unit = OPERATORS.replace(" --tp 4", "");
+    let (_, imported) = round_trip(&files(&[(FRAGMENT, &unit)]));
+    assert!(
+        imported.yaml.contains("    tensor-parallel-size: 4\n"),
+        "{}",
+        imported.yaml
     );
 }
 

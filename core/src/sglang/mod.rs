@@ -15,7 +15,7 @@ mod env;
 mod finding;
 pub mod meaning;
 mod python;
-mod resolve;
+pub mod resolve;
 mod suggest;
 mod values;
 

@@ -28,6 +28,7 @@ pub struct UnitModel {
 /// links, install targets, and policies systemd reads only when the process exits or is stopped.
 pub fn takes_effect_without_restart(setting: &str) -> bool {
     let (section, key) = setting.split_once('.').unwrap_or(("", setting));
+    let (section, key) = current_spelling(section, key).unwrap_or((section, key));
     match section {
         "Unit" | "Install" => true,
         "Service" => matches!(
@@ -48,6 +49,23 @@ pub fn takes_effect_without_restart(setting: &str) -> bool {
         ),
         _ => false,
     }
+}
+
+/// Where systemd keeps a setting written in its old place or under its old name: these five moved
+/// from `[Service]` to `[Unit]` (systemd's `load-fragment-gperf.gperf`: "only exist for
+/// compatibility, they moved into Unit"), and `StartLimitInterval=` is `StartLimitIntervalSec=`.
+/// `None` for a setting already written the current way.
+pub fn current_spelling(section: &str, key: &str) -> Option<(&'static str, &'static str)> {
+    let moved = match key {
+        "StartLimitInterval" => "StartLimitIntervalSec",
+        "StartLimitBurst" => "StartLimitBurst",
+        "StartLimitAction" => "StartLimitAction",
+        "FailureAction" => "FailureAction",
+        "RebootArgument" => "RebootArgument",
+        _ => return None,
+    };
+    let legacy = section == "Service" || (section == "Unit" && key != moved);
+    legacy.then_some(("Unit", moved))
 }
 
 /// `[Unit]` settings that name other units: each assignment adds to the list.
@@ -105,10 +123,13 @@ pub fn is_list_setting(setting: &str) -> bool {
 
 /// Which section a setting from the manifest's `systemd:` map belongs in.
 pub fn section_of(key: &str) -> &'static str {
-    const UNIT: [&str; 4] = [
+    const UNIT: [&str; 7] = [
         "StartLimitIntervalSec",
         "StartLimitBurst",
         "StartLimitAction",
+        "FailureAction",
+        "SuccessAction",
+        "RebootArgument",
         "JobTimeoutSec",
     ];
     if DEPENDENCIES.contains(&key)
