@@ -151,6 +151,19 @@ for n in (1, 4, 8, 16):
     rt = trips(traced(v1, "plan", *host_args(hosts))[2])
     print(f"{'dry-run, ' + str(n) + ' hosts':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f} {rt:>17}")
 
+# A change that restarts the server (another RELEASE): the deep check runs on every host the first
+# time (the host's SGLang parses the arguments); the same change planned again, as CI plans each
+# push of a pull request, reads the verdict each host kept (target: <= 1.2x the floor).
+firsts, agains = [], []
+for r in range(REPEATS):
+    changed = write(manifest(HOSTS, release=f"deep-{r}-{time.time_ns()}"))
+    firsts.append(reconcile(changed, "plan", *host_args(HOSTS))[0])
+    agains.append(reconcile(changed, "plan", *host_args(HOSTS))[0])
+base = median_of(lambda: floor(HOSTS))
+for what, times in (("restarting change, first plan", firsts), ("the same change again", agains)):
+    ours = statistics.median(times)
+    print(f"{what + ', 16':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f}")
+
 # The peer: Ansible's --check --diff of the same rendered unit on the same hosts, in pairs with
 # reconcile's dry-run (bench/ansible.py says which of Ansible's fast settings it uses).
 check = ansible_peer.check_runs(SSH_CONFIG, HOSTS, UNIT, ansible_peer.render_units(BIN, v1, HOSTS),

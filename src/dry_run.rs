@@ -210,7 +210,7 @@ mod tests {
         let s2 = format!("{}/s2.service", crate::plan::UNIT_DIR);
         let s2_text = targets[1].desired.text.clone();
         let files = [(s2.clone(), s2_text)];
-        let (deep, accepted) = preflight::deep_command("/venv/bin/python3");
+        let (deep, accepted) = preflight::deep_command();
         let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
         let fake = FakeHost::new("gpu-a")
             .on_with(&["sh", "-c"], move |argv, _| {

@@ -795,7 +795,7 @@ mod tests {
         let t = crate::targets::targets(&[m], &Default::default())
             .unwrap()
             .remove(0);
-        let (deep, _) = crate::preflight::deep_command("/venv/bin/python3");
+        let (deep, _) = crate::preflight::deep_command();
         let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
         let reason = "ValueError: Warning: User-specified context_length (1000000) is greater than the derived context_length (2048).";
         let answer = format!(

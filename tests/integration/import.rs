@@ -346,3 +346,52 @@ fn a_command_line_sglang_reads_the_same_way_restarts_nothing() {
     );
     stop(unit);
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn an_operators_aliases_and_old_spellings_are_adopted_restarting_nothing() {
+    let unit = "t-import-operator.service";
+    // As operators publish them: `--model` and `--tp` for `--model-path` and `--tp-size`, a
+    // fraction with a trailing zero, the start limits in `[Service]`, no Description.
+    let text = format!(
+        "[Unit]\nAfter=network.target\n\n[Service]\nStartLimitInterval=60\nStartLimitBurst=3\n{}\nExecStart=/usr/bin/python3 -m sglang.launch_server --model /models/test --tp 2 --mem-fraction-static 0.80 --port 37208\nRestart=always\n",
+        stand_in(54)
+    );
+    start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
+    let (yaml, stderr, plan) = round_trip(unit, &[]);
+    for written in [
+        "  model_path: /models/test\n",
+        "    tp-size: 2\n",
+        "    mem-fraction-static: \"0.80\"\n",
+        "  StartLimitBurst: 3\n",
+        "  StartLimitIntervalSec: 60\n",
+    ] {
+        assert!(yaml.contains(written), "no `{written}` in\n{yaml}");
+    }
+    for note in [
+        "--model is SGLang 0.5.23's --model-path",
+        "--tp is SGLang 0.5.23's --tp-size",
+        "StartLimitBurst= in [Service] is systemd's old spelling",
+    ] {
+        assert!(stderr.contains(note), "no `{note}` in {stderr}");
+    }
+    let diff = plan["diff"].as_str().unwrap();
+    let changed = |sign: char, text: &str| {
+        diff.lines()
+            .any(|l| l.starts_with(sign) && l.contains(text))
+    };
+    assert!(
+        changed('-', " --tp 2 ") && changed('+', "--tp-size 2 "),
+        "{diff}"
+    );
+    // systemd reads the limits where the manifest put them.
+    let limits = lab().sh(
+        IMPORT,
+        &format!("systemctl show -p StartLimitBurst,StartLimitIntervalUSec {unit}"),
+    );
+    assert!(
+        limits.contains("StartLimitBurst=3") && limits.contains("StartLimitIntervalUSec=1min"),
+        "{limits}"
+    );
+    stop(unit);
+}

@@ -383,7 +383,7 @@ pub const LEASES: &[Lease] = &[
     Lease {
         user: "preflight.rs (plans only)",
         hosts: &["rl3"],
-        ports: 33000..33010,
+        ports: 33000..33011,
         gpus: NO_GPUS,
     },
     APPLY_1,

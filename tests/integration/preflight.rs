@@ -326,3 +326,61 @@ fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
         ["the model path /models/t-pre-absent does not exist on the host"]
     );
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
+    // A model folder of its own, whose config.json the test edits.
+    let model = "/var/tmp/t-pre-kept-model";
+    lab().sh(
+        HOST,
+        &format!("rm -rf {model} && mkdir -p {model} && echo '{{\"max_position_embeddings\": 2048}}' > {model}/config.json"),
+    );
+    let text = service("t-pre-kept", 33010).model_path(model);
+    let planned = || plan_json(&[("a.yaml", &text)], &["-v"]);
+    let kept_as = |stderr: &str, said: &str| -> Option<String> {
+        let line = stderr.lines().find(|l| l.contains(said))?;
+        let path = line.split(said).nth(1)?;
+        Some(path.split(|c| c == ')' || c == ' ').next()?.to_string())
+    };
+    const KEPT: &str = "the deep check's verdict is kept on the host as ";
+    const READ: &str = "the deep check's verdict for these inputs was kept on the host (";
+
+    // A new unit: the check runs, and its verdict is kept.
+    let (code, json, stderr) = planned();
+    assert_eq!(code, 2, "{json:#}");
+    let path = kept_as(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
+    assert!(path.starts_with("/var/lib/reconcile/deep-check/"), "{path}");
+    assert_eq!(kept_as(&stderr, READ), None, "{stderr}");
+    let mode = lab().sh(HOST, &format!("stat -c %a {path}"));
+    assert_eq!(mode.trim(), "600");
+
+    // The same change again reads it: what the host keeps is what the plan says. (A verdict
+    // written here in its place shows that the check did not run.)
+    let refusal = "#reconcile-deep {\"verdict\": \"refused\", \"stage\": \"model-config\", \"flag\": \"model-path\", \"reason\": \"kept: not run again\", \"unchecked\": []}";
+    lab().sh(HOST, &format!("echo '{refusal}' > {path}"));
+    let (code, json, stderr) = planned();
+    assert_eq!(
+        kept_as(&stderr, READ).as_deref(),
+        Some(path.as_str()),
+        "{stderr}"
+    );
+    assert_eq!(code, 1, "{json:#}");
+    let messages = messages_of(&json["units"][0], "deep");
+    assert!(
+        messages.len() == 1 && messages[0].ends_with("arguments: kept: not run again"),
+        "{messages:?}"
+    );
+
+    // Another config.json is another check, which accepts it again.
+    lab().sh(
+        HOST,
+        &format!("echo '{{\"max_position_embeddings\": 4096}}' > {model}/config.json"),
+    );
+    let (code, json, stderr) = planned();
+    assert_eq!(code, 2, "{json:#}");
+    assert_eq!(kept_as(&stderr, READ), None, "{stderr}");
+    let again = kept_as(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
+    assert_ne!(again, path);
+    lab().sh(HOST, &format!("rm -rf {model} {path} {again}"));
+}

@@ -140,6 +140,30 @@ struct Answer {
     unchecked: Vec<String>,
 }
 
+/// The deep check's verdict kept on the host for its inputs, as the answer line a later plan of
+/// the same inputs reads instead of running the check (`None`: nothing to keep). Only SGLang's own
+/// answers are kept: a check that could not run, or ran past its limit, said nothing about the
+/// inputs. A refusal's reason is kept as `redact` leaves it (a secret value never reaches the
+/// host's disk).
+pub fn kept_answer(
+    deep: &Deep,
+    unchecked: &[String],
+    redact: impl Fn(&str) -> String,
+) -> Option<String> {
+    let answer = match deep {
+        Deep::Accepted => serde_json::json!({ "verdict": "accepted", "unchecked": unchecked }),
+        Deep::ParsedOnly(why) => serde_json::json!({
+            "verdict": "gpu", "reason": redact(why), "unchecked": unchecked
+        }),
+        Deep::Refused(r) => serde_json::json!({
+            "verdict": "refused", "stage": r.stage, "flag": r.flag, "reason": redact(&r.reason),
+            "unchecked": unchecked
+        }),
+        Deep::Unavailable(_) | Deep::TimedOut(_) => return None,
+    };
+    Some(format!("{ANSWER_PREFIX}{answer}\n"))
+}
+
 /// Reads the deep check's output: what SGLang answered, and what it could not check (and why).
 /// Without an answer line (the interpreter died, or an older script), the exit status decides as
 /// it used to: 0 accepted, 3 needs a GPU, anything else refused with stderr's last line.
@@ -299,6 +323,46 @@ mod tests {
 
     fn answer(json: &str) -> String {
         format!("some output\n{ANSWER_PREFIX}{json}\n")
+    }
+
+    #[test]
+    fn a_kept_verdict_reads_back_as_the_one_kept_and_without_its_secret() {
+        let unchecked = vec!["chat template: no tokenizer".to_string()];
+        let no_secret = |text: &str| text.replace("sk-1", "<redacted>");
+        for deep in [
+            Deep::Accepted,
+            Deep::ParsedOnly("needs a GPU".into()),
+            Deep::Refused(Refusal::new(
+                "arguments",
+                Some("api-key"),
+                "argument --api-key: invalid value 'sk-1'",
+            )),
+        ] {
+            let kept = kept_answer(&deep, &unchecked, no_secret).unwrap();
+            assert!(!kept.contains("sk-1"), "{kept}");
+            let (read, read_unchecked) = read_deep(0, &kept, "");
+            assert_eq!(read, no_secret_in(deep));
+            assert_eq!(read_unchecked, unchecked);
+        }
+        // What says nothing about the inputs is not kept.
+        assert_eq!(
+            kept_answer(&Deep::Unavailable("no sglang.srt".into()), &[], no_secret),
+            None
+        );
+        assert_eq!(
+            kept_answer(&Deep::TimedOut(DEEP_LIMIT), &[], no_secret),
+            None
+        );
+    }
+
+    fn no_secret_in(deep: Deep) -> Deep {
+        match deep {
+            Deep::Refused(mut r) => {
+                r.reason = r.reason.replace("sk-1", "<redacted>");
+                Deep::Refused(r)
+            }
+            deep => deep,
+        }
     }
 
     #[test]

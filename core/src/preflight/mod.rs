@@ -20,7 +20,9 @@ pub mod fleet;
 use std::collections::BTreeMap;
 
 pub use crate::finding::{has_errors, Finding, Severity};
-pub use deep::{read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT};
+pub use deep::{
+    kept_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
+};
 pub use fleet::{gpu_conflicts, split_devices};
 
 use crate::flags::flags;
