@@ -77,7 +77,15 @@ pub async fn import(options: &ImportOptions, ssh: &SshOptions) -> Result<Importe
 async fn import_from(host: &dyn Host, options: &ImportOptions) -> Result<Imported, Error> {
     let unit = unit_name(&options.unit);
     let files = unit_files(host, &unit).await?;
-    let version = match core_import::python(&unit, &files) {
+    // `<venv>/bin/sglang serve ...`: the Python is the one on the script's `#!` line.
+    let interpreter = match core_import::console_script(&unit, &files) {
+        Some(script) => interpreter_of(host, &script).await?,
+        None => None,
+    };
+    let python = interpreter
+        .clone()
+        .or_else(|| core_import::python(&unit, &files));
+    let version = match python {
         Some(python) => Some(sglang_version(host, &unit, &python).await?),
         // No ExecStart: the core says so, with the file.
         None => None,
@@ -88,11 +96,26 @@ async fn import_from(host: &dyn Host, options: &ImportOptions) -> Result<Importe
         files: &files,
         version: version.as_deref().unwrap_or(""),
         secret_env: &options.secret_env,
+        interpreter: interpreter.as_deref(),
     };
     core_import::import(&request).map_err(|errors| Error::Inexpressible {
         host: options.host.clone(),
         errors,
     })
+}
+
+/// The Python a console script runs: the absolute path on its `#!` line (pip writes one), or
+/// `None` when it names none (`#!/usr/bin/env python3`, which a manifest cannot).
+async fn interpreter_of(host: &dyn Host, script: &str) -> Result<Option<String>, Error> {
+    let out = host
+        .run(&["sh", "-c", "head -n 1 -- \"$1\"", "sh", script])
+        .await?;
+    Ok(shebang_python(&out.stdout))
+}
+
+fn shebang_python(first_line: &str) -> Option<String> {
+    let program = first_line.strip_prefix("#!")?.split_whitespace().next()?;
+    (program.starts_with('/') && !program.ends_with("/env")).then(|| program.to_string())
 }
 
 /// `sglang-qwen` is `sglang-qwen.service`, as every other command reads it.
@@ -205,6 +228,20 @@ mod tests {
         assert_eq!(unit_name("sglang-qwen"), "sglang-qwen.service");
         assert_eq!(unit_name("sglang-qwen.service"), "sglang-qwen.service");
         assert_eq!(unit_name("qwen3.5"), "qwen3.5.service");
+    }
+
+    #[test]
+    fn a_console_scripts_python_is_the_absolute_one_on_its_first_line() {
+        assert_eq!(
+            shebang_python("#!/opt/venv/bin/python3\n").as_deref(),
+            Some("/opt/venv/bin/python3")
+        );
+        assert_eq!(
+            shebang_python("#!/usr/bin/python3 -E\n").as_deref(),
+            Some("/usr/bin/python3")
+        );
+        assert_eq!(shebang_python("#!/usr/bin/env python3\n"), None);
+        assert_eq!(shebang_python("import sys\n"), None);
     }
 
     #[test]

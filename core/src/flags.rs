@@ -3,6 +3,17 @@
 
 use std::collections::BTreeMap;
 
+/// The server's arguments in an ExecStart argv: what follows `<python> -m sglang.launch_server`,
+/// or `<sglang console script> serve` (both parse them alike).
+pub fn server_args(argv: &[String]) -> &[String] {
+    let entry = if argv.get(1).is_some_and(|a| a == "serve") {
+        2
+    } else {
+        3
+    };
+    argv.get(entry..).unwrap_or_default()
+}
+
 /// Splits an argv into the command before the first `--flag` and the flags with their values.
 pub fn flags(argv: &[String]) -> (Vec<String>, BTreeMap<String, String>) {
     let start = argv

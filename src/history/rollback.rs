@@ -306,6 +306,7 @@ pub fn restore_target(
         }],
         sglang: SglangSpec {
             python: String::new(),
+            console_script: None,
             version: String::new(),
             model_path: String::new(),
             served_model_name: None,
@@ -323,8 +324,14 @@ pub fn restore_target(
         drain: None,
         dropins: Default::default(),
     });
-    if let Some(python) = command.first() {
-        m.sglang.python = python.clone();
+    // The restored unit's own entry point: `<script> serve`, or `<python> -m ...`.
+    match command.as_slice() {
+        [script, serve] if serve == "serve" => m.sglang.console_script = Some(script.clone()),
+        [python, ..] => {
+            m.sglang.python = python.clone();
+            m.sglang.console_script = None;
+        }
+        [] => {}
     }
     if let Some(path) = unit_flags.get("model-path") {
         m.sglang.model_path = path.clone();

@@ -366,7 +366,7 @@ const DEEP_NAME: &str = "deep check";
 /// sglang.launch_server <args>`), each its own argument. The wrapper's first line names it for
 /// traces.
 fn deep_argv(kept: &Kept, python: &str, exec_start: &[String]) -> Vec<String> {
-    let args = exec_start.get(3..).unwrap_or_default();
+    let args = reconcile_core::flags::server_args(exec_start);
     let mut argv: Vec<String> = [
         "sh",
         "-c",

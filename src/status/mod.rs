@@ -324,6 +324,12 @@ fn against_process(
 /// systemd executes the unit's argv as it is, so any difference at all means another unit started
 /// the process. Secret values are never shown.
 fn argv_differences(running: &[String], unit: &[String], redactor: &Redactor) -> Vec<String> {
+    // A script (`sglang serve`) runs under the interpreter on its `#!` line, which the kernel puts
+    // first in the process's argv.
+    let running = match (running.get(1), unit.first()) {
+        (Some(script), Some(first)) if script == first => &running[1..],
+        _ => running,
+    };
     if running == unit {
         return Vec::new();
     }
@@ -547,6 +553,31 @@ mod tests {
 
     fn classes(f: &Facts) -> Vec<Class> {
         classify(f, &Redactor::default()).0
+    }
+
+    #[test]
+    fn a_console_script_runs_under_its_interpreter_which_is_no_difference() {
+        let unit = UNIT.replace(
+            "/usr/bin/python3 -m sglang.launch_server",
+            "/venv/bin/sglang serve",
+        );
+        let mut f = synced();
+        f.desired_text = unit.clone();
+        f.disk_text = Some(unit.clone());
+        f.record = Some(record(&unit));
+        let mut proc = running(&unit);
+        proc.argv.insert(0, "/venv/bin/python3".into());
+        f.running = Some(proc);
+        assert_eq!(classes(&f), [Class::InSync]);
+        // Another script, or the same one under `-m`, is still a difference.
+        let mut other = running(&unit);
+        other.argv[0] = "/venv/bin/other".into();
+        f.running = Some(other);
+        assert!(
+            classes(&f).contains(&Class::NotRestarted),
+            "{:?}",
+            classes(&f)
+        );
     }
 
     #[test]

@@ -395,3 +395,32 @@ fn an_operators_aliases_and_old_spellings_are_adopted_restarting_nothing() {
     );
     stop(unit);
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_unit_that_runs_sglang_serve_is_adopted_with_its_console_script() {
+    let unit = "t-import-serve.service";
+    // SGLang 0.5.23's console script, which pip installed with the host's Python on its `#!` line.
+    let text = format!(
+        "[Unit]\nDescription=sglang serve\n\n[Service]\n{}\nExecStart=/usr/local/bin/sglang serve --model-path /models/test --tp-size 2 --port 37209\n",
+        stand_in(56)
+    );
+    start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
+    let (argv, _) = running(unit);
+    assert_eq!(argv[1..3], ["/usr/local/bin/sglang", "serve"], "{argv:?}");
+    let (yaml, _, plan) = round_trip(unit, &[]);
+    for written in [
+        "  python: /usr/bin/python3",
+        "  console_script: /usr/local/bin/sglang",
+    ] {
+        assert!(yaml.contains(written), "no `{written}` in\n{yaml}");
+    }
+    // Applied, reconcile's own unit runs the console script too.
+    let managed = lab().sh(IMPORT, &format!("cat {UNIT_DIR}/{unit}"));
+    assert!(
+        managed.contains("\nExecStart=/usr/local/bin/sglang serve "),
+        "{managed}"
+    );
+    assert_eq!(plan["verdict"], "reload_only", "{plan:#}");
+    stop(unit);
+}

@@ -341,7 +341,7 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     let kept_as = |stderr: &str, said: &str| -> Option<String> {
         let line = stderr.lines().find(|l| l.contains(said))?;
         let path = line.split(said).nth(1)?;
-        Some(path.split(|c| c == ')' || c == ' ').next()?.to_string())
+        Some(path.split([')', ' ']).next()?.to_string())
     };
     const KEPT: &str = "the deep check's verdict is kept on the host as ";
     const READ: &str = "the deep check's verdict for these inputs was kept on the host (";

@@ -32,6 +32,8 @@ pub enum Written {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Command {
     pub python: String,
+    /// ExecStart's `sglang` console script, run as `<script> serve ...`.
+    pub console_script: Option<String>,
     pub model_path: String,
     pub served_model_name: Option<String>,
     pub host: Option<String>,
@@ -44,28 +46,44 @@ pub struct Command {
 }
 
 /// Reads `argv` (ExecStart's, as systemd runs it) into a [`Command`]; every problem found is a
-/// message for the ExecStart line.
+/// message for the ExecStart line. `interpreter` is the Python on the `#!` line of a console
+/// script ExecStart runs (`<script> serve ...`).
 pub fn read(
     argv: &[String],
+    interpreter: Option<&str>,
     catalog: Option<&Catalog>,
     redactor: &Redactor,
 ) -> Result<Command, Vec<String>> {
     let mut problems = Vec::new();
-    let (python, rest) = match argv {
+    let mut command = Command::default();
+    let rest = match argv {
         [python, m, module, rest @ ..] if m == "-m" && module == "sglang.launch_server" => {
-            (python.clone(), rest)
+            command.python = python.clone();
+            rest
+        }
+        [script, serve, rest @ ..] if serve == "serve" && is_console_script(script) => {
+            if !script.starts_with('/') {
+                problems.push(format!(
+                    "ExecStart's `{script}` is not an absolute path, which a manifest's sglang.console_script must be"
+                ));
+            }
+            match interpreter {
+                Some(python) => command.python = python.to_string(),
+                None => problems.push(format!(
+                    "the Python of `{script}` (its `#!` line) could not be read, and a manifest names it as sglang.python"
+                )),
+            }
+            command.console_script = Some(script.clone());
+            rest
         }
         _ => return Err(vec![not_sglang(argv)]),
     };
-    if !python.starts_with('/') {
+    let python = &command.python;
+    if !python.is_empty() && !python.starts_with('/') {
         problems.push(format!(
             "ExecStart's Python `{python}` is not an absolute path, which a manifest's sglang.python must be"
         ));
     }
-    let mut command = Command {
-        python,
-        ..Command::default()
-    };
     // By the flag each name means, with the name written first, to tell a repeat.
     let mut seen: Vec<(String, String)> = Vec::new();
     let mut port = None;
@@ -130,6 +148,11 @@ pub fn read(
     }
 }
 
+/// SGLang's console script, by its name (`sglang`, as its package installs it).
+pub fn is_console_script(program: &str) -> bool {
+    program.rsplit('/').next() == Some("sglang")
+}
+
 /// Why an ExecStart is not one a manifest renders; a container runtime is named as such, since
 /// the SGLang inside it (its image, its Python) is out of reconcile's reach.
 fn not_sglang(argv: &[String]) -> String {
@@ -143,7 +166,7 @@ fn not_sglang(argv: &[String]) -> String {
         );
     }
     format!(
-        "ExecStart runs `{shown}`, not `<python> -m sglang.launch_server ...`, the only command reconcile renders"
+        "ExecStart runs `{shown}`, not `<python> -m sglang.launch_server ...` or `<venv>/bin/sglang serve ...`, the commands reconcile renders"
     )
 }
 
@@ -355,6 +378,7 @@ mod tests {
     fn flags_are_typed_by_the_catalog() {
         let c = read(
             &argv("/usr/bin/python3 -m sglang.launch_server --model-path /m --tp-size 4 --mem-fraction-static 0.85 --enable-metrics --numa-node 0 1 --context-length 128k --port 30000 --api-key sk-1"),
+            None,
             catalog(),
             &Redactor::default(),
         )
@@ -390,6 +414,7 @@ mod tests {
     fn aliases_stay_as_written_and_abbreviations_are_written_in_full() {
         let c = read(
             &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --tensor-parallel-size 4 --port 30000 --served 'q'"),
+            None,
             catalog(),
             &Redactor::default(),
         );
@@ -398,12 +423,14 @@ mod tests {
             .contains("--tp-size is given twice (as --tp and --tensor-parallel-size)"));
         let c = read(
             &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --dp-size 2 --data-parallel 1 --served q --port 30000"),
+            None,
             catalog(),
             &Redactor::default(),
         );
         assert!(c.unwrap_err()[0].contains("--dp-size is given twice"));
         let c = read(
             &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --data-parallel-size 2 --served q --port 30000"),
+            None,
             catalog(),
             &Redactor::default(),
         )
@@ -445,7 +472,8 @@ mod tests {
 
     #[test]
     fn what_a_manifest_cannot_write_is_named() {
-        let problems = |line: &str| read(&argv(line), catalog(), &Redactor::default()).unwrap_err();
+        let problems =
+            |line: &str| read(&argv(line), None, catalog(), &Redactor::default()).unwrap_err();
         let p = problems("/bin/sh -c true");
         assert!(
             p[0].contains("not `<python> -m sglang.launch_server"),

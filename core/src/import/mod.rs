@@ -51,6 +51,9 @@ pub struct Request<'a> {
     pub version: &'a str,
     /// Env names to treat as secret besides those that look secret (the manifest's `secret_env`).
     pub secret_env: &'a [String],
+    /// The Python on the `#!` line of the console script ExecStart runs (`<script> serve`, see
+    /// [`console_script`]); the manifest names it as `sglang.python`.
+    pub interpreter: Option<&'a str>,
 }
 
 /// The manifest written, and what its user must know.
@@ -133,12 +136,23 @@ pub fn effective(files: &[UnitFile]) -> UnitModel {
     parse_unit(&text)
 }
 
-/// The Python the unit runs (ExecStart's first word), to read its SGLang version with.
+/// The Python the unit runs (ExecStart's first word), to read its SGLang version with; for a
+/// console script ([`console_script`]), the script, whose `#!` line names it.
 pub fn python(unit: &str, files: &[UnitFile]) -> Option<String> {
     effective(&own_files(unit, files).0)
         .exec_start
         .first()
         .cloned()
+}
+
+/// SGLang's console script when ExecStart runs it (`<venv>/bin/sglang serve ...`).
+pub fn console_script(unit: &str, files: &[UnitFile]) -> Option<String> {
+    match effective(&own_files(unit, files).0).exec_start.as_slice() {
+        [script, serve, ..] if serve == "serve" && argv::is_console_script(script) => {
+            Some(script.clone())
+        }
+        _ => None,
+    }
 }
 
 /// The manifest for `request`'s unit, or every value it cannot express.
@@ -318,7 +332,12 @@ impl<'a> Reader<'a> {
             self.fail_at(exec, format!("`{var}` in ExecStart is expanded by systemd from the unit's environment, which a manifest cannot write (reconcile writes `$` as `$$`): put its value in the unit first"));
             ok = false;
         }
-        match argv::read(&model.exec_start, self.catalog, &self.redactor) {
+        match argv::read(
+            &model.exec_start,
+            self.request.interpreter,
+            self.catalog,
+            &self.redactor,
+        ) {
             Ok(mut command) if ok => {
                 self.notes.append(&mut command.notes);
                 Some(command)

@@ -96,13 +96,18 @@ fn request<'a>(files: &'a [UnitFile], secret_env: &'a [String]) -> Request<'a> {
         files,
         version: "0.5.23",
         secret_env,
+        interpreter: None,
     }
 }
 
 /// Imports, then plans the imported manifest against the same unit (the files in force as one
 /// text): the verdict and the manifest.
 fn round_trip(files: &[UnitFile]) -> (Verdict, Imported) {
-    let imported = import(&request(files, &[])).unwrap_or_else(|e| panic!("{e}: {:#?}", e.errors));
+    round_trip_of(files, request(files, &[]))
+}
+
+fn round_trip_of(files: &[UnitFile], request: Request) -> (Verdict, Imported) {
+    let imported = import(&request).unwrap_or_else(|e| panic!("{e}: {:#?}", e.errors));
     let mut m = parse("manifests/imported.yaml", &imported.yaml)
         .unwrap_or_else(|e| panic!("{:?}\n{}", e.0, imported.yaml));
     let secrets: BTreeMap<String, String> = secret_values(files, &imported);
@@ -472,5 +477,50 @@ fn an_unknown_sglang_version_imports_untyped() {
         imported.notes[0].contains("no catalog of SGLang 9.9.9"),
         "{:?}",
         imported.notes
+    );
+}
+
+#[test]
+fn a_unit_that_runs_sglang_serve_round_trips_with_its_console_script() {
+    let unit = "[Unit]\nDescription=serve\n\n[Service]\nExecStart=/opt/sglang/.venv/bin/sglang serve --model-path /models/test --tp 2 --port 30000\n";
+    let fs = files(&[(FRAGMENT, unit)]);
+    assert_eq!(
+        console_script(UNIT, &fs).as_deref(),
+        Some("/opt/sglang/.venv/bin/sglang")
+    );
+    let with_python = Request {
+        interpreter: Some("/opt/sglang/.venv/bin/python3"),
+        ..request(&fs, &[])
+    };
+    let (_, imported) = round_trip_of(&fs, with_python);
+    let m = parse("m.yaml", &imported.yaml).unwrap();
+    assert_eq!(m.sglang.python, "/opt/sglang/.venv/bin/python3");
+    assert_eq!(
+        m.sglang.console_script.as_deref(),
+        Some("/opt/sglang/.venv/bin/sglang")
+    );
+    let desired = render(&m, &m.hosts[0]);
+    assert_eq!(
+        desired.model.exec_start[..4],
+        [
+            "/opt/sglang/.venv/bin/sglang",
+            "serve",
+            "--model-path",
+            "/models/test"
+        ]
+    );
+    assert_eq!(
+        crate::flags::server_args(&desired.model.exec_start)[..2],
+        ["--model-path", "/models/test"]
+    );
+
+    // Without the script's interpreter there is no python to name.
+    let e = refused(&[(FRAGMENT, unit)]);
+    assert_eq!(e.len(), 1, "{e:#?}");
+    assert!(
+        e[0].contains(
+            "the Python of `/opt/sglang/.venv/bin/sglang` (its `#!` line) could not be read"
+        ),
+        "{e:#?}"
     );
 }

@@ -65,6 +65,14 @@ pub fn manifest(
         &yaml::text(&c.python),
         parts.command_origin.as_deref(),
     );
+    if let Some(script) = &c.console_script {
+        out.entry(
+            2,
+            "console_script",
+            &yaml::text(script),
+            Some("ExecStart runs `sglang serve`; python is its #! interpreter"),
+        );
+    }
     out.entry(
         2,
         "version",

@@ -195,6 +195,9 @@ pub struct HostSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SglangSpec {
     pub python: String,
+    /// `Some`: ExecStart runs `<console_script> serve` (SGLang's `sglang` console script) rather
+    /// than `<python> -m sglang.launch_server`; the same server either way.
+    pub console_script: Option<String>,
     pub version: String,
     pub model_path: String,
     pub served_model_name: Option<String>,

@@ -151,6 +151,10 @@ struct RawRollout {
 #[serde(deny_unknown_fields)]
 struct RawSglang {
     python: String,
+    /// SGLang's `sglang` console script (`<venv>/bin/sglang`): the unit runs `<console_script>
+    /// serve ...`, 0.5.23's entry point, instead of `<python> -m sglang.launch_server ...`.
+    /// `python` is still the interpreter the checks run (the script's own, on its `#!` line).
+    console_script: Option<String>,
     version: Scalar,
     model_path: String,
     served_model_name: Option<String>,
@@ -502,6 +506,7 @@ impl RawManifest {
             group,
             sglang: SglangSpec {
                 python: self.sglang.python,
+                console_script: self.sglang.console_script,
                 version: self.sglang.version.0,
                 model_path: self.sglang.model_path,
                 served_model_name: self.sglang.served_model_name,

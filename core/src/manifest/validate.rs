@@ -271,6 +271,17 @@ impl Checker<'_> {
             );
         }
         self.no_control("python", &at("python"), &s.python);
+        if let Some(script) = &s.console_script {
+            if !script.starts_with('/') {
+                self.fail(
+                    &at("console_script"),
+                    format!(
+                        "`{script}` must be an absolute path (systemd runs no shell to find it)"
+                    ),
+                );
+            }
+            self.no_control("console_script", &at("console_script"), script);
+        }
         if s.version.is_empty()
             || !s
                 .version
@@ -790,6 +801,12 @@ mod tests {
         let text = "service: bad/name\nhosts: [a]\nsglang:\n  python: python3\n  version: 0.5.23\n  model_path: /m\n  port: 70000\n  flags:\n    port: 1\nenv: { 1X: a, OK: \"line\\nbreak\" }\n";
         let e = errors(text);
         assert_eq!(e.len(), 6, "{e:#?}");
+        let script = errors(&BASE.replace("sglang:\n", "sglang:\n  console_script: sglang\n"));
+        assert_eq!(script.len(), 1, "{script:#?}");
+        assert!(
+            script[0].contains("sglang.console_script: `sglang` must be an absolute path"),
+            "{script:#?}"
+        );
         assert!(
             e[0].starts_with("m.yaml:1:1: service: `bad/name` is not a valid unit name"),
             "{}",

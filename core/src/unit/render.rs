@@ -44,7 +44,10 @@ pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
 
 fn argv(m: &Manifest, host: &HostSpec) -> Vec<String> {
     let s = &m.sglang;
-    let mut argv = vec![s.python.clone(), "-m".into(), "sglang.launch_server".into()];
+    let mut argv = match &s.console_script {
+        Some(script) => vec![script.clone(), "serve".into()],
+        None => vec![s.python.clone(), "-m".into(), "sglang.launch_server".into()],
+    };
     let mut push = |name: &str, values: &[&str]| match values {
         // argparse would read a value starting with `-` as the next option; `=` keeps them together.
         [v] if v.starts_with('-') => argv.push(format!("--{name}={v}")),
