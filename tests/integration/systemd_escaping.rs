@@ -102,3 +102,28 @@ fn hostile_values_reach_the_process_exactly() {
     }
     lab().sh(ESCAPING, &format!("systemctl stop {}", units.join(" ")));
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn the_specifiers_a_unit_is_read_with_are_what_systemd_resolves() {
+    // Every specifier plan and import resolve without the host, run through a real systemd.
+    use reconcile_core::unit::specifier::fixed;
+    let letters: Vec<char> = "hugUGstSCLETV".chars().collect();
+    let written: Vec<String> = letters.iter().map(|c| format!("%{c}")).collect();
+    let unit = "t-esc-specifiers.service";
+    let out = "/run/t-esc-specifiers.out";
+    lab().put(
+        ESCAPING,
+        &format!("/etc/systemd/system/{unit}"),
+        &format!(
+            "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'printf \"%%s\\\\n\" \"$$@\" > {out}' sh {}\n",
+            written.join(" ")
+        ),
+    );
+    let resolved = lab().sh(
+        ESCAPING,
+        &format!("systemctl daemon-reload && systemctl start {unit} && cat {out}; rm -f {out} /etc/systemd/system/{unit}; systemctl daemon-reload"),
+    );
+    let expected: Vec<&str> = letters.iter().map(|&c| fixed(c).unwrap()).collect();
+    assert_eq!(resolved.lines().collect::<Vec<_>>(), expected);
+}

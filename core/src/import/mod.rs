@@ -23,7 +23,7 @@ use std::fmt;
 
 use crate::redact::Redactor;
 use crate::sglang::Catalog;
-use crate::unit::{current_spelling, parse_unit, section_of, UnitModel};
+use crate::unit::{current_spelling, parse_unit, section_of, specifier, UnitModel};
 
 pub use lines::split_cat;
 
@@ -220,6 +220,22 @@ impl<'a> Reader<'a> {
         (a.file > 0).then(|| format!("from {}:{}", self.own[a.file].path, a.line))
     }
 
+    /// Adopts the specifiers in `a`'s value that systemd resolves alike on every host (`%h`: the
+    /// unit is read with their values); refuses the others. False if any was refused.
+    fn specifiers(&mut self, a: &Assignment, setting: &str) -> bool {
+        let mut ok = true;
+        for (spec, value) in specifier::specifiers(&a.value) {
+            match value {
+                Some(value) => self.notes.push(format!("`{spec}` in {setting} is {value} to systemd's system manager on every host: the manifest writes {value} (a text change, no restart)")),
+                None => {
+                    self.fail_at(a, format!("`{spec}` in {setting} is a systemd specifier only the host or the unit's name resolves, which a manifest cannot write (reconcile writes `%` as `%%`): put its value in the unit first"));
+                    ok = false;
+                }
+            }
+        }
+        ok
+    }
+
     fn read(&mut self) -> Option<Imported> {
         let service = self.service()?;
         if self.own.is_empty() {
@@ -324,10 +340,7 @@ impl<'a> Reader<'a> {
             self.fail_at(exec, format!("ExecStart's `{prefix}` prefix changes how systemd runs the command, which a manifest cannot write"));
             ok = false;
         }
-        if let Some(spec) = specifier(&exec.value) {
-            self.fail_at(exec, format!("`{spec}` in ExecStart is a systemd specifier, which a manifest cannot write (reconcile writes `%` as `%%`): put its value in the unit first"));
-            ok = false;
-        }
+        ok &= self.specifiers(exec, "ExecStart");
         if let Some(var) = variable(&exec.value) {
             self.fail_at(exec, format!("`{var}` in ExecStart is expanded by systemd from the unit's environment, which a manifest cannot write (reconcile writes `$` as `$$`): put its value in the unit first"));
             ok = false;
@@ -364,9 +377,7 @@ impl<'a> Reader<'a> {
             .unwrap_or_default();
         let mut set_by: BTreeMap<String, &Assignment> = BTreeMap::new();
         for a in &lines {
-            if let Some(spec) = specifier(&a.value) {
-                self.fail_at(a, format!("`{spec}` in Environment= is a systemd specifier, which a manifest cannot write (reconcile writes `%` as `%%`)"));
-            }
+            self.specifiers(a, "Environment=");
             let one = parse_unit(&format!("[Service]\nEnvironment={}\n", a.value));
             for name in one.env.keys() {
                 set_by.insert(name.clone(), a);

@@ -524,3 +524,35 @@ fn a_unit_that_runs_sglang_serve_round_trips_with_its_console_script() {
         "{e:#?}"
     );
 }
+
+#[test]
+fn specifiers_every_host_resolves_alike_are_adopted_and_the_others_refused() {
+    let unit = "[Unit]\nDescription=specifiers\n\n[Service]\nEnvironment=HF_HOME=%C/hf\nExecStart=%h/venv/bin/python3 -m sglang.launch_server --model-path %S/models/q --port 30000\n";
+    let (verdict, imported) = round_trip(&files(&[(FRAGMENT, unit)]));
+    assert_eq!(verdict, Verdict::ReloadOnly);
+    let m = parse("m.yaml", &imported.yaml).unwrap();
+    assert_eq!(
+        (m.sglang.python.as_str(), m.sglang.model_path.as_str()),
+        ("/root/venv/bin/python3", "/var/lib/models/q")
+    );
+    assert_eq!(m.env["HF_HOME"], "/var/cache/hf");
+    assert!(
+        imported.notes.iter().any(|n| n
+            .starts_with("`%h` in ExecStart is /root to systemd's system manager on every host")),
+        "{:#?}",
+        imported.notes
+    );
+
+    let e = refused(&[(
+        FRAGMENT,
+        "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --served-model-name %N-%H\n",
+    )]);
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert!(
+        e[0].starts_with(&format!(
+            "{FRAGMENT}:2: `%N` in ExecStart is a systemd specifier only the host or the unit's name resolves"
+        )),
+        "{e:#?}"
+    );
+    assert!(e[1].contains("`%H` in ExecStart"), "{e:#?}");
+}

@@ -7,6 +7,7 @@
 mod escape;
 mod read;
 mod render;
+pub mod specifier;
 
 use std::collections::BTreeMap;
 
@@ -17,7 +18,8 @@ pub use render::{render, Desired};
 /// What a unit file means.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UnitModel {
-    /// `ExecStart=`'s argv, as systemd executes it (quotes, escapes, `%%` and `$$` resolved).
+    /// `ExecStart=`'s argv, as systemd executes it (quotes, escapes, `%%`, `$$` and the specifiers
+    /// every host resolves alike, `%h`, resolved: see [`specifier`]).
     pub exec_start: Vec<String>,
     pub env: BTreeMap<String, String>,
     /// Every other setting as `Section.Key`; a key given several times keeps its values in order.

@@ -46,7 +46,7 @@ pub fn parse_unit(text: &str) -> UnitModel {
             ("Service", "Environment") if value.is_empty() => model.env.clear(),
             ("Service", "Environment") => {
                 for word in split_words(value) {
-                    let word = word.replace("%%", "%");
+                    let word = super::specifier::resolve_fixed(&word);
                     if let Some((name, v)) = word.split_once('=') {
                         model.env.insert(name.to_string(), v.to_string());
                     }
@@ -113,7 +113,7 @@ pub fn assignments(text: &str) -> Vec<(String, bool)> {
 pub fn split_exec(value: &str) -> Vec<String> {
     let mut words: Vec<String> = split_words(value)
         .into_iter()
-        .map(|w| w.replace("%%", "%").replace("$$", "$"))
+        .map(|w| super::specifier::resolve_fixed(&w).replace("$$", "$"))
         .collect();
     if let Some(first) = words.first_mut() {
         // `-`, `@`, `:`, `+`, `!` prefixes change how systemd runs the binary, not what it runs.
