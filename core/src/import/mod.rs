@@ -342,8 +342,31 @@ impl<'a> Reader<'a> {
         }
         ok &= self.specifiers(exec, "ExecStart");
         if let Some(var) = variable(&exec.value) {
-            self.fail_at(exec, format!("`{var}` in ExecStart is expanded by systemd from the unit's environment, which a manifest cannot write (reconcile writes `$` as `$$`): put its value in the unit first"));
+            let name = var.trim_start_matches('$').trim_matches(['{', '}']);
+            let files: Vec<&str> = force
+                .get("Service.EnvironmentFile")
+                .into_iter()
+                .flatten()
+                .map(|a| a.value.as_str())
+                .collect();
+            let source = if model.env.contains_key(name) {
+                "the unit's Environment=".to_string()
+            } else if !files.is_empty() {
+                format!(
+                    "EnvironmentFile={} (its values stay on the host)",
+                    files.join(" ")
+                )
+            } else {
+                "the service manager's environment".to_string()
+            };
+            self.fail_at(exec, format!("`{var}` in ExecStart is expanded by systemd from {source}, which a manifest's command cannot refer to (reconcile writes `$` as `$$`): write its value in ExecStart first"));
             ok = false;
+            // A `$VAR` word alone becomes any number of words (`${VAR}` stays one): the flags
+            // cannot be read.
+            let splits = |w: &String| variable(w).as_deref() == Some(w) && !w.starts_with("${");
+            if model.exec_start.iter().any(splits) {
+                return None;
+            }
         }
         match argv::read(
             &model.exec_start,

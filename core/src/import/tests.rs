@@ -323,12 +323,12 @@ fn refused(parts: &[(&str, &str)]) -> Vec<String> {
 fn what_a_manifest_cannot_express_is_refused_with_its_line() {
     let e = refused(&[(
         FRAGMENT,
-        "[Service]\nType=simple\nExecStartPre=/bin/a\nExecStartPre=/bin/b\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp-size $TP --nope 1\n[X-Extra]\nKey=1\n",
+        "[Service]\nType=simple\nExecStartPre=/bin/a\nExecStartPre=/bin/b\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp-size ${TP} --nope 1\n[X-Extra]\nKey=1\n",
     )]);
     assert_eq!(e.len(), 5, "{e:#?}");
     assert!(
         e[0].starts_with(&format!(
-            "{FRAGMENT}:5: `$TP` in ExecStart is expanded by systemd"
+            "{FRAGMENT}:5: `${{TP}}` in ExecStart is expanded by systemd"
         )),
         "{e:#?}"
     );
@@ -555,4 +555,21 @@ fn specifiers_every_host_resolves_alike_are_adopted_and_the_others_refused() {
         "{e:#?}"
     );
     assert!(e[1].contains("`%H` in ExecStart"), "{e:#?}");
+}
+
+#[test]
+fn a_variable_in_execstart_is_refused_naming_where_systemd_takes_it_from() {
+    let e = refused(&[(
+        FRAGMENT,
+        "[Service]\nEnvironmentFile=/etc/default/sglang\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 $SGLANG_ARGS\n",
+    )]);
+    assert_eq!(
+        e,
+        [format!("{FRAGMENT}:3: `$SGLANG_ARGS` in ExecStart is expanded by systemd from EnvironmentFile=/etc/default/sglang (its values stay on the host), which a manifest's command cannot refer to (reconcile writes `$` as `$$`): write its value in ExecStart first")]
+    );
+    let e = refused(&[(
+        FRAGMENT,
+        "[Service]\nEnvironment=TP=2\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --tp-size ${TP}\n",
+    )]);
+    assert!(e[0].contains("from the unit's Environment="), "{e:#?}");
 }
