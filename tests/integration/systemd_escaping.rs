@@ -108,7 +108,7 @@ fn hostile_values_reach_the_process_exactly() {
 fn the_specifiers_a_unit_is_read_with_are_what_systemd_resolves() {
     // Every specifier plan and import resolve without the host, run through a real systemd.
     use reconcile_core::unit::specifier::fixed;
-    let letters: Vec<char> = "hugUGstSCLETV".chars().collect();
+    let letters: Vec<char> = "hugUGtSCLETV".chars().collect();
     let written: Vec<String> = letters.iter().map(|c| format!("%{c}")).collect();
     let unit = "t-esc-specifiers.service";
     let out = "/run/t-esc-specifiers.out";

@@ -509,6 +509,13 @@ fn a_unit_that_runs_sglang_serve_round_trips_with_its_console_script() {
             "/models/test"
         ]
     );
+    assert!(
+        desired.text.contains(
+            "\nExecStart=/opt/sglang/.venv/bin/sglang serve \\\n\t--model-path /models/test \\\n"
+        ),
+        "{}",
+        desired.text
+    );
     assert_eq!(
         crate::flags::server_args(&desired.model.exec_start)[..2],
         ["--model-path", "/models/test"]

@@ -118,13 +118,17 @@ impl Want {
         let (gpus, gpus_why) = gpus_needed(&flags);
         Want {
             unit: t.desired.unit.clone(),
-            python: t
-                .desired
-                .model
-                .exec_start
-                .first()
-                .cloned()
-                .unwrap_or_else(|| m.sglang.python.clone()),
+            // A console script's interpreter is the manifest's python, not ExecStart's program.
+            python: match &m.sglang.console_script {
+                Some(_) => m.sglang.python.clone(),
+                None => t
+                    .desired
+                    .model
+                    .exec_start
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| m.sglang.python.clone()),
+            },
             version: m.sglang.version.clone(),
             model_path: m.sglang.model_path.clone(),
             port: m.sglang.port,

@@ -190,11 +190,15 @@ fn write_setting(out: &mut String, key: &str, values: &[String]) {
     }
 }
 
-/// The program and its module on the first line, then one flag with its values per line, so a
-/// diff shows one line per changed flag.
+/// The program and its module (or `serve`) on the first line, then one flag with its values per
+/// line, so a diff shows one line per changed flag.
 fn write_exec_start(out: &mut String, argv: &[String]) {
     let quoted: Vec<String> = argv.iter().map(|a| quote_exec_arg(a)).collect();
-    let head = quoted.len().min(3);
+    let head = argv
+        .iter()
+        .position(|a| a.starts_with("--"))
+        .unwrap_or(argv.len())
+        .min(3);
     out.push_str("ExecStart=");
     out.push_str(&quoted[..head].join(" "));
     let mut line: Vec<&str> = Vec::new();

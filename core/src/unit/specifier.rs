@@ -5,14 +5,14 @@
 //! written: only the host knows them.
 
 /// What the system manager substitutes for `%c` on any host: its user's (root's) home, names and
-/// ids and shell (systemd's `get_home_dir` and `get_shell` answer `/root` and `/bin/sh` for uid 0
-/// without asking NSS; `User=` changes none of them), and its directory roots.
+/// ids (systemd's `get_home_dir` answers `/root` for uid 0 without asking NSS; `User=` changes
+/// none of them), and its directory roots. Not `%s`, root's shell, which the host's passwd says
+/// (`/bin/bash` on the test hosts).
 pub fn fixed(c: char) -> Option<&'static str> {
     Some(match c {
         'h' => "/root",
         'u' | 'g' => "root",
         'U' | 'G' => "0",
-        's' => "/bin/sh",
         't' => "/run",
         'S' => "/var/lib",
         'C' => "/var/cache",
