@@ -78,7 +78,7 @@ async fn run(argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError>
     });
     let mut child = command.spawn().map_err(transport)?;
     if let (Some(bytes), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin.write_all(bytes).await.map_err(transport)?;
+        super::input_taken(stdin.write_all(bytes).await).map_err(transport)?;
     }
     let out = child.wait_with_output().await.map_err(transport)?;
     Ok(Output {
@@ -86,4 +86,19 @@ async fn run(argv: &[&str], input: Option<&[u8]>) -> Result<Output, RemoteError>
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_command_that_exits_before_reading_its_input_is_judged_by_its_exit() {
+        // More than a pipe holds (64 KiB), so the write meets the closed pipe.
+        let input = vec![b'x'; 4 << 20];
+        let out = run(&["sh", "-c", "echo refused >&2; exit 3"], Some(&input))
+            .await
+            .unwrap();
+        assert_eq!((out.status, out.stderr.as_str()), (3, "refused\n"));
+    }
 }

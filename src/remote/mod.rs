@@ -164,6 +164,16 @@ pub async fn connect(name: &str, options: &SshOptions) -> Result<Box<dyn Host>, 
     Ok(Box::new(Traced::new(host?, trace.clone())))
 }
 
+/// The writing of a command's input, where a command that exited before reading all of it (its
+/// end of the pipe closed: `EPIPE`) is no failure of the transport: its exit status and stderr,
+/// read next, say why it stopped (a write to a read-only folder failed before reading the unit).
+pub(crate) fn input_taken(written: std::io::Result<()>) -> std::io::Result<()> {
+    match written {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => other,
+    }
+}
+
 /// A host to read from and act on. The required methods are what a way of reaching a host must
 /// provide; the provided ones are built on them, the same for every host.
 #[async_trait]

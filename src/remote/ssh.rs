@@ -214,7 +214,7 @@ impl SshHost {
             .map_err(|e| transport(Box::new(e)))?;
         if let (Some(bytes), Some(mut stdin)) = (input, child.stdin().take()) {
             let written = stdin.write_all(bytes).await.and(stdin.shutdown().await);
-            written.map_err(|e| transport(Box::new(e)))?;
+            super::input_taken(written).map_err(|e| transport(Box::new(e)))?;
         }
         let out = child
             .wait_with_output()
