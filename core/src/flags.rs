@@ -3,14 +3,16 @@
 
 use std::collections::BTreeMap;
 
+/// The console script an ExecStart argv runs as `<script> serve ...` (SGLang 0.5.23's entry
+/// point); `None` for `<python> -m sglang.launch_server ...`.
+pub fn console_script(argv: &[String]) -> Option<&String> {
+    argv.get(1).filter(|a| *a == "serve").and(argv.first())
+}
+
 /// The server's arguments in an ExecStart argv: what follows `<python> -m sglang.launch_server`,
 /// or `<sglang console script> serve` (both parse them alike).
 pub fn server_args(argv: &[String]) -> &[String] {
-    let entry = if argv.get(1).is_some_and(|a| a == "serve") {
-        2
-    } else {
-        3
-    };
+    let entry = if console_script(argv).is_some() { 2 } else { 3 };
     argv.get(entry..).unwrap_or_default()
 }
 

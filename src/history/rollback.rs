@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::gather::{read_deployments, Read};
 use super::{choose, skipped_lines, Choice};
 use crate::apply::{self, state, ApplyError, ApplyOptions, GitInfo, UnitReport};
-use crate::flags::flags;
+use crate::flags::{console_script, flags};
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
 use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::Target;
@@ -325,13 +325,13 @@ pub fn restore_target(
         dropins: Default::default(),
     });
     // The restored unit's own entry point: `<script> serve`, or `<python> -m ...`.
-    match command.as_slice() {
-        [script, serve] if serve == "serve" => m.sglang.console_script = Some(script.clone()),
-        [python, ..] => {
+    match (console_script(&model.exec_start), command.first()) {
+        (Some(script), _) => m.sglang.console_script = Some(script.clone()),
+        (None, Some(python)) => {
             m.sglang.python = python.clone();
             m.sglang.console_script = None;
         }
-        [] => {}
+        (None, None) => {}
     }
     if let Some(path) = unit_flags.get("model-path") {
         m.sglang.model_path = path.clone();

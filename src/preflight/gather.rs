@@ -246,7 +246,7 @@ async fn deep_check(
     let (deep, unchecked) = read_deep(out.status, &out.stdout, &out.stderr);
     match out.stdout.lines().next().and_then(|l| l.split_once(' ')) {
         Some((KEPT_LINE, key)) => {
-            tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict for these inputs was kept on the host ({KEPT_DIR}/{key}): not run again");
+            tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict for these inputs was kept on the host ({}/{key}): not run again", kept_dir());
         }
         // Only what SGLang answered is kept: not a check that died before its answer.
         Some((KEY_LINE, key)) if key != "none" && answered(&out.stdout) => {
@@ -255,7 +255,7 @@ async fn deep_check(
             if let Some(answer) = reconcile_core::preflight::kept_answer(&deep, &unchecked, redact)
             {
                 if kept.store(host, key, &answer).await {
-                    tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict is kept on the host as {KEPT_DIR}/{key}");
+                    tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict is kept on the host as {}/{key}", kept_dir());
                 }
             }
         }
@@ -275,7 +275,9 @@ fn answered(stdout: &str) -> bool {
 }
 
 /// Where the deep check's verdicts are kept on a host, one file a key, readable by root alone.
-const KEPT_DIR: &str = "/var/lib/reconcile/deep-check";
+fn kept_dir() -> String {
+    format!("{}/deep-check", crate::apply::state::STATE_DIR)
+}
 /// The first line of the check's output: the verdict was kept (`KEPT_LINE <key>`, the answer
 /// follows), or the check runs for inputs keyed `KEY_LINE <key>` (`none`: not to be kept).
 const KEPT_LINE: &str = "#reconcile-deep-kept";
@@ -303,13 +305,9 @@ impl Kept {
             .get("tokenizer-path")
             .cloned()
             .unwrap_or(model.clone());
-        let cwd: String = serde_json::from_str::<serde_json::Value>(input)
-            .ok()
-            .and_then(|v| v["cwd"].as_str().map(str::to_string))
-            .unwrap_or_else(|| "/".into());
         let template = match flag("chat-template") {
-            t if t.is_empty() || t.starts_with('/') => t,
-            relative => format!("{}/{relative}", cwd.trim_end_matches('/')),
+            path if path.is_empty() || path.starts_with('/') => path,
+            relative => format!("{}/{relative}", working_directory(t).trim_end_matches('/')),
         };
         let base = reconcile_core::digest::sha256(
             &serde_json::json!([version, DEEP_SCRIPT, exec_start, input]).to_string(),
@@ -324,7 +322,8 @@ impl Kept {
 
     /// Writes `answer` under `key`; a failure only costs the next plan a check.
     async fn store(&self, host: &dyn Host, key: &str, answer: &str) -> bool {
-        let argv = ["sh", "-c", KEPT_STORE, "sh", KEPT_DIR, key];
+        let dir = kept_dir();
+        let argv = ["sh", "-c", KEPT_STORE, "sh", &dir, key];
         let why = match host.run_with_input(&argv, Some(answer.as_bytes())).await {
             Ok(out) if out.status == 0 => return true,
             Ok(out) => out.stderr.trim().to_string(),
@@ -370,7 +369,7 @@ fn deep_argv(kept: &Kept, python: &str, exec_start: &[String]) -> Vec<String> {
     let mut argv: Vec<String> = [
         "sh",
         "-c",
-        &deep_wrapper(KEPT_DIR),
+        &deep_wrapper(&kept_dir()),
         "sh",
         &kept.base,
         &kept.model,
@@ -430,22 +429,28 @@ fn named(e: RemoteError) -> RemoteError {
 /// server will have (`SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`, `HF_HUB_OFFLINE`, ...) and
 /// relative paths resolve as the server's will.
 fn deep_input(t: &Target) -> String {
-    let model = &t.desired.model;
-    let cwd = model
+    let cwd = working_directory(t);
+    serde_json::json!({ "env": t.desired.model.env, "cwd": cwd }).to_string()
+}
+
+/// Where the server starts: an absolute `WorkingDirectory=` (a `-` prefix only makes it optional),
+/// else systemd's default, `/`.
+fn working_directory(t: &Target) -> &str {
+    t.desired
+        .model
         .settings
         .get("Service.WorkingDirectory")
         .and_then(|v| v.last())
         .map(|d| d.trim_start_matches('-'))
         .filter(|d| d.starts_with('/'))
-        .unwrap_or("/");
-    serde_json::json!({ "env": model.env, "cwd": cwd }).to_string()
+        .unwrap_or("/")
 }
 
 /// For fakes: the start of the deep check's command (its inputs and arguments follow), and the
 /// answer of a check SGLang accepted.
 #[cfg(test)]
 pub(crate) fn deep_command() -> (Vec<String>, String) {
-    let argv = vec!["sh".into(), "-c".into(), deep_wrapper(KEPT_DIR)];
+    let argv = vec!["sh".into(), "-c".into(), deep_wrapper(&kept_dir())];
     let accepted = format!(
         "{}{{\"verdict\": \"accepted\", \"unchecked\": []}}\n",
         super::ANSWER_PREFIX

@@ -298,14 +298,15 @@ fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, String> 
         return Ok(as_written(written));
     };
     let renamed = |name: &str, canonical: &str| {
-        Spelled {
-        name: name.to_string(),
-        canonical: canonical.to_string(),
-        note: Some(format!(
+        let note = format!(
             "--{written} is SGLang {}'s --{name}; the manifest writes {name}, and its unit says --{name} (a text change the plan reads as the same flag: a reload, no restart)",
             c.version
-        )),
-    }
+        );
+        Spelled {
+            name: name.to_string(),
+            canonical: canonical.to_string(),
+            note: Some(note),
+        }
     };
     match resolve(c, written) {
         Resolved::Exact(flag) => Ok(as_written(flag.name)),

@@ -147,12 +147,10 @@ pub fn python(unit: &str, files: &[UnitFile]) -> Option<String> {
 
 /// SGLang's console script when ExecStart runs it (`<venv>/bin/sglang serve ...`).
 pub fn console_script(unit: &str, files: &[UnitFile]) -> Option<String> {
-    match effective(&own_files(unit, files).0).exec_start.as_slice() {
-        [script, serve, ..] if serve == "serve" && argv::is_console_script(script) => {
-            Some(script.clone())
-        }
-        _ => None,
-    }
+    let exec_start = effective(&own_files(unit, files).0).exec_start;
+    crate::flags::console_script(&exec_start)
+        .filter(|script| argv::is_console_script(script))
+        .cloned()
 }
 
 /// The manifest for `request`'s unit, or every value it cannot express.
@@ -453,8 +451,8 @@ impl<'a> Reader<'a> {
                     continue;
                 }
                 "Unit.Description" => {
-                    match specifier(&last.value) {
-                        Some(spec) => self.fail_at(last, format!("`{spec}` in Description= is a systemd specifier, which a manifest's description cannot hold")),
+                    match specifier::specifiers(&last.value).into_iter().next() {
+                        Some((spec, _)) => self.fail_at(last, format!("`{spec}` in Description= is a systemd specifier, which a manifest's description cannot hold")),
                         None => description = Some((last.value.replace("%%", "%"), self.origin(last))),
                     }
                     continue;
@@ -531,21 +529,6 @@ impl<'a> Reader<'a> {
         }
         (description, systemd)
     }
-}
-
-/// The first `%` specifier in a value as written (`%%` is a literal `%`).
-fn specifier(raw: &str) -> Option<String> {
-    let mut chars = raw.chars();
-    while let Some(c) = chars.next() {
-        if c == '%' {
-            match chars.next() {
-                Some('%') => {}
-                Some(s) => return Some(format!("%{s}")),
-                None => return Some("%".into()),
-            }
-        }
-    }
-    None
 }
 
 /// The first `$NAME` or `${NAME}` systemd would substitute in a command line (`$$` is a `$`).
