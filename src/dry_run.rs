@@ -70,7 +70,7 @@ async fn plan_host(
     deep: DeepWhen,
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
-    let survey = match preflight::survey(host, targets, Ask::plan(STATE_DIR)).await {
+    let survey = match preflight::survey(host, targets, Ask::plan(STATE_DIR, deep)).await {
         Ok(Some(survey)) => survey,
         Ok(None) => {
             return stream::iter(targets)
@@ -249,6 +249,56 @@ mod tests {
             verdicts,
             [Verdict::Install, Verdict::NoChange, Verdict::Install]
         );
+    }
+
+    #[tokio::test]
+    async fn a_verdict_the_host_kept_for_the_same_sglang_costs_no_command_of_its_own() {
+        let targets = targets();
+        let refused = "#reconcile-deep {\"verdict\": \"refused\", \"stage\": \"model-config\", \"flag\": \"model-path\", \"reason\": \"kept\", \"unchecked\": []}\n";
+        // s1's verdict was kept by this SGLang, s3's by another: only s3 is checked again.
+        let kept = move |i: usize, version: &str| {
+            let stdout =
+                format!("#reconcile-deep-kept k{i}\n#reconcile-deep-version {version}\n{refused}");
+            let section = reconcile_core::survey::Section {
+                status: 0,
+                stdout,
+                stderr: String::new(),
+            };
+            reconcile_core::survey::encode(&format!("kept.{i}"), &section)
+        };
+        let (deep, accepted) = preflight::deep_command();
+        let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
+        let fake = FakeHost::new("gpu-a")
+            .on_with(&["sh", "-c"], move |argv, _| {
+                let answer = fake_answer(argv, "0.5.23", &[]);
+                let body = answer.strip_suffix(&reconcile_core::survey::end()).unwrap();
+                let kept = kept(0, "0.5.23") + &kept(2, "0.5.22");
+                Reply::ok(&(body.to_string() + &kept + &reconcile_core::survey::end()))
+            })
+            .on(&deep, Reply::ok(&accepted));
+        let outcomes = plan_host(&fake, &targets, DeepWhen::default(), &Redactor::default()).await;
+        let commands = fake.commands();
+        assert_eq!(commands.len(), 3, "{commands:?}");
+        let checked: Vec<&str> = commands[1..]
+            .iter()
+            .map(|c| c[c.len() - 1].as_str())
+            .collect();
+        assert_eq!(checked, ["30002", "30003"], "s1's verdict was kept");
+        let deep_errors = |o: &PlanOutcome| match o {
+            PlanOutcome::Planned(p) => p
+                .preflight
+                .iter()
+                .filter(|f| f.check == "deep")
+                .map(|f| f.message.clone())
+                .collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        let kept_refusal = deep_errors(&outcomes[0]);
+        assert!(
+            kept_refusal.len() == 1 && kept_refusal[0].ends_with("kept"),
+            "{kept_refusal:?}"
+        );
+        assert_eq!(deep_errors(&outcomes[2]), Vec::<String>::new());
     }
 
     #[tokio::test]

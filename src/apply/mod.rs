@@ -442,6 +442,7 @@ pub(super) async fn host_has_work(
     let ask = preflight::Ask {
         preflight: false,
         records: Some(state::STATE_DIR),
+        kept_deep: false,
     };
     match preflight::survey(host, targets, ask).await {
         Ok(Some(survey)) => targets.iter().any(|t| surveyed_work(&survey, t, options)),

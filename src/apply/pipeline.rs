@@ -325,6 +325,7 @@ async fn look(
     let ask = preflight::Ask {
         preflight: true,
         records: Some(state::STATE_DIR),
+        kept_deep: options.deep != preflight::DeepWhen::Never,
     };
     let (observed, survey) = match preflight::survey(host, std::slice::from_ref(t), ask).await {
         Ok(Some(survey)) => survey.observed(unit).map(|o| (o, Some(survey))),

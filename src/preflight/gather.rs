@@ -2,6 +2,7 @@
 //! Python path, the model path, the port) are positional arguments of fixed scripts, never part
 //! of a shell string.
 
+use super::kept::{self, Kept};
 use super::scripts::{ACCESS, LISTENERS, PYTHON, VERSION_SCRIPT};
 use super::survey::Survey;
 use super::{judge, read_deep, Access, Deep, DeepWhen, Facts, Finding, Gpus, Port, Python};
@@ -65,7 +66,9 @@ pub async fn check_surveyed(
         Some(checked) => checked?,
         None => checks(host, t).await?,
     };
-    let mut facts = with_deep(host, t, deep_for(deep, verdict), python, checked).await?;
+    let kept = survey.kept_deep(t, &python);
+    let deep = deep_for(deep, verdict);
+    let mut facts = with_deep(host, t, deep, python, checked, kept).await?;
     facts.main_pid = state.main_pid;
     Ok((judge(t, &facts), version))
 }
@@ -107,7 +110,7 @@ pub async fn check(
 async fn gather(host: &dyn Host, t: &Target, deep: Option<DeepWhen>) -> Result<Facts, RemoteError> {
     let want = super::Want::of(t);
     let (python, checked) = tokio::try_join!(sglang_version(host, &want.python), checks(host, t))?;
-    with_deep(host, t, deep, python, checked).await
+    with_deep(host, t, deep, python, checked, None).await
 }
 
 /// The facts besides the SGLang version, which the caller read already.
@@ -118,7 +121,7 @@ async fn host_facts(
     python: Python,
 ) -> Result<Facts, RemoteError> {
     let checked = checks(host, t).await?;
-    with_deep(host, t, deep, python, checked).await
+    with_deep(host, t, deep, python, checked, None).await
 }
 
 async fn checks(host: &dyn Host, t: &Target) -> Result<(Access, Gpus, Port), RemoteError> {
@@ -131,16 +134,19 @@ async fn checks(host: &dyn Host, t: &Target) -> Result<(Access, Gpus, Port), Rem
 }
 
 /// The facts, with the deep check's when it runs (`deep`) and the host's python has SGLang.
-/// The last argument is what [`checks`] read.
+/// The tuple is what [`checks`] read; `kept`, a verdict the survey found kept for this SGLang.
 async fn with_deep(
     host: &dyn Host,
     t: &Target,
     deep: Option<DeepWhen>,
     python: Python,
     (model_path, gpus, port): (Access, Gpus, Port),
+    kept: Option<&str>,
 ) -> Result<Facts, RemoteError> {
     let deep = match (&python, deep) {
-        (Python::Sglang(version), Some(when)) => Some(deep_check(host, t, when, version).await?),
+        (Python::Sglang(version), Some(when)) => {
+            Some(deep_check(host, t, when, version, kept).await?)
+        }
         _ => None,
     };
     Ok(Facts {
@@ -222,18 +228,22 @@ async fn read_one<T>(
 
 /// The deep check of one unit, within `when`'s limit. Run by default, a check past its limit is a
 /// warning (it could not say); asked for with `--deep`, it fails the unit's preflight, as before.
-/// SGLang's verdict is kept on the host, keyed by everything the check reads ([`Kept`]): a plan
-/// of the same change again (CI runs one per push) reads it instead of importing torch again.
+/// SGLang's verdict is kept on the host ([`kept`]): a verdict the survey found kept (`found`, its
+/// output) is read instead, and the check's own command looks one up again before it runs.
 async fn deep_check(
     host: &dyn Host,
     t: &Target,
     when: DeepWhen,
     version: &str,
+    found: Option<&str>,
 ) -> Result<Deep, RemoteError> {
+    if let Some(stdout) = found {
+        return Ok(when.shown(read_kept(host, t, stdout)));
+    }
     let python = super::Want::of(t).python;
     let input = deep_input(t);
-    let kept = Kept::of(t, version, &input);
-    let argv = deep_argv(&kept, &python, &t.desired.model.exec_start);
+    let kept = Kept::of(t, &python, DEEP_SCRIPT, &input, working_directory(t));
+    let argv = deep_argv(&kept, version, &python, &t.desired.model.exec_start);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let limit = when.limit();
     let out = match host.run_within(&argv, Some(input.as_bytes()), limit).await {
@@ -243,145 +253,81 @@ async fn deep_check(
         }
         Err(e) => return Err(named(e)),
     };
+    if let kept::Lookup::Kept { .. } = kept::read(&out.stdout) {
+        return Ok(when.shown(read_kept(host, t, &out.stdout)));
+    }
     let (deep, unchecked) = read_deep(out.status, &out.stdout, &out.stderr);
-    match out.stdout.lines().next().and_then(|l| l.split_once(' ')) {
-        Some((KEPT_LINE, key)) => {
-            tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict for these inputs was kept on the host ({}/{key}): not run again", kept_dir());
-        }
-        // Only what SGLang answered is kept: not a check that died before its answer.
-        Some((KEY_LINE, key)) if key != "none" && answered(&out.stdout) => {
+    // Only what SGLang answered is kept: not a check that died before its answer.
+    if let kept::Lookup::Keyed(key) = kept::read(&out.stdout) {
+        if answered(&out.stdout) {
             let redactor = crate::redact::Redactor::of_manifests([&*t.manifest]);
             let redact = |text: &str| redactor.redact_for(&t.desired.model, text);
             if let Some(answer) = reconcile_core::preflight::kept_answer(&deep, &unchecked, redact)
             {
-                if kept.store(host, key, &answer).await {
-                    tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict is kept on the host as {}/{key}", kept_dir());
+                if kept.store(host, key, version, &answer).await {
+                    tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict is kept on the host as {}/{key}", kept::kept_dir());
                 }
             }
         }
-        _ => {}
     }
-    for what in &unchecked {
+    Ok(when.shown(logged(host, t, deep, &unchecked)))
+}
+
+/// A kept verdict, from a lookup's output (`stdout`), read as the check's own would be.
+fn read_kept(host: &dyn Host, t: &Target, stdout: &str) -> Deep {
+    if let kept::Lookup::Kept { key, .. } = kept::read(stdout) {
+        tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict for these inputs was kept on the host ({}/{key}): not run again", kept::kept_dir());
+    }
+    let (deep, unchecked) = read_deep(0, stdout, "");
+    logged(host, t, deep, &unchecked)
+}
+
+/// The deep check's verdict, with what it could not check logged (`-v`).
+fn logged(host: &dyn Host, t: &Target, deep: Deep, unchecked: &[String]) -> Deep {
+    for what in unchecked {
         tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check did not check the {what}");
     }
     if let Deep::ParsedOnly(why) | Deep::Unavailable(why) = &deep {
         tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check was partial: {why}");
     }
-    Ok(when.shown(deep))
+    deep
 }
 
 fn answered(stdout: &str) -> bool {
     stdout.lines().any(|l| l.starts_with(super::ANSWER_PREFIX))
 }
 
-/// Where the deep check's verdicts are kept on a host, one file a key, readable by root alone.
-fn kept_dir() -> String {
-    format!("{}/deep-check", crate::apply::state::STATE_DIR)
+/// The arguments of the lookup of a unit's kept deep-check verdict, as the survey runs it for a
+/// unit that changes ([`kept::lookup_script`], for any version: the survey reads it beside).
+pub(super) fn kept_lookup(t: &Target) -> [String; 4] {
+    let python = super::Want::of(t).python;
+    let kept = Kept::of(
+        t,
+        &python,
+        DEEP_SCRIPT,
+        &deep_input(t),
+        working_directory(t),
+    );
+    let [base, model, tokenizer, template, _] = kept.lookup_args("");
+    [base, model, tokenizer, template].map(str::to_string)
 }
-/// The first line of the check's output: the verdict was kept (`KEPT_LINE <key>`, the answer
-/// follows), or the check runs for inputs keyed `KEY_LINE <key>` (`none`: not to be kept).
-const KEPT_LINE: &str = "#reconcile-deep-kept";
-const KEY_LINE: &str = "#reconcile-deep-key";
-
-/// Keys the deep check's verdict by everything it reads: the host's SGLang version and Python,
-/// the check itself, the unit's arguments, environment and working directory (hashed here), and
-/// the model's and tokenizer's top-level `*.json` and `*.jinja` files (config.json, the chat
-/// template in tokenizer_config.json) and a `--chat-template` file, hashed on the host. A model
-/// that is not a local folder (a hub id) is checked every time: what it reads is not on the host.
-struct Kept {
-    base: String,
-    model: String,
-    tokenizer: String,
-    template: String,
-}
-
-impl Kept {
-    fn of(t: &Target, version: &str, input: &str) -> Kept {
-        let exec_start = &t.desired.model.exec_start;
-        let (_, flags) = reconcile_core::flags::flags(exec_start);
-        let flag = |name: &str| flags.get(name).cloned().unwrap_or_default();
-        let model = flag("model-path");
-        let tokenizer = flags
-            .get("tokenizer-path")
-            .cloned()
-            .unwrap_or(model.clone());
-        let template = match flag("chat-template") {
-            path if path.is_empty() || path.starts_with('/') => path,
-            relative => format!("{}/{relative}", working_directory(t).trim_end_matches('/')),
-        };
-        let base = reconcile_core::digest::sha256(
-            &serde_json::json!([version, DEEP_SCRIPT, exec_start, input]).to_string(),
-        );
-        Kept {
-            base,
-            model,
-            tokenizer,
-            template,
-        }
-    }
-
-    /// Writes `answer` under `key`; a failure only costs the next plan a check.
-    async fn store(&self, host: &dyn Host, key: &str, answer: &str) -> bool {
-        let dir = kept_dir();
-        let argv = ["sh", "-c", KEPT_STORE, "sh", &dir, key];
-        let why = match host.run_with_input(&argv, Some(answer.as_bytes())).await {
-            Ok(out) if out.status == 0 => return true,
-            Ok(out) => out.stderr.trim().to_string(),
-            Err(e) => e.to_string(),
-        };
-        tracing::info!(
-            host = host.name(),
-            "the deep check's verdict was not kept: {why}"
-        );
-        false
-    }
-}
-
-/// Keeps the verdict on stdin as `$1/$2` (written whole, then renamed), and forgets verdicts no
-/// plan read for 30 days.
-const KEPT_STORE: &str = "# deep check: its verdict kept\numask 077; mkdir -p \"$1\" && cat > \"$1/.$2\" && mv -f \"$1/.$2\" \"$1/$2\"
-find \"$1\" -maxdepth 1 -type f -mtime +30 -delete 2>/dev/null; true";
-
-/// Before the check: the key of its inputs; a verdict kept under it is printed instead of running
-/// the check (and its file touched, so that it is not forgotten). Arguments: the key of the
-/// inputs known here, the model, tokenizer and chat-template paths, then the check's command.
-const KEPT_LOOKUP: &str = "base=$1 model=$2 tokenizer=$3 template=$4; shift 4
-key=none
-if [ -d \"$model\" ]; then
-  key=$({ printf '%s\\n' \"$base\"
-    for d in \"$model\" \"$tokenizer\"; do [ -d \"$d\" ] && cat \"$d\"/*.json \"$d\"/*.jinja 2>/dev/null; done
-    [ -f \"$template\" ] && cat \"$template\"; } | sha256sum | cut -c1-64)
-  kept=\"$KEPT_DIR/$key\"
-  if [ -f \"$kept\" ] && touch \"$kept\" 2>/dev/null; then echo \"#reconcile-deep-kept $key\"; cat \"$kept\"; exit 0; fi
-fi
-echo \"#reconcile-deep-key $key\"
-";
 
 /// The deep check in errors and traces (`--trace-remote` shows `command="deep check"`).
 const DEEP_NAME: &str = "deep check";
 
-/// The deep check's command: the lookup of a kept verdict ([`KEPT_LOOKUP`]), then the unit's
-/// Python running [`DEEP_SCRIPT`] with the unit's arguments (ExecStart is `<python> -m
-/// sglang.launch_server <args>`), each its own argument. The wrapper's first line names it for
-/// traces.
-fn deep_argv(kept: &Kept, python: &str, exec_start: &[String]) -> Vec<String> {
+/// The deep check's command: the lookup of a verdict kept for SGLang `version`
+/// ([`kept::lookup_script`]), then the unit's Python running [`DEEP_SCRIPT`] with the unit's
+/// arguments (ExecStart is `<python> -m sglang.launch_server <args>`), each its own argument. The
+/// wrapper's first line names it for traces.
+fn deep_argv(kept: &Kept, version: &str, python: &str, exec_start: &[String]) -> Vec<String> {
     let args = reconcile_core::flags::server_args(exec_start);
-    let mut argv: Vec<String> = [
-        "sh",
-        "-c",
-        &deep_wrapper(&kept_dir()),
-        "sh",
-        &kept.base,
-        &kept.model,
-        &kept.tokenizer,
-        &kept.template,
-        python,
-        "-c",
-        DEEP_SCRIPT,
-    ]
-    .into_iter()
-    .map(str::to_string)
-    .collect();
+    let wrapper = deep_wrapper(&kept::kept_dir());
+    let mut argv: Vec<String> = ["sh", "-c", &wrapper, "sh"]
+        .into_iter()
+        .chain(kept.lookup_args(version))
+        .chain([python, "-c", DEEP_SCRIPT])
+        .map(str::to_string)
+        .collect();
     argv.extend(args.iter().cloned());
     argv
 }
@@ -389,7 +335,8 @@ fn deep_argv(kept: &Kept, python: &str, exec_start: &[String]) -> Vec<String> {
 /// The deep check's shell: a kept verdict looked up in `kept_dir`, else the check run.
 fn deep_wrapper(kept_dir: &str) -> String {
     format!(
-        "# {DEEP_NAME}: the unit's SGLang checks its arguments and model config\nKEPT_DIR={kept_dir}\n{KEPT_LOOKUP}{PYTHON}"
+        "# {DEEP_NAME}: the unit's SGLang checks its arguments and model config\n{}{PYTHON}",
+        kept::lookup_script(kept_dir)
     )
 }
 
@@ -450,7 +397,7 @@ fn working_directory(t: &Target) -> &str {
 /// answer of a check SGLang accepted.
 #[cfg(test)]
 pub(crate) fn deep_command() -> (Vec<String>, String) {
-    let argv = vec!["sh".into(), "-c".into(), deep_wrapper(&kept_dir())];
+    let argv = vec!["sh".into(), "-c".into(), deep_wrapper(&kept::kept_dir())];
     let accepted = format!(
         "{}{{\"verdict\": \"accepted\", \"unchecked\": []}}\n",
         super::ANSWER_PREFIX
@@ -771,82 +718,6 @@ class TemplateManager:
         );
     }
 
-    /// Runs the deep check's shell here with `echo` for a Python: its output.
-    fn looked_up(kept_dir: &std::path::Path, model: &std::path::Path, template: &str) -> String {
-        let wrapper = super::deep_wrapper(kept_dir.to_str().unwrap());
-        let model = model.to_str().unwrap();
-        let out = Command::new("sh")
-            .args(["-c", &wrapper, "sh", "base", model, model, template])
-            .args(["/bin/echo", "-c", "the check ran"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    #[test]
-    fn a_kept_verdict_is_read_until_what_the_check_reads_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let (kept_dir, model) = (dir.path().join("kept"), dir.path().join("model"));
-        std::fs::create_dir(&model).unwrap();
-        std::fs::write(
-            model.join("config.json"),
-            "{\"max_position_embeddings\": 2048}",
-        )
-        .unwrap();
-        let first = looked_up(&kept_dir, &model, "");
-        let (line, rest) = first.split_once('\n').unwrap();
-        let key = line.strip_prefix("#reconcile-deep-key ").unwrap();
-        assert_eq!((key.len(), rest), (64, "-c the check ran\n"));
-        // Kept, it is printed instead of running the check.
-        let answer = "#reconcile-deep {\"verdict\": \"accepted\", \"unchecked\": []}\n";
-        let stored = Command::new("sh")
-            .args([
-                "-c",
-                super::KEPT_STORE,
-                "sh",
-                kept_dir.to_str().unwrap(),
-                key,
-            ])
-            .stdin(std::process::Stdio::piped())
-            .spawn()
-            .and_then(|mut child| {
-                use std::io::Write;
-                child.stdin.take().unwrap().write_all(answer.as_bytes())?;
-                child.wait()
-            })
-            .unwrap();
-        assert!(stored.success());
-        assert_eq!(
-            looked_up(&kept_dir, &model, ""),
-            format!("#reconcile-deep-kept {key}\n{answer}")
-        );
-        use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(kept_dir.join(key))
-            .unwrap()
-            .permissions()
-            .mode();
-        assert_eq!(mode & 0o077, 0, "readable by its owner alone: {mode:o}");
-        // Another config.json, a chat template file, or a model that is no folder: checked again.
-        std::fs::write(
-            model.join("config.json"),
-            "{\"max_position_embeddings\": 4096}",
-        )
-        .unwrap();
-        let changed = looked_up(&kept_dir, &model, "");
-        assert!(
-            changed.starts_with("#reconcile-deep-key ") && !changed.contains(key),
-            "{changed}"
-        );
-        let template = dir.path().join("t.jinja");
-        std::fs::write(&template, "{{ messages }}").unwrap();
-        let with_template = looked_up(&kept_dir, &model, template.to_str().unwrap());
-        assert_ne!(with_template, changed);
-        assert!(with_template.ends_with("-c the check ran\n"));
-        let hub = looked_up(&kept_dir, std::path::Path::new("Qwen/Qwen3-8B"), "");
-        assert_eq!(hub, "#reconcile-deep-key none\n-c the check ran\n");
-    }
-
     #[test]
     fn the_deep_check_reads_the_units_environment_on_stdin_never_its_argv() {
         let text = "service: s\nhosts: [h]\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: /models/m\n  port: 30000\nenv: { HF_TOKEN: hf_secret }\nsystemd: { WorkingDirectory: -/srv/s }\n";
@@ -859,14 +730,16 @@ class TemplateManager:
             input,
             serde_json::json!({"env": {"HF_TOKEN": "hf_secret"}, "cwd": "/srv/s"})
         );
-        let kept = super::Kept::of(&t, "0.5.23", &super::deep_input(&t));
-        let argv = super::deep_argv(&kept, "/venv/bin/python3", &t.desired.model.exec_start);
+        let python = "/venv/bin/python3";
+        let input = super::deep_input(&t);
+        let kept = super::Kept::of(&t, python, super::DEEP_SCRIPT, &input, "/srv/s");
+        let argv = super::deep_argv(&kept, "0.5.23", python, &t.desired.model.exec_start);
         assert!(!argv.iter().any(|a| a.contains("hf_secret")));
         assert_eq!(
-            argv[5..9],
-            ["/models/m", "/models/m", "", "/venv/bin/python3"]
+            argv[5..10],
+            ["/models/m", "/models/m", "", "0.5.23", "/venv/bin/python3"]
         );
-        assert_eq!(argv[11..], ["--model-path", "/models/m", "--port", "30000"]);
+        assert_eq!(argv[12..], ["--model-path", "/models/m", "--port", "30000"]);
         // `# name: ...` names a script in traces (`remote::command_name`).
         assert!(argv[2].starts_with("# deep check: "), "{}", argv[2]);
     }

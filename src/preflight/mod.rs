@@ -10,6 +10,7 @@
 //! default of ten per connection).
 
 mod gather;
+mod kept;
 mod scripts;
 pub mod survey;
 

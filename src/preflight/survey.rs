@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use reconcile_core::survey::{self, Fault, Sections};
 
-use super::{Access, Gpus, Port, Python, Want};
+use super::{Access, DeepWhen, Gpus, Port, Python, Want};
 use crate::digest::sha256;
 use crate::observed::{Observed, SHOW_PROPERTIES};
 use crate::plan::UNIT_DIR;
@@ -24,18 +24,21 @@ use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
 
 /// Arguments a unit takes in the script: name, unit path, sha256 of the rendered unit, model
-/// path, port, record path ("" for none).
-const PER_UNIT: usize = 6;
+/// path, port, record path ("" for none), then the lookup's of a kept deep-check verdict (the
+/// controller's half of its key, "" for no lookup; the model, tokenizer and chat-template paths).
+const PER_UNIT: usize = 10;
 
-/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$7` the fixed
-/// scripts of the parts (`scripts.rs`, and the unit's layers: `reconcile_core::layers`), then the number of Pythons and each, then the number of
-/// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
+/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$8` the fixed
+/// scripts of the parts (`scripts.rs`, the unit's layers: `reconcile_core::layers`, and the lookup
+/// of a kept deep-check verdict: `kept.rs`), then the number of Pythons and each, then the number
+/// of units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
+/// The lookup runs beside the version read it depends on, for any version: the caller compares.
 /// Every part writes to files of its own, never to the script's stdout, so a part that outlives
 /// its `timeout` cannot hold the session open. Without `base64` or `sha256sum` it exits 101 before
 /// printing anything: empty bodies would read as empty files.
 const SCRIPT: &str = r#"# survey: unit files, systemctl show, drop-ins, SGLang versions, model paths, nvidia-smi, ss, records
-t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6 lay=$7
-shift 7
+t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6 lay=$7 kept=$8
+shift 8
 command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 || exit 101
 command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
 d=$(mktemp -d) || exit 1
@@ -69,8 +72,9 @@ while [ "$i" -lt "$n" ]; do
     changed=1
     part "access.$i" sh -c "$acc" sh "$4"
     part "ports.$i" sh -c "$lis" sh "$5"
+    [ -n "$7" ] && part "kept.$i" sh -c "$kept" sh "$7" "$8" "$9" "${10}" ""
   fi
-  shift 6; i=$((i + 1))
+  shift 10; i=$((i + 1))
 done
 [ "$changed" = 1 ] && part gpus nvidia-smi -L
 wait
@@ -108,15 +112,19 @@ pub struct Ask<'a> {
     pub preflight: bool,
     /// The deployment records under this state directory (`apply`).
     pub records: Option<&'a str>,
+    /// For units that change, the deep check's verdict kept on the host for what it would read,
+    /// so that a kept one costs no command of its own.
+    pub kept_deep: bool,
 }
 
 impl Ask<'_> {
-    /// What `plan` needs: preflight, and the records under `state_dir` for what the host's
-    /// guard did.
-    pub const fn plan(state_dir: &str) -> Ask<'_> {
+    /// What `plan` needs: preflight, the records under `state_dir` for what the host's guard
+    /// did, and kept deep-check verdicts where the deep check runs.
+    pub fn plan(state_dir: &str, deep: DeepWhen) -> Ask<'_> {
         Ask {
             preflight: true,
             records: Some(state_dir),
+            kept_deep: deep != DeepWhen::Never,
         }
     }
 }
@@ -149,6 +157,7 @@ pub async fn survey(
         super::scripts::ACCESS.to_string(),
         super::scripts::LISTENERS.to_string(),
         crate::layers::LAYERS_SCRIPT.to_string(),
+        super::kept::lookup_script(&super::kept::kept_dir()),
         pythons.len().to_string(),
     ];
     args.extend(pythons.iter().cloned());
@@ -168,6 +177,11 @@ pub async fn survey(
             w.port.to_string(),
             record_path(unit).unwrap_or_default(),
         ];
+        let lookup = match ask.preflight && ask.kept_deep {
+            true => super::gather::kept_lookup(t),
+            false => Default::default(),
+        };
+        let fields: Vec<String> = fields.into_iter().chain(lookup).collect();
         debug_assert_eq!(fields.len(), PER_UNIT);
         args.extend(fields);
     }
@@ -306,6 +320,22 @@ impl Survey {
         Some(read())
     }
 
+    /// The deep check's verdict the host kept for the target's inputs and this `python`'s SGLang:
+    /// the lookup's output, read as the check's own. `None` where none was looked up or kept.
+    pub fn kept_deep(&self, t: &Target, python: &Python) -> Option<&str> {
+        let Python::Sglang(version) = python else {
+            return None;
+        };
+        let i = self.index(&t.desired.unit).ok()?;
+        let section = self.sections.get(&format!("kept.{i}")).ok()?;
+        match super::kept::read(&section.stdout) {
+            super::kept::Lookup::Kept { version: v, .. } if section.status == 0 && v == version => {
+                Some(&section.stdout)
+            }
+            _ => None,
+        }
+    }
+
     /// The unit's deployment record (`current.json`), as `apply::state::read_record` reads it;
     /// `None` when the survey did not ask for records.
     pub fn record(&self, unit: &str) -> Option<Result<Option<Record>, RecordError>> {
@@ -397,16 +427,25 @@ pub(crate) mod tests {
         let started = std::time::Instant::now();
         // Each part's limit: 5 s, which a python3 starting on a loaded two-core machine stays
         // inside (it took over 2 s while three builds ran); the hung part (30 s) ends at it.
+        // a's model folder, for the lookup of a kept deep-check verdict.
+        let model = dir.path().join("model");
+        std::fs::create_dir(&model).unwrap();
+        std::fs::write(model.join("config.json"), "{}").unwrap();
+        let kept_dir = dir.path().join("kept");
+        let lookup = super::super::kept::lookup_script(kept_dir.to_str().unwrap());
+        let model = model.to_str().unwrap();
         #[rustfmt::skip]
-        let (status, out) = run_script(&bin, &[
+        let survey = || run_script(&bin, &[
             "5", "LoadState", super::super::scripts::PYTHON, "import sys; print('0.5.9')",
             super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
-            crate::layers::LAYERS_SCRIPT,
+            crate::layers::LAYERS_SCRIPT, &lookup,
             "1", "/usr/bin/python3",
             "2",
-            "a.service", unit, "0000", evil, "30000", "",
+            "a.service", unit, "0000", evil, "30000", "", "base", model, model, "",
             "b.service", same, &sha256("same\n"), "/nonexistent", "30001", "/nonexistent/current.json",
+            "base", model, model, "",
         ]);
+        let (status, out) = survey();
         assert!(
             started.elapsed() < Duration::from_secs(25),
             "the hung part ended at its limit"
@@ -447,7 +486,32 @@ pub(crate) mod tests {
         );
         // b is unchanged: no change-only checks, and its record is absent.
         assert!(!s.contains("access.1") && !s.contains("ports.1") && !s.contains("record.0"));
+        assert!(!s.contains("kept.1"));
         assert_eq!(survey::file(s.get("record.1").unwrap(), "/r"), Ok(None));
+
+        // a changes: the lookup of its kept deep-check verdict found none, and says its key; a
+        // verdict kept under that key is in the next survey, with the version that gave it.
+        use super::super::kept::{read, Lookup};
+        let lookup = &s.get("kept.0").unwrap().stdout;
+        let Lookup::Keyed(key) = read(lookup) else {
+            panic!("{lookup}")
+        };
+        std::fs::create_dir(&kept_dir).unwrap();
+        let answer = "#reconcile-deep {\"verdict\": \"accepted\", \"unchecked\": []}\n";
+        let kept = format!("#reconcile-deep-version 0.5.9\n{answer}");
+        std::fs::write(kept_dir.join(key), kept).unwrap();
+        let (status, out) = survey();
+        assert_eq!(status, 0, "{out}");
+        let s = Sections::parse(&out).unwrap();
+        let lookup = &s.get("kept.0").unwrap().stdout;
+        assert_eq!(
+            read(lookup),
+            Lookup::Kept {
+                key,
+                version: "0.5.9",
+                answer
+            }
+        );
     }
 
     /// What a fake host answers for the survey: the units and records `files` has, systemd not
@@ -461,15 +525,15 @@ pub(crate) mod tests {
             stdout: stdout.into(),
             stderr: String::new(),
         };
-        let pythons: usize = args[7].parse().unwrap();
+        let pythons: usize = args[8].parse().unwrap();
         let mut text = String::new();
         for j in 0..pythons {
             text += &encode(&format!("python.{j}"), &ok(&format!("{version}\n")));
         }
-        let units: usize = args[8 + pythons].parse().unwrap();
+        let units: usize = args[9 + pythons].parse().unwrap();
         let mut changed = false;
         for i in 0..units {
-            let u = &args[9 + pythons + i * PER_UNIT..][..PER_UNIT];
+            let u = &args[10 + pythons + i * PER_UNIT..][..PER_UNIT];
             let file = files.iter().find(|(p, _)| *p == u[1]).map(|(_, t)| *t);
             let unit = match file {
                 Some(t) => ok(t),

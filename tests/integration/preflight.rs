@@ -330,14 +330,27 @@ fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
-    // A model folder of its own, whose config.json the test edits.
+    // A model folder of its own, whose config.json the test edits. The config names this run, so
+    // that no verdict an earlier run left on the host is read.
     let model = "/var/tmp/t-pre-kept-model";
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     lab().sh(
         HOST,
-        &format!("rm -rf {model} && mkdir -p {model} && echo '{{\"max_position_embeddings\": 2048}}' > {model}/config.json"),
+        &format!("rm -rf {model} && mkdir -p {model} && echo '{{\"max_position_embeddings\": 2048, \"run\": {run}}}' > {model}/config.json"),
     );
     let text = service("t-pre-kept", 33010).model_path(model);
-    let planned = || plan_json(&[("a.yaml", &text)], &["-v"]);
+    let planned = || plan_json(&[("a.yaml", &text)], &["-v", "--trace-remote"]);
+    // Each command the plan sent the host, by name: the survey, and the deep check where it ran.
+    let commands = |stderr: &str| -> Vec<String> {
+        stderr
+            .lines()
+            .filter_map(|l| l.split("command=\"").nth(1)?.split('"').next())
+            .map(str::to_string)
+            .collect()
+    };
     let kept_as = |stderr: &str, said: &str| -> Option<String> {
         let line = stderr.lines().find(|l| l.contains(said))?;
         let path = line.split(said).nth(1)?;
@@ -349,6 +362,10 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     // A new unit: the check runs, and its verdict is kept.
     let (code, json, stderr) = planned();
     assert_eq!(code, 2, "{json:#}");
+    assert!(
+        commands(&stderr).contains(&"deep check".to_string()),
+        "{stderr}"
+    );
     let path = kept_as(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
     assert!(path.starts_with("/var/lib/reconcile/deep-check/"), "{path}");
     assert_eq!(kept_as(&stderr, READ), None, "{stderr}");
@@ -356,15 +373,26 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     assert_eq!(mode.trim(), "600");
 
     // The same change again reads it: what the host keeps is what the plan says. (A verdict
-    // written here in its place shows that the check did not run.)
+    // written here in its place, after the line naming the SGLang that gave it, shows that the
+    // check did not run.)
+    let kept = lab().sh(HOST, &format!("cat {path}"));
+    assert!(
+        kept.starts_with("#reconcile-deep-version 0.5.23\n"),
+        "{kept}"
+    );
     let refusal = "#reconcile-deep {\"verdict\": \"refused\", \"stage\": \"model-config\", \"flag\": \"model-path\", \"reason\": \"kept: not run again\", \"unchecked\": []}";
-    lab().sh(HOST, &format!("echo '{refusal}' > {path}"));
+    lab().sh(
+        HOST,
+        &format!("sed -i '2,$d' {path} && echo '{refusal}' >> {path}"),
+    );
     let (code, json, stderr) = planned();
     assert_eq!(
         kept_as(&stderr, READ).as_deref(),
         Some(path.as_str()),
         "{stderr}"
     );
+    // Read in the survey, it cost no command of its own.
+    assert_eq!(commands(&stderr), ["connect", "survey"], "{stderr}");
     assert_eq!(code, 1, "{json:#}");
     let messages = messages_of(&json["units"][0], "deep");
     assert!(

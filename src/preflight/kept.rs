@@ -1,0 +1,284 @@
+//! The deep check's kept verdicts. A host keeps SGLang's verdict on a unit's arguments in
+//! `STATE_DIR/deep-check/<key>` (mode 600), keyed by everything the check reads, so a plan of the
+//! same change again (CI plans every push) reads it instead of importing torch again.
+//!
+//! The key is made of two halves. What the controller knows (the check, the unit's Python,
+//! arguments, environment and working directory) is hashed here; the model's and tokenizer's
+//! top-level `*.json` and `*.jinja` files (config.json, the chat template in
+//! tokenizer_config.json) and a `--chat-template` file are hashed on the host. The SGLang version
+//! is not in the key but in the kept file's first line: the survey looks a verdict up while it
+//! reads that version, in the same round trip, and the version is compared once both are read.
+//! A model that is not a local folder (a hub id) is checked every time: what it reads is not on
+//! the host.
+
+use crate::remote::Host;
+use crate::targets::Target;
+
+/// The first line of the lookup's output: a verdict was kept (`KEPT_LINE <key>`, the kept file
+/// follows), or none was, for inputs keyed `KEY_LINE <key>` (`none`: not to be kept).
+const KEPT_LINE: &str = "#reconcile-deep-kept";
+const KEY_LINE: &str = "#reconcile-deep-key";
+/// A kept file's first line: the SGLang version that gave the verdict.
+const VERSION_LINE: &str = "#reconcile-deep-version";
+
+/// Where the verdicts are kept on a host, one file a key, readable by root alone.
+pub(super) fn kept_dir() -> String {
+    format!("{}/deep-check", crate::apply::state::STATE_DIR)
+}
+
+/// What a unit's lookup is given: the controller's half of the key and the paths whose files
+/// make the host's half.
+pub(super) struct Kept {
+    base: String,
+    model: String,
+    tokenizer: String,
+    template: String,
+}
+
+impl Kept {
+    /// `script` is the check's, `python` the interpreter it runs under, `input` what it reads on
+    /// stdin (the unit's environment and working directory), `cwd` that working directory.
+    pub(super) fn of(t: &Target, python: &str, script: &str, input: &str, cwd: &str) -> Kept {
+        let exec_start = &t.desired.model.exec_start;
+        let (_, flags) = reconcile_core::flags::flags(exec_start);
+        let flag = |name: &str| flags.get(name).cloned().unwrap_or_default();
+        let model = flag("model-path");
+        let tokenizer = flags
+            .get("tokenizer-path")
+            .cloned()
+            .unwrap_or(model.clone());
+        let template = match flag("chat-template") {
+            path if path.is_empty() || path.starts_with('/') => path,
+            relative => format!("{}/{relative}", cwd.trim_end_matches('/')),
+        };
+        let base = reconcile_core::digest::sha256(
+            &serde_json::json!([python, script, exec_start, input]).to_string(),
+        );
+        Kept {
+            base,
+            model,
+            tokenizer,
+            template,
+        }
+    }
+
+    /// The lookup's arguments after its script: `version` is the SGLang a kept verdict must have
+    /// come from, or empty to print whatever is kept (the survey, which compares afterwards).
+    pub(super) fn lookup_args<'a>(&'a self, version: &'a str) -> [&'a str; 5] {
+        [
+            &self.base,
+            &self.model,
+            &self.tokenizer,
+            &self.template,
+            version,
+        ]
+    }
+
+    /// Keeps SGLang's `answer`, given by `version`, under `key`; a failure only costs the next
+    /// plan a check.
+    pub(super) async fn store(
+        &self,
+        host: &dyn Host,
+        key: &str,
+        version: &str,
+        answer: &str,
+    ) -> bool {
+        let dir = kept_dir();
+        let argv = ["sh", "-c", KEPT_STORE, "sh", &dir, key];
+        let text = format!("{VERSION_LINE} {version}\n{answer}");
+        let why = match host.run_with_input(&argv, Some(text.as_bytes())).await {
+            Ok(out) if out.status == 0 => return true,
+            Ok(out) => out.stderr.trim().to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::info!(
+            host = host.name(),
+            "the deep check's verdict was not kept: {why}"
+        );
+        false
+    }
+}
+
+/// The lookup's shell, reading verdicts in `kept_dir`. Arguments: the controller's half of the
+/// key, the model, tokenizer and chat-template paths, and the version a kept verdict must have
+/// come from (empty: any). A verdict kept under the key is printed (and its file touched, so that
+/// it is not forgotten) and the script exits; otherwise it prints the key and goes on (to the
+/// check itself, where one follows).
+pub(super) fn lookup_script(kept_dir: &str) -> String {
+    format!("KEPT_DIR={kept_dir}\n{KEPT_LOOKUP}")
+}
+
+const KEPT_LOOKUP: &str = "base=$1 model=$2 tokenizer=$3 template=$4 version=$5; shift 5
+key=none
+if [ -d \"$model\" ]; then
+  key=$({ printf '%s\\n' \"$base\"
+    for d in \"$model\" \"$tokenizer\"; do [ -d \"$d\" ] && cat \"$d\"/*.json \"$d\"/*.jinja 2>/dev/null; done
+    [ -f \"$template\" ] && cat \"$template\"; } | sha256sum | cut -c1-64)
+  kept=\"$KEPT_DIR/$key\"
+  if [ -f \"$kept\" ] && { [ -z \"$version\" ] || [ \"$(head -n1 \"$kept\")\" = \"#reconcile-deep-version $version\" ]; } &&
+    touch \"$kept\" 2>/dev/null; then echo \"#reconcile-deep-kept $key\"; cat \"$kept\"; exit 0; fi
+fi
+echo \"#reconcile-deep-key $key\"
+";
+
+/// Keeps the verdict on stdin as `$1/$2` (written whole, then renamed), and forgets verdicts no
+/// plan read for 30 days.
+const KEPT_STORE: &str = "# deep check: its verdict kept\numask 077; mkdir -p \"$1\" && cat > \"$1/.$2\" && mv -f \"$1/.$2\" \"$1/$2\"
+find \"$1\" -maxdepth 1 -type f -mtime +30 -delete 2>/dev/null; true";
+
+/// What a lookup printed.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Lookup<'a> {
+    /// A verdict kept under `key`, given by SGLang `version`: `answer` is the check's output.
+    Kept {
+        key: &'a str,
+        version: &'a str,
+        answer: &'a str,
+    },
+    /// None kept; the check's verdict may be kept under `key`.
+    Keyed(&'a str),
+    /// None kept, and none to keep: the model is not a folder on the host.
+    Unkeyed,
+    /// Not a lookup's output (the check could not start).
+    Unread,
+}
+
+/// Reads a lookup's output, and what follows it (the check's own, where the check ran).
+pub(super) fn read(stdout: &str) -> Lookup<'_> {
+    let (first, rest) = stdout.split_once('\n').unwrap_or((stdout, ""));
+    match first.split_once(' ') {
+        Some((KEPT_LINE, key)) => {
+            let (line, answer) = rest.split_once('\n').unwrap_or((rest, ""));
+            match line.split_once(' ') {
+                Some((VERSION_LINE, version)) => Lookup::Kept {
+                    key,
+                    version,
+                    answer,
+                },
+                // Kept by an older reconcile, which did not record the version.
+                _ => Lookup::Unread,
+            }
+        }
+        Some((KEY_LINE, "none")) => Lookup::Unkeyed,
+        Some((KEY_LINE, key)) => Lookup::Keyed(key),
+        _ => Lookup::Unread,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{read, Lookup};
+    use std::process::Command;
+
+    /// Runs the lookup here, with `echo` for the check after it: its output.
+    fn looked_up(
+        kept_dir: &std::path::Path,
+        model: &std::path::Path,
+        template: &str,
+        version: &str,
+    ) -> String {
+        let script = super::lookup_script(kept_dir.to_str().unwrap()) + "echo the check ran";
+        let model = model.to_str().unwrap();
+        let out = Command::new("sh")
+            .args(["-c", &script, "sh", "base", model, model, template, version])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn store(kept_dir: &std::path::Path, key: &str, text: &str) {
+        let stored = Command::new("sh")
+            .args([
+                "-c",
+                super::KEPT_STORE,
+                "sh",
+                kept_dir.to_str().unwrap(),
+                key,
+            ])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write;
+                child.stdin.take().unwrap().write_all(text.as_bytes())?;
+                child.wait()
+            })
+            .unwrap();
+        assert!(stored.success());
+    }
+
+    #[test]
+    fn a_kept_verdict_is_read_until_what_the_check_reads_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (kept_dir, model) = (dir.path().join("kept"), dir.path().join("model"));
+        std::fs::create_dir(&model).unwrap();
+        std::fs::write(
+            model.join("config.json"),
+            "{\"max_position_embeddings\": 2048}",
+        )
+        .unwrap();
+        let first = looked_up(&kept_dir, &model, "", "0.5.23");
+        let Lookup::Keyed(key) = read(&first) else {
+            panic!("{first}")
+        };
+        assert_eq!(key.len(), 64);
+        assert!(first.ends_with("\nthe check ran\n"), "{first}");
+        // Kept, it is printed instead of running the check, for that SGLang version or for a
+        // lookup that compares later (an empty version).
+        let answer = "#reconcile-deep {\"verdict\": \"accepted\", \"unchecked\": []}\n";
+        store(
+            &kept_dir,
+            key,
+            &format!("#reconcile-deep-version 0.5.23\n{answer}"),
+        );
+        for version in ["0.5.23", ""] {
+            let again = looked_up(&kept_dir, &model, "", version);
+            let kept = Lookup::Kept {
+                key,
+                version: "0.5.23",
+                answer,
+            };
+            assert_eq!(read(&again), kept, "{again}");
+        }
+        // Another SGLang: checked again.
+        let other = looked_up(&kept_dir, &model, "", "0.5.24");
+        assert_eq!(read(&other), Lookup::Keyed(key), "{other}");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(kept_dir.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "readable by its owner alone: {mode:o}");
+        // Another config.json, a chat template file, or a model that is no folder: checked again.
+        std::fs::write(
+            model.join("config.json"),
+            "{\"max_position_embeddings\": 4096}",
+        )
+        .unwrap();
+        let changed = looked_up(&kept_dir, &model, "", "0.5.23");
+        assert!(
+            matches!(read(&changed), Lookup::Keyed(k) if k != key),
+            "{changed}"
+        );
+        let template = dir.path().join("t.jinja");
+        std::fs::write(&template, "{{ messages }}").unwrap();
+        let with_template = looked_up(&kept_dir, &model, template.to_str().unwrap(), "0.5.23");
+        assert_ne!(with_template, changed);
+        assert!(with_template.ends_with("\nthe check ran\n"));
+        let hub = looked_up(
+            &kept_dir,
+            std::path::Path::new("Qwen/Qwen3-8B"),
+            "",
+            "0.5.23",
+        );
+        assert_eq!(hub, "#reconcile-deep-key none\nthe check ran\n");
+        assert_eq!(read(&hub), Lookup::Unkeyed);
+    }
+
+    #[test]
+    fn a_verdict_kept_without_its_version_is_not_read() {
+        let old = "#reconcile-deep-kept abc\n#reconcile-deep {\"verdict\": \"accepted\"}\n";
+        assert_eq!(read(old), Lookup::Unread);
+        assert_eq!(read("Traceback (most recent call last):\n"), Lookup::Unread);
+    }
+}
