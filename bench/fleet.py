@@ -154,15 +154,22 @@ for n in (1, 4, 8, 16):
 # A change that restarts the server (another RELEASE): the deep check runs on every host the first
 # time (the host's SGLang parses the arguments); the same change planned again, as CI plans each
 # push of a pull request, reads the verdict each host kept (target: <= 1.2x the floor).
-firsts, agains = [], []
+# The same change with --no-deep is what a plan of it costs without any deep check: the change-only
+# checks (model path, nvidia-smi, ss) that every plan of a change runs in its survey.
+firsts, agains, no_deeps = [], [], []
 for r in range(REPEATS):
     changed = write(manifest(HOSTS, release=f"deep-{r}-{time.time_ns()}"))
     firsts.append(reconcile(changed, "plan", *host_args(HOSTS))[0])
     agains.append(reconcile(changed, "plan", *host_args(HOSTS))[0])
+    no_deeps.append(reconcile(changed, "plan", "--no-deep", *host_args(HOSTS))[0])
+rt_first = trips(traced(write(manifest(HOSTS, release=f"deep-t-{time.time_ns()}")), "plan", *host_args(HOSTS))[2])
+rt_again = trips(traced(changed, "plan", *host_args(HOSTS))[2])
 base = median_of(lambda: floor(HOSTS))
-for what, times in (("restarting change, first plan", firsts), ("the same change again", agains)):
+for what, times, rt in (("restarting change, first plan", firsts, rt_first),
+                        ("the same change again", agains, rt_again),
+                        ("the same change, --no-deep", no_deeps, "")):
     ours = statistics.median(times)
-    print(f"{what + ', 16':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f}")
+    print(f"{what + ', 16':<34} {ours:>14.3f} {base:>14.3f} {ours / base:>7.2f} {rt:>17}")
 
 # The peer: Ansible's --check --diff of the same rendered unit on the same hosts, in pairs with
 # reconcile's dry-run (bench/ansible.py says which of Ansible's fast settings it uses).

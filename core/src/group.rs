@@ -47,10 +47,49 @@ pub fn rank_verdict(own: Verdict, group: Verdict) -> Verdict {
     }
 }
 
-/// The order to stop `n` ranks in: the highest rank first, rank 0 last, so the rendezvous
-/// ([`start_order`]) goes away only once no rank is left to use it.
-pub fn stop_order(n: usize) -> Vec<usize> {
-    (0..n).rev().collect()
+/// One step of stopping some of a group's ranks (their indexes), carried out on each of them at
+/// once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopStep {
+    /// The stop begins and is not waited for (`systemctl stop --no-block`): SIGTERM to the rank's
+    /// main process, which SGLang only logs, and the rank's exit, when it comes, is its stop and
+    /// no failure for systemd to restart.
+    Begin(Vec<usize>),
+    /// Stopped, and waited for (`systemctl stop`).
+    Stop(Vec<usize>),
+    /// SIGTERM to every process of the ranks' units, as systemd's default KillMode sends it: the
+    /// schedulers die of it, and the rank's process ends with them.
+    Terminate(Vec<usize>),
+}
+
+/// How to stop ranks `which` of a group whose units carry `KillMode=mixed`, so that requests in
+/// flight finish. Only rank 0 can stop a group gracefully: its SGLang drains the requests, then its
+/// schedulers broadcast a ShutdownReq that ends every rank's schedulers, and each rank's process
+/// exits (sglang 0.5.23 `managers/tokenizer_manager.py` `sigterm_watchdog`,
+/// `managers/scheduler.py` `handle_shutdown`); a rank >= 1 answers SIGTERM with a log line only
+/// (`entrypoints/engine.py`, `_launch_subprocesses`). So the other ranks' stops begin first,
+/// without waiting (they keep serving rank 0's collectives while it drains), then rank 0 is
+/// stopped, then the others are waited for. Without rank 0 (its host lost in a rollback) nothing
+/// will broadcast the ShutdownReq: the other ranks' processes are all sent SIGTERM, as before.
+pub fn stop_steps(which: &[usize]) -> Vec<StopStep> {
+    let mut others: Vec<usize> = which.iter().copied().filter(|&i| i != 0).collect();
+    others.sort_unstable();
+    others.dedup();
+    let mut steps = Vec::new();
+    match (which.contains(&0), others.is_empty()) {
+        (true, true) => steps.push(StopStep::Stop(vec![0])),
+        (true, false) => {
+            steps.push(StopStep::Begin(others.clone()));
+            steps.push(StopStep::Stop(vec![0]));
+            steps.push(StopStep::Stop(others));
+        }
+        (false, false) => {
+            steps.push(StopStep::Terminate(others.clone()));
+            steps.push(StopStep::Stop(others));
+        }
+        (false, true) => {}
+    }
+    steps
 }
 
 /// The order to start `n` ranks in: rank 0 first. Rank 0's process hosts the rendezvous, the
@@ -261,10 +300,29 @@ mod tests {
     }
 
     #[test]
-    fn rank_zero_starts_first_and_stops_last() {
+    fn rank_zero_starts_first() {
         assert_eq!(start_order(3), [0, 1, 2]);
-        assert_eq!(stop_order(3), [2, 1, 0]);
-        assert!(start_order(0).is_empty() && stop_order(0).is_empty());
+        assert!(start_order(0).is_empty());
+    }
+
+    #[test]
+    fn rank_zero_drains_while_the_other_ranks_stops_wait_for_its_shutdown() {
+        use StopStep::*;
+        assert_eq!(
+            stop_steps(&[0, 1, 2]),
+            [Begin(vec![1, 2]), Stop(vec![0]), Stop(vec![1, 2])]
+        );
+        assert_eq!(
+            stop_steps(&[2, 0]),
+            [Begin(vec![2]), Stop(vec![0]), Stop(vec![2])]
+        );
+        assert_eq!(stop_steps(&[0]), [Stop(vec![0])]);
+        // Rank 0 not stopped (its host lost): nothing would end the others' schedulers.
+        assert_eq!(
+            stop_steps(&[2, 1]),
+            [Terminate(vec![1, 2]), Stop(vec![1, 2])]
+        );
+        assert!(stop_steps(&[]).is_empty());
     }
 
     fn rank<'a>(host: &'a str, in_sync: bool, deployed: Option<&'a str>) -> RankStatus<'a> {

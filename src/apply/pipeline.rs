@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use reconcile_core::group::{group_verdict, rank_verdict, start_order, stop_order};
+use reconcile_core::group::{group_verdict, rank_verdict, start_order, stop_steps, StopStep};
 use reconcile_core::guard::GuardState;
 use reconcile_core::learned::LoadHistory;
 use reconcile_core::transaction::{Kind, Step, Transaction, Went};
@@ -964,8 +964,9 @@ fn rank_of(r: &Rank<'_>) -> usize {
     r.job.t.group.as_ref().map_or(0, |g| g.rank)
 }
 
-/// Stops every rank (the highest first, rank 0 and its rendezvous last), then starts them in the
-/// order SGLang needs (`reconcile_core::group::start_order`): rank 0 first, then the others at
+/// Stops every rank as SGLang stops a group (`reconcile_core::group::stop_steps`: rank 0 drains
+/// the requests in flight, and its shutdown ends the others), then starts them in the order SGLang
+/// needs (`reconcile_core::group::start_order`): rank 0 first, then the others at
 /// once, so their starts lie as close together as one `systemctl start` on rank 0 allows (a rank
 /// waits at the rendezvous for the others, and loads only when all are there). Each invocation
 /// is noted. `Err` names the rank that could not be stopped or started.
@@ -979,11 +980,9 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
         note_stop(r).await;
         return Ok(());
     }
-    for i in stop_order(ranks.len()) {
-        let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);
-        host.run_ok(&["systemctl", "stop", "--", unit])
-            .await
-            .map_err(|e| (i, error_chain(&e)))?;
+    let all: Vec<usize> = (0..ranks.len()).collect();
+    if let Some(failed) = stop_ranks(ranks, &all).await.into_iter().next() {
+        return Err(failed);
     }
     for r in ranks.iter_mut() {
         note_stop(r).await;
@@ -1034,6 +1033,43 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
         ranks[i].invocation = invocation.map_err(|e| (i, error_chain(&e)))?;
     }
     Ok(())
+}
+
+/// Stops ranks `which` of a group in [`stop_steps`]' order, each step on its ranks at once. A step
+/// that fails for a rank ends the stop there (the later steps wait on it): the ranks that could
+/// not be stopped, with why. A SIGTERM that could not be sent is no failure: the stop after it
+/// says whether the rank stopped.
+async fn stop_ranks(ranks: &[Rank<'_>], which: &[usize]) -> Vec<(usize, String)> {
+    for step in stop_steps(which) {
+        let (verb, is, fatal): (&[&str], Vec<usize>, bool) = match step {
+            StopStep::Begin(is) => (&["stop", "--no-block"], is, true),
+            StopStep::Stop(is) => (&["stop"], is, true),
+            StopStep::Terminate(is) => (&["kill", "--kill-who=all", "--signal=SIGTERM"], is, false),
+        };
+        let results = join_all(is.iter().map(|&i| {
+            let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);
+            let argv: Vec<&str> = ["systemctl"]
+                .iter()
+                .chain(verb)
+                .chain(&["--", unit.as_str()])
+                .copied()
+                .collect();
+            async move { host.run_ok(&argv).await }
+        }))
+        .await;
+        let failed: Vec<(usize, String)> = is
+            .iter()
+            .zip(results)
+            .filter_map(|(&i, r)| Some((i, error_chain(&r.err()?))))
+            .collect();
+        if fatal && !failed.is_empty() {
+            return failed;
+        }
+        for (i, e) in &failed {
+            tracing::debug!(rank = i, "SIGTERM to the rank's processes: {e}");
+        }
+    }
+    Vec::new()
 }
 
 /// Notes how long a rank's old server took to stop, from systemd's monotonic timestamps of its
@@ -1402,11 +1438,8 @@ async fn restore_ranks(
 ) -> Vec<(usize, Result<Restored, NotRestored>)> {
     let n = ranks.len();
     if n > 1 {
-        for i in stop_order(n).into_iter().filter(|i| which.contains(i)) {
-            let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);
-            if let Err(e) = host.run_ok(&["systemctl", "stop", "--", unit]).await {
-                backs[i].stop_failed = Some(error_chain(&e));
-            }
+        for (i, e) in stop_ranks(ranks, which).await {
+            backs[i].stop_failed = Some(e);
         }
     }
     let restores: Vec<_> = ranks.iter().map(|r| r.fallback.restore(&r.job)).collect();

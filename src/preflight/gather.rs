@@ -2,8 +2,8 @@
 //! Python path, the model path, the port) are positional arguments of fixed scripts, never part
 //! of a shell string.
 
-use super::kept::{self, Kept};
-use super::scripts::{ACCESS, LISTENERS, PYTHON, VERSION_SCRIPT};
+use super::kept::{self, deep_input, Kept};
+use super::scripts::{ACCESS, DEEP_SCRIPT, LISTENERS, PYTHON, VERSION_SCRIPT};
 use super::survey::Survey;
 use super::{judge, read_deep, Access, Deep, DeepWhen, Facts, Finding, Gpus, Port, Python};
 use crate::observed::UnitState;
@@ -11,13 +11,6 @@ use crate::plan::Verdict;
 use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
 use reconcile_core::survey as answer;
-
-/// The deep check (`deep.py`, read there with what it runs and where SGLang 0.5.23 does it): the
-/// host's SGLang parses the unit's exact arguments, resolves them, builds the model's config
-/// (config.json, dtype, context length, quantization) and checks `--chat-template`, as a launch
-/// would before it loads any weights, with the unit's environment and working directory and the
-/// GPUs hidden. Its answer is read by `reconcile_core::preflight::read_deep`.
-const DEEP_SCRIPT: &str = include_str!("deep.py");
 
 /// Preflight for a plan: the unit is observed and its SGLang version read at the same time, over
 /// the same connection. A unit that changes (its `verdict`, judged on what was observed) then gets
@@ -242,7 +235,7 @@ async fn deep_check(
     }
     let python = super::Want::of(t).python;
     let input = deep_input(t);
-    let kept = Kept::of(t, &python, DEEP_SCRIPT, &input, working_directory(t));
+    let kept = Kept::of(t);
     let argv = deep_argv(&kept, version, &python, &t.desired.model.exec_start);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let limit = when.limit();
@@ -295,21 +288,6 @@ fn logged(host: &dyn Host, t: &Target, deep: Deep, unchecked: &[String]) -> Deep
 
 fn answered(stdout: &str) -> bool {
     stdout.lines().any(|l| l.starts_with(super::ANSWER_PREFIX))
-}
-
-/// The arguments of the lookup of a unit's kept deep-check verdict, as the survey runs it for a
-/// unit that changes ([`kept::lookup_script`], for any version: the survey reads it beside).
-pub(super) fn kept_lookup(t: &Target) -> [String; 4] {
-    let python = super::Want::of(t).python;
-    let kept = Kept::of(
-        t,
-        &python,
-        DEEP_SCRIPT,
-        &deep_input(t),
-        working_directory(t),
-    );
-    let [base, model, tokenizer, template, _] = kept.lookup_args("");
-    [base, model, tokenizer, template].map(str::to_string)
 }
 
 /// The deep check in errors and traces (`--trace-remote` shows `command="deep check"`).
@@ -368,29 +346,6 @@ fn named(e: RemoteError) -> RemoteError {
         },
         e => e,
     }
-}
-
-/// What the deep check reads on its standard input (never on a command line, where `ps` shows
-/// it): the unit's `Environment=` and its working directory (systemd's default, `/`, unless the
-/// unit sets an absolute `WorkingDirectory=`), so SGLang reads the environment variables the
-/// server will have (`SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`, `HF_HUB_OFFLINE`, ...) and
-/// relative paths resolve as the server's will.
-fn deep_input(t: &Target) -> String {
-    let cwd = working_directory(t);
-    serde_json::json!({ "env": t.desired.model.env, "cwd": cwd }).to_string()
-}
-
-/// Where the server starts: an absolute `WorkingDirectory=` (a `-` prefix only makes it optional),
-/// else systemd's default, `/`.
-fn working_directory(t: &Target) -> &str {
-    t.desired
-        .model
-        .settings
-        .get("Service.WorkingDirectory")
-        .and_then(|v| v.last())
-        .map(|d| d.trim_start_matches('-'))
-        .filter(|d| d.starts_with('/'))
-        .unwrap_or("/")
 }
 
 /// For fakes: the start of the deep check's command (its inputs and arguments follow), and the
@@ -731,8 +686,7 @@ class TemplateManager:
             serde_json::json!({"env": {"HF_TOKEN": "hf_secret"}, "cwd": "/srv/s"})
         );
         let python = "/venv/bin/python3";
-        let input = super::deep_input(&t);
-        let kept = super::Kept::of(&t, python, super::DEEP_SCRIPT, &input, "/srv/s");
+        let kept = super::Kept::of(&t);
         let argv = super::deep_argv(&kept, "0.5.23", python, &t.desired.model.exec_start);
         assert!(!argv.iter().any(|a| a.contains("hf_secret")));
         assert_eq!(

@@ -1,4 +1,4 @@
-//! The deep check's kept verdicts. A host keeps SGLang's verdict on a unit's arguments in
+//! What the deep check reads, and its kept verdicts. A host keeps SGLang's verdict on a unit's arguments in
 //! `STATE_DIR/deep-check/<key>` (mode 600), keyed by everything the check reads, so a plan of the
 //! same change again (CI plans every push) reads it instead of importing torch again.
 //!
@@ -11,6 +11,7 @@
 //! A model that is not a local folder (a hub id) is checked every time: what it reads is not on
 //! the host.
 
+use super::scripts::DEEP_SCRIPT;
 use crate::remote::Host;
 use crate::targets::Target;
 
@@ -36,9 +37,12 @@ pub(super) struct Kept {
 }
 
 impl Kept {
-    /// `script` is the check's, `python` the interpreter it runs under, `input` what it reads on
-    /// stdin (the unit's environment and working directory), `cwd` that working directory.
-    pub(super) fn of(t: &Target, python: &str, script: &str, input: &str, cwd: &str) -> Kept {
+    /// The lookup's arguments for the unit `t`: the check's script, the unit's Python,
+    /// arguments and [`deep_input`] hashed here, with the paths the host hashes.
+    pub(super) fn of(t: &Target) -> Kept {
+        let python = super::Want::of(t).python;
+        let input = deep_input(t);
+        let cwd = working_directory(t);
         let exec_start = &t.desired.model.exec_start;
         let (_, flags) = reconcile_core::flags::flags(exec_start);
         let flag = |name: &str| flags.get(name).cloned().unwrap_or_default();
@@ -52,7 +56,7 @@ impl Kept {
             relative => format!("{}/{relative}", cwd.trim_end_matches('/')),
         };
         let base = reconcile_core::digest::sha256(
-            &serde_json::json!([python, script, exec_start, input]).to_string(),
+            &serde_json::json!([python, DEEP_SCRIPT, exec_start, input]).to_string(),
         );
         Kept {
             base,
@@ -97,6 +101,29 @@ impl Kept {
         );
         false
     }
+}
+
+/// What the deep check reads on its standard input (never on a command line, where `ps` shows
+/// it): the unit's `Environment=` and its working directory (systemd's default, `/`, unless the
+/// unit sets an absolute `WorkingDirectory=`), so SGLang reads the environment variables the
+/// server will have (`SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN`, `HF_HUB_OFFLINE`, ...) and
+/// relative paths resolve as the server's will.
+pub(super) fn deep_input(t: &Target) -> String {
+    let cwd = working_directory(t);
+    serde_json::json!({ "env": t.desired.model.env, "cwd": cwd }).to_string()
+}
+
+/// Where the server starts: an absolute `WorkingDirectory=` (a `-` prefix only makes it optional),
+/// else systemd's default, `/`.
+fn working_directory(t: &Target) -> &str {
+    t.desired
+        .model
+        .settings
+        .get("Service.WorkingDirectory")
+        .and_then(|v| v.last())
+        .map(|d| d.trim_start_matches('-'))
+        .filter(|d| d.starts_with('/'))
+        .unwrap_or("/")
 }
 
 /// The lookup's shell, reading verdicts in `kept_dir`. Arguments: the controller's half of the

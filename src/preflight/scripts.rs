@@ -52,3 +52,10 @@ echo '#cgroups'
 for pid in $(printf '%s\\n' \"$out\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
   printf '%s %s\\n' \"$pid\" \"$(tr '\\n' ' ' < /proc/$pid/cgroup 2>/dev/null)\"
 done";
+
+/// The deep check (`deep.py`, read there with what it runs and where SGLang 0.5.23 does it): the
+/// host's SGLang parses the unit's exact arguments, resolves them, builds the model's config
+/// (config.json, dtype, context length, quantization) and checks `--chat-template`, as a launch
+/// would before it loads any weights, with the unit's environment and working directory and the
+/// GPUs hidden. Its answer is read by `reconcile_core::preflight::read_deep`; `gather` runs it.
+pub(super) const DEEP_SCRIPT: &str = include_str!("deep.py");

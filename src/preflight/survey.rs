@@ -177,9 +177,13 @@ pub async fn survey(
             w.port.to_string(),
             record_path(unit).unwrap_or_default(),
         ];
-        let lookup = match ask.preflight && ask.kept_deep {
-            true => super::gather::kept_lookup(t),
-            false => Default::default(),
+        // The lookup without a version: the survey reads it beside.
+        let lookup: Vec<String> = match ask.preflight && ask.kept_deep {
+            true => super::kept::Kept::of(t).lookup_args("")[..4]
+                .iter()
+                .map(|a| a.to_string())
+                .collect(),
+            false => vec![String::new(); 4],
         };
         let fields: Vec<String> = fields.into_iter().chain(lookup).collect();
         debug_assert_eq!(fields.len(), PER_UNIT);

@@ -10,8 +10,6 @@
 //! every chat completion take `FAKE_SGLANG_REQUEST_SECONDS` and counts it in
 //! `sglang:num_running_reqs` meanwhile.
 
-use std::time::Duration;
-
 use crate::builder::yaml;
 use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, DRAIN, DRAIN_LEASE};
 
@@ -48,43 +46,14 @@ fn change(base: &Manifest) -> Manifest {
     base.clone().flag("mem-fraction-static", 0.8)
 }
 
-/// Starts one chat completion on the host, in the background; `result` gets
-/// `STATUS MONOTONIC_END_SECONDS` (or `error ...`) when it ends. Waits until the server counts it.
-/// Every stream of the background job is redirected, or ssh would wait for it to end.
+/// A slow chat completion on the drain host ([`crate::lab::Lab::slow_request`]).
 fn slow_request(port: u16, result: &str) {
-    let script = format!(
-        r#"rm -f {result}; ( python3 -c '
-import http.client, json, time
-try:
-    c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=120)
-    c.request("POST", "/v1/chat/completions", body=json.dumps({{"model": "test-model", "messages": [{{"role": "user", "content": "hi"}}]}}), headers={{"Content-Type": "application/json"}})
-    r = c.getresponse()
-    r.read()
-    out = "%d %.3f" % (r.status, time.monotonic())
-except Exception as e:
-    out = "error %s %.3f" % (type(e).__name__, time.monotonic())
-open("{result}.tmp", "w").write(out)
-' && mv {result}.tmp {result} ) </dev/null >/dev/null 2>&1 &"#
-    );
-    lab().sh(DRAIN, &script);
-    let running = format!(
-        r#"python3 -c 'import sys, urllib.request; b = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode(); sys.exit(0 if any(l.startswith("sglang:num_running_reqs") and not l.endswith(" 0.0") for l in b.splitlines()) else 1)' 2>/dev/null"#
-    );
-    // 30 s bounds a request that never reaches the server (it does within a second).
-    lab().wait_until(DRAIN, &running, Duration::from_secs(30));
+    lab().slow_request(DRAIN, port, result);
 }
 
-/// The slow request's result, once it has ended: its status (or `error`) and when it ended.
+/// Its status and when it ended ([`crate::lab::Lab::request_result`]).
 fn request_result(result: &str) -> (String, f64) {
-    // 60 s bounds a request that never ends: the longest lasts 20 s.
-    lab().wait_until(DRAIN, &format!("[ -s {result} ]"), Duration::from_secs(60));
-    let text = lab().sh(DRAIN, &format!("cat {result}"));
-    let fields: Vec<&str> = text.split_whitespace().collect();
-    let end = fields
-        .last()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(f64::NAN);
-    (fields[0].to_string(), end)
+    lab().request_result(DRAIN, result)
 }
 
 /// When the unit's current main process started, in CLOCK_MONOTONIC seconds.

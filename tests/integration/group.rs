@@ -114,7 +114,10 @@ fn unit_file(host: &str, unit: &str) -> String {
 fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
     let unit = "t-group-flow.service";
     clean(unit);
-    let v1 = group("t-group-flow", 37501, &both(), &[]);
+    // Each chat completion takes 6 s, counted in rank 0's metrics: a request in flight.
+    let v1 = group("t-group-flow", 37501, &both(), &[])
+        .flag("enable-metrics", true)
+        .env("FAKE_SGLANG_REQUEST_SECONDS", "6");
     let (code, units, out) = apply(&v1);
     assert_eq!(code, 0, "{out}");
     for host in GROUP {
@@ -137,15 +140,44 @@ fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
         lab().address(GROUP[0])
     )));
 
-    // A flag change restarts both ranks, together.
+    // A flag change restarts both ranks, together. A request in flight on rank 0 (no `drain:`) is
+    // answered first: rank 0 drains it, then its shutdown ends rank 1, and neither stop is a
+    // failure.
     let before: Vec<String> = GROUP.iter().map(|h| lab().invocation(h, unit)).collect();
-    let v2 = group("t-group-flow", 37501, &both(), &[]).flag("mem-fraction-static", 0.8);
+    let result = "/tmp/t-group-flow.result";
+    lab().slow_request(GROUP[0], 37501, result);
+    let v2 = v1.clone().flag("mem-fraction-static", 0.8);
     let (code, units, out) = apply(&v2);
     assert_eq!(code, 0, "{out}");
     for (i, host) in GROUP.iter().enumerate() {
         assert_eq!(unit_of(&units, host)["outcome"], "converged", "{out}");
         assert_ne!(lab().invocation(host, unit), before[i], "{host} restarted");
     }
+    let (status, _) = lab().request_result(GROUP[0], result);
+    assert_eq!(status, "200", "the request in flight was answered");
+    // The old invocation's journal: systemd's lines about it, and its own.
+    let journal = |host: &str, id: &str| {
+        lab().sh(
+            host,
+            &format!(
+                "journalctl --no-pager -o cat INVOCATION_ID={id} + _SYSTEMD_INVOCATION_ID={id}"
+            ),
+        )
+    };
+    for (i, host) in GROUP.iter().enumerate() {
+        let ended = journal(host, &before[i]);
+        assert!(
+            ended.contains("Deactivated successfully") && !ended.contains("Failed with result"),
+            "{host}: {ended}"
+        );
+        let notes = unit_of(&units, host)["notes"].to_string();
+        assert!(notes.contains("the old server stopped in"), "{notes}");
+    }
+    let rank1 = journal(GROUP[1], &before[1]);
+    assert!(
+        rank1.contains("waiting for the rank-0 ShutdownReq"),
+        "{rank1}"
+    );
     let (a, b) = (started_us(GROUP[0], unit), started_us(GROUP[1], unit));
     let apart = a.abs_diff(b) as f64 / 1e6;
     eprintln!("the ranks started {apart:.3}s apart");

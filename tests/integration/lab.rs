@@ -519,6 +519,50 @@ impl Lab {
         );
     }
 
+    /// Starts one chat completion on `host`, to the server on its loopback `port` (its metrics on),
+    /// in the background; `result` gets `STATUS MONOTONIC_END_SECONDS` (or `error ...`) when it
+    /// ends. Waits until the server counts it. Every stream of the background job is redirected,
+    /// or ssh would wait for it to end.
+    pub fn slow_request(&self, host: &str, port: u16, result: &str) {
+        let script = format!(
+            r#"rm -f {result}; ( python3 -c '
+import http.client, json, time
+try:
+    c = http.client.HTTPConnection("127.0.0.1", {port}, timeout=120)
+    c.request("POST", "/v1/chat/completions", body=json.dumps({{"model": "test-model", "messages": [{{"role": "user", "content": "hi"}}]}}), headers={{"Content-Type": "application/json"}})
+    r = c.getresponse()
+    r.read()
+    out = "%d %.3f" % (r.status, time.monotonic())
+except Exception as e:
+    out = "error %s %.3f" % (type(e).__name__, time.monotonic())
+open("{result}.tmp", "w").write(out)
+' && mv {result}.tmp {result} ) </dev/null >/dev/null 2>&1 &"#
+        );
+        self.sh(host, &script);
+        let running = format!(
+            r#"python3 -c 'import sys, urllib.request; b = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode(); sys.exit(0 if any(l.startswith("sglang:num_running_reqs") and not l.endswith(" 0.0") for l in b.splitlines()) else 1)' 2>/dev/null"#
+        );
+        // 30 s bounds a request that never reaches the server (it does within a second).
+        self.wait_until(host, &running, std::time::Duration::from_secs(30));
+    }
+
+    /// The slow request's result, once it has ended: its status (or `error`) and when it ended.
+    pub fn request_result(&self, host: &str, result: &str) -> (String, f64) {
+        // 60 s bounds a request that never ends: the longest lasts 20 s.
+        self.wait_until(
+            host,
+            &format!("[ -s {result} ]"),
+            std::time::Duration::from_secs(60),
+        );
+        let text = self.sh(host, &format!("cat {result}"));
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        let end = fields
+            .last()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(f64::NAN);
+        (fields[0].to_string(), end)
+    }
+
     /// systemd's invocation ID of a unit: it changes with every start.
     pub fn invocation(&self, host: &str, unit: &str) -> String {
         self.sh(

@@ -113,15 +113,25 @@ fn settings(m: &Manifest, host: &HostSpec) -> BTreeMap<String, Vec<String>> {
     // A graceful stop: SIGTERM to SGLang's main process alone, which stops taking requests,
     // finishes those in flight and then ends its schedulers itself. With systemd's default
     // (control-group) every process gets SIGTERM at once, the schedulers die mid-request and the
-    // unit ends `failed`. Not for a rank of a server over several hosts: a rank >= 1 answers
-    // SIGTERM only with a log line and waits for rank 0's shutdown broadcast (sglang 0.5.23
-    // `entrypoints/engine.py`, `_launch_subprocesses`), so its stop would last until
-    // TimeoutStopSec unless rank 0 stopped first.
-    if m.group.is_none() {
-        let timeout = format!("{}s", stop_timeout(m).as_secs());
-        settings.insert("Service.KillMode".into(), vec!["mixed".into()]);
-        settings.insert("Service.TimeoutStopSec".into(), vec![timeout]);
-    }
+    // unit ends `failed`. A rank >= 1 of a server over several hosts answers SIGTERM only with a
+    // log line: rank 0's drain ends with a ShutdownReq its schedulers broadcast to every rank's,
+    // and then the rank's process exits by itself (sglang 0.5.23 `entrypoints/engine.py`,
+    // `_launch_subprocesses`; `managers/tokenizer_manager.py`, `sigterm_watchdog`). So its
+    // TimeoutStopSec outlasts rank 0's by SGLang's own stop: a group is stopped all at once
+    // (`apply::pipeline`), and that timeout is only the backstop.
+    let rank = m
+        .group
+        .as_ref()
+        .and_then(|_| m.hosts.iter().position(|h| h.name == host.name));
+    let timeout = match rank {
+        Some(rank) if rank > 0 => stop_timeout(m) + SGLANG_STOP_OVERHEAD,
+        _ => stop_timeout(m),
+    };
+    settings.insert("Service.KillMode".into(), vec!["mixed".into()]);
+    settings.insert(
+        "Service.TimeoutStopSec".into(),
+        vec![format!("{}s", timeout.as_secs())],
+    );
     for (key, value) in m.systemd.iter().chain(&host.systemd) {
         settings.insert(format!("{}.{key}", section_of(key)), vec![value.clone()]);
     }
@@ -306,9 +316,17 @@ WantedBy=multi-user.target
             settings(&own),
             (Some("control-group".into()), Some("30".into()))
         );
-        // A rank of a server over several hosts keeps systemd's default (see `settings`).
+        // The ranks of a server over several hosts stop gracefully too; rank 1 waits for rank
+        // 0's drain and then its stop (see `settings`).
         let group = "service: big\nnodes: [gpu-a, gpu-b]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n  flags: { tp-size: 2 }\n";
-        assert_eq!(settings(group), (None, None));
+        let m = parse("g.yaml", group).unwrap();
+        let rank = |i: usize| {
+            let unit = render(&m, &m.hosts[i]);
+            let get = |k: &str| unit.model.settings.get(k).map(|v| v.join(" "));
+            (get("Service.KillMode"), get("Service.TimeoutStopSec"))
+        };
+        assert_eq!(rank(0), (Some("mixed".into()), Some("140s".into())));
+        assert_eq!(rank(1), (Some("mixed".into()), Some("160s".into())));
     }
 
     #[test]
