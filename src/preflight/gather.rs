@@ -3,9 +3,11 @@
 //! of a shell string.
 
 use super::kept::{self, deep_input, Kept};
-use super::scripts::{ACCESS, DEEP_SCRIPT, LISTENERS, PYTHON, VERSION_SCRIPT};
+use super::scripts::{ACCESS, DEEP_SCRIPT, LISTENERS, PYTHON, VERSION_SCRIPT, WEIGHTS_SCRIPT};
 use super::survey::Survey;
-use super::{judge, read_deep, Access, Deep, DeepWhen, Facts, Finding, Gpus, Port, Python};
+use super::{
+    judge, read_deep, Access, Deep, DeepWhen, Facts, Finding, Gpus, Port, Python, WeightsCheck,
+};
 use crate::observed::UnitState;
 use crate::plan::Verdict;
 use crate::remote::{Host, RemoteError};
@@ -36,6 +38,7 @@ pub async fn check_with<T>(
     }
     let mut facts = host_facts(host, t, deep_for(deep, verdict), python).await?;
     facts.main_pid = state_of(&observed).main_pid;
+    facts.weights = weights_for(host, t, verdict, None).await?;
     Ok((observed, judge(t, &facts), version))
 }
 
@@ -63,7 +66,37 @@ pub async fn check_surveyed(
     let deep = deep_for(deep, verdict);
     let mut facts = with_deep(host, t, deep, python, checked, kept).await?;
     facts.main_pid = state.main_pid;
+    facts.weights = weights_for(host, t, verdict, survey.weights(t)).await?;
     Ok((judge(t, &facts), version))
+}
+
+/// The check of the model's weights for a unit planned as `verdict`: only where the change starts
+/// the server (new, or restarted), while the old one still runs. `found` is the survey's.
+async fn weights_for(
+    host: &dyn Host,
+    t: &Target,
+    verdict: Verdict,
+    found: Option<WeightsCheck>,
+) -> Result<Option<WeightsCheck>, RemoteError> {
+    if !matches!(verdict, Verdict::Restart | Verdict::Install) {
+        return Ok(None);
+    }
+    if let Some(found) = found {
+        return Ok(Some(found));
+    }
+    let want = super::Want::of(t);
+    let argv = [
+        "sh",
+        "-c",
+        PYTHON,
+        "sh",
+        &want.python,
+        "-c",
+        WEIGHTS_SCRIPT,
+        &want.model_path,
+    ];
+    let out = host.run(&argv).await?;
+    Ok(Some(WeightsCheck::of(out.status, &out.stdout, &out.stderr)))
 }
 
 /// The deep check's mode for a unit planned as `verdict`: `None` where it does not run.
@@ -95,6 +128,7 @@ pub async fn check(
 ) -> Result<Vec<Finding>, RemoteError> {
     let mut facts = gather(host, t, deep_for(deep, verdict)).await?;
     facts.main_pid = state.main_pid;
+    facts.weights = weights_for(host, t, verdict, None).await?;
     Ok(judge(t, &facts))
 }
 
@@ -149,6 +183,7 @@ async fn with_deep(
         port,
         main_pid: 0,
         deep,
+        weights: None,
     })
 }
 
@@ -364,6 +399,97 @@ pub(crate) fn deep_command() -> (Vec<String>, String) {
 mod tests {
     use super::super::scripts::VERSION_SCRIPT;
     use std::process::Command;
+
+    /// A safetensors file of one F32 tensor of `floats` values: 8 bytes of header length, the
+    /// JSON header, the data.
+    fn safetensors(floats: usize) -> Vec<u8> {
+        let header = format!(
+            "{{\"w\":{{\"dtype\":\"F32\",\"shape\":[{floats}],\"data_offsets\":[0,{}]}}}}",
+            floats * 4
+        );
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(header.as_bytes());
+        bytes.extend(vec![0u8; floats * 4]);
+        bytes
+    }
+
+    fn weights_of(model: &std::path::Path) -> super::WeightsCheck {
+        let out = Command::new("python3")
+            .args(["-c", super::WEIGHTS_SCRIPT, model.to_str().unwrap()])
+            .output()
+            .expect("python3 runs");
+        super::WeightsCheck::of(
+            out.status.code().unwrap_or(-1),
+            &String::from_utf8_lossy(&out.stdout),
+            &String::from_utf8_lossy(&out.stderr),
+        )
+    }
+
+    #[test]
+    fn the_weights_check_finds_a_shard_missing_or_cut_short_from_its_header() {
+        use reconcile_core::preflight::{WeightProblem, Weights};
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path();
+        let index = r#"{"metadata": {}, "weight_map": {"a.w": "s1.safetensors", "b.w": "s2.safetensors", "c.w": "s2.safetensors", "d.w": "s3.safetensors", "e.w": "s4.safetensors"}}"#;
+        std::fs::write(model.join("model.safetensors.index.json"), index).unwrap();
+        let whole = safetensors(256);
+        std::fs::write(model.join("s1.safetensors"), &whole).unwrap();
+        std::fs::write(model.join("s2.safetensors"), &whole[..whole.len() - 4]).unwrap();
+        std::fs::write(model.join("s4.safetensors"), [&whole[..], b"tail"].concat()).unwrap();
+        let super::WeightsCheck::Read(found) = weights_of(model) else {
+            panic!("no answer")
+        };
+        let n = whole.len();
+        let problem = |file: &str, problem: String| WeightProblem {
+            file: file.into(),
+            problem,
+        };
+        assert_eq!(
+            found,
+            Weights {
+                files: ["s1", "s2", "s3", "s4"]
+                    .map(|s| format!("{s}.safetensors"))
+                    .to_vec(),
+                bytes: (n + n - 4 + n + 4) as u64,
+                problems: vec![
+                    problem(
+                        "s2.safetensors",
+                        format!(
+                            "is truncated: {} of the {n} bytes its safetensors header implies",
+                            n - 4
+                        )
+                    ),
+                    problem("s3.safetensors", "is missing".into()),
+                    problem(
+                        "s4.safetensors",
+                        format!(
+                            "has {} bytes, more than the {n} its safetensors header implies",
+                            n + 4
+                        )
+                    ),
+                ],
+                unchecked: None,
+            }
+        );
+        // A single file, whole: nothing wrong; no safetensors at all: not checked.
+        let single = tempfile::tempdir().unwrap();
+        std::fs::write(single.path().join("model.safetensors"), &whole).unwrap();
+        let super::WeightsCheck::Read(found) = weights_of(single.path()) else {
+            panic!("no answer")
+        };
+        assert!(
+            found.problems.is_empty() && found.bytes == n as u64,
+            "{found:?}"
+        );
+        let empty = tempfile::tempdir().unwrap();
+        let super::WeightsCheck::Read(found) = weights_of(empty.path()) else {
+            panic!("no answer")
+        };
+        assert_eq!(
+            found.unchecked.as_deref(),
+            Some("the model folder has no model.safetensors.index.json or model.safetensors")
+        );
+    }
 
     fn version_with(dists: &[(&str, &str, &str)]) -> (bool, String, String) {
         let dir = tempfile::tempdir().unwrap();

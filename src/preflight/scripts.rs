@@ -59,3 +59,59 @@ done";
 /// would before it loads any weights, with the unit's environment and working directory and the
 /// GPUs hidden. Its answer is read by `reconcile_core::preflight::read_deep`; `gather` runs it.
 pub(super) const DEEP_SCRIPT: &str = include_str!("deep.py");
+
+/// Checks the model's weights without reading them (`reconcile_core::preflight::read_weights`
+/// reads its answer, one JSON line): each file `model.safetensors.index.json` names (or the single
+/// `model.safetensors`) exists and is exactly as long as its safetensors header says. Only the
+/// headers are read: 8 bytes of header length, then the JSON header (at most 100 MB, the
+/// safetensors library's own limit). `$1` (`sys.argv[1]`): the model path.
+pub(super) const WEIGHTS_SCRIPT: &str = r#"import json, os, struct, sys
+d = sys.argv[1]
+out = {"files": [], "bytes": 0, "problems": [], "unchecked": None}
+def done():
+    print(json.dumps(out))
+    sys.exit(0)
+if not os.path.isdir(d):
+    out["unchecked"] = "the model path is not a folder on the host"
+    done()
+index = os.path.join(d, "model.safetensors.index.json")
+if os.path.isfile(index):
+    try:
+        with open(index) as f:
+            names = list(dict.fromkeys(json.load(f)["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        out["problems"].append({"file": "model.safetensors.index.json", "problem": "does not read: %s" % e})
+        done()
+elif os.path.isfile(os.path.join(d, "model.safetensors")):
+    names = ["model.safetensors"]
+else:
+    out["unchecked"] = "the model folder has no model.safetensors.index.json or model.safetensors"
+    done()
+for name in names:
+    out["files"].append(name)
+    path = os.path.join(d, name)
+    try:
+        size = os.stat(path).st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+            header = json.loads(f.read(n)) if 0 < n <= min(size - 8, 100000000) else None
+    except FileNotFoundError:
+        out["problems"].append({"file": name, "problem": "is missing"})
+        continue
+    except (OSError, ValueError) as e:
+        out["problems"].append({"file": name, "problem": "cannot be read: %s" % e})
+        continue
+    out["bytes"] += size
+    try:
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+        want = 8 + n + max(ends, default=0)
+    except (AttributeError, KeyError, IndexError, TypeError):
+        out["problems"].append({"file": name, "problem": "is not safetensors or is cut short: its header does not read (%d bytes)" % size})
+        continue
+    if size < want:
+        out["problems"].append({"file": name, "problem": "is truncated: %d of the %d bytes its safetensors header implies" % (size, want)})
+    elif size > want:
+        out["problems"].append({"file": name, "problem": "has %d bytes, more than the %d its safetensors header implies" % (size, want)})
+done()
+"#;

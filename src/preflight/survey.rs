@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use reconcile_core::survey::{self, Fault, Sections};
 
-use super::{Access, DeepWhen, Gpus, Port, Python, Want};
+use super::{Access, DeepWhen, Gpus, Port, Python, Want, WeightsCheck};
 use crate::digest::sha256;
 use crate::observed::{Observed, SHOW_PROPERTIES};
 use crate::plan::UNIT_DIR;
@@ -25,20 +25,21 @@ use crate::targets::Target;
 
 /// Arguments a unit takes in the script: name, unit path, sha256 of the rendered unit, model
 /// path, port, record path ("" for none), then the lookup's of a kept deep-check verdict (the
-/// controller's half of its key, "" for no lookup; the model, tokenizer and chat-template paths).
-const PER_UNIT: usize = 10;
+/// controller's half of its key, "" for no lookup; the model, tokenizer and chat-template paths),
+/// then the unit's Python (which checks the model's weights).
+const PER_UNIT: usize = 11;
 
-/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$8` the fixed
-/// scripts of the parts (`scripts.rs`, the unit's layers: `reconcile_core::layers`, and the lookup
-/// of a kept deep-check verdict: `kept.rs`), then the number of Pythons and each, then the number
+/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$9` the fixed
+/// scripts of the parts (`scripts.rs`, the unit's layers: `reconcile_core::layers`, the lookup
+/// of a kept deep-check verdict: `kept.rs`, and the weights check), then the number of Pythons and each, then the number
 /// of units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
 /// The lookup runs beside the version read it depends on, for any version: the caller compares.
 /// Every part writes to files of its own, never to the script's stdout, so a part that outlives
 /// its `timeout` cannot hold the session open. Without `base64` or `sha256sum` it exits 101 before
 /// printing anything: empty bodies would read as empty files.
 const SCRIPT: &str = r#"# survey: unit files, systemctl show, drop-ins, SGLang versions, model paths, nvidia-smi, ss, records
-t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6 lay=$7 kept=$8
-shift 8
+t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6 lay=$7 kept=$8 wts=$9
+shift 9
 command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 || exit 101
 command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
 d=$(mktemp -d) || exit 1
@@ -73,8 +74,9 @@ while [ "$i" -lt "$n" ]; do
     part "access.$i" sh -c "$acc" sh "$4"
     part "ports.$i" sh -c "$lis" sh "$5"
     [ -n "$7" ] && part "kept.$i" sh -c "$kept" sh "$7" "$8" "$9" "${10}" ""
+    part "weights.$i" sh -c "$py" sh "${11}" -c "$wts" "$4"
   fi
-  shift 10; i=$((i + 1))
+  shift 11; i=$((i + 1))
 done
 [ "$changed" = 1 ] && part gpus nvidia-smi -L
 wait
@@ -158,6 +160,7 @@ pub async fn survey(
         super::scripts::LISTENERS.to_string(),
         crate::layers::LAYERS_SCRIPT.to_string(),
         super::kept::lookup_script(&super::kept::kept_dir()),
+        super::scripts::WEIGHTS_SCRIPT.to_string(),
         pythons.len().to_string(),
     ];
     args.extend(pythons.iter().cloned());
@@ -185,7 +188,11 @@ pub async fn survey(
                 .collect(),
             false => vec![String::new(); 4],
         };
-        let fields: Vec<String> = fields.into_iter().chain(lookup).collect();
+        let fields: Vec<String> = fields
+            .into_iter()
+            .chain(lookup)
+            .chain([w.python.clone()])
+            .collect();
         debug_assert_eq!(fields.len(), PER_UNIT);
         args.extend(fields);
     }
@@ -340,6 +347,18 @@ impl Survey {
         }
     }
 
+    /// The check of the target's model weights; `None` when the survey did not check them (the
+    /// unit on the host was the rendered one).
+    pub fn weights(&self, t: &Target) -> Option<WeightsCheck> {
+        let i = self.index(&t.desired.unit).ok()?;
+        let section = self.sections.get(&format!("weights.{i}")).ok()?;
+        Some(WeightsCheck::of(
+            section.status,
+            &section.stdout,
+            &section.stderr,
+        ))
+    }
+
     /// The unit's deployment record (`current.json`), as `apply::state::read_record` reads it;
     /// `None` when the survey did not ask for records.
     pub fn record(&self, unit: &str) -> Option<Result<Option<Record>, RecordError>> {
@@ -442,12 +461,12 @@ pub(crate) mod tests {
         let survey = || run_script(&bin, &[
             "5", "LoadState", super::super::scripts::PYTHON, "import sys; print('0.5.9')",
             super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
-            crate::layers::LAYERS_SCRIPT, &lookup,
+            crate::layers::LAYERS_SCRIPT, &lookup, super::super::scripts::WEIGHTS_SCRIPT,
             "1", "/usr/bin/python3",
             "2",
-            "a.service", unit, "0000", evil, "30000", "", "base", model, model, "",
+            "a.service", unit, "0000", evil, "30000", "", "base", model, model, "", "/usr/bin/python3",
             "b.service", same, &sha256("same\n"), "/nonexistent", "30001", "/nonexistent/current.json",
-            "base", model, model, "",
+            "base", model, model, "", "/usr/bin/python3",
         ]);
         let (status, out) = survey();
         assert!(
@@ -488,9 +507,20 @@ pub(crate) mod tests {
                 command: "nvidia-smi".into()
             })
         );
+        // a's model path is no folder: its weights are not checked, and the check says why.
+        let weights = s.get("weights.0").unwrap();
+        assert_eq!(
+            WeightsCheck::of(weights.status, &weights.stdout, &weights.stderr),
+            WeightsCheck::Read(reconcile_core::preflight::Weights {
+                files: vec![],
+                bytes: 0,
+                problems: vec![],
+                unchecked: Some("the model path is not a folder on the host".into()),
+            })
+        );
         // b is unchanged: no change-only checks, and its record is absent.
         assert!(!s.contains("access.1") && !s.contains("ports.1") && !s.contains("record.0"));
-        assert!(!s.contains("kept.1"));
+        assert!(!s.contains("kept.1") && !s.contains("weights.1"));
         assert_eq!(survey::file(s.get("record.1").unwrap(), "/r"), Ok(None));
 
         // a changes: the lookup of its kept deep-check verdict found none, and says its key; a
@@ -529,15 +559,15 @@ pub(crate) mod tests {
             stdout: stdout.into(),
             stderr: String::new(),
         };
-        let pythons: usize = args[8].parse().unwrap();
+        let pythons: usize = args[9].parse().unwrap();
         let mut text = String::new();
         for j in 0..pythons {
             text += &encode(&format!("python.{j}"), &ok(&format!("{version}\n")));
         }
-        let units: usize = args[9 + pythons].parse().unwrap();
+        let units: usize = args[10 + pythons].parse().unwrap();
         let mut changed = false;
         for i in 0..units {
-            let u = &args[10 + pythons + i * PER_UNIT..][..PER_UNIT];
+            let u = &args[11 + pythons + i * PER_UNIT..][..PER_UNIT];
             let file = files.iter().find(|(p, _)| *p == u[1]).map(|(_, t)| *t);
             let unit = match file {
                 Some(t) => ok(t),
@@ -567,6 +597,8 @@ pub(crate) mod tests {
                 changed = true;
                 text += &encode(&format!("access.{i}"), &ok(""));
                 text += &encode(&format!("ports.{i}"), &ok("#cgroups\n"));
+                let whole = r#"{"files": ["model.safetensors"], "bytes": 8}"#;
+                text += &encode(&format!("weights.{i}"), &ok(whole));
             }
         }
         if changed {

@@ -386,6 +386,12 @@ pub const LEASES: &[Lease] = &[
         ports: 33000..33011,
         gpus: NO_GPUS,
     },
+    Lease {
+        user: "preflight.rs (the weights check's running server)",
+        hosts: &["rl3"],
+        ports: 33011..33012,
+        gpus: 2..4,
+    },
     APPLY_1,
     APPLY_2,
     APPLY_3,

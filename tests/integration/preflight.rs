@@ -412,3 +412,81 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     assert_ne!(again, path);
     lab().sh(HOST, &format!("rm -rf {model} {path} {again}"));
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_restart_onto_a_truncated_shard_is_refused_at_the_model_path_and_the_old_server_runs_on() {
+    // A model folder with an index and two shards, each one F32 tensor of 1024 values, written
+    // as safetensors files are: 8 bytes of header length, the JSON header, the data.
+    let model = "/var/tmp/t-pre-weights-model";
+    let write = format!(
+        r#"rm -rf {model} && mkdir -p {model} && cd {model} && python3 -c '
+import json, struct
+for name in ("s1", "s2"):
+    header = json.dumps({{"w": {{"dtype": "F32", "shape": [1024], "data_offsets": [0, 4096]}}}}).encode()
+    open(name + ".safetensors", "wb").write(struct.pack("<Q", len(header)) + header + bytes(4096))
+json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, open("model.safetensors.index.json", "w"))
+'"#
+    );
+    lab().sh(HOST, &write);
+    let unit = "t-pre-weights.service";
+    let v1 = service("t-pre-weights", 33011)
+        .model_path(model)
+        .env("CUDA_VISIBLE_DEVICES", "2,3");
+    // The old server, started as a past apply would have left it.
+    let run = Reconcile::new().manifest("a.yaml", &v1);
+    lab().put(
+        HOST,
+        &format!("/etc/systemd/system/{unit}"),
+        &run.rendered(HOST),
+    );
+    lab().sh(
+        HOST,
+        &format!("systemctl daemon-reload && systemctl enable --now {unit}"),
+    );
+    let before = lab().invocation(HOST, unit);
+
+    // A shard cut short (a copy that did not finish), then a change that restarts the server.
+    lab().sh(HOST, &format!("truncate -s -100 {model}/s2.safetensors"));
+    let v2 = v1.clone().flag("mem-fraction-static", 0.8);
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &v2)
+        .args(&["apply", "--format", "json"])
+        .run();
+    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let report = &ran.json()["units"][0];
+    assert_eq!(report["outcome"], "error", "{report:#}");
+    let detail = report["detail"].as_str().unwrap();
+    let line = v2
+        .to_string()
+        .lines()
+        .position(|l| l.contains("model_path:"))
+        .unwrap()
+        + 1;
+    assert!(
+        detail.contains(&format!("a.yaml:{line}:3: sglang.model_path: the model's weights would not load: {model}/s2.safetensors is truncated: ")),
+        "{detail}"
+    );
+    assert_eq!(
+        lab().invocation(HOST, unit),
+        before,
+        "the old server runs on"
+    );
+    assert_eq!(
+        lab()
+            .sh(HOST, &format!("systemctl is-active {unit}"))
+            .trim(),
+        "active"
+    );
+
+    // The same plan with the shard whole again: nothing to say of the weights.
+    lab().sh(HOST, &format!("truncate -s +100 {model}/s2.safetensors"));
+    let (_, json, _) = plan_json(&[("a.yaml", &v2)], &["--no-deep"]);
+    assert_eq!(
+        messages_of(&json["units"][0], "weights"),
+        Vec::<String>::new(),
+        "{json:#}"
+    );
+    lab().remove_unit(HOST, unit);
+    lab().sh(HOST, &format!("rm -rf {model}"));
+}

@@ -265,7 +265,7 @@ fn argparse_flag(reason: &str) -> Option<String> {
 /// (`manifests/a.yaml:10:5: sglang.flags.context-length`), the host's own override first, as
 /// the unit is rendered. `model-path` is `sglang.model_path`. `None` when the manifest does not
 /// write it (a default SGLang refused for this model).
-fn written_at(t: &Target, flag: &str) -> Option<String> {
+pub(super) fn written_at(t: &Target, flag: &str) -> Option<String> {
     let m = &t.manifest;
     let catalog = Catalog::for_version(&m.sglang.version);
     // The key itself, an alias of the flag, or an abbreviation argparse expands to it.

@@ -16,6 +16,7 @@
 
 mod deep;
 pub mod fleet;
+mod weights;
 
 use std::collections::BTreeMap;
 
@@ -24,6 +25,7 @@ pub use deep::{
     kept_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
 };
 pub use fleet::{gpu_conflicts, split_devices};
+pub use weights::{judge_weights, read_weights, WeightProblem, Weights, WeightsCheck};
 
 use crate::flags::flags;
 use crate::sglang::{self, Catalog};
@@ -41,6 +43,9 @@ pub struct Facts {
     /// The host's SGLang checking the unit's argv and its model's config (the deep check); `None`
     /// where it did not run (see [`DeepWhen`]).
     pub deep: Option<Deep>,
+    /// The model's weights, checked for a unit whose change starts its server (new, or
+    /// restarted); `None` where they were not.
+    pub weights: Option<WeightsCheck>,
 }
 
 /// The unit's Python, and the SGLang installed for it.
@@ -191,6 +196,10 @@ pub fn judge(t: &Target, facts: &Facts) -> Vec<Finding> {
             .into_iter()
             .flatten(),
     );
+    if let Some(w) = &facts.weights {
+        let at = deep::written_at(t, "model-path");
+        findings.extend(w.judge(&want.model_path, at.as_deref()));
+    }
     findings.extend(verifiable(t));
     findings.extend(t.conflicts.iter().cloned());
     findings
@@ -552,6 +561,7 @@ mod tests {
             port: Port::Listeners(Vec::new()),
             main_pid: 0,
             deep: None,
+            weights: None,
         }
     }
 
@@ -650,6 +660,23 @@ mod tests {
             assert_eq!(findings[0].severity, Severity::Error);
             assert_eq!(findings[0].message, expected);
         }
+    }
+
+    #[test]
+    fn a_truncated_shard_of_a_restarting_unit_is_an_error_at_its_model_path() {
+        let t = target(&manifest("s", "gpu-a", ""));
+        let weights = read_weights(r#"{"files": ["model-00002-of-00002.safetensors"], "bytes": 10, "problems": [{"file": "model-00002-of-00002.safetensors", "problem": "is missing"}]}"#).unwrap();
+        let facts = Facts {
+            weights: Some(WeightsCheck::Read(weights)),
+            ..healthy()
+        };
+        let findings = judge(&t, &facts);
+        let errors = messages(&findings, "weights");
+        assert_eq!(errors.len(), 1, "{findings:?}");
+        assert!(
+            errors[0].starts_with("m.yaml:6:3: sglang.model_path: the model's weights would not load: /models/m/model-00002-of-00002.safetensors is missing"),
+            "{errors:?}"
+        );
     }
 
     #[test]
