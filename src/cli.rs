@@ -905,6 +905,13 @@ pub struct ApplyArgs {
     /// Without it apply refuses such a unit and touches nothing.
     #[arg(long)]
     pub replace_dropins: bool,
+
+    /// Do not read a restarting server's weights into its host's page cache before the old server
+    /// stops. By default each file its safetensors index names is read at low I/O priority, for
+    /// at most the load deadline, when the weights fit in 90 % of the host's available memory, so
+    /// the new server loads them from memory.
+    #[arg(long)]
+    pub no_stage: bool,
 }
 
 impl ApplyArgs {

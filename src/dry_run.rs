@@ -109,9 +109,16 @@ async fn plan_surveyed(
     let verdict = planned.verdict;
     let checked = preflight::check_surveyed(host, t, survey, &observed.state, verdict, deep).await;
     match checked {
-        Ok((findings, sglang)) => {
+        Ok(checked) => {
             let guard = survey.guard(&t.desired.unit);
-            planned_with(t, &observed, planned, findings, sglang, guard)
+            planned_with(
+                t,
+                &observed,
+                planned,
+                checked.findings,
+                checked.sglang,
+                guard,
+            )
         }
         Err(e) => PlanOutcome::failed(t, error_chain(&e)),
     }

@@ -149,7 +149,8 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
             &args.rollout.asked(),
             targets.iter().filter_map(|t| t.manifest.rollout.as_ref()),
         ))
-        .replace_dropins(args.replace_dropins);
+        .replace_dropins(args.replace_dropins)
+        .stage(!args.no_stage);
     let mut reports = apply::apply_targets(targets, &ssh, &options).await;
     reports.extend(refused.into_iter().map(|r| {
         apply::refused(

@@ -34,6 +34,7 @@ pub mod redact;
 pub mod rollout;
 pub mod router;
 pub mod sglang;
+pub mod stage;
 pub mod survey;
 pub mod targets;
 pub mod transaction;

@@ -42,6 +42,10 @@ impl Kind {
 pub enum Step {
     /// Preflight on every rank (and the rendezvous port on rank 0), then every rank's lock.
     Prepare,
+    /// Every rank's weights read into its host's page cache while the old server serves
+    /// (`crate::stage`). It only saves time: it never stops the apply (a signal during it is seen
+    /// at [`Step::Arm`]).
+    Stage,
     /// Rank 0, the server's API, drained when the manifest asks (`drain:`).
     Drain,
     /// Every rank's new unit written and loaded (`daemon-reload`).
@@ -129,7 +133,9 @@ impl Transaction {
         self.step = match (self.step, went) {
             (Done(end), _) => Done(end),
             (Prepare, Went::Passed) if confirm => Arm,
+            (Prepare, Went::Passed) if self.kind == Kind::Restart => Stage,
             (Prepare, Went::Passed) => Drain,
+            (Stage, _) => Drain,
             (Drain, Went::Passed) => Write,
             (Prepare | Drain, _) => Done(End::Refused),
             (Write, Went::Passed) if self.kind == Kind::ReloadOnly => RecordReload,
@@ -180,11 +186,12 @@ mod tests {
     }
 
     #[test]
-    fn a_restart_is_prepared_drained_written_armed_restarted_verified_and_confirmed() {
+    fn a_restart_is_prepared_staged_drained_written_armed_restarted_verified_and_confirmed() {
         assert_eq!(
             walk(Kind::Restart, &[]),
             [
                 Prepare,
+                Stage,
                 Drain,
                 Write,
                 Arm,
@@ -219,6 +226,15 @@ mod tests {
         );
         let unarmed = walk(Kind::Confirm, &[(Arm, Went::Failed)]);
         assert_eq!(unarmed, [Prepare, Arm, Done(End::Refused)]);
+    }
+
+    #[test]
+    fn staging_only_saves_time_it_never_stops_the_apply() {
+        for went in [Went::Stopped, Went::Failed] {
+            let steps = walk(Kind::Restart, &[(Stage, went)]);
+            assert_eq!(steps[..3], [Prepare, Stage, Drain], "{went:?}");
+            assert_eq!(steps.last(), Some(&Done(End::Converged)));
+        }
     }
 
     #[test]
@@ -264,7 +280,7 @@ mod tests {
     #[test]
     fn guards_are_armed_from_the_arm_step_on_and_only_by_it() {
         let mut t = Transaction::new(Kind::Restart);
-        for _ in 0..3 {
+        for _ in 0..4 {
             assert!(!t.armed(), "{:?}", t.step());
             t.went(Went::Passed);
         }
@@ -272,7 +288,7 @@ mod tests {
         t.went(Went::Passed);
         assert!(t.armed());
         let mut put_back = Transaction::new(Kind::Restart);
-        for _ in 0..3 {
+        for _ in 0..4 {
             put_back.went(Went::Passed);
         }
         put_back.went(Went::Stopped);

@@ -28,6 +28,7 @@ mod quality;
 mod restore;
 mod rollout;
 mod routed;
+mod stage;
 pub(crate) mod state;
 #[cfg(test)]
 mod testing;
@@ -100,6 +101,10 @@ pub struct UnitReport {
     /// This unit's place in its server group (`nodes:`); absent for a server of its own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupPlace>,
+    /// The weights staged into the page cache before the old server stopped
+    /// (`reconcile_core::stage`); absent when the server did not restart.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub staging: Option<reconcile_core::stage::Staging>,
 }
 
 /// A rank's place in its server group, as reports show it.
@@ -151,6 +156,9 @@ pub struct ApplyOptions {
     pub routers: Option<std::sync::Arc<crate::router::Routers>>,
     /// `--replace-dropins`: every unit as if its manifest said `systemd.dropins: replace`.
     pub replace_dropins: bool,
+    /// Stage a restarting server's weights into its host's page cache before the stop
+    /// (`reconcile_core::stage`); `--no-stage` turns it off.
+    pub stage: bool,
 }
 
 impl ApplyOptions {
@@ -180,7 +188,13 @@ impl ApplyOptions {
             redactor,
             routers: None,
             replace_dropins: false,
+            stage: true,
         }
+    }
+
+    /// `--no-stage`: no weights staged before a restart.
+    pub fn stage(self, stage: bool) -> ApplyOptions {
+        ApplyOptions { stage, ..self }
     }
 
     /// `--replace-dropins`.
@@ -320,6 +334,7 @@ pub(crate) fn refused(
         drain: None,
         quality: None,
         group: None,
+        staging: None,
     }
 }
 
@@ -517,6 +532,7 @@ impl Report {
             drain: None,
             quality: None,
             group: GroupPlace::of(t),
+            staging: None,
         };
         Report { report, started }
     }
@@ -589,25 +605,24 @@ fn moved_notes(unit: &str, layered: &Layered) -> Vec<String> {
 }
 
 /// Preflight's findings: those that do not block become notes; any that blocks refuses the unit.
+/// What it found of the weights, staging reads.
 async fn run_preflight(
     job: &Job<'_>,
     observed: &Observed,
     verdict: Verdict,
     survey: Option<&Survey>,
     report: &mut UnitReport,
-) -> Result<(), ApplyError> {
+) -> Result<Option<preflight::WeightsCheck>, ApplyError> {
     let (host, t, options) = (job.host, job.t, job.options);
     let state = &observed.state;
-    let findings = match survey {
-        Some(s) => preflight::check_surveyed(host, t, s, state, verdict, options.deep)
-            .await
-            .map(|(findings, _)| findings),
+    let checked = match survey {
+        Some(s) => preflight::check_surveyed(host, t, s, state, verdict, options.deep).await,
         None => preflight::check(host, t, state, verdict, options.deep).await,
     }
     .map_err(|e| ApplyError::PreflightCouldNotRun(error_chain(&e)))?;
-    let (notes, refusal) = decide::preflight(findings, options.restoring);
+    let (notes, refusal) = decide::preflight(checked.findings, options.restoring);
     report.notes.extend(notes);
-    refusal.map_or(Ok(()), Err)
+    refusal.map_or(Ok(checked.weights), Err)
 }
 
 /// Releases the unit's lock; a failure to is a note (the next apply from here breaks the lock).

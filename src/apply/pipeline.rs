@@ -10,9 +10,10 @@
 //!    restarts restarts them all;
 //! 2. preflight on every rank (and the rendezvous port free on rank 0), then every rank's lock;
 //! 3. rank 0 drained, every rank's unit installed (a failure puts every file back);
-//! 4. every rank's guard armed on its host, then every rank stopped (highest first) and started in
-//!    the order SGLang needs (rank 0 first: it hosts the rendezvous,
-//!    `reconcile_core::group::start_order`);
+//! 4. every rank's guard armed on its host, then every rank stopped as SGLang stops a group (rank
+//!    0 drains the requests in flight, and its shutdown ends the others:
+//!    `reconcile_core::group::stop_steps`) and started in the order SGLang needs (rank 0 first: it
+//!    hosts the rendezvous, `reconcile_core::group::start_order`);
 //! 5. every rank verified at once: rank 0 through HTTP (warmup, readiness, identity, smoke), the
 //!    others through their process, memory, journal and SGLang's dummy health port
 //!    (`verify::Expect::follower`). The first rank to fail cuts the others short. Then rank 0's
@@ -144,6 +145,8 @@ struct Rank<'a> {
     spec: VerifySpec,
     history: Option<LoadHistory>,
     learned_notes: Vec<String>,
+    /// Preflight's check of the weights (a rank whose server starts), which staging reads.
+    weights: Option<preflight::WeightsCheck>,
 }
 
 /// How a rank stands after its first look.
@@ -292,6 +295,7 @@ async fn apply_on(
             spec: VerifySpec::default(),
             history: None,
             learned_notes: Vec::new(),
+            weights: None,
         });
     }
     let endings = run(&mut ranks, Transaction::new(kind)).await;
@@ -403,6 +407,10 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
                     Went::Stopped
                 }
             },
+            Step::Stage => {
+                stage(ranks).await;
+                Went::Passed
+            }
             Step::Drain => {
                 // The quality gate's reference and noise floor, read from rank 0 while the old
                 // server serves. Not for `reconcile rollback`: a kept deployment is put back
@@ -881,12 +889,8 @@ async fn prepare(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
         super::run_preflight(job, observed, *verdict, survey.as_ref(), &mut report.report).await
     }))
     .await;
-    if let Some((i, e)) = checked
-        .into_iter()
-        .enumerate()
-        .find_map(|(i, c)| c.err().map(|e| (i, e)))
-    {
-        return Err((i, e));
+    for (i, checked) in checked.into_iter().enumerate() {
+        ranks[i].weights = checked.map_err(|e| (i, e))?;
     }
     let rank0 = &ranks[0];
     if let Some(port) = rendezvous(&rank0.job.t.desired.model) {
@@ -917,6 +921,37 @@ async fn prepare(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
         }
     }
     Ok(())
+}
+
+/// Step 2b, for a restart: every rank's weights read into its host's page cache at once, while
+/// the old servers serve (`reconcile_core::stage`). Only where a server runs: a new or stopped
+/// one has no downtime to shorten. Each rank's report says what staging did.
+async fn stage(ranks: &mut [Rank<'_>]) {
+    let staged = join_all(ranks.iter().map(|r| async move {
+        let (job, options) = (&r.job, r.job.options);
+        if !options.stage || !r.fallback.was_running || r.verdict != Verdict::Restart {
+            return None;
+        }
+        let plan = r
+            .weights
+            .as_ref()
+            .ok_or_else(|| "the weights were not checked".to_string())
+            .and_then(|w| reconcile_core::stage::plan(w, job.t.verify.load_deadline));
+        Some(match plan {
+            Ok(plan) => {
+                let model = &job.t.manifest.sglang.model_path;
+                super::stage::stage(job.host, model, &plan, &options.cancel).await
+            }
+            Err(why) => reconcile_core::stage::Staging::skipped(why),
+        })
+    }))
+    .await;
+    for (r, staging) in ranks.iter_mut().zip(staged) {
+        if let Some(staging) = staging {
+            r.report.report.notes.push(staging.note());
+            r.report.report.staging = Some(staging);
+        }
+    }
 }
 
 /// The rendezvous port rank 0's unit listens on: `--dist-init-addr HOST:PORT`'s (`[v6]:PORT`).
@@ -1534,6 +1569,7 @@ async fn prepared(
         spec: VerifySpec::default(),
         history: None,
         learned_notes: Vec::new(),
+        weights: None,
     }];
     let kind = Kind::of(verdict, false).expect("a verdict with work");
     let mut tx = Transaction::new(kind);

@@ -44,6 +44,7 @@ pub fn options(cancel: CancellationToken) -> ApplyOptions {
         redactor: Default::default(),
         routers: None,
         replace_dropins: false,
+        stage: true,
     }
 }
 

@@ -42,6 +42,25 @@ pub async fn check_with<T>(
     Ok((observed, judge(t, &facts), version))
 }
 
+/// What preflight found for one unit: its findings, the SGLang version installed for its Python
+/// (`None`: none found), and the check of its weights where the change starts the server, which
+/// staging reads.
+pub struct Checked {
+    pub findings: Vec<Finding>,
+    pub sglang: Option<String>,
+    pub weights: Option<WeightsCheck>,
+}
+
+impl Checked {
+    fn of(t: &Target, facts: Facts) -> Checked {
+        Checked {
+            findings: judge(t, &facts),
+            sglang: installed(&facts.python),
+            weights: facts.weights,
+        }
+    }
+}
+
 /// Preflight from a survey: as [`check_with`], with the unit already observed (`state`) and
 /// judged (`verdict`), and the facts read from `survey`. Only what it lacks is asked of the host:
 /// the deep check, and the change-only checks of a unit the survey found unchanged.
@@ -52,11 +71,14 @@ pub async fn check_surveyed(
     state: &UnitState,
     verdict: Verdict,
     deep: DeepWhen,
-) -> Result<(Vec<Finding>, Option<String>), RemoteError> {
+) -> Result<Checked, RemoteError> {
     let python = survey.python(t)?;
-    let version = installed(&python);
     if verdict == Verdict::NoChange {
-        return Ok((super::judge_unchanged(t, &python), version));
+        return Ok(Checked {
+            findings: super::judge_unchanged(t, &python),
+            sglang: installed(&python),
+            weights: None,
+        });
     }
     let checked = match survey.checks(t) {
         Some(checked) => checked?,
@@ -67,7 +89,7 @@ pub async fn check_surveyed(
     let mut facts = with_deep(host, t, deep, python, checked, kept).await?;
     facts.main_pid = state.main_pid;
     facts.weights = weights_for(host, t, verdict, survey.weights(t)).await?;
-    Ok((judge(t, &facts), version))
+    Ok(Checked::of(t, facts))
 }
 
 /// The check of the model's weights for a unit planned as `verdict`: only where the change starts
@@ -125,11 +147,11 @@ pub async fn check(
     state: &UnitState,
     verdict: Verdict,
     deep: DeepWhen,
-) -> Result<Vec<Finding>, RemoteError> {
+) -> Result<Checked, RemoteError> {
     let mut facts = gather(host, t, deep_for(deep, verdict)).await?;
     facts.main_pid = state.main_pid;
     facts.weights = weights_for(host, t, verdict, None).await?;
-    Ok(judge(t, &facts))
+    Ok(Checked::of(t, facts))
 }
 
 /// Every fact at once (the host's connection bounds how many commands run together), then the
@@ -469,8 +491,10 @@ mod tests {
                     ),
                 ],
                 unchecked: None,
+                mem_available: found.mem_available,
             }
         );
+        assert!(found.mem_available.is_some_and(|m| m > 0), "{found:?}");
         // A single file, whole: nothing wrong; no safetensors at all: not checked.
         let single = tempfile::tempdir().unwrap();
         std::fs::write(single.path().join("model.safetensors"), &whole).unwrap();

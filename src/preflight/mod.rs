@@ -16,6 +16,6 @@ pub mod survey;
 
 #[cfg(test)]
 pub(crate) use gather::deep_command;
-pub use gather::{check, check_surveyed, check_with, installed_sglang, rendezvous_free};
+pub use gather::{check, check_surveyed, check_with, installed_sglang, rendezvous_free, Checked};
 pub use reconcile_core::preflight::*;
 pub use survey::{survey, Ask, Survey};

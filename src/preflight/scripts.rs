@@ -64,10 +64,18 @@ pub(super) const DEEP_SCRIPT: &str = include_str!("deep.py");
 /// reads its answer, one JSON line): each file `model.safetensors.index.json` names (or the single
 /// `model.safetensors`) exists and is exactly as long as its safetensors header says. Only the
 /// headers are read: 8 bytes of header length, then the JSON header (at most 100 MB, the
-/// safetensors library's own limit). `$1` (`sys.argv[1]`): the model path.
+/// safetensors library's own limit). Also the host's `MemAvailable`, which staging the weights
+/// needs. `$1` (`sys.argv[1]`): the model path.
 pub(super) const WEIGHTS_SCRIPT: &str = r#"import json, os, struct, sys
 d = sys.argv[1]
-out = {"files": [], "bytes": 0, "problems": [], "unchecked": None}
+out = {"files": [], "bytes": 0, "problems": [], "unchecked": None, "mem_available": None}
+try:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                out["mem_available"] = int(line.split()[1]) * 1024
+except (OSError, ValueError, IndexError):
+    pass
 def done():
     print(json.dumps(out))
     sys.exit(0)

@@ -3,6 +3,7 @@
 
 use std::sync::Once;
 
+use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{lab, manifest, Manifest, Reconcile, ESCAPING};
 
 const HOST: &str = ESCAPING;
@@ -432,7 +433,11 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
     let unit = "t-pre-weights.service";
     let v1 = service("t-pre-weights", 33011)
         .model_path(model)
-        .env("CUDA_VISIBLE_DEVICES", "2,3");
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", "2,3")
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&STAND_IN_VERIFY);
     // The old server, started as a past apply would have left it.
     let run = Reconcile::new().manifest("a.yaml", &v1);
     lab().put(
@@ -487,6 +492,38 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         Vec::<String>::new(),
         "{json:#}"
     );
+
+    // Applied now: the weights are staged into the page cache before the old server stops (they
+    // fit in the host's memory), and the report says so.
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &v2)
+        .args(&["apply", "--format", "json"])
+        .run();
+    let report = &ran.json()["units"][0];
+    assert_eq!(report["outcome"], "converged", "{report:#}");
+    assert_ne!(lab().invocation(HOST, unit), before, "restarted");
+    let staging = &report["staging"];
+    assert_eq!(staging["outcome"], "staged", "{report:#}");
+    let shard = lab().sh(HOST, &format!("stat -c %s {model}/s1.safetensors"));
+    let shard: u64 = shard.trim().parse().unwrap();
+    assert_eq!(
+        (staging["files"].as_u64(), staging["bytes"].as_u64()),
+        (Some(2), Some(2 * shard)),
+        "{staging}"
+    );
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("the weights were staged into the page cache before the stop: 2 file(s)"),
+        "{notes}"
+    );
+    // With --no-stage, a restart reads nothing ahead.
+    let ran = Reconcile::new()
+        .manifest("a.yaml", v2.clone().flag("mem-fraction-static", 0.7))
+        .args(&["apply", "--format", "json", "--no-stage"])
+        .run();
+    let report = &ran.json()["units"][0];
+    assert_eq!(report["outcome"], "converged", "{report:#}");
+    assert!(report.get("staging").is_none(), "{report:#}");
     lab().remove_unit(HOST, unit);
     lab().sh(HOST, &format!("rm -rf {model}"));
 }

@@ -67,6 +67,10 @@ pub struct Weights {
     /// index or file. `None`: checked.
     #[serde(default)]
     pub unchecked: Option<String>,
+    /// The host's `MemAvailable` (`/proc/meminfo`) in bytes, which staging the weights needs;
+    /// `None` where it did not read.
+    #[serde(default)]
+    pub mem_available: Option<u64>,
 }
 
 /// One file that would not load.
@@ -159,6 +163,7 @@ mod tests {
                 })
                 .collect(),
             unchecked: None,
+            mem_available: None,
         };
         let message = judge_weights("/m", None, &many).unwrap().message;
         assert!(
