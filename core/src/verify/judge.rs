@@ -145,15 +145,14 @@ pub fn dead_worker(samples: &[Sample], own_gpus: bool) -> Option<String> {
             ));
         }
     }
-    let most_schedulers = samples.iter().filter_map(|s| s.schedulers).max();
-    if let (Some(now), Some(most)) = (last.schedulers, most_schedulers) {
+    if let (Some(now), Some(most)) = (last.schedulers, held_peak(samples, |s| s.schedulers)) {
         if now < most {
             return Some(format!(
                 "a worker process died: {now} of {most} `sglang::scheduler` processes are left while the main process lives"
             ));
         }
     }
-    if let (Some(now), Some(most)) = (last.processes, held_peak(samples)) {
+    if let (Some(now), Some(most)) = (last.processes, held_peak(samples, |s| s.processes)) {
         if most >= 3 && now <= most / 2 {
             return Some(format!(
                 "a worker process died: the service's processes fell from {most} to {now} while the main process lives"
@@ -163,14 +162,17 @@ pub fn dead_worker(samples: &[Sample], own_gpus: bool) -> Option<String> {
     None
 }
 
-/// The most processes the cgroup held in two looks in a row. A start-up script's own children
-/// (the command substitutions of a venv wrapper before its `exec`) live for milliseconds, so one
-/// look may catch three processes that are one a moment later: that is a start, not a death
-/// (seen in the real SGLang tier, 3 processes at 0.2 s, 1 at 1 s). Workers stay.
-fn held_peak(samples: &[Sample]) -> Option<u32> {
+/// The most of `count` (the cgroup's processes, its `sglang::scheduler` processes) held in two
+/// looks in a row. A process's child lives under its parent's name until its `exec`: a start-up
+/// script's command substitutions before a venv wrapper's `exec` (seen in the real SGLang tier, 3
+/// processes at 0.2 s, 1 at 1 s), or a scheduler's `subprocess` call, briefly a second
+/// `sglang::scheduler` (sglang 0.5.23 `srt/utils/common.py`, `parse_lscpu_topology`, runs `lscpu`
+/// for the CPU engine; seen once in the real tier under load: "1 of 2" on a server with one). One look may catch such a child; that is no worker, and no death when it is gone.
+/// Workers stay.
+fn held_peak(samples: &[Sample], count: impl Fn(&Sample) -> Option<u32>) -> Option<u32> {
     samples
         .windows(2)
-        .filter_map(|w| Some(w[0].processes?.min(w[1].processes?)))
+        .filter_map(|w| Some(count(&w[0])?.min(count(&w[1])?)))
         .max()
 }
 
@@ -476,8 +478,13 @@ mod tests {
             processes: Some(processes),
             ..sample(seconds, 500, &[])
         };
-        let reason = dead_worker(&[with(1.0, 4, 6), with(2.0, 3, 5)], true).unwrap();
+        let died = [with(1.0, 4, 6), with(1.5, 4, 6), with(2.0, 3, 5)];
+        let reason = dead_worker(&died, true).unwrap();
         assert!(reason.contains("3 of 4 `sglang::scheduler`"), "{reason}");
+        // A scheduler's child before its `exec` (the CPU engine's `lscpu`), seen in one look, is
+        // no second scheduler.
+        let forked = [with(1.0, 1, 3), with(1.5, 2, 4), with(2.0, 1, 3)];
+        assert_eq!(dead_worker(&forked, true), None);
         assert!(
             dead_worker(&[with(1.0, 0, 8), with(2.0, 0, 8), with(3.0, 0, 4)], true)
                 .unwrap()
