@@ -431,15 +431,32 @@ fn finish(p: &Prepared, options: &Options, done: &mut Done) -> Result<(), Error>
         }
     }
     if let Some(path) = &options.chart {
-        let series = done.report.series(&e.benchmark.levels);
-        let svg = reconcile_core::experiment::svg::chart(
+        use reconcile_core::experiment::svg;
+        let report = &done.report;
+        let series = report.series(&e.benchmark.levels);
+        let by_level = svg::chart(
             &format!(
                 "{} on {}: output tok/s by concurrency",
-                done.report.service, e.host
+                report.service, e.host
             ),
             &e.benchmark.levels,
             &series,
         );
+        // Below it, the trade-off: each run at each level, the Pareto front in colour.
+        let svg = match report.trade_offs.is_empty() {
+            true => by_level,
+            false => svg::stacked(&[
+                by_level,
+                svg::trade_off(
+                    &format!(
+                        "output tok/s against {}: the front in colour, dominated in grey",
+                        report.trade_off_latency
+                    ),
+                    &report.trade_off_latency,
+                    &report.trade_offs,
+                ),
+            ]),
+        };
         write_atomically(path, &svg, "chart")?;
         done.chart = Some(path.display().to_string());
     }

@@ -63,7 +63,7 @@ fn experiment(variants: &str) -> String {
          host: {EXPERIMENT}\n\
          benchmark: {{ levels: [1, 4], prompt_tokens: 16, output_tokens: 64, requests: 16 }}\n\
          objective: {{ metric: output_tokens_per_s, concurrency: 4 }}\n\
-         constraints: {{ ttft_p99: 2s, quality: true }}\n\
+         constraints: {{ ttft_p99: 2s, quality: true, levels: {{ 4: {{ ttft_p99: 3s }} }} }}\n\
          # Baselines over an SSH forward on two cores: up to 27 % apart run alone, 29 % beside other\n\
          # tests; trusted up to three times that (the file allows under 100). Variants are 2x apart.\n\
          noise_percent: 90\n\
@@ -235,9 +235,35 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     let diff = json["manifest_diff"].as_str().unwrap();
     assert!(diff.contains("\n+    enable-mixed-chunk: true\n"), "{diff}");
 
-    // The chart: one line per measured run (two baselines are one series; the failures none).
+    // The best run at each level, under that level's constraints: at 4, the winner.
+    let best: Vec<(u64, &str)> = json["best_per_level"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["concurrency"].as_u64().unwrap(),
+                b["name"].as_str().unwrap_or("none"),
+            )
+        })
+        .collect();
+    assert_eq!(best.len(), 2, "{json:#}");
+    assert_eq!(best[1], (4, "mixed-chunk"), "{json:#}");
+    // The trade-off: the three measured runs at both levels; the most tok/s of all is on the
+    // front whatever its latency.
+    let points = json["trade_offs"].as_array().unwrap();
+    assert_eq!(points.len(), 6, "{json:#}");
+    let top = points
+        .iter()
+        .find(|p| p["name"] == "mixed-chunk" && p["concurrency"] == 4)
+        .unwrap();
+    assert_eq!(top["dominated"], false, "{json:#}");
+
+    // The chart: one line per measured run (two baselines are one series; the failures none),
+    // then the trade-off below it, its front joined by one more.
     let svg = std::fs::read_to_string(r.dir().join("chart.svg")).unwrap();
-    assert_eq!(svg.matches("<polyline").count(), 3, "{svg}");
+    assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
+    assert!(svg.contains(">mixed-chunk@4</text>"), "{svg}");
 }
 
 #[test]

@@ -74,17 +74,41 @@ impl Metric {
     }
 }
 
-/// What every ranked variant must meet, at every benchmark level.
+/// What every ranked variant must meet: latency limits at every benchmark level, or per level
+/// (`levels`: an interactive level and a batch level rarely share a latency target).
 #[derive(Debug, Clone, PartialEq, Default, serde::Serialize)]
 pub struct Constraints {
     #[serde(skip_serializing_if = "Option::is_none", with = "opt_ms")]
     pub ttft_p99: Option<Duration>,
     #[serde(skip_serializing_if = "Option::is_none", with = "opt_ms")]
     pub itl_p99: Option<Duration>,
+    /// Limits for one concurrency level, over the ones above for that level.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub levels: BTreeMap<u32, LevelLimits>,
     /// No request of the benchmark may fail.
     pub no_errors: bool,
     /// The quality gate runs on every variant and must pass (the manifest's `verify.quality`).
     pub quality: bool,
+}
+
+/// The latency limits at one concurrency level.
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize)]
+pub struct LevelLimits {
+    #[serde(skip_serializing_if = "Option::is_none", with = "opt_ms")]
+    pub ttft_p99: Option<Duration>,
+    #[serde(skip_serializing_if = "Option::is_none", with = "opt_ms")]
+    pub itl_p99: Option<Duration>,
+}
+
+impl Constraints {
+    /// The limits in force at `concurrency`: the level's own, else those of every level.
+    pub fn at(&self, concurrency: u32) -> LevelLimits {
+        let own = self.levels.get(&concurrency).copied().unwrap_or_default();
+        LevelLimits {
+            ttft_p99: own.ttft_p99.or(self.ttft_p99),
+            itl_p99: own.itl_p99.or(self.itl_p99),
+        }
+    }
 }
 
 mod opt_ms {
@@ -178,6 +202,16 @@ struct RawConstraints {
     no_errors: bool,
     #[serde(default)]
     quality: bool,
+    /// Per concurrency level: `{ 1: { ttft_p99: 300ms }, 64: { ttft_p99: 5s } }`.
+    #[serde(default)]
+    levels: BTreeMap<u32, RawLevelLimits>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLevelLimits {
+    ttft_p99: Option<String>,
+    itl_p99: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -232,6 +266,49 @@ pub fn parse(source: &str, text: &str) -> Result<Experiment, ManifestErrors> {
     let budget = duration(&mut errors, "budget", &raw.budget);
 
     let b = &raw.benchmark;
+    let mut levels = BTreeMap::new();
+    for (level, limits) in &raw.constraints.levels {
+        let key = level.to_string();
+        fn at<'a>(key: &'a str, name: &'a str) -> [Seg<'a>; 4] {
+            [
+                Seg::Key("constraints"),
+                Seg::Key("levels"),
+                Seg::Key(key),
+                Seg::Key(name),
+            ]
+        }
+        if !b.levels.contains(level) {
+            err(
+                &mut errors,
+                &at(&key, "")[..3],
+                format!("constraints.levels.{level}"),
+                format!(
+                    "{level} is not one of benchmark.levels ({:?}): a level's limits hold at a level the benchmark runs",
+                    b.levels
+                ),
+            );
+        }
+        let mut limit = |name: &str, value: &Option<String>| {
+            let value = value.as_ref()?;
+            match humantime::parse_duration(value) {
+                Ok(d) if !d.is_zero() => Some(d),
+                _ => {
+                    err(
+                        &mut errors,
+                        &at(&key, name),
+                        format!("constraints.levels.{level}.{name}"),
+                        format!("`{value}` is not a duration above zero (`300ms`, `2s`)"),
+                    );
+                    None
+                }
+            }
+        };
+        let parsed = LevelLimits {
+            ttft_p99: limit("ttft_p99", &limits.ttft_p99),
+            itl_p99: limit("itl_p99", &limits.itl_p99),
+        };
+        levels.insert(*level, parsed);
+    }
     if b.levels.is_empty() || b.levels.contains(&0) {
         err(
             &mut errors,
@@ -393,6 +470,7 @@ pub fn parse(source: &str, text: &str) -> Result<Experiment, ManifestErrors> {
         constraints: Constraints {
             ttft_p99,
             itl_p99,
+            levels,
             no_errors: raw.constraints.no_errors,
             quality: raw.constraints.quality,
         },

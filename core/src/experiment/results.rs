@@ -61,44 +61,166 @@ impl RunResult {
         (self.seconds - self.server_seconds).max(0.0)
     }
 
-    /// Every constraint this run misses, each a sentence; empty for one that meets them all.
+    /// Every constraint this run misses, each a sentence naming its level; empty for one that
+    /// meets them all.
     pub fn misses(&self, c: &Constraints) -> Vec<String> {
-        let mut out = Vec::new();
         if self.status != Status::Measured {
-            out.push("did not run to the end".to_string());
-            return out;
+            return vec!["did not run to the end".to_string()];
         }
-        for l in &self.levels {
-            if let Some(max) = c.ttft_p99 {
-                let max_ms = max.as_secs_f64() * 1000.0;
-                if l.ttft_p99_ms > max_ms {
-                    out.push(format!(
-                        "TTFT p99 {:.0} ms at {} is over {:.0} ms",
-                        l.ttft_p99_ms, l.concurrency, max_ms
-                    ));
-                }
-            }
-            if let Some(max) = c.itl_p99 {
-                let max_ms = max.as_secs_f64() * 1000.0;
-                if l.itl_p99_ms > max_ms {
-                    out.push(format!(
-                        "ITL p99 {:.1} ms at {} is over {:.1} ms",
-                        l.itl_p99_ms, l.concurrency, max_ms
-                    ));
-                }
-            }
-            if c.no_errors && l.errors > 0 {
-                out.push(format!("{} failed requests at {}", l.errors, l.concurrency));
-            }
-        }
-        if c.quality && self.quality.as_deref() != Some("passed") {
-            out.push(format!(
-                "quality gate {}",
-                self.quality.as_deref().unwrap_or("not run")
-            ));
-        }
+        let mut out: Vec<String> = self.levels.iter().flat_map(|l| misses_at(c, l)).collect();
+        out.extend(self.quality_miss(c));
         out
     }
+
+    /// What this run misses at `concurrency` (its level's limits, errors, the quality gate);
+    /// a run that did not measure that level misses it.
+    pub fn misses_at(&self, c: &Constraints, concurrency: u32) -> Vec<String> {
+        let Some(l) = self
+            .at(concurrency)
+            .filter(|_| self.status == Status::Measured)
+        else {
+            return vec![format!("not measured at {concurrency}")];
+        };
+        let mut out = misses_at(c, l);
+        out.extend(self.quality_miss(c));
+        out
+    }
+
+    fn quality_miss(&self, c: &Constraints) -> Option<String> {
+        (c.quality && self.quality.as_deref() != Some("passed")).then(|| {
+            format!(
+                "quality gate {}",
+                self.quality.as_deref().unwrap_or("not run")
+            )
+        })
+    }
+}
+
+/// The limits one level misses, each naming the level.
+fn misses_at(c: &Constraints, l: &Level) -> Vec<String> {
+    let mut out = Vec::new();
+    let limits = c.at(l.concurrency);
+    if let Some(max) = limits.ttft_p99 {
+        let max_ms = max.as_secs_f64() * 1000.0;
+        if l.ttft_p99_ms > max_ms {
+            out.push(format!(
+                "TTFT p99 {:.0} ms at {} is over {:.0} ms",
+                l.ttft_p99_ms, l.concurrency, max_ms
+            ));
+        }
+    }
+    if let Some(max) = limits.itl_p99 {
+        let max_ms = max.as_secs_f64() * 1000.0;
+        if l.itl_p99_ms > max_ms {
+            out.push(format!(
+                "ITL p99 {:.1} ms at {} is over {:.1} ms",
+                l.itl_p99_ms, l.concurrency, max_ms
+            ));
+        }
+    }
+    if c.no_errors && l.errors > 0 {
+        out.push(format!("{} failed requests at {}", l.errors, l.concurrency));
+    }
+    out
+}
+
+/// The best run at one concurrency level: among the baseline and the variants that meet that
+/// level's constraints, the best by the objective's metric read at that level.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LevelBest {
+    pub concurrency: u32,
+    /// `None`: no run met that level's constraints.
+    pub name: Option<String>,
+    pub value: Option<f64>,
+}
+
+/// [`LevelBest`] for each of `levels`; ties keep the first run (the baseline first).
+pub fn best_per_level(runs: &[&RunResult], e: &Experiment, levels: &[u32]) -> Vec<LevelBest> {
+    let metric = e.objective.metric;
+    levels
+        .iter()
+        .map(|&c| {
+            let mut best: Option<(&RunResult, f64)> = None;
+            for r in runs
+                .iter()
+                .filter(|r| r.misses_at(&e.constraints, c).is_empty())
+            {
+                let Some(v) = r.at(c).map(|l| metric.of(l)) else {
+                    continue;
+                };
+                let better = match best {
+                    None => true,
+                    Some((_, b)) if metric.higher_is_better() => v > b,
+                    Some((_, b)) => v < b,
+                };
+                if better {
+                    best = Some((r, v));
+                }
+            }
+            LevelBest {
+                concurrency: c,
+                name: best.map(|(r, _)| r.name.clone()),
+                value: best.map(|(_, v)| v),
+            }
+        })
+        .collect()
+}
+
+/// One configuration on the throughput/latency chart: a run at one concurrency level.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TradeOff {
+    pub name: String,
+    pub concurrency: u32,
+    pub output_tokens_per_s: f64,
+    /// The chart's latency (see [`trade_off_latency`]), in ms.
+    pub latency_ms: f64,
+    /// Another configuration has at least its throughput at no more latency, and is better in
+    /// one of them: this one is off the Pareto front.
+    pub dominated: bool,
+}
+
+/// The latency the trade-off is drawn against: the objective's when it is one, else ITL p99,
+/// what a higher concurrency costs each stream.
+pub fn trade_off_latency(o: &Objective) -> super::file::Metric {
+    use super::file::Metric;
+    match o.metric {
+        Metric::TtftP99Ms => Metric::TtftP99Ms,
+        _ => Metric::ItlP99Ms,
+    }
+}
+
+/// Every measured run at every level, each marked on or off the Pareto front of output tok/s
+/// (higher is better) against `latency` (lower is better), across runs and levels: a
+/// configuration is both a variant and the concurrency it is run at.
+pub fn trade_offs(runs: &[&RunResult], latency: super::file::Metric) -> Vec<TradeOff> {
+    let mut points: Vec<TradeOff> = runs
+        .iter()
+        .filter(|r| r.status == Status::Measured)
+        .flat_map(|r| {
+            r.levels.iter().map(|l| TradeOff {
+                name: r.name.clone(),
+                concurrency: l.concurrency,
+                output_tokens_per_s: l.output_tokens_per_s,
+                latency_ms: latency.of(l),
+                dominated: false,
+            })
+        })
+        .collect();
+    let dominated: Vec<bool> = points
+        .iter()
+        .map(|p| {
+            points.iter().any(|q| {
+                q.output_tokens_per_s >= p.output_tokens_per_s
+                    && q.latency_ms <= p.latency_ms
+                    && (q.output_tokens_per_s > p.output_tokens_per_s
+                        || q.latency_ms < p.latency_ms)
+            })
+        })
+        .collect();
+    for (p, d) in points.iter_mut().zip(dominated) {
+        p.dominated = d;
+    }
+    points
 }
 
 /// The two baselines' agreement.
@@ -220,6 +342,16 @@ pub struct Report {
     /// Mean of the runs' own overhead (outside load and benchmark), in seconds.
     pub overhead_per_variant: Option<f64>,
     pub interrupted: bool,
+    /// The best run at each benchmark level, under that level's constraints.
+    #[serde(default)]
+    pub best_per_level: Vec<LevelBest>,
+    /// Every measured run at every level against the trade-off's latency, on or off the Pareto
+    /// front.
+    #[serde(default)]
+    pub trade_offs: Vec<TradeOff>,
+    /// The latency the trade-off is drawn against (`ITL p99 ms`, ...).
+    #[serde(default)]
+    pub trade_off_latency: String,
 }
 
 impl Report {
@@ -241,6 +373,9 @@ impl Report {
             left_running: "baseline".into(),
             overhead_per_variant: None,
             interrupted: false,
+            best_per_level: Vec::new(),
+            trade_offs: Vec::new(),
+            trade_off_latency: trade_off_latency(&e.objective).label().to_string(),
         }
     }
 
@@ -260,9 +395,19 @@ impl Report {
         } else {
             None
         };
+        let runs = self.runs();
+        let best = best_per_level(&runs, e, &e.benchmark.levels);
+        let points = trade_offs(&runs, trade_off_latency(&e.objective));
+        (self.best_per_level, self.trade_offs) = (best, points);
+        self.trade_off_latency = trade_off_latency(&e.objective).label().to_string();
         let overheads: Vec<f64> = self.variants.iter().map(RunResult::overhead).collect();
         self.overhead_per_variant =
             (!overheads.is_empty()).then(|| overheads.iter().sum::<f64>() / overheads.len() as f64);
+    }
+
+    /// The first baseline, then the variants.
+    fn runs(&self) -> Vec<&RunResult> {
+        self.baseline.iter().chain(self.variants.iter()).collect()
     }
 
     fn result(&self, name: &str) -> Option<&RunResult> {
@@ -357,6 +502,40 @@ impl Report {
             Some(w) => out.push_str(&format!("winner: {w}\n")),
             None => out.push_str("winner: none\n"),
         }
+        for b in &self.best_per_level {
+            match (&b.name, b.value) {
+                (Some(name), Some(v)) => out.push_str(&format!(
+                    "best at {}: {name} ({})\n",
+                    b.concurrency,
+                    shown(v)
+                )),
+                _ => out.push_str(&format!(
+                    "best at {}: none meets that level's constraints\n",
+                    b.concurrency
+                )),
+            }
+        }
+        if !self.trade_offs.is_empty() {
+            let named = |dominated: bool| {
+                let list: Vec<String> = self
+                    .trade_offs
+                    .iter()
+                    .filter(|p| p.dominated == dominated)
+                    .map(|p| format!("{}@{}", p.name, p.concurrency))
+                    .collect();
+                if list.is_empty() {
+                    "none".to_string()
+                } else {
+                    list.join(", ")
+                }
+            };
+            out.push_str(&format!(
+                "trade-off front (output tok/s against {}): {}; dominated: {}\n",
+                self.trade_off_latency,
+                named(false),
+                named(true)
+            ));
+        }
         out.push_str(&format!("running now: {}\n", self.left_running));
         if let Some(o) = self.overhead_per_variant {
             out.push_str(&format!(
@@ -384,6 +563,47 @@ impl Report {
             out.push_str(&format!("- {l}\n"));
         }
         out.push_str(&format!("\n```mermaid\n{}```\n", self.mermaid(levels)));
+        if !self.trade_offs.is_empty() {
+            out.push_str(&format!("\n```mermaid\n{}```\n", self.trade_off_mermaid()));
+        }
+        out
+    }
+
+    /// A Mermaid `quadrantChart` of the trade-off: each run at each level, latency across and
+    /// output tok/s up (both scaled to the chart's 0-1 axes by their largest value), the
+    /// Pareto front coloured and the dominated configurations grey.
+    pub fn trade_off_mermaid(&self) -> String {
+        let max_x = self
+            .trade_offs
+            .iter()
+            .map(|p| p.latency_ms)
+            .fold(0.0f64, f64::max);
+        let max_y = self
+            .trade_offs
+            .iter()
+            .map(|p| p.output_tokens_per_s)
+            .fold(0.0f64, f64::max);
+        let scale = |v: f64, max: f64| {
+            if max > 0.0 {
+                (v / max).clamp(0.0, 1.0)
+            } else {
+                0.0
+            }
+        };
+        let mut out = format!(
+            "quadrantChart\n    title \"output tok/s against {}: the front in colour, dominated in grey\"\n    x-axis \"low {0}\" --> \"high {0}\"\n    y-axis \"low tok/s\" --> \"high tok/s\"\n",
+            self.trade_off_latency.replace('"', "'")
+        );
+        for p in &self.trade_offs {
+            let colour = if p.dominated { "#bbbbbb" } else { "#0072B2" };
+            out.push_str(&format!(
+                "    {} at {}: [{:.3}, {:.3}] color: {colour}, radius: 6\n",
+                mermaid_name(&p.name),
+                p.concurrency,
+                scale(p.latency_ms, max_x),
+                scale(p.output_tokens_per_s, max_y)
+            ));
+        }
         out
     }
 
@@ -430,6 +650,28 @@ impl Report {
         }
         out
     }
+}
+
+/// A figure as the summary shows it: thousands separated, or one decimal below 100.
+fn shown(v: f64) -> String {
+    if v.abs() >= 100.0 {
+        crate::benchmark::thousands(v)
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// A point's name as Mermaid's quadrant chart reads it: letters, digits, spaces and `-._=`.
+fn mermaid_name(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_alphanumeric() || " -._=".contains(c) {
+                c
+            } else {
+                ' '
+            }
+        })
+        .collect()
 }
 
 fn status_text(v: &RunResult) -> String {
@@ -552,6 +794,130 @@ pub(crate) mod tests {
         });
         r.conclude(&e);
         r
+    }
+
+    /// Three variants and the baseline at an interactive level (1) and a batch level (8), with a
+    /// TTFT limit at each: the batch one is looser.
+    fn per_level() -> (Experiment, Report) {
+        let e = parse(
+            "e.yaml",
+            "manifest: m.yaml\nhost: h\nbenchmark: { levels: [1, 8] }\nobjective: { metric: output_tokens_per_s, concurrency: 8 }\nconstraints:\n  no_errors: true\n  levels:\n    1: { ttft_p99: 100ms }\n    8: { ttft_p99: 2s }\nvariants:\n  - { name: a, flags: { a: true } }\n",
+        )
+        .unwrap();
+        let measured = |name: &str, l1: (f64, f64, f64), l8: (f64, f64, f64)| {
+            let at = |c: u32, (tps, ttft, itl): (f64, f64, f64)| Level {
+                itl_p99_ms: itl,
+                ..level(c, tps, ttft)
+            };
+            RunResult {
+                levels: vec![at(1, l1), at(8, l8)],
+                ..run(name, Status::Measured, 0.0, "passed")
+            }
+        };
+        let mut r = Report::new(&e, "svc");
+        // (tok/s, TTFT p99 ms, ITL p99 ms) at 1, then at 8.
+        r.baseline = Some(measured(
+            "baseline",
+            (50.0, 80.0, 20.0),
+            (300.0, 900.0, 30.0),
+        ));
+        r.variants = vec![
+            // Fast at 1, slow to first token at 8: best interactive, over the batch limit.
+            measured("chunked", (60.0, 70.0, 17.0), (280.0, 2500.0, 29.0)),
+            // The batch champion, too slow to first token at 1.
+            measured("big-batch", (45.0, 150.0, 22.0), (420.0, 1500.0, 25.0)),
+            // Worse than the baseline everywhere.
+            measured("worse", (40.0, 90.0, 24.0), (250.0, 1000.0, 35.0)),
+        ];
+        r.conclude(&e);
+        (e, r)
+    }
+
+    #[test]
+    fn each_level_has_its_own_limits_and_its_own_best_run() {
+        let (e, r) = per_level();
+        assert_eq!(
+            e.constraints.at(1).ttft_p99,
+            Some(std::time::Duration::from_millis(100))
+        );
+        let best: Vec<(u32, Option<&str>)> = r
+            .best_per_level
+            .iter()
+            .map(|b| (b.concurrency, b.name.as_deref()))
+            .collect();
+        assert_eq!(best, [(1, Some("chunked")), (8, Some("big-batch"))]);
+        // Each miss names its constraint and its level.
+        let misses = |name: &str| {
+            r.ranking
+                .iter()
+                .find(|x| x.name == name)
+                .unwrap()
+                .misses
+                .clone()
+        };
+        assert_eq!(misses("chunked"), ["TTFT p99 2500 ms at 8 is over 2000 ms"]);
+        assert_eq!(misses("big-batch"), ["TTFT p99 150 ms at 1 is over 100 ms"]);
+        let summary = r.summary();
+        assert!(
+            summary.contains("best at 1: chunked (60.0)\nbest at 8: big-batch (420)\n"),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn the_trade_off_front_keeps_what_no_other_configuration_beats_on_both() {
+        let (_, r) = per_level();
+        assert_eq!(r.trade_off_latency, "ITL p99 ms");
+        let front: Vec<String> = r
+            .trade_offs
+            .iter()
+            .filter(|p| !p.dominated)
+            .map(|p| format!("{}@{}", p.name, p.concurrency))
+            .collect();
+        // big-batch@8 has the most tok/s; chunked@1 the least ITL; chunked@8 (280 tok/s, 29 ms)
+        // and baseline@8 (300, 30) lie between; big-batch@8 (420, 25) beats both.
+        assert_eq!(front, ["chunked@1", "big-batch@8"]);
+        assert!(r.summary().contains(
+            "trade-off front (output tok/s against ITL p99 ms): chunked@1, big-batch@8; dominated: baseline@1, baseline@8, chunked@8, big-batch@1, worse@1, worse@8\n"
+        ));
+        let chart = r.trade_off_mermaid();
+        assert!(chart.starts_with("quadrantChart\n"), "{chart}");
+        assert!(
+            chart.contains("    big-batch at 8: [0.714, 1.000] color: #0072B2, radius: 6\n"),
+            "{chart}"
+        );
+        assert!(
+            chart.contains("    worse at 8: [1.000, 0.595] color: #bbbbbb, radius: 6\n"),
+            "{chart}"
+        );
+        let md = r.markdown(&[1, 8]);
+        assert_eq!(md.matches("```mermaid").count(), 2, "{md}");
+    }
+
+    #[test]
+    fn a_level_limit_for_a_level_the_benchmark_does_not_run_is_refused_where_written() {
+        let errors = parse(
+            "e.yaml",
+            "manifest: m.yaml\nhost: h\nbenchmark: { levels: [1, 8] }\nobjective: { metric: output_tokens_per_s, concurrency: 8 }\nconstraints:\n  levels:\n    4: { ttft_p99: 100ms }\n    8: { itl_p99: soon }\nvariants:\n  - { name: a, flags: { a: true } }\n",
+        )
+        .unwrap_err()
+        .0
+        .iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+        assert!(
+            errors.contains(
+                "e.yaml:7:8: constraints.levels.4: 4 is not one of benchmark.levels ([1, 8])"
+            ),
+            "{errors}"
+        );
+        assert!(
+            errors.contains(
+                "e.yaml:8:10: constraints.levels.8.itl_p99: `soon` is not a duration above zero"
+            ),
+            "{errors}"
+        );
     }
 
     #[test]
