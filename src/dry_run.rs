@@ -210,6 +210,17 @@ mod tests {
         crate::targets::targets(&manifests, &Default::default()).expect("targets")
     }
 
+    /// The units a fake host's deep check ran for, by their `--port` (the check's last
+    /// argument): every command after the survey is one.
+    fn deep_checked(fake: &FakeHost) -> Vec<String> {
+        let commands = fake.commands();
+        assert!(commands.len() > 1, "{commands:?}");
+        commands[1..]
+            .iter()
+            .map(|c| c[c.len() - 1].clone())
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_host_with_three_units_is_planned_from_one_command() {
         let targets = targets();
@@ -230,13 +241,11 @@ mod tests {
             .on(&deep, Reply::ok(&accepted));
         let outcomes = plan_host(&fake, &targets, DeepWhen::default(), &Redactor::default()).await;
         // The survey, then the deep check of each new unit (s1, s3); none for s2, unchanged.
-        let commands = fake.commands();
-        assert_eq!(commands.len(), 3, "{commands:?}");
-        let checked: Vec<&str> = commands[1..]
-            .iter()
-            .map(|c| c[c.len() - 1].as_str())
-            .collect();
-        assert_eq!(checked, ["30001", "30003"], "each unit's own --port");
+        assert_eq!(
+            deep_checked(&fake),
+            ["30001", "30003"],
+            "each unit's own --port"
+        );
         let without = FakeHost::new("gpu-a").on_with(&["sh", "-c"], |argv, _| {
             Reply::ok(&fake_answer(argv, "0.5.23", &[]))
         });
@@ -284,13 +293,11 @@ mod tests {
             })
             .on(&deep, Reply::ok(&accepted));
         let outcomes = plan_host(&fake, &targets, DeepWhen::default(), &Redactor::default()).await;
-        let commands = fake.commands();
-        assert_eq!(commands.len(), 3, "{commands:?}");
-        let checked: Vec<&str> = commands[1..]
-            .iter()
-            .map(|c| c[c.len() - 1].as_str())
-            .collect();
-        assert_eq!(checked, ["30002", "30003"], "s1's verdict was kept");
+        assert_eq!(
+            deep_checked(&fake),
+            ["30002", "30003"],
+            "s1's verdict was kept"
+        );
         let deep_errors = |o: &PlanOutcome| match o {
             PlanOutcome::Planned(p) => p
                 .preflight

@@ -98,26 +98,24 @@ impl RunResult {
 
 /// The limits one level misses, each naming the level.
 fn misses_at(c: &Constraints, l: &Level) -> Vec<String> {
-    let mut out = Vec::new();
     let limits = c.at(l.concurrency);
-    if let Some(max) = limits.ttft_p99 {
-        let max_ms = max.as_secs_f64() * 1000.0;
-        if l.ttft_p99_ms > max_ms {
-            out.push(format!(
-                "TTFT p99 {:.0} ms at {} is over {:.0} ms",
-                l.ttft_p99_ms, l.concurrency, max_ms
-            ));
-        }
-    }
-    if let Some(max) = limits.itl_p99 {
-        let max_ms = max.as_secs_f64() * 1000.0;
-        if l.itl_p99_ms > max_ms {
-            out.push(format!(
-                "ITL p99 {:.1} ms at {} is over {:.1} ms",
-                l.itl_p99_ms, l.concurrency, max_ms
-            ));
-        }
-    }
+    // (what, its limit, its value in ms, decimals shown): TTFTs in whole ms, ITLs in tenths.
+    let latencies = [
+        ("TTFT p99", limits.ttft_p99, l.ttft_p99_ms, 0),
+        ("ITL p99", limits.itl_p99, l.itl_p99_ms, 1),
+    ];
+    let mut out: Vec<String> = latencies
+        .into_iter()
+        .filter_map(|(what, max, value, decimals)| {
+            let max_ms = max?.as_secs_f64() * 1000.0;
+            (value > max_ms).then(|| {
+                format!(
+                    "{what} {value:.decimals$} ms at {} is over {max_ms:.decimals$} ms",
+                    l.concurrency
+                )
+            })
+        })
+        .collect();
     if c.no_errors && l.errors > 0 {
         out.push(format!("{} failed requests at {}", l.errors, l.concurrency));
     }
