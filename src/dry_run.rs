@@ -275,21 +275,21 @@ mod tests {
         let kept = move |i: usize, version: &str| {
             let stdout =
                 format!("#reconcile-deep-kept k{i}\n#reconcile-deep-version {version}\n{refused}");
-            let section = reconcile_core::survey::Section {
+            reconcile_core::survey::Section {
                 status: 0,
                 stdout,
                 stderr: String::new(),
-            };
-            reconcile_core::survey::encode(&format!("kept.{i}"), &section)
+            }
         };
         let (deep, accepted) = preflight::deep_command();
         let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
         let fake = FakeHost::new("gpu-a")
             .on_with(&["sh", "-c"], move |argv, _| {
                 let answer = fake_answer(argv, "0.5.23", &[]);
-                let body = answer.strip_suffix(&reconcile_core::survey::end()).unwrap();
-                let kept = kept(0, "0.5.23") + &kept(2, "0.5.22");
-                Reply::ok(&(body.to_string() + &kept + &reconcile_core::survey::end()))
+                let mut sections = reconcile_core::survey::Sections::parse(&answer).unwrap();
+                sections.insert("kept.0", kept(0, "0.5.23"));
+                sections.insert("kept.2", kept(2, "0.5.22"));
+                Reply::ok(&sections.render())
             })
             .on(&deep, Reply::ok(&accepted));
         let outcomes = plan_host(&fake, &targets, DeepWhen::default(), &Redactor::default()).await;
@@ -320,11 +320,15 @@ mod tests {
         let targets = targets();
         let fake = FakeHost::new("gpu-a").on_with(&["sh", "-c"], |argv, _| {
             let answer = fake_answer(argv, "0.5.23", &[]);
+            let mut sections = reconcile_core::survey::Sections::parse(&answer).unwrap();
+            assert!(sections.contains("gpus"), "asked for the GPUs");
             // nvidia-smi ended by its `timeout`.
-            let gpus = answer.find("== gpus 0").expect("asked for the GPUs");
-            let hung = reconcile_core::survey::encode("gpus", &Default::default())
-                .replace("== gpus 0", "== gpus 124");
-            Reply::ok(&(answer[..gpus].to_string() + &hung + &reconcile_core::survey::end()))
+            let hung = reconcile_core::survey::Section {
+                status: 124,
+                ..Default::default()
+            };
+            sections.insert("gpus", hung);
+            Reply::ok(&sections.render())
         });
         let outcomes = plan_host(&fake, &targets, DeepWhen::default(), &Redactor::default()).await;
         assert_eq!(fake.commands().len(), 1);

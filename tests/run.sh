@@ -5,7 +5,7 @@
 #
 # Two tiers of integration tests, one after the other on the same hosts:
 #   1. the SGLang stand-in (fixtures/fake-sglang/): everything a CPU cannot show (GPU memory, CUDA
-#      OOM, NCCL, several ranks) and the faults, four tests at a time;
+#      OOM, NCCL, several ranks) and the faults, six tests at a time;
 #   2. the real SGLang 0.5.23 on its CPU engine (tests/integration/real_server/, installed by
 #      tests/hostlab/sglang-cpu/install.sh: 3.4 GB of wheels the first time, cached after), three
 #      tests at a time: the slots of real_server/mod.rs keep the servers to what this machine holds.
@@ -75,9 +75,12 @@ status=0
 # The lab tests are `#[ignore]`d so that a plain `cargo test` skips them, saying why; here the hosts
 # are up, so they run (--include-ignored). Not tests/gpu.rs's, which needs an NVIDIA GPU that no
 # lab machine has (it is run by hand on one). --no-fail-fast: a failing test binary does not
-# hide the results of those after it.
+# hide the results of those after it. Six at a time: the tests that share a host or etcd take
+# turns (coordinator's, router's, faults', hangs'), and libtest starts them in name order, so a
+# turn's waiters hold threads doing nothing; with four, that idled the machine (the stand-in tests
+# took 650 s, 552 s with six, every one passing).
 gpu=nvml_follows_a_real_load_and_the_memory_judges_read_it
-RECONCILE_LAB=$STATE cargo test --locked --no-fail-fast -- --include-ignored --test-threads "${TEST_THREADS:-4}" --skip "$gpu" --skip real_server:: --skip experiment:: 2>&1 | tee "$log" || status=$?
+RECONCILE_LAB=$STATE cargo test --locked --no-fail-fast -- --include-ignored --test-threads "${TEST_THREADS:-6}" --skip "$gpu" --skip real_server:: --skip experiment:: 2>&1 | tee "$log" || status=$?
 tier_done "unit and stand-in tests"
 # The experiments run on their own, one at a time, on a machine no other test loads: they rank
 # variants between two benchmarks of the baseline and trust the ranking only when both agree

@@ -4,26 +4,30 @@
 //!
 //! On a real network every sequential command costs a round trip (tens of ms across sites), so
 //! the binary asks for all of a host's facts in one fixed script and this module reads its
-//! answer. The script prints one section per fact, each with the exit status of the part that
-//! made it, so one failed or hung part spoils only its own fact:
+//! answer. The script gives each fact the exit status of the part that made it, so one failed or
+//! hung part spoils only its own fact. It prints a header a part, then every part's output in one
+//! base64 body (`base64` of coreutils, wrapped or not), stdout then stderr of each part in header
+//! order, each as long as its header says:
 //!
 //! ```text
-//! == <key> <status>
-//! <stdout, base64>
-//! --
-//! <stderr, base64>
+//! == <key> <status> <stdout bytes> <stderr bytes>
 //! == end 0
+//! <base64 of the bodies>
 //! ```
 //!
-//! The bodies are base64 (`base64` of coreutils), so a unit file holding `== ` lines, or bytes
-//! that are not UTF-8, cannot be taken for a header; they are decoded the way the edge decodes any
-//! command's output (invalid UTF-8 replaced), so a fact read here equals the one a command of its
-//! own would have read. A missing `== end` line means the output was cut short.
+//! One `base64` over every body, where each part's two bodies used to take a `base64` each: the
+//! survey's processes are what a plan costs a host. Base64 keeps a unit file holding `== ` lines,
+//! or bytes that are not UTF-8, from being taken for a header; the bodies are decoded the way the
+//! edge decodes any command's output (invalid UTF-8 replaced), so a fact read here equals the one
+//! a command of its own would have read. A missing `== end` line, or a body shorter than its
+//! headers, means the output was cut short.
 
 use std::collections::BTreeMap;
 
 use crate::observed::UnitState;
-use crate::preflight::{parse_gpu_list, parse_listeners, Access, Gpus, Port, Python};
+use crate::preflight::{
+    parse_ephemeral, parse_gpu_list, parse_listeners, Access, Gpus, Port, Python,
+};
 
 /// The line that ends a complete survey.
 pub const END: &str = "end";
@@ -72,58 +76,81 @@ pub enum Fault {
 impl Sections {
     /// Reads a survey's output. Sections appear once each; a key seen twice keeps its last.
     pub fn parse(output: &str) -> Result<Sections, Malformed> {
-        let mut sections = BTreeMap::new();
-        let mut current: Option<(String, i32, String, String, bool)> = None;
+        let mut headers: Vec<(String, i32, usize, usize)> = Vec::new();
+        let mut lines = output.lines().enumerate();
         let mut ended = false;
-        for (i, line) in output.lines().enumerate() {
+        for (i, line) in lines.by_ref() {
             let malformed = |why: &str| Malformed {
                 line: i + 1,
                 why: why.to_string(),
             };
-            if ended {
-                return Err(malformed("text after the end line"));
-            }
-            if let Some(header) = line.strip_prefix("== ") {
-                if let Some((key, status, out, err, _)) = current.take() {
-                    sections.insert(key, section(status, &out, &err, i)?);
-                }
-                let (key, status) = header
-                    .split_once(' ')
-                    .ok_or_else(|| malformed("a header without a status"))?;
-                let status: i32 = status
-                    .trim()
-                    .parse()
-                    .map_err(|_| malformed("a header whose status is not a number"))?;
-                if key.is_empty() || key.contains(char::is_whitespace) {
-                    return Err(malformed("a header without a key"));
-                }
-                if key == END {
-                    ended = true;
-                    continue;
-                }
-                current = Some((key.to_string(), status, String::new(), String::new(), false));
-                continue;
-            }
-            let Some((_, _, out, err, in_stderr)) = current.as_mut() else {
-                return Err(malformed("text before the first section"));
+            let Some(header) = line.strip_prefix("== ") else {
+                return Err(malformed("text before the end line that is no header"));
             };
-            if line == "--" && !*in_stderr {
-                *in_stderr = true;
-            } else if *in_stderr {
-                err.push_str(line);
-            } else {
-                out.push_str(line);
+            let fields: Vec<&str> = header.split(' ').collect();
+            if fields.first().is_some_and(|key| *key == END) {
+                ended = true;
+                break;
             }
+            let [key, status, out, err] = fields[..] else {
+                return Err(malformed(
+                    "a header that is not a key, a status and two sizes",
+                ));
+            };
+            let number = |text: &str| text.trim().parse::<i64>().ok();
+            let (Some(status), Some(out), Some(err)) = (number(status), number(out), number(err))
+            else {
+                return Err(malformed("a header whose status or sizes are not numbers"));
+            };
+            let (Ok(status), Ok(out), Ok(err)) = (
+                i32::try_from(status),
+                usize::try_from(out),
+                usize::try_from(err),
+            ) else {
+                return Err(malformed("a header whose status or sizes are out of range"));
+            };
+            if key.is_empty() {
+                return Err(malformed("a header without a key"));
+            }
+            headers.push((key.to_string(), status, out, err));
         }
-        if let Some((key, status, out, err, _)) = current.take() {
-            let lines = output.lines().count();
-            sections.insert(key, section(status, &out, &err, lines)?);
-        }
+        let total = output.lines().count();
         if !ended {
             return Err(Malformed {
-                line: output.lines().count(),
+                line: total,
                 why: "no end line: the output was cut short".into(),
             });
+        }
+        let encoded: String = lines.map(|(_, l)| l.trim_end()).collect();
+        let bytes = base64_decode(&encoded).ok_or_else(|| Malformed {
+            line: total,
+            why: "a body that is not base64".into(),
+        })?;
+        let want: usize = headers.iter().map(|(_, _, o, e)| o + e).sum();
+        if bytes.len() != want {
+            return Err(Malformed {
+                line: total,
+                why: format!(
+                    "bodies of {} bytes where the headers say {want}: the output was cut short",
+                    bytes.len()
+                ),
+            });
+        }
+        let mut sections = BTreeMap::new();
+        let mut rest = &bytes[..];
+        for (key, status, out, err) in headers {
+            let (stdout, after) = rest.split_at(out);
+            let (stderr, after) = after.split_at(err);
+            rest = after;
+            let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+            sections.insert(
+                key,
+                Section {
+                    status,
+                    stdout: text(stdout),
+                    stderr: text(stderr),
+                },
+            );
         }
         Ok(Sections { sections })
     }
@@ -145,38 +172,49 @@ impl Sections {
     pub fn is_empty(&self) -> bool {
         self.sections.is_empty()
     }
+
+    /// Every section, by key.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Section)> {
+        self.sections.iter().map(|(k, s)| (k.as_str(), s))
+    }
+
+    /// Adds or replaces a section: for tests, and for anyone who stands in for a host.
+    pub fn insert(&mut self, key: &str, section: Section) {
+        self.sections.insert(key.to_string(), section);
+    }
+
+    /// Writes the sections as the survey script does: for tests, and for anyone who stands in
+    /// for a host.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        let mut bodies = Vec::new();
+        for (key, s) in &self.sections {
+            text += &format!(
+                "== {key} {} {} {}\n",
+                s.status,
+                s.stdout.len(),
+                s.stderr.len()
+            );
+            bodies.extend_from_slice(s.stdout.as_bytes());
+            bodies.extend_from_slice(s.stderr.as_bytes());
+        }
+        text += &format!("== {END} 0\n");
+        // coreutils wraps at 76 columns; so does this, so that readers see both shapes.
+        let encoded = base64_encode(&bodies);
+        for chunk in encoded.as_bytes().chunks(76) {
+            text += std::str::from_utf8(chunk).expect("base64 is ASCII");
+            text.push('\n');
+        }
+        text
+    }
 }
 
-fn section(status: i32, out: &str, err: &str, line: usize) -> Result<Section, Malformed> {
-    let decode = |b64: &str| {
-        base64_decode(b64)
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-            .ok_or_else(|| Malformed {
-                line,
-                why: "a section whose body is not base64".into(),
-            })
-    };
-    Ok(Section {
-        status,
-        stdout: decode(out)?,
-        stderr: decode(err)?,
-    })
-}
-
-/// Writes one section as the survey script does: for tests, and for anyone who stands in for a
-/// host.
-pub fn encode(key: &str, section: &Section) -> String {
-    format!(
-        "== {key} {}\n{}\n--\n{}\n",
-        section.status,
-        base64_encode(section.stdout.as_bytes()),
-        base64_encode(section.stderr.as_bytes())
-    )
-}
-
-/// The survey's last line.
-pub fn end() -> String {
-    format!("== {END} 0\n")
+impl<K: Into<String>> FromIterator<(K, Section)> for Sections {
+    fn from_iter<I: IntoIterator<Item = (K, Section)>>(iter: I) -> Sections {
+        Sections {
+            sections: iter.into_iter().map(|(k, s)| (k.into(), s)).collect(),
+        }
+    }
 }
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -292,7 +330,8 @@ pub fn layers(
 pub fn python(s: &Section) -> Result<Python, Fault> {
     timed_out(s, "sh -c test…")?;
     Ok(match s.status {
-        0 => Python::Sglang(s.stdout.trim().to_string()),
+        // The version is the last line: the survey's Python prints the weights it checked first.
+        0 => Python::Sglang(last_line(&s.stdout)),
         100 => Python::NotExecutable,
         _ if s.stderr.contains("PackageNotFoundError") => Python::NoSglang,
         status => Python::Failed(format!("exited with {status}: {}", last_line(&s.stderr))),
@@ -327,7 +366,10 @@ pub fn gpus(s: &Section) -> Result<Gpus, Fault> {
 pub fn listeners(s: &Section, port: u16) -> Result<Port, Fault> {
     timed_out(s, "sh -c command…")?;
     match s.status {
-        0 => Ok(Port::Listeners(parse_listeners(&s.stdout))),
+        0 => Ok(Port::Listeners {
+            listeners: parse_listeners(&s.stdout),
+            ephemeral: parse_ephemeral(&s.stdout),
+        }),
         100 => Ok(Port::Unknown("ss (iproute2) is not installed".into())),
         _ => Err(failed(format!("ss -Htlnp sport = :{port}"), s)),
     }
@@ -374,7 +416,7 @@ mod tests {
     fn sections_round_trip_whatever_their_text() {
         let unit = out(0, "[Service]\n== end 0\n--\n\u{fffd}é\n", "");
         let hung = out(124, "", "");
-        let text = encode("unit.0", &unit) + &encode("gpus", &hung) + &end();
+        let text = Sections::from_iter([("unit.0", unit.clone()), ("gpus", hung)]).render();
         let sections = Sections::parse(&text).unwrap();
         assert_eq!(sections.len(), 2);
         assert_eq!(sections.get("unit.0").unwrap(), &unit);
@@ -394,41 +436,52 @@ mod tests {
 
     #[test]
     fn a_survey_cut_short_or_not_a_survey_is_malformed() {
-        let whole = encode("unit.0", &out(0, "x", "")) + &end();
-        let cut = &whole[..whole.len() - end().len()];
-        assert_eq!(
-            Sections::parse(cut).unwrap_err().why,
-            "no end line: the output was cut short"
-        );
-        assert_eq!(Sections::parse("hello\n").unwrap_err().line, 1);
-        assert!(Sections::parse("== unit.0 x\n== end 0\n").is_err());
-        assert!(Sections::parse("== unit.0 0\n!!!!\n== end 0\n").is_err());
-        assert!(Sections::parse(&(whole.clone() + "more\n")).is_err());
-        assert!(Sections::parse(&end()).unwrap().is_empty());
-        // coreutils wraps base64 at 76 columns; the lines join.
         let long = "x".repeat(200);
-        let wrapped = encode("f", &out(0, &long, ""))
-            .lines()
-            .flat_map(|l| {
-                let chunks: Vec<String> = l
-                    .as_bytes()
-                    .chunks(76)
-                    .map(|c| String::from_utf8_lossy(c).into_owned())
-                    .collect();
-                if l.starts_with("== ") {
-                    vec![l.to_string()]
-                } else {
-                    chunks
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-            + "\n"
-            + &end();
+        let whole = Sections::from_iter([("unit.0", out(0, &long, "e"))]).render();
+        // What the script prints for it: `base64` wraps at 76 columns, and the lines join.
+        assert_eq!(whole.lines().count(), 2 + 268_usize.div_ceil(76));
         assert_eq!(
-            Sections::parse(&wrapped).unwrap().get("f").unwrap().stdout,
+            Sections::parse(&whole)
+                .unwrap()
+                .get("unit.0")
+                .unwrap()
+                .stdout,
             long
         );
+        let one_line = whole
+            .lines()
+            .take(2)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+            + &whole.lines().skip(2).collect::<String>();
+        assert_eq!(
+            Sections::parse(&one_line)
+                .unwrap()
+                .get("unit.0")
+                .unwrap()
+                .stderr,
+            "e"
+        );
+        let headers_only = whole.lines().next().unwrap().to_string() + "\n";
+        assert_eq!(
+            Sections::parse(&headers_only).unwrap_err().why,
+            "no end line: the output was cut short"
+        );
+        let cut = whole
+            .lines()
+            .take(3)
+            .map(|l| format!("{l}\n"))
+            .collect::<String>();
+        assert!(Sections::parse(&cut)
+            .unwrap_err()
+            .why
+            .ends_with("cut short"));
+        assert_eq!(Sections::parse("hello\n").unwrap_err().line, 1);
+        assert!(Sections::parse("== unit.0 x 0 0\n== end 0\n").is_err());
+        assert!(Sections::parse("== unit.0 0\n== end 0\n").is_err());
+        assert!(Sections::parse("== unit.0 0 1 0\n== end 0\n!!!!\n").is_err());
+        assert!(Sections::parse(&(whole.clone() + "more\n")).is_err());
+        assert!(Sections::parse("== end 0\n").unwrap().is_empty());
     }
 
     #[test]
@@ -489,7 +542,7 @@ mod tests {
         );
         assert_eq!(
             listeners(&out(0, "#cgroups\n", ""), 30000),
-            Ok(Port::Listeners(vec![]))
+            Ok(Port::free())
         );
         assert!(matches!(
             listeners(&out(101, "", "x"), 30000),

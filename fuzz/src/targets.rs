@@ -254,34 +254,27 @@ pub mod ss_listeners {
 }
 
 pub mod survey {
-    use reconcile_core::survey::{self, encode, end, Sections};
+    use reconcile_core::survey::{self, Sections};
 
-    /// Any output of the survey script (one command per host: `== <key> <status>` headers, base64
-    /// bodies, `== end 0`) must read into sections or a reason, never panic; every fact read from a
-    /// section must read without panicking; and sections written out again read back the same.
+    /// Any output of the survey script (one command per host: `== <key> <status> <sizes>`
+    /// headers, `== end 0`, one base64 body) must read into sections or a reason, never panic;
+    /// every fact read from a section must read without panicking; and sections written out again
+    /// read back the same.
     pub fn run(data: &[u8]) {
         let text = String::from_utf8_lossy(data);
         let Ok(sections) = Sections::parse(&text) else {
             return;
         };
-        let mut again = String::new();
-        for key in text
-            .lines()
-            .filter_map(|l| l.strip_prefix("== ")?.split(' ').next())
-        {
-            let Ok(s) = sections.get(key) else { continue };
+        for (_, s) in sections.iter() {
             let _ = survey::file(s, "/p");
             let _ = survey::show(s, "u.service");
             let _ = survey::python(s);
             let _ = survey::access(s, "/m");
             let _ = survey::gpus(s);
             let _ = survey::listeners(s, 30000);
-            if !again.contains(&format!("== {key} ")) {
-                again += &encode(key, s);
-            }
         }
-        let reread = Sections::parse(&(again + &end())).expect("written sections read back");
-        assert_eq!(reread.len(), sections.len());
+        let reread = Sections::parse(&sections.render()).expect("written sections read back");
+        assert_eq!(reread, sections);
     }
 }
 

@@ -6,8 +6,10 @@
 /// would take seconds (it imports torch); importing `importlib.metadata` alone costs ~0.1 s of CPU
 /// a host, which a 16-host plan feels, so the folder scan comes first and `importlib.metadata`
 /// (same answer, same PackageNotFoundError) only when the scan finds nothing.
-pub(super) const VERSION_SCRIPT: &str = r#"import os, sys
-def scan():
+macro_rules! sglang_version_fn {
+    () => {
+        r#"import os, sys
+def sglang_version():
     for d in sys.path:
         try:
             names = os.listdir(d or ".")
@@ -29,12 +31,14 @@ def scan():
                             break
             except OSError:
                 pass
-found = scan()
-if found is None:
     from importlib.metadata import version
-    found = version("sglang")
-print(found)
-"#;
+    return version("sglang")
+"#
+    };
+}
+
+/// The SGLang version alone: one line (`reconcile_core::survey::python` reads it).
+pub(super) const VERSION_SCRIPT: &str = concat!(sglang_version_fn!(), "print(sglang_version())\n");
 
 /// Runs the Python only when it is an executable file, so a missing one is told apart from one
 /// that fails (status 100).
@@ -44,14 +48,20 @@ pub(super) const PYTHON: &str =
 /// 0: readable, 100: missing, 101: there but unreadable.
 pub(super) const ACCESS: &str = "test -e \"$1\" || exit 100; test -r \"$1\" || exit 101";
 
-/// The listeners on a TCP port and the cgroups of their processes (see `parse_listeners`).
+/// The listeners on a TCP port and the cgroups of their processes (see `parse_listeners`), then the
+/// host's ephemeral port range (`parse_ephemeral`).
 pub(super) const LISTENERS: &str = "command -v ss >/dev/null 2>&1 || exit 100
 out=$(ss -Htlnp \"sport = :$1\") || exit 101
 [ -n \"$out\" ] && printf '%s\\n' \"$out\"
 echo '#cgroups'
 for pid in $(printf '%s\\n' \"$out\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
   printf '%s %s\\n' \"$pid\" \"$(tr '\\n' ' ' < /proc/$pid/cgroup 2>/dev/null)\"
-done";
+done
+# The host's ephemeral port range and its reserved ports, a line each (see parse_ephemeral). One
+# `cat`: the shell's `read` takes a byte at a time, and a sysctl file answers only the first.
+echo '#ephemeral'
+cat /proc/sys/net/ipv4/ip_local_port_range /proc/sys/net/ipv4/ip_local_reserved_ports 2>/dev/null
+true";
 
 /// The deep check (`deep.py`, read there with what it runs and where SGLang 0.5.23 does it): the
 /// host's SGLang parses the unit's exact arguments, resolves them, builds the model's config
@@ -61,65 +71,92 @@ done";
 pub(super) const DEEP_SCRIPT: &str = include_str!("deep.py");
 
 /// Checks the model's weights without reading them (`reconcile_core::preflight::read_weights`
-/// reads its answer, one JSON line): each file `model.safetensors.index.json` names (or the single
-/// `model.safetensors`) exists and is exactly as long as its safetensors header says. Only the
-/// headers are read: 8 bytes of header length, then the JSON header (at most 100 MB, the
+/// reads its answer, one JSON object): each file `model.safetensors.index.json` names (or the
+/// single `model.safetensors`) exists and is exactly as long as its safetensors header says. Only
+/// the headers are read: 8 bytes of header length, then the JSON header (at most 100 MB, the
 /// safetensors library's own limit). Also the host's `MemAvailable`, which staging the weights
-/// needs. `$1` (`sys.argv[1]`): the model path.
-pub(super) const WEIGHTS_SCRIPT: &str = r#"import json, os, struct, sys
-d = sys.argv[1]
-out = {"files": [], "bytes": 0, "problems": [], "unchecked": None, "mem_available": None}
-try:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                out["mem_available"] = int(line.split()[1]) * 1024
-except (OSError, ValueError, IndexError):
-    pass
-def done():
-    print(json.dumps(out))
-    sys.exit(0)
-if not os.path.isdir(d):
-    out["unchecked"] = "the model path is not a folder on the host"
-    done()
-index = os.path.join(d, "model.safetensors.index.json")
-if os.path.isfile(index):
+/// needs.
+macro_rules! weights_fn {
+    () => {
+        r#"import json, os, struct, sys
+def check_weights(d):
+    out = {"files": [], "bytes": 0, "problems": [], "unchecked": None, "mem_available": None}
     try:
-        with open(index) as f:
-            names = list(dict.fromkeys(json.load(f)["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        out["problems"].append({"file": "model.safetensors.index.json", "problem": "does not read: %s" % e})
-        done()
-elif os.path.isfile(os.path.join(d, "model.safetensors")):
-    names = ["model.safetensors"]
-else:
-    out["unchecked"] = "the model folder has no model.safetensors.index.json or model.safetensors"
-    done()
-for name in names:
-    out["files"].append(name)
-    path = os.path.join(d, name)
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    out["mem_available"] = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if not os.path.isdir(d):
+        out["unchecked"] = "the model path is not a folder on the host"
+        return out
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        try:
+            with open(index) as f:
+                names = list(dict.fromkeys(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            out["problems"].append({"file": "model.safetensors.index.json", "problem": "does not read: %s" % e})
+            return out
+    elif os.path.isfile(os.path.join(d, "model.safetensors")):
+        names = ["model.safetensors"]
+    else:
+        out["unchecked"] = "the model folder has no model.safetensors.index.json or model.safetensors"
+        return out
+    for name in names:
+        out["files"].append(name)
+        path = os.path.join(d, name)
+        try:
+            size = os.stat(path).st_size
+            with open(path, "rb") as f:
+                head = f.read(8)
+                n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+                header = json.loads(f.read(n)) if 0 < n <= min(size - 8, 100000000) else None
+        except FileNotFoundError:
+            out["problems"].append({"file": name, "problem": "is missing"})
+            continue
+        except (OSError, ValueError) as e:
+            out["problems"].append({"file": name, "problem": "cannot be read: %s" % e})
+            continue
+        out["bytes"] += size
+        try:
+            ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+            want = 8 + n + max(ends, default=0)
+        except (AttributeError, KeyError, IndexError, TypeError):
+            out["problems"].append({"file": name, "problem": "is not safetensors or is cut short: its header does not read (%d bytes)" % size})
+            continue
+        if size < want:
+            out["problems"].append({"file": name, "problem": "is truncated: %d of the %d bytes its safetensors header implies" % (size, want)})
+        elif size > want:
+            out["problems"].append({"file": name, "problem": "has %d bytes, more than the %d its safetensors header implies" % (size, want)})
+    return out
+"#
+    };
+}
+
+/// The weights check alone, of the model path `$1` (`sys.argv[1]`): one JSON line.
+pub(super) const WEIGHTS_SCRIPT: &str = concat!(
+    weights_fn!(),
+    "print(json.dumps(check_weights(sys.argv[1])))\n"
+);
+
+/// The survey's Python, one per Python a host's units run: the weights of the units that change
+/// (`$1`, a file of NUL-separated unit indices and model paths the survey wrote), one
+/// `#weights <i> <json>` line each, then the SGLang version as the last line. One Python start
+/// where the version and each unit's weights took one each: on a host, a Python start is most of
+/// what a plan costs. The weights come first, so that a Python without SGLang still checks them.
+pub(super) const SURVEY_PYTHON: &str = concat!(
+    sglang_version_fn!(),
+    weights_fn!(),
+    r##"if len(sys.argv) > 1:
     try:
-        size = os.stat(path).st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
-            header = json.loads(f.read(n)) if 0 < n <= min(size - 8, 100000000) else None
-    except FileNotFoundError:
-        out["problems"].append({"file": name, "problem": "is missing"})
-        continue
-    except (OSError, ValueError) as e:
-        out["problems"].append({"file": name, "problem": "cannot be read: %s" % e})
-        continue
-    out["bytes"] += size
-    try:
-        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-        want = 8 + n + max(ends, default=0)
-    except (AttributeError, KeyError, IndexError, TypeError):
-        out["problems"].append({"file": name, "problem": "is not safetensors or is cut short: its header does not read (%d bytes)" % size})
-        continue
-    if size < want:
-        out["problems"].append({"file": name, "problem": "is truncated: %d of the %d bytes its safetensors header implies" % (size, want)})
-    elif size > want:
-        out["problems"].append({"file": name, "problem": "has %d bytes, more than the %d its safetensors header implies" % (size, want)})
-done()
-"#;
+        with open(sys.argv[1], "rb") as f:
+            parts = f.read().split(b"\0")
+    except OSError:
+        parts = []
+    for i, path in zip(parts[0::2], parts[1::2]):
+        print("#weights %s %s" % (i.decode(), json.dumps(check_weights(os.fsdecode(path)))))
+print(sglang_version())
+"##
+);

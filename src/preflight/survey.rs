@@ -26,68 +26,101 @@ use crate::targets::Target;
 /// Arguments a unit takes in the script: name, unit path, sha256 of the rendered unit, model
 /// path, port, record path ("" for none), then the lookup's of a kept deep-check verdict (the
 /// controller's half of its key, "" for no lookup; the model, tokenizer and chat-template paths),
-/// then the unit's Python (which checks the model's weights).
+/// then the index of the unit's Python among the survey's (which checks the model's weights).
 const PER_UNIT: usize = 11;
 
-/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$9` the fixed
-/// scripts of the parts (`scripts.rs`, the unit's layers: `reconcile_core::layers`, the lookup
-/// of a kept deep-check verdict: `kept.rs`, and the weights check), then the number of Pythons and each, then the number
-/// of units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
-/// The lookup runs beside the version read it depends on, for any version: the caller compares.
+/// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$8` the fixed
+/// scripts of the parts (`scripts.rs`: the Python runner and the survey's Python; the model path's
+/// access, the port's listeners; the unit's layers: `reconcile_core::layers`; the lookup of a
+/// kept deep-check verdict: `kept.rs`), then the number of Pythons and each, then the number of
+/// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
+///
+/// Every process counts: with 16 hosts a plan is as slow as its slowest host, and a survey used
+/// to start ~100 of them for a unit that changes. So the local files (the unit, its records) are
+/// read with one `cat` each, `systemctl show` runs once a unit and its layers are read from its
+/// answer, one Python a host reads the SGLang version and checks the weights of every unit that
+/// changes, and one `base64` encodes every answer. What could hang (systemctl, a model path on a
+/// stale NFS mount, `nvidia-smi` on a GPU that fell off the bus, `ss`, the Python) runs in the
+/// background under `timeout` and is named as its own command would be. The lookup of a kept
+/// verdict runs beside the version read it depends on, for any version: the caller compares.
 /// Every part writes to files of its own, never to the script's stdout, so a part that outlives
-/// its `timeout` cannot hold the session open. Without `base64` or `sha256sum` it exits 101 before
-/// printing anything: empty bodies would read as empty files.
+/// its `timeout` cannot hold the session open. Without `base64`, `sha256sum` or `stat` it exits 101
+/// before printing anything: the caller then asks one command per fact.
 const SCRIPT: &str = r#"# survey: unit files, systemctl show, drop-ins, SGLang versions, model paths, nvidia-smi, ss, records
-t=$1 props=$2 py=$3 ver=$4 acc=$5 lis=$6 lay=$7 kept=$8 wts=$9
-shift 9
-command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 || exit 101
+t=$1 props=$2 py=$3 spy=$4 acc=$5 lis=$6 lay=$7 kept=$8
+shift 8
+command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 &&
+  command -v stat >/dev/null 2>&1 || exit 101
 command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
 d=$(mktemp -d) || exit 1
 trap 'rm -rf "$d"' EXIT
 keys=
+# A section's files, there before anything writes them: an answer always has both bodies.
+section() { : >"$d/$1.o"; : >"$d/$1.e"; : >"$d/$1.s"; keys="$keys $1"; }
 part() {
-  k=$1; shift
+  k=$1; shift; section "$k"
   { timeout -k 1 "$t" "$@" >"$d/$k.o" 2>"$d/$k.e"; echo $? >"$d/$k.s"; } </dev/null &
-  keys="$keys $k"
 }
-read_file='test -e "$1" || exit 100; cat -- "$1"'
-n=$1; shift
-i=0
-while [ "$i" -lt "$n" ]; do
-  part "python.$i" sh -c "$py" sh "$1" -c "$ver"
-  shift; i=$((i + 1))
+# A local file: read at once (100: there is none).
+file() {
+  section "$1"
+  if [ -e "$2" ]; then cat -- "$2" >"$d/$1.o" 2>"$d/$1.e"; echo $? >"$d/$1.s"; else echo 100 >"$d/$1.s"; fi
+}
+np=$1; shift
+j=0
+while [ "$j" -lt "$np" ]; do
+  eval "py_$j=\$1"
+  shift; j=$((j + 1))
 done
 n=$1; shift
 i=0
 changed=0
 while [ "$i" -lt "$n" ]; do
-  part "unit.$i" sh -c "$read_file" sh "$2"
-  part "show.$i" systemctl show -p "$props" -- "$1"
-  part "layers.$i" sh -c "$lay" sh "$1" "$2"
-  [ -n "$6" ] && part "record.$i" sh -c "$read_file" sh "$6"
-  [ -n "$6" ] && part "guard.$i" sh -c "$read_file" sh "${6%/*}/guard.json"
+  file "unit.$i" "$2"
+  section "show.$i"; section "layers.$i"
+  { timeout -k 1 "$t" systemctl show -p "$props" -- "$1" >"$d/show.$i.o" 2>"$d/show.$i.e"
+    echo $? >"$d/show.$i.s"
+    sh -c "$lay" sh "$1" "$2" "$d/show.$i.o" >"$d/layers.$i.o" 2>"$d/layers.$i.e"
+    echo $? >"$d/layers.$i.s"; } </dev/null &
+  [ -n "$6" ] && file "record.$i" "$6" && file "guard.$i" "${6%/*}/guard.json"
   # A drop-in directory may change what runs even when the file is the rendered one.
-  if [ -n "$4" ] && { [ "$(sha256sum 2>/dev/null < "$2" | cut -d' ' -f1)" != "$3" ] ||
-    [ -n "$(ls -A "/etc/systemd/system/$1.d" "/run/systemd/system/$1.d" \
-      "/usr/lib/systemd/system/$1.d" "/lib/systemd/system/$1.d" 2>/dev/null)" ]; }; then
+  h=$(sha256sum <"$2" 2>/dev/null)
+  dropins=
+  for f in "/etc/systemd/system/$1.d/"* "/run/systemd/system/$1.d/"* \
+    "/usr/lib/systemd/system/$1.d/"* "/lib/systemd/system/$1.d/"*; do
+    [ -e "$f" ] && dropins=1
+  done
+  if [ -n "$4" ] && { [ "${h%% *}" != "$3" ] || [ -n "$dropins" ]; }; then
     changed=1
     part "access.$i" sh -c "$acc" sh "$4"
     part "ports.$i" sh -c "$lis" sh "$5"
     [ -n "$7" ] && part "kept.$i" sh -c "$kept" sh "$7" "$8" "$9" "${10}" ""
-    part "weights.$i" sh -c "$py" sh "${11}" -c "$wts" "$4"
+    printf '%s\0%s\0' "$i" "$4" >>"$d/weights.${11}"
   fi
   shift 11; i=$((i + 1))
 done
+j=0
+while [ "$j" -lt "$np" ]; do
+  eval "p=\$py_$j"
+  part "python.$j" sh -c "$py" sh "$p" -c "$spy" "$d/weights.$j"
+  j=$((j + 1))
+done
 [ "$changed" = 1 ] && part gpus nvidia-smi -L
 wait
+sizes=
+set --
+for k in $keys; do set -- "$@" "$d/$k.o" "$d/$k.e"; done
+[ $# = 0 ] || sizes=$(stat -c %s -- "$@") || exit 1
+set -- $sizes
 for k in $keys; do
-  s=$(cat "$d/$k.s" 2>/dev/null)
-  printf '== %s %s\n' "$k" "${s:-125}"
-  base64 < "$d/$k.o"
-  echo --
-  base64 < "$d/$k.e"
+  s=; read -r s <"$d/$k.s"
+  printf '== %s %s %s %s\n' "$k" "${s:-125}" "$1" "$2"
+  shift 2
 done
 echo '== end 0'
+set --
+for k in $keys; do set -- "$@" "$d/$k.o" "$d/$k.e"; done
+[ $# = 0 ] || cat -- "$@" | base64
 "#;
 
 /// What the whole survey may take beyond one part's limit: `timeout -k 1`'s second for a part
@@ -155,12 +188,11 @@ pub async fn survey(
         format!("{:.3}", limit.as_secs_f64()),
         SHOW_PROPERTIES.to_string(),
         super::scripts::PYTHON.to_string(),
-        super::scripts::VERSION_SCRIPT.to_string(),
+        super::scripts::SURVEY_PYTHON.to_string(),
         super::scripts::ACCESS.to_string(),
         super::scripts::LISTENERS.to_string(),
         crate::layers::LAYERS_SCRIPT.to_string(),
         super::kept::lookup_script(&super::kept::kept_dir()),
-        super::scripts::WEIGHTS_SCRIPT.to_string(),
         pythons.len().to_string(),
     ];
     args.extend(pythons.iter().cloned());
@@ -188,10 +220,13 @@ pub async fn survey(
                 .collect(),
             false => vec![String::new(); 4],
         };
+        // The unit's Python, by its place among the survey's (none without preflight: nothing
+        // changes then, and no weights are checked).
+        let python = pythons.iter().position(|p| *p == w.python).unwrap_or(0);
         let fields: Vec<String> = fields
             .into_iter()
             .chain(lookup)
-            .chain([w.python.clone()])
+            .chain([python.to_string()])
             .collect();
         debug_assert_eq!(fields.len(), PER_UNIT);
         args.extend(fields);
@@ -348,15 +383,32 @@ impl Survey {
     }
 
     /// The check of the target's model weights; `None` when the survey did not check them (the
-    /// unit on the host was the rendered one).
+    /// unit on the host was the rendered one). The survey's Python checks them, one
+    /// `#weights <i> <json>` line a unit: a Python that could not start, or hung, fails them as it
+    /// fails the version.
     pub fn weights(&self, t: &Target) -> Option<WeightsCheck> {
         let i = self.index(&t.desired.unit).ok()?;
-        let section = self.sections.get(&format!("weights.{i}")).ok()?;
-        Some(WeightsCheck::of(
-            section.status,
-            &section.stdout,
-            &section.stderr,
-        ))
+        if !self.sections.contains(&format!("access.{i}")) {
+            return None;
+        }
+        let python = Want::of(t).python;
+        let j = self.pythons.iter().position(|p| *p == python)?;
+        let section = self.sections.get(&format!("python.{j}")).ok()?;
+        let prefix = format!("#weights {i} ");
+        let line = section.stdout.lines().find_map(|l| l.strip_prefix(&prefix));
+        Some(match line {
+            Some(json) => WeightsCheck::of(0, json, ""),
+            // No line of its own: the Python failed before it, or never ran.
+            None => WeightsCheck::of(
+                if section.status == 0 {
+                    1
+                } else {
+                    section.status
+                },
+                "",
+                &section.stderr,
+            ),
+        })
     }
 
     /// The unit's deployment record (`current.json`), as `apply::state::read_record` reads it;
@@ -399,7 +451,7 @@ impl Survey {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use reconcile_core::survey::{encode, end, Section};
+    use reconcile_core::survey::Section;
     use std::process::Command;
 
     /// Runs the real script here, with `bin` first on PATH (stand-ins for systemctl, nvidia-smi
@@ -457,16 +509,19 @@ pub(crate) mod tests {
         let kept_dir = dir.path().join("kept");
         let lookup = super::super::kept::lookup_script(kept_dir.to_str().unwrap());
         let model = model.to_str().unwrap();
+        // The survey's own Python, with SGLang's version read as if this machine had 0.5.9.
+        let python = super::super::scripts::SURVEY_PYTHON
+            .replace("print(sglang_version())", "print('0.5.9')");
         #[rustfmt::skip]
         let survey = || run_script(&bin, &[
-            "5", "LoadState", super::super::scripts::PYTHON, "import sys; print('0.5.9')",
+            "5", "LoadState", super::super::scripts::PYTHON, &python,
             super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
-            crate::layers::LAYERS_SCRIPT, &lookup, super::super::scripts::WEIGHTS_SCRIPT,
+            crate::layers::LAYERS_SCRIPT, &lookup,
             "1", "/usr/bin/python3",
             "2",
-            "a.service", unit, "0000", evil, "30000", "", "base", model, model, "", "/usr/bin/python3",
+            "a.service", unit, "0000", evil, "30000", "", "base", model, model, "", "0",
             "b.service", same, &sha256("same\n"), "/nonexistent", "30001", "/nonexistent/current.json",
-            "base", model, model, "", "/usr/bin/python3",
+            "base", model, model, "", "0",
         ]);
         let (status, out) = survey();
         assert!(
@@ -497,22 +552,27 @@ pub(crate) mod tests {
             Ok(Access::Missing)
         );
         assert!(!std::path::Path::new("/tmp/reconcile-survey-pwned").exists());
-        assert_eq!(
-            survey::listeners(s.get("ports.0").unwrap(), 30000),
-            Ok(Port::Listeners(vec![]))
-        );
+        // Nothing listens, and the shell read this machine's ephemeral port range.
+        let Ok(Port::Listeners {
+            listeners,
+            ephemeral: Some(range),
+        }) = survey::listeners(s.get("ports.0").unwrap(), 30000)
+        else {
+            panic!("{:?}", s.get("ports.0"))
+        };
+        assert!(listeners.is_empty() && range.low <= range.high, "{range:?}");
         assert_eq!(
             survey::gpus(s.get("gpus").unwrap()),
             Err(Fault::TimedOut {
                 command: "nvidia-smi".into()
             })
         );
-        // a's model path is no folder: its weights are not checked, and the check says why.
-        let weights = s.get("weights.0").unwrap();
-        let WeightsCheck::Read(weights) =
-            WeightsCheck::of(weights.status, &weights.stdout, &weights.stderr)
-        else {
-            panic!("{weights:?}")
+        // a's model path is no folder: its weights are not checked, and the check says why. The
+        // Python that read the version checked them.
+        let python = &s.get("python.0").unwrap().stdout;
+        let line = python.lines().find_map(|l| l.strip_prefix("#weights 0 "));
+        let WeightsCheck::Read(weights) = WeightsCheck::of(0, line.unwrap_or(""), "") else {
+            panic!("{python}")
         };
         assert_eq!(
             weights.unchecked.as_deref(),
@@ -521,7 +581,7 @@ pub(crate) mod tests {
         assert!(weights.files.is_empty() && weights.problems.is_empty());
         // b is unchanged: no change-only checks, and its record is absent.
         assert!(!s.contains("access.1") && !s.contains("ports.1") && !s.contains("record.0"));
-        assert!(!s.contains("kept.1") && !s.contains("weights.1"));
+        assert!(!s.contains("kept.1") && !python.contains("#weights 1 "));
         assert_eq!(survey::file(s.get("record.1").unwrap(), "/r"), Ok(None));
 
         // a changes: the lookup of its kept deep-check verdict found none, and says its key; a
@@ -560,51 +620,43 @@ pub(crate) mod tests {
             stdout: stdout.into(),
             stderr: String::new(),
         };
-        let pythons: usize = args[9].parse().unwrap();
-        let mut text = String::new();
-        for j in 0..pythons {
-            text += &encode(&format!("python.{j}"), &ok(&format!("{version}\n")));
-        }
-        let units: usize = args[10 + pythons].parse().unwrap();
+        let missing = || Section {
+            status: 100,
+            ..Section::default()
+        };
+        let pythons: usize = args[8].parse().unwrap();
+        let mut sections = Sections::default();
+        let mut python_out = vec![String::new(); pythons];
+        let units: usize = args[9 + pythons].parse().unwrap();
         let mut changed = false;
         for i in 0..units {
-            let u = &args[11 + pythons + i * PER_UNIT..][..PER_UNIT];
+            let u = &args[10 + pythons + i * PER_UNIT..][..PER_UNIT];
             let file = files.iter().find(|(p, _)| *p == u[1]).map(|(_, t)| *t);
-            let unit = match file {
-                Some(t) => ok(t),
-                None => Section {
-                    status: 100,
-                    ..Section::default()
-                },
-            };
-            text += &encode(&format!("unit.{i}"), &unit);
-            text += &encode(
+            sections.insert(&format!("unit.{i}"), file.map_or_else(missing, ok));
+            sections.insert(
                 &format!("show.{i}"),
-                &ok("LoadState=not-found\nActiveState=inactive\n"),
+                ok("LoadState=not-found\nActiveState=inactive\n"),
             );
-            text += &encode(&format!("layers.{i}"), &ok(""));
+            sections.insert(&format!("layers.{i}"), ok(""));
             if !u[5].is_empty() {
                 let record = files.iter().find(|(p, _)| *p == u[5]).map(|(_, t)| *t);
-                let section = record.map_or(
-                    Section {
-                        status: 100,
-                        ..Section::default()
-                    },
-                    ok,
-                );
-                text += &encode(&format!("record.{i}"), &section);
+                sections.insert(&format!("record.{i}"), record.map_or_else(missing, ok));
             }
             if !u[3].is_empty() && file.map(sha256).as_deref() != Some(u[2]) {
                 changed = true;
-                text += &encode(&format!("access.{i}"), &ok(""));
-                text += &encode(&format!("ports.{i}"), &ok("#cgroups\n"));
-                let whole = r#"{"files": ["model.safetensors"], "bytes": 8}"#;
-                text += &encode(&format!("weights.{i}"), &ok(whole));
+                sections.insert(&format!("access.{i}"), ok(""));
+                sections.insert(&format!("ports.{i}"), ok("#cgroups\n"));
+                let j: usize = u[10].parse().unwrap();
+                python_out[j] +=
+                    &format!("#weights {i} {{\"files\": [\"model.safetensors\"], \"bytes\": 8}}\n");
             }
         }
-        if changed {
-            text += &encode("gpus", &ok("GPU 0: H100 (UUID: GPU-a)\nGPU 1: H100 (UUID: GPU-b)\nGPU 2: H100 (UUID: GPU-c)\nGPU 3: H100 (UUID: GPU-d)\n"));
+        for (j, out) in python_out.iter().enumerate() {
+            sections.insert(&format!("python.{j}"), ok(&format!("{out}{version}\n")));
         }
-        text + &end()
+        if changed {
+            sections.insert("gpus", ok("GPU 0: H100 (UUID: GPU-a)\nGPU 1: H100 (UUID: GPU-b)\nGPU 2: H100 (UUID: GPU-c)\nGPU 3: H100 (UUID: GPU-d)\n"));
+        }
+        sections.render()
     }
 }

@@ -84,10 +84,41 @@ pub struct Gpu {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Port {
-    /// The processes listening on the port (none: it is free).
-    Listeners(Vec<Listener>),
+    /// The processes listening on the port (none: it is free), and the host's ephemeral range
+    /// when it could be read.
+    Listeners {
+        listeners: Vec<Listener>,
+        ephemeral: Option<Ephemeral>,
+    },
     /// Why it could not be checked (no `ss`).
     Unknown(String),
+}
+
+impl Port {
+    /// A free port on a host whose ephemeral range is unknown.
+    pub fn free() -> Port {
+        Port::Listeners {
+            listeners: Vec::new(),
+            ephemeral: None,
+        }
+    }
+}
+
+/// The host's ephemeral port range (`net.ipv4.ip_local_port_range`: the source ports the kernel
+/// gives outgoing connections) and the ports reserved from it (`ip_local_reserved_ports`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ephemeral {
+    pub low: u16,
+    pub high: u16,
+    pub reserved: Vec<(u16, u16)>,
+}
+
+impl Ephemeral {
+    /// Whether an outgoing connection may take `port` as its source port.
+    pub fn may_take(&self, port: u16) -> bool {
+        (self.low..=self.high).contains(&port)
+            && !self.reserved.iter().any(|(a, b)| (*a..=*b).contains(&port))
+    }
 }
 
 /// A process listening on the unit's port, as `ss -p` names it.
@@ -188,6 +219,7 @@ pub fn judge(t: &Target, facts: &Facts) -> Vec<Finding> {
     findings.extend(model_path(&want, facts.model_path));
     findings.extend(gpus(&want, &facts.gpus));
     findings.extend(port(&want.unit, want.port, &facts.port, facts.main_pid));
+    findings.extend(ephemeral_port(want.port, &facts.port));
     findings.extend(
         facts
             .deep
@@ -393,7 +425,7 @@ fn exists(device: &str, gpus: &[Gpu]) -> bool {
 /// on rank 0 ([`rendezvous_port`]).
 fn port(unit: &str, number: u16, port: &Port, main_pid: u32) -> Vec<Finding> {
     let listeners = match port {
-        Port::Listeners(l) => l,
+        Port::Listeners { listeners, .. } => listeners,
         Port::Unknown(reason) => {
             return vec![Finding::warning(
                 "port",
@@ -421,6 +453,28 @@ fn port(unit: &str, number: u16, port: &Port, main_pid: u32) -> Vec<Finding> {
         });
     }
     findings
+}
+
+/// A server port the kernel may hand to an outgoing connection as its source port: whatever
+/// connection on the host holds it when the server starts (or a probe of the closed port that
+/// connects to itself) fails the start with `Address already in use`, after the old server
+/// stopped. A warning: it fails rarely, and the cure is the host's (a reserved port).
+fn ephemeral_port(number: u16, port: &Port) -> Option<Finding> {
+    let Port::Listeners {
+        ephemeral: Some(e), ..
+    } = port
+    else {
+        return None;
+    };
+    e.may_take(number).then(|| {
+        Finding::warning(
+            "port",
+            format!(
+                "port {number} is inside the host's ephemeral port range ({}-{}) and not reserved: an outgoing connection may take it as its source port, and the server then fails to start with 'Address already in use'; reserve it (net.ipv4.ip_local_reserved_ports, in /etc/sysctl.d) or use a port below {}",
+                e.low, e.high, e.low
+            ),
+        )
+    })
 }
 
 /// Rank 0 of a server group: the rendezvous port (`--dist-init-addr`'s, where rank 0's torch
@@ -504,6 +558,36 @@ pub fn parse_listeners(output: &str) -> Vec<Listener> {
     listeners
 }
 
+/// The ephemeral range the listeners script prints after its cgroups: a `#ephemeral` line, then
+/// the sysctls' own text, `LOW<tab>HIGH` and the reserved ports (`30000-39999,8080`, empty for
+/// none).
+pub fn parse_ephemeral(output: &str) -> Option<Ephemeral> {
+    let (_, after) = output.split_once("#ephemeral\n")?;
+    let mut lines = after.lines();
+    let mut range = lines.next()?.split_whitespace().map(|w| w.parse::<u16>());
+    let (Some(Ok(low)), Some(Ok(high))) = (range.next(), range.next()) else {
+        return None;
+    };
+    let mut reserved = Vec::new();
+    for item in lines
+        .next()
+        .unwrap_or("")
+        .trim()
+        .split(',')
+        .filter(|i| !i.is_empty())
+    {
+        let (a, b) = item.split_once('-').unwrap_or((item, item));
+        if let (Ok(a), Ok(b)) = (a.trim().parse(), b.trim().parse()) {
+            reserved.push((a, b));
+        }
+    }
+    Some(Ephemeral {
+        low,
+        high,
+        reserved,
+    })
+}
+
 /// `users:(("python3",pid=12,fd=3),("x",pid=13,fd=3))` -> [("python3", 12), ("x", 13)].
 fn users(line: &str) -> Vec<(String, u32)> {
     let Some((_, users)) = line.split_once("users:(") else {
@@ -558,7 +642,7 @@ mod tests {
             python: Python::Sglang("0.5.23".into()),
             model_path: Access::Readable,
             gpus: gpus(8),
-            port: Port::Listeners(Vec::new()),
+            port: Port::free(),
             main_pid: 0,
             deep: None,
             weights: None,
@@ -806,13 +890,55 @@ mod tests {
     }
 
     #[test]
+    fn a_port_the_kernel_may_give_an_outgoing_connection_is_a_warning_until_reserved() {
+        let t = target(&manifest("s", "h", ""));
+        // The manifest's port: 30000.
+        let port = 30000;
+        let on = |listed: &str| {
+            let facts = Facts {
+                port: Port::Listeners {
+                    listeners: Vec::new(),
+                    ephemeral: parse_ephemeral(listed),
+                },
+                ..healthy()
+            };
+            judge(&t, &facts)
+                .into_iter()
+                .filter(|f| f.check == "port")
+                .map(|f| f.message)
+                .collect::<Vec<_>>()
+        };
+        let range = |low: u16| format!("#cgroups\n#ephemeral\n{low}\t60999\n\n");
+        let warned = on(&range(port));
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(
+            warned[0].starts_with(&format!(
+                "port {port} is inside the host's ephemeral port range ({port}-60999) and not reserved"
+            )),
+            "{warned:?}"
+        );
+        // Reserved (a range, or the port alone), below the range, or a range that cannot be
+        // read: nothing to say.
+        let reserved = format!("#ephemeral\n{port} 60999\n8080,{}-{}\n", port - 1, port + 1);
+        assert!(on(&reserved).is_empty());
+        let alone = format!("#ephemeral\n{port} 60999\n{port}\n");
+        assert!(on(&alone).is_empty());
+        assert!(on(&range(port + 1)).is_empty());
+        assert!(on("#cgroups\n").is_empty());
+        assert!(on("#ephemeral\nx 60999\n").is_empty());
+    }
+
+    #[test]
     fn a_port_held_by_another_process_is_an_error_and_by_this_unit_is_not() {
         let t = target(&manifest("s", "h", ""));
         let held = |l: Listener, main_pid: u32| {
             judge(
                 &t,
                 &Facts {
-                    port: Port::Listeners(vec![l]),
+                    port: Port::Listeners {
+                        listeners: vec![l],
+                        ephemeral: None,
+                    },
                     main_pid,
                     ..healthy()
                 },
