@@ -21,6 +21,7 @@ pub mod guard;
 pub mod import;
 pub mod layers;
 pub mod learned;
+pub mod live;
 pub mod manifest;
 pub mod metrics;
 pub mod observed;

@@ -1,0 +1,436 @@
+//! Changes the running SGLang takes without a restart. A restart reloads the model (15 minutes on
+//! the seed's 4-GPU host), and SGLang 0.5.23 changes two things in place:
+//!
+//! - the weights: `POST /update_weights_from_disk {"model_path": ...}` loads another checkpoint of
+//!   the same architecture into the running model (`srt/entrypoints/http_server.py`
+//!   `update_weights_from_disk`; `srt/managers/tokenizer_manager.py` `update_weights_from_disk`),
+//!   and loads the old one back itself when the new one fails to load;
+//! - a few scheduler values: `POST /set_internal_state {"server_args": {...}}`
+//!   (`srt/managers/scheduler_components/internal_state.py`, `_update_handlers`): the pipeline
+//!   micro-batch size and the speculative accept thresholds. It answers `{"updated": false}` and
+//!   changes nothing when one of them is refused.
+//!
+//! This module decides, without a host, whether a change between two units is one of those
+//! ([`live_change`]) and whether two checkpoints have one shape ([`same_shape`]). A live change
+//! must leave the server as a restart with the new unit would: otherwise the next restart (a
+//! reboot, a crash) would start something else than what was verified.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::flags::flags;
+use crate::plan::restart_reason;
+use crate::sglang::meaning::as_parsed;
+use crate::sglang::Catalog;
+use crate::unit::UnitModel;
+
+/// A flag `/set_internal_state` takes: its server-args key, whether its value is an integer, and
+/// SGLang 0.5.23's default for it (`srt/server_args.py`), which a unit without the flag runs with.
+struct Setting {
+    flag: &'static str,
+    key: &'static str,
+    integer: bool,
+    /// `None`: SGLang's default is `None`, which `/set_internal_state` cannot set back
+    /// (`_validate_pp_micro_batch_size` compares it with numbers): the flag must be set on both
+    /// sides.
+    default: Option<f64>,
+}
+
+const SETTINGS: [Setting; 3] = [
+    Setting {
+        flag: "pp-max-micro-batch-size",
+        key: "pp_max_micro_batch_size",
+        integer: true,
+        default: None,
+    },
+    Setting {
+        flag: "speculative-accept-threshold-single",
+        key: "speculative_accept_threshold_single",
+        integer: false,
+        default: Some(1.0),
+    },
+    Setting {
+        flag: "speculative-accept-threshold-acc",
+        key: "speculative_accept_threshold_acc",
+        integer: false,
+        default: Some(1.0),
+    },
+];
+
+/// What a live change does to the running server.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LiveChange {
+    /// The checkpoint the server moves to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weights: Option<Move>,
+    /// The values `/set_internal_state` sets.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<SettingChange>,
+}
+
+/// From one checkpoint to another. `tokenizer_follows`: the unit has no `--tokenizer-path`, so a
+/// restart would read the tokenizer from the new checkpoint, where a weight update keeps the one
+/// it loaded: the two checkpoints' tokenizer files must be the same.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Move {
+    pub from: String,
+    pub to: String,
+    pub tokenizer_follows: bool,
+}
+
+/// One `/set_internal_state` value, before and after.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SettingChange {
+    pub flag: String,
+    pub key: String,
+    pub from: Value,
+    pub to: Value,
+}
+
+impl LiveChange {
+    /// The change that puts the previous weights and values back.
+    pub fn reverse(&self) -> LiveChange {
+        LiveChange {
+            weights: self.weights.as_ref().map(|m| Move {
+                from: m.to.clone(),
+                to: m.from.clone(),
+                tokenizer_follows: m.tokenizer_follows,
+            }),
+            settings: self
+                .settings
+                .iter()
+                .map(|s| SettingChange {
+                    flag: s.flag.clone(),
+                    key: s.key.clone(),
+                    from: s.to.clone(),
+                    to: s.from.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// `/update_weights_from_disk`'s body: the requests in flight finish first (no abort), and the
+    /// prefix cache, computed with the old weights, is flushed.
+    pub fn weights_body(&self) -> Option<Value> {
+        self.weights.as_ref().map(|m| {
+            serde_json::json!({
+                "model_path": m.to,
+                "abort_all_requests": false,
+                "flush_cache": true,
+            })
+        })
+    }
+
+    /// `/set_internal_state`'s body, when there are values to set.
+    pub fn settings_body(&self) -> Option<Value> {
+        if self.settings.is_empty() {
+            return None;
+        }
+        let args: serde_json::Map<String, Value> = self
+            .settings
+            .iter()
+            .map(|s| (s.key.clone(), s.to.clone()))
+            .collect();
+        Some(serde_json::json!({ "server_args": args }))
+    }
+
+    /// What the plan says of it: `the weights move to /models/b; --pp-max-micro-batch-size 4 -> 8`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(m) = &self.weights {
+            parts.push(format!(
+                "the weights move to {} (same architecture; /update_weights_from_disk)",
+                m.to
+            ));
+        }
+        for s in &self.settings {
+            parts.push(format!(
+                "--{} {} -> {} (/set_internal_state)",
+                s.flag, s.from, s.to
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Whether the change from `old` to `new` is one SGLang takes live, as `parser` (the SGLang
+/// version's catalog) reads their flags: only the model path and [`SETTINGS`] differ, nothing
+/// else a restart would apply. `Err` says why not, naming what needs the restart.
+pub fn live_change(
+    old: &UnitModel,
+    new: &UnitModel,
+    parser: &Catalog,
+) -> Result<LiveChange, String> {
+    // The environment and the unit's settings, compared with the flags held equal.
+    let same_command = UnitModel {
+        exec_start: old.exec_start.clone(),
+        ..new.clone()
+    };
+    if let Some(reason) = restart_reason(old, &same_command, Some(parser)) {
+        return Err(format!("{reason} changes, which only a restart applies"));
+    }
+    let (old_cmd, old_flags) = flags(&old.exec_start);
+    let (new_cmd, new_flags) = flags(&new.exec_start);
+    if old_cmd != new_cmd {
+        return Err("the command changes".into());
+    }
+    let (old_flags, new_flags) = (as_parsed(parser, &old_flags), as_parsed(parser, &new_flags));
+    if new_flags
+        .get("nnodes")
+        .is_some_and(|n| n.parse::<u32>().is_ok_and(|n| n > 1))
+    {
+        return Err("a server over several hosts takes changes by a restart of its ranks".into());
+    }
+    let mut change = LiveChange {
+        weights: None,
+        settings: Vec::new(),
+    };
+    for name in differing(&old_flags, &new_flags) {
+        let (before, after) = (old_flags.get(&name), new_flags.get(&name));
+        if name == "model-path" {
+            let (Some(from), Some(to)) = (before, after) else {
+                return Err("the unit names no --model-path".into());
+            };
+            change.weights = Some(Move {
+                from: from.clone(),
+                to: to.clone(),
+                tokenizer_follows: !new_flags.contains_key("tokenizer-path"),
+            });
+        } else if let Some(setting) = SETTINGS.iter().find(|s| s.flag == name) {
+            change
+                .settings
+                .push(setting_change(setting, before, after)?);
+        } else {
+            return Err(format!(
+                "the flag --{name} changes, which only a restart applies"
+            ));
+        }
+    }
+    if change.weights.is_some() {
+        // After a weight update SGLang answers under the model path
+        // (`tokenizer_manager.py` `_update_model_path_info` sets `served_model_name` to it),
+        // where a restart would answer under --served-model-name: clients would see another name.
+        if let Some(name) = new_flags.get("served-model-name") {
+            return Err(format!(
+                "SGLang answers under the new model path after a weight update, not under --served-model-name {name} as a restart would"
+            ));
+        }
+    }
+    if change.weights.is_none() && change.settings.is_empty() {
+        return Err("nothing SGLang takes live changes".into());
+    }
+    Ok(change)
+}
+
+fn differing(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> Vec<String> {
+    let mut names: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|k| a.get(*k) != b.get(*k))
+        .cloned()
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+fn setting_change(
+    setting: &Setting,
+    before: Option<&String>,
+    after: Option<&String>,
+) -> Result<SettingChange, String> {
+    let value = |text: Option<&String>| -> Result<Value, String> {
+        let number = match text {
+            Some(t) => t
+                .parse::<f64>()
+                .map_err(|_| format!("--{} {t} is not a number", setting.flag))?,
+            None => setting.default.ok_or_else(|| {
+                format!(
+                    "--{} must be set before and after: SGLang's default for it (None) cannot be set live",
+                    setting.flag
+                )
+            })?,
+        };
+        Ok(if setting.integer {
+            Value::from(number as i64)
+        } else {
+            Value::from(number)
+        })
+    };
+    Ok(SettingChange {
+        flag: setting.flag.to_string(),
+        key: setting.key.to_string(),
+        from: value(before)?,
+        to: value(after)?,
+    })
+}
+
+/// `config.json`'s fields that do not shape the model: where it was saved from, with which
+/// library. Every other field must be equal for a weight update to load the new checkpoint into
+/// the running model as a restart would build it.
+const NOT_SHAPE: [&str; 3] = ["_name_or_path", "transformers_version", "_commit_hash"];
+
+/// Whether two checkpoints' `config.json` describe one model shape; `Err` names the first field
+/// that differs (`hidden_size: 4096 -> 5120`).
+pub fn same_shape(old_config: &str, new_config: &str) -> Result<(), String> {
+    let read = |text: &str, which: &str| -> Result<serde_json::Map<String, Value>, String> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(map)) => Ok(map),
+            _ => Err(format!(
+                "the {which} checkpoint's config.json does not read"
+            )),
+        }
+    };
+    let (old, new) = (read(old_config, "old")?, read(new_config, "new")?);
+    let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys
+        .into_iter()
+        .filter(|k| !NOT_SHAPE.contains(&k.as_str()))
+    {
+        let (a, b) = (old.get(key), new.get(key));
+        if a != b {
+            let show = |v: Option<&Value>| v.map_or("(none)".to_string(), Value::to_string);
+            return Err(format!(
+                "config.json's {key} differs: {} -> {}",
+                show(a),
+                show(b)
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unit::parse_unit;
+
+    fn unit(flags: &str, env: &str) -> UnitModel {
+        parse_unit(&format!(
+            "[Service]\nExecStart=/venv/bin/python3 -m sglang.launch_server --model-path /models/a --port 30000 {flags}\n{env}"
+        ))
+    }
+
+    fn parser() -> &'static Catalog {
+        Catalog::for_version("0.5.23").unwrap()
+    }
+
+    #[test]
+    fn another_checkpoint_and_the_live_settings_are_live_and_reverse() {
+        let old = unit("--pp-max-micro-batch-size 4", "");
+        let new = parse_unit(
+            "[Service]\nExecStart=/venv/bin/python3 -m sglang.launch_server --model-path /models/b --port 30000 --pp-max-micro-batch-size 8 --speculative-accept-threshold-single 0.5\n",
+        );
+        let change = live_change(&old, &new, parser()).unwrap();
+        assert_eq!(
+            change.weights,
+            Some(Move {
+                from: "/models/a".into(),
+                to: "/models/b".into(),
+                tokenizer_follows: true,
+            })
+        );
+        assert_eq!(
+            change.settings_body().unwrap(),
+            serde_json::json!({"server_args": {
+                "pp_max_micro_batch_size": 8,
+                "speculative_accept_threshold_single": 0.5,
+            }})
+        );
+        assert_eq!(
+            change.weights_body().unwrap()["model_path"],
+            serde_json::json!("/models/b")
+        );
+        // Back: the old checkpoint, the old size, and SGLang's default threshold.
+        let back = change.reverse();
+        assert_eq!(back.weights.as_ref().unwrap().to, "/models/a");
+        assert_eq!(
+            back.settings_body().unwrap(),
+            serde_json::json!({"server_args": {
+                "pp_max_micro_batch_size": 4,
+                "speculative_accept_threshold_single": 1.0,
+            }})
+        );
+        assert_eq!(
+            change.describe(),
+            "the weights move to /models/b (same architecture; /update_weights_from_disk); --pp-max-micro-batch-size 4 -> 8 (/set_internal_state); --speculative-accept-threshold-single 1.0 -> 0.5 (/set_internal_state)"
+        );
+    }
+
+    #[test]
+    fn anything_else_a_restart_applies_is_not_live_and_says_what() {
+        let old = unit("", "");
+        let why = |new: UnitModel| live_change(&old, &new, parser()).unwrap_err();
+        assert_eq!(
+            why(unit("--mem-fraction-static 0.8", "")),
+            "the flag --mem-fraction-static changes, which only a restart applies"
+        );
+        assert_eq!(
+            why(unit("", "Environment=NCCL_DEBUG=INFO")),
+            "the environment variable NCCL_DEBUG changes, which only a restart applies"
+        );
+        // An equal command line spelled otherwise is no change at all.
+        assert_eq!(
+            why(unit("--port=30000", "")),
+            "nothing SGLang takes live changes"
+        );
+        // A value SGLang's default cannot be set back to, and a name a weight update drops.
+        assert!(
+            why(unit("--pp-max-micro-batch-size 8", "")).contains("must be set before and after")
+        );
+        let named = |path: &str| {
+            parse_unit(&format!(
+                "[Service]\nExecStart=/venv/bin/python3 -m sglang.launch_server --model-path {path} --port 30000 --served-model-name q\n"
+            ))
+        };
+        assert!(
+            live_change(&named("/models/a"), &named("/models/b"), parser())
+                .unwrap_err()
+                .contains("not under --served-model-name q")
+        );
+    }
+
+    #[test]
+    fn a_tokenizer_path_of_its_own_keeps_the_tokenizer_out_of_it() {
+        let with_tokenizer = |path: &str| {
+            parse_unit(&format!(
+                "[Service]\nExecStart=/venv/bin/python3 -m sglang.launch_server --model-path {path} --tokenizer-path /models/tok\n"
+            ))
+        };
+        let change = live_change(
+            &with_tokenizer("/models/a"),
+            &with_tokenizer("/models/b"),
+            parser(),
+        )
+        .unwrap();
+        assert!(!change.weights.unwrap().tokenizer_follows);
+    }
+
+    #[test]
+    fn checkpoints_of_one_shape_differ_only_in_where_they_came_from() {
+        let config = |hidden: u32, name: &str| {
+            format!(
+                r#"{{"architectures": ["Qwen3ForCausalLM"], "hidden_size": {hidden}, "num_hidden_layers": 2, "_name_or_path": "{name}", "transformers_version": "4.57.1"}}"#
+            )
+        };
+        assert_eq!(same_shape(&config(64, "a"), &config(64, "b")), Ok(()));
+        assert_eq!(
+            same_shape(&config(64, "a"), &config(128, "a")),
+            Err("config.json's hidden_size differs: 64 -> 128".into())
+        );
+        assert_eq!(
+            same_shape("{}", r#"{"quantization_config": {"quant_method": "fp8"}}"#),
+            Err(
+                r#"config.json's quantization_config differs: (none) -> {"quant_method":"fp8"}"#
+                    .into()
+            )
+        );
+        assert!(same_shape("not json", "{}")
+            .unwrap_err()
+            .contains("old checkpoint"));
+    }
+}
