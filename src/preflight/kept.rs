@@ -138,11 +138,16 @@ pub(super) fn lookup_script(kept_dir: &str) -> String {
 const KEPT_LOOKUP: &str = "base=$1 model=$2 tokenizer=$3 template=$4 version=$5; shift 5
 key=none
 if [ -d \"$model\" ]; then
-  key=$({ printf '%s\\n' \"$base\"
-    for d in \"$model\" \"$tokenizer\"; do [ -d \"$d\" ] && cat \"$d\"/*.json \"$d\"/*.jinja 2>/dev/null; done
-    [ -f \"$template\" ] && cat \"$template\"; } | sha256sum | cut -c1-64)
-  kept=\"$KEPT_DIR/$key\"
-  if [ -f \"$kept\" ] && { [ -z \"$version\" ] || [ \"$(head -n1 \"$kept\")\" = \"#reconcile-deep-version $version\" ]; } &&
+  # The files the check reads, in one cat (a process is what a survey costs a host); listed in
+  # the pipeline's own shell, whose arguments are its own (the deep check's follow in this one).
+  key=$({ printf '%s\\n' \"$base\"; set --
+    for d in \"$model\" \"$tokenizer\"; do [ -d \"$d\" ] && set -- \"$@\" \"$d\"/*.json \"$d\"/*.jinja; done
+    [ -f \"$template\" ] && set -- \"$@\" \"$template\"
+    cat -- \"$@\" 2>/dev/null; } | sha256sum)
+  key=${key%% *}
+  kept=\"$KEPT_DIR/$key\" first=
+  [ -f \"$kept\" ] && read -r first < \"$kept\"
+  if [ -f \"$kept\" ] && { [ -z \"$version\" ] || [ \"$first\" = \"#reconcile-deep-version $version\" ]; } &&
     touch \"$kept\" 2>/dev/null; then echo \"#reconcile-deep-kept $key\"; cat \"$kept\"; exit 0; fi
 fi
 echo \"#reconcile-deep-key $key\"
@@ -197,17 +202,20 @@ mod tests {
     use super::{read, Lookup};
     use std::process::Command;
 
-    /// Runs the lookup here, with `echo` for the check after it: its output.
+    /// Runs the lookup here, with `echo` for the check after it, which gets the arguments after
+    /// the lookup's five as its own: its output.
     fn looked_up(
         kept_dir: &std::path::Path,
         model: &std::path::Path,
         template: &str,
         version: &str,
     ) -> String {
-        let script = super::lookup_script(kept_dir.to_str().unwrap()) + "echo the check ran";
+        let script =
+            super::lookup_script(kept_dir.to_str().unwrap()) + "echo the check ran with $*";
         let model = model.to_str().unwrap();
         let out = Command::new("sh")
             .args(["-c", &script, "sh", "base", model, model, template, version])
+            .args(["/venv/bin/python3", "-c"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
@@ -249,7 +257,10 @@ mod tests {
             panic!("{first}")
         };
         assert_eq!(key.len(), 64);
-        assert!(first.ends_with("\nthe check ran\n"), "{first}");
+        assert!(
+            first.ends_with("\nthe check ran with /venv/bin/python3 -c\n"),
+            "{first}"
+        );
         // Kept, it is printed instead of running the check, for that SGLang version or for a
         // lookup that compares later (an empty version).
         let answer = "#reconcile-deep {\"verdict\": \"accepted\", \"unchecked\": []}\n";
@@ -291,14 +302,17 @@ mod tests {
         std::fs::write(&template, "{{ messages }}").unwrap();
         let with_template = looked_up(&kept_dir, &model, template.to_str().unwrap(), "0.5.23");
         assert_ne!(with_template, changed);
-        assert!(with_template.ends_with("\nthe check ran\n"));
+        assert!(with_template.ends_with("\nthe check ran with /venv/bin/python3 -c\n"));
         let hub = looked_up(
             &kept_dir,
             std::path::Path::new("Qwen/Qwen3-8B"),
             "",
             "0.5.23",
         );
-        assert_eq!(hub, "#reconcile-deep-key none\nthe check ran\n");
+        assert_eq!(
+            hub,
+            "#reconcile-deep-key none\nthe check ran with /venv/bin/python3 -c\n"
+        );
         assert_eq!(read(&hub), Lookup::Unkeyed);
     }
 

@@ -54,8 +54,19 @@ pub(super) const LISTENERS: &str = "command -v ss >/dev/null 2>&1 || exit 100
 out=$(ss -Htlnp \"sport = :$1\") || exit 101
 [ -n \"$out\" ] && printf '%s\\n' \"$out\"
 echo '#cgroups'
-for pid in $(printf '%s\\n' \"$out\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
-  printf '%s %s\\n' \"$pid\" \"$(tr '\\n' ' ' < /proc/$pid/cgroup 2>/dev/null)\"
+# Each process's cgroup, read by the shell's builtins: a process is what a survey costs a host.
+pids= rest=$out
+while :; do
+  case $rest in
+    *pid=*) rest=${rest#*pid=}; pid=${rest%%[!0-9]*}
+      case \" $pids \" in *\" $pid \"*) ;; *) pids=\"$pids $pid\" ;; esac ;;
+    *) break ;;
+  esac
+done
+for pid in $pids; do
+  cg=
+  while IFS= read -r line; do cg=\"$cg$line \"; done 2>/dev/null < /proc/$pid/cgroup
+  printf '%s %s\\n' \"$pid\" \"$cg\"
 done
 # The host's ephemeral port range and its reserved ports, a line each (see parse_ephemeral). One
 # `cat`: the shell's `read` takes a byte at a time, and a sysctl file answers only the first.
