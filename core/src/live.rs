@@ -3,8 +3,11 @@
 //!
 //! - the weights: `POST /update_weights_from_disk {"model_path": ...}` loads another checkpoint of
 //!   the same architecture into the running model (`srt/entrypoints/http_server.py`
-//!   `update_weights_from_disk`; `srt/managers/tokenizer_manager.py` `update_weights_from_disk`),
-//!   and loads the old one back itself when the new one fails to load;
+//!   `update_weights_from_disk`; `srt/managers/tokenizer_manager.py` `update_weights_from_disk`).
+//!   A failed call is no proof the old weights serve: its own rollback, after a load that failed
+//!   half-way, reads the new path again (`srt/model_executor/model_runner_components/
+//!   weight_updater.py` `update_weights_from_disk` sets `model_config.model_path` before it
+//!   loads), so the previous checkpoint is loaded back by name;
 //! - a few scheduler values: `POST /set_internal_state {"server_args": {...}}`
 //!   (`srt/managers/scheduler_components/internal_state.py`, `_update_handlers`): the pipeline
 //!   micro-batch size and the speculative accept thresholds. It answers `{"updated": false}` and
