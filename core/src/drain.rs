@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::manifest::{DrainSpec, OnTimeout};
+use crate::prometheus::split_sample;
 
 pub const RUNNING: &str = "sglang:num_running_reqs";
 pub const QUEUED: &str = "sglang:num_queue_reqs";
@@ -108,80 +109,6 @@ fn gauge_of(line: &str) -> Option<(bool, &str)> {
         }
     }
     None
-}
-
-type Labels = Vec<(String, String)>;
-
-/// `{k="v",...} VALUE [TIMESTAMP]` or ` VALUE [TIMESTAMP]`: the labels (sorted) and the value.
-fn split_sample(rest: &str) -> Result<(Labels, &str), &'static str> {
-    let (mut labels, after) = match rest.strip_prefix('{') {
-        Some(inner) => parse_labels(inner)?,
-        None => (Vec::new(), rest),
-    };
-    let mut fields = after.split_whitespace();
-    let value = fields.next().ok_or("no value")?;
-    if let Some(ts) = fields.next() {
-        ts.parse::<i64>()
-            .map_err(|_| "the timestamp is not a number")?;
-    }
-    if fields.next().is_some() {
-        return Err("more than a value and a timestamp");
-    }
-    labels.sort();
-    Ok((labels, value))
-}
-
-/// The labels up to the closing `}`, with the text after it. Values are quoted, with `\\`, `\"`
-/// and `\n` escaped (the exposition format's only escapes); a trailing comma is allowed.
-fn parse_labels(mut s: &str) -> Result<(Labels, &str), &'static str> {
-    let mut labels = Vec::new();
-    loop {
-        s = s.trim_start();
-        if let Some(after) = s.strip_prefix('}') {
-            return Ok((labels, after));
-        }
-        let eq = s.find('=').ok_or("a label without `=`")?;
-        let name = s[..eq].trim();
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
-            return Err("a label name that is not one");
-        }
-        let quoted = s[eq + 1..]
-            .trim_start()
-            .strip_prefix('"')
-            .ok_or("a label value without quotes")?;
-        let (value, after) = unquote(quoted)?;
-        labels.push((name.to_string(), value));
-        s = after.trim_start();
-        if let Some(after) = s.strip_prefix(',') {
-            s = after;
-        } else if !s.starts_with('}') {
-            return Err("labels not separated by commas");
-        }
-    }
-}
-
-/// The value of a label up to its closing quote, and the text after it.
-fn unquote(s: &str) -> Result<(String, &str), &'static str> {
-    let mut value = String::new();
-    let mut chars = s.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' => return Ok((value, &s[i + 1..])),
-            '\\' => match chars.next() {
-                Some((_, '\\')) => value.push('\\'),
-                Some((_, '"')) => value.push('"'),
-                Some((_, 'n')) => value.push('\n'),
-                _ => return Err("an unknown escape in a label value"),
-            },
-            c => value.push(c),
-        }
-    }
-    Err("a label value without its closing quote")
 }
 
 /// A gauge's value as a number of requests: prometheus_client writes `3.0`; negative, fractional

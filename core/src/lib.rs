@@ -7,6 +7,7 @@
 //! fuzzed) without a host or root. The modules import each other without cycles; the leaves are
 //! `finding`, `digest`, `flags`, `observed`, `outcome` and `manifest`.
 
+pub mod bake;
 pub mod benchmark;
 pub mod diagnose;
 pub mod digest;
@@ -29,6 +30,7 @@ pub mod outcome;
 pub mod plan;
 pub mod plan_file;
 pub mod preflight;
+pub mod prometheus;
 pub mod quality;
 pub mod record;
 pub mod redact;

@@ -1,0 +1,120 @@
+//! Prometheus' text exposition format (0.0.4), as SGLang's `/metrics` writes it through
+//! prometheus_client: the samples of a metric family, read by `drain` (the gauges of running
+//! and queued requests) and `bake` (the latency histograms and request counters).
+
+/// A sample's labels, sorted by name.
+pub type Labels = Vec<(String, String)>;
+
+/// `{k="v",...} VALUE [TIMESTAMP]` or ` VALUE [TIMESTAMP]`: the labels (sorted) and the value.
+pub fn split_sample(rest: &str) -> Result<(Labels, &str), &'static str> {
+    let (mut labels, after) = match rest.strip_prefix('{') {
+        Some(inner) => parse_labels(inner)?,
+        None => (Vec::new(), rest),
+    };
+    let mut fields = after.split_whitespace();
+    let value = fields.next().ok_or("no value")?;
+    if let Some(ts) = fields.next() {
+        ts.parse::<i64>()
+            .map_err(|_| "the timestamp is not a number")?;
+    }
+    if fields.next().is_some() {
+        return Err("more than a value and a timestamp");
+    }
+    labels.sort();
+    Ok((labels, value))
+}
+
+/// The labels up to the closing `}`, with the text after it. Values are quoted, with `\\`, `\"`
+/// and `\n` escaped (the exposition format's only escapes); a trailing comma is allowed.
+fn parse_labels(mut s: &str) -> Result<(Labels, &str), &'static str> {
+    let mut labels = Vec::new();
+    loop {
+        s = s.trim_start();
+        if let Some(after) = s.strip_prefix('}') {
+            return Ok((labels, after));
+        }
+        let eq = s.find('=').ok_or("a label without `=`")?;
+        let name = s[..eq].trim();
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err("a label name that is not one");
+        }
+        let quoted = s[eq + 1..]
+            .trim_start()
+            .strip_prefix('"')
+            .ok_or("a label value without quotes")?;
+        let (value, after) = unquote(quoted)?;
+        labels.push((name.to_string(), value));
+        s = after.trim_start();
+        if let Some(after) = s.strip_prefix(',') {
+            s = after;
+        } else if !s.starts_with('}') {
+            return Err("labels not separated by commas");
+        }
+    }
+}
+
+/// The value of a label up to its closing quote, and the text after it.
+fn unquote(s: &str) -> Result<(String, &str), &'static str> {
+    let mut value = String::new();
+    let mut chars = s.char_indices();
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '"' => return Ok((value, &s[i + 1..])),
+            '\\' => match chars.next() {
+                Some((_, '\\')) => value.push('\\'),
+                Some((_, '"')) => value.push('"'),
+                Some((_, 'n')) => value.push('\n'),
+                _ => return Err("an unknown escape in a label value"),
+            },
+            c => value.push(c),
+        }
+    }
+    Err("a label value without its closing quote")
+}
+
+/// The samples of the metric `name` in an exposition (`name{labels} value`, not `name_suffix`):
+/// each one's labels and value. A sample line that does not read is an error naming its line.
+pub fn samples(text: &str, name: &str) -> Result<Vec<(Labels, f64)>, BadLine> {
+    let mut found = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim_start();
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !rest.starts_with(['{', ' ', '\t']) {
+            continue;
+        }
+        let bad = |why| BadLine {
+            line: i + 1,
+            why,
+            text: line.chars().take(200).collect(),
+        };
+        let (labels, value) = split_sample(rest).map_err(bad)?;
+        let value = parse_value(value).ok_or_else(|| bad("the value is not a number"))?;
+        found.push((labels, value));
+    }
+    Ok(found)
+}
+
+/// A sample's value as prometheus_client writes it (`3.0`, `+Inf`, `NaN`).
+fn parse_value(value: &str) -> Option<f64> {
+    match value {
+        "+Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        v => v.parse().ok(),
+    }
+}
+
+/// A sample line that does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("/metrics line {line}: {why}: `{text}`")]
+pub struct BadLine {
+    pub line: usize,
+    pub why: &'static str,
+    pub text: String,
+}
