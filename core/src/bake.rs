@@ -451,6 +451,22 @@ mod tests {
     }
 
     #[test]
+    fn the_real_servers_metrics_read() {
+        // The real SGLang 0.5.23 after four chat completions and its own warmup and health
+        // requests (fixtures/metrics/README.md).
+        let text = include_str!("../../fixtures/metrics/sglang-0.5.23-cpu.prom");
+        let s = Snapshot::parse(text).unwrap();
+        assert_eq!((s.requests, s.aborted), (5.0, 0.0));
+        // Both `is_streaming` series add up; the buckets are SGLang's.
+        assert_eq!(s.ttft.count(), 5.0);
+        assert_eq!(s.ttft.buckets.first(), Some(&(0.1, 5.0)));
+        assert_eq!(s.ttft.buckets.len(), 19, "0.1 s to 400 s, and +Inf");
+        assert_eq!(s.itl.count(), 14.0);
+        let f = Figures::of(&Window::between(&Snapshot::default(), &s).unwrap());
+        assert!(f.ttft_p95_s.is_some_and(|q| q > 0.0 && q <= 0.1), "{f:?}");
+    }
+
+    #[test]
     fn the_stable_side_is_every_stable_replica_at_once() {
         let start = snapshot([0.0; 4], [0.0; 4], 0.0, 0.0);
         let one = Window::between(
