@@ -107,19 +107,14 @@ while [ "$j" -lt "$np" ]; do
 done
 [ "$changed" = 1 ] && part gpus nvidia-smi -L
 wait
-sizes=
+# Every body, in header order: stat sizes them for the headers, then one base64 encodes them.
 set --
 for k in $keys; do set -- "$@" "$d/$k.o" "$d/$k.e"; done
-[ $# = 0 ] || sizes=$(stat -c %s -- "$@") || exit 1
-set -- $sizes
-for k in $keys; do
-  s=; read -r s <"$d/$k.s"
-  printf '== %s %s %s %s\n' "$k" "${s:-125}" "$1" "$2"
-  shift 2
+[ $# = 0 ] || stat -c %s -- "$@" | for k in $keys; do
+  read -r o; read -r e; s=; read -r s <"$d/$k.s"
+  printf '== %s %s %s %s\n' "$k" "${s:-125}" "$o" "$e"
 done
 echo '== end 0'
-set --
-for k in $keys; do set -- "$@" "$d/$k.o" "$d/$k.e"; done
 [ $# = 0 ] || cat -- "$@" | base64
 "#;
 
