@@ -18,13 +18,13 @@
 //! must leave the server as a restart with the new unit would: otherwise the next restart (a
 //! reboot, a crash) would start something else than what was verified.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::flags::flags;
-use crate::plan::restart_reason;
+use crate::plan::{differing_keys, restart_reason};
 use crate::sglang::meaning::as_parsed;
 use crate::sglang::Catalog;
 use crate::unit::UnitModel;
@@ -190,8 +190,9 @@ pub fn live_change(
         weights: None,
         settings: Vec::new(),
     };
-    for name in differing(&old_flags, &new_flags) {
-        let (before, after) = (old_flags.get(&name), new_flags.get(&name));
+    let names: BTreeSet<&String> = differing_keys(&old_flags, &new_flags).collect();
+    for name in names {
+        let (before, after) = (old_flags.get(name), new_flags.get(name));
         if name == "model-path" {
             let (Some(from), Some(to)) = (before, after) else {
                 return Err("the unit names no --model-path".into());
@@ -225,18 +226,6 @@ pub fn live_change(
         return Err("nothing SGLang takes live changes".into());
     }
     Ok(change)
-}
-
-fn differing(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> Vec<String> {
-    let mut names: Vec<String> = a
-        .keys()
-        .chain(b.keys())
-        .filter(|k| a.get(*k) != b.get(*k))
-        .cloned()
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 fn setting_change(

@@ -297,10 +297,16 @@ fn runtime(m: &UnitModel) -> BTreeMap<String, Vec<String>> {
 }
 
 fn differing<V: PartialEq>(a: &BTreeMap<String, V>, b: &BTreeMap<String, V>) -> Option<String> {
-    a.keys()
-        .chain(b.keys())
-        .find(|k| a.get(*k) != b.get(*k))
-        .cloned()
+    differing_keys(a, b).next().cloned()
+}
+
+/// The keys whose values differ between `a` and `b` (absent counts as a value): `a`'s in order,
+/// then `b`'s; a key of both comes twice.
+pub(crate) fn differing_keys<'a, V: PartialEq>(
+    a: &'a BTreeMap<String, V>,
+    b: &'a BTreeMap<String, V>,
+) -> impl Iterator<Item = &'a String> + 'a {
+    a.keys().chain(b.keys()).filter(|k| a.get(*k) != b.get(*k))
 }
 
 fn notes(verdict: Verdict, observed: &Observed, masked: bool) -> Vec<String> {
