@@ -56,18 +56,41 @@ impl Histogram {
         if before.buckets.is_empty() {
             return Some(self.clone());
         }
-        if before.buckets.len() != self.buckets.len() {
-            return None;
-        }
-        self.buckets
-            .iter()
-            .zip(&before.buckets)
-            .map(|((le, now), (was_le, was))| {
-                (le == was_le && now >= was).then(|| (*le, now - was))
-            })
-            .collect::<Option<Vec<_>>>()
-            .map(|buckets| Histogram { buckets })
+        bucketwise(self, before, |now, was| (now >= was).then_some(now - was))
     }
+
+    /// Two replicas' histograms as one; `None` when their bounds differ.
+    fn plus(&self, other: &Histogram) -> Option<Histogram> {
+        match (self.buckets.is_empty(), other.buckets.is_empty()) {
+            (true, _) => Some(other.clone()),
+            (_, true) => Some(self.clone()),
+            _ => bucketwise(self, other, |x, y| Some(x + y)),
+        }
+    }
+}
+
+/// `count(a, b)` for each bucket of two histograms with the same bounds; `None` when the bounds
+/// differ or `count` says so.
+fn bucketwise(
+    a: &Histogram,
+    b: &Histogram,
+    count: impl Fn(f64, f64) -> Option<f64>,
+) -> Option<Histogram> {
+    if a.buckets.len() != b.buckets.len() {
+        return None;
+    }
+    a.buckets
+        .iter()
+        .zip(&b.buckets)
+        .map(|((le, x), (le_b, y))| {
+            if le == le_b {
+                count(*x, *y).map(|c| (*le, c))
+            } else {
+                None
+            }
+        })
+        .collect::<Option<Vec<_>>>()
+        .map(|buckets| Histogram { buckets })
 }
 
 fn label<'a>(labels: &'a Labels, name: &str) -> Option<&'a str> {
@@ -161,27 +184,11 @@ impl Window {
         all.try_fold(first, |mut sum, w| {
             sum.requests += w.requests;
             sum.aborted += w.aborted;
-            sum.ttft = add(&sum.ttft, &w.ttft)?;
-            sum.itl = add(&sum.itl, &w.itl)?;
+            sum.ttft = sum.ttft.plus(&w.ttft)?;
+            sum.itl = sum.itl.plus(&w.itl)?;
             Some(sum)
         })
     }
-}
-
-fn add(a: &Histogram, b: &Histogram) -> Option<Histogram> {
-    if a.buckets.is_empty() {
-        return Some(b.clone());
-    }
-    if b.buckets.is_empty() {
-        return Some(a.clone());
-    }
-    (a.buckets.len() == b.buckets.len()).then_some(())?;
-    a.buckets
-        .iter()
-        .zip(&b.buckets)
-        .map(|((le, x), (le_b, y))| (le == le_b).then_some((*le, x + y)))
-        .collect::<Option<Vec<_>>>()
-        .map(|buckets| Histogram { buckets })
 }
 
 /// A side's figures over the window.
@@ -333,6 +340,12 @@ mod tests {
         Snapshot::parse(&metrics(ttft, itl, requests, aborted)).unwrap()
     }
 
+    /// What a replica served since it started.
+    fn served(ttft: [f64; 4], itl: [f64; 4], requests: f64, aborted: f64) -> Window {
+        let start = snapshot([0.0; 4], [0.0; 4], 0.0, 0.0);
+        Window::between(&start, &snapshot(ttft, itl, requests, aborted)).unwrap()
+    }
+
     const LIMITS: Limits = Limits {
         min_requests: 50.0,
         error_rate_above: 0.01,
@@ -390,28 +403,19 @@ mod tests {
 
     #[test]
     fn a_canary_slower_or_failing_beyond_the_limits_is_worse_and_says_how() {
-        let start = snapshot([0.0; 4], [0.0; 4], 0.0, 0.0);
         // Stable: most first tokens under 0.1 s. Canary: most between 0.1 and 1 s, and 5 % aborted.
-        let stable = Window::between(
-            &start,
-            &snapshot(
-                [50.0, 190.0, 200.0, 200.0],
-                [900.0, 1000.0, 1000.0, 1000.0],
-                200.0,
-                0.0,
-            ),
-        )
-        .unwrap();
-        let slow = Window::between(
-            &start,
-            &snapshot(
-                [0.0, 20.0, 100.0, 100.0],
-                [900.0, 1000.0, 1000.0, 1000.0],
-                100.0,
-                5.0,
-            ),
-        )
-        .unwrap();
+        let stable = served(
+            [50.0, 190.0, 200.0, 200.0],
+            [900.0, 1000.0, 1000.0, 1000.0],
+            200.0,
+            0.0,
+        );
+        let slow = served(
+            [0.0, 20.0, 100.0, 100.0],
+            [900.0, 1000.0, 1000.0, 1000.0],
+            100.0,
+            5.0,
+        );
         let Verdict::Worse { why, .. } = judge(&slow, &stable, &LIMITS) else {
             panic!("{:?}", judge(&slow, &stable, &LIMITS))
         };
@@ -421,26 +425,18 @@ mod tests {
         );
         assert!(why.iter().any(|w| w.starts_with("TTFT p50 ")), "{why:?}");
         // The same as the stable replicas: passed.
-        let same = Window::between(
-            &start,
-            &snapshot(
-                [25.0, 95.0, 100.0, 100.0],
-                [450.0, 500.0, 500.0, 500.0],
-                100.0,
-                0.0,
-            ),
-        )
-        .unwrap();
+        let same = served(
+            [25.0, 95.0, 100.0, 100.0],
+            [450.0, 500.0, 500.0, 500.0],
+            100.0,
+            0.0,
+        );
         assert!(matches!(
             judge(&same, &stable, &LIMITS),
             Verdict::Passed { .. }
         ));
         // Too few requests: no verdict on the canary.
-        let few = Window::between(
-            &start,
-            &snapshot([0.0, 2.0, 10.0, 10.0], [0.0; 4], 10.0, 0.0),
-        )
-        .unwrap();
+        let few = served([0.0, 2.0, 10.0, 10.0], [0.0; 4], 10.0, 0.0);
         let Verdict::TooFew { why, .. } = judge(&few, &stable, &LIMITS) else {
             panic!()
         };
@@ -468,12 +464,7 @@ mod tests {
 
     #[test]
     fn the_stable_side_is_every_stable_replica_at_once() {
-        let start = snapshot([0.0; 4], [0.0; 4], 0.0, 0.0);
-        let one = Window::between(
-            &start,
-            &snapshot([10.0, 20.0, 20.0, 20.0], [0.0; 4], 20.0, 1.0),
-        )
-        .unwrap();
+        let one = served([10.0, 20.0, 20.0, 20.0], [0.0; 4], 20.0, 1.0);
         let both = Window::merged(&[one.clone(), one]).unwrap();
         assert_eq!((both.requests, both.aborted), (40.0, 2.0));
         assert_eq!(both.ttft.count(), 40.0);
