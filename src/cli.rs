@@ -986,6 +986,11 @@ pub struct PlanArgs {
     #[command(flatten)]
     pub deep: DeepArgs,
 
+    /// Restart every changed server, also where its manifest says `apply: { live: true }` and
+    /// the running server could take the change without a restart.
+    #[arg(long)]
+    pub restart: bool,
+
     /// Colour the text output: auto (a terminal, unless NO_COLOR is set), always or never.
     #[arg(long, value_enum, default_value = "auto")]
     pub color: ColorChoice,

@@ -105,7 +105,8 @@ async fn plan_surveyed(
         Ok(observed) => observed,
         Err(e) => return PlanOutcome::failed(t, error_chain(&e)),
     };
-    let planned = plan(&t.host, &t.source, &t.desired, &observed, redactor);
+    let mut planned = plan(&t.host, &t.source, &t.desired, &observed, redactor);
+    crate::apply::live::plan(host, t, &observed, &mut planned).await;
     let verdict = planned.verdict;
     let checked = preflight::check_surveyed(host, t, survey, &observed.state, verdict, deep).await;
     match checked {
@@ -134,7 +135,8 @@ async fn plan_unit(
     // Planned as soon as it is observed: preflight's other checks depend on the verdict.
     let observe = async {
         let observed = host.observe(&t.desired.unit).await?;
-        let planned = plan(&t.host, &t.source, &t.desired, &observed, redactor);
+        let mut planned = plan(&t.host, &t.source, &t.desired, &observed, redactor);
+        crate::apply::live::plan(host, t, &observed, &mut planned).await;
         Ok((observed, planned))
     };
     let verdict = |(_, p): &(Observed, UnitPlan)| p.verdict;
@@ -170,7 +172,9 @@ fn planned_with(
     if let Some(q) = &t.verify.quality {
         if matches!(
             planned.verdict,
-            crate::plan::Verdict::Restart | crate::plan::Verdict::Install
+            crate::plan::Verdict::Restart
+                | crate::plan::Verdict::Install
+                | crate::plan::Verdict::Live
         ) {
             planned.judged_on_quality = true;
             let gate = if q.gate {

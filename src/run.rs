@@ -96,6 +96,21 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
     }
 }
 
+/// The targets a plan or an apply works on: the manifests' units on the hosts `args` select,
+/// every one restarting with `--restart` (none changed live).
+fn planned_targets(
+    manifests: &[manifest::Manifest],
+    args: &PlanArgs,
+) -> Result<Vec<targets::Target>, Error> {
+    let mut targets = targets::targets(manifests, &args.filter())?;
+    if args.restart {
+        for t in &mut targets {
+            t.desired.live = false;
+        }
+    }
+    Ok(targets)
+}
+
 async fn plan(
     args: PlanArgs,
     out: Option<std::path::PathBuf>,
@@ -103,7 +118,7 @@ async fn plan(
 ) -> Result<ExitCode, Error> {
     let paths = &args.manifests.paths;
     let (manifests, redactor) = load_manifests(paths, args.strict)?;
-    let targets = targets::targets(&manifests, &args.filter())?;
+    let targets = planned_targets(&manifests, &args)?;
     let ssh = ssh_options(reach, &args.ssh);
     let outcomes = dry_run::plan_targets(targets, &ssh, args.parallel, args.deep, &redactor).await;
     if let Some(out) = &out {
@@ -135,7 +150,7 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
         None => plan.manifests.paths.clone(),
     };
     let (manifests, redactor) = load_manifests(&paths, plan.strict)?;
-    let targets = targets::targets(&manifests, &plan.filter())?;
+    let targets = planned_targets(&manifests, plan)?;
     // A plan file's units only, each checked on its host against what was planned.
     let (targets, refused) = match &planned {
         Some(p) => p.select(targets),

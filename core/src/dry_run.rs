@@ -38,6 +38,8 @@ impl PlanOutcome {
 pub struct Tally {
     pub install: usize,
     pub restart: usize,
+    /// Taken by the running server without a restart (`apply.live`).
+    pub live: usize,
     pub reload_only: usize,
     pub unchanged: usize,
     pub errors: usize,
@@ -55,6 +57,7 @@ impl Tally {
                     match p.verdict {
                         Verdict::Install => t.install += 1,
                         Verdict::Restart => t.restart += 1,
+                        Verdict::Live => t.live += 1,
                         Verdict::ReloadOnly => t.reload_only += 1,
                         Verdict::NoChange => t.unchanged += 1,
                     }
@@ -68,7 +71,7 @@ impl Tally {
     }
 
     pub fn changes(&self) -> usize {
-        self.install + self.restart + self.reload_only
+        self.install + self.restart + self.live + self.reload_only
     }
 
     /// Exit status 1 of `plan`: a unit could not be planned, or its host cannot run it.

@@ -23,6 +23,9 @@ pub fn group_verdict(ranks: &[Verdict]) -> Verdict {
         .any(|v| matches!(v, Verdict::Restart | Verdict::Install))
     {
         Verdict::Restart
+    } else if ranks.contains(&Verdict::Live) {
+        // Only a server of one changes live (`crate::live`): a group restarts its ranks.
+        Verdict::Live
     } else if ranks.contains(&Verdict::ReloadOnly) {
         Verdict::ReloadOnly
     } else {
@@ -39,6 +42,7 @@ pub fn rank_verdict(own: Verdict, group: Verdict) -> Verdict {
     match (own, group) {
         (Verdict::Install, _) => Verdict::Install,
         (_, Verdict::Restart | Verdict::Install) => Verdict::Restart,
+        (Verdict::Live, _) => Verdict::Live,
         (Verdict::ReloadOnly, _) => Verdict::ReloadOnly,
         // A group verdict below the rank's own cannot come from `group_verdict`; the rank's own
         // change still happens.

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::finding::Finding;
 use crate::flags::flags;
 use crate::layers::Drift;
+use crate::live::change::LiveChange;
 use crate::observed::{Observed, UnitState};
 use crate::redact::{redact_text, Redactor, Secret, REDACTED, REDACTED_CHANGED};
 use crate::sglang::meaning::as_parsed;
@@ -27,6 +28,9 @@ pub enum Verdict {
     NoChange,
     /// `daemon-reload` only; the running server keeps serving.
     ReloadOnly,
+    /// The running server takes the change without a restart (`apply.live`, `crate::live`): the
+    /// unit file is written and loaded, and SGLang's own call moves its weights or values.
+    Live,
     /// The server restarts and reloads its model.
     Restart,
     /// A unit the host does not have yet: install, enable and start it.
@@ -38,6 +42,7 @@ impl Verdict {
         match self {
             Verdict::NoChange => "no change",
             Verdict::ReloadOnly => "reload only (daemon-reload, no restart)",
+            Verdict::Live => "live, no restart (the running server takes the change)",
             Verdict::Restart => "restart required (the model reloads)",
             Verdict::Install => "new unit (install, enable, start)",
         }
@@ -96,6 +101,9 @@ pub struct UnitPlan {
     pub notes: Vec<String>,
     /// What the host lacks for this unit to start (see `preflight`); an error here fails the plan.
     pub preflight: Vec<Finding>,
+    /// What the running server is told, when the change is applied live ([`Verdict::Live`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveChange>,
     /// Apply will judge this change on its answers (`verify.quality`): set by `dry_run`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub judged_on_quality: bool,
@@ -215,8 +223,26 @@ pub fn plan(
         state: observed.state.clone(),
         drift,
         preflight: Vec::new(),
+        live: None,
         judged_on_quality: false,
         recorded: None,
+    }
+}
+
+impl UnitPlan {
+    /// The restart this plan asked for is applied live instead, as `change` says.
+    pub fn go_live(&mut self, change: LiveChange) {
+        debug_assert_eq!(self.verdict, Verdict::Restart);
+        self.verdict = Verdict::Live;
+        self.notes
+            .push(format!("applied live: {}", change.describe()));
+        self.live = Some(change);
+    }
+
+    /// The manifest asks for live changes, and this one is not: the plan says why it restarts.
+    pub fn not_live(&mut self, why: &str) {
+        self.notes
+            .push(format!("not applied live ({why}): the server restarts"));
     }
 }
 

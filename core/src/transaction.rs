@@ -19,6 +19,10 @@ pub enum Kind {
     ReloadOnly,
     /// A new unit, or one whose change restarts the server.
     Restart,
+    /// A change the running server takes without a restart (`crate::live`): written, armed,
+    /// told live, verified as it runs; a failure puts the previous weights or values back live,
+    /// and only if that fails is the previous unit restarted.
+    Live,
     /// The unit runs already, kept unconfirmed by the host's guard after its apply died: armed,
     /// verified as it runs and confirmed, or rolled back if it fails.
     Confirm,
@@ -31,6 +35,8 @@ impl Kind {
         match verdict {
             Verdict::NoChange => None,
             Verdict::ReloadOnly => Some(Kind::ReloadOnly),
+            Verdict::Live if confirm => Some(Kind::Confirm),
+            Verdict::Live => Some(Kind::Live),
             Verdict::Restart | Verdict::Install if confirm => Some(Kind::Confirm),
             Verdict::Restart | Verdict::Install => Some(Kind::Restart),
         }
@@ -57,6 +63,8 @@ pub enum Step {
     Arm,
     /// Every rank stopped and started in SGLang's order.
     Restart,
+    /// The running server told the change (`/update_weights_from_disk`, `/set_internal_state`).
+    Live,
     /// Every rank verified at once, under its guard's lease.
     Verify,
     /// Rank 0's throughput and quality gates.
@@ -65,6 +73,9 @@ pub enum Step {
     Confirm,
     /// Nothing restarted yet: every previous file put back, the servers left as they run.
     PutBack,
+    /// A live change failed: the previous weights or values told back live, the previous unit
+    /// file put back (`daemon-reload`), the server verified as it runs, the guards disarmed.
+    LiveBack,
     /// Every rank's previous unit back, restarted in order and verified.
     RollBack,
     Done(End),
@@ -90,6 +101,8 @@ pub enum End {
     Converged,
     /// The files were put back before any restart.
     PutBack,
+    /// A live change failed and was undone live: the server was never restarted.
+    LivedBack,
     RolledBack,
 }
 
@@ -133,7 +146,7 @@ impl Transaction {
         self.step = match (self.step, went) {
             (Done(end), _) => Done(end),
             (Prepare, Went::Passed) if confirm => Arm,
-            (Prepare, Went::Passed) if self.kind == Kind::Restart => Stage,
+            (Prepare, Went::Passed) if matches!(self.kind, Kind::Restart | Kind::Live) => Stage,
             (Prepare, Went::Passed) => Drain,
             (Stage, _) => Drain,
             (Drain, Went::Passed) => Write,
@@ -144,19 +157,22 @@ impl Transaction {
             (RecordReload, _) => Done(End::Reloaded),
             (Arm, Went::Passed) => {
                 self.armed = true;
-                if confirm {
-                    Verify
-                } else {
-                    Restart
+                match self.kind {
+                    Kind::Confirm => Verify,
+                    Kind::Live => Live,
+                    _ => Restart,
                 }
             }
             // A unit kept unconfirmed was not touched: nothing to put back.
             (Arm, _) if confirm => Done(End::Refused),
             (Arm, _) => PutBack,
-            (Restart, Went::Passed) => Verify,
+            (Restart | Live, Went::Passed) => Verify,
             (Verify, Went::Passed) => Gates,
             (Gates, Went::Passed) => Confirm,
-            (Restart | Verify | Gates, _) => RollBack,
+            // A live change is undone live first: a rollback costs a full load.
+            (Live | Verify | Gates, _) if self.kind == Kind::Live => LiveBack,
+            (LiveBack, Went::Passed) => Done(End::LivedBack),
+            (Restart | Verify | Gates | Live | LiveBack, _) => RollBack,
             (Confirm, _) => Done(End::Converged),
             (PutBack, _) => Done(End::PutBack),
             (RollBack, _) => Done(End::RolledBack),
@@ -278,6 +294,53 @@ mod tests {
     }
 
     #[test]
+    fn a_live_change_is_armed_before_the_server_is_told_and_never_restarts_when_it_passes() {
+        let steps = walk(Kind::Live, &[]);
+        assert_eq!(
+            steps,
+            [
+                Prepare,
+                Stage,
+                Drain,
+                Write,
+                Arm,
+                Live,
+                Verify,
+                Gates,
+                Confirm,
+                Done(End::Converged)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_live_change_is_undone_live_and_restarts_only_when_that_fails() {
+        for (step, went) in [
+            (Live, Went::Stopped),
+            (Live, Went::Failed),
+            (Verify, Went::Failed),
+            (Gates, Went::Failed),
+        ] {
+            let steps = walk(Kind::Live, &[(step, went)]);
+            assert_eq!(
+                &steps[steps.len() - 2..],
+                [LiveBack, Done(End::LivedBack)],
+                "{step:?} {went:?}"
+            );
+            assert!(!steps.contains(&Restart) && !steps.contains(&RollBack));
+            let worse = walk(Kind::Live, &[(step, went), (LiveBack, Went::Failed)]);
+            assert_eq!(
+                &worse[worse.len() - 3..],
+                [LiveBack, RollBack, Done(End::RolledBack)],
+                "{step:?} {went:?}"
+            );
+        }
+        // Before the server is told, the files go back as for a restart.
+        let unarmed = walk(Kind::Live, &[(Arm, Went::Stopped)]);
+        assert_eq!(&unarmed[unarmed.len() - 2..], [PutBack, Done(End::PutBack)]);
+    }
+
+    #[test]
     fn guards_are_armed_from_the_arm_step_on_and_only_by_it() {
         let mut t = Transaction::new(Kind::Restart);
         for _ in 0..4 {
@@ -309,5 +372,6 @@ mod tests {
         assert_eq!(Kind::of(Verdict::Restart, false), Some(Kind::Restart));
         assert_eq!(Kind::of(Verdict::Install, false), Some(Kind::Restart));
         assert_eq!(Kind::of(Verdict::Restart, true), Some(Kind::Confirm));
+        assert_eq!(Kind::of(Verdict::Live, false), Some(Kind::Live));
     }
 }

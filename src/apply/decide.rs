@@ -271,18 +271,43 @@ pub fn converged(v: &Verification) -> Ending {
     )
 }
 
+/// A live change the server took and passed verification: never restarted.
+pub fn converged_live(told: &str, v: &Verification) -> Ending {
+    Ending::ok(
+        Outcome::Converged,
+        format!(
+            "applied live, no restart ({told}) and verified: {}",
+            summary(v)
+        ),
+    )
+}
+
+/// A live change failed (`failed`) and the previous weights or values went back live: the
+/// server was never restarted, and the previous unit file is back.
+pub fn lived_back(failed: &str, cause: ApplyErrorKind, told: &str, v: &Verification) -> Ending {
+    Ending::failed(
+        Outcome::RolledBack,
+        format!(
+            "{failed}; put back live, no restart ({told}); the previous unit file is back, and the server passed verification: {}",
+            summary(v)
+        ),
+        cause,
+    )
+}
+
 /// What a converged unit's detail adds for its benchmark stage.
 pub fn benchmark_passed(detail: &str) -> String {
     format!("; benchmark: {detail}")
 }
 
 fn summary(v: &Verification) -> String {
+    // A server verified as it runs (a live change) had no load to time.
     let load = v
         .load_seconds
-        .map_or(String::new(), |s| format!("ready after {s:.1}s"));
+        .map_or(String::new(), |s| format!("ready after {s:.1}s "));
     let stages: Vec<&str> = v.stages.iter().map(|s| s.name.name()).collect();
     format!(
-        "{load} ({} passed) memory {}",
+        "{load}({} passed) memory {}",
         stages.join(", "),
         v.sparkline()
     )
@@ -646,7 +671,27 @@ mod tests {
         );
         assert!(converged(&verification(None))
             .detail
-            .starts_with("restarted and verified:  (readiness, smoke passed) memory "));
+            .starts_with("restarted and verified: (readiness, smoke passed) memory "));
+    }
+
+    #[test]
+    fn a_live_change_says_it_did_not_restart_whichever_way_it_went() {
+        let v = verification(None);
+        let told = "weights loaded from /models/b in 0.80s";
+        let end = converged_live(told, &v);
+        assert_eq!((end.outcome, end.error), (Outcome::Converged, None));
+        assert!(end.detail.starts_with(
+            "applied live, no restart (weights loaded from /models/b in 0.80s) and verified: (readiness, smoke passed)"
+        ));
+        let back = lived_back(
+            "quality failed: KL 0.07",
+            ApplyErrorKind::VerificationFailed,
+            "weights loaded from /models/a in 0.70s",
+            &v,
+        );
+        assert_eq!(back.outcome, Outcome::RolledBack);
+        assert_eq!(back.error, Some(ApplyErrorKind::VerificationFailed));
+        assert!(back.detail.starts_with("quality failed: KL 0.07; put back live, no restart (weights loaded from /models/a in 0.70s); the previous unit file is back"));
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub enum ApplyError {
     InstallFailed(String),
     #[error("restart failed: {0}")]
     RestartFailed(String),
+    /// The running server did not take a live change (`apply.live`).
+    #[error("the live change failed: {0}")]
+    LiveFailed(String),
     /// A drain before the restart did not see the server idle (or could not see it at all), and
     /// the manifest says `drain.on_timeout: refuse`: the old server keeps running.
     #[error("{0}")]
@@ -98,6 +101,7 @@ pub enum ApplyErrorKind {
     LockFailed,
     InstallFailed,
     RestartFailed,
+    LiveFailed,
     DrainRefused,
     VerificationFailed,
     RollbackFailed,
@@ -127,6 +131,7 @@ impl ApplyError {
             ApplyError::LockFailed(_) => K::LockFailed,
             ApplyError::InstallFailed(_) => K::InstallFailed,
             ApplyError::RestartFailed(_) => K::RestartFailed,
+            ApplyError::LiveFailed(_) => K::LiveFailed,
             ApplyError::DrainRefused(_) => K::DrainRefused,
             ApplyError::VerificationFailed { .. } => K::VerificationFailed,
             ApplyError::RollbackFailed(_) => K::RollbackFailed,

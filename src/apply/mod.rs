@@ -23,6 +23,7 @@ mod decide;
 mod error;
 pub(crate) mod guard;
 mod install;
+pub(crate) mod live;
 mod pipeline;
 mod quality;
 mod restore;
@@ -435,7 +436,8 @@ pub async fn need(host: &dyn Host, t: &Target, options: &ApplyOptions) -> Need {
     };
     match plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict {
         Verdict::ReloadOnly => Need::Reload,
-        Verdict::Restart | Verdict::Install => Need::Restart,
+        // `plan` alone never says live (the checkpoints are read by apply's own look).
+        Verdict::Restart | Verdict::Install | Verdict::Live => Need::Restart,
         Verdict::NoChange => match unfinished(host, t, &observed).await {
             Ok(false) => Need::Nothing,
             _ => Need::Restart,

@@ -31,6 +31,7 @@ use futures::future::join_all;
 use reconcile_core::group::{group_verdict, rank_verdict, start_order, stop_steps, StopStep};
 use reconcile_core::guard::GuardState;
 use reconcile_core::learned::LoadHistory;
+use reconcile_core::live::LiveChange;
 use reconcile_core::transaction::{Kind, Step, Transaction, Went};
 use tokio_util::sync::CancellationToken;
 
@@ -147,6 +148,10 @@ struct Rank<'a> {
     learned_notes: Vec<String>,
     /// Preflight's check of the weights (a rank whose server starts), which staging reads.
     weights: Option<preflight::WeightsCheck>,
+    /// What the running server is told, for a change applied live (`Kind::Live`).
+    live: Option<LiveChange>,
+    /// What the server did with the live change, once told ("" before).
+    told: String,
 }
 
 /// How a rank stands after its first look.
@@ -195,9 +200,14 @@ async fn apply_on(
     // 1. Every rank looked at and planned; nothing is touched unless all can go on.
     let looked = join_all(jobs.iter().map(look)).await;
     let mut seen = Vec::new();
+    let mut live = None;
     for (i, l) in looked.into_iter().enumerate() {
         match l {
-            Ok(l) => seen.push(l),
+            Ok((observed, survey, look, drift, change)) => {
+                // Only a server of one changes live (`reconcile_core::live`).
+                live = live.or(change);
+                seen.push((observed, survey, look, drift));
+            }
             Err(e) => return refuse_all(targets, started, i, &e),
         }
     }
@@ -296,6 +306,8 @@ async fn apply_on(
             history: None,
             learned_notes: Vec::new(),
             weights: None,
+            live: live.take().filter(|_| kind == Kind::Live),
+            told: String::new(),
         });
     }
     let endings = run(&mut ranks, Transaction::new(kind)).await;
@@ -317,11 +329,19 @@ async fn apply_on(
     reports
 }
 
+/// What a rank's first look found: its unit and systemd's state, the survey they came from, what
+/// to do, what systemd runs besides the managed file, and the change it takes live, if it does.
+type Looked = (
+    Observed,
+    Option<Survey>,
+    Look,
+    Vec<crate::layers::Drift>,
+    Option<LiveChange>,
+);
+
 /// A rank's first look: its unit, systemd's state and record from one survey, its plan, and
 /// whether it can go on.
-async fn look(
-    job: &Job<'_>,
-) -> Result<(Observed, Option<Survey>, Look, Vec<crate::layers::Drift>), ApplyError> {
+async fn look(job: &Job<'_>) -> Result<Looked, ApplyError> {
     let (host, t, options) = (job.host, job.t, job.options);
     let unit = &t.desired.unit;
     // Everything read before a decision (the unit, systemd's state, the record, preflight's
@@ -343,7 +363,8 @@ async fn look(
     if let Some(e) = decide::stale_plan(t, &observed) {
         return Err(e);
     }
-    let planned = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor);
+    let mut planned = plan(&t.host, &t.source, &t.desired, &observed, &options.redactor);
+    super::live::plan(host, t, &observed, &mut planned).await;
     // What systemd runs besides the managed file: refused, touching nothing, unless the manifest
     // (or --replace-dropins) says to move it aside.
     if let Some(e) = decide::overridden(unit, &planned.drift, options.dropins(t)) {
@@ -366,7 +387,7 @@ async fn look(
         Start::Refuse(e) => return Err(e),
         Start::Install(todo) => Look::Install(todo),
     };
-    Ok((observed, survey, look, planned.drift))
+    Ok((observed, survey, look, planned.drift, planned.live))
 }
 
 /// What failed after the restart: the causes, and the ranks a peer's failure cut short, each
@@ -417,7 +438,7 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
                 // because the newest went wrong, and the newest is what the reference may come
                 // from.
                 quality_before = match (&ranks[0].job.t.verify.quality, ranks[0].verdict) {
-                    (Some(spec), Verdict::Restart | Verdict::Install)
+                    (Some(spec), Verdict::Restart | Verdict::Install | Verdict::Live)
                         if options.restoring.is_none() =>
                     {
                         let previous = ranks[0]
@@ -425,7 +446,9 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
                             .was_running
                             .then(|| ranks[0].fallback.previous_expect())
                             .flatten();
-                        Some(super::quality::before(&ranks[0].job, spec, previous.as_ref()).await)
+                        let live = ranks[0].verdict == Verdict::Live;
+                        let job = &ranks[0].job;
+                        Some(super::quality::before(job, spec, previous.as_ref(), live).await)
                     }
                     _ => None,
                 };
@@ -505,10 +528,32 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
                     Went::Failed
                 }
             },
+            Step::Live => {
+                let guards: Vec<&Armed<'_>> = armed.iter().collect();
+                match guard::leased_all(&guards, tell_live(&mut ranks[0])).await {
+                    Ok(()) => Went::Passed,
+                    Err(e) => {
+                        let cause = Cause {
+                            rank: 0,
+                            stage: Stage::Live,
+                            error: ApplyError::LiveFailed(e),
+                        };
+                        failed = Some((vec![cause], Vec::new()));
+                        Went::Failed
+                    }
+                }
+            }
             Step::Verify => {
                 let guards: Vec<&Armed<'_>> = armed.iter().collect();
                 match guard::leased_all(&guards, verify(ranks)).await {
-                    Ok(v) => {
+                    Ok(mut v) => {
+                        if kind == Kind::Live {
+                            // Verified as it runs: no load to time, none for the learned
+                            // deadlines to learn from.
+                            for v in &mut v {
+                                v.load_seconds = None;
+                            }
+                        }
                         verified = v;
                         Went::Passed
                     }
@@ -539,13 +584,31 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
             }
             Step::Confirm => {
                 let verified = std::mem::take(&mut verified);
-                endings = Some(confirm(ranks, &armed, verified, keep.take()).await);
+                endings = Some(confirm(ranks, &armed, verified, keep.take(), kind).await);
                 Went::Passed
             }
             Step::PutBack => {
                 let why = put_back.take().expect("a step said why the files go back");
                 endings = Some(put_back_endings(ranks, why).await);
                 Went::Passed
+            }
+            Step::LiveBack => {
+                let (causes, _) = failed.as_ref().expect("a step said what failed");
+                let guards: Vec<&Armed<'_>> = armed.iter().collect();
+                match guard::leased_all(&guards, live_back(&mut ranks[0])).await {
+                    Ok((told, v)) => {
+                        endings = Some(vec![
+                            lived_back(&mut ranks[0], &armed, &causes[0], &told, v).await,
+                        ]);
+                        Went::Passed
+                    }
+                    Err(e) => {
+                        ranks[0].report.report.notes.push(format!(
+                            "the live change could not be put back live ({e}): the previous unit is restarted"
+                        ));
+                        Went::Failed
+                    }
+                }
             }
             Step::RollBack => {
                 let (causes, cut_short) = failed.take().expect("a step said what failed");
@@ -782,6 +845,7 @@ async fn confirm(
     armed: &[Armed<'_>],
     verified: Vec<Verification>,
     keep: Option<reconcile_core::quality::Reference>,
+    kind: Kind,
 ) -> Vec<Ending> {
     let mut acted = Vec::new();
     for (i, g) in armed.iter().enumerate() {
@@ -793,28 +857,15 @@ async fn confirm(
         // The guard rolled the unit back (its lease ran out while this run could not reach the
         // host, say during the disarm itself): the host runs the previous unit, whatever
         // verification saw. Reported as the guard's rollback, and no deployment recorded.
-        if matches!(
-            acted.get(i),
-            Some(Some(GuardState::RolledBack | GuardState::RollbackFailed))
-        ) {
-            let settled = guard::read(r.job.host, &r.job.t.desired.unit)
-                .await
-                .ok()
-                .flatten();
-            let cause = ApplyErrorKind::Unreachable;
-            endings.push(match settled {
-                Some(settled) => {
-                    decide::guard_acted_first(decide::CONFIRMED_TOO_LATE, cause, &settled)
-                }
-                None => Ending::rollback_failed(format!(
-                    "host needs attention: {}; its record could not be read",
-                    decide::CONFIRMED_TOO_LATE
-                )),
-            });
+        if let Some(ending) = guard_acted(r, acted.get(i).copied().flatten()).await {
+            endings.push(ending);
             r.report.report.verification = Some(v);
             continue;
         }
-        let mut ending = decide::converged(&v);
+        let mut ending = match kind {
+            Kind::Live => decide::converged_live(&r.told, &v),
+            _ => decide::converged(&v),
+        };
         if i == 0 {
             if let Some(b) = &r.report.report.benchmark {
                 ending.detail.push_str(&decide::benchmark_passed(&b.detail));
@@ -849,6 +900,117 @@ async fn confirm(
         endings.push(ending);
     }
     endings
+}
+
+/// The ending of a rank whose guard rolled it back before this run could disarm it (`acted`, what
+/// the disarm found the guard had done): the host runs the previous unit, whatever verification
+/// saw. Reported as the guard's rollback, and no deployment recorded. `None`: the guard did not.
+async fn guard_acted(r: &Rank<'_>, acted: Option<GuardState>) -> Option<Ending> {
+    if !matches!(
+        acted,
+        Some(GuardState::RolledBack | GuardState::RollbackFailed)
+    ) {
+        return None;
+    }
+    let settled = guard::read(r.job.host, &r.job.t.desired.unit)
+        .await
+        .ok()
+        .flatten();
+    let cause = ApplyErrorKind::Unreachable;
+    Some(match settled {
+        Some(settled) => decide::guard_acted_first(decide::CONFIRMED_TOO_LATE, cause, &settled),
+        None => Ending::rollback_failed(format!(
+            "host needs attention: {}; its record could not be read",
+            decide::CONFIRMED_TOO_LATE
+        )),
+    })
+}
+
+/// Rank 0, a server of one, told its live change; its invocation (unchanged: no restart) kept
+/// for verification and the journal. `Err`: why the server did not take it.
+async fn tell_live(r: &mut Rank<'_>) -> Result<(), String> {
+    let (host, t) = (r.job.host, r.job.t);
+    let change = r.live.as_ref().ok_or("no live change was planned")?;
+    let endpoint = Expect::from_unit(&t.desired.model).endpoint;
+    let limit = t.verify.load_deadline;
+    r.told = super::live::tell(host, &endpoint, t.verify.url.as_deref(), change, limit).await?;
+    r.report
+        .report
+        .notes
+        .push(format!("applied live, no restart: {}", r.told));
+    r.invocation = host
+        .unit_state(&t.desired.unit)
+        .await
+        .map_err(|e| error_chain(&e))?
+        .invocation_id;
+    Ok(())
+}
+
+/// A live change that failed, undone live on rank 0: the previous weights and values told back by
+/// name (a failed weight update is no proof the old weights serve: SGLang's own rollback reads
+/// the new path), the previous unit file put back, and the server verified as it runs against
+/// the previous unit. What the server did, and what verification saw; `Err`: why not, and the
+/// previous unit is restarted instead.
+async fn live_back(r: &mut Rank<'_>) -> Result<(String, Verification), String> {
+    let (host, t) = (r.job.host, r.job.t);
+    let back = r
+        .live
+        .as_ref()
+        .ok_or("no live change was planned")?
+        .reverse();
+    let expect = r
+        .fallback
+        .previous_expect()
+        .ok_or("the previous unit is not known")?;
+    let limit = t.verify.load_deadline;
+    let url = t.verify.url.as_deref();
+    let told = super::live::tell(host, &expect.endpoint, url, &back, limit).await?;
+    let (previous, aside) = (
+        r.fallback.previous.as_deref(),
+        r.fallback.layers.aside.as_ref(),
+    );
+    put_back_file(host, &t.desired.unit, previous, aside)
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let never = CancellationToken::new();
+    let check = Check {
+        unit: &t.desired.unit,
+        spec: &r.spec,
+        expect,
+        label: format!("{} {} (put back live)", t.host, t.desired.unit),
+        cancel: &never,
+        history: None,
+    };
+    let mut v = r
+        .job
+        .verifier
+        .verify(host, check)
+        .await
+        .map_err(|f| format!("the server failed its {} after: {}", f.stage, f.reason))?;
+    v.load_seconds = None;
+    Ok((told, v))
+}
+
+/// The ending of a live change undone live: the guard disarmed (or its own rollback reported, had
+/// it acted first), the failed stage and the verification after it in the report.
+async fn lived_back(
+    r: &mut Rank<'_>,
+    armed: &[Armed<'_>],
+    cause: &Cause,
+    told: &str,
+    v: Verification,
+) -> Ending {
+    let acted = match armed.first() {
+        Some(g) => install::disarm(g, &mut r.report.report).await,
+        None => None,
+    };
+    r.report.report.failed_stage = Some(cause.stage);
+    if let Some(ending) = guard_acted(r, acted).await {
+        return ending;
+    }
+    let ending = decide::lived_back(&cause.error.to_string(), cause.error.kind(), told, &v);
+    r.report.report.rollback = Some(v);
+    ending
 }
 
 /// Every rank's previous file back after a failed write, an unarmed guard or a signal before the
@@ -929,7 +1091,13 @@ async fn prepare(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
 async fn stage(ranks: &mut [Rank<'_>]) {
     let staged = join_all(ranks.iter().map(|r| async move {
         let (job, options) = (&r.job, r.job.options);
-        if !options.stage || !r.fallback.was_running || r.verdict != Verdict::Restart {
+        // A live weight move loads from the page cache as a restart does.
+        let loads = match r.verdict {
+            Verdict::Restart => true,
+            Verdict::Live => r.live.as_ref().is_some_and(|l| l.weights.is_some()),
+            _ => false,
+        };
+        if !options.stage || !r.fallback.was_running || !loads {
             return None;
         }
         let plan = r
@@ -1570,6 +1738,8 @@ async fn prepared(
         history: None,
         learned_notes: Vec::new(),
         weights: None,
+        live: None,
+        told: String::new(),
     }];
     let kind = Kind::of(verdict, false).expect("a verdict with work");
     let mut tx = Transaction::new(kind);

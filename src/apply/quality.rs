@@ -31,10 +31,21 @@ pub struct Before {
 }
 
 /// The reference, and the old server's noise floor, read while the old server still serves.
-/// `previous`: what the old unit serves, when it was running.
-pub async fn before(job: &Job<'_>, spec: &QualitySpec, previous: Option<&Expect>) -> Before {
+/// `previous`: what the old unit serves, when it was running; `live`: the change is a live one.
+pub async fn before(
+    job: &Job<'_>,
+    spec: &QualitySpec,
+    previous: Option<&Expect>,
+    live: bool,
+) -> Before {
     let (host, t) = (job.host, job.t);
-    let model = Expect::from_unit(&t.desired.model).model_id;
+    // A live weight move keeps the architecture and the tokenizer (`reconcile_core::live`): the
+    // new checkpoint is judged against the previous one's answers, as a restart under one served
+    // name is, though the server answers under the new path.
+    let model = match previous {
+        Some(previous) if live => previous.model_id.clone(),
+        _ => Expect::from_unit(&t.desired.model).model_id,
+    };
     let key = quality::settings_key(spec, &model);
     let mut out = Before::default();
     match measure::read_reference(host, &t.desired.unit, &key).await {

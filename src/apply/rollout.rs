@@ -358,7 +358,11 @@ async fn restarts(host: &dyn Host, t: &Target, options: &ApplyOptions) -> bool {
         return false;
     };
     match crate::plan::plan(&t.host, &t.source, &t.desired, &observed, &options.redactor).verdict {
-        crate::plan::Verdict::Restart | crate::plan::Verdict::Install => true,
+        // `plan` alone never says live; a restart the manifest lets go live leaves the router
+        // too (apply decides live once it read the checkpoints), a moment out for nothing.
+        crate::plan::Verdict::Restart
+        | crate::plan::Verdict::Install
+        | crate::plan::Verdict::Live => true,
         crate::plan::Verdict::ReloadOnly => false,
         // Unchanged, but its last apply did not finish: apply restarts it.
         crate::plan::Verdict::NoChange => {

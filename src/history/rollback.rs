@@ -323,7 +323,10 @@ pub fn restore_target(
         group: None,
         drain: None,
         dropins: Default::default(),
+        apply: Default::default(),
     });
+    // A rollback restarts onto the kept unit: never a live change.
+    m.apply.live = false;
     // The restored unit's own entry point: `<script> serve`, or `<python> -m ...`.
     match (console_script(&model.exec_start), command.first()) {
         (Some(script), _) => m.sglang.console_script = Some(script.clone()),
@@ -351,6 +354,7 @@ pub fn restore_target(
             model,
             dropins: m.dropins,
             sglang_version: m.sglang.version.clone(),
+            live: false,
         },
         manifest: Arc::new(m),
         conflicts: Vec::new(),

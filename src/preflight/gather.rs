@@ -93,14 +93,14 @@ pub async fn check_surveyed(
 }
 
 /// The check of the model's weights for a unit planned as `verdict`: only where the change starts
-/// the server (new, or restarted), while the old one still runs. `found` is the survey's.
+/// the server (new, or restarted) or loads them live, while the old one still runs. `found` is the survey's.
 async fn weights_for(
     host: &dyn Host,
     t: &Target,
     verdict: Verdict,
     found: Option<WeightsCheck>,
 ) -> Result<Option<WeightsCheck>, RemoteError> {
-    if !matches!(verdict, Verdict::Restart | Verdict::Install) {
+    if !matches!(verdict, Verdict::Restart | Verdict::Install | Verdict::Live) {
         return Ok(None);
     }
     if let Some(found) = found {

@@ -313,14 +313,25 @@ impl Server {
     /// none (the status and the start of the body). The same limit as a chat completion: SGLang
     /// answers when the whole batch is done.
     pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> Result<String, String> {
+        self.post_json_within(path, body, CHAT_TIMEOUT).await
+    }
+
+    /// [`Server::post_json`] that gives up after `limit`: for a route whose own limit is not a
+    /// generation's (a weight update loads a checkpoint).
+    pub async fn post_json_within(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        limit: Duration,
+    ) -> Result<String, String> {
         let response = self
             .authorized(self.client.post(format!("{}{path}", self.base)))
-            .timeout(CHAT_TIMEOUT)
+            .timeout(limit)
             .header("content-type", "application/json")
             .body(body.to_string())
             .send()
             .await
-            .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
+            .map_err(|e| request_error(e, limit))?;
         let status = response.status();
         let text = response.text().await.map_err(|e| e.to_string())?;
         if !status.is_success() {

@@ -138,6 +138,7 @@ fn verdict_cell(v: Verdict) -> String {
     match v {
         Verdict::NoChange => "no change".into(),
         Verdict::ReloadOnly => "reload only".into(),
+        Verdict::Live => "live, no restart".into(),
         Verdict::Restart => "**restart**".into(),
         Verdict::Install => "**install**".into(),
     }

@@ -226,10 +226,15 @@ fn shown(v: &str) -> &str {
 }
 
 fn tally_line(t: &Tally) -> String {
-    let mut line = format!(
-        "{} to install, {} to restart, {} reload only, {} unchanged, {} failed to plan",
-        t.install, t.restart, t.reload_only, t.unchanged, t.errors
-    );
+    let mut line = format!("{} to install, {} to restart, ", t.install, t.restart);
+    // Only where the manifests ask for live changes: the line stays as it was elsewhere.
+    if t.live > 0 {
+        line.push_str(&format!("{} live (no restart), ", t.live));
+    }
+    line.push_str(&format!(
+        "{} reload only, {} unchanged, {} failed to plan",
+        t.reload_only, t.unchanged, t.errors
+    ));
     if t.preflight_errors > 0 {
         line.push_str(&format!(", {} failed preflight", t.preflight_errors));
     }

@@ -56,7 +56,7 @@ fn hosts_line(what: &str, g: &Group<'_>) -> String {
 fn unit(out: &mut String, g: &Group<'_>, p: &UnitPlan, paint: &dyn Fn(&str, &str) -> String) {
     let verdict_color = match p.verdict {
         Verdict::NoChange => GREEN,
-        Verdict::ReloadOnly => CYAN,
+        Verdict::ReloadOnly | Verdict::Live => CYAN,
         Verdict::Restart | Verdict::Install => YELLOW,
     };
     let verdict = paint(verdict_color, p.verdict.describe());

@@ -196,6 +196,17 @@ impl Manifest {
         self
     }
 
+    /// No `served_model_name`: the server answers under its model path.
+    pub fn without_served_model_name(mut self) -> Manifest {
+        self.sglang.served_model_name = None;
+        self
+    }
+
+    /// `apply: { live: true }`: changes SGLang takes without a restart are applied live.
+    pub fn live(self) -> Manifest {
+        self.section("apply", yaml("{ live: true }"))
+    }
+
     /// `sglang.host`, the address the server listens on.
     pub fn listen(mut self, address: impl Into<Value>) -> Manifest {
         self.sglang.host = Some(address.into());

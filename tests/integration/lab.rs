@@ -359,6 +359,13 @@ pub const EXPERIMENT_REAL_LEASE: Lease = Lease {
     gpus: NO_GPUS,
 };
 pub const EXPERIMENT: &str = EXPERIMENT_LEASE.host();
+/// Changes applied live (live.rs), on the experiments' host.
+pub const LIVE: Lease = Lease {
+    user: "live.rs",
+    hosts: &["rl33"],
+    ports: 37531..37532,
+    gpus: 2..4,
+};
 pub const EXPERIMENT_REAL: &str = EXPERIMENT_REAL_LEASE.host();
 
 /// Every lease; [`leases_never_overlap`] checks that no two on one host share a port or a GPU.
@@ -424,6 +431,7 @@ pub const LEASES: &[Lease] = &[
     FLEET_AGENTS,
     EXPERIMENT_LEASE,
     EXPERIMENT_REAL_LEASE,
+    LIVE,
 ];
 
 /// Entries of the lab's ssh_config that must fail.

@@ -20,6 +20,7 @@ mod hangs;
 mod import;
 mod lab;
 mod learned;
+mod live;
 mod package;
 mod plan_file;
 mod preflight;

@@ -70,6 +70,17 @@ pub struct Manifest {
     pub drain: Option<DrainSpec>,
     /// What apply does with what systemd runs besides the manifest's unit (`systemd.dropins`).
     pub dropins: DropInPolicy,
+    /// How apply changes a running server (`apply:`).
+    pub apply: ApplySpec,
+}
+
+/// `apply:`: how apply may change a running server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ApplySpec {
+    /// Apply a change SGLang takes without a restart live (`reconcile_core::live`): another
+    /// checkpoint of the same architecture, or a value `/set_internal_state` takes. Off by
+    /// default: `/update_weights_from_disk` has had bugs with quantized checkpoints.
+    pub live: bool,
 }
 
 /// `systemd.dropins`: what apply does when systemd would not run the manifest's unit as rendered:

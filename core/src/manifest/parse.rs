@@ -136,6 +136,21 @@ pub(super) struct RawManifest {
     secret_env: Vec<String>,
     router: Option<RawRouter>,
     rollout: Option<RawRollout>,
+    /// How apply changes a running server.
+    apply: Option<RawApply>,
+}
+
+/// `apply:`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawApply {
+    /// Apply a change SGLang 0.5.23 takes without a restart live: `model_path` moved to a
+    /// checkpoint of the same architecture (`/update_weights_from_disk`), or the values
+    /// `/set_internal_state` takes (`pp-max-micro-batch-size`, the speculative accept
+    /// thresholds). The same gates judge the server, and a failed gate puts the previous
+    /// weights or values back live. Off by default; `reconcile apply --restart` restarts anyway.
+    #[serde(default)]
+    live: bool,
 }
 
 /// `rollout:` (`RolloutSpec`).
@@ -556,6 +571,9 @@ impl RawManifest {
                 max_failures: r.max_failures,
             }),
             drain: self.drain.map(RawDrain::into_spec),
+            apply: super::ApplySpec {
+                live: self.apply.is_some_and(|a| a.live),
+            },
         }
     }
 }

@@ -94,7 +94,10 @@ impl DeepWhen {
     pub fn runs(self, verdict: Verdict) -> bool {
         match self {
             DeepWhen::Never => false,
-            DeepWhen::Restarts => matches!(verdict, Verdict::Restart | Verdict::Install),
+            // A live weight move loads a checkpoint too.
+            DeepWhen::Restarts => {
+                matches!(verdict, Verdict::Restart | Verdict::Install | Verdict::Live)
+            }
             DeepWhen::Asked => verdict != Verdict::NoChange,
         }
     }

@@ -24,6 +24,8 @@ pub struct Desired {
     pub dropins: crate::manifest::DropInPolicy,
     /// The SGLang version the manifest names: its parser is what a plan compares flags as.
     pub sglang_version: String,
+    /// The manifest lets a change SGLang takes without a restart be applied live (`apply.live`).
+    pub live: bool,
 }
 
 pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
@@ -39,6 +41,7 @@ pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
         model,
         dropins: m.dropins,
         sglang_version: m.sglang.version.clone(),
+        live: m.apply.live,
     }
 }
 

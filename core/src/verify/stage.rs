@@ -13,6 +13,9 @@ pub enum Stage {
     /// `systemctl restart` itself (a group's ordered stop and start).
     #[serde(rename = "restart")]
     Restart,
+    /// A live change (`apply.live`): the running server told it, without a restart.
+    #[serde(rename = "live")]
+    Live,
     /// The first seconds after the restart: any crash, restart or new invocation fails it.
     #[serde(rename = "crash window")]
     CrashWindow,
@@ -48,8 +51,9 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in the order a restart meets them.
-    pub const ALL: [Stage; 11] = [
+    pub const ALL: [Stage; 12] = [
         Stage::Restart,
+        Stage::Live,
         Stage::CrashWindow,
         Stage::Loading,
         Stage::Identity,
@@ -66,6 +70,7 @@ impl Stage {
     pub fn name(self) -> &'static str {
         match self {
             Stage::Restart => "restart",
+            Stage::Live => "live",
             Stage::CrashWindow => "crash window",
             Stage::Loading => "loading",
             Stage::Identity => "identity",

@@ -148,6 +148,13 @@ impl<'a> Service<'a> {
         self
     }
 
+    /// Live changes asked for (`apply: { live: true }`), and no served name: after a weight
+    /// update SGLang answers under the model path, so a served name keeps a move a restart.
+    pub fn live(mut self) -> Self {
+        self.manifest = self.manifest.without_served_model_name().live();
+        self
+    }
+
     /// Sets a top-level manifest section (`drain:`).
     pub fn section(mut self, name: &str, value: impl Into<serde_yaml::Value>) -> Self {
         self.manifest = self.manifest.section(name, value);

@@ -43,18 +43,21 @@ fn quality(report: &serde_json::Value) -> &serde_json::Value {
 }
 
 /// Neutral changes: each restarts the server with a batch limit that the stage's requests (eight
-/// at a time) never reach, so nothing it computes changes.
+/// at a time) never reach, so nothing it computes changes. `live`: the manifests ask for live
+/// changes (`Service::live`), which a batch limit is not.
 fn neutral_changes(
     name: &'static str,
     host: &'static str,
     port: u16,
     limits: std::ops::Range<u32>,
+    live: bool,
 ) -> Vec<f64> {
     let mut kls = Vec::new();
     for limit in limits {
         let s = Service::new(name, host, port)
             .verify("quality", quality_gate())
             .flag("max-running-requests", limit);
+        let s = if live { s.live() } else { s };
         let report = converge(&s);
         let q = quality(&report);
         assert_eq!(q["verdict"], "passed", "neutral change {limit}: {report:#}");
@@ -112,7 +115,7 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
     let first = converge(&s);
     assert_eq!(quality(&first)["verdict"], "recorded", "{first:#}");
 
-    let kls = neutral_changes(name, host, port, 8..13);
+    let kls = neutral_changes(name, host, port, 8..13, false);
     assert_eq!(kls.len(), 5);
 
     // The same model with perturbed weights, under the same name: it starts, serves the right
@@ -153,15 +156,82 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
     s.stop();
 }
 
+/// Five more neutral changes, on a manifest that asks for live changes; then checkpoints moved
+/// live (`/update_weights_from_disk` on the real CPU engine): a copy of the model passes the
+/// quality gate without a restart, and the perturbed weights fail it and are put back live, the
+/// same process serving the previous checkpoint again.
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
-fn five_more_neutral_changes_pass_on_the_other_host() {
+fn five_more_neutral_changes_pass_and_checkpoints_move_live_on_the_other_host() {
     let _slot = slots(1);
     let (name, host, port) = ("t-rs-quality2", HOSTS[1], 38022);
-    let s = Service::new(name, host, port).verify("quality", quality_gate());
+    let s = Service::new(name, host, port)
+        .verify("quality", quality_gate())
+        .live();
     let _stopped = s.fresh();
     assert_eq!(quality(&converge(&s))["verdict"], "recorded");
-    let kls = neutral_changes(name, host, port, 13..18);
+    let kls = neutral_changes(name, host, port, 13..18, true);
     assert_eq!(kls.len(), 5);
+
+    let (copy, perturbed) = ("/models/tiny-copy", "/models/tiny-perturbed2");
+    lab().sh(
+        host,
+        &format!(
+            "rm -rf {copy} && cp -r {ROOT}/tiny-model {copy} && {ROOT}/bin/python3 - {ROOT}/tiny-model {perturbed} <<'EOF'\n{PERTURB}\nEOF"
+        ),
+    );
+    let last = Service::new(name, host, port)
+        .verify("quality", quality_gate())
+        .flag("max-running-requests", 17)
+        .live();
+    let started = last.invocation();
+    let moved = last.manifest().model_path(copy);
+    let (code, report) = last.apply_with(&moved, &["--no-deep"]);
+    eprintln!(
+        "quality, real server, live move to a copy: {}",
+        report["detail"]
+    );
+    assert_eq!(
+        (code, &report["outcome"]),
+        (0, &"converged".into()),
+        "{report:#}"
+    );
+    assert!(
+        report["detail"].as_str().is_some_and(|d| d
+            .starts_with("applied live, no restart (weights loaded from /models/tiny-copy in ")),
+        "{report:#}"
+    );
+    assert_eq!(quality(&report)["verdict"], "passed", "{report:#}");
+    assert_eq!(last.invocation(), started, "no restart");
+
+    let (code, report) = last.apply_with(&last.manifest().model_path(perturbed), &["--no-deep"]);
+    eprintln!(
+        "quality, real server, live move to perturbed weights: {}",
+        report["detail"]
+    );
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(
+        (&report["outcome"], &report["failed_stage"]),
+        (&"rolled_back".into(), &"quality".into()),
+        "{report:#}"
+    );
+    assert!(
+        report["detail"]
+            .as_str()
+            .is_some_and(|d| d
+                .contains("put back live, no restart (weights loaded from /models/tiny-copy in ")),
+        "{report:#}"
+    );
+    assert_eq!(last.invocation(), started, "no restart");
+    assert!(last.unit_file().contains(copy), "the previous unit is back");
+    // The same process serves the copy again.
+    let served = lab().sh(
+        host,
+        &format!(
+            r#"python3 -c 'import json, urllib.request as u; print(json.load(u.urlopen("http://127.0.0.1:{port}/v1/models"))["data"][0]["id"])'"#
+        ),
+    );
+    assert_eq!(served.trim(), copy);
+    crate::lab::sh_quietly(host, &format!("rm -rf {copy} {perturbed}"));
     s.stop();
 }

@@ -18,16 +18,19 @@
 //! must leave the server as a restart with the new unit would: otherwise the next restart (a
 //! reboot, a crash) would start something else than what was verified.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
 use serde_json::Value;
 
 use crate::flags::flags;
-use crate::plan::{differing_keys, restart_reason};
+use crate::observed::Observed;
+use crate::plan::{differing_keys, parser, restart_reason, UnitPlan, Verdict};
 use crate::sglang::meaning::as_parsed;
 use crate::sglang::Catalog;
-use crate::unit::UnitModel;
+use crate::unit::{parse_unit, Desired, UnitModel};
+
+pub mod change;
+pub use change::{LiveChange, Move, SettingChange};
 
 /// A flag `/set_internal_state` takes: its server-args key, whether its value is an integer, and
 /// SGLang 0.5.23's default for it (`srt/server_args.py`), which a unit without the flag runs with.
@@ -61,102 +64,6 @@ const SETTINGS: [Setting; 3] = [
         default: Some(1.0),
     },
 ];
-
-/// What a live change does to the running server.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct LiveChange {
-    /// The checkpoint the server moves to.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weights: Option<Move>,
-    /// The values `/set_internal_state` sets.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub settings: Vec<SettingChange>,
-}
-
-/// From one checkpoint to another. `tokenizer_follows`: the unit has no `--tokenizer-path`, so a
-/// restart would read the tokenizer from the new checkpoint, where a weight update keeps the one
-/// it loaded: the two checkpoints' tokenizer files must be the same.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Move {
-    pub from: String,
-    pub to: String,
-    pub tokenizer_follows: bool,
-}
-
-/// One `/set_internal_state` value, before and after.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SettingChange {
-    pub flag: String,
-    pub key: String,
-    pub from: Value,
-    pub to: Value,
-}
-
-impl LiveChange {
-    /// The change that puts the previous weights and values back.
-    pub fn reverse(&self) -> LiveChange {
-        LiveChange {
-            weights: self.weights.as_ref().map(|m| Move {
-                from: m.to.clone(),
-                to: m.from.clone(),
-                tokenizer_follows: m.tokenizer_follows,
-            }),
-            settings: self
-                .settings
-                .iter()
-                .map(|s| SettingChange {
-                    flag: s.flag.clone(),
-                    key: s.key.clone(),
-                    from: s.to.clone(),
-                    to: s.from.clone(),
-                })
-                .collect(),
-        }
-    }
-
-    /// `/update_weights_from_disk`'s body: the requests in flight finish first (no abort), and the
-    /// prefix cache, computed with the old weights, is flushed.
-    pub fn weights_body(&self) -> Option<Value> {
-        self.weights.as_ref().map(|m| {
-            serde_json::json!({
-                "model_path": m.to,
-                "abort_all_requests": false,
-                "flush_cache": true,
-            })
-        })
-    }
-
-    /// `/set_internal_state`'s body, when there are values to set.
-    pub fn settings_body(&self) -> Option<Value> {
-        if self.settings.is_empty() {
-            return None;
-        }
-        let args: serde_json::Map<String, Value> = self
-            .settings
-            .iter()
-            .map(|s| (s.key.clone(), s.to.clone()))
-            .collect();
-        Some(serde_json::json!({ "server_args": args }))
-    }
-
-    /// What the plan says of it: `the weights move to /models/b; --pp-max-micro-batch-size 4 -> 8`.
-    pub fn describe(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(m) = &self.weights {
-            parts.push(format!(
-                "the weights move to {} (same architecture; /update_weights_from_disk)",
-                m.to
-            ));
-        }
-        for s in &self.settings {
-            parts.push(format!(
-                "--{} {} -> {} (/set_internal_state)",
-                s.flag, s.from, s.to
-            ));
-        }
-        parts.join("; ")
-    }
-}
 
 /// Whether the change from `old` to `new` is one SGLang takes live, as `parser` (the SGLang
 /// version's catalog) reads their flags: only the model path and [`SETTINGS`] differ, nothing
@@ -257,6 +164,96 @@ fn setting_change(
         from: value(before)?,
         to: value(after)?,
     })
+}
+
+/// Whether the restart `plan` asks for may be applied live: `None` when the manifest does not
+/// ask for live changes (`apply.live`) or the plan is no restart; `Err` says why it restarts.
+/// A weight move is live only once the checkpoints agree too ([`checkpoints_agree`]), which
+/// the caller reads from the host.
+pub fn candidate(
+    plan: &UnitPlan,
+    observed: &Observed,
+    desired: &Desired,
+) -> Option<Result<LiveChange, String>> {
+    if !desired.live || plan.verdict != Verdict::Restart {
+        return None;
+    }
+    Some(live_candidate(plan, observed, desired))
+}
+
+fn live_candidate(
+    plan: &UnitPlan,
+    observed: &Observed,
+    desired: &Desired,
+) -> Result<LiveChange, String> {
+    if !plan.drift.is_empty() {
+        return Err("systemd runs more than the managed unit file".into());
+    }
+    if observed.state.active_state != "active" {
+        return Err(format!(
+            "the server is {}, not running",
+            observed.state.active_state
+        ));
+    }
+    let Some(current) = observed.unit_text.as_deref() else {
+        return Err("the host has no unit file".into());
+    };
+    let parser = parser(desired).ok_or_else(|| {
+        format!(
+            "SGLang {} is not cataloged, so its flags cannot be compared",
+            desired.sglang_version
+        )
+    })?;
+    live_change(&parse_unit(current), &desired.model, parser)
+}
+
+/// A checkpoint's files a restart reads besides its weights, which a weight update does not
+/// read again: the tokenizer's (when it follows the model path) and the default sampling
+/// parameters (`generation_config.json`, read once at start-up by `model_config.py`
+/// `get_default_sampling_params`).
+pub const TOKENIZER_FILES: [&str; 7] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+];
+pub const SAMPLING_FILE: &str = "generation_config.json";
+
+/// What the host holds of one checkpoint: its `config.json` (`None` when it has none: a hub id,
+/// a missing folder) and the sha256 of each of [`TOKENIZER_FILES`] and [`SAMPLING_FILE`] it has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub config: Option<String>,
+    pub hashes: BTreeMap<String, String>,
+}
+
+/// Whether a weight update from `old` to `new` leaves the server as a restart with the new unit
+/// would build it: one model shape, and the files the update does not read again the same.
+pub fn checkpoints_agree(m: &Move, old: &Checkpoint, new: &Checkpoint) -> Result<(), String> {
+    let config = |c: &Checkpoint, path: &str| {
+        c.config.clone().ok_or_else(|| {
+            format!("{path} has no config.json (a weight update loads a local checkpoint)")
+        })
+    };
+    same_shape(&config(old, &m.from)?, &config(new, &m.to)?)?;
+    let mut files = vec![SAMPLING_FILE];
+    if m.tokenizer_follows {
+        files.extend(TOKENIZER_FILES);
+    }
+    for file in files {
+        if old.hashes.get(file) != new.hashes.get(file) {
+            let why = if file == SAMPLING_FILE {
+                "the default sampling parameters are read at start-up only"
+            } else {
+                "the tokenizer is read at start-up only"
+            };
+            return Err(format!("{file} differs between the checkpoints ({why})"));
+        }
+    }
+    Ok(())
 }
 
 /// `config.json`'s fields that do not shape the model: where it was saved from, with which
@@ -424,5 +421,96 @@ mod tests {
         assert!(same_shape("not json", "{}")
             .unwrap_err()
             .contains("old checkpoint"));
+    }
+    /// A manifest of one server on `h` with `model` and `flags` (a YAML map's body), live
+    /// changes asked for when `live`.
+    fn desired(model: &str, flags: &str, live: bool) -> Desired {
+        let text = format!(
+            "service: s\nhosts: [h]\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: {model}\n  port: 30000\n  flags: {{ {flags} }}\napply: {{ live: {live} }}\n"
+        );
+        let m = crate::manifest::parse("m.yaml", &text).unwrap();
+        crate::unit::render(&m, &m.hosts[0])
+    }
+
+    fn running(d: &Desired, active: &str) -> Observed {
+        Observed {
+            unit_text: Some(d.text.clone()),
+            state: crate::observed::UnitState {
+                load_state: "loaded".into(),
+                active_state: active.into(),
+                ..Default::default()
+            },
+            layers: Default::default(),
+        }
+    }
+
+    fn candidate_of(
+        old: &Desired,
+        new: &Desired,
+        active: &str,
+    ) -> Option<Result<LiveChange, String>> {
+        let observed = running(old, active);
+        let plan = crate::plan::plan("h", "m.yaml", new, &observed, &Default::default());
+        candidate(&plan, &observed, new)
+    }
+
+    #[test]
+    fn only_a_restart_the_manifest_lets_go_live_is_a_candidate() {
+        let old = desired("/models/a", "pp-max-micro-batch-size: 4", true);
+        let moved = desired("/models/b", "pp-max-micro-batch-size: 8", true);
+        let change = candidate_of(&old, &moved, "active").unwrap().unwrap();
+        assert_eq!(change.weights.unwrap().to, "/models/b");
+        assert_eq!(change.settings[0].to, Value::from(8));
+        // Not asked for: the plan restarts as it always did.
+        let unasked = desired("/models/b", "pp-max-micro-batch-size: 8", false);
+        assert_eq!(candidate_of(&old, &unasked, "active"), None);
+        // No restart to save.
+        assert_eq!(candidate_of(&old, &old, "active"), None);
+        // A server that does not run has nothing to take the change.
+        assert_eq!(
+            candidate_of(&old, &moved, "failed"),
+            Some(Err("the server is failed, not running".into()))
+        );
+        // Anything else a restart applies keeps it a restart, named.
+        let more = desired("/models/b", "pp-max-micro-batch-size: 8, tp-size: 2", true);
+        let why = candidate_of(&old, &more, "active").unwrap().unwrap_err();
+        assert!(why.contains("tp-size"), "{why}");
+    }
+
+    #[test]
+    fn a_weight_move_needs_one_shape_and_the_files_a_restart_would_read_again() {
+        let m = Move {
+            from: "/models/a".into(),
+            to: "/models/b".into(),
+            tokenizer_follows: true,
+        };
+        let checkpoint = |hidden: u32, tokenizer: &str| Checkpoint {
+            config: Some(format!(r#"{{"hidden_size": {hidden}}}"#)),
+            hashes: [("tokenizer.json".to_string(), tokenizer.to_string())].into(),
+        };
+        assert_eq!(
+            checkpoints_agree(&m, &checkpoint(64, "t1"), &checkpoint(64, "t1")),
+            Ok(())
+        );
+        let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &checkpoint(128, "t1")).unwrap_err();
+        assert!(why.contains("hidden_size"), "{why}");
+        let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &checkpoint(64, "t2")).unwrap_err();
+        assert_eq!(
+            why,
+            "tokenizer.json differs between the checkpoints (the tokenizer is read at start-up only)"
+        );
+        // With a --tokenizer-path of its own, the tokenizer stays where it is.
+        let own = Move {
+            tokenizer_follows: false,
+            ..m.clone()
+        };
+        assert_eq!(
+            checkpoints_agree(&own, &checkpoint(64, "t1"), &checkpoint(64, "t2")),
+            Ok(())
+        );
+        // A hub id is no local checkpoint to load.
+        let hub = Checkpoint::default();
+        let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &hub).unwrap_err();
+        assert!(why.starts_with("/models/b has no config.json"), "{why}");
     }
 }

@@ -1,0 +1,131 @@
+//! Changes the running server takes without a restart (`reconcile_core::live` decides which):
+//! what a plan reads from the host to say so, and the calls that tell the server a change and
+//! take it back. The transaction around them (armed guard, verification, the way back) is
+//! `pipeline`'s.
+
+use std::time::{Duration, Instant};
+
+use reconcile_core::live::{self, Checkpoint, LiveChange, SAMPLING_FILE, TOKENIZER_FILES};
+use serde_json::Value;
+
+use crate::observed::Observed;
+use crate::plan::UnitPlan;
+use crate::remote::http::Endpoint;
+use crate::remote::{error_chain, Host, RemoteError};
+use crate::targets::Target;
+
+/// `/set_internal_state` is answered by each scheduler between two batches
+/// (`scheduler_components/internal_state.py`): a minute without an answer is a stuck scheduler,
+/// not a slow one.
+const SETTINGS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Makes `planned`, a restart of a running server, live when its manifest asks for live changes
+/// (`apply.live`) and the server can take this one: another checkpoint of the same shape whose
+/// tokenizer and sampling defaults are the same, or values `/set_internal_state` takes. Otherwise
+/// the plan says why it restarts. Reads the two checkpoints from the host only for a weight move.
+pub(crate) async fn plan(host: &dyn Host, t: &Target, observed: &Observed, planned: &mut UnitPlan) {
+    let change = match live::candidate(planned, observed, &t.desired) {
+        None => return,
+        Some(Err(why)) => return planned.not_live(&why),
+        Some(Ok(change)) => change,
+    };
+    if let Some(m) = &change.weights {
+        let agree = match (
+            checkpoint(host, &m.from).await,
+            checkpoint(host, &m.to).await,
+        ) {
+            (Ok(old), Ok(new)) => live::checkpoints_agree(m, &old, &new),
+            (Err(e), _) | (_, Err(e)) => Err(format!(
+                "the checkpoints could not be read: {}",
+                error_chain(&e)
+            )),
+        };
+        if let Err(why) = agree {
+            return planned.not_live(&why);
+        }
+    }
+    planned.go_live(change);
+}
+
+/// What the host holds of the checkpoint in `dir`: its `config.json`, and the hashes of the files
+/// a restart reads besides the weights.
+async fn checkpoint(host: &dyn Host, dir: &str) -> Result<Checkpoint, RemoteError> {
+    let config = host.read_file(&format!("{dir}/config.json")).await?;
+    let paths: Vec<String> = TOKENIZER_FILES
+        .iter()
+        .chain(&[SAMPLING_FILE])
+        .map(|f| format!("{}/{f}", dir.trim_end_matches('/')))
+        .collect();
+    let mut argv = vec!["sha256sum", "--"];
+    argv.extend(paths.iter().map(String::as_str));
+    // A file the checkpoint lacks is left out: sha256sum names it on stderr and exits 1.
+    let out = host.run(&argv).await?;
+    let hashes = out
+        .stdout
+        .lines()
+        .filter_map(|line| {
+            let (hash, path) = line.split_once("  ")?;
+            let name = path.rsplit('/').next()?;
+            Some((name.to_string(), hash.to_string()))
+        })
+        .collect();
+    Ok(Checkpoint { config, hashes })
+}
+
+/// Tells the server at `endpoint` the change: the weights first (a load, bounded by `limit` as a
+/// load after a restart is), then the values. What it did, or why it did not: a server that did
+/// not take a part may have taken the parts before it, so a failure is undone whole.
+pub(super) async fn tell(
+    host: &dyn Host,
+    endpoint: &Endpoint,
+    url: Option<&str>,
+    change: &LiveChange,
+    limit: Duration,
+) -> Result<String, String> {
+    let server = host
+        .server(endpoint, url)
+        .await
+        .map_err(|e| error_chain(&e))?;
+    let mut done = Vec::new();
+    if let (Some(body), Some(m)) = (change.weights_body(), &change.weights) {
+        let started = Instant::now();
+        let answer = server
+            .post_json_within("/update_weights_from_disk", &body, limit)
+            .await?;
+        // SGLang answers 400 with `success: false` when it kept its weights; a 200 must say
+        // `success: true` as well.
+        let success = serde_json::from_str::<Value>(&answer)
+            .ok()
+            .and_then(|v| v.get("success")?.as_bool());
+        if success != Some(true) {
+            return Err(format!("/update_weights_from_disk answered {answer}"));
+        }
+        done.push(format!(
+            "weights loaded from {} in {:.2}s",
+            m.to,
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    if let Some(body) = change.settings_body() {
+        let answer = server
+            .post_json_within("/set_internal_state", &body, SETTINGS_TIMEOUT)
+            .await?;
+        // One boolean per data-parallel rank; a `false` rank refused a value and changed nothing.
+        match serde_json::from_str::<Vec<bool>>(&answer) {
+            Ok(ranks) if !ranks.is_empty() && ranks.iter().all(|r| *r) => {}
+            _ => {
+                return Err(format!(
+                    "/set_internal_state did not take {} (it answered {answer})",
+                    body["server_args"]
+                ))
+            }
+        }
+        let values: Vec<String> = change
+            .settings
+            .iter()
+            .map(|s| format!("--{} {}", s.flag, s.to))
+            .collect();
+        done.push(format!("{} set", values.join(", ")));
+    }
+    Ok(done.join("; "))
+}
