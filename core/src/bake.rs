@@ -1,5 +1,5 @@
 //! The bake: a canary replica judged on the traffic it serves, against the stable replicas over
-//! the same window (issue 35, part 1; the rollout does not run it yet). Synthetic gates catch what
+//! the same window (`verify.bake`; the rollout runs it, `src/apply/bake.rs`). Synthetic gates catch what
 //! a known workload shows; a regression that only real prompts show (throughput falling from 5k
 //! to under 1k tok/s while `/health` stays 200: vllm issue 51663) needs the live figures.
 //!
@@ -253,6 +253,50 @@ pub enum Verdict {
     },
 }
 
+impl Figures {
+    /// `312 requests, 0.0 % aborted, TTFT p50/p95 110/240 ms, ITL p50/p95 21/35 ms`.
+    pub fn describe(&self) -> String {
+        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.0}", s * 1000.0));
+        format!(
+            "{:.0} requests, {:.1} % aborted, TTFT p50/p95 {}/{} ms, ITL p50/p95 {}/{} ms",
+            self.requests,
+            100.0 * self.error_rate,
+            ms(self.ttft_p50_s),
+            ms(self.ttft_p95_s),
+            ms(self.itl_p50_s),
+            ms(self.itl_p95_s)
+        )
+    }
+}
+
+impl Verdict {
+    /// What the report says: the verdict, then each side's figures.
+    pub fn describe(&self) -> String {
+        let (canary, stable, said) = match self {
+            Verdict::Passed { canary, stable } => (canary, stable, "passed".to_string()),
+            Verdict::Worse {
+                canary,
+                stable,
+                why,
+            } => (
+                canary,
+                stable,
+                format!("worse than the stable replicas: {}", why.join("; ")),
+            ),
+            Verdict::TooFew {
+                canary,
+                stable,
+                why,
+            } => (canary, stable, format!("{why}; the canary stays")),
+        };
+        format!(
+            "{said} (canary: {}; stable: {})",
+            canary.describe(),
+            stable.describe()
+        )
+    }
+}
+
 /// The canary's window against the stable replicas' over the same time.
 pub fn judge(canary: &Window, stable: &Window, limits: &Limits) -> Verdict {
     let (c, s) = (Figures::of(canary), Figures::of(stable));
@@ -444,6 +488,27 @@ mod tests {
             why.starts_with("too few requests to judge: the canary served 10"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn a_verdict_says_itself_then_both_sides_figures() {
+        let stable = served([50.0, 190.0, 200.0, 200.0], [0.0; 4], 200.0, 0.0);
+        let slow = served([0.0, 20.0, 100.0, 100.0], [0.0; 4], 100.0, 5.0);
+        let text = judge(&slow, &stable, &LIMITS).describe();
+        assert!(
+            text.starts_with("worse than the stable replicas: aborted requests 5.0 %"),
+            "{text}"
+        );
+        assert!(
+            text.contains("(canary: 100 requests, 5.0 % aborted, TTFT p50/p95 ")
+                && text.contains("; stable: 200 requests, 0.0 % aborted, ")
+                && text.ends_with("ITL p50/p95 -/- ms)"),
+            "{text}"
+        );
+        let few = served([0.0, 2.0, 10.0, 10.0], [0.0; 4], 10.0, 0.0);
+        assert!(judge(&few, &stable, &LIMITS)
+            .describe()
+            .contains("; the canary stays (canary: 10 requests"));
     }
 
     #[test]

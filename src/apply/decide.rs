@@ -414,13 +414,35 @@ pub fn not_restored(e: &NotRestored) -> String {
     }
 }
 
-/// A unit this rollout had changed (`before`: its detail then), after `--rollback-all` put it
-/// back or failed to (`result`) because the rollout stopped (`why`).
-pub fn rolled_back_with_rollout(
-    before: &str,
-    why: &str,
-    result: Result<&Restored, String>,
-) -> Ending {
+/// What undid a unit after it converged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UndoneBy {
+    /// `--rollback-all`, because the rollout stopped elsewhere.
+    RollbackAll,
+    /// The canary's bake on live traffic (`verify.bake`), which found it worse.
+    Bake,
+}
+
+impl UndoneBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            UndoneBy::RollbackAll => "--rollback-all",
+            UndoneBy::Bake => "the bake",
+        }
+    }
+
+    fn kind(self) -> ApplyErrorKind {
+        match self {
+            UndoneBy::RollbackAll => ApplyErrorKind::RolloutStopped,
+            UndoneBy::Bake => ApplyErrorKind::BakeFailed,
+        }
+    }
+}
+
+/// A unit this rollout had changed (`before`: its detail then), after `by` put it back or failed
+/// to (`result`), for `why`.
+pub fn undone(before: &str, why: &str, by: UndoneBy, result: Result<&Restored, String>) -> Ending {
+    let by_name = by.name();
     match result {
         Ok(restored) => {
             let done = match restored {
@@ -432,13 +454,11 @@ pub fn rolled_back_with_rollout(
             };
             Ending::failed(
                 Outcome::RolledBack,
-                format!("{before}; {why}, and --rollback-all {done}"),
-                ApplyErrorKind::RolloutStopped,
+                format!("{before}; {why}, and {by_name} {done}"),
+                by.kind(),
             )
         }
-        Err(e) => {
-            Ending::rollback_failed(format!("{before}; {why}, and --rollback-all failed: {e}"))
-        }
+        Err(e) => Ending::rollback_failed(format!("{before}; {why}, and {by_name} failed: {e}")),
     }
 }
 
@@ -774,7 +794,14 @@ mod tests {
     #[test]
     fn rollback_all_details() {
         let why = "the canary failed, so the rollout stopped";
-        let done = |r: Restored| rolled_back_with_rollout("restarted and verified: x", why, Ok(&r));
+        let done = |r: Restored| {
+            undone(
+                "restarted and verified: x",
+                why,
+                UndoneBy::RollbackAll,
+                Ok(&r),
+            )
+        };
         let end = done(Restored::Verified(Box::default()));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
@@ -790,7 +817,7 @@ mod tests {
         assert!(done(Restored::Reloaded)
             .detail
             .ends_with("--rollback-all restored the previous unit (daemon-reload only)"));
-        let end = rolled_back_with_rollout("d", why, Err("locked".into()));
+        let end = undone("d", why, UndoneBy::RollbackAll, Err("locked".into()));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (

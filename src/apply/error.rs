@@ -110,6 +110,9 @@ pub enum ApplyErrorKind {
     Refused,
     /// Converged, then rolled back by `--rollback-all` because the rollout stopped elsewhere.
     RolloutStopped,
+    /// Converged, then rolled back because its bake on live traffic found it worse than the
+    /// stable replicas (`verify.bake`).
+    BakeFailed,
     /// The router a replica sits behind could not be reached, or did not take it back.
     RouterFailed,
     /// A drop-in, mask or unit file elsewhere on the host that the manifest does not own.

@@ -18,6 +18,7 @@
 //! verification is reached through `verifier`, so the drivers can run against a scripted one.
 
 pub(crate) mod aside;
+mod bake;
 mod benchmark;
 mod decide;
 mod error;
@@ -33,6 +34,7 @@ mod stage;
 pub(crate) mod state;
 #[cfg(test)]
 mod testing;
+mod undo;
 mod verifier;
 
 use std::time::Instant;
@@ -106,6 +108,9 @@ pub struct UnitReport {
     /// (`reconcile_core::stage`); absent when the server did not restart.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staging: Option<reconcile_core::stage::Staging>,
+    /// The canary's bake on live traffic against the stable replicas (`verify.bake`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bake: Option<bake::BakeReport>,
 }
 
 /// A rank's place in its server group, as reports show it.
@@ -336,6 +341,7 @@ pub(crate) fn refused(
         quality: None,
         group: None,
         staging: None,
+        bake: None,
     }
 }
 
@@ -535,6 +541,7 @@ impl Report {
             quality: None,
             group: GroupPlace::of(t),
             staging: None,
+            bake: None,
         };
         Report { report, started }
     }

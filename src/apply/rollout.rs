@@ -7,12 +7,13 @@
 //! drained, applied (install, restart, every stage of verification, or rolled back), and put back
 //! once the router lists it healthy; then the next.
 
+use futures::future::join_all;
+
 use super::decide;
 use super::error::ApplyError;
-use super::restore::{restore_and_verify, Restore, Restored, Then};
+use super::restore::Restored;
 use super::routed::TakenOut;
-use super::verifier::Live;
-use super::{apply_hosts, state, ApplyOptions, Outcome, UnitReport};
+use super::{apply_hosts, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
 use crate::manifest::VerifySpec;
 use crate::remote::{error_chain, Host, SshOptions};
@@ -126,7 +127,16 @@ pub async fn roll_out(
         match schedule.next_step() {
             Step::Apply(batch) => {
                 let batch: Vec<Turn> = batch.iter().filter_map(|&i| turns[i].take()).collect();
-                let results = take_turns(batch, ssh, options).await;
+                let mut results = take_turns(batch, ssh, options).await;
+                // The canary's batch is baked on live traffic before the others start.
+                if schedule.canary_next() {
+                    let canaries: Vec<String> =
+                        results.iter().flatten().map(|r| r.host.clone()).collect();
+                    let reports = results.iter_mut().flatten();
+                    let baked =
+                        reports.map(|r| super::bake::canary(r, &all, &canaries, ssh, options));
+                    join_all(baked).await;
+                }
                 let failed = results
                     .iter()
                     .filter(|host| host.iter().any(|r| failed(r.outcome)))
@@ -282,7 +292,8 @@ async fn rollback_all(
         at_once,
         fleet::no_span,
         async |host: &dyn Host, _: &fleet::Visit<'_>, (r, spec): (&mut UnitReport, VerifySpec)| {
-            let undone = undo(host, r, &spec, options).await;
+            let undone =
+                super::undo::undo(host, r, &spec, options, decide::UndoneBy::RollbackAll).await;
             rolled_back(r, why, undone);
         },
         |_, (r, _), e| rolled_back(r, why, Err(error_chain(&e))),
@@ -292,62 +303,18 @@ async fn rollback_all(
 
 /// `--rollback-all` for one unit: says in the unit's report what undoing this rollout came to.
 fn rolled_back(r: &mut UnitReport, why: &str, restored: Result<Restored, String>) {
-    let ending =
-        decide::rolled_back_with_rollout(&r.detail, why, restored.as_ref().map_err(Clone::clone));
+    let ending = decide::undone(
+        &r.detail,
+        why,
+        decide::UndoneBy::RollbackAll,
+        restored.as_ref().map_err(Clone::clone),
+    );
     if let Ok(Restored::Verified(v)) = restored {
         r.rollback = Some(*v);
     }
     r.outcome = ending.outcome;
     r.detail = ending.detail;
     r.error = ending.error;
-}
-
-/// Under the unit's lock, restores what the unit was before this rollout: the generation the
-/// install kept, or nothing for a unit that was new. A converged unit is restarted and verified;
-/// a reload-only change is undone with a reload.
-async fn undo(
-    host: &dyn Host,
-    r: &UnitReport,
-    spec: &VerifySpec,
-    options: &ApplyOptions,
-) -> Result<Restored, String> {
-    let unit = r.unit.clone();
-    let was_new = r.verdict == Some(crate::plan::Verdict::Install);
-    let previous = if was_new {
-        None
-    } else {
-        state::newest_generation(host, &unit)
-            .await
-            .map_err(|e| error_chain(&e))?
-    };
-    let then = if r.outcome == Outcome::Converged {
-        Then::Restart
-    } else {
-        Then::Reload
-    };
-    state::lock(host, &unit, &options.owner, options.lock)
-        .await
-        .map_err(|e| e.to_string())?;
-    let restore = Restore {
-        host,
-        unit: &unit,
-        previous: previous.as_deref(),
-        then,
-        spec,
-        label: format!("{} {unit} (rollback-all)", r.host),
-        // What this run moved aside went with the apply that converged; the deployment before
-        // it is what --rollback-all restores.
-        aside: None,
-        beneath: false,
-        disable: false,
-        expect: None,
-    };
-    let verifier = Live {
-        progress: options.progress.as_ref(),
-    };
-    let restored = restore_and_verify(restore, &verifier).await;
-    let _ = state::unlock(host, &unit).await;
-    restored.map_err(|e| decide::not_restored(&e))
 }
 
 /// Whether applying `t` restarts its server (or starts a new one): only then does the replica

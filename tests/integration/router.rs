@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_yaml::Value;
 
-use crate::builder::map;
+use crate::builder::{map, yaml};
 use crate::lab::{lab, Manifest, Reconcile, REPLICAS, ROUTER};
 
 pub(crate) static TURN: Mutex<()> = Mutex::new(());
@@ -86,14 +86,20 @@ pub(crate) fn fresh_router() {
 /// The replicas' manifest. `generation` is an env value (a new one restarts every replica);
 /// `failing` makes that host's stand-in crash as it starts.
 fn manifest(hosts: &[&str], generation: u32, failing: Option<&str>) -> Manifest {
-    let entries = hosts.iter().map(|h| match failing {
-        Some(f) if f == *h => map([
-            ("name", Value::from(*h)),
-            (
-                "env",
-                map([("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "1")]),
-            ),
-        ]),
+    let crash = [("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "1")];
+    manifest_with(hosts, generation, failing.map(|f| (f, &crash[..])))
+}
+
+/// [`manifest`] with `special`'s host given more environment (a knob of the stand-in's).
+fn manifest_with(
+    hosts: &[&str],
+    generation: u32,
+    special: Option<(&str, &[(&str, &str)])>,
+) -> Manifest {
+    let entries = hosts.iter().map(|h| match special {
+        Some((s, env)) if s == *h => {
+            map([("name", Value::from(*h)), ("env", map(env.iter().copied()))])
+        }
         _ => Value::from(*h),
     });
     entries
@@ -398,4 +404,71 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
         .sh(two[0], &format!("cat /etc/systemd/system/{unit}"))
         .contains("GENERATION=1"));
     assert_eq!(listed(), all_healthy(two), "back in the router");
+}
+
+/// The bake: each replica's first token takes 20 ms (the stand-in's default) under the client
+/// loop's traffic; the canary of the next change takes 500 ms, which its gates do not see. Baked
+/// for 15 s behind the router against the two stable replicas, it is found worse (TTFT), taken
+/// out, rolled back, verified and put back in, and the rollout stops there. The same change
+/// without the slowness bakes and passes, and the rollout goes on.
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_stops() {
+    let _turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+    fresh_router();
+    let canary = REPLICAS[0];
+    let baked = |m: Manifest| {
+        m.verify("bake", yaml("{ duration: 15s, min_requests: 20 }"))
+            .section("rollout", map([("canary", canary)]))
+    };
+    let (code, first) = apply(&baked(manifest(&REPLICAS, 1, None)), &[]);
+    assert_eq!(code, 0, "{first}");
+    let client = Client::start();
+    client.wait_for_answers(4);
+    let slow = [("FAKE_SGLANG_TTFT_SECONDS", "0.5")];
+    let (code, report) = apply(
+        &baked(manifest_with(&REPLICAS, 2, Some((canary, &slow[..])))),
+        &[],
+    );
+    assert_eq!(code, 3, "{report}");
+    let u = unit_of(&report, canary);
+    assert_eq!(
+        (&u["outcome"], &u["error"]),
+        (&"rolled_back".into(), &"bake_failed".into()),
+        "{u:#}"
+    );
+    let judged = &u["bake"]["judged"];
+    eprintln!("bake, stand-in, slow canary: {}", u["bake"]["detail"]);
+    assert_eq!(judged["verdict"], "worse", "{u:#}");
+    assert!(judged["why"].to_string().contains("TTFT p50"), "{u:#}");
+    let (c, s) = (&judged["canary"], &judged["stable"]);
+    assert!(c["ttft_p50_s"].as_f64().unwrap() >= 0.4, "{judged}");
+    assert!(s["ttft_p50_s"].as_f64().unwrap() <= 0.1, "{judged}");
+    assert!(u["detail"]
+        .to_string()
+        .contains("and the bake restored the previous unit, which passed verification"));
+    for other in &REPLICAS[1..] {
+        assert_eq!(unit_of(&report, other)["outcome"], "not_started");
+    }
+    assert!(lab()
+        .sh(
+            canary,
+            &format!("cat /etc/systemd/system/{SERVICE}.service")
+        )
+        .contains("GENERATION=1"));
+    assert_eq!(listed(), all_healthy(&REPLICAS), "back in the router");
+
+    let (code, report) = apply(&baked(manifest(&REPLICAS, 2, None)), &[]);
+    let seen = client.stop();
+    assert_eq!(code, 0, "{report}");
+    let u = unit_of(&report, canary);
+    eprintln!("bake, stand-in, same canary: {}", u["bake"]["detail"]);
+    assert_eq!(u["bake"]["judged"]["verdict"], "passed", "{u:#}");
+    for host in &REPLICAS {
+        assert_eq!(unit_of(&report, host)["outcome"], "converged");
+    }
+    assert_eq!(
+        seen["failed"], 0,
+        "requests failed through the router: {seen}"
+    );
 }

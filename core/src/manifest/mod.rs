@@ -257,6 +257,46 @@ pub struct VerifySpec {
     pub benchmark: Option<BenchmarkSpec>,
     /// The quality gate, after the benchmark (`verify.quality`).
     pub quality: Option<crate::quality::QualitySpec>,
+    /// Behind a router: the canary judged on live traffic against the stable replicas once it is
+    /// back in (`verify.bake`).
+    pub bake: Option<BakeSpec>,
+}
+
+/// `verify.bake`: how long the canary replica serves live traffic before it is judged, and how
+/// much worse than the stable replicas it may be (`crate::bake`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BakeSpec {
+    pub duration: Duration,
+    /// Fewer requests than this on either side over the window: too few to judge.
+    pub min_requests: u32,
+    /// Aborted requests may exceed the stable replicas' share by this many percentage points.
+    pub max_error_rate_increase: f64,
+    /// TTFT and inter-token latency quantiles may be this many times the stable replicas'.
+    pub max_latency_ratio: f64,
+}
+
+impl BakeSpec {
+    /// A bake of `duration` with the default thresholds.
+    pub fn lasting(duration: Duration) -> BakeSpec {
+        BakeSpec {
+            duration,
+            // A p95 read from fewer observations than this stands on one or two requests.
+            min_requests: 100,
+            max_error_rate_increase: 1.0,
+            // SGLang's latency buckets step by 1.25x to 2x (TTFT 0.6, 0.8, 1, 2, 4 s:
+            // `metrics_collector.py`); a quantile is interpolated within its bucket, so a ratio
+            // under 1.5 is within what the bucket edges alone can make of one distribution.
+            max_latency_ratio: 1.5,
+        }
+    }
+
+    pub fn limits(&self) -> crate::bake::Limits {
+        crate::bake::Limits {
+            min_requests: f64::from(self.min_requests),
+            error_rate_above: self.max_error_rate_increase / 100.0,
+            latency_ratio: self.max_latency_ratio,
+        }
+    }
 }
 
 /// The verification values a manifest set itself, rather than left to their defaults: a load
@@ -354,6 +394,7 @@ impl Default for VerifySpec {
             explicit: Explicit::default(),
             benchmark: None,
             quality: None,
+            bake: None,
         }
     }
 }

@@ -199,6 +199,39 @@ struct RawVerify {
     smoke: Option<RawSmoke>,
     benchmark: Option<RawBenchmark>,
     quality: Option<RawQuality>,
+    /// Behind a router: after the canary replica passed its gates and is back in, its SGLang
+    /// `/metrics` (TTFT, inter-token latency, aborted requests) over `duration` against the
+    /// stable replicas' over the same window; worse beyond the limits rolls the canary back and
+    /// stops the rollout. Needs `router:` and `enable-metrics: true`.
+    bake: Option<RawBake>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawBake {
+    /// How long the canary serves live traffic before it is judged (`10m`).
+    duration: HumanDuration,
+    /// Fewer requests than this on either side: too few to judge, the canary stays (100).
+    min_requests: Option<u32>,
+    /// Percentage points of aborted requests above the stable replicas' that fail it (1).
+    max_error_rate_increase: Option<f64>,
+    /// How many times the stable replicas' TTFT and inter-token latency p50 and p95 fail it
+    /// (1.5).
+    max_latency_ratio: Option<f64>,
+}
+
+impl RawBake {
+    fn into_spec(self) -> super::BakeSpec {
+        let d = super::BakeSpec::lasting(self.duration.0);
+        super::BakeSpec {
+            min_requests: self.min_requests.unwrap_or(d.min_requests),
+            max_error_rate_increase: self
+                .max_error_rate_increase
+                .unwrap_or(d.max_error_rate_increase),
+            max_latency_ratio: self.max_latency_ratio.unwrap_or(d.max_latency_ratio),
+            ..d
+        }
+    }
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -563,6 +596,7 @@ impl RawManifest {
                 explicit,
                 benchmark: v.benchmark.map(RawBenchmark::into_spec),
                 quality: v.quality.map(RawQuality::into_spec),
+                bake: v.bake.map(RawBake::into_spec),
             },
             router: self.router.map(RawRouter::into_spec),
             rollout: self.rollout.map(|r| super::RolloutSpec {

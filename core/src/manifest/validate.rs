@@ -85,6 +85,9 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
     if let Some(d) = &m.drain {
         check.drain(m, d);
     }
+    if let Some(b) = &m.verify.bake {
+        check.bake(m, b);
+    }
     if check.errors.is_empty() {
         Ok(())
     } else {
@@ -627,9 +630,8 @@ impl Checker<'_> {
         }
     }
 
-    /// `drain:` reads the server's `/metrics`, which SGLang mounts only with `--enable-metrics`
-    /// (`entrypoints/http_server.py`, `add_prometheus_middleware`): without it on every host a
-    /// drain could not see the requests it waits for.
+    /// `drain:` reads the server's `/metrics`: without `--enable-metrics` on every host a drain
+    /// could not see the requests it waits for.
     fn drain(&mut self, m: &Manifest, d: &super::DrainSpec) {
         if d.timeout.is_zero() {
             self.fail(
@@ -637,6 +639,45 @@ impl Checker<'_> {
                 "timeout must be longer than 0s (leave `drain:` out to restart at once)",
             );
         }
+        self.metrics_on(m, &[Seg::Key("drain")], "drain reads the server's /metrics");
+    }
+
+    /// `verify.bake`: a window to judge, limits that can pass, replicas behind a router to judge
+    /// against, and `/metrics` on every one of them.
+    fn bake(&mut self, m: &Manifest, b: &super::BakeSpec) {
+        let at = |key| [Seg::Key("verify"), Seg::Key("bake"), Seg::Key(key)];
+        if b.duration.is_zero() {
+            self.fail(&at("duration"), "duration must be longer than 0s");
+        }
+        if b.min_requests == 0 {
+            self.fail(&at("min_requests"), "min_requests must be at least 1");
+        }
+        if !(b.max_error_rate_increase >= 0.0 && b.max_error_rate_increase < 100.0) {
+            self.fail(
+                &at("max_error_rate_increase"),
+                "max_error_rate_increase is in percentage points: at least 0 and under 100",
+            );
+        }
+        // NaN is no ratio either.
+        if b.max_latency_ratio.is_nan() || b.max_latency_ratio < 1.0 {
+            self.fail(
+                &at("max_latency_ratio"),
+                "max_latency_ratio must be at least 1 (the stable replicas' latency)",
+            );
+        }
+        let bake = [Seg::Key("verify"), Seg::Key("bake")];
+        if m.router.is_none() {
+            self.fail(
+                &bake,
+                "bake judges the canary against the stable replicas of a router: add `router:`",
+            );
+        }
+        self.metrics_on(m, &bake, "bake reads the replicas' /metrics");
+    }
+
+    /// What reads `/metrics` (`path`, doing `what`) needs `--enable-metrics` on every host:
+    /// SGLang mounts it only then (`entrypoints/http_server.py`, `add_prometheus_middleware`).
+    fn metrics_on(&mut self, m: &Manifest, path: &[Seg<'_>], what: &str) {
         let on = |flags: &BTreeMap<String, FlagValue>| {
             flags
                 .get("enable-metrics")
@@ -651,14 +692,14 @@ impl Checker<'_> {
             .collect();
         if off.len() == m.hosts.len() && !off.is_empty() {
             self.fail(
-                &[Seg::Key("drain")],
-                "drain reads the server's /metrics, which SGLang serves only with --enable-metrics: add `enable-metrics: true` to sglang.flags",
+                path,
+                format!("{what}, which SGLang serves only with --enable-metrics: add `enable-metrics: true` to sglang.flags"),
             );
         } else if !off.is_empty() {
             self.fail(
-                &[Seg::Key("drain")],
+                path,
                 format!(
-                    "drain reads the server's /metrics, which SGLang serves only with --enable-metrics, and host {} turns it off",
+                    "{what}, which SGLang serves only with --enable-metrics, and host {} turns it off",
                     off.join(", ")
                 ),
             );
@@ -1135,6 +1176,47 @@ mod tests {
             unknown.to_string().contains("max_paralel")
                 || format!("{unknown:?}").contains("max_paralel"),
             "{unknown:?}"
+        );
+    }
+
+    #[test]
+    fn a_bake_needs_a_router_metrics_and_limits_that_can_pass() {
+        let metrics = BASE.replace(
+            "  port: 30000\n",
+            "  port: 30000\n  flags: { enable-metrics: true }\n",
+        );
+        let router = "router: { url: \"http://127.0.0.1:30100\", admin_key_env: K }\n";
+        let ok = format!("{metrics}{router}verify:\n  bake: {{ duration: 10m }}\n");
+        assert!(errors(&ok).is_empty(), "{:?}", errors(&ok));
+        let bake = parse("m.yaml", &ok).unwrap().verify.bake.unwrap();
+        assert_eq!(
+            bake,
+            super::super::BakeSpec::lasting(std::time::Duration::from_secs(600))
+        );
+        assert_eq!(bake.limits().error_rate_above, 0.01);
+        // Without a router or metrics: each said at `verify.bake`.
+        let e = errors(&format!("{BASE}verify:\n  bake: {{ duration: 10m }}\n"));
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].starts_with("m.yaml:9:9: verify.bake: bake judges the canary against the stable replicas of a router"), "{e:?}");
+        assert!(
+            e[1].contains(
+                "bake reads the replicas' /metrics, which SGLang serves only with --enable-metrics"
+            ),
+            "{e:?}"
+        );
+        let bad = format!(
+            "{metrics}{router}verify:\n  bake:\n    duration: 0s\n    min_requests: 0\n    max_latency_ratio: 0.5\n"
+        );
+        let e = errors(&bad);
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(
+            e[0].contains("verify.bake.duration: duration must be longer than 0s"),
+            "{e:?}"
+        );
+        assert!(e[1].contains("verify.bake.min_requests"), "{e:?}");
+        assert!(
+            e[2].contains("verify.bake.max_latency_ratio: max_latency_ratio must be at least 1"),
+            "{e:?}"
         );
     }
 

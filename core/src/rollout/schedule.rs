@@ -54,7 +54,8 @@ impl Schedule {
         }
     }
 
-    fn canary_next(&self) -> bool {
+    /// Whether the next batch is the canary's (or, once handed out, the one under way is).
+    pub fn canary_next(&self) -> bool {
         self.next == 0 && self.policy.canary > 0
     }
 

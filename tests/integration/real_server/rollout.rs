@@ -1,9 +1,8 @@
 //! A rolling apply of two real replicas behind the real sglang-router 0.3.2 (on
 //! `crate::lab::ROUTER`), with a client loop sending chat completions through the router the
-//! whole time: no request is lost, each replica restarts once, and the worker list is whole.
-//! The router's helpers are the stand-in router tests' (`crate::router`).
-
-use std::time::Duration;
+//! whole time: no request is lost, each replica restarts once, and the worker list is whole. The
+//! canary is baked on that traffic against the other replica from their real `/metrics`, and
+//! passes. The router's helpers are the stand-in router tests' (`crate::router`).
 
 use super::{slots, HOSTS};
 use crate::builder::yaml;
@@ -24,6 +23,7 @@ fn manifest(generation: u32) -> Manifest {
         .flag("max-running-requests", 16 + generation)
         .section("drain", yaml("{ timeout: 120s }"))
         .section("router", router_section(&HOSTS))
+        .verify("bake", yaml("{ duration: 20s, min_requests: 20 }"))
 }
 
 #[test]
@@ -40,10 +40,10 @@ fn a_rolling_apply_of_real_replicas_behind_the_router_loses_no_request() {
     assert_eq!(code, 0, "{first:#}");
     assert_eq!(listed(), all_healthy(&HOSTS));
     let client = Client::start();
-    std::thread::sleep(Duration::from_secs(2));
+    client.wait_for_answers(4);
     let since = since_epoch();
     let (code, report) = apply(&manifest(2), &["--max-parallel", "1"]);
-    std::thread::sleep(Duration::from_secs(2));
+    client.wait_for_answers(4);
     let seen = client.stop();
     assert_eq!(code, 0, "{report:#}");
     for host in HOSTS {
@@ -58,6 +58,16 @@ fn a_rolling_apply_of_real_replicas_behind_the_router_loses_no_request() {
     assert!(seen["ok"].as_u64().unwrap_or(0) > 0, "{seen}");
     assert_eq!(listed(), all_healthy(&HOSTS), "the worker list is whole");
     eprintln!("through the router during the rollout: {seen}");
+    // The canary (the first host by name) was baked against the other replica, and passed.
+    let bake = &unit_of(&report, HOSTS[0])["bake"];
+    eprintln!("bake, real replicas: {}", bake["detail"]);
+    assert_eq!(bake["judged"]["verdict"], "passed", "{bake:#}");
+    for side in ["canary", "stable"] {
+        let figures = &bake["judged"][side];
+        assert!(figures["requests"].as_f64() >= Some(20.0), "{bake:#}");
+        assert!(figures["ttft_p50_s"].as_f64().is_some(), "{bake:#}");
+    }
+    assert!(unit_of(&report, HOSTS[1]).get("bake").is_none());
     for host in HOSTS {
         crate::lab::sh_quietly(host, &format!("systemctl disable --now {SERVICE}.service"));
     }

@@ -1,0 +1,263 @@
+//! The bake (`verify.bake`): the rollout's canary replica, back in its router once every gate
+//! passed, judged on the live traffic it serves against the stable replicas over the same window
+//! (`reconcile_core::bake` judges; this file takes the looks). Worse beyond the limits: the canary
+//! leaves the router, its previous unit is restored and verified, it goes back in, and its host
+//! counts as failed, which stops the rollout. Too few requests, or a look that could not be
+//! taken: the canary stays, and its report says so.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use reconcile_core::bake::{self, Snapshot, Window};
+use serde::Serialize;
+
+use super::decide::{self, UndoneBy};
+use super::restore::Restored;
+use super::routed::TakenOut;
+use super::{ApplyOptions, Outcome, UnitReport};
+use crate::remote::http::Server;
+use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::targets::Target;
+use crate::unit::parse_unit;
+use crate::verify::{Expect, Progress};
+
+/// What the bake saw, in the canary's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct BakeReport {
+    /// How long the canary served live traffic before it was judged.
+    pub seconds: f64,
+    /// The stable replicas it was judged against.
+    pub stable: Vec<String>,
+    /// The verdict and both sides' figures; absent when a look could not be taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub judged: Option<bake::Verdict>,
+    pub detail: String,
+}
+
+/// One replica's `/metrics`, reached as verification reaches a server.
+struct Replica {
+    name: String,
+    host: Box<dyn Host>,
+    server: Server,
+}
+
+impl Replica {
+    /// `t`'s server as its host runs it now: the endpoint of the unit on disk, which for a stable
+    /// replica is the one before this rollout.
+    async fn reach(t: &Target, ssh: &SshOptions) -> Result<Replica, String> {
+        let host = remote::connect(&t.host, ssh)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let running = host
+            .read_file(&format!("{}/{}", crate::plan::UNIT_DIR, t.desired.unit))
+            .await
+            .map_err(|e| error_chain(&e))?
+            .map(|text| parse_unit(&text))
+            .unwrap_or_else(|| t.desired.model.clone());
+        let endpoint = Expect::from_unit(&running).endpoint;
+        let server = host
+            .server(&endpoint, t.verify.url.as_deref())
+            .await
+            .map_err(|e| error_chain(&e))?;
+        Ok(Replica {
+            name: t.host.clone(),
+            host,
+            server,
+        })
+    }
+
+    async fn look(&self) -> Result<Snapshot, String> {
+        let text = self
+            .server
+            .metrics()
+            .await?
+            .ok_or("/metrics answered 404 (no --enable-metrics)")?;
+        Snapshot::parse(&text).map_err(|e| e.to_string())
+    }
+}
+
+/// Bakes the canary whose apply ended as `report`, when its manifest asks (`verify.bake`), it
+/// converged, and it sits behind a router; the stable replicas are its manifest's hosts in `all`
+/// that are not among the rollout's `canaries` (which this rollout changed). Says in `report` what
+/// the bake saw, and rolls the canary back when it was worse.
+pub(super) async fn canary(
+    report: &mut UnitReport,
+    all: &[Target],
+    canaries: &[String],
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) {
+    let Some(t) = all
+        .iter()
+        .find(|t| t.host == report.host && t.desired.unit == report.unit)
+    else {
+        return;
+    };
+    let Some(spec) = t.verify.bake.as_ref() else {
+        return;
+    };
+    let router = options.routers.as_ref().and_then(|r| r.of(t));
+    let (Outcome::Converged, Some(router)) = (report.outcome, router) else {
+        return;
+    };
+    let stable: Vec<&Target> = all
+        .iter()
+        .filter(|s| {
+            s.source == t.source && s.desired.unit == t.desired.unit && !canaries.contains(&s.host)
+        })
+        .collect();
+    let started = Instant::now();
+    let judged = judge(t, &stable, spec, ssh, options).await;
+    let mut baked = BakeReport {
+        seconds: started.elapsed().as_secs_f64(),
+        stable: stable.iter().map(|s| s.host.clone()).collect(),
+        judged: None,
+        detail: String::new(),
+    };
+    match judged {
+        Err(why) => {
+            baked.detail = format!("bake could not judge the canary ({why}); it stays");
+            report.notes.push(baked.detail.clone());
+        }
+        Ok(verdict) => {
+            baked.detail = format!("bake: {}", verdict.describe());
+            report.notes.push(baked.detail.clone());
+            if matches!(verdict, bake::Verdict::Worse { .. }) {
+                let why = baked.detail.clone();
+                take_back(report, t, router, &why, ssh, options).await;
+            }
+            baked.judged = Some(verdict);
+        }
+    }
+    report.bake = Some(baked);
+}
+
+/// Both sides looked at, the window waited out (a signal ends it early: not judged), looked at
+/// again, and judged.
+async fn judge(
+    t: &Target,
+    stable: &[&Target],
+    spec: &crate::manifest::BakeSpec,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Result<bake::Verdict, String> {
+    if stable.is_empty() {
+        return Err("no stable replica to judge it against".into());
+    }
+    let canary = Replica::reach(t, ssh).await?;
+    let mut others = Vec::new();
+    for r in join_all(stable.iter().map(|s| Replica::reach(s, ssh))).await {
+        others.push(r?);
+    }
+    let before = looks(&canary, &others).await?;
+    // Shown as it goes: a spinner's text on a terminal, a line at the start elsewhere.
+    let show = Progress::new(
+        format!("{} {} (bake)", t.host, t.desired.unit),
+        options.progress.as_ref(),
+    );
+    show.line(&format!(
+        "baking on live traffic for {}s against {}",
+        spec.duration.as_secs(),
+        stable
+            .iter()
+            .map(|s| s.host.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    let until = Instant::now() + spec.duration;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        show.status(&format!("baking on live traffic: {}s left", left.as_secs()));
+        tokio::select! {
+            _ = tokio::time::sleep(left.min(Duration::from_secs(1))) => {}
+            _ = options.cancel.cancelled() => {
+                return Err(format!("interrupted: {}", crate::signals::interrupted()));
+            }
+        }
+    }
+    let after = looks(&canary, &others).await?;
+    for r in std::iter::once(canary).chain(others) {
+        r.host.close().await;
+    }
+    let window = |i: usize, name: &str| {
+        Window::between(&before[i], &after[i])
+            .ok_or_else(|| format!("{name} restarted during the bake"))
+    };
+    let canary_window = window(0, &t.host)?;
+    let stable_windows = stable
+        .iter()
+        .enumerate()
+        .map(|(i, s)| window(i + 1, &s.host))
+        .collect::<Result<Vec<_>, _>>()?;
+    let stable_window = Window::merged(&stable_windows)
+        .ok_or("the stable replicas' histograms have different buckets")?;
+    Ok(bake::judge(&canary_window, &stable_window, &spec.limits()))
+}
+
+/// Every replica's `/metrics` at once, the canary first.
+async fn looks(canary: &Replica, stable: &[Replica]) -> Result<Vec<Snapshot>, String> {
+    let all = std::iter::once(canary).chain(stable);
+    join_all(all.map(|r| async move {
+        r.look()
+            .await
+            .map_err(|e| format!("{}'s /metrics: {e}", r.name))
+    }))
+    .await
+    .into_iter()
+    .collect()
+}
+
+/// The canary, worse than the stable replicas, out of its router, back on its previous unit
+/// (verified) and in again; its report says so, and its host counts as failed.
+async fn take_back(
+    report: &mut UnitReport,
+    t: &Target,
+    router: Result<std::sync::Arc<crate::router::Router>, String>,
+    why: &str,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) {
+    let out = match router {
+        Ok(router) => TakenOut::take_out(router, t)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e),
+    };
+    let (restored, out) = match out {
+        Err(e) => (
+            Err(format!("it could not be taken out of its router: {e}")),
+            None,
+        ),
+        Ok(out) => {
+            let restored = match remote::connect(&t.host, ssh).await {
+                Ok(host) => {
+                    let restored =
+                        super::undo::undo(&*host, report, &t.verify, options, UndoneBy::Bake).await;
+                    host.close().await;
+                    restored
+                }
+                Err(e) => Err(error_chain(&e)),
+            };
+            (restored, Some(out))
+        }
+    };
+    let ending = decide::undone(
+        &report.detail,
+        why,
+        UndoneBy::Bake,
+        restored.as_ref().map_err(Clone::clone),
+    );
+    report.outcome = ending.outcome;
+    report.detail = ending.detail;
+    report.error = ending.error;
+    if let Ok(Restored::Verified(v)) = restored {
+        report.rollback = Some(*v);
+    }
+    // Back in on its previous unit, verified; a failed rollback stays out.
+    if let Some(out) = out {
+        out.put_back(report).await;
+    }
+}
