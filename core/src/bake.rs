@@ -18,6 +18,10 @@ pub const TTFT: &str = "sglang:time_to_first_token_seconds";
 pub const ITL: &str = "sglang:inter_token_latency_seconds";
 pub const REQUESTS: &str = "sglang:num_requests_total";
 pub const ABORTED: &str = "sglang:num_aborted_requests_total";
+/// Output tokens of the finished requests, and the seconds each finished request was in flight
+/// (the end-to-end latency histogram's sum): together the throughput each running request got.
+pub const GENERATED: &str = "sglang:generation_tokens_total";
+pub const IN_FLIGHT: &str = "sglang:e2e_request_latency_seconds_sum";
 
 /// A histogram summed over its series (a replica's label sets: `is_streaming`, `model_name`):
 /// cumulative counts by upper bound, ascending, the last `+Inf`.
@@ -135,6 +139,8 @@ pub struct Snapshot {
     pub itl: Histogram,
     pub requests: f64,
     pub aborted: f64,
+    pub generated_tokens: f64,
+    pub request_seconds: f64,
 }
 
 impl Snapshot {
@@ -147,6 +153,8 @@ impl Snapshot {
             itl: Histogram::read(text, ITL)?,
             requests: total(REQUESTS)?,
             aborted: total(ABORTED)?,
+            generated_tokens: total(GENERATED)?,
+            request_seconds: total(IN_FLIGHT)?,
         })
     }
 }
@@ -158,6 +166,8 @@ pub struct Window {
     pub itl: Histogram,
     pub requests: f64,
     pub aborted: f64,
+    pub generated_tokens: f64,
+    pub request_seconds: f64,
 }
 
 impl Window {
@@ -174,6 +184,8 @@ impl Window {
             itl: after.itl.since(&before.itl)?,
             requests,
             aborted,
+            generated_tokens: after.generated_tokens - before.generated_tokens,
+            request_seconds: after.request_seconds - before.request_seconds,
         })
     }
 
@@ -184,6 +196,8 @@ impl Window {
         all.try_fold(first, |mut sum, w| {
             sum.requests += w.requests;
             sum.aborted += w.aborted;
+            sum.generated_tokens += w.generated_tokens;
+            sum.request_seconds += w.request_seconds;
             sum.ttft = sum.ttft.plus(&w.ttft)?;
             sum.itl = sum.itl.plus(&w.itl)?;
             Some(sum)
@@ -201,6 +215,9 @@ pub struct Figures {
     pub ttft_p95_s: Option<f64>,
     pub itl_p50_s: Option<f64>,
     pub itl_p95_s: Option<f64>,
+    /// Output tokens per second of each request in flight: the finished requests' output tokens
+    /// over the seconds they were in flight. Streamed or not, unlike inter-token latency.
+    pub tokens_per_request_s: Option<f64>,
 }
 
 impl Figures {
@@ -216,6 +233,8 @@ impl Figures {
             ttft_p95_s: quantile(0.95, &w.ttft),
             itl_p50_s: quantile(0.5, &w.itl),
             itl_p95_s: quantile(0.95, &w.itl),
+            tokens_per_request_s: (w.request_seconds > 0.0)
+                .then(|| w.generated_tokens / w.request_seconds),
         }
     }
 }
@@ -227,7 +246,8 @@ pub struct Limits {
     pub min_requests: f64,
     /// The canary's error rate may exceed the stable one by this much (0.01: one point).
     pub error_rate_above: f64,
-    /// The canary's latency quantiles may be this many times the stable ones (1.25: 25 % worse).
+    /// The canary's latency quantiles may be this many times the stable ones (1.25: 25 % worse),
+    /// and its throughput per running request this many times lower.
     pub latency_ratio: f64,
 }
 
@@ -257,8 +277,11 @@ impl Figures {
     /// `312 requests, 0.0 % aborted, TTFT p50/p95 110/240 ms, ITL p50/p95 21/35 ms`.
     pub fn describe(&self) -> String {
         let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.0}", s * 1000.0));
+        let per_request = self
+            .tokens_per_request_s
+            .map_or("-".to_string(), |t| format!("{t:.1}"));
         format!(
-            "{:.0} requests, {:.1} % aborted, TTFT p50/p95 {}/{} ms, ITL p50/p95 {}/{} ms",
+            "{:.0} requests, {:.1} % aborted, TTFT p50/p95 {}/{} ms, ITL p50/p95 {}/{} ms, {per_request} tokens/s per request",
             self.requests,
             100.0 * self.error_rate,
             ms(self.ttft_p50_s),
@@ -336,6 +359,15 @@ pub fn judge(canary: &Window, stable: &Window, limits: &Limits) -> Verdict {
                     limits.latency_ratio
                 ));
             }
+        }
+    }
+    if let (Some(a), Some(b)) = (c.tokens_per_request_s, s.tokens_per_request_s) {
+        if a > 0.0 && b > a * limits.latency_ratio {
+            why.push(format!(
+                "{a:.1} output tokens/s per running request against {b:.1} on the stable replicas ({:.2}x slower, limit {:.2}x)",
+                b / a,
+                limits.latency_ratio
+            ));
         }
     }
     if why.is_empty() {
@@ -502,7 +534,7 @@ mod tests {
         assert!(
             text.contains("(canary: 100 requests, 5.0 % aborted, TTFT p50/p95 ")
                 && text.contains("; stable: 200 requests, 0.0 % aborted, ")
-                && text.ends_with("ITL p50/p95 -/- ms)"),
+                && text.ends_with("ITL p50/p95 -/- ms, - tokens/s per request)"),
             "{text}"
         );
         let few = served([0.0, 2.0, 10.0, 10.0], [0.0; 4], 10.0, 0.0);
@@ -525,6 +557,35 @@ mod tests {
         assert_eq!(s.itl.count(), 14.0);
         let f = Figures::of(&Window::between(&Snapshot::default(), &s).unwrap());
         assert!(f.ttft_p95_s.is_some_and(|q| q > 0.0 && q <= 0.1), "{f:?}");
+        // 40 output tokens over 0.101 s in flight, both `is_streaming` series.
+        let per_request = 40.0 / (0.0717384950039559 + 0.029627231000631582);
+        assert!(
+            f.tokens_per_request_s
+                .is_some_and(|t| (t - per_request).abs() < 1e-6),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn a_canary_whose_requests_each_get_fewer_tokens_a_second_is_worse() {
+        let with = |tokens: f64, seconds: f64| Window {
+            generated_tokens: tokens,
+            request_seconds: seconds,
+            ..served([0.0, 100.0, 100.0, 100.0], [0.0; 4], 100.0, 0.0)
+        };
+        // 5,000 tokens over 100 request-seconds on the stable side: 50 tokens/s each.
+        let stable = with(5000.0, 100.0);
+        let Verdict::Worse { why, .. } = judge(&with(1000.0, 100.0), &stable, &LIMITS) else {
+            panic!("a fifth of the throughput passed")
+        };
+        assert_eq!(
+            why,
+            ["10.0 output tokens/s per running request against 50.0 on the stable replicas (5.00x slower, limit 1.25x)"]
+        );
+        assert!(matches!(
+            judge(&with(4500.0, 100.0), &stable, &LIMITS),
+            Verdict::Passed { .. }
+        ));
     }
 
     #[test]

@@ -408,9 +408,9 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
 
 /// The bake: each replica's first token takes 20 ms (the stand-in's default) under the client
 /// loop's traffic; the canary of the next change takes 500 ms, which its gates do not see. Baked
-/// for 15 s behind the router against the two stable replicas, it is found worse (TTFT), taken
-/// out, rolled back, verified and put back in, and the rollout stops there. The same change
-/// without the slowness bakes and passes, and the rollout goes on.
+/// for 8 s behind the router against the two stable replicas, it is found worse (TTFT), taken
+/// out, rolled back, verified and put back in, and the rollout stops there. (A bake that passes
+/// and lets the rollout go on: `real_server::rollout`, on two real replicas.)
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_stops() {
@@ -418,7 +418,7 @@ fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_st
     fresh_router();
     let canary = REPLICAS[0];
     let baked = |m: Manifest| {
-        m.verify("bake", yaml("{ duration: 15s, min_requests: 20 }"))
+        m.verify("bake", yaml("{ duration: 8s, min_requests: 20 }"))
             .section("rollout", map([("canary", canary)]))
     };
     let (code, first) = apply(&baked(manifest(&REPLICAS, 1, None)), &[]);
@@ -457,16 +457,7 @@ fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_st
         )
         .contains("GENERATION=1"));
     assert_eq!(listed(), all_healthy(&REPLICAS), "back in the router");
-
-    let (code, report) = apply(&baked(manifest(&REPLICAS, 2, None)), &[]);
     let seen = client.stop();
-    assert_eq!(code, 0, "{report}");
-    let u = unit_of(&report, canary);
-    eprintln!("bake, stand-in, same canary: {}", u["bake"]["detail"]);
-    assert_eq!(u["bake"]["judged"]["verdict"], "passed", "{u:#}");
-    for host in &REPLICAS {
-        assert_eq!(unit_of(&report, host)["outcome"], "converged");
-    }
     assert_eq!(
         seen["failed"], 0,
         "requests failed through the router: {seen}"

@@ -215,8 +215,8 @@ struct RawBake {
     min_requests: Option<u32>,
     /// Percentage points of aborted requests above the stable replicas' that fail it (1).
     max_error_rate_increase: Option<f64>,
-    /// How many times the stable replicas' TTFT and inter-token latency p50 and p95 fail it
-    /// (1.5).
+    /// How many times the stable replicas' TTFT and inter-token latency p50 and p95 (or how many
+    /// times lower their output tokens per second per running request) fail it (1.5).
     max_latency_ratio: Option<f64>,
 }
 

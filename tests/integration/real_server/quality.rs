@@ -42,22 +42,12 @@ fn quality(report: &serde_json::Value) -> &serde_json::Value {
     q
 }
 
-/// Neutral changes: each restarts the server with a batch limit that the stage's requests (eight
-/// at a time) never reach, so nothing it computes changes. `live`: the manifests ask for live
-/// changes (`Service::live`), which a batch limit is not.
-fn neutral_changes(
-    name: &'static str,
-    host: &'static str,
-    port: u16,
-    limits: std::ops::Range<u32>,
-    live: bool,
-) -> Vec<f64> {
+/// Neutral changes: each restarts `base` with a batch limit that the stage's requests (eight at
+/// a time) never reach, so nothing it computes changes.
+fn neutral_changes(base: impl Fn() -> Service<'static>, limits: std::ops::Range<u32>) -> Vec<f64> {
     let mut kls = Vec::new();
     for limit in limits {
-        let s = Service::new(name, host, port)
-            .verify("quality", quality_gate())
-            .flag("max-running-requests", limit);
-        let s = if live { s.live() } else { s };
+        let s = base().flag("max-running-requests", limit);
         let report = converge(&s);
         let q = quality(&report);
         assert_eq!(q["verdict"], "passed", "neutral change {limit}: {report:#}");
@@ -115,7 +105,8 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
     let first = converge(&s);
     assert_eq!(quality(&first)["verdict"], "recorded", "{first:#}");
 
-    let kls = neutral_changes(name, host, port, 8..13, false);
+    let base = || Service::new(name, host, port).verify("quality", quality_gate());
+    let kls = neutral_changes(base, 8..13);
     assert_eq!(kls.len(), 5);
 
     // The same model with perturbed weights, under the same name: it starts, serves the right
@@ -156,21 +147,28 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
     s.stop();
 }
 
-/// Five more neutral changes, on a manifest that asks for live changes; then checkpoints moved
-/// live (`/update_weights_from_disk` on the real CPU engine): a copy of the model passes the
-/// quality gate without a restart, and the perturbed weights fail it and are put back live, the
-/// same process serving the previous checkpoint again.
+/// Five more neutral changes, on a manifest that asks for live changes (which a batch limit is
+/// not); then live changes on the real CPU engine: checkpoints moved (`/update_weights_from_disk`),
+/// a copy of the model passing the quality gate without a restart and the perturbed weights
+/// failing it and put back live, the same process serving the previous checkpoint again; and the
+/// pipeline micro-batch size set (`/set_internal_state`), read back from `/server_info`.
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
-fn five_more_neutral_changes_pass_and_checkpoints_move_live_on_the_other_host() {
+fn five_more_neutral_changes_pass_and_changes_apply_live_on_the_other_host() {
     let _slot = slots(1);
     let (name, host, port) = ("t-rs-quality2", HOSTS[1], 38022);
-    let s = Service::new(name, host, port)
-        .verify("quality", quality_gate())
-        .live();
+    // `--pp-max-micro-batch-size` from the start: `/set_internal_state` can change it, not set it
+    // back to SGLang's own default (`reconcile_core::live`).
+    let base = || {
+        Service::new(name, host, port)
+            .verify("quality", quality_gate())
+            .flag("pp-max-micro-batch-size", 4)
+            .live()
+    };
+    let s = base();
     let _stopped = s.fresh();
     assert_eq!(quality(&converge(&s))["verdict"], "recorded");
-    let kls = neutral_changes(name, host, port, 13..18, true);
+    let kls = neutral_changes(base, 13..18);
     assert_eq!(kls.len(), 5);
 
     let (copy, perturbed) = ("/models/tiny-copy", "/models/tiny-perturbed2");
@@ -180,10 +178,7 @@ fn five_more_neutral_changes_pass_and_checkpoints_move_live_on_the_other_host() 
             "rm -rf {copy} && cp -r {ROOT}/tiny-model {copy} && {ROOT}/bin/python3 - {ROOT}/tiny-model {perturbed} <<'EOF'\n{PERTURB}\nEOF"
         ),
     );
-    let last = Service::new(name, host, port)
-        .verify("quality", quality_gate())
-        .flag("max-running-requests", 17)
-        .live();
+    let last = base().flag("max-running-requests", 17);
     let started = last.invocation();
     let moved = last.manifest().model_path(copy);
     let (code, report) = last.apply_with(&moved, &["--no-deep"]);
@@ -232,6 +227,23 @@ fn five_more_neutral_changes_pass_and_checkpoints_move_live_on_the_other_host() 
         ),
     );
     assert_eq!(served.trim(), copy);
+
+    // A value `/set_internal_state` takes, applied live and read back.
+    let (code, report) = last.apply_with(&moved.flag("pp-max-micro-batch-size", 8), &["--no-deep"]);
+    eprintln!("quality, real server, live value: {}", report["detail"]);
+    assert_eq!(
+        (code, &report["outcome"]),
+        (0, &"converged".into()),
+        "{report:#}"
+    );
+    assert_eq!(last.invocation(), started, "no restart");
+    let size = lab().sh(
+        host,
+        &format!(
+            r#"python3 -c 'import json, urllib.request as u; print(json.load(u.urlopen("http://127.0.0.1:{port}/server_info"))["internal_states"][0]["pp_max_micro_batch_size"])'"#
+        ),
+    );
+    assert_eq!(size.trim(), "8");
     crate::lab::sh_quietly(host, &format!("rm -rf {copy} {perturbed}"));
     s.stop();
 }
