@@ -408,7 +408,7 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
 
 /// The bake: each replica's first token takes 20 ms (the stand-in's default) under the client
 /// loop's traffic; the canary of the next change takes 500 ms, which its gates do not see. Baked
-/// for 8 s behind the router against the two stable replicas, it is found worse (TTFT), taken
+/// for 5 s behind the router against the two stable replicas, it is found worse (TTFT), taken
 /// out, rolled back, verified and put back in, and the rollout stops there. (A bake that passes
 /// and lets the rollout go on: `real_server::rollout`, on two real replicas.)
 #[test]
@@ -418,7 +418,7 @@ fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_st
     fresh_router();
     let canary = REPLICAS[0];
     let baked = |m: Manifest| {
-        m.verify("bake", yaml("{ duration: 8s, min_requests: 20 }"))
+        m.verify("bake", yaml("{ duration: 5s, min_requests: 20 }"))
             .section("rollout", map([("canary", canary)]))
     };
     let (code, first) = apply(&baked(manifest(&REPLICAS, 1, None)), &[]);

@@ -23,7 +23,7 @@ fn manifest(generation: u32) -> Manifest {
         .flag("max-running-requests", 16 + generation)
         .section("drain", yaml("{ timeout: 120s }"))
         .section("router", router_section(&HOSTS))
-        .verify("bake", yaml("{ duration: 10s, min_requests: 20 }"))
+        .verify("bake", yaml("{ duration: 5s, min_requests: 20 }"))
 }
 
 #[test]
