@@ -11,8 +11,7 @@ use futures::future::join_all;
 use reconcile_core::bake::{self, Snapshot, Window};
 use serde::Serialize;
 
-use super::decide::{self, UndoneBy};
-use super::restore::Restored;
+use super::decide::UndoneBy;
 use super::routed::TakenOut;
 use super::{ApplyOptions, Outcome, UnitReport};
 use crate::remote::http::Server;
@@ -244,18 +243,7 @@ async fn take_back(
             (restored, Some(out))
         }
     };
-    let ending = decide::undone(
-        &report.detail,
-        why,
-        UndoneBy::Bake,
-        restored.as_ref().map_err(Clone::clone),
-    );
-    report.outcome = ending.outcome;
-    report.detail = ending.detail;
-    report.error = ending.error;
-    if let Ok(Restored::Verified(v)) = restored {
-        report.rollback = Some(*v);
-    }
+    super::undo::report(report, why, UndoneBy::Bake, restored);
     // Back in on its previous unit, verified; a failed rollback stays out.
     if let Some(out) = out {
         out.put_back(report).await;

@@ -30,10 +30,9 @@ pub(crate) async fn plan(host: &dyn Host, t: &Target, observed: &Observed, plann
         Some(Ok(change)) => change,
     };
     if let Some(m) = &change.weights {
-        let agree = match (
-            checkpoint(host, &m.from).await,
-            checkpoint(host, &m.to).await,
-        ) {
+        // Both read at once: each is two round trips.
+        let read = futures::future::join(checkpoint(host, &m.from), checkpoint(host, &m.to));
+        let agree = match read.await {
             (Ok(old), Ok(new)) => live::checkpoints_agree(m, &old, &new),
             (Err(e), _) | (_, Err(e)) => Err(format!(
                 "the checkpoints could not be read: {}",

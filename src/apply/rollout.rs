@@ -11,7 +11,6 @@ use futures::future::join_all;
 
 use super::decide;
 use super::error::ApplyError;
-use super::restore::Restored;
 use super::routed::TakenOut;
 use super::{apply_hosts, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
@@ -294,27 +293,13 @@ async fn rollback_all(
         async |host: &dyn Host, _: &fleet::Visit<'_>, (r, spec): (&mut UnitReport, VerifySpec)| {
             let undone =
                 super::undo::undo(host, r, &spec, options, decide::UndoneBy::RollbackAll).await;
-            rolled_back(r, why, undone);
+            super::undo::report(r, why, decide::UndoneBy::RollbackAll, undone);
         },
-        |_, (r, _), e| rolled_back(r, why, Err(error_chain(&e))),
+        |_, (r, _), e| {
+            super::undo::report(r, why, decide::UndoneBy::RollbackAll, Err(error_chain(&e)))
+        },
     )
     .await;
-}
-
-/// `--rollback-all` for one unit: says in the unit's report what undoing this rollout came to.
-fn rolled_back(r: &mut UnitReport, why: &str, restored: Result<Restored, String>) {
-    let ending = decide::undone(
-        &r.detail,
-        why,
-        decide::UndoneBy::RollbackAll,
-        restored.as_ref().map_err(Clone::clone),
-    );
-    if let Ok(Restored::Verified(v)) = restored {
-        r.rollback = Some(*v);
-    }
-    r.outcome = ending.outcome;
-    r.detail = ending.detail;
-    r.error = ending.error;
 }
 
 /// Whether applying `t` restarts its server (or starts a new one): only then does the replica

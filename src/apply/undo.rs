@@ -9,6 +9,23 @@ use super::{state, ApplyOptions, Outcome, UnitReport};
 use crate::manifest::VerifySpec;
 use crate::remote::{error_chain, Host};
 
+/// Says in `r`, a unit's report, what `by` undoing it for `why` came to (`restored`): its ending,
+/// and the restored unit's verification.
+pub(super) fn report(
+    r: &mut UnitReport,
+    why: &str,
+    by: UndoneBy,
+    restored: Result<Restored, String>,
+) {
+    let ending = decide::undone(&r.detail, why, by, restored.as_ref().map_err(Clone::clone));
+    if let Ok(Restored::Verified(v)) = restored {
+        r.rollback = Some(*v);
+    }
+    r.outcome = ending.outcome;
+    r.detail = ending.detail;
+    r.error = ending.error;
+}
+
 /// Under the unit's lock, restores what the unit was before this rollout (`by` undoes it): the
 /// generation the install kept, or nothing for a unit that was new. A converged unit is restarted
 /// and verified; a reload-only change is undone with a reload.

@@ -340,6 +340,25 @@ mod tests {
         );
     }
 
+    #[test]
+    fn live_changes_are_counted_apart_only_when_there_are_some() {
+        let mut t = Tally {
+            restart: 2,
+            unchanged: 1,
+            ..Tally::default()
+        };
+        assert_eq!(
+            tally_line(&t),
+            "0 to install, 2 to restart, 0 reload only, 1 unchanged, 0 failed to plan"
+        );
+        t.live = 3;
+        assert_eq!(
+            tally_line(&t),
+            "0 to install, 2 to restart, 3 live (no restart), 0 reload only, 1 unchanged, 0 failed to plan"
+        );
+        assert_eq!(t.changes(), 5);
+    }
+
     proptest! {
         #[test]
         fn short_is_a_prefix_of_at_most_n_characters(s in any::<String>(), n in 0usize..40) {
