@@ -30,6 +30,10 @@ HEALTH_TIMEOUT = 25.0
 # of a server group is broken at its first restart: its process group cannot be rejoined
 # (guard.json's `crash_loop_restarts` says 1 then).
 CRASH_LOOP_RESTARTS = 2
+# systemd's D-Bus calls give up after 25 s (sd-bus's default method timeout): a `systemctl show`
+# that has not answered in 30 s is wedged. The guard reads it holding its lock, which the
+# controller's renewals wait on: it looks again at the next poll rather than wait on.
+SHOW_TIMEOUT = 30.0
 
 
 def now():
@@ -69,24 +73,29 @@ def settle(guard, state, detail):
     guard["settled_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def systemctl(*args):
+def systemctl(*args, timeout=None):
     return subprocess.run(
-        ["systemctl", *args], capture_output=True, text=True, check=False
+        ["systemctl", *args], capture_output=True, text=True, check=False, timeout=timeout
     )
 
 
 def facts(guard):
-    """What the guard judges by: the unit file, systemd's view of the unit."""
+    """What the guard judges by: the unit file, systemd's view of the unit; None when systemd
+    did not answer in SHOW_TIMEOUT."""
     try:
         with open(guard["unit_path"], "rb") as f:
             sha = hashlib.sha256(f.read()).hexdigest()
     except FileNotFoundError:
         sha = None
     shown = {}
-    out = systemctl(
-        "show", "-p", "ActiveState", "-p", "SubState", "-p", "NRestarts",
-        "-p", "InactiveExitTimestampMonotonic", "-p", "NeedDaemonReload", "--", guard["unit"],
-    ).stdout
+    try:
+        out = systemctl(
+            "show", "-p", "ActiveState", "-p", "SubState", "-p", "NRestarts",
+            "-p", "InactiveExitTimestampMonotonic", "-p", "NeedDaemonReload", "--", guard["unit"],
+            timeout=SHOW_TIMEOUT,
+        ).stdout
+    except subprocess.TimeoutExpired:
+        return None
     for line in out.splitlines():
         key, _, value = line.partition("=")
         shown[key] = value
@@ -249,7 +258,10 @@ def watch(folder):
         with Locked(folder) as guard:
             if guard["state"] not in ("armed", "rolling_back"):
                 return
-            verdict, why = judge(guard, facts(guard), now(), lambda: health(guard))
+            seen = facts(guard)
+            if seen is None:
+                continue
+            verdict, why = judge(guard, seen, now(), lambda: health(guard))
             if verdict == "wait":
                 continue
             settled = {"keep": "unconfirmed", "leave": "left", "done": "rolled_back",
@@ -269,8 +281,9 @@ def watch(folder):
                 settle(guard, "rollback_failed", "%s; the rollback failed: %s" % (guard["why"], e))
                 return
             after = facts(guard)
-            guard["restored_entered"] = after["entered"]
-            guard["restored_restarts"] = after["restarts"]
+            if after is not None:
+                guard["restored_entered"] = after["entered"]
+                guard["restored_restarts"] = after["restarts"]
             guard["detail"] = "%s; %s" % (guard["why"], guard["did"])
 
 
@@ -288,7 +301,10 @@ def take(folder):
             guard["state"] = "rolling_back"
             guard["why"] = "the controller's verification failed"
             guard["taken_at"] = now()
-            guard["taken_restarts"] = facts(guard)["restarts"]
+            # Unread (systemd wedged): none counted before, so the guard finishes the rollback
+            # should the controller die, as the controller meant to.
+            seen = facts(guard)
+            guard["taken_restarts"] = seen["restarts"] if seen is not None else 0
             guard["lease_until"] = now() + guard["margin"]
             guard["judge_at"] = now() + guard["judge_after"]
 

@@ -30,20 +30,48 @@ pub struct BakeReport {
     /// The verdict and both sides' figures; absent when a look could not be taken.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub judged: Option<bake::Verdict>,
+    /// Looks that failed and were taken again, each with its replica and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub failed_looks: Vec<String>,
     pub detail: String,
 }
 
-/// One replica's `/metrics`, reached as verification reaches a server.
-struct Replica {
-    name: String,
-    host: Box<dyn Host>,
-    server: Server,
+/// How long a replica's look may keep failing (a busy event loop past `/metrics`' timeout, a
+/// dropped connection or port forward) before the bake gives up on judging: three of those
+/// timeouts. A look that fails once says nothing of the canary.
+const LOOK_FOR: Duration = Duration::from_secs(30);
+
+/// Why a look failed: worth another try, or not (no `--enable-metrics`, figures it cannot read).
+enum LookFailed {
+    Again(String),
+    Final(String),
 }
 
-impl Replica {
-    /// `t`'s server as its host runs it now: the endpoint of the unit on disk, which for a stable
+/// One replica's `/metrics`, reached as verification reaches a server; reached again after a
+/// look failed.
+struct Replica<'t> {
+    target: &'t Target,
+    reached: Option<(Box<dyn Host>, Server)>,
+    /// Why each failed look failed, for the report.
+    failed: Vec<String>,
+}
+
+impl<'t> Replica<'t> {
+    fn of(target: &'t Target) -> Replica<'t> {
+        Replica {
+            target,
+            reached: None,
+            failed: Vec::new(),
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.target.host
+    }
+
+    /// The server as its host runs it now: the endpoint of the unit on disk, which for a stable
     /// replica is the one before this rollout.
-    async fn reach(t: &Target, ssh: &SshOptions) -> Result<Replica, String> {
+    async fn reach(t: &Target, ssh: &SshOptions) -> Result<(Box<dyn Host>, Server), String> {
         let host = remote::connect(&t.host, ssh)
             .await
             .map_err(|e| error_chain(&e))?;
@@ -54,24 +82,70 @@ impl Replica {
             .map(|text| parse_unit(&text))
             .unwrap_or_else(|| t.desired.model.clone());
         let endpoint = Expect::from_unit(&running).endpoint;
-        let server = host
-            .server(&endpoint, t.verify.url.as_deref())
-            .await
-            .map_err(|e| error_chain(&e))?;
-        Ok(Replica {
-            name: t.host.clone(),
-            host,
-            server,
-        })
+        match host.server(&endpoint, t.verify.url.as_deref()).await {
+            Ok(server) => Ok((host, server)),
+            Err(e) => {
+                host.close().await;
+                Err(error_chain(&e))
+            }
+        }
     }
 
-    async fn look(&self) -> Result<Snapshot, String> {
-        let text = self
-            .server
-            .metrics()
-            .await?
-            .ok_or("/metrics answered 404 (no --enable-metrics)")?;
-        Snapshot::parse(&text).map_err(|e| e.to_string())
+    async fn look_once(&mut self, ssh: &SshOptions) -> Result<Snapshot, LookFailed> {
+        if self.reached.is_none() {
+            self.reached = Some(
+                Self::reach(self.target, ssh)
+                    .await
+                    .map_err(LookFailed::Again)?,
+            );
+        }
+        let (_, server) = self.reached.as_ref().expect("reached just above");
+        match server.metrics().await {
+            Ok(Some(text)) => Snapshot::parse(&text).map_err(|e| LookFailed::Final(e.to_string())),
+            Ok(None) => Err(LookFailed::Final(
+                "/metrics answered 404 (no --enable-metrics)".into(),
+            )),
+            Err(e) => {
+                self.close().await;
+                Err(LookFailed::Again(e))
+            }
+        }
+    }
+
+    /// A look, tried again for up to [`LOOK_FOR`] while it fails for a reason that may pass.
+    async fn look(&mut self, ssh: &SshOptions, options: &ApplyOptions) -> Result<Snapshot, String> {
+        let until = Instant::now() + LOOK_FOR;
+        loop {
+            let why = match self.look_once(ssh).await {
+                Ok(snapshot) => return Ok(snapshot),
+                Err(LookFailed::Final(why)) => {
+                    return Err(format!("{}'s /metrics: {why}", self.name()))
+                }
+                Err(LookFailed::Again(why)) => why,
+            };
+            self.failed
+                .push(format!("{}'s /metrics: {why}", self.name()));
+            if Instant::now() >= until {
+                return Err(format!(
+                    "{}'s /metrics, tried for {}s: {why}",
+                    self.name(),
+                    LOOK_FOR.as_secs()
+                ));
+            }
+            tracing::info!(host = self.name(), error = %why, "bake: a look failed; trying again");
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = options.cancel.cancelled() => {
+                    return Err(format!("interrupted: {}", crate::signals::interrupted()));
+                }
+            }
+        }
+    }
+
+    async fn close(&mut self) {
+        if let Some((host, _)) = self.reached.take() {
+            host.close().await;
+        }
     }
 }
 
@@ -106,11 +180,12 @@ pub(super) async fn canary(
         })
         .collect();
     let started = Instant::now();
-    let judged = judge(t, &stable, spec, ssh, options).await;
+    let (judged, failed_looks) = judge(t, &stable, spec, ssh, options).await;
     let mut baked = BakeReport {
         seconds: started.elapsed().as_secs_f64(),
         stable: stable.iter().map(|s| s.host.clone()).collect(),
         judged: None,
+        failed_looks,
         detail: String::new(),
     };
     match judged {
@@ -120,6 +195,12 @@ pub(super) async fn canary(
         }
         Ok(verdict) => {
             baked.detail = format!("bake: {}", verdict.describe());
+            if let [.., last] = &baked.failed_looks[..] {
+                baked.detail += &format!(
+                    " ({} look(s) failed and were taken again; the last: {last})",
+                    baked.failed_looks.len()
+                );
+            }
             report.notes.push(baked.detail.clone());
             if matches!(verdict, bake::Verdict::Worse { .. }) {
                 let why = baked.detail.clone();
@@ -132,26 +213,71 @@ pub(super) async fn canary(
 }
 
 /// Both sides looked at, the window waited out (a signal ends it early: not judged), looked at
-/// again, and judged.
+/// again, and judged; with the looks that failed on the way.
 async fn judge(
     t: &Target,
     stable: &[&Target],
     spec: &crate::manifest::BakeSpec,
     ssh: &SshOptions,
     options: &ApplyOptions,
-) -> Result<bake::Verdict, String> {
+) -> (Result<bake::Verdict, String>, Vec<String>) {
     if stable.is_empty() {
-        return Err("no stable replica to judge it against".into());
+        return (
+            Err("no stable replica to judge it against".into()),
+            Vec::new(),
+        );
     }
-    let canary = Replica::reach(t, ssh).await?;
-    let mut others = Vec::new();
-    for r in join_all(stable.iter().map(|s| Replica::reach(s, ssh))).await {
-        others.push(r?);
-    }
-    let before = looks(&canary, &others).await?;
+    let mut replicas: Vec<Replica> = std::iter::once(t)
+        .chain(stable.iter().copied())
+        .map(Replica::of)
+        .collect();
+    let watched = watch(&mut replicas, spec, ssh, options).await;
+    join_all(replicas.iter_mut().map(Replica::close)).await;
+    let failed = replicas
+        .iter_mut()
+        .flat_map(|r| std::mem::take(&mut r.failed))
+        .collect();
+    (
+        watched.and_then(|(before, after)| compare(t, stable, spec, &before, &after)),
+        failed,
+    )
+}
+
+/// The canary's window against the stable replicas' together.
+fn compare(
+    t: &Target,
+    stable: &[&Target],
+    spec: &crate::manifest::BakeSpec,
+    before: &[Snapshot],
+    after: &[Snapshot],
+) -> Result<bake::Verdict, String> {
+    let window = |i: usize, name: &str| {
+        Window::between(&before[i], &after[i])
+            .ok_or_else(|| format!("{name} restarted during the bake"))
+    };
+    let canary_window = window(0, &t.host)?;
+    let stable_windows = stable
+        .iter()
+        .enumerate()
+        .map(|(i, s)| window(i + 1, &s.host))
+        .collect::<Result<Vec<_>, _>>()?;
+    let stable_window = Window::merged(&stable_windows)
+        .ok_or("the stable replicas' histograms have different buckets")?;
+    Ok(bake::judge(&canary_window, &stable_window, &spec.limits()))
+}
+
+/// The replicas' looks at the start and the end of the window (the canary first).
+async fn watch(
+    replicas: &mut [Replica<'_>],
+    spec: &crate::manifest::BakeSpec,
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Result<(Vec<Snapshot>, Vec<Snapshot>), String> {
+    let before = looks(replicas, ssh, options).await?;
+    let (canary, stable) = replicas.split_first().expect("the canary comes first");
     // Shown as it goes: a spinner's text on a terminal, a line at the start elsewhere.
     let show = Progress::new(
-        format!("{} {} (bake)", t.host, t.desired.unit),
+        format!("{} {} (bake)", canary.name(), canary.target.desired.unit),
         options.progress.as_ref(),
     );
     show.line(&format!(
@@ -159,7 +285,7 @@ async fn judge(
         spec.duration.as_secs(),
         stable
             .iter()
-            .map(|s| s.host.as_str())
+            .map(Replica::name)
             .collect::<Vec<_>>()
             .join(", ")
     ));
@@ -177,36 +303,19 @@ async fn judge(
             }
         }
     }
-    let after = looks(&canary, &others).await?;
-    for r in std::iter::once(canary).chain(others) {
-        r.host.close().await;
-    }
-    let window = |i: usize, name: &str| {
-        Window::between(&before[i], &after[i])
-            .ok_or_else(|| format!("{name} restarted during the bake"))
-    };
-    let canary_window = window(0, &t.host)?;
-    let stable_windows = stable
-        .iter()
-        .enumerate()
-        .map(|(i, s)| window(i + 1, &s.host))
-        .collect::<Result<Vec<_>, _>>()?;
-    let stable_window = Window::merged(&stable_windows)
-        .ok_or("the stable replicas' histograms have different buckets")?;
-    Ok(bake::judge(&canary_window, &stable_window, &spec.limits()))
+    Ok((before, looks(replicas, ssh, options).await?))
 }
 
 /// Every replica's `/metrics` at once, the canary first.
-async fn looks(canary: &Replica, stable: &[Replica]) -> Result<Vec<Snapshot>, String> {
-    let all = std::iter::once(canary).chain(stable);
-    join_all(all.map(|r| async move {
-        r.look()
-            .await
-            .map_err(|e| format!("{}'s /metrics: {e}", r.name))
-    }))
-    .await
-    .into_iter()
-    .collect()
+async fn looks(
+    replicas: &mut [Replica<'_>],
+    ssh: &SshOptions,
+    options: &ApplyOptions,
+) -> Result<Vec<Snapshot>, String> {
+    join_all(replicas.iter_mut().map(|r| r.look(ssh, options)))
+        .await
+        .into_iter()
+        .collect()
 }
 
 /// The canary, worse than the stable replicas, out of its router, back on its previous unit

@@ -135,13 +135,17 @@ fn a_first_deployment_records_a_baseline() {
 fn a_faster_change_converges_and_records_its_figures() {
     let unit = "t-bench-faster.service";
     lab().remove_unit(THROUGHPUT, unit);
-    let (code, first) = apply_one_unit(&service("t-bench-faster", 37012));
+    // Each request's rate is the stand-in's sleeps (50 tok/s: 320 ms for 16 tokens), so a CPU
+    // stall under full load only lengthens the faster run's far shorter requests a little.
+    let at =
+        |rate: &str| service("t-bench-faster", 37012).env("FAKE_SGLANG_TOKENS_PER_SECOND", rate);
+    let (code, first) = apply_one_unit(&at("50"));
     assert_eq!(
         (code, &first["benchmark"]["verdict"]),
         (0, &"baseline".into()),
         "{first}"
     );
-    let faster = service("t-bench-faster", 37012).env("FAKE_SGLANG_TOKENS_PER_SECOND", "400");
+    let faster = at("400");
     let (code, report) = apply_one_unit(&faster);
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged");
@@ -150,17 +154,19 @@ fn a_faster_change_converges_and_records_its_figures() {
     let changes = b["comparison"]["levels"].as_array().unwrap();
     assert_eq!(changes.len(), 2);
     eprintln!(
-        "twice the rate measured: {:?} %",
+        "eight times the rate measured: {:?} %",
         changes
             .iter()
             .map(|c| c["change_percent"].as_f64().unwrap_or(f64::NAN))
             .collect::<Vec<_>>()
     );
-    // Twice the rate measured +51 % to +85 % under full load: 15 % is under a third of that.
+    // Twice the rate (200 then 400 tok/s) measured +51 % to +85 % under full load, and one CI
+    // run lower still; eight times it measured +352 % and +409 % under full load (the stand-in
+    // tier, six at a time): +100 % is under a third of that.
     assert!(
         changes
             .iter()
-            .all(|c| c["change_percent"].as_f64().unwrap() > 15.0),
+            .all(|c| c["change_percent"].as_f64().unwrap() > 100.0),
         "{b}"
     );
     assert!(

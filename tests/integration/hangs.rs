@@ -135,12 +135,17 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
     let good = service("t-hang-systemctl", 36002, "2,3");
     assert_eq!(apply(&good, &[]).code, 0);
     let running = invocation(unit);
-    // The next `systemctl show` after the marker appears hangs, once.
+    // The next `systemctl show` over SSH (reconcile's) after the marker appears hangs, once. Not
+    // the host guard's (a transient unit, no SSH_CONNECTION): it polls `systemctl show` every
+    // second too, and one CI run's guard took the marker, so verification never hung.
     let _systemctl = Planted::script(
         "/usr/local/sbin/systemctl",
-        &format!("if [ \"$1\" = show ] && rm /run/t-hang-show 2>/dev/null; then {HANG}; fi\nexec /usr/bin/systemctl \"$@\""),
+        &format!("if [ \"$1\" = show ] && [ -n \"$SSH_CONNECTION\" ] && rm /run/t-hang-show 2>/dev/null; then {HANG}; fi\nexec /usr/bin/systemctl \"$@\""),
     );
-    let slow = good.clone().env("FAKE_SGLANG_LOAD_SECONDS", "6");
+    // A 30 s load keeps verification polling long after the marker is planted, however late a
+    // loaded machine plants it (with 6 s, one run's apply converged first); the hang ends the
+    // stage 3 s after it, so the load is never waited out.
+    let slow = good.clone().env("FAKE_SGLANG_LOAD_SECONDS", "30");
     let run = Reconcile::new().manifest("a.yaml", &slow).args(&[
         "apply",
         "--format",
@@ -149,18 +154,17 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
         "3s",
     ]);
     let child = run.spawn(&[]);
-    // Armed once the new server has started: its verification (a load of 6 s) is under way, so the
-    // next `systemctl show` is verification's, never the plan's. Read through /usr/bin/systemctl,
-    // past the planted one; 60 s bounds an apply that never restarts.
+    // Armed, on the host in the same command, once the new server has started: its verification
+    // is under way, so the next `systemctl show` is verification's, never the plan's. Read
+    // through /usr/bin/systemctl, past the planted one; 60 s bounds an apply that never restarts.
     lab().wait_until(
         HANGS,
         &format!(
-            "[ \"$(/usr/bin/systemctl show -p InvocationID --value {unit})\" != '{}' ]",
+            "[ \"$(/usr/bin/systemctl show -p InvocationID --value {unit})\" != '{}' ] && touch /run/t-hang-show",
             running.trim()
         ),
         Duration::from_secs(60),
     );
-    lab().sh(HANGS, "touch /run/t-hang-show");
     let ran = Ran::from(child.wait_with_output().unwrap());
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &ran.json()["units"][0];

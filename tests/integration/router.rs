@@ -87,21 +87,18 @@ pub(crate) fn fresh_router() {
 /// `failing` makes that host's stand-in crash as it starts.
 fn manifest(hosts: &[&str], generation: u32, failing: Option<&str>) -> Manifest {
     let crash = [("FAKE_SGLANG_FAIL", "crash"), ("FAKE_SGLANG_FAIL_AT", "1")];
-    manifest_with(hosts, generation, failing.map(|f| (f, &crash[..])))
+    let failing: Vec<_> = failing.iter().map(|f| (*f, &crash[..])).collect();
+    manifest_with(hosts, generation, &failing)
 }
 
 /// [`manifest`] with `special`'s host given more environment (a knob of the stand-in's).
-fn manifest_with(
-    hosts: &[&str],
-    generation: u32,
-    special: Option<(&str, &[(&str, &str)])>,
-) -> Manifest {
-    let entries = hosts.iter().map(|h| match special {
-        Some((s, env)) if s == *h => {
-            map([("name", Value::from(*h)), ("env", map(env.iter().copied()))])
-        }
-        _ => Value::from(*h),
-    });
+fn manifest_with(hosts: &[&str], generation: u32, special: &[(&str, &[(&str, &str)])]) -> Manifest {
+    let entries = hosts
+        .iter()
+        .map(|h| match special.iter().find(|(s, _)| s == h) {
+            Some((_, env)) => map([("name", Value::from(*h)), ("env", map(env.iter().copied()))]),
+            None => Value::from(*h),
+        });
     entries
         .fold(Manifest::new(SERVICE), Manifest::host)
         .without("description")
@@ -409,7 +406,8 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
 /// The bake: each replica's first token takes 20 ms (the stand-in's default) under the client
 /// loop's traffic; the canary of the next change takes 500 ms, which its gates do not see. Baked
 /// for 5 s behind the router against the two stable replicas, it is found worse (TTFT), taken
-/// out, rolled back, verified and put back in, and the rollout stops there. (A bake that passes
+/// out, rolled back, verified and put back in, and the rollout stops there; a look at a stable
+/// replica that timed out on the way was taken again. (A bake that passes
 /// and lets the rollout go on: `real_server::rollout`, on two real replicas.)
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -421,15 +419,15 @@ fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_st
         m.verify("bake", yaml("{ duration: 5s, min_requests: 20 }"))
             .section("rollout", map([("canary", canary)]))
     };
-    let (code, first) = apply(&baked(manifest(&REPLICAS, 1, None)), &[]);
+    // One stable replica answers every second `/metrics` past reconcile's 10 s timeout for it,
+    // as a busy real server can: the bake's second look at it fails and is taken again.
+    let stalling = (REPLICAS[1], &[("FAKE_SGLANG_METRICS_STALL_EVERY", "2")][..]);
+    let (code, first) = apply(&baked(manifest_with(&REPLICAS, 1, &[stalling])), &[]);
     assert_eq!(code, 0, "{first}");
     let client = Client::start();
     client.wait_for_answers(4);
-    let slow = [("FAKE_SGLANG_TTFT_SECONDS", "0.5")];
-    let (code, report) = apply(
-        &baked(manifest_with(&REPLICAS, 2, Some((canary, &slow[..])))),
-        &[],
-    );
+    let slow = (canary, &[("FAKE_SGLANG_TTFT_SECONDS", "0.5")][..]);
+    let (code, report) = apply(&baked(manifest_with(&REPLICAS, 2, &[slow, stalling])), &[]);
     assert_eq!(code, 3, "{report}");
     let u = unit_of(&report, canary);
     assert_eq!(
@@ -441,6 +439,11 @@ fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_st
     eprintln!("bake, stand-in, slow canary: {}", u["bake"]["detail"]);
     assert_eq!(judged["verdict"], "worse", "{u:#}");
     assert!(judged["why"].to_string().contains("TTFT p50"), "{u:#}");
+    assert_eq!(
+        u["bake"]["failed_looks"],
+        serde_json::json!([format!("{}'s /metrics: no answer in 10s", REPLICAS[1])]),
+        "{u:#}"
+    );
     let (c, s) = (&judged["canary"], &judged["stable"]);
     assert!(c["ttft_p50_s"].as_f64().unwrap() >= 0.4, "{judged}");
     assert!(s["ttft_p50_s"].as_f64().unwrap() <= 0.1, "{judged}");
