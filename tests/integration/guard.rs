@@ -2,6 +2,7 @@
 //! change is verified, and the host's guard still leaves it right. Every wait polls the host to a
 //! deadline derived from the manifest's own bounds (`reconcile_core::guard::judge_after`).
 
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use crate::lab::{lab, Manifest, Reconcile, GUARD};
@@ -14,6 +15,19 @@ const HOST: &str = GUARD.host();
 /// the host, has killed it or cut its link: the test needs the restart seen within 10 s.
 const MARGIN: &str = "4s";
 const JUDGE_AFTER: Duration = Duration::from_secs(15 + 20 + 5 + 4);
+
+/// The tests here share one host, and one of them takes its only link down: while that link is
+/// cut, another test's apply loses the host (these four run alone, all at once, failed 6 of 6 that
+/// way). The others share the host with each other; the cut has it alone.
+static LINK: RwLock<()> = RwLock::new(());
+
+fn sharing_the_host() -> RwLockReadGuard<'static, ()> {
+    LINK.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn host_alone() -> RwLockWriteGuard<'static, ()> {
+    LINK.write().unwrap_or_else(|p| p.into_inner())
+}
 
 fn service(name: &str, port: u16) -> Manifest {
     crate::apply::service_on(HOST, name, port)
@@ -171,6 +185,7 @@ fn invocation(unit: &str) -> String {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
+    let _host = sharing_the_host();
     let unit = "t-guard-crash.service";
     fresh(unit);
     let good = service("t-guard-crash", 37601);
@@ -228,6 +243,7 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it() {
+    let _host = sharing_the_host();
     let unit = "t-guard-healthy.service";
     fresh(unit);
     let good = service("t-guard-healthy", 37602);
@@ -276,6 +292,7 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it() {
+    let _host = sharing_the_host();
     let unit = "t-guard-midway.service";
     fresh(unit);
     // The controller's rollback verifies the restored unit through its 15 s crash window: it is
@@ -300,6 +317,7 @@ fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it()
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_reports_it() {
+    let _host = host_alone();
     let unit = "t-guard-cut.service";
     fresh(unit);
     let good = service("t-guard-cut", 37604);
