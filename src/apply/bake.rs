@@ -123,8 +123,6 @@ impl<'t> Replica<'t> {
                 }
                 Err(LookFailed::Again(why)) => why,
             };
-            self.failed
-                .push(format!("{}'s /metrics: {why}", self.name()));
             if Instant::now() >= until {
                 return Err(format!(
                     "{}'s /metrics, tried for {}s: {why}",
@@ -132,6 +130,9 @@ impl<'t> Replica<'t> {
                     LOOK_FOR.as_secs()
                 ));
             }
+            // Only a look taken again is listed: the last one, given up on, is the bake's error.
+            self.failed
+                .push(format!("{}'s /metrics: {why}", self.name()));
             tracing::info!(host = self.name(), error = %why, "bake: a look failed; trying again");
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
