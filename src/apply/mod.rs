@@ -466,6 +466,7 @@ pub(super) async fn host_has_work(
         preflight: false,
         records: Some(state::STATE_DIR),
         kept_deep: false,
+        kept_python: false,
     };
     match preflight::survey(host, targets, ask).await {
         Ok(Some(survey)) => targets.iter().any(|t| surveyed_work(&survey, t, options)),

@@ -350,6 +350,8 @@ async fn look(job: &Job<'_>) -> Result<Looked, ApplyError> {
         preflight: true,
         records: Some(state::STATE_DIR),
         kept_deep: options.deep != preflight::DeepWhen::Never,
+        // Staging reads the memory available now.
+        kept_python: false,
     };
     let (observed, survey) = match preflight::survey(host, std::slice::from_ref(t), ask).await {
         Ok(Some(survey)) => survey.observed(unit).map(|o| (o, Some(survey))),

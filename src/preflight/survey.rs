@@ -10,6 +10,12 @@
 //!
 //! The checks only a change needs (model path, GPUs, port) are skipped for a unit whose file on the
 //! host is byte-identical to the rendered one (same sha256: the plan's "no change"), as before.
+//!
+//! A Python's answer (the SGLang version, the weights of the units that change) is kept on the
+//! host with the stat of every file and folder it read, and a plan reads it back while those are
+//! as they were: one `stat` where a Python start cost ~20 ms of the host's CPU. What changes by
+//! the moment (systemd's state, the GPUs, the port's listeners, the memory available) is read
+//! afresh every time, and `apply` reads everything afresh.
 
 use std::time::Duration;
 
@@ -32,8 +38,10 @@ const PER_UNIT: usize = 11;
 /// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$8` the fixed
 /// scripts of the parts (`scripts.rs`: the Python runner and the survey's Python; the model path's
 /// access, the port's listeners; the unit's layers: `reconcile_core::layers`; the lookup of a
-/// kept deep-check verdict: `kept.rs`), then the number of Pythons and each, then the number of
-/// units and each one's [`PER_UNIT`] arguments (an empty model path: no checks for a change).
+/// kept deep-check verdict: `kept.rs`), `$9` where the Pythons' answers are kept ("": not kept),
+/// `$10` 1 to read them from there, then the number of Pythons and each one's path and the name
+/// of its kept answers, then the number of units and each one's [`PER_UNIT`] arguments (an empty
+/// model path: no checks for a change).
 ///
 /// Every process counts: with 16 hosts a plan is as slow as its slowest host, and a survey used
 /// to start ~100 of them for a unit that changes. So the local files (the unit, its records) are
@@ -46,9 +54,9 @@ const PER_UNIT: usize = 11;
 /// Every part writes to files of its own, never to the script's stdout, so a part that outlives
 /// its `timeout` cannot hold the session open. Without `base64`, `sha256sum` or `stat` it exits 101
 /// before printing anything: the caller then asks one command per fact.
-const SCRIPT: &str = r#"# survey: unit files, systemctl show, drop-ins, SGLang versions, model paths, nvidia-smi, ss, records
-t=$1 props=$2 py=$3 spy=$4 acc=$5 lis=$6 lay=$7 kept=$8
-shift 8
+const SCRIPT: &str = r##"# survey: unit files, systemctl show, drop-ins, SGLang versions, model paths, nvidia-smi, ss, records
+t=$1 props=$2 py=$3 spy=$4 acc=$5 lis=$6 lay=$7 kept=$8 keep=$9 reuse=${10}
+shift 10
 command -v base64 >/dev/null 2>&1 && command -v sha256sum >/dev/null 2>&1 &&
   command -v stat >/dev/null 2>&1 || exit 101
 command -v timeout >/dev/null 2>&1 || timeout() { shift 3; "$@"; }
@@ -61,6 +69,10 @@ part() {
   k=$1; shift; section "$k"
   { timeout -k 1 "$t" "$@" >"$d/$k.o" 2>"$d/$k.e"; echo $? >"$d/$k.s"; } </dev/null &
 }
+# The environment the Pythons start with, as far as it decides where they look for SGLang: an
+# answer kept on the host is read only for the same (KEPT_OR_PYTHON).
+kenv=$(printf '%s\037' "$PYTHONPATH" "$PYTHONHOME" "$PYTHONUSERBASE" "$PYTHONNOUSERSITE" \
+  "$PYTHONSAFEPATH" "$PYTHONPLATLIBDIR")
 # A local file: read at once (100: there is none).
 file() {
   section "$1"
@@ -69,8 +81,8 @@ file() {
 np=$1; shift
 j=0
 while [ "$j" -lt "$np" ]; do
-  eval "py_$j=\$1"
-  shift; j=$((j + 1))
+  eval "py_$j=\$1 pk_$j=\$2"
+  shift 2; j=$((j + 1))
 done
 n=$1; shift
 i=0
@@ -101,8 +113,12 @@ while [ "$i" -lt "$n" ]; do
 done
 j=0
 while [ "$j" -lt "$np" ]; do
-  eval "p=\$py_$j"
-  part "python.$j" sh -c "$py" sh "$p" -c "$spy" "$d/weights.$j"
+  eval "p=\$py_$j kf=\$pk_$j"
+  # Kept by the Python's name and the weights it is to check.
+  if [ -n "$keep" ] && [ -s "$d/weights.$j" ]; then
+    w=$(sha256sum <"$d/weights.$j") && kf=$keep/$kf-${w%% *} || kf=
+  elif [ -n "$keep" ]; then kf=$keep/$kf; else kf=; fi
+  part "python.$j" sh -c "$py" sh "$kf" "$reuse" "$kenv" "$p" -c "$spy" "$d/weights.$j" "$kf" "$p" "$kenv"
   j=$((j + 1))
 done
 [ "$changed" = 1 ] && part gpus nvidia-smi -L
@@ -116,7 +132,7 @@ for k in $keys; do set -- "$@" "$d/$k.o" "$d/$k.e"; done
 done
 echo '== end 0'
 [ $# = 0 ] || cat -- "$@" | base64
-"#;
+"##;
 
 /// What the whole survey may take beyond one part's limit: `timeout -k 1`'s second for a part
 /// that ignores TERM, and the start of the script and its Pythons (~0.1 s each on a real host).
@@ -145,6 +161,10 @@ pub struct Ask<'a> {
     /// For units that change, the deep check's verdict kept on the host for what it would read,
     /// so that a kept one costs no command of its own.
     pub kept_deep: bool,
+    /// Each Python's answer (SGLang version, weights) as the host kept it while nothing it read
+    /// has changed, instead of a Python start. A plan's; `apply` asks afresh, since staging
+    /// needs the memory available now. Every survey keeps what its Pythons answered.
+    pub kept_python: bool,
 }
 
 impl Ask<'_> {
@@ -155,6 +175,7 @@ impl Ask<'_> {
             preflight: true,
             records: Some(state_dir),
             kept_deep: deep != DeepWhen::Never,
+            kept_python: true,
         }
     }
 }
@@ -182,15 +203,20 @@ pub async fn survey(
     let mut args: Vec<String> = vec![
         format!("{:.3}", limit.as_secs_f64()),
         SHOW_PROPERTIES.to_string(),
-        super::scripts::PYTHON.to_string(),
+        super::scripts::KEPT_OR_PYTHON.to_string(),
         super::scripts::SURVEY_PYTHON.to_string(),
         super::scripts::ACCESS.to_string(),
         super::scripts::LISTENERS.to_string(),
         crate::layers::LAYERS_SCRIPT.to_string(),
         super::kept::lookup_script(&super::kept::kept_dir()),
+        kept_python_dir(),
+        if ask.kept_python { "1" } else { "0" }.to_string(),
         pythons.len().to_string(),
     ];
-    args.extend(pythons.iter().cloned());
+    for python in &pythons {
+        let name = sha256(&serde_json::json!([python, super::scripts::SURVEY_PYTHON]).to_string());
+        args.extend([python.clone(), name]);
+    }
     args.push(targets.len().to_string());
     for (t, w) in targets.iter().zip(&wants) {
         let unit = &t.desired.unit;
@@ -237,19 +263,46 @@ pub async fn survey(
         return Ok(None);
     }
     match Sections::parse(&out.stdout) {
-        Ok(sections) => Ok(Some(Survey {
-            host: host.name().to_string(),
-            limit,
-            sections,
-            pythons,
-            units,
-            records: records.map(str::to_string),
-        })),
+        Ok(sections) => {
+            said_kept(host.name(), &pythons, &sections);
+            Ok(Some(Survey {
+                host: host.name().to_string(),
+                limit,
+                sections,
+                pythons,
+                units,
+                records: records.map(str::to_string),
+            }))
+        }
         Err(e) => {
             tracing::debug!(host = host.name(), error = %e, "one command per fact instead");
             Ok(None)
         }
     }
+}
+
+/// Says where a Python's answer was read from what the host kept, or kept for the next plan.
+fn said_kept(host: &str, pythons: &[String], sections: &Sections) {
+    for (j, python) in pythons.iter().enumerate() {
+        let Ok(section) = sections.get(&format!("python.{j}")) else {
+            continue;
+        };
+        for line in section.stderr.lines() {
+            if let Some(path) = line.strip_prefix("#reconcile-survey-kept-as ") {
+                tracing::info!(
+                    host,
+                    "{python}'s SGLang version and weights are kept on the host as {path}"
+                );
+            } else if let Some(path) = line.strip_prefix("#reconcile-survey-kept ") {
+                tracing::info!(host, "{python}'s SGLang version and weights were kept on the host ({path}): nothing they read has changed");
+            }
+        }
+    }
+}
+
+/// Where a host keeps its Pythons' answers, one file each Python and list of weights to check.
+fn kept_python_dir() -> String {
+    format!("{}/survey", crate::apply::state::STATE_DIR)
 }
 
 /// The survey's error, naming it rather than showing its argv (its fixed scripts, every value).
@@ -506,13 +559,13 @@ pub(crate) mod tests {
         let model = model.to_str().unwrap();
         // The survey's own Python, with SGLang's version read as if this machine had 0.5.9.
         let python = super::super::scripts::SURVEY_PYTHON
-            .replace("print(sglang_version())", "print('0.5.9')");
+            .replace("version = sglang_version()", "version = '0.5.9'");
         #[rustfmt::skip]
         let survey = || run_script(&bin, &[
-            "5", "LoadState", super::super::scripts::PYTHON, &python,
+            "5", "LoadState", super::super::scripts::KEPT_OR_PYTHON, &python,
             super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
-            crate::layers::LAYERS_SCRIPT, &lookup,
-            "1", "/usr/bin/python3",
+            crate::layers::LAYERS_SCRIPT, &lookup, "", "0",
+            "1", "/usr/bin/python3", "py0",
             "2",
             "a.service", unit, "0000", evil, "30000", "", "base", model, model, "", "0",
             "b.service", same, &sha256("same\n"), "/nonexistent", "30001", "/nonexistent/current.json",
@@ -604,6 +657,128 @@ pub(crate) mod tests {
         );
     }
 
+    /// A safetensors file of one 4-byte tensor: 8 bytes of header length, the header, the data.
+    fn safetensors() -> Vec<u8> {
+        let header = br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(&[0; 4]);
+        bytes
+    }
+
+    #[test]
+    fn a_pythons_answer_is_kept_for_the_next_plan_and_read_until_what_it_read_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        stand_in(&bin, "systemctl", "echo LoadState=loaded");
+        stand_in(&bin, "nvidia-smi", "echo 'GPU 0: H100 (UUID: GPU-a)'");
+        stand_in(&bin, "ss", "exit 0");
+        // This Python's SGLang: a dist-info first on PYTHONPATH, as a venv's site folder holds it.
+        let site = dir.path().join("site");
+        let dist_info = |version: &str| {
+            let d = site.join(format!("sglang-{version}.dist-info"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(
+                d.join("METADATA"),
+                format!("Name: sglang\nVersion: {version}\n"),
+            )
+            .unwrap();
+            d
+        };
+        let old = dist_info("0.5.9");
+        let model = dir.path().join("model");
+        std::fs::create_dir(&model).unwrap();
+        std::fs::write(model.join("model.safetensors"), safetensors()).unwrap();
+        let unit = dir.path().join("a.service");
+        std::fs::write(&unit, "[Service]\n").unwrap();
+        let keep = dir.path().join("keep");
+        let lookup = super::super::kept::lookup_script(dir.path().join("kept").to_str().unwrap());
+        let survey = |reuse: &str| -> (String, Section) {
+            let (unit, model) = (unit.to_str().unwrap(), model.to_str().unwrap());
+            #[rustfmt::skip]
+            let args = [
+                "5", "LoadState", super::super::scripts::KEPT_OR_PYTHON, super::super::scripts::SURVEY_PYTHON,
+                super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
+                crate::layers::LAYERS_SCRIPT, &lookup, keep.to_str().unwrap(), reuse,
+                "1", "/usr/bin/python3", "py0",
+                "1", "a.service", unit, "0000", model, "30000", "", "", "", "", "", "0",
+            ];
+            let out = Command::new("sh")
+                .args(["-c", SCRIPT, "sh"])
+                .args(args)
+                .current_dir("/")
+                .env(
+                    "PATH",
+                    format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+                )
+                .env("PYTHONPATH", &site)
+                .output()
+                .unwrap();
+            let s = Sections::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
+            let python = s.get("python.0").unwrap().clone();
+            let weights = python
+                .stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("#weights 0 "));
+            (weights.unwrap_or_default().to_string(), python)
+        };
+        let weights = |json: &str| match WeightsCheck::of(0, json, "") {
+            WeightsCheck::Read(w) => w,
+            failed => panic!("{failed:?}"),
+        };
+        // Kept once nothing it read changed in the last 2 s (see keep_fn): the files are new.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let (fresh, python) = loop {
+            let (fresh, python) = survey("1");
+            if python.stderr.contains("#reconcile-survey-kept-as ") {
+                break (fresh, python);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "never kept: {python:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(survey::python(&python), Ok(Python::Sglang("0.5.9".into())));
+        let fresh = weights(&fresh);
+        assert!(fresh.mem_available.is_some(), "{fresh:?}");
+        let kept = std::fs::read_dir(&keep).unwrap().next().unwrap().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(kept.metadata().unwrap().permissions().mode() & 0o077, 0);
+
+        // Read again: the kept answer, all but the memory available, a fact of the moment.
+        let (again, python) = survey("1");
+        assert!(
+            python.stderr.starts_with("#reconcile-survey-kept /"),
+            "{python:?}"
+        );
+        assert_eq!(survey::python(&python), Ok(Python::Sglang("0.5.9".into())));
+        let again = weights(&again);
+        assert_eq!((&again.files, again.bytes), (&fresh.files, fresh.bytes));
+        assert_eq!(again.mem_available, None);
+        // Asked afresh (apply), the Python runs.
+        let (_, python) = survey("0");
+        assert!(
+            !python.stderr.contains("#reconcile-survey-kept /"),
+            "{python:?}"
+        );
+
+        // Another SGLang installed, then a shard cut short: each read afresh.
+        std::fs::remove_dir_all(old).unwrap();
+        dist_info("0.6.0");
+        let (_, python) = survey("1");
+        assert_eq!(survey::python(&python), Ok(Python::Sglang("0.6.0".into())));
+        let shard = model.join("model.safetensors");
+        std::fs::write(&shard, &safetensors()[..20]).unwrap();
+        let (cut, python) = survey("1");
+        assert!(
+            !python.stderr.contains("#reconcile-survey-kept /"),
+            "{python:?}"
+        );
+        assert_eq!(weights(&cut).problems.len(), 1, "{cut}");
+    }
+
     /// What a fake host answers for the survey: the units and records `files` has, systemd not
     /// knowing any unit, the
     /// Python with SGLang `version`, and, for units that change, the model readable, four GPUs
@@ -619,13 +794,13 @@ pub(crate) mod tests {
             status: 100,
             ..Section::default()
         };
-        let pythons: usize = args[8].parse().unwrap();
+        let pythons: usize = args[10].parse().unwrap();
         let mut sections = Sections::default();
         let mut python_out = vec![String::new(); pythons];
-        let units: usize = args[9 + pythons].parse().unwrap();
+        let units: usize = args[11 + 2 * pythons].parse().unwrap();
         let mut changed = false;
         for i in 0..units {
-            let u = &args[10 + pythons + i * PER_UNIT..][..PER_UNIT];
+            let u = &args[12 + 2 * pythons + i * PER_UNIT..][..PER_UNIT];
             let file = files.iter().find(|(p, _)| *p == u[1]).map(|(_, t)| *t);
             sections.insert(&format!("unit.{i}"), file.map_or_else(missing, ok));
             sections.insert(

@@ -399,6 +399,12 @@ pub const LEASES: &[Lease] = &[
         ports: 33011..33012,
         gpus: 2..4,
     },
+    Lease {
+        user: "preflight.rs (plans only: the answers the host keeps)",
+        hosts: &["rl3"],
+        ports: 33012..33013,
+        gpus: NO_GPUS,
+    },
     APPLY_1,
     APPLY_2,
     APPLY_3,

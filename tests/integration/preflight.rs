@@ -416,6 +416,102 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_plan_again_reads_the_sglang_version_and_weights_the_host_kept_until_what_they_read_changes() {
+    // A Python of its own (a wrapper putting its site folder first, with SGLang 0.5.23's
+    // dist-info), and a model folder of its own with one shard of one F32 tensor.
+    let (py, model) = ("/opt/t-pre-keep-py", "/var/tmp/t-pre-keep-model");
+    lab().sh(
+        HOST,
+        &format!(
+            r#"set -e
+rm -rf {py} {model} && mkdir -p {py}/site/sglang-0.5.23.dist-info {py}/bin {model}
+printf 'Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n' > {py}/site/sglang-0.5.23.dist-info/METADATA
+printf '#!/bin/sh\nPYTHONPATH=%s/site exec /usr/bin/python3 "$@"\n' {py} > {py}/bin/python3
+chmod 755 {py}/bin/python3
+cd {model} && python3 -c '
+import json, struct
+header = json.dumps({{"w": {{"dtype": "F32", "shape": [1024], "data_offsets": [0, 4096]}}}}).encode()
+open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + bytes(4096))
+'"#
+        ),
+    );
+    let python = format!("{py}/bin/python3");
+    let text = service("t-pre-keep", 33012)
+        .python(python.as_str())
+        .model_path(model);
+    let planned = || plan_json(&[("a.yaml", &text)], &["--no-deep", "-v"]);
+    let said = |stderr: &str, what: &str| -> Option<String> {
+        let line = stderr.lines().find(|l| l.contains(what))?;
+        let path = line.split(what).nth(1)?;
+        Some(path.split([')', ' ']).next()?.to_string())
+    };
+    const KEPT: &str = "'s SGLang version and weights are kept on the host as ";
+    const READ: &str = "'s SGLang version and weights were kept on the host (";
+    let version_found = |json: &serde_json::Value| messages_of(&json["units"][0], "sglang-version");
+
+    // What the plan read is new here, and nothing changed in the last 2 s is kept (a write in
+    // the same clock tick as the read would go unseen): a plan every half second, to a deadline.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let path = loop {
+        let (code, json, stderr) = planned();
+        assert_eq!(code, 2, "{json:#}{stderr}");
+        if let Some(path) = said(&stderr, KEPT) {
+            break path;
+        }
+        assert!(std::time::Instant::now() < deadline, "never kept: {stderr}");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    assert!(path.starts_with("/var/lib/reconcile/survey/"), "{path}");
+    assert_eq!(lab().sh(HOST, &format!("stat -c %a {path}")).trim(), "600");
+
+    // The same plan again reads it, not the Python: a version written into the kept answer
+    // is what the plan says.
+    lab().sh(HOST, &format!("sed -i 's/^0[.]5[.]23$/0.5.9/' {path}"));
+    let (code, json, stderr) = planned();
+    assert_eq!(
+        said(&stderr, READ).as_deref(),
+        Some(path.as_str()),
+        "{stderr}"
+    );
+    assert_eq!(code, 1, "{json:#}");
+    let has = |v: &str| {
+        format!("the manifest says SGLang 0.5.23 but {python} on the host has SGLang {v}")
+    };
+    assert_eq!(version_found(&json), [has("0.5.9")]);
+
+    // Another SGLang installed where the Python looks: read afresh.
+    lab().sh(
+        HOST,
+        &format!("cd {py}/site && mv sglang-0.5.23.dist-info sglang-0.6.0.dist-info && sed -i s/0.5.23/0.6.0/ sglang-0.6.0.dist-info/METADATA"),
+    );
+    let (code, json, stderr) = planned();
+    assert_eq!(said(&stderr, READ), None, "{stderr}");
+    assert_eq!(code, 1, "{json:#}");
+    assert_eq!(version_found(&json), [has("0.6.0")]);
+
+    // SGLang 0.5.23 again, and the shard cut short: read afresh.
+    lab().sh(
+        HOST,
+        &format!("cd {py}/site && mv sglang-0.6.0.dist-info sglang-0.5.23.dist-info && sed -i s/0.6.0/0.5.23/ sglang-0.5.23.dist-info/METADATA && truncate -s -100 {model}/model.safetensors"),
+    );
+    let (code, json, stderr) = planned();
+    assert_eq!(said(&stderr, READ), None, "{stderr}");
+    assert_eq!(code, 1, "{json:#}");
+    assert_eq!(version_found(&json), Vec::<String>::new());
+    let weights = messages_of(&json["units"][0], "weights");
+    assert!(
+        weights.len() == 1
+            && weights[0].contains(&format!("{model}/model.safetensors is truncated")),
+        "{weights:?}"
+    );
+    lab().sh(
+        HOST,
+        &format!("grep -l {py} /var/lib/reconcile/survey/* | xargs -r rm -f; rm -rf {py} {model}"),
+    );
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_restart_onto_a_truncated_shard_is_refused_at_the_model_path_and_the_old_server_runs_on() {
     // A model folder with an index and two shards, each one F32 tensor of 1024 values, written
     // as safetensors files are: 8 bytes of header length, the JSON header, the data.
