@@ -43,3 +43,12 @@ pub mod targets;
 pub mod transaction;
 pub mod unit;
 pub mod verify;
+
+/// `[A-Za-z_][A-Za-z0-9_]*`: a C identifier, which both an environment variable's name (POSIX's
+/// portable set, what systemd's `Environment=` takes) and a Prometheus label's name must be.
+pub fn is_identifier(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}

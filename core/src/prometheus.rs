@@ -35,12 +35,7 @@ fn parse_labels(mut s: &str) -> Result<(Labels, &str), &'static str> {
         }
         let eq = s.find('=').ok_or("a label without `=`")?;
         let name = s[..eq].trim();
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
+        if !crate::is_identifier(name) {
             return Err("a label name that is not one");
         }
         let quoted = s[eq + 1..]

@@ -496,12 +496,7 @@ impl Checker<'_> {
     fn env(&mut self, base: &[Seg], env: &BTreeMap<String, String>) {
         for (name, value) in env {
             let path = with(base, name);
-            let valid = name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid {
+            if !crate::is_identifier(name) {
                 self.fail(
                     &path,
                     format!(
