@@ -159,9 +159,9 @@ pub async fn run(options: AgentOptions, limits: Limits, print: &dyn Fn(Event<'_>
         if options.once {
             return code;
         }
-        tokio::select! {
-            _ = tokio::time::sleep(options.interval) => {}
-            _ = stop.cancelled() => return 0,
+        let slept = tokio::time::sleep(options.interval);
+        if stop.run_until_cancelled(slept).await.is_none() {
+            return 0;
         }
     }
 }

@@ -83,9 +83,8 @@ pub async fn wait_until_idle(
     let mut logged: Option<Instant> = None;
     let mut readings = 0;
     loop {
-        let reading = tokio::select! {
-            r = read(server) => r,
-            _ = cancel.cancelled() => return interrupted(spec, started),
+        let Some(reading) = cancel.run_until_cancelled(read(server)).await else {
+            return interrupted(spec, started);
         };
         let elapsed = started.elapsed();
         readings += 1;
@@ -98,9 +97,12 @@ pub async fn wait_until_idle(
             show.line(&line);
             logged = Some(Instant::now());
         }
-        tokio::select! {
-            _ = tokio::time::sleep(POLL) => {}
-            _ = cancel.cancelled() => return interrupted(spec, started),
+        if cancel
+            .run_until_cancelled(tokio::time::sleep(POLL))
+            .await
+            .is_none()
+        {
+            return interrupted(spec, started);
         }
     }
 }

@@ -352,9 +352,9 @@ async fn rollout_status(args: RolloutStatusArgs) -> Result<ExitCode, Error> {
         if !args.watch || view.exit_code() != 2 || stop.is_cancelled() {
             return Ok(ExitCode::from(view.exit_code()));
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            _ = stop.cancelled() => return Ok(ExitCode::from(view.exit_code())),
+        let slept = tokio::time::sleep(Duration::from_secs(2));
+        if stop.run_until_cancelled(slept).await.is_none() {
+            return Ok(ExitCode::from(view.exit_code()));
         }
     }
 }

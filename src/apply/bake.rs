@@ -134,11 +134,9 @@ impl<'t> Replica<'t> {
             self.failed
                 .push(format!("{}'s /metrics: {why}", self.name()));
             tracing::info!(host = self.name(), error = %why, "bake: a look failed; trying again");
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                _ = options.cancel.cancelled() => {
-                    return Err(format!("interrupted: {}", crate::signals::interrupted()));
-                }
+            let slept = tokio::time::sleep(Duration::from_secs(1));
+            if options.cancel.run_until_cancelled(slept).await.is_none() {
+                return Err(format!("interrupted: {}", crate::signals::interrupted()));
             }
         }
     }
@@ -297,11 +295,9 @@ async fn watch(
             break;
         }
         show.status(&format!("baking on live traffic: {}s left", left.as_secs()));
-        tokio::select! {
-            _ = tokio::time::sleep(left.min(Duration::from_secs(1))) => {}
-            _ = options.cancel.cancelled() => {
-                return Err(format!("interrupted: {}", crate::signals::interrupted()));
-            }
+        let slept = tokio::time::sleep(left.min(Duration::from_secs(1)));
+        if options.cancel.run_until_cancelled(slept).await.is_none() {
+            return Err(format!("interrupted: {}", crate::signals::interrupted()));
         }
     }
     Ok((before, looks(replicas, ssh, options).await?))

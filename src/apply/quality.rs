@@ -137,10 +137,12 @@ pub async fn stage(
         )
         .await
     };
-    let measured: Result<Measured, String> = tokio::select! {
-        m = measured => m,
-        _ = job.options.cancel.cancelled() => Err(crate::signals::interrupted()),
-    };
+    let measured: Result<Measured, String> = job
+        .options
+        .cancel
+        .run_until_cancelled(measured)
+        .await
+        .unwrap_or_else(|| Err(crate::signals::interrupted()));
     let (mut report, keep) = match measured {
         Ok(m) => (
             m.judge(spec, before.reference.as_ref(), before.floor),

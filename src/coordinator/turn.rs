@@ -359,8 +359,5 @@ async fn release_retrying(
 async fn pause(c: &Coordination<'_>, poll: Duration) {
     let jitter = (crate::coordinator::now() as u128 * 7919 + std::process::id() as u128) % 400;
     let poll = poll.mul_f64(0.8 + jitter as f64 / 1000.0);
-    tokio::select! {
-        _ = tokio::time::sleep(poll) => {}
-        _ = c.stop.cancelled() => {}
-    }
+    c.stop.run_until_cancelled(tokio::time::sleep(poll)).await;
 }

@@ -36,10 +36,7 @@ pub async fn baseline(
         let on_level = |l: &Level| eprintln!("baseline {}", crate::bench::level_line(l));
         Ok::<_, String>(crate::bench::run(&server, &expect.model_id, spec, &on_level).await)
     };
-    let measured = tokio::select! {
-        m = measured => m,
-        _ = cancel.cancelled() => return None,
-    };
+    let measured = cancel.run_until_cancelled(measured).await?;
     let seconds = started.elapsed().as_secs_f64();
     let (status, detail, levels) = match measured {
         Ok(m) => match m.first_error {

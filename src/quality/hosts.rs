@@ -117,10 +117,18 @@ async fn measure_and_store(
         .await
         .map_err(|e| error_chain(&e))?;
     let context = expect.context_length.map(|c| c as u32);
-    let measured = tokio::select! {
-        m = super::measure(&server, &expect.model_id, options.spec, reference.as_ref(), context, expect.reasoning) => m?,
-        _ = options.cancel.cancelled() => return Err(crate::signals::interrupted()),
+    let measuring = super::measure(
+        &server,
+        &expect.model_id,
+        options.spec,
+        reference.as_ref(),
+        context,
+        expect.reasoning,
+    );
+    let Some(measured) = options.cancel.run_until_cancelled(measuring).await else {
+        return Err(crate::signals::interrupted());
     };
+    let measured = measured?;
     // The running server is its own reference: no floor beyond its run-to-run noise, which this
     // comparison is.
     let report = measured.judge(options.spec, reference.as_ref(), None);

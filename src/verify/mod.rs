@@ -232,10 +232,8 @@ impl<P: Probes> Driver<'_, P> {
         loop {
             decision = match self.run.apply(decision) {
                 Next::Poll => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(POLL_INTERVAL) => {}
-                        _ = self.cancel.cancelled() => {}
-                    }
+                    let slept = tokio::time::sleep(POLL_INTERVAL);
+                    self.cancel.run_until_cancelled(slept).await;
                     self.poll().await
                 }
                 Next::Sample => self.sample().await,
@@ -270,10 +268,9 @@ impl<P: Probes> Driver<'_, P> {
         let asked = if self.cancel.is_cancelled() {
             None
         } else {
-            tokio::select! {
-                r = self.probes.unit_state() => Some(r),
-                _ = self.cancel.cancelled() => None,
-            }
+            self.cancel
+                .run_until_cancelled(self.probes.unit_state())
+                .await
         };
         let systemd = match asked {
             None => Systemd::Cancelled(crate::signals::interrupted()),
