@@ -3,7 +3,8 @@
 #   dry-run over N = 1, 4, 8, 16 hosts vs a plain parallel `ssh host cat <unit>` over the same
 #   hosts, one fresh connection each (target: <= 1.2x the floor at N = 16);
 #   a dry-run of a change that restarts (the deep check runs on each host), then the same change
-#   again (each host's kept verdict read instead; target: <= 1.2x the floor at N = 16);
+#   again (each host's kept deep-check verdict and Python answer read instead; target: <= 1.2x the
+#   floor at N = 16);
 #   reconcile's own CPU time and peak RSS for the dry-run at N = 16 (target: peak RSS < 64 MiB);
 #   a no-op apply over 8 hosts vs the same floor;
 #   beside each, the sequential round trips per host after connect (from --trace-remote; target:
