@@ -66,6 +66,13 @@ fn messages_of(unit: &serde_json::Value, check: &str) -> Vec<String> {
         .collect()
 }
 
+/// The path of a kept file that `-v`'s line `said` names: what follows `said`, up to `)` or a space.
+fn kept_path(stderr: &str, said: &str) -> Option<String> {
+    let line = stderr.lines().find(|l| l.contains(said))?;
+    let path = line.split(said).nth(1)?;
+    Some(path.split([')', ' ']).next()?.to_string())
+}
+
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_clean_unit_has_no_findings() {
@@ -352,11 +359,6 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
             .map(str::to_string)
             .collect()
     };
-    let kept_as = |stderr: &str, said: &str| -> Option<String> {
-        let line = stderr.lines().find(|l| l.contains(said))?;
-        let path = line.split(said).nth(1)?;
-        Some(path.split([')', ' ']).next()?.to_string())
-    };
     const KEPT: &str = "the deep check's verdict is kept on the host as ";
     const READ: &str = "the deep check's verdict for these inputs was kept on the host (";
 
@@ -367,9 +369,9 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
         commands(&stderr).contains(&"deep check".to_string()),
         "{stderr}"
     );
-    let path = kept_as(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
+    let path = kept_path(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
     assert!(path.starts_with("/var/lib/reconcile/deep-check/"), "{path}");
-    assert_eq!(kept_as(&stderr, READ), None, "{stderr}");
+    assert_eq!(kept_path(&stderr, READ), None, "{stderr}");
     let mode = lab().sh(HOST, &format!("stat -c %a {path}"));
     assert_eq!(mode.trim(), "600");
 
@@ -388,7 +390,7 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     );
     let (code, json, stderr) = planned();
     assert_eq!(
-        kept_as(&stderr, READ).as_deref(),
+        kept_path(&stderr, READ).as_deref(),
         Some(path.as_str()),
         "{stderr}"
     );
@@ -408,8 +410,8 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     );
     let (code, json, stderr) = planned();
     assert_eq!(code, 2, "{json:#}");
-    assert_eq!(kept_as(&stderr, READ), None, "{stderr}");
-    let again = kept_as(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
+    assert_eq!(kept_path(&stderr, READ), None, "{stderr}");
+    let again = kept_path(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
     assert_ne!(again, path);
     lab().sh(HOST, &format!("rm -rf {model} {path} {again}"));
 }
@@ -440,11 +442,6 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
         .python(python.as_str())
         .model_path(model);
     let planned = || plan_json(&[("a.yaml", &text)], &["--no-deep", "-v"]);
-    let said = |stderr: &str, what: &str| -> Option<String> {
-        let line = stderr.lines().find(|l| l.contains(what))?;
-        let path = line.split(what).nth(1)?;
-        Some(path.split([')', ' ']).next()?.to_string())
-    };
     const KEPT: &str = "'s SGLang version and weights are kept on the host as ";
     const READ: &str = "'s SGLang version and weights were kept on the host (";
     let version_found = |json: &serde_json::Value| messages_of(&json["units"][0], "sglang-version");
@@ -455,7 +452,7 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
     let path = loop {
         let (code, json, stderr) = planned();
         assert_eq!(code, 2, "{json:#}{stderr}");
-        if let Some(path) = said(&stderr, KEPT) {
+        if let Some(path) = kept_path(&stderr, KEPT) {
             break path;
         }
         assert!(std::time::Instant::now() < deadline, "never kept: {stderr}");
@@ -469,7 +466,7 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
     lab().sh(HOST, &format!("sed -i 's/^0[.]5[.]23$/0.5.9/' {path}"));
     let (code, json, stderr) = planned();
     assert_eq!(
-        said(&stderr, READ).as_deref(),
+        kept_path(&stderr, READ).as_deref(),
         Some(path.as_str()),
         "{stderr}"
     );
@@ -479,24 +476,25 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
     };
     assert_eq!(version_found(&json), [has("0.5.9")]);
 
-    // Another SGLang installed where the Python looks: read afresh.
-    lab().sh(
-        HOST,
-        &format!("cd {py}/site && mv sglang-0.5.23.dist-info sglang-0.6.0.dist-info && sed -i s/0.5.23/0.6.0/ sglang-0.6.0.dist-info/METADATA"),
-    );
-    let (code, json, stderr) = planned();
-    assert_eq!(said(&stderr, READ), None, "{stderr}");
-    assert_eq!(code, 1, "{json:#}");
+    // Then, on the host, `change`; the plan after it reads afresh, and fails.
+    let afresh = |change: &str| {
+        lab().sh(HOST, change);
+        let (code, json, stderr) = planned();
+        assert_eq!(kept_path(&stderr, READ), None, "{stderr}");
+        assert_eq!(code, 1, "{json:#}");
+        json
+    };
+    let install = |from: &str, to: &str| {
+        format!("cd {py}/site && mv sglang-{from}.dist-info sglang-{to}.dist-info && sed -i s/{from}/{to}/ sglang-{to}.dist-info/METADATA")
+    };
+    // Another SGLang installed where the Python looks.
+    let json = afresh(&install("0.5.23", "0.6.0"));
     assert_eq!(version_found(&json), [has("0.6.0")]);
-
-    // SGLang 0.5.23 again, and the shard cut short: read afresh.
-    lab().sh(
-        HOST,
-        &format!("cd {py}/site && mv sglang-0.6.0.dist-info sglang-0.5.23.dist-info && sed -i s/0.6.0/0.5.23/ sglang-0.5.23.dist-info/METADATA && truncate -s -100 {model}/model.safetensors"),
-    );
-    let (code, json, stderr) = planned();
-    assert_eq!(said(&stderr, READ), None, "{stderr}");
-    assert_eq!(code, 1, "{json:#}");
+    // SGLang 0.5.23 again, and the shard cut short.
+    let json = afresh(&format!(
+        "{} && truncate -s -100 {model}/model.safetensors",
+        install("0.6.0", "0.5.23")
+    ));
     assert_eq!(version_found(&json), Vec::<String>::new());
     let weights = messages_of(&json["units"][0], "weights");
     assert!(
