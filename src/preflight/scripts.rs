@@ -79,25 +79,21 @@ pub(super) const KEPT_OR_PYTHON: &str = concat!(
     r##"kf=$1 reuse=$2 kenv=$3; shift 3
 kept() {
   [ "$reuse" = 1 ] && [ -f "$kf" ] || return 1
-  at=0 want=
+  at=0 want= answer=
   set --
   while IFS= read -r l; do
     case $at in
       0) [ "$l" = "#reconcile-survey-kept $kenv" ] || return 1; at=1 ;;
       1) if [ "$l" = -- ]; then at=2; else set -- "$@" "$l"; fi ;;
-      2) if [ "$l" = -- ]; then break; else want="$want$l
+      2) if [ "$l" = -- ]; then at=3; else want="$want$l
 "; fi ;;
+      *) answer="$answer$l
+" ;;
     esac
   done <"$kf"
   [ $# -gt 0 ] && [ "$(stat -L -c '%n %i %s %.9Y %.9Z' -- "$@" 2>/dev/null; echo .)" = "$want." ] ||
     return 1
-  # The answer: the lines after the second --.
-  at=0
-  while IFS= read -r l; do
-    [ "$at" = 2 ] && printf '%s
-' "$l"
-    [ "$l" = -- ] && at=$((at + 1))
-  done <"$kf"
+  printf '%s' "$answer"
   echo "#reconcile-survey-kept $kf" >&2
 }
 kept && exit 0
@@ -217,7 +213,7 @@ pub(super) const WEIGHTS_SCRIPT: &str = concat!(
     "print(json.dumps(check_weights(sys.argv[1])))\n"
 );
 
-/// Keeps the survey Python's answer on the host for the next plan (`KEPT_PYTHON` in survey.rs
+/// Keeps the survey Python's answer on the host for the next plan ([`KEPT_OR_PYTHON`]
 /// reads it): one file, written whole then renamed, readable by root alone, with the shell's
 /// environment line, every path the answer read (and what decides `sys.path`: the Python the
 /// survey ran, which may be a wrapper, `pyvenv.cfg`, the site folders and their `.pth` files),

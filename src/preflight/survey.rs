@@ -115,9 +115,10 @@ j=0
 while [ "$j" -lt "$np" ]; do
   eval "p=\$py_$j kf=\$pk_$j"
   # Kept by the Python's name and the weights it is to check.
-  if [ -n "$keep" ] && [ -s "$d/weights.$j" ]; then
-    w=$(sha256sum <"$d/weights.$j") && kf=$keep/$kf-${w%% *} || kf=
-  elif [ -n "$keep" ]; then kf=$keep/$kf; else kf=; fi
+  kf=${keep:+$keep/$kf}
+  if [ -n "$kf" ] && [ -s "$d/weights.$j" ]; then
+    w=$(sha256sum <"$d/weights.$j") && kf=$kf-${w%% *} || kf=
+  fi
   part "python.$j" sh -c "$py" sh "$kf" "$reuse" "$kenv" "$p" -c "$spy" "$d/weights.$j" "$kf" "$p" "$kenv"
   j=$((j + 1))
 done
@@ -505,21 +506,23 @@ pub(crate) mod tests {
     /// Runs the real script here, with `bin` first on PATH (stand-ins for systemctl, nvidia-smi
     /// and ss), and reads its answer.
     pub(crate) fn run_script(bin: &std::path::Path, args: &[&str]) -> (i32, String) {
+        let out = script(bin).args(args).output().expect("sh runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    }
+
+    /// The real script, to be given its arguments, with `bin` first on PATH.
+    fn script(bin: &std::path::Path) -> Command {
         let path = format!(
             "{}:{}",
             bin.display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let out = Command::new("sh")
-            .args(["-c", SCRIPT, "sh"])
-            .args(args)
-            .env("PATH", path)
-            .output()
-            .expect("sh runs");
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
+        let mut sh = Command::new("sh");
+        sh.args(["-c", SCRIPT, "sh"]).env("PATH", path);
+        sh
     }
 
     fn stand_in(bin: &std::path::Path, name: &str, body: &str) {
@@ -704,14 +707,9 @@ pub(crate) mod tests {
                 "1", "/usr/bin/python3", "py0",
                 "1", "a.service", unit, "0000", model, "30000", "", "", "", "", "", "0",
             ];
-            let out = Command::new("sh")
-                .args(["-c", SCRIPT, "sh"])
+            let out = script(&bin)
                 .args(args)
                 .current_dir("/")
-                .env(
-                    "PATH",
-                    format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
-                )
                 .env("PYTHONPATH", &site)
                 .output()
                 .unwrap();
