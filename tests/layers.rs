@@ -90,6 +90,11 @@ fn collect(krate: Krate, base: &Path, dir: &Path, found: &mut BTreeMap<ModuleId,
         .collect();
     entries.sort();
     for path in entries {
+        // src/bin/ holds programs of their own (the host's guard), not modules of the binary's
+        // crate: `the_hosts_programs_link_only_the_core` keeps them apart.
+        if krate == Krate::Bin && path == base.join("bin") {
+            continue;
+        }
         if path.is_dir() {
             collect(krate, base, &path, found);
             continue;
@@ -642,4 +647,33 @@ fn the_reader_expands_use_trees_and_skips_comments_strings_and_tests() {
     assert!(!may_import(Layer::Edge, Layer::Core));
     assert!(!may_import(Layer::Orchestration, Layer::Face));
     assert!(may_import(Layer::Face, Layer::Orchestration));
+}
+
+/// The programs that run on hosts as root (src/bin/) link the pure core and the standard library,
+/// never the binary's crate: what root runs there stays small and decides nothing the model
+/// checker does not see.
+#[test]
+fn the_hosts_programs_link_only_the_core() {
+    let dir = root().join("src/bin");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let code = without_tests(&blank_comments_and_strings(
+            &std::fs::read_to_string(&path).unwrap(),
+        ));
+        for word in [
+            "reconcile::",
+            "crate::",
+            "tokio::",
+            "reqwest::",
+            "openssh::",
+        ] {
+            let named = code
+                .match_indices(word)
+                .any(|(at, _)| !ident_char(code[..at].chars().last().unwrap_or(' ')));
+            assert!(!named, "{} names {word}", path.display());
+        }
+        seen += 1;
+    }
+    assert!(seen > 0, "no program in {}", dir.display());
 }

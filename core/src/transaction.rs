@@ -13,7 +13,7 @@
 use crate::plan::Verdict;
 
 /// What the apply does to the server, decided from the ranks' plans before the first step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     /// A change systemd takes with `daemon-reload`: the server keeps serving.
     ReloadOnly,
@@ -44,7 +44,7 @@ impl Kind {
 }
 
 /// What the driver does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {
     /// Preflight on every rank (and the rendezvous port on rank 0), then every rank's lock.
     Prepare,
@@ -82,7 +82,7 @@ pub enum Step {
 }
 
 /// How a step went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Went {
     Passed,
     /// Stopped before it changed anything on this step (a refusal, a drain that timed out, a
@@ -93,7 +93,7 @@ pub enum Went {
 }
 
 /// How the apply ended, as the steps it took tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum End {
     /// Stopped before anything changed.
     Refused,
@@ -107,7 +107,7 @@ pub enum End {
 }
 
 /// One apply's progress through [`Step`]s.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Transaction {
     kind: Kind,
     step: Step,

@@ -25,6 +25,9 @@ ROOT=$(mktemp -d); trap 'rm -rf "$ROOT"' EXIT
 # tests' binary is a debug build): 214 MB of debug build or 114 MB of release become about 20 MB.
 install -D -m 0755 "$BIN" "$ROOT/usr/bin/reconcile"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note "$ROOT/usr/bin/reconcile"
+# The host's guard, beside reconcile: apply copies it to each host it changes (1.5 MB stripped).
+install -D -m 0755 "$(dirname "$BIN")/reconcile-guard" "$ROOT/usr/bin/reconcile-guard"
+strip --strip-unneeded --remove-section=.comment --remove-section=.note "$ROOT/usr/bin/reconcile-guard"
 install -D -m 0644 "$HERE/reconcile-agent.service" "$ROOT/lib/systemd/system/reconcile-agent.service"
 install -D -m 0644 "$HERE/reconcile-agent.timer" "$ROOT/lib/systemd/system/reconcile-agent.timer"
 install -D -m 0644 "$HERE/reconcile-agent.default" "$ROOT/etc/default/reconcile-agent"

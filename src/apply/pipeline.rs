@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use reconcile_core::group::{group_verdict, rank_verdict, start_order, stop_steps, StopStep};
-use reconcile_core::guard::GuardState;
+use reconcile_core::guard::{Change, GuardState};
 use reconcile_core::learned::LoadHistory;
 use reconcile_core::live::LiveChange;
 use reconcile_core::transaction::{Kind, Step, Transaction, Went};
@@ -518,18 +518,24 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
                     }
                 }
             }
-            Step::Restart => match restart_in_order(ranks).await {
-                Ok(()) => Went::Passed,
-                Err((rank, e)) => {
-                    let cause = Cause {
-                        rank,
-                        stage: Stage::Restart,
-                        error: ApplyError::RestartFailed(e),
-                    };
-                    failed = Some((vec![cause], Vec::new()));
-                    Went::Failed
+            // Under the lease: the old server's stop may take its TimeoutStopSec, longer than
+            // the margin, and the guard must not take a dying controller's stop for its own.
+            Step::Restart => {
+                match guard::leased_all(&armed.iter().collect::<Vec<_>>(), restart_in_order(ranks))
+                    .await
+                {
+                    Ok(()) => Went::Passed,
+                    Err((rank, e)) => {
+                        let cause = Cause {
+                            rank,
+                            stage: Stage::Restart,
+                            error: ApplyError::RestartFailed(e),
+                        };
+                        failed = Some((vec![cause], Vec::new()));
+                        Went::Failed
+                    }
                 }
-            },
+            }
             Step::Live => {
                 let guards: Vec<&Armed<'_>> = armed.iter().collect();
                 match guard::leased_all(&guards, tell_live(&mut ranks[0])).await {
@@ -697,10 +703,15 @@ async fn arm<'a>(
     kind: Kind,
 ) -> Result<Vec<Armed<'a>>, (usize, ApplyError)> {
     let n = ranks.len();
+    // A live change and a unit being confirmed are judged as they run: no start follows.
+    let change = match kind {
+        Kind::Restart => Change::Restart,
+        _ => Change::InPlace,
+    };
     let armed = join_all(
         ranks
             .iter()
-            .map(|r| guard::arm(&r.job, r.fallback.going_back())),
+            .map(|r| guard::arm(&r.job, r.fallback.going_back(), &r.spec, change)),
     )
     .await;
     let failed = armed
@@ -1539,12 +1550,26 @@ async fn return_all(
             // over tells which (the guard acted first if its lease ran out while the host was
             // out of reach), and leaves the guard to finish this rollback should this process
             // die in it.
+            // A take that fails leaves the rollback to the guard, never to both: this run does
+            // not restore, and does not disarm it.
             if !tried[i] {
-                if let Ok(Some(found)) = guards[i].take().await {
+                let taken = match guards[i].take().await {
+                    Ok(Some(found)) => Ok(found),
+                    Ok(None) => Err("it answered no state".to_string()),
+                    Err(e) => Err(error_chain(&e)),
+                };
+                if let Err(e) = taken {
+                    let text = early(i) + &backs[i].path;
+                    backs[i].settled = Some(Ending::rollback_failed(format!(
+                        "host needs attention: {text}; the host's guard could not be taken over ({e}): it finishes the rollback once this run's lease runs out"
+                    )));
+                    backs[i].reached = false;
+                    continue;
+                }
+                if let Ok(found) = taken {
                     if found != GuardState::Armed {
                         let text = early(i) + &backs[i].path;
-                        let spec = &ranks[i].job.t.verify;
-                        backs[i].settled = Some(match guards[i].settled(spec).await {
+                        backs[i].settled = Some(match guards[i].settled().await {
                             Some(settled) => decide::guard_acted_first(&text, kind, &settled),
                             None => Ending::rollback_failed(format!("host needs attention: {text}; the host's guard is rolling back ({})", found.name())),
                         });

@@ -100,21 +100,30 @@ fn fresh() {
     );
 }
 
-/// Copies the binary under test to the host (its /usr is an overlay: the write stays its own).
+/// Copies the binaries under test to the host (its /usr is an overlay: the write stays its own):
+/// reconcile, and the host's guard beside it, where apply finds it.
 fn install_binary() {
-    let status = Command::new("scp")
-        .arg("-F")
-        .arg(lab().ssh_config())
-        .arg("-q")
-        .arg(env!("CARGO_BIN_EXE_reconcile"))
-        .arg(format!("{AGENT}:{BIN}.new"))
-        .status()
-        .expect("scp runs");
-    assert!(status.success(), "copying the binary to {AGENT}");
-    lab().sh(
-        AGENT,
-        &format!("chmod 755 {BIN}.new && mv -f {BIN}.new {BIN}"),
-    );
+    for (local, remote) in [
+        (env!("CARGO_BIN_EXE_reconcile"), BIN.to_string()),
+        (
+            env!("CARGO_BIN_EXE_reconcile-guard"),
+            format!("{BIN}-guard"),
+        ),
+    ] {
+        let status = Command::new("scp")
+            .arg("-F")
+            .arg(lab().ssh_config())
+            .arg("-q")
+            .arg(local)
+            .arg(format!("{AGENT}:{remote}.new"))
+            .status()
+            .expect("scp runs");
+        assert!(status.success(), "copying {local} to {AGENT}");
+        lab().sh(
+            AGENT,
+            &format!("chmod 755 {remote}.new && mv -f {remote}.new {remote}"),
+        );
+    }
 }
 
 #[test]

@@ -67,6 +67,12 @@ fn setup() {
         );
         for host in FLEET {
             copy(env!("CARGO_BIN_EXE_reconcile"), host, BIN);
+            // The host's guard beside it, where apply finds it.
+            copy(
+                env!("CARGO_BIN_EXE_reconcile-guard"),
+                host,
+                &format!("{BIN}-guard"),
+            );
         }
     });
 }

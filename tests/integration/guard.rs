@@ -89,9 +89,11 @@ fn guard_state(unit: &str) -> String {
     guard_state_on(HOST, unit)
 }
 
+/// `unit`'s guards still at work on the host (none once a run is done with it). The guard's unit
+/// file stays, wanted at boot: a settled guard it starts exits at once.
 fn guards_left(unit: &str) -> String {
     let guard = format!("reconcile-guard-{}*", unit.trim_end_matches(".service"));
-    sh(&format!("systemctl list-units --all --no-legend '{guard}'; systemctl list-timers --all --no-legend '{guard}'")).trim().to_string()
+    sh(&format!("systemctl list-units --no-legend --state=active,activating,deactivating,reloading '{guard}'")).trim().to_string()
 }
 
 /// Whether the server on `port` of `host` answers `/health` 200, asked on the host itself.

@@ -3,9 +3,9 @@
 //! load).
 //!
 //! Before the old server stops, apply writes `guard.json` beside the unit's records and starts
-//! the guard (`guard.py`) as a transient unit with `systemd-run`. While the controller lives it
-//! renews a lease; the guard does nothing until the lease runs out. Then it judges what it can see
-//! on the host:
+//! the guard (the `reconcile-guard` program, copied to the host) as a unit of its own. While the
+//! controller lives it renews a lease; the guard does nothing until the lease runs out. Then it
+//! judges what it can see on the host ([`judge::judge`]):
 //! - the new unit failed or is crash-looping, or is not active with `/health` 200 by the
 //!   verification deadline: the previous unit goes back (as apply's rollback puts it back), and the
 //!   guard waits for it to answer `/health`;
@@ -14,14 +14,18 @@
 //!
 //! The controller's own rollback first `take`s the guard: the guard then finishes that rollback if
 //! the controller dies during it. Both sides decide under one flock on one file, so exactly one of
-//! them acts. This module is the pure half: the record, the deadline, the names.
+//! them acts. This module is the pure half: the record, the deadline, the names, and every
+//! decision the guard takes ([`judge`]). The host's program only reads facts, takes the lock and
+//! carries a decision out; the model checker of `tests/protocol.rs` steps through the same
+//! functions.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// The guard program, run on the host by the SGLang venv's Python (standard library only).
-pub const SCRIPT: &str = include_str!("guard.py");
+pub mod judge;
+
+pub use judge::{judge, Facts, Verdict};
 
 /// How long after the controller's last word the guard acts on a unit, unless the manifest says
 /// (`verify.guard_margin`). Covers a slow round trip and the stages after readiness (smoke,
@@ -87,13 +91,13 @@ impl GuardState {
         }
     }
 
-    /// The state `guard.py` printed (`take`, `disarm`, `renew`).
+    /// The state the guard printed (`take`, `disarm`, `renew`).
     pub fn parse(text: &str) -> Option<GuardState> {
         serde_json::from_value(serde_json::Value::String(text.trim().to_string())).ok()
     }
 }
 
-/// What to do after the previous unit is back, as `guard.py` reads it.
+/// What to do after the previous unit is back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Then {
@@ -101,10 +105,22 @@ pub enum Then {
     Stop,
 }
 
-/// `guard.json` as the controller writes it when arming. The guard adds its own fields (its
-/// monotonic times, what it did); [`Settled`] reads those back.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Arming {
+/// How the change the guard watches reaches the server.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    /// The unit is restarted after arming: only a start after arming is the new unit's.
+    #[default]
+    Restart,
+    /// The server is judged as it runs, and no start follows the arming: a live change, or a
+    /// unit kept unconfirmed that apply confirms.
+    InPlace,
+}
+
+/// `guard.json`: what the controller writes when arming, and the guard's own fields beside it
+/// ([`Watch`]). [`Settled`] is the part status and plan read back.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
     pub format: u32,
     pub state: GuardState,
     pub unit: String,
@@ -134,6 +150,54 @@ pub struct Arming {
     /// Who armed it, for status.
     pub armed_by: String,
     pub armed_at: String,
+    /// The token of the run that armed it: renewals, take-overs and disarms from another run are
+    /// refused, so a stale controller never acts on a newer run's guard.
+    #[serde(default)]
+    pub run: String,
+    #[serde(default)]
+    pub change: Change,
+    #[serde(flatten)]
+    pub watch: Watch,
+}
+
+/// The guard's own part of its record: times on the host's monotonic clock (seconds), valid for
+/// the boot named, and what it did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Watch {
+    /// The boot the times below belong to (`/proc/sys/kernel/random/boot_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// When the guard began watching; a start of the unit after it is the new unit's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub armed_mono: Option<f64>,
+    #[serde(default)]
+    pub judge_at: f64,
+    #[serde(default)]
+    pub lease_until: f64,
+    /// When the controller took the guard over for its own rollback, and the unit's restarts then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub taken_at: Option<f64>,
+    #[serde(default)]
+    pub taken_restarts: u32,
+    /// The guard restored the previous unit itself.
+    #[serde(default)]
+    pub restored: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_at: Option<f64>,
+    /// When the restored unit last began to start, read once the guard's restart returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_entered: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_restarts: Option<u32>,
+    /// Why the rollback began, and what the guard's restore did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub did: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settled_at: Option<String>,
 }
 
 /// How long after arming the guard judges a unit that neither failed nor answered: the whole of

@@ -1,0 +1,907 @@
+//! Every decision the host's guard takes, as pure functions of its record, what it sees of the
+//! unit and the host's monotonic clock: the one implementation that both the `reconcile-guard`
+//! program on the host and the protocol's model checker (`tests/protocol.rs`) run.
+//!
+//! The program reads the facts ([`Facts`]) and `/health`, takes the lock, calls these and carries
+//! out what they say; it decides nothing itself.
+
+use super::{Change, GuardState, Record, Then};
+
+/// A unit that systemd restarted this often since the new invocation began is crash-looping. A
+/// rank of a server group is broken at its first restart: its process group cannot be rejoined
+/// (the record's `crash_loop_restarts` says 1 then).
+pub const CRASH_LOOP_RESTARTS: u32 = 2;
+
+/// What the guard sees of the managed unit, read by the host's program.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts {
+    /// sha256 of the unit file on disk; `None` when there is none.
+    pub sha256: Option<String>,
+    /// systemd's `ActiveState` and `SubState`.
+    pub active: String,
+    pub sub: String,
+    /// systemd's `NRestarts`.
+    pub restarts: u32,
+    /// When the unit last began to start (`InactiveExitTimestampMonotonic`), in seconds on the
+    /// clock the guard reads too.
+    pub entered: f64,
+    /// systemd still runs an older definition than the file on disk (no `daemon-reload` yet).
+    pub stale: bool,
+}
+
+impl Facts {
+    fn running(&self) -> String {
+        format!("{}/{}", self.active, self.sub)
+    }
+}
+
+/// The guard's decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nothing to do yet.
+    Wait,
+    /// The new unit is healthy at its deadline: kept, unconfirmed.
+    Keep,
+    /// The previous unit back, restarted (or left stopped) as it was.
+    Restore,
+    /// The new unit never started and the previous server still runs: its file goes back and
+    /// systemd reloads; the server is not touched.
+    PutBack,
+    /// Not the guard's to act on (the file changed, the guard settled): left as it is.
+    Leave,
+    /// The rollback finished.
+    Done,
+    /// The rollback did not bring the previous unit back.
+    Failed,
+}
+
+impl Verdict {
+    /// The state a verdict settles the guard in; `None` for a verdict that does not settle it.
+    pub fn settles(self) -> Option<GuardState> {
+        match self {
+            Verdict::Keep => Some(GuardState::Unconfirmed),
+            Verdict::Leave => Some(GuardState::Left),
+            Verdict::Done => Some(GuardState::RolledBack),
+            Verdict::Failed => Some(GuardState::RollbackFailed),
+            Verdict::Wait | Verdict::Restore | Verdict::PutBack => None,
+        }
+    }
+}
+
+/// The guard's decision from what it saw at `at`; `health` (a `/health` request: its status, or
+/// `None` when nothing answered) is called only when the decision needs it.
+pub fn judge(
+    guard: &Record,
+    f: &Facts,
+    at: f64,
+    health: impl FnOnce() -> Option<u16>,
+) -> (Verdict, String) {
+    let w = &guard.watch;
+    // The lease holds the guard off acting, not off finishing what it began: a controller that
+    // renews without knowing the guard restored would otherwise keep it waiting for good.
+    if at < w.lease_until && !w.restored {
+        return (Verdict::Wait, "the controller renewed its lease".into());
+    }
+    let crash_loop = guard.crash_loop_restarts;
+    match guard.state {
+        GuardState::Armed => {
+            if f.sha256.as_deref() != Some(guard.new_sha256.as_str()) {
+                return (
+                    Verdict::Leave,
+                    "the unit file changed since the guard was armed; left as it is".into(),
+                );
+            }
+            // Only the new invocation counts: the old one's state and restarts say nothing of it.
+            let started = f.entered > w.armed_mono.unwrap_or(0.0);
+            if started && f.active == "failed" {
+                return (Verdict::Restore, "the new unit failed".into());
+            }
+            if started && f.restarts >= crash_loop {
+                let n = f.restarts;
+                let s = if n == 1 { "" } else { "s" };
+                return (
+                    Verdict::Restore,
+                    format!("the new unit is crash-looping ({n} restart{s})"),
+                );
+            }
+            if !started && guard.change == Change::Restart {
+                return not_started(guard, f, at);
+            }
+            if at < w.judge_at {
+                return (Verdict::Wait, "before the deadline".into());
+            }
+            let code = health();
+            if f.active == "active" && code == Some(200) {
+                return (
+                    Verdict::Keep,
+                    "active and /health 200 at the deadline, but no apply confirmed it".into(),
+                );
+            }
+            let code = code.map_or("no answer".to_string(), |c| c.to_string());
+            (
+                Verdict::Restore,
+                format!(
+                    "not healthy by the deadline ({}, /health {code})",
+                    f.running()
+                ),
+            )
+        }
+        GuardState::RollingBack => rolling_back(guard, f, at, health),
+        other => (Verdict::Leave, format!("the guard is {}", other.name())),
+    }
+}
+
+/// The lease ran out on a change to be restarted, and the new unit never started: the controller
+/// stopped before its restart took. The previous server, still running, is left to run with its
+/// own file back; a server stopped and never started again is restored. A stop under way is
+/// waited for (systemd bounds it by `TimeoutStopSec`), up to the deadline.
+fn not_started(guard: &Record, f: &Facts, at: f64) -> (Verdict, String) {
+    match f.active.as_str() {
+        "active" | "reloading" => (
+            Verdict::PutBack,
+            "the new unit never started (the controller stopped before its restart)".into(),
+        ),
+        "deactivating" if at < guard.watch.judge_at => {
+            (Verdict::Wait, "the old server is stopping".into())
+        }
+        _ => (
+            Verdict::Restore,
+            format!(
+                "the server was stopped and the new unit never started ({})",
+                f.running()
+            ),
+        ),
+    }
+}
+
+fn rolling_back(
+    guard: &Record,
+    f: &Facts,
+    at: f64,
+    health: impl FnOnce() -> Option<u16>,
+) -> (Verdict, String) {
+    let w = &guard.watch;
+    let removal = guard.previous.is_none() && !guard.beneath;
+    if removal || guard.then != Then::Restart {
+        if w.restored {
+            return (Verdict::Done, "the rollback finished".into());
+        }
+        return (
+            Verdict::Restore,
+            "the controller's rollback did not finish".into(),
+        );
+    }
+    // Restarted since the rollback began, from the previous unit's file as systemd loaded it,
+    // and not crash-looping since: wait for it to load, rather than restart a previous unit
+    // that may already serve. A file put back without the reload still runs the new definition.
+    // After the guard's own restore, its start is the one read once its restart returned: that
+    // restart may have joined a start already under way (a dead controller's). Once the guard
+    // restored the unit itself, its restarts do not judge it: a group's rank restarts while its
+    // peers come back, so the restored unit has until its deadline to answer /health.
+    let (started, steady) = if w.restored {
+        let since = w.restored_entered.or(w.restored_at).unwrap_or(0.0);
+        (f.entered >= since, true)
+    } else {
+        (
+            f.entered > w.taken_at.unwrap_or(0.0),
+            f.restarts.saturating_sub(w.taken_restarts) < guard.crash_loop_restarts,
+        )
+    };
+    let back = f.sha256 == guard.previous_sha256 && !f.stale && started && steady;
+    if back && (f.active == "active" || f.active == "activating") {
+        if health() == Some(200) {
+            return (
+                Verdict::Done,
+                "the previous unit runs again and answers /health 200".into(),
+            );
+        }
+        if at < w.judge_at {
+            return (Verdict::Wait, "the restored unit is loading".into());
+        }
+        return (
+            Verdict::Failed,
+            format!(
+                "the restored unit was not healthy by its deadline ({})",
+                f.running()
+            ),
+        );
+    }
+    if w.restored {
+        return (
+            Verdict::Failed,
+            format!(
+                "the restored unit did not start or did not stay up ({})",
+                f.running()
+            ),
+        );
+    }
+    (
+        Verdict::Restore,
+        "the controller's rollback did not finish".into(),
+    )
+}
+
+/// A command from a run that did not arm this guard: refused, and the record left as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the host's guard belongs to another run ({armed_by})")]
+pub struct OtherRun {
+    pub armed_by: String,
+}
+
+impl Record {
+    fn owned_by(&self, run: &str) -> Result<(), OtherRun> {
+        // A record from before runs had tokens answers any run.
+        if self.run.is_empty() || self.run == run {
+            Ok(())
+        } else {
+            Err(OtherRun {
+                armed_by: self.armed_by.clone(),
+            })
+        }
+    }
+
+    /// The guard starts watching at `now`, in the boot `boot_id`. Its first start sets its times;
+    /// a start in the same boot (the guard itself restarted) keeps them; a start after a reboot
+    /// counts from the boot: every start of the unit since is after the arming, no controller's
+    /// lease outlives the boot, and the deadline counts from now, when the unit's load began.
+    pub fn start_watch(&mut self, now: f64, boot_id: &str) {
+        let w = &mut self.watch;
+        let same_boot = w.boot_id.as_deref() == Some(boot_id);
+        if same_boot && w.armed_mono.is_some() {
+            return;
+        }
+        let first = w.armed_mono.is_none() && w.boot_id.is_none();
+        w.boot_id = Some(boot_id.to_string());
+        w.judge_at = now + self.judge_after;
+        if first {
+            w.armed_mono = Some(now);
+            w.lease_until = now + self.margin;
+            return;
+        }
+        w.armed_mono = Some(0.0);
+        w.lease_until = 0.0;
+        w.taken_at = w.taken_at.map(|_| 0.0);
+        w.taken_restarts = 0;
+        w.restored_at = w.restored_at.map(|_| 0.0);
+        w.restored_entered = w.restored_entered.map(|_| 0.0);
+        w.restored_restarts = w.restored_restarts.map(|_| 0);
+    }
+
+    /// The controller is alive: the lease pushed out by the margin. Returns the state found.
+    pub fn renew(&mut self, run: &str, now: f64) -> Result<GuardState, OtherRun> {
+        self.owned_by(run)?;
+        if self.state.active() {
+            self.watch.lease_until = now + self.margin;
+        }
+        Ok(self.state)
+    }
+
+    /// The controller begins its own rollback; the guard finishes it should the controller die.
+    /// `restarts`: the unit's restarts now (`None`: systemd did not answer; none counted, so the
+    /// guard finishes the rollback as the controller meant to). Returns the state found: anything
+    /// but `armed` means the guard acted first, and the controller must not.
+    pub fn take(
+        &mut self,
+        run: &str,
+        now: f64,
+        restarts: Option<u32>,
+    ) -> Result<GuardState, OtherRun> {
+        self.owned_by(run)?;
+        let found = self.state;
+        if found == GuardState::Armed {
+            self.state = GuardState::RollingBack;
+            let w = &mut self.watch;
+            w.why = Some("the controller's verification failed".into());
+            w.taken_at = Some(now);
+            w.taken_restarts = restarts.unwrap_or(0);
+            w.lease_until = now + self.margin;
+            w.judge_at = now + self.judge_after;
+        }
+        Ok(found)
+    }
+
+    /// The controller is done with the unit. The guard stands down unless it acted: a guard in the
+    /// middle of its own restore stays at it, and the controller is told `rolling_back`. Returns the
+    /// state found.
+    pub fn disarm(&mut self, run: &str, at_utc: &str) -> Result<GuardState, OtherRun> {
+        self.owned_by(run)?;
+        let found = self.state;
+        let guards_own = found == GuardState::RollingBack && self.watch.restored;
+        if found.active() && !guards_own {
+            self.settle(GuardState::Disarmed, "the controller finished", at_utc);
+        }
+        Ok(found)
+    }
+
+    /// The guard settles in `state`.
+    pub fn settle(&mut self, state: GuardState, detail: &str, at_utc: &str) {
+        self.state = state;
+        self.watch.detail = detail.to_string();
+        self.watch.settled_at = Some(at_utc.to_string());
+    }
+
+    /// A verdict that settles the guard, recorded: what it did, after why the rollback began.
+    pub fn settle_on(&mut self, verdict: Verdict, why: &str, at_utc: &str) {
+        let Some(state) = verdict.settles() else {
+            return;
+        };
+        let detail = match (verdict, self.watch.why.as_deref()) {
+            (Verdict::Done | Verdict::Failed, Some(began)) => format!("{began}; {why}"),
+            _ => why.to_string(),
+        };
+        self.settle(state, detail.trim_matches(|c| c == ';' || c == ' '), at_utc);
+    }
+
+    /// The guard's own restore begins at `now`: it owns the rollback from here, and the restored
+    /// unit has a deadline of its own.
+    pub fn begin_restore(&mut self, why: &str, now: f64) {
+        self.state = GuardState::RollingBack;
+        let w = &mut self.watch;
+        w.why.get_or_insert_with(|| why.to_string());
+        w.restored = true;
+        w.restored_at = Some(now);
+        w.judge_at = now + self.judge_after;
+    }
+
+    /// The guard's restore returned: `did` says what it did; `after` is the unit as systemd
+    /// shows it then (`None`: unread), whose start is the restored unit's.
+    pub fn restore_returned(&mut self, did: &str, after: Option<&Facts>) {
+        let w = &mut self.watch;
+        if let Some(f) = after {
+            w.restored_entered = Some(f.entered);
+            w.restored_restarts = Some(f.restarts);
+        }
+        w.did = Some(did.to_string());
+        w.detail = format!("{}; {did}", w.why.as_deref().unwrap_or(""));
+    }
+
+    /// The guard put the previous file back around a server that never left it: settled as
+    /// rolled back, nothing restarted.
+    pub fn put_back(&mut self, why: &str, did: &str, at_utc: &str) {
+        self.watch.why.get_or_insert_with(|| why.to_string());
+        self.watch.did = Some(did.to_string());
+        self.settle(GuardState::RolledBack, &format!("{why}; {did}"), at_utc);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Change, Record, Watch};
+    use super::*;
+
+    /// A guard armed at 100 s on the host's clock, judging at 200 s, its lease out at 110 s.
+    fn armed() -> Record {
+        Record {
+            format: 2,
+            state: GuardState::Armed,
+            unit: "qwen.service".into(),
+            unit_path: "/etc/systemd/system/qwen.service".into(),
+            new_sha256: "new".into(),
+            previous: Some("/gen/1.service".into()),
+            previous_sha256: Some("old".into()),
+            beneath: false,
+            disable: false,
+            then: Then::Restart,
+            aside: None,
+            health_url: "http://127.0.0.1:30000/health".into(),
+            crash_loop_restarts: CRASH_LOOP_RESTARTS,
+            judge_after: 100.0,
+            margin: 10.0,
+            armed_by: "ci@box pid 7".into(),
+            armed_at: "t0".into(),
+            run: "run-1".into(),
+            change: Change::Restart,
+            watch: Watch {
+                boot_id: Some("boot-1".into()),
+                armed_mono: Some(100.0),
+                judge_at: 200.0,
+                lease_until: 110.0,
+                ..Watch::default()
+            },
+        }
+    }
+
+    fn facts(sha: &str, active: &str, sub: &str, restarts: u32, entered: f64) -> Facts {
+        Facts {
+            sha256: Some(sha.into()),
+            active: active.into(),
+            sub: sub.into(),
+            restarts,
+            entered,
+            stale: false,
+        }
+    }
+
+    /// `/health` for a case: a status, no answer, or never asked (the guard must not ask).
+    #[derive(Clone, Copy)]
+    enum Health {
+        Code(u16),
+        Silent,
+        Unasked,
+    }
+
+    fn assert_judged(cases: Vec<(Record, Facts, f64, Health)>, expected: &[(Verdict, &str)]) {
+        assert_eq!(cases.len(), expected.len());
+        for (i, ((guard, f, at, h), want)) in cases.into_iter().zip(expected).enumerate() {
+            let got = judge(&guard, &f, at, || match h {
+                Health::Code(c) => Some(c),
+                Health::Silent => None,
+                Health::Unasked => panic!("case {i}: the guard asked /health where it must not"),
+            });
+            assert_eq!((got.0, got.1.as_str()), *want, "case {i}");
+        }
+    }
+
+    use Health::{Code, Silent, Unasked};
+    use Verdict::*;
+
+    #[test]
+    fn the_guard_restores_only_what_is_broken_and_keeps_a_healthy_unit() {
+        let group = Record {
+            crash_loop_restarts: 1,
+            ..armed()
+        };
+        let cases = vec![
+            // The controller's lease holds: nothing, whatever the unit does.
+            (
+                armed(),
+                facts("new", "failed", "failed", 0, 101.0),
+                105.0,
+                Unasked,
+            ),
+            // Another change replaced the unit file: left alone.
+            (
+                armed(),
+                facts("other", "failed", "failed", 0, 101.0),
+                150.0,
+                Unasked,
+            ),
+            // The new invocation failed, or systemd restarted it twice: restored before the deadline.
+            (
+                armed(),
+                facts("new", "failed", "failed", 0, 101.0),
+                150.0,
+                Unasked,
+            ),
+            (
+                armed(),
+                facts("new", "activating", "auto-restart", 2, 130.0),
+                150.0,
+                Unasked,
+            ),
+            // A group's rank is broken at its first restart: it cannot rejoin its process group.
+            (
+                group,
+                facts("new", "activating", "auto-restart", 1, 130.0),
+                150.0,
+                Unasked,
+            ),
+            (
+                armed(),
+                facts("new", "activating", "auto-restart", 1, 130.0),
+                150.0,
+                Unasked,
+            ),
+            // Loading, before the deadline: /health is not even asked.
+            (
+                armed(),
+                facts("new", "activating", "start", 0, 101.0),
+                150.0,
+                Unasked,
+            ),
+            // At the deadline: healthy is kept, anything else restored.
+            (
+                armed(),
+                facts("new", "active", "running", 0, 101.0),
+                200.0,
+                Code(200),
+            ),
+            (
+                armed(),
+                facts("new", "active", "running", 0, 101.0),
+                200.0,
+                Code(503),
+            ),
+            (
+                armed(),
+                facts("new", "activating", "start", 0, 101.0),
+                200.0,
+                Silent,
+            ),
+        ];
+        let expected = [
+            (Wait, "the controller renewed its lease"),
+            (
+                Leave,
+                "the unit file changed since the guard was armed; left as it is",
+            ),
+            (Restore, "the new unit failed"),
+            (Restore, "the new unit is crash-looping (2 restarts)"),
+            (Restore, "the new unit is crash-looping (1 restart)"),
+            (Wait, "before the deadline"),
+            (Wait, "before the deadline"),
+            (
+                Keep,
+                "active and /health 200 at the deadline, but no apply confirmed it",
+            ),
+            (
+                Restore,
+                "not healthy by the deadline (active/running, /health 503)",
+            ),
+            (
+                Restore,
+                "not healthy by the deadline (activating/start, /health no answer)",
+            ),
+        ];
+        assert_judged(cases, &expected);
+    }
+
+    #[test]
+    fn a_new_unit_that_never_started_is_never_kept_as_if_it_ran() {
+        // The controller died after arming and before its restart: the old server still runs,
+        // healthy. Keeping it "unconfirmed" would let the next apply record a change never made.
+        let live = Record {
+            change: Change::InPlace,
+            ..armed()
+        };
+        let cases = vec![
+            (
+                armed(),
+                facts("new", "active", "running", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
+            (
+                armed(),
+                facts("new", "active", "running", 0, 90.0),
+                250.0,
+                Unasked,
+            ),
+            // Stopped by the controller, never started: the previous unit restored.
+            (
+                armed(),
+                facts("new", "inactive", "dead", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
+            // The old server still stopping: waited for, up to the deadline.
+            (
+                armed(),
+                facts("new", "deactivating", "stop-sigterm", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
+            (
+                armed(),
+                facts("new", "deactivating", "stop-sigterm", 0, 90.0),
+                250.0,
+                Unasked,
+            ),
+            // The old invocation's state says nothing of the new one.
+            (
+                armed(),
+                facts("new", "failed", "failed", 5, 90.0),
+                150.0,
+                Unasked,
+            ),
+            // A live change starts nothing: judged at its deadline as the running server.
+            (
+                live.clone(),
+                facts("new", "active", "running", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
+            (
+                live,
+                facts("new", "active", "running", 0, 90.0),
+                200.0,
+                Code(200),
+            ),
+        ];
+        let expected = [
+            (
+                PutBack,
+                "the new unit never started (the controller stopped before its restart)",
+            ),
+            (
+                PutBack,
+                "the new unit never started (the controller stopped before its restart)",
+            ),
+            (
+                Restore,
+                "the server was stopped and the new unit never started (inactive/dead)",
+            ),
+            (Wait, "the old server is stopping"),
+            (
+                Restore,
+                "the server was stopped and the new unit never started (deactivating/stop-sigterm)",
+            ),
+            (
+                Restore,
+                "the server was stopped and the new unit never started (failed/failed)",
+            ),
+            (Wait, "before the deadline"),
+            (
+                Keep,
+                "active and /health 200 at the deadline, but no apply confirmed it",
+            ),
+        ];
+        assert_judged(cases, &expected);
+    }
+
+    /// `armed()` taken over by the controller at 150 s, its lease out at 160 s.
+    fn taken() -> Record {
+        let mut r = armed();
+        r.state = GuardState::RollingBack;
+        r.watch.taken_at = Some(150.0);
+        r.watch.lease_until = 160.0;
+        r.watch.judge_at = 400.0;
+        r
+    }
+
+    fn by_guard() -> Record {
+        let mut r = taken();
+        r.watch.restored = true;
+        r.watch.restored_at = Some(170.0);
+        r
+    }
+
+    fn stale(mut f: Facts) -> Facts {
+        f.stale = true;
+        f
+    }
+
+    #[test]
+    fn a_rollback_under_way_is_finished_without_restarting_what_came_back() {
+        // A group's rank the guard restored, systemd's count of 1 restart kept across it.
+        let mut rank = by_guard();
+        rank.crash_loop_restarts = 1;
+        rank.watch.restored_entered = Some(171.0);
+        rank.watch.restored_restarts = Some(1);
+        let mut joined = by_guard();
+        joined.watch.restored_entered = Some(168.0);
+        joined.watch.restored_restarts = Some(0);
+        let mut counted = taken();
+        counted.crash_loop_restarts = 1;
+        counted.watch.taken_restarts = 1;
+        let mut new_unit = taken();
+        new_unit.previous = None;
+        new_unit.previous_sha256 = None;
+        let mut removed = new_unit.clone();
+        removed.watch.restored = true;
+        let disarmed = Record {
+            state: GuardState::Disarmed,
+            ..armed()
+        };
+        let cases = vec![
+            // The previous unit back and restarted since: waited for, then done.
+            (
+                taken(),
+                facts("old", "active", "running", 0, 151.0),
+                165.0,
+                Code(200),
+            ),
+            (
+                taken(),
+                facts("old", "activating", "start", 0, 151.0),
+                165.0,
+                Code(503),
+            ),
+            (
+                taken(),
+                facts("old", "activating", "start", 0, 151.0),
+                400.0,
+                Code(503),
+            ),
+            // Its file back, but the new server still runs (not restarted since): restored.
+            (
+                taken(),
+                facts("old", "active", "running", 0, 120.0),
+                165.0,
+                Unasked,
+            ),
+            (
+                taken(),
+                facts("new", "active", "running", 0, 120.0),
+                165.0,
+                Unasked,
+            ),
+            // The previous file back but not loaded (apply died before daemon-reload): the new
+            // definition still runs, crash-looping. Restored, not waited for.
+            (
+                taken(),
+                stale(facts("old", "activating", "auto-restart", 9, 155.0)),
+                165.0,
+                Unasked,
+            ),
+            (
+                taken(),
+                facts("old", "activating", "auto-restart", 9, 155.0),
+                165.0,
+                Unasked,
+            ),
+            // The guard's own restore did not start the previous unit: not restored again.
+            (
+                by_guard(),
+                facts("old", "failed", "failed", 0, 171.0),
+                180.0,
+                Unasked,
+            ),
+            // Its restart joined a start the dead controller had begun (at 168 s, before the
+            // guard's restore at 170 s): that start is the restored unit's.
+            (
+                joined,
+                facts("old", "active", "running", 0, 168.0),
+                180.0,
+                Code(200),
+            ),
+            // A group's rank: judged by /health by its deadline, not by its restarts.
+            (
+                rank.clone(),
+                facts("old", "active", "running", 1, 171.0),
+                180.0,
+                Code(200),
+            ),
+            (
+                rank.clone(),
+                facts("old", "activating", "auto-restart", 2, 185.0),
+                190.0,
+                Code(503),
+            ),
+            (
+                rank,
+                facts("old", "activating", "auto-restart", 7, 395.0),
+                400.0,
+                Code(503),
+            ),
+            // The controller took over a unit systemd had restarted once: its rollback's start
+            // counts from there.
+            (
+                counted,
+                facts("old", "active", "running", 1, 155.0),
+                165.0,
+                Code(200),
+            ),
+            // A unit that was new: removed, once.
+            (
+                new_unit,
+                facts("new", "active", "running", 0, 120.0),
+                165.0,
+                Unasked,
+            ),
+            (
+                removed,
+                facts("gone", "inactive", "dead", 0, 120.0),
+                165.0,
+                Unasked,
+            ),
+            // Settled already: nothing more.
+            (
+                disarmed,
+                facts("new", "failed", "failed", 0, 101.0),
+                300.0,
+                Unasked,
+            ),
+        ];
+        let expected = [
+            (Done, "the previous unit runs again and answers /health 200"),
+            (Wait, "the restored unit is loading"),
+            (
+                Failed,
+                "the restored unit was not healthy by its deadline (activating/start)",
+            ),
+            (Restore, "the controller's rollback did not finish"),
+            (Restore, "the controller's rollback did not finish"),
+            (Restore, "the controller's rollback did not finish"),
+            (Restore, "the controller's rollback did not finish"),
+            (
+                Failed,
+                "the restored unit did not start or did not stay up (failed/failed)",
+            ),
+            (Done, "the previous unit runs again and answers /health 200"),
+            (Done, "the previous unit runs again and answers /health 200"),
+            (Wait, "the restored unit is loading"),
+            (
+                Failed,
+                "the restored unit was not healthy by its deadline (activating/auto-restart)",
+            ),
+            (Done, "the previous unit runs again and answers /health 200"),
+            (Restore, "the controller's rollback did not finish"),
+            (Done, "the rollback finished"),
+            (Leave, "the guard is disarmed"),
+        ];
+        assert_judged(cases, &expected);
+    }
+
+    #[test]
+    fn a_lease_renewed_after_the_guards_own_restore_does_not_hold_it_off_finishing() {
+        let mut g = by_guard();
+        g.watch.lease_until = 500.0;
+        let f = facts("old", "active", "running", 0, 171.0);
+        assert_eq!(judge(&g, &f, 180.0, || Some(200)).0, Done);
+        let mut held = taken();
+        held.watch.lease_until = 500.0;
+        assert_eq!(judge(&held, &f, 180.0, || panic!("not asked")).0, Wait);
+    }
+
+    #[test]
+    fn a_disarm_never_ends_the_guards_own_restore() {
+        let mut own = by_guard();
+        assert_eq!(own.disarm("run-1", "t2"), Ok(GuardState::RollingBack));
+        assert_eq!(own.state, GuardState::RollingBack);
+        let mut controllers = taken();
+        assert_eq!(
+            controllers.disarm("run-1", "t2"),
+            Ok(GuardState::RollingBack)
+        );
+        assert_eq!(controllers.state, GuardState::Disarmed);
+        let mut settled = Record {
+            state: GuardState::RolledBack,
+            ..armed()
+        };
+        assert_eq!(settled.disarm("run-1", "t2"), Ok(GuardState::RolledBack));
+        assert_eq!(settled.state, GuardState::RolledBack);
+    }
+
+    #[test]
+    fn another_runs_commands_are_refused_and_change_nothing() {
+        let mut g = armed();
+        let before = g.clone();
+        let other = Err(OtherRun {
+            armed_by: "ci@box pid 7".into(),
+        });
+        assert_eq!(g.renew("run-0", 500.0), other);
+        assert_eq!(g.take("run-0", 500.0, Some(0)), other);
+        assert_eq!(g.disarm("run-0", "t"), other);
+        assert_eq!(g, before);
+        assert_eq!(g.renew("run-1", 500.0), Ok(GuardState::Armed));
+        assert_eq!(g.watch.lease_until, 510.0);
+    }
+
+    #[test]
+    fn a_reboot_voids_the_old_boots_clock_and_counts_the_deadline_from_the_boot() {
+        let mut g = armed();
+        g.watch.taken_at = Some(150.0);
+        // The guard itself restarted in the same boot: its times stand.
+        let same = g.clone();
+        g.start_watch(300.0, "boot-1");
+        assert_eq!(g, same);
+        g.start_watch(3.0, "boot-2");
+        let w = &g.watch;
+        assert_eq!(
+            (w.armed_mono, w.lease_until, w.judge_at, w.taken_at),
+            (Some(0.0), 0.0, 103.0, Some(0.0))
+        );
+        // The new unit crash-looping after the boot is the new unit's, and judged at once.
+        let (verdict, _) = judge(
+            &g,
+            &facts("new", "activating", "auto-restart", 2, 5.0),
+            10.0,
+            || panic!("not asked"),
+        );
+        assert_eq!(verdict, Restore);
+        // A first start sets the lease and the deadline from arming.
+        let mut fresh = armed();
+        fresh.watch = Watch::default();
+        fresh.start_watch(50.0, "boot-1");
+        let w = &fresh.watch;
+        assert_eq!(
+            (w.armed_mono, w.lease_until, w.judge_at),
+            (Some(50.0), 60.0, 150.0)
+        );
+    }
+
+    #[test]
+    fn the_record_reads_back_as_it_was_written() {
+        let mut g = by_guard();
+        g.watch.why = Some("the new unit failed".into());
+        let text = serde_json::to_string(&g).unwrap();
+        let back: Record = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, g);
+        // A record written by an earlier guard (format 1, no run, no change) still reads.
+        let old = r#"{"format":1,"state":"armed","unit":"q.service","unit_path":"/etc/systemd/system/q.service","new_sha256":"n","previous":null,"previous_sha256":null,"beneath":false,"disable":false,"then":"restart","aside":null,"health_url":"http://127.0.0.1:1/health","crash_loop_restarts":2,"judge_after":10.0,"margin":4.0,"armed_by":"x","armed_at":"y","armed_mono":5.5,"judge_at":15.5,"lease_until":9.5}"#;
+        let r: Record = serde_json::from_str(old).unwrap();
+        assert_eq!((r.change, r.run.as_str()), (Change::Restart, ""));
+        assert_eq!(r.watch.armed_mono, Some(5.5));
+    }
+}

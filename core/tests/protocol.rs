@@ -1,0 +1,650 @@
+//! The apply protocol as a model, checked by a real model checker (stateright) over every order
+//! of its actors' steps: the controller (core's `Transaction`, step by step, dying at any step),
+//! the host's guard (core's `guard::judge` and the record's transitions, on `guard.json` as the
+//! host keeps it), systemd and the server (the new unit fast, slow, crash-looping or hanging),
+//! the link (cut, healed), the clock (the lease renewed while the controller lives, deadlines),
+//! and a reboot of the host (a power cut that takes the controller down with it).
+//!
+//! The model runs the decision functions the program runs, not a copy of them: a change to the
+//! transaction or the guard's judge that breaks a property fails here, with the trace.
+//!
+//! Modelled: a single server; restart and confirm (a unit the guard kept, verified as it runs).
+//! Not yet: live changes (weights, values), a 2-rank group, a second stale controller, and a
+//! stop of the old server that outlasts the lease (apply renews the lease through its restart).
+
+use reconcile_core::guard::{judge, Change, Facts, GuardState, Record, Then, Verdict, Watch};
+use reconcile_core::transaction::{End, Kind, Step, Transaction, Went};
+use stateright::{Checker, Model, Property};
+
+/// Verification's (learned) load deadline, counted from the restart, in ticks.
+const DEADLINE: u32 = 3;
+/// The controller's lease after each renewal.
+const MARGIN: u32 = 2;
+/// The previous unit loads in this many ticks.
+const PREVIOUS_LOAD: u32 = 1;
+/// Crashes, cuts and reboots happen before this tick; after it, the actors settle.
+const FAULTS_UNTIL: u32 = 7;
+/// The model's horizon: every actor has settled by then (P5 is judged there). After the last
+/// fault: the lease, the guard's deadline, a restore's load and its own deadline.
+const HORIZON: u32 = FAULTS_UNTIL + MARGIN + 2 * (DEADLINE + MARGIN) + PREVIOUS_LOAD + 2;
+/// The host's monotonic clock reads this at boot (it never starts at 0).
+const BOOT_MONO: u32 = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Def {
+    Previous,
+    New,
+}
+
+/// How the new unit's server behaves once started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Behaviour {
+    /// Healthy a tick after its start.
+    Fast,
+    /// Healthy at verification's deadline, no sooner.
+    Slow,
+    /// Dies a tick after each start; systemd restarts it.
+    CrashLoop,
+    /// Never answers `/health` 200.
+    Hang,
+}
+
+/// systemd's view of the managed unit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Unit {
+    /// The file on disk, and the definition systemd loaded.
+    file: Def,
+    loaded: Def,
+    /// What runs, and when it last began to start (global ticks); `None`: stopped.
+    running: Option<(Def, u32)>,
+    restarts: u32,
+    /// Whether the run that arms the guard started it (the new invocation).
+    started_by_apply: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Controller {
+    tx: Transaction,
+    alive: bool,
+    /// When its restart (or its rollback's) took, for verification's deadline.
+    restarted_at: Option<u32>,
+    /// This run took the guard over and restores itself.
+    restoring: bool,
+    /// What it recorded as its ending.
+    ended: Option<End>,
+    /// It recorded the change as converged: what ran then.
+    converged_on: Option<(Def, bool)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct State {
+    now: u32,
+    behaviour: Behaviour,
+    unit: Unit,
+    ctl: Controller,
+    /// guard.json as the host keeps it; `None` before arming.
+    guard: Option<String>,
+    /// Whether the guard's program runs (started at arming, and at boot).
+    guard_running: bool,
+    link_up: bool,
+    cut_once: bool,
+    /// When the host last booted (global ticks), and how many times.
+    boot_at: u32,
+    boots: u32,
+    /// Restores (a restart of the previous unit) by each side, and two at once.
+    guard_restores: u32,
+    controller_restores: u32,
+    /// The new server answered /health by verification's deadline, yet the guard restored it.
+    healthy_restored: bool,
+    /// The new server was healthy within its deadline at some point of this invocation.
+    healthy_in_time: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Action {
+    Tick,
+    /// The controller carries out its current step.
+    Step,
+    Crash,
+    Cut,
+    Heal,
+    /// A power cut of the rack: the host reboots and the controller dies with it.
+    Reboot,
+    /// A gate after readiness fails (a smoke or quality gate), on whatever server runs.
+    FailGate,
+}
+
+struct Protocol {
+    kind: Kind,
+    behaviours: Vec<Behaviour>,
+    /// Whether a gate after readiness may fail (a smoke or quality gate on a healthy server).
+    gate_may_fail: bool,
+}
+
+const RUN: &str = "run-1";
+
+impl State {
+    fn host_mono(&self) -> f64 {
+        f64::from(BOOT_MONO + self.now - self.boot_at)
+    }
+
+    /// When a start at tick `at` began, on this boot's monotonic clock. A start comes a moment
+    /// after the command that asked for it, so after any record written in the same tick; a start
+    /// before this boot reads as 0 (systemd's timestamps are of this boot).
+    fn mono_of(&self, at: u32) -> f64 {
+        if at < self.boot_at {
+            0.0
+        } else {
+            f64::from(BOOT_MONO + at - self.boot_at) + 0.5
+        }
+    }
+
+    /// Whether the server answers /health 200.
+    fn healthy(&self) -> bool {
+        match self.unit.running {
+            Some((Def::Previous, since)) => self.now >= since + PREVIOUS_LOAD,
+            Some((Def::New, since)) => match self.behaviour {
+                Behaviour::Fast => self.now > since,
+                Behaviour::Slow => self.now >= since + DEADLINE,
+                Behaviour::CrashLoop | Behaviour::Hang => false,
+            },
+            None => false,
+        }
+    }
+
+    fn crash_looping(&self) -> bool {
+        matches!(self.unit.running, Some((Def::New, _))) && self.behaviour == Behaviour::CrashLoop
+    }
+
+    fn facts(&self) -> Facts {
+        let sha = match self.unit.file {
+            Def::Previous => "old",
+            Def::New => "new",
+        };
+        let (active, sub) = match self.unit.running {
+            None => ("inactive", "dead"),
+            Some(_) if self.crash_looping() && self.unit.restarts > 0 => {
+                ("activating", "auto-restart")
+            }
+            Some(_) => ("active", "running"),
+        };
+        Facts {
+            sha256: Some(sha.into()),
+            active: active.into(),
+            sub: sub.into(),
+            restarts: self.unit.restarts,
+            entered: self.unit.running.map_or(0.0, |(_, at)| self.mono_of(at)),
+            stale: self.unit.file != self.unit.loaded,
+        }
+    }
+
+    fn record(&self) -> Option<Record> {
+        self.guard
+            .as_deref()
+            .map(|text| serde_json::from_str(text).expect("guard.json reads"))
+    }
+
+    fn keep(&mut self, record: &Record) {
+        self.guard = Some(serde_json::to_string(record).expect("guard.json writes"));
+    }
+
+    /// systemctl restart of the loaded definition (stop, then start).
+    fn restart(&mut self, by_apply: bool) {
+        self.unit.running = Some((self.unit.loaded, self.now));
+        self.unit.restarts = 0;
+        self.unit.started_by_apply = by_apply;
+        self.healthy_in_time = false;
+    }
+
+    fn daemon_reload(&mut self) {
+        self.unit.loaded = self.unit.file;
+    }
+
+    /// Nothing will change any more but the clock: the controller is done or dead, the guard
+    /// settled, and the server steady (serving, stopped, or hung for good).
+    fn quiescent(&self) -> bool {
+        let controller_done = !self.ctl.alive || self.ctl.ended.is_some();
+        let steady = match self.unit.running {
+            None => true,
+            Some((Def::Previous, since)) => self.now >= since + PREVIOUS_LOAD,
+            Some((Def::New, since)) => match self.behaviour {
+                Behaviour::Fast => self.now > since,
+                Behaviour::Slow => self.now >= since + DEADLINE,
+                Behaviour::Hang => true,
+                Behaviour::CrashLoop => false,
+            },
+        };
+        controller_done && !self.guard_running && steady && self.link_up
+    }
+
+    /// Whether a host command reaches the host now.
+    fn reachable(&self) -> bool {
+        self.link_up
+    }
+}
+
+fn arming(kind: Kind, now_utc: &str) -> Record {
+    Record {
+        format: 2,
+        state: GuardState::Armed,
+        unit: "qwen.service".into(),
+        unit_path: "/etc/systemd/system/qwen.service".into(),
+        new_sha256: "new".into(),
+        previous: Some("/var/lib/reconcile/qwen.service/generations/1.service".into()),
+        previous_sha256: Some("old".into()),
+        beneath: false,
+        disable: false,
+        then: Then::Restart,
+        aside: None,
+        health_url: "http://127.0.0.1:30000/health".into(),
+        crash_loop_restarts: 2,
+        // The guard judges by verification's own deadline, plus the margin.
+        judge_after: f64::from(DEADLINE + MARGIN),
+        margin: f64::from(MARGIN),
+        armed_by: "ci@box pid 7".into(),
+        armed_at: now_utc.into(),
+        run: RUN.into(),
+        change: if kind == Kind::Restart {
+            Change::Restart
+        } else {
+            Change::InPlace
+        },
+        watch: Watch::default(),
+    }
+}
+
+impl Protocol {
+    fn boot_id(s: &State) -> String {
+        format!("boot-{}", s.boots)
+    }
+
+    /// The guard's poll: judged by core, carried out as `reconcile-guard watch` does.
+    fn guard_poll(s: &mut State) {
+        let Some(mut g) = s.record() else { return };
+        if !g.state.active() {
+            s.guard_running = false;
+            return;
+        }
+        let healthy = s.healthy();
+        let (verdict, why) = judge(&g, &s.facts(), s.host_mono(), || {
+            Some(if healthy { 200 } else { 503 })
+        });
+        match verdict {
+            Verdict::Wait => return,
+            Verdict::PutBack => {
+                s.unit.file = Def::Previous;
+                s.daemon_reload();
+                g.put_back(&why, "put back", "t");
+            }
+            Verdict::Restore => {
+                if s.ctl.restoring {
+                    // The controller took the guard over: the guard restores only once the
+                    // controller is gone (its lease out), so both at once would be a defect.
+                    s.controller_restores += 100;
+                }
+                if s.unit.running.map(|(d, _)| d) == Some(Def::New) && s.healthy_in_time {
+                    s.healthy_restored = true;
+                }
+                g.begin_restore(&why, s.host_mono());
+                s.unit.file = Def::Previous;
+                s.daemon_reload();
+                s.restart(false);
+                s.guard_restores += 1;
+                let after = s.facts();
+                g.restore_returned("restored", Some(&after));
+            }
+            settles => g.settle_on(settles, &why, "t"),
+        }
+        if !g.state.active() {
+            s.guard_running = false;
+        }
+        s.keep(&g);
+    }
+
+    /// The controller's current step, carried out against the model's host.
+    fn step(&self, s: &mut State) -> Option<()> {
+        let step = s.ctl.tx.step();
+        let went = match step {
+            Step::Prepare | Step::Stage | Step::Drain => Went::Passed,
+            Step::Write => {
+                s.unit.file = Def::New;
+                s.daemon_reload();
+                Went::Passed
+            }
+            Step::Arm => {
+                if self.kind == Kind::Confirm {
+                    // Verified as it runs, from now.
+                    s.ctl.restarted_at = Some(s.now);
+                }
+                let record = arming(self.kind, "t0");
+                let mut record = record;
+                record.start_watch(s.host_mono(), &Self::boot_id(s));
+                s.keep(&record);
+                s.guard_running = true;
+                Went::Passed
+            }
+            Step::Restart => {
+                s.restart(true);
+                s.ctl.restarted_at = Some(s.now);
+                Went::Passed
+            }
+            Step::Verify => {
+                let since = s.ctl.restarted_at?;
+                if s.healthy() && s.unit.running.map(|(d, _)| d) == Some(Def::New) {
+                    Went::Passed
+                } else if s.crash_looping() && s.unit.restarts > 0
+                    || s.unit.running.is_none()
+                    || s.now >= since + DEADLINE
+                {
+                    Went::Failed
+                } else {
+                    return None; // still loading: verification polls on
+                }
+            }
+            Step::Gates => Went::Passed,
+            Step::Confirm => {
+                let mut g = s.record()?;
+                let found = g.disarm(RUN, "t").ok()?;
+                s.keep(&g);
+                if found == GuardState::Armed
+                    || found == GuardState::RollingBack && !g.watch.restored
+                {
+                    let running = s.unit.running.map(|(d, _)| d);
+                    s.ctl.converged_on = running.map(|d| (d, s.unit.started_by_apply));
+                    s.ctl.ended = Some(End::Converged);
+                } else {
+                    // The guard acted first: reported as its rollback, nothing recorded.
+                    s.ctl.ended = Some(End::RolledBack);
+                }
+                Went::Passed
+            }
+            Step::RollBack => {
+                if !s.ctl.restoring {
+                    let mut g = s.record()?;
+                    let found = g.take(RUN, s.host_mono(), Some(s.unit.restarts)).ok()?;
+                    s.keep(&g);
+                    if found != GuardState::Armed {
+                        s.ctl.ended = Some(End::RolledBack);
+                        s.ctl.tx.went(Went::Passed);
+                        return Some(());
+                    }
+                    s.ctl.restoring = true;
+                    s.unit.file = Def::Previous;
+                    s.daemon_reload();
+                    s.restart(false);
+                    s.controller_restores += 1;
+                    return Some(());
+                }
+                // Verified as it loads; then the guard stands down.
+                if !s.healthy() {
+                    return None;
+                }
+                let mut g = s.record()?;
+                g.disarm(RUN, "t").ok()?;
+                s.keep(&g);
+                s.ctl.ended = Some(End::RolledBack);
+                Went::Passed
+            }
+            Step::PutBack | Step::LiveBack | Step::RecordReload | Step::Live => Went::Failed,
+            Step::Done(_) => return None,
+        };
+        let next = s.ctl.tx.went(went);
+        if let Step::Done(end) = next {
+            s.ctl.ended.get_or_insert(end);
+        }
+        Some(())
+    }
+
+    /// Whether the controller's current step can be carried out now (a wait is not).
+    fn can_step(&self, s: &State) -> bool {
+        self.step(&mut s.clone()).is_some()
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        self.behaviours
+            .iter()
+            .map(|&behaviour| {
+                let confirm = self.kind == Kind::Confirm;
+                // The apply begins at tick 1; what runs started before it.
+                State {
+                    now: 1,
+                    behaviour,
+                    unit: Unit {
+                        file: if confirm { Def::New } else { Def::Previous },
+                        loaded: if confirm { Def::New } else { Def::Previous },
+                        running: Some((if confirm { Def::New } else { Def::Previous }, 0)),
+                        restarts: 0,
+                        started_by_apply: confirm,
+                    },
+                    ctl: Controller {
+                        tx: Transaction::new(self.kind),
+                        alive: true,
+                        restarted_at: None,
+                        restoring: false,
+                        ended: None,
+                        converged_on: None,
+                    },
+                    guard: None,
+                    guard_running: false,
+                    link_up: true,
+                    cut_once: false,
+                    boot_at: 0,
+                    boots: 1,
+                    guard_restores: 0,
+                    controller_restores: 0,
+                    healthy_restored: false,
+                    healthy_in_time: false,
+                }
+            })
+            .collect()
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        if s.now >= HORIZON {
+            return;
+        }
+        let working = s.ctl.alive && s.ctl.ended.is_none();
+        // A step takes no time: the clock moves on only while the controller waits (on a
+        // loading server, a cut link) or is gone.
+        if working && s.reachable() && self.can_step(s) {
+            actions.push(Action::Step);
+            if self.gate_may_fail && s.ctl.tx.step() == Step::Gates {
+                actions.push(Action::FailGate);
+            }
+        } else {
+            actions.push(Action::Tick);
+        }
+        if working && s.now < FAULTS_UNTIL {
+            actions.push(Action::Crash);
+            if s.link_up && !s.cut_once {
+                actions.push(Action::Cut);
+            }
+            if s.guard.is_some() && s.boots == 1 {
+                actions.push(Action::Reboot);
+            }
+        }
+        if !s.link_up && s.now < FAULTS_UNTIL {
+            actions.push(Action::Heal);
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Tick => {
+                if s.quiescent() {
+                    // Nothing acts any more: the horizon, where P5 is judged.
+                    s.now = HORIZON;
+                    return Some(s);
+                }
+                s.now += 1;
+                // systemd restarts a crash-looping server; the new server's health is noted.
+                if s.crash_looping() {
+                    s.unit.running = Some((Def::New, s.now));
+                    s.unit.restarts += 1;
+                }
+                if s.healthy() {
+                    if let (Some((Def::New, since)), true) =
+                        (s.unit.running, s.unit.started_by_apply)
+                    {
+                        if s.now <= since + DEADLINE {
+                            s.healthy_in_time = true;
+                        }
+                    }
+                }
+                // A live controller renews its lease (a quarter of the margin apart).
+                if s.ctl.alive && s.ctl.ended.is_none() && s.link_up {
+                    if let Some(mut g) = s.record() {
+                        if g.renew(RUN, s.host_mono()).is_ok() {
+                            s.keep(&g);
+                        }
+                    }
+                }
+                // The guard looks once a tick (it polls every second); the controller's steps
+                // fall before or after its look, in every order.
+                if s.guard_running {
+                    Self::guard_poll(&mut s);
+                }
+            }
+            Action::Step => self.step(&mut s)?,
+            Action::FailGate => {
+                s.ctl.tx.went(Went::Failed);
+            }
+            Action::Crash => s.ctl.alive = false,
+            Action::Cut => {
+                s.link_up = false;
+                s.cut_once = true;
+            }
+            Action::Heal => s.link_up = true,
+            Action::Reboot => {
+                s.ctl.alive = false;
+                s.boots += 1;
+                s.boot_at = s.now;
+                // The unit is enabled: systemd starts it from the file on disk at boot.
+                s.daemon_reload();
+                let by_apply = s.unit.started_by_apply || s.unit.loaded == Def::New;
+                s.restart(by_apply);
+                // The guard's unit is enabled too: it starts again and acts on its record.
+                if let Some(mut g) = s.record() {
+                    g.start_watch(s.host_mono(), &Self::boot_id(&s));
+                    s.guard_running = g.state.active();
+                    s.keep(&g);
+                }
+            }
+        }
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            // P1: recorded converged only if the host runs the new unit, started by this apply.
+            Property::always("P1 converged means the new unit runs", |_, s: &State| {
+                s.ctl.ended != Some(End::Converged) || s.ctl.converged_on == Some((Def::New, true))
+            }),
+            // P2: never two restores of one unit: the controller and the guard, or one twice.
+            Property::always("P2 one restore at most", |_, s: &State| {
+                s.guard_restores + s.controller_restores <= 1
+            }),
+            // P3: a server healthy before its deadline is never restored by a guard.
+            Property::always(
+                "P3 a healthy server is never restored blind",
+                |_, s: &State| !s.healthy_restored,
+            ),
+            // P5: at the horizon, the host serves the new unit (recorded, or kept for the next
+            // apply to confirm) or its previous unit, and the guard has settled.
+            Property::always("P5 every ending serves a known unit", |_, s: &State| {
+                if s.now < HORIZON {
+                    return true;
+                }
+                if !s.ctl.tx.armed() && s.ctl.tx.step() != Step::Done(End::Converged) {
+                    // Stopped before its guard was armed: what runs is what ran (the window
+                    // between the write and the arming is property W's).
+                    return true;
+                }
+                let g = s.record();
+                let settled = g.as_ref().is_none_or(|g| !g.state.active());
+                let serving = s.healthy();
+                let running = s.unit.running.map(|(d, _)| d);
+                let told = match (running, g.as_ref().map(|g| g.state)) {
+                    (Some(Def::New), _) if s.ctl.ended == Some(End::Converged) => true,
+                    (Some(Def::New), Some(GuardState::Unconfirmed)) => true,
+                    (Some(Def::Previous), _) => s.unit.file == Def::Previous,
+                    _ => false,
+                };
+                settled && serving && told
+            }),
+            // W: the new unit file is never on disk, loaded, with no guard armed and no live
+            // controller: a reboot would start it unverified and unwatched. The model finds
+            // this window (the controller dead between Write and Arm): see the restart test.
+            Property::always(WRITE_WINDOW, |_, s: &State| {
+                !(s.unit.file == Def::New
+                    && s.guard.is_none()
+                    && !s.ctl.alive
+                    && s.ctl.tx.kind() == Kind::Restart)
+            }),
+        ]
+    }
+}
+
+const WRITE_WINDOW: &str = "W the new unit file is never left unguarded";
+const PROVEN: [&str; 4] = [
+    "P1 converged means the new unit runs",
+    "P2 one restore at most",
+    "P3 a healthy server is never restored blind",
+    "P5 every ending serves a known unit",
+];
+
+/// Checks every state `protocol` reaches: P1, P2, P3 and P5 hold (a broken one fails with its
+/// trace). Returns the states explored and whether the write window (W) was found.
+fn check(protocol: Protocol) -> (usize, bool) {
+    let started = std::time::Instant::now();
+    let checker = protocol.checker().spawn_bfs().join();
+    eprintln!(
+        "{} unique states in {:.1?}",
+        checker.unique_state_count(),
+        started.elapsed()
+    );
+    for property in PROVEN {
+        checker.assert_no_discovery(property);
+    }
+    (
+        checker.unique_state_count(),
+        checker.discovery(WRITE_WINDOW).is_some(),
+    )
+}
+
+#[test]
+fn a_restart_holds_p1_p2_p3_p5_whatever_crashes_cuts_or_reboots() {
+    let (states, write_window) = check(Protocol {
+        kind: Kind::Restart,
+        behaviours: vec![
+            Behaviour::Fast,
+            Behaviour::Slow,
+            Behaviour::CrashLoop,
+            Behaviour::Hang,
+        ],
+        gate_may_fail: true,
+    });
+    assert!(states > 1000, "the model explored only {states} states");
+    // Found, not fixed yet: a controller that dies after writing the new unit and before arming
+    // its guard leaves the new file on disk with the old server running and nothing watching;
+    // the next apply restarts it, but a reboot first would start it unverified. When the
+    // transaction arms before it writes, this turns false and W joins the proven properties.
+    assert!(write_window, "the write window is closed: move W to PROVEN");
+}
+
+#[test]
+fn a_confirm_holds_p1_p2_p3_p5_whatever_crashes_cuts_or_reboots() {
+    let (states, write_window) = check(Protocol {
+        kind: Kind::Confirm,
+        behaviours: vec![Behaviour::Fast, Behaviour::CrashLoop, Behaviour::Hang],
+        gate_may_fail: true,
+    });
+    assert!(states > 100, "the model explored only {states} states");
+    assert!(!write_window, "a confirm writes nothing");
+}
