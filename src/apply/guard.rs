@@ -51,7 +51,14 @@ fn local_program() -> Result<(std::path::PathBuf, Vec<u8>), RemoteError> {
         stderr: detail,
     };
     let exe = std::env::current_exe().map_err(|e| fail(e.to_string()))?;
-    let path = exe.with_file_name("reconcile-guard");
+    let mut path = exe.with_file_name("reconcile-guard");
+    // A test executable runs from cargo's deps/, one folder below the programs.
+    let dir = exe.parent();
+    if !path.exists() && dir.and_then(|d| d.file_name()).is_some_and(|n| n == "deps") {
+        if let Some(up) = dir.and_then(|d| d.parent()) {
+            path = up.join("reconcile-guard");
+        }
+    }
     let bytes = std::fs::read(&path).map_err(|e| {
         fail(format!(
             "{}: {e} (reconcile-guard is built and installed beside reconcile)",

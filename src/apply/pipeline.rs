@@ -1884,6 +1884,13 @@ mod server_of_one {
     fn host(unit: Option<&str>) -> FakeHost {
         let fake = FakeHost::new("gpu-a")
             .on(&[], Reply::ok(""))
+            // The guard program (its path names its build): found armed when taken over.
+            .on_with(&[], |argv, _| match argv {
+                [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
+                    Reply::ok("armed\n")
+                }
+                _ => Reply::ok(""),
+            })
             .on(
                 &["systemctl", "show"],
                 Reply::ok("InvocationID=inv-1\nActiveState=active\n"),
