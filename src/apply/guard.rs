@@ -4,6 +4,8 @@
 //! on the host once the lease runs out, and rolls back only a unit that is not healthy.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use reconcile_core::guard::{self, Change, GuardState, Record, Settled, Then, Watch};
@@ -42,52 +44,57 @@ pub struct Armed<'a> {
     guard_unit: String,
 }
 
-/// The guard program beside this one (`cargo build` and `cargo install` put both there).
-fn local_program() -> Result<(std::path::PathBuf, Vec<u8>), RemoteError> {
-    let fail = |detail: String| RemoteError::Failed {
-        host: "local".into(),
-        command: "read the guard program".into(),
-        status: -1,
-        stderr: detail,
-    };
-    let exe = std::env::current_exe().map_err(|e| fail(e.to_string()))?;
-    let mut path = exe.with_file_name("reconcile-guard");
-    // A test executable runs from cargo's deps/, one folder below the programs.
-    let dir = exe.parent();
-    if !path.exists() && dir.and_then(|d| d.file_name()).is_some_and(|n| n == "deps") {
-        if let Some(up) = dir.and_then(|d| d.parent()) {
-            path = up.join("reconcile-guard");
-        }
+/// Why a guard could not be armed.
+#[derive(Debug, thiserror::Error)]
+pub enum ArmError {
+    /// The guard program is not beside reconcile, or cannot be read.
+    #[error("cannot read the guard program {} (reconcile-guard is built and installed beside reconcile)", path.display())]
+    Program {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+}
+
+/// The guard program this run copies to hosts, read once.
+struct Program {
+    sha256: String,
+    bytes: Vec<u8>,
+}
+
+/// The guard program beside this executable (`cargo build` and `cargo install` put both there;
+/// a test executable runs from cargo's `deps/`, one folder below).
+fn local_program() -> Result<&'static Program, ArmError> {
+    static PROGRAM: OnceLock<Program> = OnceLock::new();
+    if let Some(program) = PROGRAM.get() {
+        return Ok(program);
     }
-    let bytes = std::fs::read(&path).map_err(|e| {
-        fail(format!(
-            "{}: {e} (reconcile-guard is built and installed beside reconcile)",
-            path.display()
-        ))
-    })?;
-    Ok((path, bytes))
+    let unread = |path: PathBuf| move |source| ArmError::Program { path, source };
+    let exe = std::env::current_exe().map_err(unread(PathBuf::from("/proc/self/exe")))?;
+    let dir = exe.parent().unwrap_or(Path::new("/"));
+    let mut path = dir.join("reconcile-guard");
+    if !path.exists() && dir.file_name().is_some_and(|n| n == "deps") {
+        path = dir.parent().unwrap_or(dir).join("reconcile-guard");
+    }
+    let bytes = std::fs::read(&path).map_err(unread(path))?;
+    let sha256 = {
+        use sha2::{Digest, Sha256};
+        format!("{:x}", Sha256::digest(&bytes))
+    };
+    Ok(PROGRAM.get_or_init(|| Program { sha256, bytes }))
 }
 
 /// The guard program on `host`, root's and named by its sha256, copied there when it is not yet:
 /// root runs it, so it lives in a folder only root can write (0700) and is checked on arrival.
-async fn install_program(host: &dyn Host) -> Result<String, RemoteError> {
-    static PROGRAM: std::sync::OnceLock<(String, Vec<u8>)> = std::sync::OnceLock::new();
-    let (sha, bytes) = match PROGRAM.get() {
-        Some(p) => p,
-        None => {
-            let (_, bytes) = local_program()?;
-            let sha = {
-                use sha2::{Digest, Sha256};
-                format!("{:x}", Sha256::digest(&bytes))
-            };
-            PROGRAM.get_or_init(|| (sha, bytes))
-        }
-    };
+async fn install_program(host: &dyn Host) -> Result<String, ArmError> {
+    let program = local_program()?;
     let dir = format!("{STATE_DIR}/guard");
-    let path = format!("{dir}/reconcile-guard-{}", &sha[..16]);
+    let path = format!("{dir}/reconcile-guard-{}", &program.sha256[..16]);
     // One round trip when it is there already. Copied whole, checked, then renamed: a cut copy
     // never runs.
-    const INSTALL: &str = r#"test -x "$1" && exit 0; umask 077; mkdir -p -- "$2" && chmod 0700 -- "$2" || exit 1
+    const INSTALL: &str = r#"umask 077; mkdir -p -- "$2" && chmod 0700 -- "$2" || exit 1
 t="$1.tmp.$$"; trap 'rm -f "$t"' EXIT
 cat > "$t" || exit 1
 [ "$(sha256sum < "$t" | cut -d' ' -f1)" = "$3" ] || { echo "the guard program arrived damaged" >&2; exit 1; }
@@ -96,16 +103,16 @@ chmod 0700 -- "$t" && mv -f -- "$t" "$1""#;
         .run(&["sh", "-c", "test -x \"$1\"", "sh", &path])
         .await?;
     if there.status != 0 {
-        let out = host
-            .run_with_input(&["sh", "-c", INSTALL, "sh", &path, &dir, sha], Some(bytes))
-            .await?;
+        let argv = ["sh", "-c", INSTALL, "sh", &path, &dir, &program.sha256];
+        let out = host.run_with_input(&argv, Some(&program.bytes)).await?;
         if out.status != 0 {
             return Err(RemoteError::Failed {
                 host: host.name().to_string(),
                 command: format!("install {path}"),
                 status: out.status,
                 stderr: out.stderr.trim().to_string(),
-            });
+            }
+            .into());
         }
     }
     Ok(path)
@@ -134,7 +141,7 @@ pub(super) async fn arm<'a>(
     back: GoingBack,
     spec: &VerifySpec,
     change: Change,
-) -> Result<Armed<'a>, RemoteError> {
+) -> Result<Armed<'a>, ArmError> {
     let (host, t) = (job.host, job.t);
     let unit = &t.desired.unit;
     let margin = spec.guard_margin;

@@ -130,7 +130,9 @@ fn locked<T>(dir: &Path, work: impl FnOnce(&mut Record) -> Result<T, Error>) -> 
 /// Replaces `path` whole: a temporary file beside it, renamed over it.
 fn write(path: &Path, content: &[u8], mode: u32) -> Result<(), Error> {
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let tmp = path.with_extension("reconcile-tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".reconcile-tmp");
+    let tmp = PathBuf::from(tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

@@ -100,32 +100,6 @@ fn fresh() {
     );
 }
 
-/// Copies the binaries under test to the host (its /usr is an overlay: the write stays its own):
-/// reconcile, and the host's guard beside it, where apply finds it.
-fn install_binary() {
-    for (local, remote) in [
-        (env!("CARGO_BIN_EXE_reconcile"), BIN.to_string()),
-        (
-            env!("CARGO_BIN_EXE_reconcile-guard"),
-            format!("{BIN}-guard"),
-        ),
-    ] {
-        let status = Command::new("scp")
-            .arg("-F")
-            .arg(lab().ssh_config())
-            .arg("-q")
-            .arg(local)
-            .arg(format!("{AGENT}:{remote}.new"))
-            .status()
-            .expect("scp runs");
-        assert!(status.success(), "copying {local} to {AGENT}");
-        lab().sh(
-            AGENT,
-            &format!("chmod 755 {remote}.new && mv -f {remote}.new {remote}"),
-        );
-    }
-}
-
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
@@ -136,7 +110,7 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
         version.stderr
     );
     fresh();
-    install_binary();
+    lab().install_reconcile(AGENT, BIN);
     lab().sh(
         AGENT,
         &format!(

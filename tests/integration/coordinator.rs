@@ -37,8 +37,8 @@ fn turn() -> MutexGuard<'static, ()> {
 fn setup() {
     static DONE: OnceLock<()> = OnceLock::new();
     DONE.get_or_init(|| {
-        copy(&which("etcd"), COORDINATOR, "/usr/local/bin/etcd");
-        copy(&which("etcdctl"), COORDINATOR, "/usr/local/bin/etcdctl");
+        lab().copy_executable(&which("etcd"), COORDINATOR, "/usr/local/bin/etcd");
+        lab().copy_executable(&which("etcdctl"), COORDINATOR, "/usr/local/bin/etcdctl");
         let ip = lab().address(COORDINATOR);
         lab().put(
             COORDINATOR,
@@ -66,13 +66,7 @@ fn setup() {
             Duration::from_secs(30),
         );
         for host in FLEET {
-            copy(env!("CARGO_BIN_EXE_reconcile"), host, BIN);
-            // The host's guard beside it, where apply finds it.
-            copy(
-                env!("CARGO_BIN_EXE_reconcile-guard"),
-                host,
-                &format!("{BIN}-guard"),
-            );
+            lab().install_reconcile(host, BIN);
         }
     });
 }
@@ -88,23 +82,6 @@ fn which(name: &str) -> String {
         "{name} is not installed here (Debian: etcd-server, etcd-client); .ci/run installs them"
     );
     path
-}
-
-/// Copies a file of this machine to a host (its /usr is an overlay: the write stays its own).
-fn copy(local: &str, host: &str, remote: &str) {
-    let status = Command::new("scp")
-        .arg("-F")
-        .arg(lab().ssh_config())
-        .arg("-q")
-        .arg(local)
-        .arg(format!("{host}:{remote}.new"))
-        .status()
-        .expect("scp runs");
-    assert!(status.success(), "copying {local} to {host}");
-    lab().sh(
-        host,
-        &format!("chmod 755 {remote}.new && mv -f {remote}.new {remote}"),
-    );
 }
 
 fn coordinator_url() -> String {

@@ -738,6 +738,35 @@ open("{result}.tmp", "w").write(out)
         );
     }
 
+    /// Copies an executable of this machine to a host (its /usr is an overlay: the write stays
+    /// its own), whole and then renamed.
+    pub fn copy_executable(&self, local: &str, host: &str, remote: &str) {
+        let status = Command::new("scp")
+            .arg("-F")
+            .arg(self.ssh_config())
+            .arg("-q")
+            .arg(local)
+            .arg(format!("{host}:{remote}.new"))
+            .status()
+            .expect("scp runs");
+        assert!(status.success(), "copying {local} to {host}");
+        self.sh(
+            host,
+            &format!("chmod 755 {remote}.new && mv -f {remote}.new {remote}"),
+        );
+    }
+
+    /// Installs the reconcile under test on a host as `bin`, with the host's guard beside it,
+    /// where apply finds it (`bin`-guard).
+    pub fn install_reconcile(&self, host: &str, bin: &str) {
+        self.copy_executable(env!("CARGO_BIN_EXE_reconcile"), host, bin);
+        self.copy_executable(
+            env!("CARGO_BIN_EXE_reconcile-guard"),
+            host,
+            &format!("{bin}-guard"),
+        );
+    }
+
     /// Writes a file on a host.
     pub fn put(&self, host: &str, path: &str, content: &str) {
         let out = self.ssh(host, &format!("cat > '{path}'"), Some(content.as_bytes()));

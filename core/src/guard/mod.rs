@@ -273,7 +273,7 @@ impl Settled {
     }
 }
 
-/// The transient unit's name for `unit`'s guard: `reconcile-guard-<unit>`, with `.service` left
+/// The name of the unit that runs `unit`'s guard: `reconcile-guard-<unit>`, with `.service` left
 /// off the managed unit's name.
 pub fn unit_name(unit: &str) -> String {
     let stem = unit.strip_suffix(".service").unwrap_or(unit);
