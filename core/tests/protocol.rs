@@ -58,8 +58,9 @@ struct Unit {
     /// What runs, and when it last began to start (global ticks); `None`: stopped.
     running: Option<(Def, u32)>,
     restarts: u32,
-    /// Whether the run that arms the guard started it (the new invocation).
-    started_by_apply: bool,
+    /// What runs is the new unit's start since the arming (the apply's restart, or the boot
+    /// that started the new file): P1 and P3 judge only such a start.
+    new_invocation: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -70,6 +71,12 @@ struct Controller {
     restarted_at: Option<u32>,
     /// This run took the guard over and restores itself.
     restoring: bool,
+    /// The guard had acted when this run tried to take it over: since when this run waits for it
+    /// to settle (still renewing its lease), up to the guard's own bound.
+    awaiting_guard: Option<u32>,
+    /// It gave up on a guard still at work while the previous unit already served: its report
+    /// ("the host needs attention") would mislead.
+    misreported: bool,
     /// What it recorded as its ending.
     ended: Option<End>,
     /// It recorded the change as converged: what ran then.
@@ -117,8 +124,17 @@ enum Action {
 struct Protocol {
     kind: Kind,
     behaviours: Vec<Behaviour>,
-    /// Whether a gate after readiness may fail (a smoke or quality gate on a healthy server).
-    gate_may_fail: bool,
+    /// The guard's decision: core's [`judge`], or one broken on purpose to show the checker
+    /// catches it.
+    judge: GuardJudge,
+}
+
+/// The guard's decision over its record, what it sees, the host's clock and whether the server
+/// answers `/health` 200.
+type GuardJudge = fn(&Record, &Facts, f64, bool) -> (Verdict, String);
+
+fn core_judge(g: &Record, f: &Facts, at: f64, healthy: bool) -> (Verdict, String) {
+    judge(g, f, at, || Some(if healthy { 200 } else { 503 }))
 }
 
 const RUN: &str = "run-1";
@@ -189,10 +205,10 @@ impl State {
     }
 
     /// systemctl restart of the loaded definition (stop, then start).
-    fn restart(&mut self, by_apply: bool) {
+    fn restart(&mut self, new_invocation: bool) {
         self.unit.running = Some((self.unit.loaded, self.now));
         self.unit.restarts = 0;
-        self.unit.started_by_apply = by_apply;
+        self.unit.new_invocation = new_invocation;
         self.healthy_in_time = false;
     }
 
@@ -259,16 +275,13 @@ impl Protocol {
     }
 
     /// The guard's poll: judged by core, carried out as `reconcile-guard watch` does.
-    fn guard_poll(s: &mut State) {
+    fn guard_poll(&self, s: &mut State) {
         let Some(mut g) = s.record() else { return };
         if !g.state.active() {
             s.guard_running = false;
             return;
         }
-        let healthy = s.healthy();
-        let (verdict, why) = judge(&g, &s.facts(), s.host_mono(), || {
-            Some(if healthy { 200 } else { 503 })
-        });
+        let (verdict, why) = (self.judge)(&g, &s.facts(), s.host_mono(), s.healthy());
         match verdict {
             Verdict::Wait => return,
             Verdict::PutBack => {
@@ -277,11 +290,6 @@ impl Protocol {
                 g.put_back(&why, "put back", "t");
             }
             Verdict::Restore => {
-                if s.ctl.restoring {
-                    // The controller took the guard over: the guard restores only once the
-                    // controller is gone (its lease out), so both at once would be a defect.
-                    s.controller_restores += 100;
-                }
                 if s.unit.running.map(|(d, _)| d) == Some(Def::New) && s.healthy_in_time {
                     s.healthy_restored = true;
                 }
@@ -350,7 +358,7 @@ impl Protocol {
                     || found == GuardState::RollingBack && !g.watch.restored
                 {
                     let running = s.unit.running.map(|(d, _)| d);
-                    s.ctl.converged_on = running.map(|d| (d, s.unit.started_by_apply));
+                    s.ctl.converged_on = running.map(|d| (d, s.unit.new_invocation));
                     s.ctl.ended = Some(End::Converged);
                 } else {
                     // The guard acted first: reported as its rollback, nothing recorded.
@@ -359,13 +367,24 @@ impl Protocol {
                 Went::Passed
             }
             Step::RollBack => {
+                if let Some(since) = s.ctl.awaiting_guard {
+                    let settled = s.record().is_some_and(|g| !g.state.active());
+                    if !settled && s.now < since + DEADLINE + MARGIN {
+                        return None;
+                    }
+                    let serving = s.unit.running.map(|(d, _)| d) == Some(Def::Previous);
+                    s.ctl.misreported = !settled && serving && s.healthy();
+                    // Reported as the guard's rollback, or as a host needing attention.
+                    s.ctl.ended = Some(End::RolledBack);
+                    s.ctl.tx.went(Went::Passed);
+                    return Some(());
+                }
                 if !s.ctl.restoring {
                     let mut g = s.record()?;
                     let found = g.take(RUN, s.host_mono(), Some(s.unit.restarts)).ok()?;
                     s.keep(&g);
                     if found != GuardState::Armed {
-                        s.ctl.ended = Some(End::RolledBack);
-                        s.ctl.tx.went(Went::Passed);
+                        s.ctl.awaiting_guard = Some(s.now);
                         return Some(());
                     }
                     s.ctl.restoring = true;
@@ -419,13 +438,15 @@ impl Model for Protocol {
                         loaded: if confirm { Def::New } else { Def::Previous },
                         running: Some((if confirm { Def::New } else { Def::Previous }, 0)),
                         restarts: 0,
-                        started_by_apply: confirm,
+                        new_invocation: confirm,
                     },
                     ctl: Controller {
                         tx: Transaction::new(self.kind),
                         alive: true,
                         restarted_at: None,
                         restoring: false,
+                        awaiting_guard: None,
+                        misreported: false,
                         ended: None,
                         converged_on: None,
                     },
@@ -453,7 +474,7 @@ impl Model for Protocol {
         // loading server, a cut link) or is gone.
         if working && s.reachable() && self.can_step(s) {
             actions.push(Action::Step);
-            if self.gate_may_fail && s.ctl.tx.step() == Step::Gates {
+            if s.ctl.tx.step() == Step::Gates {
                 actions.push(Action::FailGate);
             }
         } else {
@@ -489,8 +510,7 @@ impl Model for Protocol {
                     s.unit.restarts += 1;
                 }
                 if s.healthy() {
-                    if let (Some((Def::New, since)), true) =
-                        (s.unit.running, s.unit.started_by_apply)
+                    if let (Some((Def::New, since)), true) = (s.unit.running, s.unit.new_invocation)
                     {
                         if s.now <= since + DEADLINE {
                             s.healthy_in_time = true;
@@ -508,7 +528,7 @@ impl Model for Protocol {
                 // The guard looks once a tick (it polls every second); the controller's steps
                 // fall before or after its look, in every order.
                 if s.guard_running {
-                    Self::guard_poll(&mut s);
+                    self.guard_poll(&mut s);
                 }
             }
             Action::Step => self.step(&mut s)?,
@@ -527,8 +547,7 @@ impl Model for Protocol {
                 s.boot_at = s.now;
                 // The unit is enabled: systemd starts it from the file on disk at boot.
                 s.daemon_reload();
-                let by_apply = s.unit.started_by_apply || s.unit.loaded == Def::New;
-                s.restart(by_apply);
+                s.restart(s.unit.loaded == Def::New);
                 // The guard's unit is enabled too: it starts again and acts on its record.
                 if let Some(mut g) = s.record() {
                     g.start_watch(s.host_mono(), &Self::boot_id(&s));
@@ -556,7 +575,8 @@ impl Model for Protocol {
                 |_, s: &State| !s.healthy_restored,
             ),
             // P5: at the horizon, the host serves the new unit (recorded, or kept for the next
-            // apply to confirm) or its previous unit, and the guard has settled.
+            // apply to confirm) or its previous unit, the guard has settled, and the controller
+            // did not report a host needing attention that its guard had brought back.
             Property::always("P5 every ending serves a known unit", |_, s: &State| {
                 if s.now < HORIZON {
                     return true;
@@ -576,7 +596,7 @@ impl Model for Protocol {
                     (Some(Def::Previous), _) => s.unit.file == Def::Previous,
                     _ => false,
                 };
-                settled && serving && told
+                settled && serving && told && !s.ctl.misreported
             }),
             // W: the new unit file is never on disk, loaded, with no guard armed and no live
             // controller: a reboot would start it unverified and unwatched. The model finds
@@ -628,7 +648,7 @@ fn a_restart_holds_p1_p2_p3_p5_whatever_crashes_cuts_or_reboots() {
             Behaviour::CrashLoop,
             Behaviour::Hang,
         ],
-        gate_may_fail: true,
+        judge: core_judge,
     });
     assert!(states > 1000, "the model explored only {states} states");
     // Found, not fixed yet: a controller that dies after writing the new unit and before arming
@@ -643,8 +663,50 @@ fn a_confirm_holds_p1_p2_p3_p5_whatever_crashes_cuts_or_reboots() {
     let (states, write_window) = check(Protocol {
         kind: Kind::Confirm,
         behaviours: vec![Behaviour::Fast, Behaviour::CrashLoop, Behaviour::Hang],
-        gate_may_fail: true,
+        judge: core_judge,
     });
     assert!(states > 100, "the model explored only {states} states");
     assert!(!write_window, "a confirm writes nothing");
+}
+
+/// The guard as it was before the model: a new unit that never started was judged at the deadline
+/// as the server that runs, and kept when healthy, so the next apply confirmed a change never made.
+fn judge_keeping_what_never_started(
+    g: &Record,
+    f: &Facts,
+    at: f64,
+    healthy: bool,
+) -> (Verdict, String) {
+    match core_judge(g, f, at, healthy) {
+        (Verdict::PutBack, _) if at >= g.watch.judge_at && f.active == "active" && healthy => (
+            Verdict::Keep,
+            "active and /health 200 at the deadline".into(),
+        ),
+        (Verdict::PutBack, _) => (Verdict::Wait, "before the deadline".into()),
+        decided => decided,
+    }
+}
+
+#[test]
+fn a_guard_broken_on_purpose_is_caught_with_its_trace() {
+    let checker = Protocol {
+        kind: Kind::Restart,
+        behaviours: vec![Behaviour::Fast],
+        judge: judge_keeping_what_never_started,
+    }
+    .checker()
+    .spawn_bfs()
+    .join();
+    let trace = checker
+        .discovery("P5 every ending serves a known unit")
+        .expect("the checker finds the old server kept as the new unit");
+    // The trace ends with the guard's keep of a unit that never started: the previous server
+    // runs under the new file, recorded by the guard as the new unit kept unconfirmed.
+    let last = trace.last_state();
+    assert_eq!(last.unit.running.map(|(d, _)| d), Some(Def::Previous));
+    assert_eq!(last.unit.file, Def::New);
+    assert_eq!(
+        last.record().map(|g| g.state),
+        Some(GuardState::Unconfirmed)
+    );
 }

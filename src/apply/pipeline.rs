@@ -521,9 +521,8 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
             // Under the lease: the old server's stop may take its TimeoutStopSec, longer than
             // the margin, and the guard must not take a dying controller's stop for its own.
             Step::Restart => {
-                match guard::leased_all(&armed.iter().collect::<Vec<_>>(), restart_in_order(ranks))
-                    .await
-                {
+                let guards: Vec<&Armed<'_>> = armed.iter().collect();
+                match guard::leased_all(&guards, restart_in_order(ranks)).await {
                     Ok(()) => Went::Passed,
                     Err((rank, e)) => {
                         let cause = Cause {
@@ -1549,32 +1548,33 @@ async fn return_all(
             // One of this run and the host's guard rolls back, never both: taking the guard
             // over tells which (the guard acted first if its lease ran out while the host was
             // out of reach), and leaves the guard to finish this rollback should this process
-            // die in it.
-            // A take that fails leaves the rollback to the guard, never to both: this run does
-            // not restore, and does not disarm it.
+            // die in it. A take-over that fails leaves the rollback to the guard, never to
+            // both: this run neither restores nor disarms it.
             if !tried[i] {
-                let taken = match guards[i].take().await {
-                    Ok(Some(found)) => Ok(found),
-                    Ok(None) => Err("it answered no state".to_string()),
-                    Err(e) => Err(error_chain(&e)),
-                };
-                if let Err(e) = taken {
-                    let text = early(i) + &backs[i].path;
-                    backs[i].settled = Some(Ending::rollback_failed(format!(
-                        "host needs attention: {text}; the host's guard could not be taken over ({e}): it finishes the rollback once this run's lease runs out"
-                    )));
-                    backs[i].reached = false;
-                    continue;
-                }
-                if let Ok(found) = taken {
-                    if found != GuardState::Armed {
-                        let text = early(i) + &backs[i].path;
-                        backs[i].settled = Some(match guards[i].settled().await {
-                            Some(settled) => decide::guard_acted_first(&text, kind, &settled),
-                            None => Ending::rollback_failed(format!("host needs attention: {text}; the host's guard is rolling back ({})", found.name())),
-                        });
+                let text = early(i) + &backs[i].path;
+                let found = match guards[i].take().await {
+                    Ok(Some(found)) => found,
+                    failed => {
+                        let why = match failed {
+                            Err(e) => error_chain(&e),
+                            _ => "it answered no state".to_string(),
+                        };
+                        backs[i].settled = Some(Ending::rollback_failed(format!(
+                            "host needs attention: {text}; the host's guard could not be taken over ({why}): it finishes the rollback once this run's lease runs out"
+                        )));
+                        backs[i].reached = false;
                         continue;
                     }
+                };
+                if found != GuardState::Armed {
+                    backs[i].settled = Some(match guards[i].settled().await {
+                        Some(settled) => decide::guard_acted_first(&text, kind, &settled),
+                        None => Ending::rollback_failed(format!(
+                            "host needs attention: {text}; the host's guard is rolling back ({})",
+                            found.name()
+                        )),
+                    });
+                    continue;
                 }
             }
             tried[i] = true;
@@ -2095,6 +2095,43 @@ mod server_of_one {
             record.contains(r#""trajectory":[{"seconds":0.0,"gpu_mib":20},{"seconds":2.0,"gpu_mib":60},{"seconds":5.0,"gpu_mib":100}]"#),
             "{record}"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guard_that_cannot_be_taken_over_is_left_the_rollback_alone() {
+        // The host answers, but its guard does not take the rollback over: restoring now could
+        // race the guard's own restore, so this run restores nothing and does not disarm it.
+        let host = host(Some("old")).on_with(&[], |argv, _| match argv {
+            [program, ..] if program.contains("reconcile-guard") => {
+                Reply::exit(1, "", "guard.json: unreadable")
+            }
+            _ => Reply::ok(""),
+        });
+        let verifier = Scripted::new(vec![failed(Stage::Readiness)]);
+        let before = observed(Some("old"), "active");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::RollbackFailed, "{}", end.detail);
+        assert!(
+            end.detail
+                .contains("the host's guard could not be taken over")
+                && end.detail.contains("guard.json: unreadable"),
+            "{}",
+            end.detail
+        );
+        // The new unit stays for the guard to judge; no restore, no disarm.
+        assert_ne!(host.file(PATH).as_deref(), Some("old"));
+        let guard_calls: Vec<String> = host
+            .commands()
+            .iter()
+            .filter(|c| c[0].contains("reconcile-guard"))
+            .map(|c| c[1].clone())
+            .collect();
+        assert!(guard_calls.contains(&"take".to_string()), "{guard_calls:?}");
+        assert!(
+            !guard_calls.contains(&"disarm".to_string()),
+            "{guard_calls:?}"
+        );
+        assert_eq!(*verifier.asked.lock().unwrap(), ["gpu-a s.service"]);
     }
 
     #[tokio::test(start_paused = true)]

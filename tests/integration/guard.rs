@@ -197,6 +197,20 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
     assert_eq!(guards_left(unit), "");
     assert_eq!(guard_state(unit), "disarmed");
     let good_text = unit_file(unit);
+    // Another run's command is refused, and the record is left as it was.
+    let record = sh(&format!("cat /var/lib/reconcile/{unit}/guard.json"));
+    let refused = sh(&format!(
+        "p=$(sed -n 's/^ExecStart=\\([^ ]*\\) .*/\\1/p' /etc/systemd/system/reconcile-guard-t-guard-crash.service); \
+         \"$p\" renew /var/lib/reconcile/{unit} another-run 2>&1; echo \"status=$?\""
+    ));
+    assert!(
+        refused.contains("belongs to another run") && refused.ends_with("status=3\n"),
+        "{refused}"
+    );
+    assert_eq!(
+        sh(&format!("cat /var/lib/reconcile/{unit}/guard.json")),
+        record
+    );
     let before = invocation(unit);
     // The new server crashes 10 s after each start: the controller dies before it can see it.
     let crashing = good
@@ -313,6 +327,61 @@ fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it()
         "the controller's rollback began",
     );
     rolled_back_by_the_guard(unit, 37603, &good_text);
+    fresh(unit);
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_crash_looping_change_whose_host_reboots_after_the_controller_died_goes_back_at_boot() {
+    // The reboot takes the host from every other test here.
+    let _host = host_alone();
+    let unit = "t-guard-boot.service";
+    fresh(unit);
+    let good = service("t-guard-boot", 37605);
+    let (code, report) = apply(&good);
+    assert_eq!(code, 0, "{report}");
+    let good_text = unit_file(unit);
+    let before = invocation(unit);
+    let crashing = good
+        .clone()
+        .env("FAKE_SGLANG_FAIL", "crash")
+        .env("FAKE_SGLANG_FAIL_AT", "10");
+    // The controller dies as the new server starts, and the rack loses power right after: the
+    // host boots with the new unit installed and its guard's record armed, nobody watching.
+    apply_then_kill(
+        &crashing,
+        || invocation(unit) != before,
+        "the new unit started",
+    );
+    let booted_before = sh("cat /proc/sys/kernel/random/boot_id");
+    let rebooted = std::process::Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/hostlab/reboot.sh"
+    ))
+    .arg(HOST)
+    .env("STATE", lab().file(""))
+    .output()
+    .expect("reboot.sh runs");
+    assert!(
+        rebooted.status.success(),
+        "reboot.sh: {}",
+        String::from_utf8_lossy(&rebooted.stderr)
+    );
+    let booted = sh("cat /proc/sys/kernel/random/boot_id");
+    assert_ne!(booted, booted_before, "the host did not reboot");
+    // The guard's unit is wanted at boot: it acts on its record in the new boot.
+    let record = rolled_back_by_the_guard(unit, 37605, &good_text);
+    let record: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(
+        record["boot_id"].as_str(),
+        Some(booted.trim()),
+        "{record:#}"
+    );
+    let detail = record["detail"].as_str().unwrap_or("");
+    assert!(
+        detail.contains("crash-looping") || detail.contains("never started"),
+        "{detail}"
+    );
     fresh(unit);
 }
 
