@@ -3,14 +3,16 @@
 //! the host's guard (core's `guard::judge` and the record's transitions, on `guard.json` as the
 //! host keeps it), systemd and the server (the new unit fast, slow, crash-looping or hanging),
 //! the link (cut, healed), the clock (the lease renewed while the controller lives, deadlines),
-//! and a reboot of the host (a power cut that takes the controller down with it).
+//! a reboot of the host (a power cut that takes the controller down with it), and a stale earlier
+//! run sending its commands to this run's guard.
 //!
 //! The model runs the decision functions the program runs, not a copy of them: a change to the
 //! transaction or the guard's judge that breaks a property fails here, with the trace.
 //!
 //! Modelled: a single server; restart and confirm (a unit the guard kept, verified as it runs).
-//! Not yet: live changes (weights, values), a 2-rank group, a second stale controller, and a
-//! stop of the old server that outlasts the lease (apply renews the lease through its restart).
+//! Not yet: live changes (weights, values), a 2-rank group, a run taking over a dead run's
+//! guard (P6), and a stop of the old server that outlasts the lease (apply renews the lease
+//! through its restart).
 
 use reconcile_core::guard::{judge, Change, Facts, GuardState, Record, Then, Verdict, Watch};
 use reconcile_core::transaction::{End, Kind, Step, Transaction, Went};
@@ -105,6 +107,8 @@ struct State {
     healthy_restored: bool,
     /// The new server was healthy within its deadline at some point of this invocation.
     healthy_in_time: bool,
+    /// A stale run's command changed this run's guard.
+    stale_acted: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -119,6 +123,17 @@ enum Action {
     Reboot,
     /// A gate after readiness fails (a smoke or quality gate), on whatever server runs.
     FailGate,
+    /// An earlier run, stale (its link came back, its process resumed), sends its guard command
+    /// to this run's guard.
+    Stale(Command),
+}
+
+/// A controller's command to the guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Command {
+    Renew,
+    Take,
+    Disarm,
 }
 
 struct Protocol {
@@ -138,6 +153,8 @@ fn core_judge(g: &Record, f: &Facts, at: f64, healthy: bool) -> (Verdict, String
 }
 
 const RUN: &str = "run-1";
+/// An earlier run's token.
+const STALE_RUN: &str = "run-0";
 
 impl State {
     fn host_mono(&self) -> f64 {
@@ -460,6 +477,7 @@ impl Model for Protocol {
                     controller_restores: 0,
                     healthy_restored: false,
                     healthy_in_time: false,
+                    stale_acted: false,
                 }
             })
             .collect()
@@ -487,6 +505,11 @@ impl Model for Protocol {
             }
             if s.guard.is_some() && s.boots == 1 {
                 actions.push(Action::Reboot);
+            }
+        }
+        if s.guard.is_some() && s.now < FAULTS_UNTIL {
+            for command in [Command::Renew, Command::Take, Command::Disarm] {
+                actions.push(Action::Stale(command));
             }
         }
         if !s.link_up && s.now < FAULTS_UNTIL {
@@ -535,6 +558,17 @@ impl Model for Protocol {
             Action::FailGate => {
                 s.ctl.tx.went(Went::Failed);
             }
+            Action::Stale(command) => {
+                let mut g = s.record()?;
+                let before = g.clone();
+                let _refused = match command {
+                    Command::Renew => g.renew(STALE_RUN, s.host_mono()),
+                    Command::Take => g.take(STALE_RUN, s.host_mono(), Some(s.unit.restarts)),
+                    Command::Disarm => g.disarm(STALE_RUN, "t"),
+                };
+                s.stale_acted |= g != before;
+                s.keep(&g);
+            }
             Action::Crash => s.ctl.alive = false,
             Action::Cut => {
                 s.link_up = false;
@@ -574,6 +608,11 @@ impl Model for Protocol {
                 "P3 a healthy server is never restored blind",
                 |_, s: &State| !s.healthy_restored,
             ),
+            // P4: a stale run never changes this run's guard.
+            Property::always(
+                "P4 a stale run never acts on a newer run's guard",
+                |_, s: &State| !s.stale_acted,
+            ),
             // P5: at the horizon, the host serves the new unit (recorded, or kept for the next
             // apply to confirm) or its previous unit, the guard has settled, and the controller
             // did not report a host needing attention that its guard had brought back.
@@ -612,10 +651,11 @@ impl Model for Protocol {
 }
 
 const WRITE_WINDOW: &str = "W the new unit file is never left unguarded";
-const PROVEN: [&str; 4] = [
+const PROVEN: [&str; 5] = [
     "P1 converged means the new unit runs",
     "P2 one restore at most",
     "P3 a healthy server is never restored blind",
+    "P4 a stale run never acts on a newer run's guard",
     "P5 every ending serves a known unit",
 ];
 
@@ -639,7 +679,7 @@ fn check(protocol: Protocol) -> (usize, bool) {
 }
 
 #[test]
-fn a_restart_holds_p1_p2_p3_p5_whatever_crashes_cuts_or_reboots() {
+fn a_restart_holds_p1_to_p5_whatever_crashes_cuts_reboots_or_stale_runs() {
     let (states, write_window) = check(Protocol {
         kind: Kind::Restart,
         behaviours: vec![
@@ -659,7 +699,7 @@ fn a_restart_holds_p1_p2_p3_p5_whatever_crashes_cuts_or_reboots() {
 }
 
 #[test]
-fn a_confirm_holds_p1_p2_p3_p5_whatever_crashes_cuts_or_reboots() {
+fn a_confirm_holds_p1_to_p5_whatever_crashes_cuts_reboots_or_stale_runs() {
     let (states, write_window) = check(Protocol {
         kind: Kind::Confirm,
         behaviours: vec![Behaviour::Fast, Behaviour::CrashLoop, Behaviour::Hang],
