@@ -4,17 +4,19 @@
 //! host keeps it), systemd and the server (the new unit fast, slow, crash-looping or hanging),
 //! the link (cut, healed), the clock (the lease renewed while the controller lives, deadlines),
 //! a reboot of the host (a power cut that takes the controller down with it), and a stale earlier
-//! run sending its commands to this run's guard.
+//! run sending its commands to this run's guard, and an apply run again after a dead one.
 //!
 //! The model runs the decision functions the program runs, not a copy of them: a change to the
 //! transaction or the guard's judge that breaks a property fails here, with the trace.
 //!
 //! Modelled: a single server; restart and confirm (a unit the guard kept, verified as it runs).
-//! Not yet: live changes (weights, values), a 2-rank group, a run taking over a dead run's
-//! guard (P6), and a stop of the old server that outlasts the lease (apply renews the lease
+//! A run after a dead one plans from what the host shows and takes the dead run's guard over.
+//! Not yet: live changes (weights, values), a 2-rank group, and a stop of the old server that outlasts the lease (apply renews the lease
 //! through its restart).
 
-use reconcile_core::guard::{judge, Change, Facts, GuardState, Record, Then, Verdict, Watch};
+use reconcile_core::guard::{
+    judge, Change, Facts, GuardState, Record, Settled, Then, Verdict, Watch,
+};
 use reconcile_core::transaction::{End, Kind, Step, Transaction, Went};
 use stateright::{Checker, Model, Property};
 
@@ -59,6 +61,8 @@ struct Unit {
     loaded: Def,
     /// What runs, and when it last began to start (global ticks); `None`: stopped.
     running: Option<(Def, u32)>,
+    /// The event in its tick when it began to start (`State::micro`).
+    entered_micro: u32,
     restarts: u32,
     /// What runs is the new unit's start since the arming (the apply's restart, or the boot
     /// that started the new file): P1 and P3 judge only such a start.
@@ -67,6 +71,12 @@ struct Unit {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Controller {
+    /// Its token.
+    run: &'static str,
+    /// Its write replaced another unit file (`Record::replaces`).
+    replaces: bool,
+    /// When it died (a crash, or the host's reboot).
+    died_at: Option<u32>,
     tx: Transaction,
     alive: bool,
     /// When its restart (or its rollback's) took, for verification's deadline.
@@ -88,6 +98,8 @@ struct Controller {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct State {
     now: u32,
+    /// Events taken on the host in this tick so far (`State::event`).
+    micro: u32,
     behaviour: Behaviour,
     unit: Unit,
     ctl: Controller,
@@ -100,7 +112,7 @@ struct State {
     /// When the host last booted (global ticks), and how many times.
     boot_at: u32,
     boots: u32,
-    /// Restores (a restart of the previous unit) by each side, and two at once.
+    /// Restores (a restart of the previous unit) by this run and by its guard.
     guard_restores: u32,
     controller_restores: u32,
     /// The new server answered /health by verification's deadline, yet the guard restored it.
@@ -109,6 +121,8 @@ struct State {
     healthy_in_time: bool,
     /// A stale run's command changed this run's guard.
     stale_acted: bool,
+    /// The run after a dead one restarted a healthy server that already ran the desired unit.
+    needless_restart: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +140,9 @@ enum Action {
     /// An earlier run, stale (its link came back, its process resumed), sends its guard command
     /// to this run's guard.
     Stale(Command),
+    /// The operator runs apply again after the first run died: it plans from what the host
+    /// shows (the unit file, the guard's record, systemd) as `apply::decide` does.
+    Rerun,
 }
 
 /// A controller's command to the guard.
@@ -153,22 +170,54 @@ fn core_judge(g: &Record, f: &Facts, at: f64, healthy: bool) -> (Verdict, String
 }
 
 const RUN: &str = "run-1";
+/// The run an operator starts after the first one died.
+const RERUN: &str = "run-2";
+
+impl Controller {
+    fn new(kind: Kind, run: &'static str) -> Controller {
+        Controller {
+            run,
+            replaces: false,
+            died_at: None,
+            tx: Transaction::new(kind),
+            alive: true,
+            restarted_at: None,
+            restoring: false,
+            awaiting_guard: None,
+            misreported: false,
+            ended: None,
+            converged_on: None,
+        }
+    }
+}
 /// An earlier run's token.
 const STALE_RUN: &str = "run-0";
 
 impl State {
+    /// The host's monotonic clock now: the tick, and the events already taken in it (each a
+    /// hundredth of a tick), so that a record written and a start in one tick are ordered as
+    /// they happened.
     fn host_mono(&self) -> f64 {
-        f64::from(BOOT_MONO + self.now - self.boot_at)
+        f64::from(BOOT_MONO + self.now - self.boot_at) + f64::from(self.micro) / 100.0
     }
 
-    /// When a start at tick `at` began, on this boot's monotonic clock. A start comes a moment
-    /// after the command that asked for it, so after any record written in the same tick; a start
-    /// before this boot reads as 0 (systemd's timestamps are of this boot).
-    fn mono_of(&self, at: u32) -> f64 {
-        if at < self.boot_at {
-            0.0
-        } else {
-            f64::from(BOOT_MONO + at - self.boot_at) + 0.5
+    /// The clock at an event on the host (a record written, a start), which comes after every
+    /// earlier one.
+    fn event(&mut self) -> f64 {
+        let at = self.host_mono();
+        self.micro += 1;
+        at
+    }
+
+    /// When what runs began to start, on this boot's monotonic clock; a start before this boot
+    /// reads as 0 (systemd's timestamps are of this boot).
+    fn entered(&self) -> f64 {
+        match self.unit.running {
+            Some((_, at)) if at >= self.boot_at => {
+                f64::from(BOOT_MONO + at - self.boot_at)
+                    + f64::from(self.unit.entered_micro) / 100.0
+            }
+            _ => 0.0,
         }
     }
 
@@ -206,7 +255,7 @@ impl State {
             active: active.into(),
             sub: sub.into(),
             restarts: self.unit.restarts,
-            entered: self.unit.running.map_or(0.0, |(_, at)| self.mono_of(at)),
+            entered: self.entered(),
             stale: self.unit.file != self.unit.loaded,
         }
     }
@@ -224,6 +273,8 @@ impl State {
     /// systemctl restart of the loaded definition (stop, then start).
     fn restart(&mut self, new_invocation: bool) {
         self.unit.running = Some((self.unit.loaded, self.now));
+        self.unit.entered_micro = self.micro;
+        self.micro += 1;
         self.unit.restarts = 0;
         self.unit.new_invocation = new_invocation;
         self.healthy_in_time = false;
@@ -256,7 +307,7 @@ impl State {
     }
 }
 
-fn arming(kind: Kind, now_utc: &str) -> Record {
+fn arming(kind: Kind, run: &str) -> Record {
     Record {
         format: 2,
         state: GuardState::Armed,
@@ -275,8 +326,9 @@ fn arming(kind: Kind, now_utc: &str) -> Record {
         judge_after: f64::from(DEADLINE + MARGIN),
         margin: f64::from(MARGIN),
         armed_by: "ci@box pid 7".into(),
-        armed_at: now_utc.into(),
-        run: RUN.into(),
+        armed_at: "t0".into(),
+        run: run.into(),
+        replaces: false,
         change: if kind == Kind::Restart {
             Change::Restart
         } else {
@@ -298,23 +350,35 @@ impl Protocol {
             s.guard_running = false;
             return;
         }
+        g.saw(&s.facts());
         let (verdict, why) = (self.judge)(&g, &s.facts(), s.host_mono(), s.healthy());
         match verdict {
-            Verdict::Wait => return,
+            Verdict::Wait => {}
             Verdict::PutBack => {
                 s.unit.file = Def::Previous;
                 s.daemon_reload();
                 g.put_back(&why, "put back", "t");
             }
             Verdict::Restore => {
-                if s.unit.running.map(|(d, _)| d) == Some(Def::New) && s.healthy_in_time {
+                // Blind: the guard's own judgement of the start it watches (one after its
+                // arming), not the finish of a rollback a controller began (its verification or
+                // a gate judged the server), nor a server that may run the previous unit.
+                let watched = s.entered() > g.watch.armed_mono.unwrap_or(f64::INFINITY);
+                if g.state == GuardState::Armed
+                    && watched
+                    && s.unit.running.map(|(d, _)| d) == Some(Def::New)
+                    && s.healthy_in_time
+                {
                     s.healthy_restored = true;
                 }
-                g.begin_restore(&why, s.host_mono());
+                g.begin_restore(&why, s.event());
                 s.unit.file = Def::Previous;
                 s.daemon_reload();
                 s.restart(false);
-                s.guard_restores += 1;
+                // A dead run's guard restores that run's change, not this run's.
+                if g.run == s.ctl.run {
+                    s.guard_restores += 1;
+                }
                 let after = s.facts();
                 g.restore_returned("restored", Some(&after));
             }
@@ -332,23 +396,36 @@ impl Protocol {
         let went = match step {
             Step::Prepare | Step::Stage | Step::Drain => Went::Passed,
             Step::Write => {
+                s.ctl.replaces = s.unit.file != Def::New;
                 s.unit.file = Def::New;
                 s.daemon_reload();
                 Went::Passed
             }
             Step::Arm => {
-                if self.kind == Kind::Confirm {
+                let kind = s.ctl.tx.kind();
+                if kind == Kind::Confirm {
                     // Verified as it runs, from now.
                     s.ctl.restarted_at = Some(s.now);
                 }
-                let record = arming(self.kind, "t0");
-                let mut record = record;
-                record.start_watch(s.host_mono(), &Self::boot_id(s));
+                let mut record = arming(kind, s.ctl.run);
+                // This run wrote the change over the previous file, or found it there already.
+                record.replaces = s.ctl.replaces;
+                // Confirming a kept start: a run after this one confirms it too.
+                record.watch.new_started = kind == Kind::Confirm;
+                record.start_watch(s.event(), &Self::boot_id(s));
                 s.keep(&record);
                 s.guard_running = true;
                 Went::Passed
             }
             Step::Restart => {
+                let running = s.unit.running.map(|(d, _)| d);
+                if s.ctl.run == RERUN
+                    && running == Some(Def::New)
+                    && s.unit.new_invocation
+                    && s.healthy()
+                {
+                    s.needless_restart = true;
+                }
                 s.restart(true);
                 s.ctl.restarted_at = Some(s.now);
                 Went::Passed
@@ -369,7 +446,7 @@ impl Protocol {
             Step::Gates => Went::Passed,
             Step::Confirm => {
                 let mut g = s.record()?;
-                let found = g.disarm(RUN, "t").ok()?;
+                let found = g.disarm(s.ctl.run, "t").ok()?;
                 s.keep(&g);
                 if found == GuardState::Armed
                     || found == GuardState::RollingBack && !g.watch.restored
@@ -398,7 +475,7 @@ impl Protocol {
                 }
                 if !s.ctl.restoring {
                     let mut g = s.record()?;
-                    let found = g.take(RUN, s.host_mono(), Some(s.unit.restarts)).ok()?;
+                    let found = g.take(s.ctl.run, s.event(), Some(s.unit.restarts)).ok()?;
                     s.keep(&g);
                     if found != GuardState::Armed {
                         s.ctl.awaiting_guard = Some(s.now);
@@ -416,7 +493,7 @@ impl Protocol {
                     return None;
                 }
                 let mut g = s.record()?;
-                g.disarm(RUN, "t").ok()?;
+                g.disarm(s.ctl.run, "t").ok()?;
                 s.keep(&g);
                 s.ctl.ended = Some(End::RolledBack);
                 Went::Passed
@@ -449,24 +526,17 @@ impl Model for Protocol {
                 // The apply begins at tick 1; what runs started before it.
                 State {
                     now: 1,
+                    micro: 0,
                     behaviour,
                     unit: Unit {
                         file: if confirm { Def::New } else { Def::Previous },
                         loaded: if confirm { Def::New } else { Def::Previous },
                         running: Some((if confirm { Def::New } else { Def::Previous }, 0)),
+                        entered_micro: 0,
                         restarts: 0,
                         new_invocation: confirm,
                     },
-                    ctl: Controller {
-                        tx: Transaction::new(self.kind),
-                        alive: true,
-                        restarted_at: None,
-                        restoring: false,
-                        awaiting_guard: None,
-                        misreported: false,
-                        ended: None,
-                        converged_on: None,
-                    },
+                    ctl: Controller::new(self.kind, RUN),
                     guard: None,
                     guard_running: false,
                     link_up: true,
@@ -478,6 +548,7 @@ impl Model for Protocol {
                     healthy_restored: false,
                     healthy_in_time: false,
                     stale_acted: false,
+                    needless_restart: false,
                 }
             })
             .collect()
@@ -507,6 +578,14 @@ impl Model for Protocol {
                 actions.push(Action::Reboot);
             }
         }
+        // The operator's next run comes a tick (a poll of the guard, a second) or more after the
+        // first died, and after the host is back from a reboot: it plans from what the guard
+        // saw. (A run within the guard's one-second poll could find a start not yet recorded,
+        // and restart it: the window this assumption leaves.)
+        let later = s.ctl.died_at.is_some_and(|at| s.now > at);
+        if s.ctl.run == RUN && later && s.guard.is_some() && s.now < FAULTS_UNTIL {
+            actions.push(Action::Rerun);
+        }
         if s.guard.is_some() && s.now < FAULTS_UNTIL {
             for command in [Command::Renew, Command::Take, Command::Disarm] {
                 actions.push(Action::Stale(command));
@@ -527,9 +606,12 @@ impl Model for Protocol {
                     return Some(s);
                 }
                 s.now += 1;
+                s.micro = 0;
                 // systemd restarts a crash-looping server; the new server's health is noted.
                 if s.crash_looping() {
                     s.unit.running = Some((Def::New, s.now));
+                    s.unit.entered_micro = s.micro;
+                    s.micro += 1;
                     s.unit.restarts += 1;
                 }
                 if s.healthy() {
@@ -543,7 +625,7 @@ impl Model for Protocol {
                 // A live controller renews its lease (a quarter of the margin apart).
                 if s.ctl.alive && s.ctl.ended.is_none() && s.link_up {
                     if let Some(mut g) = s.record() {
-                        if g.renew(RUN, s.host_mono()).is_ok() {
+                        if g.renew(s.ctl.run, s.host_mono()).is_ok() {
                             s.keep(&g);
                         }
                     }
@@ -569,7 +651,28 @@ impl Model for Protocol {
                 s.stale_acted |= g != before;
                 s.keep(&g);
             }
-            Action::Crash => s.ctl.alive = false,
+            Action::Crash => {
+                s.ctl.alive = false;
+                s.ctl.died_at = Some(s.now);
+            }
+            Action::Rerun => {
+                // The dead run's lock is stale and broken. The desired unit on disk with no
+                // record: the last apply did not finish; confirmed as it runs when the guard
+                // watches or kept a start of it, restarted otherwise. The change not on disk
+                // (put back, rolled back): applied again.
+                let running = s.facts().active == "active";
+                let read = s.guard.as_deref().and_then(|t| Settled::parse(t).ok());
+                let kind = match read {
+                    Some(g) if s.unit.file == Def::New && running && g.confirmable("new") => {
+                        Kind::Confirm
+                    }
+                    _ => Kind::Restart,
+                };
+                s.ctl = Controller::new(kind, RERUN);
+                // P2 counts the restores of one run and its guard: the dead run's are done.
+                s.guard_restores = 0;
+                s.controller_restores = 0;
+            }
             Action::Cut => {
                 s.link_up = false;
                 s.cut_once = true;
@@ -577,6 +680,7 @@ impl Model for Protocol {
             Action::Heal => s.link_up = true,
             Action::Reboot => {
                 s.ctl.alive = false;
+                s.ctl.died_at = Some(s.now);
                 s.boots += 1;
                 s.boot_at = s.now;
                 // The unit is enabled: systemd starts it from the file on disk at boot.
@@ -584,7 +688,8 @@ impl Model for Protocol {
                 s.restart(s.unit.loaded == Def::New);
                 // The guard's unit is enabled too: it starts again and acts on its record.
                 if let Some(mut g) = s.record() {
-                    g.start_watch(s.host_mono(), &Self::boot_id(&s));
+                    let now = s.event();
+                    g.start_watch(now, &Self::boot_id(&s));
                     s.guard_running = g.state.active();
                     s.keep(&g);
                 }
@@ -599,7 +704,8 @@ impl Model for Protocol {
             Property::always("P1 converged means the new unit runs", |_, s: &State| {
                 s.ctl.ended != Some(End::Converged) || s.ctl.converged_on == Some((Def::New, true))
             }),
-            // P2: never two restores of one unit: the controller and the guard, or one twice.
+            // P2: never two restores of one unit for one run: the controller and the guard, or
+            // one twice.
             Property::always("P2 one restore at most", |_, s: &State| {
                 s.guard_restores + s.controller_restores <= 1
             }),
@@ -612,6 +718,12 @@ impl Model for Protocol {
             Property::always(
                 "P4 a stale run never acts on a newer run's guard",
                 |_, s: &State| !s.stale_acted,
+            ),
+            // P6: an apply run again after a dead one never restarts a server that already
+            // runs the desired unit's start and is healthy.
+            Property::always(
+                "P6 a rerun never restarts a healthy new server",
+                |_, s: &State| !s.needless_restart,
             ),
             // P5: at the horizon, the host serves the new unit (recorded, or kept for the next
             // apply to confirm) or its previous unit, the guard has settled, and the controller
@@ -651,12 +763,13 @@ impl Model for Protocol {
 }
 
 const WRITE_WINDOW: &str = "W the new unit file is never left unguarded";
-const PROVEN: [&str; 5] = [
+const PROVEN: [&str; 6] = [
     "P1 converged means the new unit runs",
     "P2 one restore at most",
     "P3 a healthy server is never restored blind",
     "P4 a stale run never acts on a newer run's guard",
     "P5 every ending serves a known unit",
+    "P6 a rerun never restarts a healthy new server",
 ];
 
 /// Checks every state `protocol` reaches: P1, P2, P3 and P5 hold (a broken one fails with its

@@ -120,14 +120,21 @@ pub fn start(
         Some(Err(e)) => Start::Refuse(ApplyError::RecordUnreadable(e.to_string())),
         // The unit on disk is the desired one but no run recorded it: an apply died after the
         // rename. Finish that apply, with the generation it kept to fall back on.
-        // The apply died, and the host's guard found the new unit healthy at its deadline and
-        // kept it: verified as it runs, never restarted for nothing.
-        Some(Ok(true)) if kept_unconfirmed(observed, guard) => Start::Install(Install {
+        // The apply died after its restart took: the host's guard kept the new unit healthy at
+        // its deadline, or still watches its start. Verified as it runs, never restarted for
+        // nothing.
+        Some(Ok(true)) if confirmable(observed, guard) => Start::Install(Install {
             verdict: Verdict::Restart,
             previous: Previous::NewestGeneration,
             was_running: true,
-            note: guard.and_then(Settled::summary).map(|s| {
-                format!("{s}; verifying it as it runs, without a restart, to confirm it")
+            note: guard.map(|g| {
+                let what = g.summary().unwrap_or_else(|| {
+                    format!(
+                        "the apply by {} at {} died after its restart; the host's guard still watches the new unit",
+                        g.armed_by, g.armed_at
+                    )
+                });
+                format!("{what}; verifying it as it runs, without a restart, to confirm it")
             }),
             confirm: true,
         }),
@@ -141,12 +148,13 @@ pub fn start(
     }
 }
 
-/// Whether the unit on disk is the one the host's guard kept unconfirmed, and it still runs.
-fn kept_unconfirmed(observed: &Observed, guard: Option<&Settled>) -> bool {
+/// Whether the unit on disk runs a start of the change the host's guard watches or kept
+/// (`Settled::confirmable`), and it still runs.
+fn confirmable(observed: &Observed, guard: Option<&Settled>) -> bool {
     let (Some(text), Some(guard)) = (&observed.unit_text, guard) else {
         return false;
     };
-    guard.unconfirmed(&state::sha256(text)) && observed.state.active_state == "active"
+    guard.confirmable(&state::sha256(text)) && observed.state.active_state == "active"
 }
 
 /// The refusal of a unit that systemd runs with more than its managed file (drop-ins, a mask, a
@@ -538,6 +546,37 @@ mod tests {
             };
             assert!(!i.confirm, "{i:?}");
         }
+        // A dead run's guard still armed: its start seen, confirmed as it runs; not seen (the
+        // run may have died before its restart), restarted.
+        let armed = |started: bool| {
+            Settled::parse(&format!(
+                r#"{{"state":"armed","new_sha256":"{}","armed_by":"ci@box pid 7","armed_at":"t0","new_started":{started}}}"#,
+                state::sha256("u")
+            ))
+            .unwrap()
+        };
+        let Start::Install(i) = start(
+            Verdict::NoChange,
+            &running,
+            Some(Ok(true)),
+            Some(&armed(true)),
+        ) else {
+            panic!("confirmed");
+        };
+        assert!(i.confirm, "{i:?}");
+        assert_eq!(
+            i.note.as_deref(),
+            Some("the apply by ci@box pid 7 at t0 died after its restart; the host's guard still watches the new unit; verifying it as it runs, without a restart, to confirm it")
+        );
+        let Start::Install(i) = start(
+            Verdict::NoChange,
+            &running,
+            Some(Ok(true)),
+            Some(&armed(false)),
+        ) else {
+            panic!("restarted");
+        };
+        assert!(!i.confirm, "{i:?}");
         let Start::Refuse(e) = start(Verdict::NoChange, &o, Some(Err(record_error())), None) else {
             panic!("refused");
         };

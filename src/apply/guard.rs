@@ -27,6 +27,10 @@ pub struct GoingBack {
     pub was_running: bool,
     /// The record of the files moved aside.
     pub aside: Option<String>,
+    /// This apply's write replaces another unit file (`Record::replaces`).
+    pub replaces: bool,
+    /// This apply confirms a start the host's guard kept (`Kind::Confirm`).
+    pub confirming: bool,
 }
 
 /// A guard armed on a host, for the unit of one apply.
@@ -151,6 +155,7 @@ pub(super) async fn arm<'a>(
         a => a.to_string(),
     };
     let owner = &job.options.owner;
+    let confirming = change == Change::InPlace && back.confirming;
     let now = std::time::SystemTime::now();
     let nanos = now
         .duration_since(std::time::UNIX_EPOCH)
@@ -187,7 +192,13 @@ pub(super) async fn arm<'a>(
         armed_by,
         armed_at: humantime::format_rfc3339_seconds(now).to_string(),
         change,
-        watch: Watch::default(),
+        replaces: back.replaces,
+        watch: Watch {
+            // A unit being confirmed runs a start of this change already (kept by a guard): a
+            // run after this one, should it die, confirms it too.
+            new_started: confirming,
+            ..Watch::default()
+        },
     };
     let program = install_program(host).await?;
     let armed = Armed {

@@ -54,9 +54,12 @@ impl Fallback {
         }
     }
 
-    /// What the host's guard restores, should this run not be there to.
-    pub(super) fn going_back(&self) -> guard::GoingBack {
+    /// What the host's guard restores, should this run not be there to. `replaces`: this run's
+    /// write replaces another unit file; `confirming`: this run confirms a start a guard kept.
+    pub(super) fn going_back(&self, replaces: bool, confirming: bool) -> guard::GoingBack {
         guard::GoingBack {
+            replaces,
+            confirming,
             kept: self.kept.clone(),
             previous_sha256: self.previous.as_deref().map(state::sha256),
             beneath: self.layers.beneath,

@@ -707,11 +707,11 @@ async fn arm<'a>(
         Kind::Restart => Change::Restart,
         _ => Change::InPlace,
     };
-    let armed = join_all(
-        ranks
-            .iter()
-            .map(|r| guard::arm(&r.job, r.fallback.going_back(), &r.spec, change)),
-    )
+    let armed = join_all(ranks.iter().map(|r| {
+        let replaces = r.observed.unit_text.as_deref() != Some(&r.job.t.desired.text);
+        let back = r.fallback.going_back(replaces, kind == Kind::Confirm);
+        guard::arm(&r.job, back, &r.spec, change)
+    }))
     .await;
     let failed = armed
         .iter()

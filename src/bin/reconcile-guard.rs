@@ -353,6 +353,7 @@ fn watch(dir: &Path) -> Result<(), Error> {
             let Some(seen) = facts(g) else {
                 return Ok(false);
             };
+            g.saw(&seen);
             let url = g.health_url.clone();
             let (verdict, why) = judge(g, &seen, now(), || health(&url));
             match verdict {

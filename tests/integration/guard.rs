@@ -307,6 +307,54 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn an_apply_right_after_a_dead_one_verifies_the_started_server_as_it_runs_without_a_restart() {
+    let _host = sharing_the_host();
+    let unit = "t-guard-again.service";
+    fresh(unit);
+    let good = service("t-guard-again", 37606);
+    let (code, report) = apply(&good);
+    assert_eq!(code, 0, "{report}");
+    let before = invocation(unit);
+    // The new server takes 10 s to load: the controller dies while it loads, and the next apply
+    // comes long before the dead run's guard would judge it.
+    let changed = good.clone().env("FAKE_SGLANG_LOAD_SECONDS", "10");
+    apply_then_kill(
+        &changed,
+        || invocation(unit) != before,
+        "the new unit started",
+    );
+    let new = invocation(unit);
+    // The dead run's guard has seen the restart take (it looks once a second).
+    until(
+        Duration::from_secs(30),
+        "the guard saw the new start",
+        || {
+            sh(&format!(
+                "grep -c '\"new_started\": true' /var/lib/reconcile/{unit}/guard.json || true"
+            ))
+            .trim()
+                == "1"
+        },
+    );
+    assert_eq!(guard_state(unit), "armed");
+    let (code, report) = apply(&changed);
+    assert_eq!(code, 0, "{report}");
+    assert_eq!(report["outcome"], "converged", "{report}");
+    let notes = report["notes"].to_string();
+    assert!(
+        notes.contains("died after its restart; the host's guard still watches the new unit"),
+        "{notes}"
+    );
+    // Another 15-minute load saved: the server the dead run started is the one confirmed.
+    assert_eq!(invocation(unit), new, "the server was restarted");
+    assert_eq!(guard_state(unit), "disarmed");
+    assert_eq!(guards_left(unit), "");
+    assert_unchanged(&changed);
+    fresh(unit);
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_controller_killed_during_its_own_rollback_leaves_the_guard_to_finish_it() {
     let _host = sharing_the_host();
     let unit = "t-guard-midway.service";

@@ -133,13 +133,18 @@ pub fn judge(
 
 /// The lease ran out on a change to be restarted, and the new unit never started: the controller
 /// stopped before its restart took. The previous server, still running, is left to run with its
-/// own file back; a server stopped and never started again is restored. A stop under way is
-/// waited for (systemd bounds it by `TimeoutStopSec`), up to the deadline.
+/// own file back; a server stopped and never started again is restored, and so is one that may
+/// run the new file unverified (this apply did not replace the file it started from). A stop
+/// under way is waited for (systemd bounds it by `TimeoutStopSec`), up to the deadline.
 fn not_started(guard: &Record, f: &Facts, at: f64) -> (Verdict, String) {
     match f.active.as_str() {
-        "active" | "reloading" => (
+        "active" | "reloading" if guard.replaces => (
             Verdict::PutBack,
             "the new unit never started (the controller stopped before its restart)".into(),
+        ),
+        "active" | "reloading" => (
+            Verdict::Restore,
+            "the controller stopped before its restart, and the server that runs started before the arming, perhaps from the new file, unverified".into(),
         ),
         "deactivating" if at < guard.watch.judge_at => {
             (Verdict::Wait, "the old server is stopping".into())
@@ -267,6 +272,15 @@ impl Record {
         w.restored_restarts = w.restored_restarts.map(|_| 0);
     }
 
+    /// What the guard saw: a start of the unit after the arming is the new unit's, once and for
+    /// all (a run after a dead one reads it). Only a change that restarts starts anything.
+    pub fn saw(&mut self, f: &Facts) {
+        let w = &mut self.watch;
+        if self.change == Change::Restart && f.entered > w.armed_mono.unwrap_or(f64::INFINITY) {
+            w.new_started = true;
+        }
+    }
+
     /// The controller is alive: the lease pushed out by the margin. Returns the state found.
     pub fn renew(&mut self, run: &str, now: f64) -> Result<GuardState, OtherRun> {
         self.owned_by(run)?;
@@ -391,6 +405,7 @@ mod tests {
             armed_at: "t0".into(),
             run: "run-1".into(),
             change: Change::Restart,
+            replaces: true,
             watch: Watch {
                 boot_id: Some("boot-1".into()),
                 armed_mono: Some(100.0),
@@ -584,6 +599,17 @@ mod tests {
                 150.0,
                 Unasked,
             ),
+            // The file was the new one already (a run finishing a dead one): what runs may be
+            // the new unit, unverified, so it is restored rather than left under the old file.
+            (
+                Record {
+                    replaces: false,
+                    ..armed()
+                },
+                facts("new", "active", "running", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
             // A live change starts nothing: judged at its deadline as the running server.
             (
                 live.clone(),
@@ -619,6 +645,10 @@ mod tests {
             (
                 Restore,
                 "the server was stopped and the new unit never started (failed/failed)",
+            ),
+            (
+                Restore,
+                "the controller stopped before its restart, and the server that runs started before the arming, perhaps from the new file, unverified",
             ),
             (Wait, "before the deadline"),
             (
@@ -822,6 +852,24 @@ mod tests {
         let mut held = taken();
         held.watch.lease_until = 500.0;
         assert_eq!(judge(&held, &f, 180.0, || panic!("not asked")).0, Wait);
+    }
+
+    #[test]
+    fn the_new_units_start_is_recorded_once_seen_and_only_for_a_restart() {
+        let mut g = armed();
+        g.saw(&facts("new", "active", "running", 0, 90.0));
+        assert!(
+            !g.watch.new_started,
+            "the old invocation is no start of the new unit"
+        );
+        g.saw(&facts("new", "active", "running", 0, 101.0));
+        assert!(g.watch.new_started);
+        let mut live = Record {
+            change: Change::InPlace,
+            ..armed()
+        };
+        live.saw(&facts("new", "active", "running", 0, 101.0));
+        assert!(!live.watch.new_started);
     }
 
     #[test]

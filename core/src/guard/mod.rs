@@ -156,6 +156,11 @@ pub struct Record {
     pub run: String,
     #[serde(default)]
     pub change: Change,
+    /// This apply's write replaced another unit file: a server that started before the arming
+    /// runs the previous unit. Not so (a run that finishes one that died, a rank restarted with
+    /// its group), such a server may run the new file, unverified.
+    #[serde(default)]
+    pub replaces: bool,
     #[serde(flatten)]
     pub watch: Watch,
 }
@@ -179,6 +184,10 @@ pub struct Watch {
     pub taken_at: Option<f64>,
     #[serde(default)]
     pub taken_restarts: u32,
+    /// The guard saw the new unit start after the arming: the restart took. A run after a dead
+    /// one reads it to verify that start as it runs rather than restart it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub new_started: bool,
     /// The guard restored the previous unit itself.
     #[serde(default)]
     pub restored: bool,
@@ -224,6 +233,8 @@ pub struct Settled {
     pub armed_by: String,
     #[serde(default)]
     pub armed_at: String,
+    #[serde(default)]
+    pub new_started: bool,
 }
 
 impl Settled {
@@ -270,6 +281,18 @@ impl Settled {
     /// Whether the unit on the host is the one the guard kept unconfirmed.
     pub fn unconfirmed(&self, unit_sha256: &str) -> bool {
         self.state == GuardState::Unconfirmed && self.new_sha256 == unit_sha256
+    }
+
+    /// Whether the unit on the host runs a start of the change this guard watches, so that an
+    /// apply after the one that died verifies it as it runs instead of restarting it: kept
+    /// unconfirmed, or still armed (the dead run's lease not yet out) with its start seen.
+    pub fn confirmable(&self, unit_sha256: &str) -> bool {
+        let started = match self.state {
+            GuardState::Unconfirmed => true,
+            GuardState::Armed => self.new_started,
+            _ => false,
+        };
+        started && self.new_sha256 == unit_sha256
     }
 }
 
@@ -326,6 +349,25 @@ mod tests {
     }
 
     #[test]
+    fn a_start_is_confirmable_once_kept_or_seen_by_a_guard_still_armed() {
+        let read = |state: &str, started: bool| {
+            Settled::parse(&format!(
+                r#"{{"state":"{state}","new_sha256":"new","new_started":{started}}}"#
+            ))
+            .unwrap()
+        };
+        assert!(read("unconfirmed", false).confirmable("new"));
+        assert!(read("armed", true).confirmable("new"));
+        // Armed with no start seen: the dead run may have died before its restart, and what runs
+        // is the old server under the new file.
+        assert!(!read("armed", false).confirmable("new"));
+        assert!(!read("armed", true).confirmable("other"));
+        for settled in ["rolling_back", "rolled_back", "disarmed", "left"] {
+            assert!(!read(settled, true).confirmable("new"), "{settled}");
+        }
+    }
+
+    #[test]
     fn plan_tells_a_kept_unit_from_a_change_the_guard_rolled_back() {
         let settled = |state| Settled {
             state,
@@ -334,6 +376,7 @@ mod tests {
             settled_at: Some("t1".into()),
             armed_by: "ci".into(),
             armed_at: "t0".into(),
+            new_started: false,
         };
         let kept = settled(GuardState::Unconfirmed);
         assert!(kept
