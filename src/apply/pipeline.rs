@@ -1548,12 +1548,21 @@ async fn return_all(
             // One of this run and the host's guard rolls back, never both: taking the guard
             // over tells which (the guard acted first if its lease ran out while the host was
             // out of reach), and leaves the guard to finish this rollback should this process
-            // die in it. A take-over that fails leaves the rollback to the guard, never to
-            // both: this run neither restores nor disarms it.
+            // die in it. A take-over the guard refuses or cannot answer leaves the rollback to
+            // the guard, never to both: this run neither restores nor disarms it. One cut short
+            // by the connection (the host going down for a reboot) is tried again once the host
+            // is back, as the restore is.
             if !tried[i] {
                 let text = early(i) + &backs[i].path;
                 let found = match guards[i].take().await {
                     Ok(Some(found)) => found,
+                    Err(
+                        remote::RemoteError::Transport { .. }
+                        | remote::RemoteError::TimedOut { .. },
+                    ) if tokio::time::Instant::now() < until => {
+                        tokio::time::sleep(crate::verify::POLL_INTERVAL).await;
+                        continue;
+                    }
                     failed => {
                         let why = match failed {
                             Err(e) => error_chain(&e),
@@ -2132,6 +2141,39 @@ mod server_of_one {
             "{guard_calls:?}"
         );
         assert_eq!(*verifier.asked.lock().unwrap(), ["gpu-a s.service"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_take_over_cut_short_by_the_connection_is_tried_again_once_the_host_is_back() {
+        // The host goes down for a reboot as the rollback begins: the take-over is lost with the
+        // connection, not refused, so it is tried again over the new one and the rollback goes on.
+        let takes = std::sync::atomic::AtomicUsize::new(0);
+        let host = host(Some("old")).on_with(&[], move |argv, _| match argv {
+            [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
+                match takes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                    0 => Reply::Disconnect,
+                    _ => Reply::ok("armed\n"),
+                }
+            }
+            _ => Reply::ok(""),
+        });
+        let verifier = Scripted::new(vec![failed(Stage::Readiness), passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
+        assert!(
+            end.detail
+                .contains("the previous unit was restored and passed verification"),
+            "{}",
+            end.detail
+        );
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        let takes = host
+            .commands()
+            .iter()
+            .filter(|c| c[0].contains("reconcile-guard") && c[1] == "take")
+            .count();
+        assert_eq!(takes, 2);
     }
 
     #[tokio::test(start_paused = true)]
