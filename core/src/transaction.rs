@@ -5,10 +5,12 @@
 //! each step out on every rank and reports back with [`Transaction::went`].
 //!
 //! The order is the promise: nothing changes before every rank passed preflight and is locked;
-//! the drain comes before any file changes; every guard is armed before any server stops; a
-//! failure before the restart puts the files back and leaves the servers alone; a failure after
-//! it rolls every rank back (a rollback costs a full load, so only then). A unit the host's guard
-//! kept unconfirmed is verified as it runs, never rewritten or restarted.
+//! the drain comes before any file changes; every guard is armed before its rank's new file is
+//! written, so no new file is ever on a host with nobody watching it (should this process die
+//! between the two, a reboot would start it unverified); a failure before the restart puts the
+//! files back and leaves the servers alone; a failure after it rolls every rank back (a rollback
+//! costs a full load, so only then). A unit the host's guard kept unconfirmed is verified as it
+//! runs, never rewritten or restarted.
 
 use crate::plan::Verdict;
 
@@ -54,12 +56,14 @@ pub enum Step {
     Stage,
     /// Rank 0, the server's API, drained when the manifest asks (`drain:`).
     Drain,
-    /// Every rank's new unit written and loaded (`daemon-reload`).
+    /// Every rank's new unit written and loaded (`daemon-reload`); for a restart or a live
+    /// change, under the guard armed just before. The last moment a signal stops the apply
+    /// without a restart.
     Write,
     /// A reload-only change took: recorded, the server untouched.
     RecordReload,
-    /// Every rank's guard armed on its host, before any server stops; the last moment a signal
-    /// stops the apply without a restart.
+    /// Every rank's previous unit kept and its guard armed on its host, before the new file is
+    /// written and before any server stops.
     Arm,
     /// Every rank stopped and started in SGLang's order.
     Restart,
@@ -79,6 +83,29 @@ pub enum Step {
     /// Every rank's previous unit back, restarted in order and verified.
     RollBack,
     Done(End),
+}
+
+impl Step {
+    /// The step's name in snake case, as the crash matrix's fail points name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Prepare => "prepare",
+            Step::Stage => "stage",
+            Step::Drain => "drain",
+            Step::Write => "write",
+            Step::RecordReload => "record_reload",
+            Step::Arm => "arm",
+            Step::Restart => "restart",
+            Step::Live => "live",
+            Step::Verify => "verify",
+            Step::Gates => "gates",
+            Step::Confirm => "confirm",
+            Step::PutBack => "put_back",
+            Step::LiveBack => "live_back",
+            Step::RollBack => "roll_back",
+            Step::Done(_) => "done",
+        }
+    }
 }
 
 /// How a step went.
@@ -146,26 +173,30 @@ impl Transaction {
         self.step = match (self.step, went) {
             (Done(end), _) => Done(end),
             (Prepare, Went::Passed) if confirm => Arm,
-            (Prepare, Went::Passed) if matches!(self.kind, Kind::Restart | Kind::Live) => Stage,
-            (Prepare, Went::Passed) => Drain,
+            (Prepare, Went::Passed) if self.kind == Kind::ReloadOnly => Drain,
+            (Prepare, Went::Passed) => Stage,
             (Stage, _) => Drain,
-            (Drain, Went::Passed) => Write,
+            (Drain, Went::Passed) if self.kind == Kind::ReloadOnly => Write,
+            (Drain, Went::Passed) => Arm,
             (Prepare | Drain, _) => Done(End::Refused),
-            (Write, Went::Passed) if self.kind == Kind::ReloadOnly => RecordReload,
-            (Write, Went::Passed) => Arm,
-            (Write, _) => PutBack,
-            (RecordReload, _) => Done(End::Reloaded),
             (Arm, Went::Passed) => {
                 self.armed = true;
-                match self.kind {
-                    Kind::Confirm => Verify,
-                    Kind::Live => Live,
-                    _ => Restart,
+                if confirm {
+                    Verify
+                } else {
+                    Write
                 }
             }
             // A unit kept unconfirmed was not touched: nothing to put back.
             (Arm, _) if confirm => Done(End::Refused),
             (Arm, _) => PutBack,
+            (Write, Went::Passed) => match self.kind {
+                Kind::ReloadOnly => RecordReload,
+                Kind::Live => Live,
+                _ => Restart,
+            },
+            (Write, _) => PutBack,
+            (RecordReload, _) => Done(End::Reloaded),
             (Restart | Live, Went::Passed) => Verify,
             (Verify, Went::Passed) => Gates,
             (Gates, Went::Passed) => Confirm,
@@ -202,15 +233,15 @@ mod tests {
     }
 
     #[test]
-    fn a_restart_is_prepared_staged_drained_written_armed_restarted_verified_and_confirmed() {
+    fn a_restart_is_prepared_staged_drained_armed_written_restarted_verified_and_confirmed() {
         assert_eq!(
             walk(Kind::Restart, &[]),
             [
                 Prepare,
                 Stage,
                 Drain,
-                Write,
                 Arm,
+                Write,
                 Restart,
                 Verify,
                 Gates,
@@ -266,6 +297,7 @@ mod tests {
     fn before_the_restart_files_are_put_back_and_the_server_left_alone() {
         for (step, went) in [
             (Write, Went::Failed),
+            (Write, Went::Stopped),
             (Arm, Went::Failed),
             (Arm, Went::Stopped),
         ] {
@@ -302,8 +334,8 @@ mod tests {
                 Prepare,
                 Stage,
                 Drain,
-                Write,
                 Arm,
+                Write,
                 Live,
                 Verify,
                 Gates,
@@ -336,26 +368,32 @@ mod tests {
             );
         }
         // Before the server is told, the files go back as for a restart.
-        let unarmed = walk(Kind::Live, &[(Arm, Went::Stopped)]);
-        assert_eq!(&unarmed[unarmed.len() - 2..], [PutBack, Done(End::PutBack)]);
+        let unwritten = walk(Kind::Live, &[(Write, Went::Stopped)]);
+        assert_eq!(
+            &unwritten[unwritten.len() - 2..],
+            [PutBack, Done(End::PutBack)]
+        );
     }
 
     #[test]
-    fn guards_are_armed_from_the_arm_step_on_and_only_by_it() {
-        let mut t = Transaction::new(Kind::Restart);
-        for _ in 0..4 {
-            assert!(!t.armed(), "{:?}", t.step());
-            t.went(Went::Passed);
+    fn guards_are_armed_from_the_arm_step_on_before_any_file_is_written() {
+        for kind in [Kind::Restart, Kind::Live] {
+            let mut t = Transaction::new(kind);
+            for _ in 0..3 {
+                assert!(!t.armed(), "{:?}", t.step());
+                assert_ne!(t.step(), Write);
+                t.went(Went::Passed);
+            }
+            assert_eq!(t.step(), Arm);
+            assert_eq!(t.went(Went::Passed), Write);
+            assert!(t.armed());
         }
-        assert_eq!(t.step(), Arm);
-        t.went(Went::Passed);
-        assert!(t.armed());
-        let mut put_back = Transaction::new(Kind::Restart);
-        for _ in 0..4 {
-            put_back.went(Went::Passed);
+        let mut unarmed = Transaction::new(Kind::Restart);
+        for _ in 0..3 {
+            unarmed.went(Went::Passed);
         }
-        put_back.went(Went::Stopped);
-        assert!(!put_back.armed());
+        assert_eq!(unarmed.went(Went::Stopped), PutBack);
+        assert!(!unarmed.armed());
     }
 
     #[test]

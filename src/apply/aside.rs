@@ -25,20 +25,27 @@ pub fn dir(unit: &str) -> String {
     format!("{}/aside", unit_dir(unit))
 }
 
-/// Keeps `files` in a record, then removes each from where systemd reads it. The caller holds the
-/// unit's lock and reloads systemd afterwards (with the new unit in place).
+/// Where a new record of `unit`'s files goes: named before the move, so that the host's guard,
+/// armed before the write, knows where to look (no file there: none was moved).
+pub fn new_record(unit: &str) -> String {
+    format!("{}/{}.json", dir(unit), unix_nanos())
+}
+
+/// Keeps `files` in `record` (named by [`new_record`]), then removes each from where systemd
+/// reads it. The caller holds the unit's lock and reloads systemd afterwards (with the new unit
+/// in place).
 pub async fn move_aside(
     host: &dyn Host,
     unit: &str,
+    record: &str,
     files: Vec<Moved>,
 ) -> Result<Option<Aside>, RemoteError> {
     if files.is_empty() {
         return Ok(None);
     }
-    let dir = dir(unit);
-    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir])
+    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir(unit)])
         .await?;
-    let record = format!("{dir}/{}.json", unix_nanos());
+    let record = record.to_string();
     let json = serde_json::to_string_pretty(&files).expect("moved files serialize");
     host.write_file(&record, &(json + "\n"), "0600").await?;
     // A drop-in folder left empty goes too: systemd does not need it, and the survey takes a
@@ -115,7 +122,8 @@ mod tests {
                 text: String::new(),
             },
         ];
-        let aside = move_aside(&host, "s.service", files)
+        let record = new_record("s.service");
+        let aside = move_aside(&host, "s.service", &record, files)
             .await
             .unwrap()
             .unwrap();
@@ -147,9 +155,12 @@ mod tests {
                 .as_deref(),
             Some("[Service]\nUser=x\n")
         );
-        assert!(move_aside(&host, "s.service", vec![])
-            .await
-            .unwrap()
-            .is_none());
+        assert_eq!(aside.record, record);
+        assert!(
+            move_aside(&host, "s.service", &new_record("s.service"), vec![])
+                .await
+                .unwrap()
+                .is_none()
+        );
     }
 }

@@ -252,6 +252,13 @@ impl Armed<'_> {
         Ok(GuardState::parse(&out))
     }
 
+    /// Whether the guard still holds for this run: its lease renewed, and found armed. A guard
+    /// that acted while the link was cut put the previous file back and watches no more, so
+    /// nothing new is written under it.
+    pub async fn holds(&self) -> Result<bool, RemoteError> {
+        Ok(self.call("renew").await? == Some(GuardState::Armed))
+    }
+
     /// This process's rollback begins: the guard finishes it should this process die. Returns the
     /// state found: anything but `armed` means the guard acted first, and this rollback must not.
     pub async fn take(&self) -> Result<Option<GuardState>, RemoteError> {

@@ -34,6 +34,8 @@ pub struct Fallback {
 pub struct Layered {
     /// To move aside before the new unit goes in (`systemd.dropins: replace`).
     pub to_move: Vec<Moved>,
+    /// The record they are kept in, named before the guard is armed ([`keep_previous`]).
+    pub aside_record: Option<String>,
     /// Where this run kept them, once it has.
     pub aside: Option<Aside>,
     /// systemd has a unit of this name beneath the managed file (in /run, or a vendor one).
@@ -65,7 +67,7 @@ impl Fallback {
             beneath: self.layers.beneath,
             was_disabled: self.layers.was_disabled,
             was_running: self.was_running,
-            aside: self.layers.aside.as_ref().map(|a| a.record.clone()),
+            aside: self.layers.aside_record.clone(),
         }
     }
 
@@ -212,19 +214,24 @@ pub(super) async fn load_history(job: &Job<'_>, report: &mut UnitReport) -> Opti
     }
 }
 
-/// Keeps the current unit as a generation (noting where in `fallback`), writes the new one and
-/// has systemd reload.
-pub(super) async fn write_unit(
+/// What the write replaces, kept before anything of systemd's changes (and before the guard is
+/// armed, which restores from it): the current unit as a generation, and the name of the record
+/// of the files to move aside. Both noted in `fallback`.
+pub(super) async fn keep_previous(
     job: &Job<'_>,
     observed: &Observed,
     fallback: &mut Fallback,
 ) -> Result<(), RemoteError> {
     let (host, t) = (job.host, job.t);
     let unit = &t.desired.unit;
-    let path = format!("{UNIT_DIR}/{unit}");
     // A temporary file left by a run cut off mid-write; we hold the lock, so it is not in use.
-    host.run_ok(&["rm", "-f", "--", &format!("{path}.reconcile-tmp")])
-        .await?;
+    host.run_ok(&[
+        "rm",
+        "-f",
+        "--",
+        &format!("{UNIT_DIR}/{unit}.reconcile-tmp"),
+    ])
+    .await?;
     if let Some(current) = observed
         .unit_text
         .as_deref()
@@ -232,10 +239,23 @@ pub(super) async fn write_unit(
     {
         fallback.kept = Some(state::keep_generation(host, unit, current).await?);
     }
+    if !fallback.layers.to_move.is_empty() {
+        fallback.layers.aside_record = Some(aside::new_record(unit));
+    }
+    Ok(())
+}
+
+/// The new unit in place: the files in systemd's way moved aside (kept in the record named by
+/// [`keep_previous`] first), the file written, systemd reloaded, and the unit enabled where it
+/// has to be.
+pub(super) async fn write_unit(job: &Job<'_>, fallback: &mut Fallback) -> Result<(), RemoteError> {
+    let (host, t) = (job.host, job.t);
+    let unit = &t.desired.unit;
+    let path = format!("{UNIT_DIR}/{unit}");
     // Out of systemd's way before the new unit goes in: each kept in a record first.
     let to_move = std::mem::take(&mut fallback.layers.to_move);
-    if !to_move.is_empty() {
-        fallback.layers.aside = aside::move_aside(host, unit, to_move).await?;
+    if let (false, Some(record)) = (to_move.is_empty(), &fallback.layers.aside_record) {
+        fallback.layers.aside = aside::move_aside(host, unit, record, to_move).await?;
     }
     host.write_file(&path, &t.desired.text, "0644").await?;
     host.run_ok(&["systemctl", "daemon-reload"]).await?;

@@ -22,6 +22,7 @@ mod bake;
 mod benchmark;
 mod decide;
 mod error;
+mod failpoint;
 pub(crate) mod guard;
 mod install;
 pub(crate) mod live;
@@ -595,6 +596,7 @@ fn layered(unit: &str, observed: &Observed, drift: &[Drift]) -> Layered {
             })
             .flatten(),
         to_move,
+        aside_record: None,
         aside: None,
     }
 }

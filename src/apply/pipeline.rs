@@ -46,7 +46,7 @@ use crate::manifest::VerifySpec;
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict};
 use crate::preflight::{self, Survey};
-use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::systemd::Systemd as _;
 use crate::targets::Target;
 use crate::verify::{Expect, Failure, Stage, Verification};
@@ -421,6 +421,7 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
     let mut verified = Vec::new();
     let mut keep = None;
     loop {
+        super::failpoint::before(tx.step()).await;
         let went = match tx.step() {
             Step::Done(_) => return endings.expect("every end leaves its endings"),
             Step::Prepare => match prepare(ranks).await {
@@ -462,13 +463,35 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
                     None => Went::Passed,
                 }
             }
-            Step::Write => match write(ranks).await {
-                Ok(()) => Went::Passed,
-                Err((rank, error)) => {
-                    put_back = Some(PutBack::Write { rank, error });
-                    Went::Failed
+            // The last moment to stop without a restart: a signal before the write, or during
+            // it, leaves the servers as they were.
+            Step::Write if kind != Kind::ReloadOnly && options.cancel.is_cancelled() => {
+                put_back = Some(PutBack::Cancelled);
+                Went::Stopped
+            }
+            Step::Write => {
+                // A reload-only change arms no guard: what it replaces is kept here. Any other
+                // writes under its guards, once they are known to hold.
+                let ready = match kind {
+                    Kind::ReloadOnly => keep_previous(ranks).await,
+                    _ => guards_hold(ranks, &armed).await,
+                };
+                let written = match ready {
+                    Ok(()) => write(ranks).await,
+                    not_ready => not_ready,
+                };
+                match written {
+                    Err((rank, error)) => {
+                        put_back = Some(PutBack::Write { rank, error });
+                        Went::Failed
+                    }
+                    Ok(()) if kind != Kind::ReloadOnly && options.cancel.is_cancelled() => {
+                        put_back = Some(PutBack::Cancelled);
+                        Went::Stopped
+                    }
+                    Ok(()) => Went::Passed,
                 }
-            },
+            }
             Step::RecordReload => {
                 endings = Some(record_reload(ranks).await);
                 Went::Passed
@@ -481,8 +504,16 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
                     r.spec = spec;
                     r.learned_notes = notes;
                 }
-                if kind != Kind::Confirm && options.cancel.is_cancelled() {
-                    // The last moment to stop without a restart: the servers are left as they were.
+                // What the write replaces is kept before the guard that restores it is armed.
+                let kept = match kind {
+                    Kind::Confirm => Ok(()),
+                    _ => keep_previous(ranks).await,
+                };
+                if let Err((rank, error)) = kept {
+                    put_back = Some(PutBack::Write { rank, error });
+                    Went::Failed
+                } else if kind != Kind::Confirm && options.cancel.is_cancelled() {
+                    // Nothing written yet: the servers are left as they were.
                     put_back = Some(PutBack::Cancelled);
                     Went::Stopped
                 } else {
@@ -597,6 +628,11 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
             Step::PutBack => {
                 let why = put_back.take().expect("a step said why the files go back");
                 endings = Some(put_back_endings(ranks, why).await);
+                // The files are back: the guards stand down. One that does not hear it finds
+                // the previous file in place once the lease is out, and puts back nothing new.
+                for a in &armed {
+                    let _ = a.disarm().await;
+                }
                 Went::Passed
             }
             Step::LiveBack => {
@@ -649,9 +685,34 @@ async fn drain(ranks: &mut [Rank<'_>]) -> Option<Vec<Ending>> {
     Some(endings)
 }
 
-/// Every rank's unit in place, or `Err` naming the first rank that could not be.
-async fn write(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
-    let written = join_all(ranks.iter_mut().map(|r| async move {
+/// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first that
+/// does not: the write goes ahead only under guards that watch it.
+async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usize, ApplyError)> {
+    let held = join_all(armed.iter().map(|a| a.holds())).await;
+    for (i, held) in held.into_iter().enumerate() {
+        let why = match held {
+            Ok(true) => continue,
+            Ok(false) => {
+                "it acted already (its lease ran out while this run could not reach the host)"
+                    .to_string()
+            }
+            Err(e) => format!("it could not be reached: {}", error_chain(&e)),
+        };
+        let host = &ranks[i].job.t.host;
+        return Err((
+            i,
+            ApplyError::InstallFailed(format!(
+                "nothing was written: the guard on {host} does not hold for this run, {why}"
+            )),
+        ));
+    }
+    Ok(())
+}
+
+/// What every rank's write replaces, kept (`install::keep_previous`), or `Err` naming the first
+/// rank where it could not be.
+async fn keep_previous(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
+    let kept = join_all(ranks.iter_mut().map(|r| async move {
         let Rank {
             job,
             observed,
@@ -662,10 +723,32 @@ async fn write(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
         if *verdict == Verdict::NoChange {
             return Ok(());
         }
-        install::write_unit(job, observed, fallback).await
+        install::keep_previous(job, observed, fallback).await
     }))
     .await;
-    match written
+    first_failed(kept)
+}
+
+/// Every rank's unit in place, or `Err` naming the first rank that could not be.
+async fn write(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
+    let written = join_all(ranks.iter_mut().map(|r| async move {
+        let Rank {
+            job,
+            fallback,
+            verdict,
+            ..
+        } = r;
+        if *verdict == Verdict::NoChange {
+            return Ok(());
+        }
+        install::write_unit(job, fallback).await
+    }))
+    .await;
+    first_failed(written)
+}
+
+fn first_failed(done: Vec<Result<(), RemoteError>>) -> Result<(), (usize, ApplyError)> {
+    match done
         .into_iter()
         .enumerate()
         .find_map(|(i, w)| w.err().map(|e| (i, e)))
@@ -1893,9 +1976,13 @@ mod server_of_one {
     fn host(unit: Option<&str>) -> FakeHost {
         let fake = FakeHost::new("gpu-a")
             .on(&[], Reply::ok(""))
-            // The guard program (its path names its build): found armed when taken over.
+            // The guard program (its path names its build): found armed when renewed or taken
+            // over.
             .on_with(&[], |argv, _| match argv {
-                [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
+                [program, command, ..]
+                    if program.contains("reconcile-guard")
+                        && ["take", "renew"].contains(command) =>
+                {
                     Reply::ok("armed\n")
                 }
                 _ => Reply::ok(""),
@@ -2111,6 +2198,9 @@ mod server_of_one {
         // The host answers, but its guard does not take the rollback over: restoring now could
         // race the guard's own restore, so this run restores nothing and does not disarm it.
         let host = host(Some("old")).on_with(&[], |argv, _| match argv {
+            [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
+                Reply::ok("armed\n")
+            }
             [program, ..] if program.contains("reconcile-guard") => {
                 Reply::exit(1, "", "guard.json: unreadable")
             }
@@ -2144,6 +2234,34 @@ mod server_of_one {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_guard_that_acted_before_the_write_has_nothing_written_under_it() {
+        // Armed, then the link was cut past the lease: the guard put the previous file back and
+        // watches no more. The new file is not written and the server is not restarted.
+        let host = host(Some("old")).on_with(&[], |argv, _| match argv {
+            [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
+                Reply::ok("rolled_back\n")
+            }
+            _ => Reply::ok(""),
+        });
+        let verifier = Scripted::new(vec![passed()]);
+        let before = observed(Some("old"), "active");
+        let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+        assert_eq!(end.outcome, Outcome::Error, "{}", end.detail);
+        assert!(
+            end.detail.contains("nothing was written")
+                && end.detail.contains("does not hold for this run"),
+            "{}",
+            end.detail
+        );
+        assert_eq!(host.file(PATH).as_deref(), Some("old"));
+        assert!(!host
+            .commands()
+            .iter()
+            .any(|c| c.starts_with(&["systemctl".into(), "restart".into()])));
+        assert!(verifier.asked.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_take_over_cut_short_by_the_connection_is_tried_again_once_the_host_is_back() {
         // The host goes down for a reboot as the rollback begins: the take-over is lost with the
         // connection, not refused, so it is tried again over the new one and the rollback goes on.
@@ -2154,6 +2272,9 @@ mod server_of_one {
                     0 => Reply::Disconnect,
                     _ => Reply::ok("armed\n"),
                 }
+            }
+            [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
+                Reply::ok("armed\n")
             }
             _ => Reply::ok(""),
         });

@@ -265,7 +265,11 @@ fn put_back_aside(guard: &Record) -> Result<(), Error> {
         return Ok(());
     };
     let path = Path::new(aside);
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    // The record is named at arming and written before any file moves: none means none moved.
+    let text = match std::fs::read_to_string(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        read => read.map_err(io(path))?,
+    };
     let files: Vec<Moved> = serde_json::from_str(&text).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,

@@ -86,6 +86,17 @@ pub fn judge(
     match guard.state {
         GuardState::Armed => {
             if f.sha256.as_deref() != Some(guard.new_sha256.as_str()) {
+                // Armed before the write: the previous file still there means the controller
+                // stopped before (or while) it wrote, perhaps with files moved aside already.
+                // Not for a confirm, whose new file was there at arming: someone changed it.
+                let confirming = guard.change == Change::InPlace && w.new_started;
+                if f.sha256 == guard.previous_sha256 && !confirming {
+                    return (
+                        Verdict::PutBack,
+                        "the new file was never written (the controller stopped before its write)"
+                            .into(),
+                    );
+                }
                 return (
                     Verdict::Leave,
                     "the unit file changed since the guard was armed; left as it is".into(),
@@ -546,6 +557,75 @@ mod tests {
             (
                 Restore,
                 "not healthy by the deadline (activating/start, /health no answer)",
+            ),
+        ];
+        assert_judged(cases, &expected);
+    }
+
+    #[test]
+    fn a_file_never_written_under_an_armed_guard_is_put_back_but_a_confirms_is_left() {
+        // Armed before the write: the controller died before its write took (or mid-write,
+        // files moved aside already). Put back, server untouched; for a restart, a live change
+        // and a unit that was new alike.
+        let live = Record {
+            change: Change::InPlace,
+            ..armed()
+        };
+        let new_unit = Record {
+            previous: None,
+            previous_sha256: None,
+            ..armed()
+        };
+        let no_file = Facts {
+            sha256: None,
+            ..facts("", "inactive", "dead", 0, 0.0)
+        };
+        // A confirm's file was the new one at arming: the previous one there now is someone
+        // else's change.
+        let confirm = Record {
+            change: Change::InPlace,
+            watch: Watch {
+                new_started: true,
+                ..armed().watch
+            },
+            ..armed()
+        };
+        let cases = vec![
+            (
+                armed(),
+                facts("old", "active", "running", 0, 90.0),
+                105.0,
+                Unasked,
+            ),
+            (
+                armed(),
+                facts("old", "active", "running", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
+            (
+                live,
+                facts("old", "active", "running", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
+            (new_unit, no_file, 150.0, Unasked),
+            (
+                confirm,
+                facts("old", "active", "running", 0, 90.0),
+                150.0,
+                Unasked,
+            ),
+        ];
+        let never = "the new file was never written (the controller stopped before its write)";
+        let expected = [
+            (Wait, "the controller renewed its lease"),
+            (PutBack, never),
+            (PutBack, never),
+            (PutBack, never),
+            (
+                Leave,
+                "the unit file changed since the guard was armed; left as it is",
             ),
         ];
         assert_judged(cases, &expected);
