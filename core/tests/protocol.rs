@@ -65,8 +65,12 @@ struct Unit {
     entered_micro: u32,
     restarts: u32,
     /// What runs is the new unit's start since the arming (the apply's restart, or the boot
-    /// that started the new file): P1 and P3 judge only such a start.
+    /// that started the new file), or the server this apply told a live change: P1 and P3 judge
+    /// only such a server.
     new_invocation: bool,
+    /// The running server took the live change (its weights or values are the new unit's); a
+    /// start reads the file afresh.
+    told: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -161,6 +165,13 @@ struct Protocol {
     /// catches it.
     judge: GuardJudge,
     order: Order,
+    /// Whether a run after a dead one confirms what the host shows: core's
+    /// [`Settled::confirmable`], or a rule broken on purpose.
+    confirms: fn(&Settled) -> bool,
+}
+
+fn core_confirms(g: &Settled) -> bool {
+    g.confirmable("new")
 }
 
 /// Which comes first of the new file and its guard.
@@ -236,6 +247,10 @@ impl State {
     /// Whether the server answers /health 200.
     fn healthy(&self) -> bool {
         match self.unit.running {
+            // A live change that hangs the server takes its /health with it.
+            Some((Def::Previous, _)) if self.unit.told && self.behaviour == Behaviour::Hang => {
+                false
+            }
             Some((Def::Previous, since)) => self.now >= since + PREVIOUS_LOAD,
             Some((Def::New, since)) => match self.behaviour {
                 Behaviour::Fast => self.now > since,
@@ -244,6 +259,13 @@ impl State {
             },
             None => false,
         }
+    }
+
+    /// What the running server serves: the new unit once it started from it or took it live.
+    fn effective(&self) -> Option<Def> {
+        self.unit
+            .running
+            .map(|(d, _)| if self.unit.told { Def::New } else { d })
     }
 
     fn crash_looping(&self) -> bool {
@@ -289,6 +311,7 @@ impl State {
         self.micro += 1;
         self.unit.restarts = 0;
         self.unit.new_invocation = new_invocation;
+        self.unit.told = false;
         self.healthy_in_time = false;
     }
 
@@ -383,6 +406,10 @@ impl Protocol {
                 {
                     s.healthy_restored = true;
                 }
+                // A server judged as it runs is restored only when it does not answer.
+                if g.state == GuardState::Armed && g.change == Change::InPlace && s.healthy() {
+                    s.healthy_restored = true;
+                }
                 g.begin_restore(&why, s.event());
                 s.unit.file = Def::Previous;
                 s.daemon_reload();
@@ -411,10 +438,7 @@ impl Protocol {
             Step::Write => {
                 // Written only under a guard that still holds: one that acted while the link
                 // was cut has put the previous file back, and would not watch the new one.
-                let mut g = s.record()?;
-                let found = g.renew(s.ctl.run, s.host_mono()).ok()?;
-                s.keep(&g);
-                if found == GuardState::Armed {
+                if self.guard_holds(s)? {
                     s.unit.file = Def::New;
                     s.daemon_reload();
                     Went::Passed
@@ -443,6 +467,16 @@ impl Protocol {
             }
             Step::Arm => {
                 let kind = s.ctl.tx.kind();
+                // A confirm arms over the dead run's guard only while what it planned from still
+                // holds: that guard may have acted since (restored, or put the file back).
+                if kind == Kind::Confirm {
+                    let prior = s.guard.as_deref().and_then(|t| Settled::parse(t).ok());
+                    if !prior.is_some_and(|g| (self.confirms)(&g)) {
+                        s.ctl.tx.went(Went::Failed);
+                        s.ctl.ended = Some(End::Refused);
+                        return Some(());
+                    }
+                }
                 if kind == Kind::Confirm {
                     // Verified as it runs, from now.
                     s.ctl.restarted_at = Some(s.now);
@@ -460,6 +494,9 @@ impl Protocol {
                 s.guard_running = true;
                 Went::Passed
             }
+            // Like the write, the restart and the live change go ahead only under a guard that
+            // still holds: one that acted behind a cut has settled, and would not watch them.
+            Step::Restart | Step::Live if !self.guard_holds(s)? => Went::Stopped,
             Step::Restart => {
                 let running = s.unit.running.map(|(d, _)| d);
                 if s.ctl.run == RERUN
@@ -475,7 +512,14 @@ impl Protocol {
             }
             Step::Verify => {
                 let since = s.ctl.restarted_at?;
-                if s.healthy() && s.unit.running.map(|(d, _)| d) == Some(Def::New) {
+                // Verification sees a start and /health, not the values a server took live (a
+                // weights change shows in its identity; a value does not): a server judged as it
+                // runs passes when it answers.
+                let seen = match s.ctl.tx.kind() {
+                    Kind::Live | Kind::Confirm => s.unit.running.is_some(),
+                    _ => s.unit.running.map(|(d, _)| d) == Some(Def::New),
+                };
+                if s.healthy() && seen {
                     Went::Passed
                 } else if s.crash_looping() && s.unit.restarts > 0
                     || s.unit.running.is_none()
@@ -494,8 +538,7 @@ impl Protocol {
                 if found == GuardState::Armed
                     || found == GuardState::RollingBack && !g.watch.restored
                 {
-                    let running = s.unit.running.map(|(d, _)| d);
-                    s.ctl.converged_on = running.map(|d| (d, s.unit.new_invocation));
+                    s.ctl.converged_on = s.effective().map(|d| (d, s.unit.new_invocation));
                     s.ctl.ended = Some(End::Converged);
                 } else {
                     // The guard acted first: reported as its rollback, nothing recorded.
@@ -541,7 +584,33 @@ impl Protocol {
                 s.ctl.ended = Some(End::RolledBack);
                 Went::Passed
             }
-            Step::LiveBack | Step::RecordReload | Step::Live => Went::Failed,
+            Step::Live => {
+                // The running server told the change: it serves it from now.
+                if s.unit.running.is_none() {
+                    Went::Failed
+                } else {
+                    s.unit.told = true;
+                    s.unit.new_invocation = true;
+                    s.ctl.restarted_at = Some(s.now);
+                    Went::Passed
+                }
+            }
+            Step::LiveBack => {
+                // The previous values told back live, the previous file back, the guard disarmed.
+                s.unit.told = false;
+                s.unit.new_invocation = false;
+                s.unit.file = Def::Previous;
+                s.daemon_reload();
+                let mut g = s.record()?;
+                g.disarm(s.ctl.run, "t").ok()?;
+                s.keep(&g);
+                if s.unit.running.is_some() {
+                    Went::Passed
+                } else {
+                    Went::Failed
+                }
+            }
+            Step::RecordReload => Went::Failed,
             Step::Done(_) => return None,
         };
         let next = s.ctl.tx.went(went);
@@ -549,6 +618,15 @@ impl Protocol {
             s.ctl.ended.get_or_insert(end);
         }
         Some(())
+    }
+
+    /// The controller's renewal, as `Armed::holds` sends it: whether its guard is still armed
+    /// for this run. `None`: the guard's record is not there (never armed).
+    fn guard_holds(&self, s: &mut State) -> Option<bool> {
+        let mut g = s.record()?;
+        let found = g.renew(s.ctl.run, s.host_mono()).ok()?;
+        s.keep(&g);
+        Some(found == GuardState::Armed)
     }
 
     /// Whether the controller's current step can be carried out now (a wait is not).
@@ -578,9 +656,16 @@ impl Model for Protocol {
                         entered_micro: 0,
                         restarts: 0,
                         new_invocation: confirm,
+                        told: false,
                     },
                     ctl: Controller::new(self.kind, RUN),
-                    guard: None,
+                    // A confirm's unit was kept by the guard of a run that died.
+                    guard: confirm.then(|| {
+                        let mut kept = arming(Kind::Restart, "run-dead");
+                        kept.watch.new_started = true;
+                        kept.settle_on(Verdict::Keep, "healthy at the deadline", "t");
+                        serde_json::to_string(&kept).expect("guard.json writes")
+                    }),
                     guard_running: false,
                     link_up: true,
                     cut_once: false,
@@ -706,7 +791,7 @@ impl Model for Protocol {
                 let running = s.facts().active == "active";
                 let read = s.guard.as_deref().and_then(|t| Settled::parse(t).ok());
                 let kind = match read {
-                    Some(g) if s.unit.file == Def::New && running && g.confirmable("new") => {
+                    Some(g) if s.unit.file == Def::New && running && (self.confirms)(&g) => {
                         Kind::Confirm
                     }
                     _ => Kind::Restart,
@@ -783,11 +868,20 @@ impl Model for Protocol {
                 let g = s.record();
                 let settled = g.as_ref().is_none_or(|g| !g.state.active());
                 let serving = s.healthy();
-                let running = s.unit.running.map(|(d, _)| d);
-                let told = match (running, g.as_ref().map(|g| g.state)) {
-                    (Some(Def::New), _) if s.ctl.ended == Some(End::Converged) => true,
-                    (Some(Def::New), Some(GuardState::Unconfirmed)) => true,
-                    (Some(Def::Previous), _) => s.unit.file == Def::Previous,
+                // Kept: `status` says unconfirmed while the file is the one kept (a live change
+                // kept may not have been taken: the next apply restarts it).
+                let kept = g
+                    .as_ref()
+                    .is_some_and(|g| g.state == GuardState::Unconfirmed)
+                    && s.unit.file == Def::New;
+                let live_unseen = g
+                    .as_ref()
+                    .is_some_and(|g| g.change == Change::InPlace && !g.watch.new_started);
+                let told = match s.effective() {
+                    Some(Def::New) if s.ctl.ended == Some(End::Converged) => true,
+                    Some(Def::New) if kept => true,
+                    Some(Def::Previous) if kept && live_unseen => true,
+                    Some(Def::Previous) => s.unit.file == Def::Previous,
                     _ => false,
                 };
                 settled && serving && told && !s.ctl.misreported
@@ -845,8 +939,52 @@ fn a_restart_holds_every_property_whatever_crashes_cuts_reboots_or_stale_runs() 
         ],
         judge: core_judge,
         order: Order::ArmThenWrite,
+        confirms: core_confirms,
     });
     assert!(states > 1000, "the model explored only {states} states");
+}
+
+#[test]
+fn a_live_change_holds_every_property_whatever_crashes_cuts_reboots_or_stale_runs() {
+    let states = check(Protocol {
+        kind: Kind::Live,
+        behaviours: vec![Behaviour::Fast, Behaviour::Hang],
+        judge: core_judge,
+        order: Order::ArmThenWrite,
+        confirms: core_confirms,
+    });
+    assert!(states > 1000, "the model explored only {states} states");
+}
+
+/// The rule before the live change was modelled: any unit the guard kept was confirmed as it
+/// runs, a live change too, whose taking nobody saw.
+fn confirms_any_kept(g: &Settled) -> bool {
+    let started = match g.state {
+        GuardState::Unconfirmed => true,
+        GuardState::Armed => g.new_started,
+        _ => false,
+    };
+    started && g.new_sha256 == "new"
+}
+
+#[test]
+fn confirming_a_kept_live_change_records_values_the_server_never_took() {
+    let checker = Protocol {
+        kind: Kind::Live,
+        behaviours: vec![Behaviour::Fast],
+        judge: core_judge,
+        order: Order::ArmThenWrite,
+        confirms: confirms_any_kept,
+    }
+    .checker()
+    .spawn_bfs()
+    .join();
+    let trace = checker
+        .discovery("P1 converged means the new unit runs")
+        .expect("the checker finds a live change confirmed that the server never took");
+    let last = trace.last_state();
+    assert_eq!(last.ctl.tx.kind(), Kind::Confirm);
+    assert_eq!(last.effective(), Some(Def::Previous));
 }
 
 #[test]
@@ -856,6 +994,7 @@ fn a_confirm_holds_every_property_whatever_crashes_cuts_reboots_or_stale_runs() 
         behaviours: vec![Behaviour::Fast, Behaviour::CrashLoop, Behaviour::Hang],
         judge: core_judge,
         order: Order::ArmThenWrite,
+        confirms: core_confirms,
     });
     assert!(states > 100, "the model explored only {states} states");
 }
@@ -870,6 +1009,7 @@ fn a_write_before_the_arming_leaves_the_new_file_unguarded_and_the_checker_says_
         behaviours: vec![Behaviour::Fast],
         judge: core_judge,
         order: Order::WriteThenArm,
+        confirms: core_confirms,
     }
     .checker()
     .spawn_bfs()
@@ -907,6 +1047,7 @@ fn a_guard_broken_on_purpose_is_caught_with_its_trace() {
         behaviours: vec![Behaviour::Fast],
         judge: judge_keeping_what_never_started,
         order: Order::ArmThenWrite,
+        confirms: core_confirms,
     }
     .checker()
     .spawn_bfs()

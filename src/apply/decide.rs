@@ -142,7 +142,10 @@ pub fn start(
             verdict: Verdict::Restart,
             previous: Previous::NewestGeneration,
             was_running: true,
-            note: Some("the last apply did not finish (no deployment record for this unit); restarting and verifying it".into()),
+            note: Some(match guard.filter(|g| g.live_unseen()).and_then(Settled::summary) {
+                Some(kept) => format!("{kept}; whether the server took the live change is not known: restarting and verifying it"),
+                None => "the last apply did not finish (no deployment record for this unit); restarting and verifying it".into(),
+            }),
             confirm: false,
         }),
     }
@@ -577,6 +580,24 @@ mod tests {
             panic!("restarted");
         };
         assert!(!i.confirm, "{i:?}");
+        // A live change its guard kept healthy: whether the server took it is not known (the run
+        // may have died before telling it), so it is restarted, saying why.
+        let live = Settled::parse(&format!(
+            r#"{{"state":"unconfirmed","new_sha256":"{}","change":"in_place","detail":"healthy","settled_at":"t1","armed_by":"me","armed_at":"t0"}}"#,
+            state::sha256("u")
+        ))
+        .unwrap();
+        let Start::Install(i) = start(Verdict::NoChange, &running, Some(Ok(true)), Some(&live))
+        else {
+            panic!("restarted");
+        };
+        assert!(!i.confirm, "{i:?}");
+        assert!(
+            i.note.as_deref().is_some_and(|n| n.ends_with(
+                "; whether the server took the live change is not known: restarting and verifying it"
+            )),
+            "{i:?}"
+        );
         let Start::Refuse(e) = start(Verdict::NoChange, &o, Some(Err(record_error())), None) else {
             panic!("refused");
         };

@@ -481,10 +481,10 @@ fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_report
 }
 
 /// A host's link cut on this machine's side (its veth, `<host>h`), put back when dropped.
-struct Link(&'static str);
+pub struct Link(&'static str);
 
 impl Link {
-    fn cut(host: &'static str) -> Link {
+    pub fn cut(host: &'static str) -> Link {
         let status = std::process::Command::new("ip")
             .args(["link", "set", &format!("{host}h"), "down"])
             .status()
@@ -495,7 +495,7 @@ impl Link {
 
     /// The guard's state read without the link: through the root of a process in the host's
     /// network namespace (the container's own files, as its systemd sees them).
-    fn guard_state(&self, unit: &str) -> String {
+    pub fn guard_state(&self, unit: &str) -> String {
         let pids = std::process::Command::new("ip")
             .args(["netns", "pids", self.0])
             .output()

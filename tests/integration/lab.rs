@@ -256,6 +256,14 @@ pub const GUARD: Lease = Lease {
     ports: 37601..37607,
     gpus: 0..12,
 };
+/// The crash matrix (crash.rs): each cell reboots its host or cuts its link, so it has one to
+/// itself; `tests/run.sh` boots these six for it.
+pub const CRASH: Lease = Lease {
+    user: "crash.rs",
+    hosts: &["rl36", "rl37", "rl38", "rl39", "rl40", "rl41"],
+    ports: 37801..37802,
+    gpus: 0..2,
+};
 pub const GROUP: [&str; 2] = [GROUP_LEASE.hosts[0], GROUP_LEASE.hosts[1]];
 /// The real-SGLang tier's hosts (real_server/ keeps its own constants: these are data, for the
 /// check): its servers run on the CPU, and its rollout is `router::SERVICE` on port 30000.
@@ -424,6 +432,7 @@ pub const LEASES: &[Lease] = &[
     REPLICAS_LEASE,
     GROUP_LEASE,
     GUARD,
+    CRASH,
     REAL_SERVER,
     REAL_SERVER_ROLLOUT,
     QUALITY,

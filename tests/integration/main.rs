@@ -6,6 +6,7 @@ mod apply;
 mod benchmark;
 mod builder;
 mod coordinator;
+mod crash;
 mod diagnosis;
 mod docs_guide;
 mod drain;

@@ -281,6 +281,16 @@ impl Record {
         w.restored_at = w.restored_at.map(|_| 0.0);
         w.restored_entered = w.restored_entered.map(|_| 0.0);
         w.restored_restarts = w.restored_restarts.map(|_| 0);
+        // The boot started the unit afresh from its file: a change judged as it ran is now a
+        // start like a restart's. A live change kept without anyone seeing it taken was never
+        // started from its file before: that start is judged (the model found a reboot starting
+        // it, hung, under a guard that had settled).
+        if self.change == Change::InPlace {
+            if self.state == GuardState::Unconfirmed && !w.new_started {
+                self.state = GuardState::Armed;
+            }
+            self.change = Change::Restart;
+        }
     }
 
     /// What the guard saw: a start of the unit after the arming is the new unit's, once and for
@@ -1017,6 +1027,42 @@ mod tests {
             (w.armed_mono, w.lease_until, w.judge_at),
             (Some(50.0), 60.0, 150.0)
         );
+    }
+
+    #[test]
+    fn a_reboot_starts_a_kept_live_change_from_its_file_and_the_guard_judges_that_start() {
+        // A live change kept healthy with nobody seeing the server take it: the boot is the
+        // first start from its file, and judged as a restart's.
+        let mut live = Record {
+            change: Change::InPlace,
+            ..armed()
+        };
+        live.settle_on(Keep, "active and /health 200 at the deadline", "t1");
+        live.start_watch(3.0, "boot-2");
+        assert_eq!(
+            (live.state, live.change),
+            (GuardState::Armed, Change::Restart)
+        );
+        let (verdict, _) = judge(
+            &live,
+            &facts("new", "activating", "auto-restart", 2, 5.0),
+            10.0,
+            || panic!("not asked"),
+        );
+        assert_eq!(verdict, Restore);
+        // A kept restart, or a confirm's record (its start seen at arming), stays kept.
+        let mut restart = armed();
+        restart.settle_on(Keep, "healthy", "t1");
+        restart.start_watch(3.0, "boot-2");
+        assert_eq!(restart.state, GuardState::Unconfirmed);
+        let mut confirm = Record {
+            change: Change::InPlace,
+            ..armed()
+        };
+        confirm.watch.new_started = true;
+        confirm.settle_on(Keep, "healthy", "t1");
+        confirm.start_watch(3.0, "boot-2");
+        assert_eq!(confirm.state, GuardState::Unconfirmed);
     }
 
     #[test]

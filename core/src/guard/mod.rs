@@ -235,6 +235,8 @@ pub struct Settled {
     pub armed_at: String,
     #[serde(default)]
     pub new_started: bool,
+    #[serde(default)]
+    pub change: Change,
 }
 
 impl Settled {
@@ -264,6 +266,13 @@ impl Settled {
     pub fn plan_note(&self, current_sha256: Option<&str>, desired_sha256: &str) -> Option<String> {
         let summary = self.summary()?;
         match self.state {
+            GuardState::Unconfirmed
+                if current_sha256 == Some(self.new_sha256.as_str()) && self.live_unseen() =>
+            {
+                Some(format!(
+                    "{summary}; whether the server took the live change is not known, so apply restarts it and verifies it"
+                ))
+            }
             GuardState::Unconfirmed if current_sha256 == Some(self.new_sha256.as_str()) => {
                 Some(format!(
                     "{summary}; apply verifies it as it runs, without a restart, and confirms it"
@@ -286,13 +295,24 @@ impl Settled {
     /// Whether the unit on the host runs a start of the change this guard watches, so that an
     /// apply after the one that died verifies it as it runs instead of restarting it: kept
     /// unconfirmed, or still armed (the dead run's lease not yet out) with its start seen.
+    ///
+    /// Not a live change's: the guard sees the server healthy, not whether it took the change
+    /// (the run may have died before telling it, or between the weights and the values), so
+    /// confirming it could record values the server does not run. (A confirm's record counts:
+    /// its start was seen when it was armed.)
     pub fn confirmable(&self, unit_sha256: &str) -> bool {
         let started = match self.state {
             GuardState::Unconfirmed => true,
             GuardState::Armed => self.new_started,
             _ => false,
         };
-        started && self.new_sha256 == unit_sha256
+        let seen = self.change == Change::Restart || self.new_started;
+        started && seen && self.new_sha256 == unit_sha256
+    }
+
+    /// A live change kept healthy, whose taking nobody saw.
+    pub fn live_unseen(&self) -> bool {
+        self.change == Change::InPlace && !self.new_started
     }
 }
 
@@ -365,6 +385,20 @@ mod tests {
         for settled in ["rolling_back", "rolled_back", "disarmed", "left"] {
             assert!(!read(settled, true).confirmable("new"), "{settled}");
         }
+        // A live change kept healthy: nobody saw the server take it. A confirm's record (its
+        // start seen at arming) is confirmable again.
+        let live = |started: bool| {
+            Settled::parse(&format!(
+                r#"{{"state":"unconfirmed","new_sha256":"new","change":"in_place","new_started":{started}}}"#
+            ))
+            .unwrap()
+        };
+        assert!(!live(false).confirmable("new"));
+        assert!(live(false)
+            .plan_note(Some("new"), "new")
+            .unwrap()
+            .contains("whether the server took the live change is not known"));
+        assert!(live(true).confirmable("new"));
     }
 
     #[test]
@@ -377,6 +411,7 @@ mod tests {
             armed_by: "ci".into(),
             armed_at: "t0".into(),
             new_started: false,
+            change: Change::Restart,
         };
         let kept = settled(GuardState::Unconfirmed);
         assert!(kept
