@@ -1,0 +1,109 @@
+//! `Step::Confirm`: every rank passed, so every guard is disarmed and every deployment recorded.
+//! `guard_acted`, a guard that rolled back before its disarm, is `Step::LiveBack`'s too.
+
+use reconcile_core::guard::GuardState;
+use reconcile_core::transaction::{Kind, Went};
+
+use super::{Carried, Rank};
+use crate::apply::decide::{self, Ending};
+use crate::apply::error::ApplyErrorKind;
+use crate::apply::guard::{self, Armed};
+use crate::apply::install;
+use crate::apply::Outcome;
+use crate::remote::error_chain;
+use crate::verify::Verification;
+
+/// `Step::Confirm`: every rank's ending, from its verification.
+pub(super) async fn confirm(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_>) -> Went {
+    let verified = std::mem::take(&mut c.verified);
+    c.endings = Some(confirm_all(ranks, &c.armed, verified, c.keep.take(), kind).await);
+    Went::Passed
+}
+
+/// Every rank passed: its guard disarmed and its deployment recorded; rank 0 keeps the quality
+/// gate's new reference.
+async fn confirm_all(
+    ranks: &mut [Rank<'_>],
+    armed: &[Armed<'_>],
+    verified: Vec<Verification>,
+    keep: Option<reconcile_core::quality::Reference>,
+    kind: Kind,
+) -> Vec<Ending> {
+    let mut acted = Vec::new();
+    for (i, g) in armed.iter().enumerate() {
+        acted.push(install::disarm(g, &mut ranks[i].report.report).await);
+    }
+    let n = ranks.len();
+    let mut endings = Vec::new();
+    for (i, (r, v)) in ranks.iter_mut().zip(verified).enumerate() {
+        // The guard rolled the unit back (its lease ran out while this run could not reach the
+        // host, say during the disarm itself): the host runs the previous unit, whatever
+        // verification saw. Reported as the guard's rollback, and no deployment recorded.
+        if let Some(ending) = guard_acted(r, acted.get(i).copied().flatten()).await {
+            endings.push(ending);
+            r.report.report.verification = Some(v);
+            continue;
+        }
+        let mut ending = match kind {
+            Kind::Live => decide::converged_live(&r.told, &v),
+            _ => decide::converged(&v),
+        };
+        if i == 0 {
+            if let Some(b) = &r.report.report.benchmark {
+                ending.detail.push_str(&decide::benchmark_passed(&b.detail));
+            }
+            if let Some(q) = &r.report.report.quality {
+                ending.detail.push_str(&format!("; quality: {}", q.detail));
+            }
+            if let Some(reference) = &keep {
+                r.report
+                    .report
+                    .notes
+                    .extend(reconcile_core::quality::oversize_note(reference));
+                // The converged server's answers are what the next change is compared with.
+                if let Err(e) =
+                    crate::quality::keep_reference(r.job.host, &r.job.t.desired.unit, reference)
+                        .await
+                {
+                    r.report.report.notes.push(format!(
+                        "quality: the new reference could not be kept: {}",
+                        error_chain(&e)
+                    ));
+                }
+            }
+        }
+        if n > 1 {
+            ending
+                .detail
+                .push_str(&format!(" (rank {i} of {n}; the group restarted together)"));
+        }
+        install::record(&r.job, Outcome::Converged, Some(&v), &mut r.report.report).await;
+        r.report.report.verification = Some(v);
+        endings.push(ending);
+    }
+    endings
+}
+
+/// The ending of a rank whose guard rolled it back before this run could disarm it (`acted`, what
+/// the disarm found the guard had done): the host runs the previous unit, whatever verification
+/// saw. Reported as the guard's rollback, and no deployment recorded. `None`: the guard did not.
+pub(super) async fn guard_acted(r: &Rank<'_>, acted: Option<GuardState>) -> Option<Ending> {
+    if !matches!(
+        acted,
+        Some(GuardState::RolledBack | GuardState::RollbackFailed)
+    ) {
+        return None;
+    }
+    let settled = guard::read(r.job.host, &r.job.t.desired.unit)
+        .await
+        .ok()
+        .flatten();
+    let cause = ApplyErrorKind::Unreachable;
+    Some(match settled {
+        Some(settled) => decide::guard_acted_first(decide::CONFIRMED_TOO_LATE, cause, &settled),
+        None => Ending::rollback_failed(format!(
+            "host needs attention: {}; its record could not be read",
+            decide::CONFIRMED_TOO_LATE
+        )),
+    })
+}

@@ -1,0 +1,75 @@
+//! `Step::PutBack`: nothing restarted yet, so every previous file is put back, the servers left as
+//! they run, and the guards stood down.
+
+use futures::future::join_all;
+use reconcile_core::transaction::Went;
+
+use super::{Carried, Rank};
+use crate::apply::decide::{self, Ending};
+use crate::apply::error::ApplyError;
+use crate::apply::restore::put_back_file;
+use crate::remote::error_chain;
+
+/// Why files were put back before any restart.
+pub(super) enum PutBack {
+    /// Rank `rank`'s unit could not be written.
+    Write { rank: usize, error: ApplyError },
+    /// A rank's guard could not be armed.
+    Arm { error: ApplyError },
+    /// A signal came before the restart.
+    Cancelled,
+}
+
+/// `Step::PutBack`: every rank's ending says why its file went back.
+pub(super) async fn put_back(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
+    let why = c
+        .put_back
+        .take()
+        .expect("a step said why the files go back");
+    c.endings = Some(put_back_endings(ranks, why).await);
+    // The files are back: the guards stand down. One that does not hear it finds the previous
+    // file in place once the lease is out, and puts back nothing new.
+    for a in &c.armed {
+        let _ = a.disarm().await;
+    }
+    Went::Passed
+}
+
+/// Every rank's previous file back after a failed write, an unarmed guard or a signal before the
+/// restart: nothing was restarted, so the servers are left alone.
+async fn put_back_endings(ranks: &[Rank<'_>], why: PutBack) -> Vec<Ending> {
+    let put_back = put_back_all(ranks).await;
+    let interrupted = crate::signals::interrupted();
+    put_back
+        .into_iter()
+        .enumerate()
+        .map(|(j, back)| match &why {
+            PutBack::Cancelled => decide::cancelled_before_restart(&interrupted, back),
+            PutBack::Arm { error, .. } => decide::install_failed(error, back),
+            PutBack::Write { rank, error } if j == *rank => decide::install_failed(error, back),
+            PutBack::Write { rank, error } => {
+                let peer = ApplyError::InstallFailed(format!(
+                    "rank {rank} ({}) of the server group could not be installed: {error}",
+                    ranks[*rank].job.t.host
+                ));
+                decide::install_failed(&peer, back)
+            }
+        })
+        .collect()
+}
+
+/// Every rank's file put back after a failed install or a cancel before the restart: each
+/// rank's `Ok(whether anything was put back)`, or why it could not be.
+async fn put_back_all(ranks: &[Rank<'_>]) -> Vec<Result<bool, String>> {
+    join_all(ranks.iter().map(|r| async move {
+        put_back_file(
+            r.job.host,
+            &r.job.t.desired.unit,
+            r.fallback.previous.as_deref(),
+            r.fallback.layers.aside.as_ref(),
+        )
+        .await
+        .map_err(|e| error_chain(&e))
+    }))
+    .await
+}

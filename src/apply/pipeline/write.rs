@@ -1,0 +1,140 @@
+//! `Step::Write` and `Step::RecordReload`: every rank's new unit written and loaded, under its
+//! guard; a reload-only change recorded. Also `keep_previous`, what the write replaces kept
+//! aside: `Step::Arm` calls it before it arms the guards, and a reload-only change, which arms
+//! none, calls it here.
+
+use futures::future::join_all;
+use reconcile_core::transaction::{Kind, Went};
+
+use super::put_back::PutBack;
+use super::{Carried, Rank};
+use crate::apply::decide::{self, Ending};
+use crate::apply::error::ApplyError;
+use crate::apply::guard::Armed;
+use crate::apply::install;
+use crate::apply::Outcome;
+use crate::plan::Verdict;
+use crate::remote::{error_chain, RemoteError};
+
+/// `Step::Write`: the last moment to stop without a restart. A signal before the write, or during
+/// it, leaves the servers as they were.
+pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_>) -> Went {
+    let options = ranks[0].job.options;
+    if kind != Kind::ReloadOnly && options.cancel.is_cancelled() {
+        c.put_back = Some(PutBack::Cancelled);
+        return Went::Stopped;
+    }
+    // A reload-only change arms no guard: what it replaces is kept here. Any other writes under
+    // its guards, once they are known to hold.
+    let ready = match kind {
+        Kind::ReloadOnly => keep_previous(ranks).await,
+        _ => guards_hold(ranks, &c.armed).await,
+    };
+    let written = match ready {
+        Ok(()) => write_units(ranks).await,
+        not_ready => not_ready,
+    };
+    match written {
+        Err((rank, error)) => {
+            c.put_back = Some(PutBack::Write { rank, error });
+            Went::Failed
+        }
+        Ok(()) if kind != Kind::ReloadOnly && options.cancel.is_cancelled() => {
+            c.put_back = Some(PutBack::Cancelled);
+            Went::Stopped
+        }
+        Ok(()) => Went::Passed,
+    }
+}
+
+/// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first that
+/// does not: the write goes ahead only under guards that watch it.
+async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usize, ApplyError)> {
+    let held = join_all(armed.iter().map(|a| a.holds())).await;
+    for (i, held) in held.into_iter().enumerate() {
+        let why = match held {
+            Ok(true) => continue,
+            Ok(false) => {
+                "it acted already (its lease ran out while this run could not reach the host)"
+                    .to_string()
+            }
+            Err(e) => format!("it could not be reached: {}", error_chain(&e)),
+        };
+        let host = &ranks[i].job.t.host;
+        return Err((
+            i,
+            ApplyError::InstallFailed(format!(
+                "nothing was written: the guard on {host} does not hold for this run, {why}"
+            )),
+        ));
+    }
+    Ok(())
+}
+
+/// What every rank's write replaces, kept (`install::keep_previous`), or `Err` naming the first
+/// rank where it could not be.
+pub(super) async fn keep_previous(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
+    let kept = join_all(ranks.iter_mut().map(|r| async move {
+        let Rank {
+            job,
+            observed,
+            fallback,
+            verdict,
+            ..
+        } = r;
+        if *verdict == Verdict::NoChange {
+            return Ok(());
+        }
+        install::keep_previous(job, observed, fallback).await
+    }))
+    .await;
+    first_failed(kept)
+}
+
+/// Every rank's unit in place, or `Err` naming the first rank that could not be.
+async fn write_units(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
+    let written = join_all(ranks.iter_mut().map(|r| async move {
+        let Rank {
+            job,
+            fallback,
+            verdict,
+            ..
+        } = r;
+        if *verdict == Verdict::NoChange {
+            return Ok(());
+        }
+        install::write_unit(job, fallback).await
+    }))
+    .await;
+    first_failed(written)
+}
+
+fn first_failed(done: Vec<Result<(), RemoteError>>) -> Result<(), (usize, ApplyError)> {
+    match done
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, w)| w.err().map(|e| (i, e)))
+    {
+        Some((i, e)) => Err((i, ApplyError::InstallFailed(error_chain(&e)))),
+        None => Ok(()),
+    }
+}
+
+/// `Step::RecordReload`: a reload-only change, each changed rank recorded, the server serving on.
+pub(super) async fn record_reload(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
+    let mut endings = Vec::new();
+    for r in ranks.iter_mut() {
+        if r.verdict == Verdict::ReloadOnly {
+            install::record(&r.job, Outcome::Reloaded, None, &mut r.report.report).await;
+            endings.push(decide::reloaded());
+        } else {
+            endings.push(Ending {
+                outcome: Outcome::Unchanged,
+                detail: "already up to date; nothing touched (the group only reloaded)".into(),
+                error: None,
+            });
+        }
+    }
+    c.endings = Some(endings);
+    Went::Passed
+}
