@@ -131,6 +131,9 @@ pub enum End {
     /// A live change failed and was undone live: the server was never restarted.
     LivedBack,
     RolledBack,
+    /// Verified, then started again before it was confirmed (the host rebooted): not recorded,
+    /// and left to the host's guard, still armed, which judges that start.
+    LeftToGuard,
 }
 
 /// One apply's progress through [`Step`]s.
@@ -204,7 +207,8 @@ impl Transaction {
             (Live | Verify | Gates, _) if self.kind == Kind::Live => LiveBack,
             (LiveBack, Went::Passed) => Done(End::LivedBack),
             (Restart | Verify | Gates | Live | LiveBack, _) => RollBack,
-            (Confirm, _) => Done(End::Converged),
+            (Confirm, Went::Passed) => Done(End::Converged),
+            (Confirm, _) => Done(End::LeftToGuard),
             (PutBack, _) => Done(End::PutBack),
             (RollBack, _) => Done(End::RolledBack),
         };
@@ -394,6 +398,13 @@ mod tests {
         }
         assert_eq!(unarmed.went(Went::Stopped), PutBack);
         assert!(!unarmed.armed());
+    }
+
+    #[test]
+    fn a_server_started_again_before_its_confirm_is_left_to_its_guard() {
+        let steps = walk(Kind::Restart, &[(Confirm, Went::Failed)]);
+        assert_eq!(&steps[steps.len() - 2..], [Confirm, Done(End::LeftToGuard)]);
+        assert!(!steps.contains(&RollBack));
     }
 
     #[test]

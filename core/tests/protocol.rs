@@ -3,16 +3,20 @@
 //! the host's guard (core's `guard::judge` and the record's transitions, on `guard.json` as the
 //! host keeps it), systemd and the server (the new unit fast, slow, crash-looping or hanging),
 //! the link (cut, healed), the clock (the lease renewed while the controller lives, deadlines),
-//! a reboot of the host (a power cut that takes the controller down with it), and a stale earlier
-//! run sending its commands to this run's guard, and an apply run again after a dead one.
+//! a reboot of the host, either a power cut that takes the controller down with it or the host
+//! alone while the controller lives on (the guard's unit then starts some time after the host
+//! answers), a stale earlier run sending its commands to this run's guard, and an apply run
+//! again after a dead one.
 //!
 //! The model runs the decision functions the program runs, not a copy of them: a change to the
-//! transaction or the guard's judge that breaks a property fails here, with the trace.
+//! transaction or the guard's judge that breaks a property fails here, with the trace (each step
+//! and the state it left).
 //!
-//! Modelled: a single server; restart and confirm (a unit the guard kept, verified as it runs).
-//! A run after a dead one plans from what the host shows and takes the dead run's guard over.
-//! Not yet: live changes (weights, values), a 2-rank group, and a stop of the old server that
-//! outlasts the lease (apply renews the lease through its restart).
+//! Modelled: a single server; a restart, a live change (a value told to the running server,
+//! which verification cannot see) and a confirm (a unit the guard kept, verified as it runs). A
+//! run after a dead one plans from what the host shows and takes the dead run's guard over, or
+//! waits for it. Not yet: a 2-rank group, and a stop of the old server that outlasts the lease
+//! (apply renews the lease through its restart).
 
 use reconcile_core::guard::{
     judge, Change, Facts, GuardState, Record, Settled, Then, Verdict, Watch,
@@ -68,9 +72,11 @@ struct Unit {
     /// that started the new file), or the server this apply told a live change: P1 and P3 judge
     /// only such a server.
     new_invocation: bool,
-    /// The running server took the live change (its weights or values are the new unit's); a
-    /// start reads the file afresh.
-    told: bool,
+    /// Whose weights and values the running server serves: its file's at its start, then
+    /// whatever it was told live.
+    values: Def,
+    /// systemd's InvocationID, as a count of starts.
+    invocation: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -86,6 +92,8 @@ struct Controller {
     alive: bool,
     /// When its restart (or its rollback's) took, for verification's deadline.
     restarted_at: Option<u32>,
+    /// The invocation it verifies: another start (a reboot's) fails its verification.
+    verifying: Option<u32>,
     /// This run took the guard over and restores itself.
     restoring: bool,
     /// The guard had acted when this run tried to take it over: since when this run waits for it
@@ -112,6 +120,9 @@ struct State {
     guard: Option<String>,
     /// Whether the guard's program runs (started at arming, and at boot).
     guard_running: bool,
+    /// Whether its watch has begun in this boot (`start_watch`): after a boot the guard's unit
+    /// starts some time after the host answers, and a controller's command may come first.
+    watch_started: bool,
     link_up: bool,
     cut_once: bool,
     /// When the host last booted (global ticks), and how many times.
@@ -140,6 +151,8 @@ enum Action {
     Heal,
     /// A power cut of the rack: the host reboots and the controller dies with it.
     Reboot,
+    /// The host alone reboots; the controller, elsewhere, lives on and reconnects.
+    HostReboot,
     /// A gate after readiness fails (a smoke or quality gate), on whatever server runs.
     FailGate,
     /// An earlier run, stale (its link came back, its process resumed), sends its guard command
@@ -205,6 +218,7 @@ impl Controller {
             tx: Transaction::new(kind),
             alive: true,
             restarted_at: None,
+            verifying: None,
             restoring: false,
             awaiting_guard: None,
             misreported: false,
@@ -248,7 +262,9 @@ impl State {
     fn healthy(&self) -> bool {
         match self.unit.running {
             // A live change that hangs the server takes its /health with it.
-            Some((Def::Previous, _)) if self.unit.told && self.behaviour == Behaviour::Hang => {
+            Some((Def::Previous, _))
+                if self.unit.values == Def::New && self.behaviour == Behaviour::Hang =>
+            {
                 false
             }
             Some((Def::Previous, since)) => self.now >= since + PREVIOUS_LOAD,
@@ -263,9 +279,7 @@ impl State {
 
     /// What the running server serves: the new unit once it started from it or took it live.
     fn effective(&self) -> Option<Def> {
-        self.unit
-            .running
-            .map(|(d, _)| if self.unit.told { Def::New } else { d })
+        self.unit.running.map(|_| self.unit.values)
     }
 
     fn crash_looping(&self) -> bool {
@@ -311,7 +325,8 @@ impl State {
         self.micro += 1;
         self.unit.restarts = 0;
         self.unit.new_invocation = new_invocation;
-        self.unit.told = false;
+        self.unit.values = self.unit.loaded;
+        self.unit.invocation += 1;
         self.healthy_in_time = false;
     }
 
@@ -378,9 +393,40 @@ impl Protocol {
         format!("boot-{}", s.boots)
     }
 
+    /// The host boots again: systemd starts the unit from the file on disk (it is enabled), and
+    /// the guard's unit (enabled too), whose watch begins at a later poll.
+    fn boot(s: &mut State) {
+        s.boots += 1;
+        s.boot_at = s.now;
+        s.daemon_reload();
+        s.restart(s.unit.loaded == Def::New);
+        s.guard_running = s.guard.is_some();
+        s.watch_started = false;
+    }
+
+    /// A controller's command (renew, take) as the host's program runs it: in this boot first.
+    fn command(s: &mut State, run: &str, g: &mut Record) -> Option<()> {
+        // An event on the host: a start after it is ordered after it.
+        let now = s.event();
+        let on_disk = s.facts().sha256;
+        g.command_in_boot(run, now, &Self::boot_id(s), on_disk.as_deref())
+            .ok()
+    }
+
     /// The guard's poll: judged by core, carried out as `reconcile-guard watch` does.
     fn guard_poll(&self, s: &mut State) {
         let Some(mut g) = s.record() else { return };
+        if !s.watch_started {
+            // The guard's unit started in this boot: its watch begins, and a settled record ends it.
+            let on_disk = s.facts().sha256;
+            g.start_watch(s.event(), &Self::boot_id(s), on_disk.as_deref());
+            // What runs is seen at once: a run after a dead one reads it.
+            g.saw(&s.facts());
+            s.watch_started = true;
+            s.guard_running = g.state.active();
+            s.keep(&g);
+            return;
+        }
         if !g.state.active() {
             s.guard_running = false;
             return;
@@ -398,9 +444,12 @@ impl Protocol {
                 // Blind: the guard's own judgement of the start it watches (one after its
                 // arming), not the finish of a rollback a controller began (its verification or
                 // a gate judged the server), nor a server that may run the previous unit.
+                // (A file put back since, by a controller's undo, is no longer the new unit the
+                // guard watches: restoring then finishes that undo.)
                 let watched = s.entered() > g.watch.armed_mono.unwrap_or(f64::INFINITY);
                 if g.state == GuardState::Armed
                     && watched
+                    && s.unit.file == Def::New
                     && s.unit.running.map(|(d, _)| d) == Some(Def::New)
                     && s.healthy_in_time
                 {
@@ -446,8 +495,12 @@ impl Protocol {
                     Went::Stopped
                 }
             }
+            // Not armed: nothing was written, nothing to put back.
+            Step::PutBack if !s.ctl.tx.armed() => Went::Passed,
             Step::PutBack => {
-                // The previous file back (the server never restarted), then the guard disarmed.
+                // A renewal first (in this boot: a reboot's start is then the guard's to see),
+                // the previous file back (the server never restarted), then the guard disarmed.
+                self.guard_holds(s)?;
                 s.unit.file = Def::Previous;
                 s.daemon_reload();
                 let mut g = s.record()?;
@@ -469,17 +522,23 @@ impl Protocol {
                 let kind = s.ctl.tx.kind();
                 // A confirm arms over the dead run's guard only while what it planned from still
                 // holds: that guard may have acted since (restored, or put the file back).
+                let prior = s.guard.as_deref().and_then(|t| Settled::parse(t).ok());
                 if kind == Kind::Confirm {
-                    let prior = s.guard.as_deref().and_then(|t| Settled::parse(t).ok());
                     if !prior.is_some_and(|g| (self.confirms)(&g)) {
                         s.ctl.tx.went(Went::Failed);
                         s.ctl.ended = Some(End::Refused);
                         return Some(());
                     }
+                } else if prior.is_some_and(|g| g.state.active()) {
+                    // A dead run's guard still at work (its lease, its judgement, its restore):
+                    // not overwritten. The apply stops before anything changes, until it settles.
+                    s.ctl.tx.went(Went::Failed);
+                    return Some(());
                 }
                 if kind == Kind::Confirm {
                     // Verified as it runs, from now.
                     s.ctl.restarted_at = Some(s.now);
+                    s.ctl.verifying = Some(s.unit.invocation);
                 }
                 let mut record = arming(kind, s.ctl.run);
                 // This run's write replaces the previous file, or finds the change there already.
@@ -489,29 +548,33 @@ impl Protocol {
                     .unwrap_or(kind != Kind::Confirm && s.unit.file != Def::New);
                 // Confirming a kept start: a run after this one confirms it too.
                 record.watch.new_started = kind == Kind::Confirm;
-                record.start_watch(s.event(), &Self::boot_id(s));
+                let on_disk = s.facts().sha256;
+                record.start_watch(s.event(), &Self::boot_id(s), on_disk.as_deref());
                 s.keep(&record);
                 s.guard_running = true;
+                s.watch_started = true;
                 Went::Passed
             }
             // Like the write, the restart and the live change go ahead only under a guard that
             // still holds: one that acted behind a cut has settled, and would not watch them.
             Step::Restart | Step::Live if !self.guard_holds(s)? => Went::Stopped,
             Step::Restart => {
-                let running = s.unit.running.map(|(d, _)| d);
-                if s.ctl.run == RERUN
-                    && running == Some(Def::New)
-                    && s.unit.new_invocation
-                    && s.healthy()
-                {
-                    s.needless_restart = true;
-                }
                 s.restart(true);
                 s.ctl.restarted_at = Some(s.now);
+                s.ctl.verifying = Some(s.unit.invocation);
                 Went::Passed
             }
             Step::Verify => {
                 let since = s.ctl.restarted_at?;
+                // Verification follows the invocation it began with: another start (the host
+                // rebooted under it) is a failed crash window.
+                if s.ctl.verifying != Some(s.unit.invocation) {
+                    let next = s.ctl.tx.went(Went::Failed);
+                    if let Step::Done(end) = next {
+                        s.ctl.ended.get_or_insert(end);
+                    }
+                    return Some(());
+                }
                 // Verification sees a start and /health, not the values a server took live (a
                 // weights change shows in its identity; a value does not): a server judged as it
                 // runs passes when it answers.
@@ -531,6 +594,9 @@ impl Protocol {
                 }
             }
             Step::Gates => Went::Passed,
+            // Verified, then started again (the host rebooted): not confirmed, the guard left
+            // armed to judge that start.
+            Step::Confirm if s.ctl.verifying != Some(s.unit.invocation) => Went::Failed,
             Step::Confirm => {
                 let mut g = s.record()?;
                 let found = g.disarm(s.ctl.run, "t").ok()?;
@@ -561,6 +627,7 @@ impl Protocol {
                 }
                 if !s.ctl.restoring {
                     let mut g = s.record()?;
+                    Self::command(s, s.ctl.run, &mut g)?;
                     let found = g.take(s.ctl.run, s.event(), Some(s.unit.restarts)).ok()?;
                     s.keep(&g);
                     if found != GuardState::Armed {
@@ -589,25 +656,29 @@ impl Protocol {
                 if s.unit.running.is_none() {
                     Went::Failed
                 } else {
-                    s.unit.told = true;
+                    s.unit.values = Def::New;
                     s.unit.new_invocation = true;
                     s.ctl.restarted_at = Some(s.now);
+                    s.ctl.verifying = Some(s.unit.invocation);
                     Went::Passed
                 }
             }
             Step::LiveBack => {
-                // The previous values told back live, the previous file back, the guard disarmed.
-                s.unit.told = false;
+                // The previous values told back live and the previous file back; the server
+                // verified as it runs (the one told, answering), then the guard disarmed. A
+                // server that does not pass is restarted on its previous unit (RollBack).
+                self.guard_holds(s)?;
+                s.unit.values = Def::Previous;
                 s.unit.new_invocation = false;
                 s.unit.file = Def::Previous;
                 s.daemon_reload();
-                let mut g = s.record()?;
-                g.disarm(s.ctl.run, "t").ok()?;
-                s.keep(&g);
-                if s.unit.running.is_some() {
-                    Went::Passed
-                } else {
+                if s.ctl.verifying != Some(s.unit.invocation) || !s.healthy() {
                     Went::Failed
+                } else {
+                    let mut g = s.record()?;
+                    g.disarm(s.ctl.run, "t").ok()?;
+                    s.keep(&g);
+                    Went::Passed
                 }
             }
             Step::RecordReload => Went::Failed,
@@ -624,6 +695,7 @@ impl Protocol {
     /// for this run. `None`: the guard's record is not there (never armed).
     fn guard_holds(&self, s: &mut State) -> Option<bool> {
         let mut g = s.record()?;
+        Self::command(s, s.ctl.run, &mut g)?;
         let found = g.renew(s.ctl.run, s.host_mono()).ok()?;
         s.keep(&g);
         Some(found == GuardState::Armed)
@@ -656,7 +728,8 @@ impl Model for Protocol {
                         entered_micro: 0,
                         restarts: 0,
                         new_invocation: confirm,
-                        told: false,
+                        values: if confirm { Def::New } else { Def::Previous },
+                        invocation: 0,
                     },
                     ctl: Controller::new(self.kind, RUN),
                     // A confirm's unit was kept by the guard of a run that died.
@@ -667,6 +740,7 @@ impl Model for Protocol {
                         serde_json::to_string(&kept).expect("guard.json writes")
                     }),
                     guard_running: false,
+                    watch_started: true,
                     link_up: true,
                     cut_once: false,
                     boot_at: 0,
@@ -704,6 +778,7 @@ impl Model for Protocol {
             }
             if s.guard.is_some() && s.boots == 1 {
                 actions.push(Action::Reboot);
+                actions.push(Action::HostReboot);
             }
         }
         // The operator's next run comes a tick (a poll of the guard, a second) or more after the
@@ -753,7 +828,10 @@ impl Model for Protocol {
                 // A live controller renews its lease (a quarter of the margin apart).
                 if s.ctl.alive && s.ctl.ended.is_none() && s.link_up {
                     if let Some(mut g) = s.record() {
-                        if g.renew(s.ctl.run, s.host_mono()).is_ok() {
+                        let run = s.ctl.run;
+                        if Self::command(&mut s, run, &mut g).is_some()
+                            && g.renew(run, s.host_mono()).is_ok()
+                        {
                             s.keep(&g);
                         }
                     }
@@ -796,6 +874,11 @@ impl Model for Protocol {
                     }
                     _ => Kind::Restart,
                 };
+                // P6 judges the plan: a restart of the dead run's healthy start.
+                let new_start = s.unit.running.map(|(d, _)| d) == Some(Def::New)
+                    && s.unit.new_invocation
+                    && s.healthy();
+                s.needless_restart |= kind == Kind::Restart && new_start;
                 s.ctl = Controller::new(kind, RERUN);
                 // P2 counts the restores of one run and its guard: the dead run's are done.
                 s.guard_restores = 0;
@@ -809,19 +892,9 @@ impl Model for Protocol {
             Action::Reboot => {
                 s.ctl.alive = false;
                 s.ctl.died_at = Some(s.now);
-                s.boots += 1;
-                s.boot_at = s.now;
-                // The unit is enabled: systemd starts it from the file on disk at boot.
-                s.daemon_reload();
-                s.restart(s.unit.loaded == Def::New);
-                // The guard's unit is enabled too: it starts again and acts on its record.
-                if let Some(mut g) = s.record() {
-                    let now = s.event();
-                    g.start_watch(now, &Self::boot_id(&s));
-                    s.guard_running = g.state.active();
-                    s.keep(&g);
-                }
+                Self::boot(&mut s);
             }
+            Action::HostReboot => Self::boot(&mut s),
         }
         Some(s)
     }
@@ -922,9 +995,35 @@ fn check(protocol: Protocol) -> usize {
         started.elapsed()
     );
     for property in PROVEN {
-        checker.assert_no_discovery(property);
+        if let Some(trace) = checker.discovery(property) {
+            // Each step with the state it left, to read the counterexample by.
+            for (state, action) in trace.into_vec() {
+                eprintln!("{action:?} -> {}", brief(&state));
+            }
+            panic!("{property}: the checker found a counterexample (above)");
+        }
     }
     checker.unique_state_count()
+}
+
+/// One line of a state, for a counterexample's trace.
+fn brief(s: &State) -> String {
+    format!(
+        "t={} {}:{:?} alive={} file={:?} running={:?} invocation={} values={:?} healthy={} guard={:?} boots={} watch_started={} link={}",
+        s.now,
+        s.ctl.run,
+        s.ctl.tx.step(),
+        s.ctl.alive,
+        s.unit.file,
+        s.unit.running,
+        s.unit.invocation,
+        s.unit.values,
+        s.healthy(),
+        s.record().map(|g| (g.state, g.run, g.watch.new_started)),
+        s.boots,
+        s.watch_started,
+        s.link_up
+    )
 }
 
 #[test]

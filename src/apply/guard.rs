@@ -58,6 +58,16 @@ pub enum ArmError {
         #[source]
         source: std::io::Error,
     },
+    /// The guard of a run that died is still at work on the unit.
+    #[error("the host's guard of the apply by {armed_by} at {armed_at} is still at work ({state}): nothing was changed; apply again once it settles (within its deadline)")]
+    Busy {
+        armed_by: String,
+        armed_at: String,
+        state: &'static str,
+    },
+    /// The unit to confirm is no longer the one the host's guard kept: it acted since the plan.
+    #[error("the host's guard acted since this run planned (its record is {state} now): nothing to confirm; plan again")]
+    Moved { state: &'static str },
     #[error(transparent)]
     Remote(#[from] RemoteError),
 }
@@ -211,6 +221,18 @@ pub(super) async fn arm<'a>(
         settle_within,
         guard_unit: guard::unit_name(unit),
     };
+    if !confirming {
+        // A dead run's guard still at work (its lease, its judgement, its restore) is not
+        // stopped and overwritten: it may owe the host a restore. Nothing has changed yet, so
+        // this run stops here; once that guard settles, an apply goes ahead.
+        if let Some(prior) = read(host, unit).await?.filter(|g| g.state.active()) {
+            return Err(ArmError::Busy {
+                armed_by: prior.armed_by,
+                armed_at: prior.armed_at,
+                state: prior.state.name(),
+            });
+        }
+    }
     let unit_text = guard_unit_text(unit, &armed.program, &armed.dir);
     // One round trip before the record: an earlier guard of this unit stopped, its folder there,
     // the guard's unit written and wanted at boot. No daemon-reload: systemd loads the unit when
@@ -235,6 +257,21 @@ exit 0"#;
         unit_text.trim_end(),
     ])
     .await?;
+    if confirming {
+        // Confirmed only while the dead run's record still shows what this run planned from:
+        // that guard, stopped just now, may have restored or put the file back since the plan.
+        // If so it starts again to finish what it began, and this run confirms nothing.
+        let prior = read(host, unit).await?;
+        if !prior
+            .as_ref()
+            .is_some_and(|g| g.confirmable(&record.new_sha256))
+        {
+            host.run_ok(&["systemctl", "start", "--", &armed.guard_unit])
+                .await?;
+            let state = prior.map_or("gone", |g| g.state.name());
+            return Err(ArmError::Moved { state });
+        }
+    }
     let json = serde_json::to_string_pretty(&record).expect("the guard's record serializes");
     host.write_file(&format!("{}/guard.json", armed.dir), &(json + "\n"), "0600")
         .await?;
@@ -334,4 +371,117 @@ pub async fn read(host: &dyn Host, unit: &str) -> Result<Option<Settled>, Remote
         .read_file(&format!("{}/guard.json", unit_dir(unit)))
         .await?;
     Ok(text.and_then(|t| Settled::parse(&t).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::apply::testing::{options, target};
+    use crate::apply::verifier::fake::Scripted;
+    use crate::remote::fake::{FakeHost, Reply};
+
+    fn confirming() -> GoingBack {
+        GoingBack {
+            kept: Some("/var/lib/reconcile/s.service/generations/1.service".into()),
+            previous_sha256: Some("old".into()),
+            beneath: false,
+            was_disabled: false,
+            was_running: true,
+            aside: None,
+            replaces: false,
+            confirming: true,
+        }
+    }
+
+    /// A confirm armed over `prior`, the dead run's record as the host has it now.
+    async fn confirm_over(prior: &str) -> (Result<(), ArmError>, FakeHost) {
+        let t = target();
+        let options = options(CancellationToken::new());
+        let verifier = Scripted::default();
+        let record = format!("{}/guard.json", unit_dir(&t.desired.unit));
+        let host = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .with_file(&record, prior);
+        let job = Job {
+            host: &host,
+            t: &t,
+            options: &options,
+            verifier: &verifier,
+        };
+        let armed = arm(&job, confirming(), &t.verify, Change::InPlace).await;
+        (armed.map(|_| ()), host)
+    }
+
+    #[tokio::test]
+    async fn a_restart_never_arms_over_a_dead_runs_guard_still_at_work() {
+        let t = target();
+        let options = options(CancellationToken::new());
+        let verifier = Scripted::default();
+        let record = format!("{}/guard.json", unit_dir(&t.desired.unit));
+        let prior =
+            r#"{"state":"armed","new_sha256":"x","armed_by":"ci@box pid 7","armed_at":"t0"}"#;
+        let host = FakeHost::new("gpu-a")
+            .on(&[], Reply::ok(""))
+            .with_file(&record, prior);
+        let job = Job {
+            host: &host,
+            t: &t,
+            options: &options,
+            verifier: &verifier,
+        };
+        let back = GoingBack {
+            confirming: false,
+            replaces: true,
+            ..confirming()
+        };
+        let Err(e) = arm(&job, back, &t.verify, Change::Restart).await else {
+            panic!("armed over a guard at work")
+        };
+        assert_eq!(
+            e.to_string(),
+            "the host's guard of the apply by ci@box pid 7 at t0 is still at work (armed): nothing was changed; apply again once it settles (within its deadline)"
+        );
+        // Left as it was: not stopped, its record not overwritten.
+        assert_eq!(host.file(&record).as_deref(), Some(prior));
+        assert!(!host
+            .commands()
+            .iter()
+            .any(|c| c.iter().any(|a| a.contains("systemctl stop"))));
+    }
+
+    #[tokio::test]
+    async fn a_confirm_arms_only_over_the_record_it_planned_from() {
+        let sha = state::sha256(&target().desired.text);
+        let kept = format!(r#"{{"state":"unconfirmed","new_sha256":"{sha}","new_started":true}}"#);
+        let (armed, host) = confirm_over(&kept).await;
+        assert!(armed.is_ok(), "{armed:?}");
+        let record = host
+            .file("/var/lib/reconcile/s.service/guard.json")
+            .unwrap();
+        assert!(record.contains("\"state\": \"armed\""), "{record}");
+        // The dead run's guard restored the previous unit after the plan: nothing to confirm,
+        // and that guard is started again to finish what it began.
+        let restored =
+            format!(r#"{{"state":"rolling_back","new_sha256":"{sha}","new_started":true}}"#);
+        let (armed, host) = confirm_over(&restored).await;
+        let Err(e) = armed else {
+            panic!("armed over a guard that acted")
+        };
+        assert_eq!(
+            e.to_string(),
+            "the host's guard acted since this run planned (its record is rolling_back now): nothing to confirm; plan again"
+        );
+        assert!(host
+            .file("/var/lib/reconcile/s.service/guard.json")
+            .unwrap()
+            .contains("rolling_back"));
+        let commands = host.commands();
+        let last = commands.last().unwrap();
+        assert_eq!(
+            last,
+            &["systemctl", "start", "--", "reconcile-guard-s.service"]
+        );
+    }
 }

@@ -46,12 +46,21 @@ fn main() -> ExitCode {
     };
     let outcome = match command {
         "watch" => watch(&dir).map(|()| None),
-        "renew" => locked(&dir, |g| Ok(g.renew(run, now())?)).map(Some),
+        "renew" => locked(&dir, |g| {
+            let t = now();
+            let file = on_disk(g);
+            g.command_in_boot(run, t, &boot_id(), file.as_deref())?;
+            Ok(g.renew(run, t)?)
+        })
+        .map(Some),
         "take" => locked(&dir, |g| {
+            let t = now();
+            let file = on_disk(g);
+            g.command_in_boot(run, t, &boot_id(), file.as_deref())?;
             // Unread (systemd wedged): none counted before, so the guard finishes the rollback
             // should the controller die, as the controller meant to.
             let restarts = facts(g).map(|f| f.restarts);
-            Ok(g.take(run, now(), restarts)?)
+            Ok(g.take(run, t, restarts)?)
         })
         .map(Some),
         "disarm" => locked(&dir, |g| Ok(g.disarm(run, &utc())?)).map(Some),
@@ -205,11 +214,16 @@ fn must(args: &[&str]) -> Result<(), Error> {
 
 /// What the guard judges by: the unit file, systemd's view of the unit; `None` when systemd did
 /// not answer in [`SHOW_TIMEOUT`].
-fn facts(guard: &Record) -> Option<Facts> {
+/// sha256 of the unit file on disk; `None` when there is none.
+fn on_disk(guard: &Record) -> Option<String> {
     use sha2::{Digest, Sha256};
-    let sha256 = std::fs::read(&guard.unit_path)
+    std::fs::read(&guard.unit_path)
         .ok()
-        .map(|b| format!("{:x}", Sha256::digest(&b)));
+        .map(|b| format!("{:x}", Sha256::digest(&b)))
+}
+
+fn facts(guard: &Record) -> Option<Facts> {
+    let sha256 = on_disk(guard);
     let props = "ActiveState,SubState,NRestarts,InactiveExitTimestampMonotonic,NeedDaemonReload";
     let out = systemctl(
         &["show", "-p", props, "--", &guard.unit],
@@ -345,7 +359,13 @@ fn restore(guard: &Record) -> Result<&'static str, Error> {
 fn watch(dir: &Path) -> Result<(), Error> {
     locked(dir, |g| {
         // Times are the host's monotonic clock, read here: the controller's clock may differ.
-        g.start_watch(now(), &boot_id());
+        let file = on_disk(g);
+        g.start_watch(now(), &boot_id(), file.as_deref());
+        // What runs is seen at once, not a poll later: after a boot, a run after a dead one
+        // reads whether the new unit started.
+        if let Some(seen) = facts(g) {
+            g.saw(&seen);
+        }
         Ok(())
     })?;
     loop {

@@ -90,6 +90,15 @@ pub fn judge(
                 // stopped before (or while) it wrote, perhaps with files moved aside already.
                 // Not for a confirm, whose new file was there at arming: someone changed it.
                 let confirming = guard.change == Change::InPlace && w.new_started;
+                let started = f.entered > w.armed_mono.unwrap_or(0.0);
+                if f.sha256 == guard.previous_sha256 && !confirming && started {
+                    // The server started since the arming (a reboot, say) and its file is the
+                    // previous one again: it may run the new file's definition, unverified.
+                    return (
+                        Verdict::Restore,
+                        "the server started since the arming and its file is the previous one again: what runs may be the new unit".into(),
+                    );
+                }
                 if f.sha256 == guard.previous_sha256 && !confirming {
                     return (
                         Verdict::PutBack,
@@ -256,11 +265,14 @@ impl Record {
         }
     }
 
-    /// The guard starts watching at `now`, in the boot `boot_id`. Its first start sets its times;
-    /// a start in the same boot (the guard itself restarted) keeps them; a start after a reboot
-    /// counts from the boot: every start of the unit since is after the arming, no controller's
-    /// lease outlives the boot, and the deadline counts from now, when the unit's load began.
-    pub fn start_watch(&mut self, now: f64, boot_id: &str) {
+    /// The guard starts watching at `now`, in the boot `boot_id`, the unit file's sha256 being
+    /// `on_disk`. Its first start sets its times; a start in the same boot (the guard itself
+    /// restarted) keeps them; a start after a reboot counts from the boot: no controller's lease
+    /// outlives the boot, the deadline counts from now, and, when the new file is on disk, every
+    /// start of the unit since the boot is the new unit's. When it is not (the controller had
+    /// not written it yet), only a start from now on is: the boot started the previous file
+    /// (the model found the boot's start of the previous file taken for the new unit's).
+    pub fn start_watch(&mut self, now: f64, boot_id: &str, on_disk: Option<&str>) {
         let w = &mut self.watch;
         let same_boot = w.boot_id.as_deref() == Some(boot_id);
         if same_boot && w.armed_mono.is_some() {
@@ -274,7 +286,8 @@ impl Record {
             w.lease_until = now + self.margin;
             return;
         }
-        w.armed_mono = Some(0.0);
+        let booted_new = on_disk == Some(self.new_sha256.as_str());
+        w.armed_mono = Some(if booted_new { 0.0 } else { now });
         w.lease_until = 0.0;
         w.taken_at = w.taken_at.map(|_| 0.0);
         w.taken_restarts = 0;
@@ -285,7 +298,7 @@ impl Record {
         // start like a restart's. A live change kept without anyone seeing it taken was never
         // started from its file before: that start is judged (the model found a reboot starting
         // it, hung, under a guard that had settled).
-        if self.change == Change::InPlace {
+        if self.change == Change::InPlace && booted_new {
             if self.state == GuardState::Unconfirmed && !w.new_started {
                 self.state = GuardState::Armed;
             }
@@ -300,6 +313,23 @@ impl Record {
         if self.change == Change::Restart && f.entered > w.armed_mono.unwrap_or(f64::INFINITY) {
             w.new_started = true;
         }
+    }
+
+    /// A controller's command reached the guard in the boot `boot_id`: the record's times are
+    /// brought into that boot first, as the watch does when it starts. After a reboot a command
+    /// can come before the guard's own start: a take's times, set on the new boot's clock, would
+    /// otherwise be voided by that start as the old boot's (the lab caught the guard finishing a
+    /// rollback the controller was still verifying). Another run's command changes nothing.
+    pub fn command_in_boot(
+        &mut self,
+        run: &str,
+        now: f64,
+        boot_id: &str,
+        on_disk: Option<&str>,
+    ) -> Result<(), OtherRun> {
+        self.owned_by(run)?;
+        self.start_watch(now, boot_id, on_disk);
+        Ok(())
     }
 
     /// The controller is alive: the lease pushed out by the margin. Returns the state found.
@@ -626,6 +656,13 @@ mod tests {
                 150.0,
                 Unasked,
             ),
+            // Started since the arming with the previous file on disk: restored, not trusted.
+            (
+                armed(),
+                facts("old", "active", "running", 0, 120.0),
+                150.0,
+                Unasked,
+            ),
         ];
         let never = "the new file was never written (the controller stopped before its write)";
         let expected = [
@@ -636,6 +673,10 @@ mod tests {
             (
                 Leave,
                 "the unit file changed since the guard was armed; left as it is",
+            ),
+            (
+                Restore,
+                "the server started since the arming and its file is the previous one again: what runs may be the new unit",
             ),
         ];
         assert_judged(cases, &expected);
@@ -1002,9 +1043,9 @@ mod tests {
         g.watch.taken_at = Some(150.0);
         // The guard itself restarted in the same boot: its times stand.
         let same = g.clone();
-        g.start_watch(300.0, "boot-1");
+        g.start_watch(300.0, "boot-1", Some("new"));
         assert_eq!(g, same);
-        g.start_watch(3.0, "boot-2");
+        g.start_watch(3.0, "boot-2", Some("new"));
         let w = &g.watch;
         assert_eq!(
             (w.armed_mono, w.lease_until, w.judge_at, w.taken_at),
@@ -1021,12 +1062,59 @@ mod tests {
         // A first start sets the lease and the deadline from arming.
         let mut fresh = armed();
         fresh.watch = Watch::default();
-        fresh.start_watch(50.0, "boot-1");
+        fresh.start_watch(50.0, "boot-1", Some("new"));
         let w = &fresh.watch;
         assert_eq!(
             (w.armed_mono, w.lease_until, w.judge_at),
             (Some(50.0), 60.0, 150.0)
         );
+    }
+
+    #[test]
+    fn a_boot_with_the_previous_file_on_disk_does_not_count_its_start_as_the_new_units() {
+        // Armed, then the host rebooted before the controller wrote: the boot started the
+        // previous file. The watch counts only starts from now on.
+        let mut g = armed();
+        g.start_watch(12.0, "boot-2", Some("old"));
+        assert_eq!(g.watch.armed_mono, Some(12.0));
+        g.saw(&facts("new", "active", "running", 0, 4.0));
+        assert!(
+            !g.watch.new_started,
+            "the boot's start of the previous file"
+        );
+        g.saw(&facts("new", "active", "running", 0, 20.0));
+        assert!(
+            g.watch.new_started,
+            "the controller's restart after the write"
+        );
+    }
+
+    #[test]
+    fn a_take_in_a_new_boot_before_the_guards_start_keeps_its_times() {
+        // The host rebooted; the controller reconnects and takes the guard over before the
+        // guard's unit has started in the new boot.
+        let mut g = armed();
+        g.command_in_boot("run-1", 5.0, "boot-2", Some("new"))
+            .unwrap();
+        g.take("run-1", 5.0, Some(0)).unwrap();
+        let taken = g.clone();
+        // The guard starts in the same boot: the take's lease and times stand.
+        g.start_watch(6.0, "boot-2", Some("new"));
+        assert_eq!(g, taken);
+        assert_eq!(g.watch.lease_until, 15.0);
+        let (verdict, why) = judge(&g, &facts("old", "active", "running", 0, 7.0), 8.0, || {
+            Some(200)
+        });
+        assert_eq!(
+            (verdict, why.as_str()),
+            (Wait, "the controller renewed its lease")
+        );
+        // Another run's command does not touch the record.
+        let before = g.clone();
+        assert!(g
+            .command_in_boot("run-0", 9.0, "boot-3", Some("new"))
+            .is_err());
+        assert_eq!(g, before);
     }
 
     #[test]
@@ -1038,7 +1126,7 @@ mod tests {
             ..armed()
         };
         live.settle_on(Keep, "active and /health 200 at the deadline", "t1");
-        live.start_watch(3.0, "boot-2");
+        live.start_watch(3.0, "boot-2", Some("new"));
         assert_eq!(
             (live.state, live.change),
             (GuardState::Armed, Change::Restart)
@@ -1053,7 +1141,7 @@ mod tests {
         // A kept restart, or a confirm's record (its start seen at arming), stays kept.
         let mut restart = armed();
         restart.settle_on(Keep, "healthy", "t1");
-        restart.start_watch(3.0, "boot-2");
+        restart.start_watch(3.0, "boot-2", Some("new"));
         assert_eq!(restart.state, GuardState::Unconfirmed);
         let mut confirm = Record {
             change: Change::InPlace,
@@ -1061,7 +1149,7 @@ mod tests {
         };
         confirm.watch.new_started = true;
         confirm.settle_on(Keep, "healthy", "t1");
-        confirm.start_watch(3.0, "boot-2");
+        confirm.start_watch(3.0, "boot-2", Some("new"));
         assert_eq!(confirm.state, GuardState::Unconfirmed);
     }
 

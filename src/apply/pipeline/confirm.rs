@@ -11,13 +11,45 @@ use crate::apply::guard::{self, Armed};
 use crate::apply::install;
 use crate::apply::Outcome;
 use crate::remote::error_chain;
+use crate::systemd::Systemd as _;
 use crate::verify::Verification;
 
-/// `Step::Confirm`: every rank's ending, from its verification.
+/// `Step::Confirm`: every rank's ending, from its verification. `Failed` when a rank's server
+/// was started again since it was verified (its host rebooted): nothing is confirmed, and every
+/// guard stays armed to judge what runs now.
 pub(super) async fn confirm(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_>) -> Went {
+    if let Some(ending) = started_again(ranks).await {
+        c.endings = Some(vec![ending; ranks.len()]);
+        return Went::Failed;
+    }
     let verified = std::mem::take(&mut c.verified);
     c.endings = Some(confirm_all(ranks, &c.armed, verified, c.keep.take(), kind).await);
     Went::Passed
+}
+
+/// The ending when a rank runs another invocation than the one verified (or cannot be read):
+/// a start nobody verified, which the guard, still armed, judges. `None`: every rank runs what
+/// was verified.
+async fn started_again(ranks: &[Rank<'_>]) -> Option<Ending> {
+    for r in ranks {
+        let now = r.job.host.unit_state(&r.job.t.desired.unit).await;
+        let why = match now {
+            Ok(state) if state.invocation_id == r.invocation => continue,
+            Ok(_) => format!(
+                "{} started it again after its verification (a reboot?)",
+                r.job.t.host
+            ),
+            Err(e) => format!(
+                "{} could not be read before the confirm: {}",
+                r.job.t.host,
+                error_chain(&e)
+            ),
+        };
+        return Some(Ending::rollback_failed(format!(
+            "host needs attention: verification passed, but {why}; nothing was recorded, and the host's guard, still armed, judges what runs now (`status` says what it decided)"
+        )));
+    }
+    None
 }
 
 /// Every rank passed: its guard disarmed and its deployment recorded; rank 0 keeps the quality

@@ -18,6 +18,17 @@ use crate::verify::{Expect, Stage, Verification};
 
 /// `Step::Live`: rank 0 told its change, under the guards' lease.
 pub(super) async fn live(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
+    // Only under guards that still hold: one that kept the old server behind a cut link has
+    // settled and would not see the change told after it (the model's live change found this).
+    if let Err((_, why)) = super::write::guards_hold(ranks, &c.armed).await {
+        let cause = Cause {
+            rank: 0,
+            stage: Stage::Live,
+            error: ApplyError::LiveFailed(format!("the server was not told: {why}")),
+        };
+        c.failed = Some((vec![cause], Vec::new()));
+        return Went::Failed;
+    }
     let guards: Vec<&Armed<'_>> = c.armed.iter().collect();
     match guard::leased_all(&guards, tell_live(&mut ranks[0])).await {
         Ok(()) => Went::Passed,
@@ -37,6 +48,9 @@ pub(super) async fn live(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
 /// previous unit is then restarted (`Step::RollBack`).
 pub(super) async fn live_back(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
     let (causes, _) = c.failed.as_ref().expect("a step said what failed");
+    // A renewal first, whatever it answers: after a reboot it brings the guard's record into the
+    // new boot before the previous file goes back (see `put_back`).
+    let _ = super::write::guards_hold(ranks, &c.armed).await;
     let guards: Vec<&Armed<'_>> = c.armed.iter().collect();
     match guard::leased_all(&guards, undo_live(&mut ranks[0])).await {
         Ok((told, v)) => {

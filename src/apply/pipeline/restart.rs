@@ -17,6 +17,17 @@ use crate::verify::Stage;
 /// `Step::Restart`, under the lease: the old server's stop may take its TimeoutStopSec, longer
 /// than the margin, and the guard must not take a dying controller's stop for its own.
 pub(super) async fn restart(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
+    // Only under guards that still hold: one that acted behind a cut link has put the previous
+    // file back and watches no more, and a restart now would cost a load for nothing.
+    if let Err((rank, why)) = super::write::guards_hold(ranks, &c.armed).await {
+        let cause = Cause {
+            rank,
+            stage: Stage::Restart,
+            error: ApplyError::RestartFailed(format!("nothing was restarted: {why}")),
+        };
+        c.failed = Some((vec![cause], Vec::new()));
+        return Went::Failed;
+    }
     let guards: Vec<&Armed<'_>> = c.armed.iter().collect();
     match guard::leased_all(&guards, restart_in_order(ranks)).await {
         Ok(()) => Went::Passed,

@@ -302,6 +302,35 @@ async fn a_guard_that_acted_before_the_write_has_nothing_written_under_it() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_guard_that_acted_after_the_write_has_nothing_restarted_under_it() {
+    // The write went in under the guard; then the link was cut past the lease and the guard put
+    // the previous file back. The restart that would follow costs a load for nothing: not done,
+    // and the guard's act is left as it is (its take-over is refused, nothing restored).
+    let renewals = std::sync::atomic::AtomicUsize::new(0);
+    let host = host(Some("old")).on_with(&[], move |argv, _| match argv {
+        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
+            match renewals.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+                0 => Reply::ok("armed\n"),
+                _ => Reply::ok("rolled_back\n"),
+            }
+        }
+        [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
+            Reply::ok("rolled_back\n")
+        }
+        _ => Reply::ok(""),
+    });
+    let verifier = Scripted::new(vec![]);
+    let before = observed(Some("old"), "active");
+    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    assert_ne!(end.outcome, Outcome::Converged, "{}", end.detail);
+    assert!(!host
+        .commands()
+        .iter()
+        .any(|c| c.starts_with(&["systemctl".into(), "restart".into()])));
+    assert!(verifier.asked.lock().unwrap().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_take_over_cut_short_by_the_connection_is_tried_again_once_the_host_is_back() {
     // The host goes down for a reboot as the rollback begins: the take-over is lost with the
     // connection, not refused, so it is tried again over the new one and the rollback goes on.

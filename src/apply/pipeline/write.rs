@@ -28,7 +28,12 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
     // its guards, once they are known to hold.
     let ready = match kind {
         Kind::ReloadOnly => keep_previous(ranks).await,
-        _ => guards_hold(ranks, &c.armed).await,
+        _ => guards_hold(ranks, &c.armed).await.map_err(|(i, why)| {
+            (
+                i,
+                ApplyError::InstallFailed(format!("nothing was written: {why}")),
+            )
+        }),
     };
     let written = match ready {
         Ok(()) => write_units(ranks).await,
@@ -47,9 +52,13 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
     }
 }
 
-/// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first that
-/// does not: the write goes ahead only under guards that watch it.
-async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usize, ApplyError)> {
+/// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first rank
+/// whose guard does not and why: a step that changes the host (the write, the restart, a live
+/// change) goes ahead only under guards that watch it.
+pub(super) async fn guards_hold(
+    ranks: &[Rank<'_>],
+    armed: &[Armed<'_>],
+) -> Result<(), (usize, String)> {
     let held = join_all(armed.iter().map(|a| a.holds())).await;
     for (i, held) in held.into_iter().enumerate() {
         let why = match held {
@@ -63,9 +72,7 @@ async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usi
         let host = &ranks[i].job.t.host;
         return Err((
             i,
-            ApplyError::InstallFailed(format!(
-                "nothing was written: the guard on {host} does not hold for this run, {why}"
-            )),
+            format!("the guard on {host} does not hold for this run, {why}"),
         ));
     }
     Ok(())
