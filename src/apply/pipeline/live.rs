@@ -20,7 +20,7 @@ use crate::verify::{Expect, Stage, Verification};
 pub(super) async fn live(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
     // Only under guards that still hold: one that kept the old server behind a cut link has
     // settled and would not see the change told after it (the model's live change found this).
-    if let Err((_, why)) = super::write::guards_hold(ranks, &c.armed).await {
+    if let Err((_, why)) = super::guards_hold(ranks, &c.armed).await {
         let cause = Cause {
             rank: 0,
             stage: Stage::Live,
@@ -50,7 +50,7 @@ pub(super) async fn live_back(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> We
     let (causes, _) = c.failed.as_ref().expect("a step said what failed");
     // A renewal first, whatever it answers: after a reboot it brings the guard's record into the
     // new boot before the previous file goes back (see `put_back`).
-    let _ = super::write::guards_hold(ranks, &c.armed).await;
+    let _ = super::guards_hold(ranks, &c.armed).await;
     let guards: Vec<&Armed<'_>> = c.armed.iter().collect();
     match guard::leased_all(&guards, undo_live(&mut ranks[0])).await {
         Ok((told, v)) => {

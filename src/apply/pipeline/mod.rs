@@ -563,3 +563,26 @@ async fn prepared(
     let rank = ranks.pop().expect("one rank");
     (ending.clone(), rank.report.report)
 }
+
+/// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first rank
+/// whose guard does not and why: a step that changes the host (the write, the restart, a live
+/// change) goes ahead only under guards that watch it.
+async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usize, String)> {
+    let held = join_all(armed.iter().map(|a| a.holds())).await;
+    for (i, held) in held.into_iter().enumerate() {
+        let why = match held {
+            Ok(true) => continue,
+            Ok(false) => {
+                "it acted already (its lease ran out while this run could not reach the host)"
+                    .to_string()
+            }
+            Err(e) => format!("it could not be reached: {}", error_chain(&e)),
+        };
+        let host = &ranks[i].job.t.host;
+        return Err((
+            i,
+            format!("the guard on {host} does not hold for this run, {why}"),
+        ));
+    }
+    Ok(())
+}

@@ -29,7 +29,7 @@ pub(super) async fn put_back(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Wen
     // A renewal first, whatever it answers: after a reboot it brings the guard's record into the
     // new boot while the file is still the one the boot started, so the guard tells that start
     // from one after the put-back (the model found a reboot's start taken for the previous unit's).
-    let _ = super::write::guards_hold(ranks, &c.armed).await;
+    let _ = super::guards_hold(ranks, &c.armed).await;
     c.endings = Some(put_back_endings(ranks, why).await);
     // The files are back: the guards stand down. One that does not hear it finds the previous
     // file in place once the lease is out, and puts back nothing new.

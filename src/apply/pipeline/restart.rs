@@ -19,7 +19,7 @@ use crate::verify::Stage;
 pub(super) async fn restart(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
     // Only under guards that still hold: one that acted behind a cut link has put the previous
     // file back and watches no more, and a restart now would cost a load for nothing.
-    if let Err((rank, why)) = super::write::guards_hold(ranks, &c.armed).await {
+    if let Err((rank, why)) = super::guards_hold(ranks, &c.armed).await {
         let cause = Cause {
             rank,
             stage: Stage::Restart,

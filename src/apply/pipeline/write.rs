@@ -10,7 +10,6 @@ use super::put_back::PutBack;
 use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
 use crate::apply::error::ApplyError;
-use crate::apply::guard::Armed;
 use crate::apply::install;
 use crate::apply::Outcome;
 use crate::plan::Verdict;
@@ -28,12 +27,14 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
     // its guards, once they are known to hold.
     let ready = match kind {
         Kind::ReloadOnly => keep_previous(ranks).await,
-        _ => guards_hold(ranks, &c.armed).await.map_err(|(i, why)| {
-            (
-                i,
-                ApplyError::InstallFailed(format!("nothing was written: {why}")),
-            )
-        }),
+        _ => super::guards_hold(ranks, &c.armed)
+            .await
+            .map_err(|(i, why)| {
+                (
+                    i,
+                    ApplyError::InstallFailed(format!("nothing was written: {why}")),
+                )
+            }),
     };
     let written = match ready {
         Ok(()) => write_units(ranks).await,
@@ -50,32 +51,6 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
         }
         Ok(()) => Went::Passed,
     }
-}
-
-/// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first rank
-/// whose guard does not and why: a step that changes the host (the write, the restart, a live
-/// change) goes ahead only under guards that watch it.
-pub(super) async fn guards_hold(
-    ranks: &[Rank<'_>],
-    armed: &[Armed<'_>],
-) -> Result<(), (usize, String)> {
-    let held = join_all(armed.iter().map(|a| a.holds())).await;
-    for (i, held) in held.into_iter().enumerate() {
-        let why = match held {
-            Ok(true) => continue,
-            Ok(false) => {
-                "it acted already (its lease ran out while this run could not reach the host)"
-                    .to_string()
-            }
-            Err(e) => format!("it could not be reached: {}", error_chain(&e)),
-        };
-        let host = &ranks[i].job.t.host;
-        return Err((
-            i,
-            format!("the guard on {host} does not hold for this run, {why}"),
-        ));
-    }
-    Ok(())
 }
 
 /// What every rank's write replaces, kept (`install::keep_previous`), or `Err` naming the first
