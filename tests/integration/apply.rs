@@ -558,7 +558,10 @@ fn ctrl_c_during_verification_rolls_back() {
 fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() {
     let unit = "t-apply-cut.service";
     fresh(unit);
-    let old = service("t-apply-cut", 32022);
+    // The guard's bounds of guard.rs: a cut run's guard judges 32 s after its arming at most.
+    let old = service("t-apply-cut", 32022)
+        .verify("warmup_timeout", "5s")
+        .verify("guard_margin", "4s");
     // A long unit, so the cut can land while it is being written.
     let new = (0..200).fold(old.clone().env("FAKE_SGLANG_LOAD_SECONDS", "2"), |m, i| {
         m.env(&format!("PAD_{i}"), "x".repeat(64))
@@ -597,6 +600,18 @@ fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() 
             "round {round} (cut at {delay_ms} ms) left a partial unit; run said:\n{}{}",
             cut.stdout,
             cut.stderr
+        );
+        // A cut that lands after the arming leaves the run's guard at work on the host; the
+        // next apply goes ahead once it has settled (it refuses to overwrite it before).
+        crate::guard::until(
+            Duration::from_secs(3 * 32),
+            "the cut run's guard settled",
+            || {
+                !matches!(
+                    crate::guard::guard_state_on(APPLY, unit).as_str(),
+                    "armed" | "rolling_back"
+                )
+            },
         );
         let (code, report) = apply(&new);
         assert_eq!(
