@@ -395,8 +395,12 @@ mod tests {
         }
     }
 
-    /// A confirm armed over `prior`, the dead run's record as the host has it now.
-    async fn confirm_over(prior: &str) -> (Result<(), ArmError>, FakeHost) {
+    /// `back` armed for `change` over `prior`, the dead run's record as the host has it now.
+    async fn arm_over(
+        prior: &str,
+        back: GoingBack,
+        change: Change,
+    ) -> (Result<(), ArmError>, FakeHost) {
         let t = target();
         let options = options(CancellationToken::new());
         let verifier = Scripted::default();
@@ -410,33 +414,27 @@ mod tests {
             options: &options,
             verifier: &verifier,
         };
-        let armed = arm(&job, confirming(), &t.verify, Change::InPlace).await;
+        let armed = arm(&job, back, &t.verify, change).await;
         (armed.map(|_| ()), host)
+    }
+
+    /// A confirm armed over `prior`.
+    async fn confirm_over(prior: &str) -> (Result<(), ArmError>, FakeHost) {
+        arm_over(prior, confirming(), Change::InPlace).await
     }
 
     #[tokio::test]
     async fn a_restart_never_arms_over_a_dead_runs_guard_still_at_work() {
-        let t = target();
-        let options = options(CancellationToken::new());
-        let verifier = Scripted::default();
-        let record = format!("{}/guard.json", unit_dir(&t.desired.unit));
+        let record = format!("{}/guard.json", unit_dir(&target().desired.unit));
         let prior =
             r#"{"state":"armed","new_sha256":"x","armed_by":"ci@box pid 7","armed_at":"t0"}"#;
-        let host = FakeHost::new("gpu-a")
-            .on(&[], Reply::ok(""))
-            .with_file(&record, prior);
-        let job = Job {
-            host: &host,
-            t: &t,
-            options: &options,
-            verifier: &verifier,
-        };
         let back = GoingBack {
             confirming: false,
             replaces: true,
             ..confirming()
         };
-        let Err(e) = arm(&job, back, &t.verify, Change::Restart).await else {
+        let (armed, host) = arm_over(prior, back, Change::Restart).await;
+        let Err(e) = armed else {
             panic!("armed over a guard at work")
         };
         assert_eq!(
