@@ -12,7 +12,7 @@ pub const RECORD_FORMAT: u64 = 1;
 
 /// What was deployed, when and from which commit, and how verification went. On the host it is
 /// written with its format (`write_record`); shown (`history --format json`) without it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Record {
     pub unit: String,
     pub manifest: String,

@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::decide::UndoneBy;
 use super::routed::TakenOut;
+use super::undo::{self, undo, UndoError};
 use super::{ApplyOptions, Outcome, UnitReport};
 use crate::remote::http::Server;
 use crate::remote::{self, error_chain, Host, SshOptions};
@@ -328,28 +329,24 @@ async fn take_back(
     let out = match router {
         Ok(router) => TakenOut::take_out(router, t)
             .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e),
+            .map_err(|e| UndoError::NotTakenOut(e.to_string())),
+        Err(e) => Err(UndoError::NotTakenOut(e)),
     };
     let (restored, out) = match out {
-        Err(e) => (
-            Err(format!("it could not be taken out of its router: {e}")),
-            None,
-        ),
+        Err(e) => (Err(e), None),
         Ok(out) => {
             let restored = match remote::connect(&t.host, ssh).await {
                 Ok(host) => {
-                    let restored =
-                        super::undo::undo(&*host, report, &t.verify, options, UndoneBy::Bake).await;
+                    let restored = undo(&*host, report, t, options, UndoneBy::Bake).await;
                     host.close().await;
                     restored
                 }
-                Err(e) => Err(error_chain(&e)),
+                Err(e) => Err(UndoError::Unreachable(e)),
             };
             (restored, Some(out))
         }
     };
-    super::undo::report(report, why, UndoneBy::Bake, restored);
+    undo::report(report, why, UndoneBy::Bake, restored);
     // Back in on its previous unit, verified; a failed rollback stays out.
     if let Some(out) = out {
         out.put_back(report).await;

@@ -189,7 +189,7 @@ pub fn overridden(unit: &str, drift: &[Drift], policy: DropInPolicy) -> Option<A
 
 /// Whether a preflight finding refuses the unit. When restoring a kept deployment, the manifest's
 /// SGLang version and flags say nothing about the unit being restored, so those findings are notes.
-pub fn blocks(f: &preflight::Finding, restoring: Option<usize>) -> bool {
+pub fn blocks(f: &preflight::Finding, restoring: Option<super::Restoring>) -> bool {
     let about_manifest = matches!(f.check, "sglang-version" | "flags");
     f.severity == preflight::Severity::Error && !(restoring.is_some() && about_manifest)
 }
@@ -198,7 +198,7 @@ pub fn blocks(f: &preflight::Finding, restoring: Option<usize>) -> bool {
 /// finding blocks.
 pub fn preflight(
     findings: Vec<preflight::Finding>,
-    restoring: Option<usize>,
+    restoring: Option<super::Restoring>,
 ) -> (Vec<String>, Option<ApplyError>) {
     let (errors, warnings): (Vec<_>, Vec<_>) =
         findings.into_iter().partition(|f| blocks(f, restoring));
@@ -649,7 +649,7 @@ mod tests {
             refusal.unwrap().to_string(),
             "preflight failed, nothing was changed: port 30000 is taken; 0.5.1 installed"
         );
-        let (notes, refusal) = preflight(findings(), Some(3));
+        let (notes, refusal) = preflight(findings(), Some(crate::apply::Restoring::Deployment(3)));
         assert_eq!(
             notes,
             ["preflight: 0.5.1 installed", "preflight: no nvidia-smi"]
@@ -658,7 +658,10 @@ mod tests {
             refusal.unwrap(),
             ApplyError::PreflightFailed(vec!["port 30000 is taken".into()])
         );
-        assert!(!blocks(&finding(Severity::Error, "flags", "x"), Some(1)));
+        assert!(!blocks(
+            &finding(Severity::Error, "flags", "x"),
+            Some(crate::apply::Restoring::Unrecorded)
+        ));
         assert!(blocks(&finding(Severity::Error, "flags", "x"), None));
         assert_eq!(preflight(Vec::new(), None), (Vec::new(), None));
     }

@@ -293,7 +293,7 @@ pub(super) async fn record(
         trajectory: v
             .map(|v| learned::trajectory(&v.samples))
             .unwrap_or_default(),
-        restored_from: options.restoring,
+        restored_from: options.restoring.and_then(super::Restoring::deployment),
         benchmark: report.benchmark.as_ref().and_then(|b| b.record()),
         quality: report.quality.as_ref().map(|q| q.figures()),
     };

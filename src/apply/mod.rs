@@ -35,7 +35,7 @@ mod stage;
 pub(crate) mod state;
 #[cfg(test)]
 mod testing;
-mod undo;
+pub(crate) mod undo;
 mod verifier;
 
 use std::time::Instant;
@@ -152,10 +152,11 @@ pub struct ApplyOptions {
     /// model's config first, 10-30 s a unit): by default those that restart or are new.
     pub deep: DeepWhen,
     pub rollout: Rollout,
-    /// Set by `reconcile rollback`: the deployment whose kept unit is being restored. Its record
-    /// says so, and preflight's SGLang version check (against the manifest, which may have moved on
-    /// since) becomes a note: the restored unit ran on this host before.
-    pub restoring: Option<usize>,
+    /// Set when this apply puts a unit back rather than moves it forward (`reconcile rollback`,
+    /// a bake's or `--rollback-all`'s undo). Its record says from which deployment, and
+    /// preflight's SGLang version check (against the manifest, which may have moved on since)
+    /// becomes a note: the restored unit ran on this host before.
+    pub restoring: Option<Restoring>,
     /// What to hide in plans and journals: the secret names of the run's manifests.
     pub redactor: Redactor,
     /// The routers a rollout's replicas sit behind (set by `rollout::roll_out`); a replica behind
@@ -241,11 +242,31 @@ impl ApplyOptions {
         ApplyOptions { rollout, ..self }
     }
 
-    /// These options restoring deployment `n`, recorded with `git` (`reconcile rollback`).
-    pub fn restoring(&self, n: usize, git: GitInfo) -> ApplyOptions {
+    /// These options restoring `what`, recorded with `git`.
+    pub fn restoring(&self, what: Restoring, git: GitInfo) -> ApplyOptions {
         ApplyOptions {
-            restoring: Some(n),
+            restoring: Some(what),
             ..self.clone().git(git)
+        }
+    }
+}
+
+/// What an apply that puts a unit back restores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Restoring {
+    /// The unit deployment `n` installed, kept on the host.
+    Deployment(usize),
+    /// A unit no deployment recorded (written by hand, or before reconcile managed it), kept as
+    /// the generation the undone apply replaced.
+    Unrecorded,
+}
+
+impl Restoring {
+    /// The deployment restored, for its record.
+    pub fn deployment(self) -> Option<usize> {
+        match self {
+            Restoring::Deployment(n) => Some(n),
+            Restoring::Unrecorded => None,
         }
     }
 }

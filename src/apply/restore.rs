@@ -2,9 +2,9 @@
 //! - [`put_back_file`]: after a failed install or a cancel before the restart: only the file (and
 //!   daemon-reload); the server was never restarted, so it is left alone;
 //! - [`restore`]: the previous unit's file (or the removal of a unit that was new), daemon-reload,
-//!   then restart, stop, or nothing more, as asked;
+//!   then restart or stop, as asked;
 //! - [`restore_and_verify`]: `restore`, then verification of the restored unit when it was
-//!   restarted. Used by apply's rollback and by `--rollback-all`.
+//!   restarted. Used by apply's rollback, and by an undo that removes a unit a rollout installed.
 
 use tokio_util::sync::CancellationToken;
 
@@ -49,12 +49,10 @@ pub enum Then {
     Restart,
     /// The server was stopped before: leave it stopped.
     Stop,
-    /// A reload-only change, whose server never restarted: the file and a reload suffice.
-    Reload,
 }
 
 /// Puts the previous unit back (with the files moved aside, and disabled again if it was), then
-/// restarts, stops or only reloads as `then` says. A unit that was new (`previous: None`, and
+/// restarts or stops as `then` says. A unit that was new (`previous: None`, and
 /// nothing of its name beneath) is stopped, disabled and removed whatever `then` says.
 pub async fn restore(r: &Restore<'_>) -> Result<(), RemoteError> {
     let (host, unit) = (r.host, r.unit);
@@ -87,7 +85,6 @@ pub async fn restore(r: &Restore<'_>) -> Result<(), RemoteError> {
     let action = match r.then {
         Then::Restart => "restart",
         Then::Stop => "stop",
-        Then::Reload => return Ok(()),
     };
     host.run_ok(&["systemctl", action, "--", unit]).await?;
     Ok(())
@@ -100,7 +97,7 @@ pub enum Restored {
     Removed,
     /// The previous unit is back and stopped, as it was.
     LeftStopped,
-    /// The previous unit is back, daemon-reloaded only.
+    /// The previous unit is back, daemon-reloaded only (an undone reload-only change).
     Reloaded,
     /// The previous unit runs again and passed verification.
     /// Boxed: the other variants are empty.
@@ -157,8 +154,8 @@ pub async fn restore_and_verify(
 }
 
 /// What a [`restore`] that is done leaves to verify: the restored server, judged against what
-/// the previous unit says it serves, or (`Err`) nothing, when it was removed, left stopped or
-/// only reloaded. A server group's rollback restores every rank first and verifies them together.
+/// the previous unit says it serves, or (`Err`) nothing, when it was removed or left stopped. A
+/// server group's rollback restores every rank first and verifies them together.
 pub fn restored_check<'a>(
     r: &Restore<'a>,
     cancel: &'a CancellationToken,
@@ -166,7 +163,6 @@ pub fn restored_check<'a>(
     let expect = match (r.previous, r.then) {
         (None, _) if !r.beneath => return Err(Restored::Removed),
         (_, Then::Stop) => return Err(Restored::LeftStopped),
-        (_, Then::Reload) => return Err(Restored::Reloaded),
         (_, Then::Restart) => match (r.expect, r.previous) {
             (Some(model), _) => Expect::from_unit(model),
             (None, Some(previous)) => Expect::from_unit(&parse_unit(previous)),
@@ -223,14 +219,6 @@ mod tests {
         assert!(matches!(stopped, Ok(Restored::LeftStopped)), "{stopped:?}");
         assert!(ran(&host, &["systemctl", "stop", "--", "s.service"]));
         assert_eq!(host.file(PATH).as_deref(), Some("old"));
-
-        let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));
-        let reloaded = run(&host, Some("old"), Then::Reload).await;
-        assert!(matches!(reloaded, Ok(Restored::Reloaded)), "{reloaded:?}");
-        assert_eq!(
-            host.commands(),
-            [vec!["systemctl".to_string(), "daemon-reload".to_string()]]
-        );
 
         // A new unit is removed, whatever was asked after.
         let host = FakeHost::new("gpu-a").on(&[], Reply::ok(""));

@@ -12,10 +12,10 @@ use futures::future::join_all;
 use super::decide;
 use super::error::ApplyError;
 use super::routed::TakenOut;
+use super::undo;
 use super::{apply_hosts, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
-use crate::manifest::VerifySpec;
-use crate::remote::{error_chain, Host, SshOptions};
+use crate::remote::{Host, SshOptions};
 use crate::router::{Router, Routers};
 use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
@@ -85,9 +85,9 @@ pub async fn roll_out(
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
-    let specs: Specs = targets
+    let applied: Applied = targets
         .iter()
-        .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.verify.clone()))
+        .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.clone()))
         .collect();
     let all = targets.clone();
     // A server group's ranks are one server: applied together, group after group, once the
@@ -158,7 +158,7 @@ pub async fn roll_out(
                 }
             }
             Step::RollBackConverged { why } => {
-                rollback_all(&mut reports, &why, &specs, ssh, options).await
+                rollback_all(&mut reports, &why, &applied, ssh, options).await
             }
             Step::Done => break,
         }
@@ -259,29 +259,25 @@ fn failed(outcome: Outcome) -> bool {
     )
 }
 
-/// Each unit's verification settings, for rolling it back after its target is gone.
-type Specs = std::collections::HashMap<(String, String), VerifySpec>;
+/// Each unit's target, by host and unit, for undoing it once the rollout has moved on.
+type Applied = std::collections::HashMap<(String, String), Target>;
 
-/// `--rollback-all`: puts the previous unit back on every host this rollout changed.
+/// `--rollback-all`: puts the previous unit back on every host this rollout changed, each through
+/// apply's own transaction (`undo::undo`).
 async fn rollback_all(
     reports: &mut [UnitReport],
     why: &str,
-    specs: &Specs,
+    applied: &Applied,
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) {
-    let changed: Vec<&mut UnitReport> = reports
+    let by = decide::UndoneBy::RollbackAll;
+    let units: Vec<(String, (&mut UnitReport, &Target))> = reports
         .iter_mut()
         .filter(|r| matches!(r.outcome, Outcome::Converged | Outcome::Reloaded))
-        .collect();
-    let units: Vec<(String, (&mut UnitReport, VerifySpec))> = changed
-        .into_iter()
-        .map(|r| {
-            let spec = specs
-                .get(&(r.host.clone(), r.unit.clone()))
-                .cloned()
-                .unwrap_or_default();
-            (r.host.clone(), (r, spec))
+        .filter_map(|r| {
+            let t = applied.get(&(r.host.clone(), r.unit.clone()))?;
+            Some((r.host.clone(), (r, t)))
         })
         .collect();
     let at_once = units.len();
@@ -290,14 +286,11 @@ async fn rollback_all(
         ssh,
         at_once,
         fleet::no_span,
-        async |host: &dyn Host, _: &fleet::Visit<'_>, (r, spec): (&mut UnitReport, VerifySpec)| {
-            let undone =
-                super::undo::undo(host, r, &spec, options, decide::UndoneBy::RollbackAll).await;
-            super::undo::report(r, why, decide::UndoneBy::RollbackAll, undone);
+        async |host: &dyn Host, _: &fleet::Visit<'_>, (r, t): (&mut UnitReport, &Target)| {
+            let undone = undo::undo(host, r, t, options, by).await;
+            undo::report(r, why, by, undone);
         },
-        |_, (r, _), e| {
-            super::undo::report(r, why, decide::UndoneBy::RollbackAll, Err(error_chain(&e)))
-        },
+        |_, (r, _), e| undo::report(r, why, by, Err(undo::UndoError::Unreachable(e))),
     )
     .await;
 }

@@ -6,16 +6,13 @@
 //! Hosts go one at a time, and none starts after one fails: a rollback is what one does when
 //! things are already going wrong.
 
-use std::sync::Arc;
-
 use super::gather::{read_deployments, Read};
 use super::{choose, skipped_lines, Choice};
 use crate::apply::{self, state, ApplyError, ApplyOptions, GitInfo, UnitReport};
-use crate::flags::{console_script, flags};
-use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
+use crate::flags::flags;
+use crate::manifest::Manifest;
 use crate::remote::{self, error_chain, Host, SshOptions};
 use crate::targets::Target;
-use crate::unit::{parse_unit, Desired};
 
 /// Rolls `unit` back on each host in turn. `manifest` is the service's manifest, when the
 /// manifests have it: its verification settings judge the restored server.
@@ -125,7 +122,7 @@ async fn rollback_group(
             ..p.target.clone()
         })
         .collect();
-    let options = options.restoring(n, git);
+    let options = options.restoring(apply::Restoring::Deployment(n), git);
     let notes: Vec<Vec<String>> = ok.iter().map(|(_, p)| p.notes.clone()).collect();
     let mut reports = apply::apply_group(targets, ssh, &options).await;
     for r in &mut reports {
@@ -202,7 +199,7 @@ async fn rollback_host(
             git,
             notes,
         }) => {
-            let options = options.restoring(n, git);
+            let options = options.restoring(apply::Restoring::Deployment(n), git);
             let mut report = apply::apply_one(&*host, &target, &options).await;
             report.detail = format!("rollback to deployment {n}: {}", report.detail);
             report.notes.splice(0..0, notes);
@@ -275,128 +272,15 @@ async fn prepare(
     };
     Ok(Prepared {
         n,
-        target: restore_target(name, unit, text, &record, manifest),
+        target: apply::undo::kept_target(
+            name,
+            unit,
+            text,
+            &record.manifest,
+            &record.manifest_sha256,
+            manifest,
+        ),
         git,
         notes,
     })
-}
-
-/// An apply target whose desired unit is the kept one. Preflight reads the Python, model path
-/// and port from the restored unit itself, not from a manifest that may have moved on.
-pub fn restore_target(
-    host: &str,
-    unit: &str,
-    text: String,
-    record: &state::Record,
-    manifest: Option<&Manifest>,
-) -> Target {
-    let model = parse_unit(&text);
-    let (command, unit_flags) = flags(&model.exec_start);
-    let service = unit.strip_suffix(".service").unwrap_or(unit).to_string();
-    let mut m = manifest.cloned().unwrap_or_else(|| Manifest {
-        source: record.manifest.clone(),
-        digest: record.manifest_sha256.clone(),
-        text: String::new(),
-        service,
-        description: None,
-        secret_env: Vec::new(),
-        hosts: vec![HostSpec {
-            name: host.to_string(),
-            ..HostSpec::default()
-        }],
-        sglang: SglangSpec {
-            python: String::new(),
-            console_script: None,
-            version: String::new(),
-            model_path: String::new(),
-            served_model_name: None,
-            host: None,
-            port: 30000,
-            flags: Default::default(),
-        },
-        env: Default::default(),
-        references: Vec::new(),
-        systemd: Default::default(),
-        verify: VerifySpec::default(),
-        router: None,
-        rollout: None,
-        group: None,
-        drain: None,
-        dropins: Default::default(),
-        apply: Default::default(),
-    });
-    // A rollback restarts onto the kept unit: never a live change.
-    m.apply.live = false;
-    // The restored unit's own entry point: `<script> serve`, or `<python> -m ...`.
-    match (console_script(&model.exec_start), command.first()) {
-        (Some(script), _) => m.sglang.console_script = Some(script.clone()),
-        (None, Some(python)) => {
-            m.sglang.python = python.clone();
-            m.sglang.console_script = None;
-        }
-        (None, None) => {}
-    }
-    if let Some(path) = unit_flags.get("model-path") {
-        m.sglang.model_path = path.clone();
-    }
-    if let Some(port) = unit_flags.get("port").and_then(|p| p.parse().ok()) {
-        m.sglang.port = port;
-    }
-    m.sglang.served_model_name = unit_flags.get("served-model-name").cloned();
-    Target {
-        host: host.to_string(),
-        source: record.manifest.clone(),
-        verify: m.verify.clone(),
-        manifest_digest: record.manifest_sha256.clone(),
-        desired: Desired {
-            unit: unit.to_string(),
-            text,
-            model,
-            dropins: m.dropins,
-            sglang_version: m.sglang.version.clone(),
-            live: false,
-        },
-        manifest: Arc::new(m),
-        conflicts: Vec::new(),
-        labels: Default::default(),
-        expected: None,
-        group: None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_target_runs_the_kept_unit_and_preflight_reads_it() {
-        let text = "[Service]\nExecStart=/opt/py -m sglang.launch_server --model-path /m/old --port 31000\n";
-        let record = state::Record {
-            unit: "s.service".into(),
-            manifest: "manifests/s.yaml".into(),
-            manifest_sha256: "abc".into(),
-            unit_sha256: state::sha256(text),
-            git_commit: None,
-            git_author: None,
-            applied_at: "t".into(),
-            applied_by: "me".into(),
-            outcome: "converged".into(),
-            load_seconds: None,
-            plateau_service_bytes: None,
-            plateau_gpu_mib: Vec::new(),
-            trajectory: Vec::new(),
-            restored_from: None,
-            benchmark: None,
-            quality: None,
-        };
-        let t = restore_target("gpu-a", "s.service", text.into(), &record, None);
-        assert_eq!(t.desired.text, text);
-        assert_eq!(t.manifest_digest, "abc");
-        let want = crate::preflight::Want::of(&t);
-        assert_eq!(
-            (want.python.as_str(), want.model_path.as_str(), want.port),
-            ("/opt/py", "/m/old", 31000)
-        );
-        assert_eq!(t.verify, VerifySpec::default());
-    }
 }

@@ -217,6 +217,30 @@ fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
     );
     let after: Vec<Option<String>> = FLEET.iter().map(|h| unit_on(h, unit)).collect();
     assert_eq!(after, before, "every host runs release 1 again");
+    // Each went back through apply's transaction: a guard armed over release 2 and disarmed once
+    // release 1 verified, and a record of deployment 3 restoring deployment 1.
+    for host in &FLEET[..3] {
+        let read = |file: &str| -> serde_json::Value {
+            let text = lab().sh(host, &format!("cat /var/lib/reconcile/{unit}/{file}"));
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{host} {file} ({e}): {text}"))
+        };
+        let (record, guard) = (read("current.json"), read("guard.json"));
+        assert_eq!(record["restored_from"], 1, "{host}: {record:#}");
+        assert_eq!(guard["state"], "disarmed", "{host}: {guard:#}");
+        assert_eq!(
+            guard["new_sha256"], record["unit_sha256"],
+            "{host}: {guard:#}"
+        );
+        let lines = lab().sh(
+            host,
+            &format!("wc -l < /var/lib/reconcile/{unit}/history.jsonl"),
+        );
+        assert_eq!(
+            lines.trim(),
+            "3",
+            "{host}: release 1, release 2, release 1 again"
+        );
+    }
     clean(unit);
 }
 

@@ -459,6 +459,14 @@ fn a_canary_slower_on_live_traffic_is_rolled_back_by_its_bake_and_the_rollout_st
             &format!("cat /etc/systemd/system/{SERVICE}.service")
         )
         .contains("GENERATION=1"));
+    // Put back through apply's transaction: its record restores deployment 1.
+    let record = lab().sh(
+        canary,
+        &format!("cat /var/lib/reconcile/{SERVICE}.service/current.json"),
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&record).unwrap_or_else(|e| panic!("{e}: {record}"));
+    assert_eq!(record["restored_from"], 1, "{record:#}");
     assert_eq!(listed(), all_healthy(&REPLICAS), "back in the router");
     let seen = client.stop();
     assert_eq!(
