@@ -144,7 +144,8 @@ fpath when compinit runs. fish reads its completions folder by itself. A new she
 #[command(
     name = "reconcile",
     version,
-    about = "GitOps for SGLang servers under systemd: render units from manifests, diff them against hosts over SSH",
+    about = "GitOps for SGLang servers under systemd",
+    long_about = "GitOps for SGLang servers under systemd: render units from manifests, diff them against hosts over SSH, apply them with staged verification and a rollback the host holds.",
     after_help = TOP_HELP,
     args_conflicts_with_subcommands = true
 )]
@@ -203,47 +204,67 @@ pub enum Command {
     /// Show what would change on each host, and change nothing.
     #[command(after_help = PLAN_HELP)]
     Plan(PlanCommand),
+    /// Make hosts run what the manifests say, verified.
+    ///
     /// Make hosts run what the manifests say: install, restart only when needed, watch the crash
     /// window, and roll back a unit that fails it. Given a plan file (`reconcile apply plan.json`,
     /// written by `plan --out`), applies exactly the units it planned, refusing each one whose
     /// manifests, unit file on the host or installed SGLang changed since.
     #[command(after_help = APPLY_HELP)]
     Apply(ApplyArgs),
+    /// Check manifests offline, against SGLang's flag catalog.
+    ///
     /// Check manifests offline, against the flag catalog of the SGLang version each names.
     #[command(after_help = VALIDATE_HELP)]
     Validate(ValidateArgs),
+    /// Print the units the manifests render, contacting no host.
+    ///
     /// Print the units the manifests render, without contacting any host (secrets redacted).
     #[command(after_help = RENDER_HELP)]
     Render(RenderArgs),
+    /// What each host really runs, against the manifests.
+    ///
     /// What each host really runs: the manifest, the unit on disk, the last deployment and the
     /// running process compared (in_sync, pending_change, edited_on_host, not_reloaded,
     /// not_restarted, down, unmanaged, absent).
     #[command(after_help = STATUS_HELP)]
     Status(StatusArgs),
+    /// The deployments each host keeps for a service.
+    ///
     /// The deployments each host keeps for a service (numbered, 1 = oldest; the current one
     /// marked), and the generations an apply kept.
     #[command(after_help = HISTORY_HELP)]
     History(HistoryArgs),
+    /// Measure the throughput of the server each host runs now.
+    ///
     /// Run the throughput benchmark (the manifest's `verify.benchmark`, or its defaults) against
     /// the server each host runs now, without a restart, and keep its figures in the host's current
     /// deployment record: the baseline the next apply's `benchmark` stage compares with.
     #[command(after_help = BENCH_HELP)]
     Bench(BenchArgs),
+    /// Measure the answers of the server each host runs now.
+    ///
     /// Measure the answers of the server each host runs now, without a restart (the manifest's
     /// `verify.quality`, or its defaults): compared with the reference the host keeps, then kept
     /// as the reference the next apply's `quality` stage compares with.
     #[command(after_help = QUALITY_HELP)]
     Quality(QualityArgs),
+    /// Restore a kept deployment, through apply's own path.
+    ///
     /// Restore a kept deployment (default: the one before the current) through apply's install,
     /// restart and staged verification, host by host.
     #[command(after_help = ROLLBACK_HELP)]
     Rollback(RollbackArgs),
+    /// Try variants of a service's flags on one host, and rank them.
+    ///
     /// Try variants of one service's flags and env on one host, each through apply's own path
     /// (drain, install, restart, staged verification, benchmark, quality gate, rollback), between
     /// two measurements of the baseline; rank them and hand back the winner as a manifest change.
     /// See docs/experiments.md.
     #[command(after_help = EXPERIMENT_HELP)]
     Experiment(ExperimentArgs),
+    /// Pull mode: apply this machine's units from a git checkout.
+    ///
     /// Pull mode, run on the GPU host itself: keep a checkout of the manifests' git repository
     /// and apply the units whose host is this machine (`local` or an `--as` name), without SSH.
     #[command(after_help = AGENT_HELP)]
@@ -251,18 +272,26 @@ pub enum Command {
     /// Pull mode's rollouts, read from the agents' coordinator.
     #[command(after_help = ROLLOUT_STATUS_HELP)]
     Rollout(RolloutCommand),
+    /// Write the manifest of a unit a host runs now.
+    ///
     /// Write the manifest of a unit a host runs now (adopting a hand-written unit): SGLang's
     /// flags, env and systemd settings, drop-ins folded in, secrets as references. Changes nothing.
     #[command(after_help = IMPORT_HELP)]
     Import(ImportArgs),
+    /// Print a completion script for bash, zsh or fish.
+    ///
     /// Print a completion script for bash, zsh or fish on stdout (see the examples for where each
     /// shell reads it).
     #[command(after_help = COMPLETIONS_HELP)]
     Completions(CompletionsArgs),
+    /// Print the manifest's JSON Schema, for editors.
+    ///
     /// Print the manifest's JSON Schema on stdout, for editors: the one the repository keeps in
     /// schemas/manifest.schema.json, generated from the types the parser reads manifests into.
     #[command(after_help = SCHEMA_HELP)]
     Schema,
+    /// Write the man pages into DIR.
+    ///
     /// Write the man pages (reconcile.1 and one per command), generated from this command line,
     /// into DIR: what the Debian package installs (packaging/deb/build.sh).
     #[command(hide = true, after_help = MANPAGES_HELP)]
@@ -1154,6 +1183,33 @@ mod tests {
         let help = "Examples:\n  reconcile a   # why\n    output line\n  reconcile b\n\nExit codes:\n  0  ok";
         assert_eq!(help_examples(help), ["reconcile a   # why", "reconcile b"]);
         assert!(help_examples("Exit codes:\n  0  ok").is_empty());
+    }
+
+    /// `reconcile --help` lists each command on one line a terminal of 80 columns shows whole;
+    /// the paragraph is `reconcile help CMD`'s.
+    #[test]
+    fn the_command_list_fits_80_columns_and_each_command_says_more_in_its_own_help() {
+        use clap::CommandFactory;
+        let help = Cli::command().render_help().to_string();
+        let list: Vec<&str> = help
+            .lines()
+            .skip_while(|l| *l != "Commands:")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .collect();
+        assert!(list.len() > 10, "{help}");
+        for line in &list {
+            assert!(line.len() <= 80, "{} columns: {line}", line.len());
+        }
+        let mut root = Cli::command();
+        let apply = root
+            .find_subcommand_mut("apply")
+            .expect("apply")
+            .render_long_help();
+        assert!(
+            apply.to_string().contains("roll back a unit that fails it"),
+            "{apply}"
+        );
     }
 
     /// Every example in the top-level help and in each command's help parses with the real
