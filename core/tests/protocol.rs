@@ -423,11 +423,11 @@ impl Protocol {
             // What runs is seen at once: a run after a dead one reads it.
             g.saw(&s.facts());
             s.watch_started = true;
-            s.guard_running = g.state.active();
+            s.guard_running = g.watching();
             s.keep(&g);
             return;
         }
-        if !g.state.active() {
+        if !g.watching() {
             s.guard_running = false;
             return;
         }
@@ -472,7 +472,7 @@ impl Protocol {
             }
             settles => g.settle_on(settles, &why, "t"),
         }
-        if !g.state.active() {
+        if !g.watching() {
             s.guard_running = false;
         }
         s.keep(&g);

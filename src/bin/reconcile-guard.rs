@@ -371,7 +371,7 @@ fn watch(dir: &Path) -> Result<(), Error> {
     loop {
         std::thread::sleep(POLL);
         let done = locked(dir, |g| {
-            if !g.state.active() {
+            if !g.watching() {
                 return Ok(true);
             }
             let Some(seen) = facts(g) else {

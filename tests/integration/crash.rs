@@ -44,6 +44,17 @@ pub enum Change {
     CrashLoop,
     /// A healthy restart interrupted (SIGINT) at its write: put_back.
     Interrupted,
+    /// A live change (another checkpoint of one shape, a new micro-batch size) that the server
+    /// takes: prepare, stage, drain, arm, write, live, verify, gates, confirm.
+    Live,
+    /// A live change whose value the server refuses: live_back.
+    LiveRefused,
+}
+
+impl Change {
+    fn live(self) -> bool {
+        matches!(self, Change::Live | Change::LiveRefused)
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -128,13 +139,34 @@ fn release(host: &str, n: u32) -> Manifest {
         .env("CRASH_RELEASE", n.to_string())
 }
 
-fn changed(host: &str, change: Change) -> Manifest {
-    let new = release(host, 2);
+/// Release `n` of a service changed live: checkpoint `a` with micro-batch 4, then `b` with 8
+/// (or, refused, 64: above `--max-running-requests`); the server's `/server_info` tells which
+/// it serves.
+fn live_release(host: &str, n: u32, micro_batch: u32) -> Manifest {
+    let [a, b, _] = crate::live::checkpoints_on(host);
+    release(host, 1)
+        .model_path(if n == 1 { a.as_str() } else { b.as_str() })
+        .without_served_model_name()
+        .flag("max-running-requests", 16)
+        .flag("pp-max-micro-batch-size", micro_batch)
+        .live()
+}
+
+fn first(host: &str, change: Change) -> Manifest {
     match change {
-        Change::Restart | Change::Interrupted => new,
-        Change::CrashLoop => new
+        Change::Live | Change::LiveRefused => live_release(host, 1, 4),
+        _ => release(host, 1),
+    }
+}
+
+fn changed(host: &str, change: Change) -> Manifest {
+    match change {
+        Change::Restart | Change::Interrupted => release(host, 2),
+        Change::CrashLoop => release(host, 2)
             .env("FAKE_SGLANG_FAIL", "crash")
             .env("FAKE_SGLANG_FAIL_AT", "1"),
+        Change::Live => live_release(host, 2, 8),
+        Change::LiveRefused => live_release(host, 2, 64),
     }
 }
 
@@ -163,9 +195,12 @@ fn fresh(host: &str) {
     lab().sh(host, &format!("systemctl stop reconcile-guard-t-crash.service 2>/dev/null; systemctl disable --now {UNIT} 2>/dev/null; rm -rf /etc/systemd/system/{UNIT} /var/lib/reconcile/{UNIT} /run/reconcile; systemctl daemon-reload; systemctl reset-failed 2>/dev/null; true"));
 }
 
-/// The release the running server came from (its environment), the unit file's, and whether
-/// systemd runs the definition on disk.
-fn releases(host: &str) -> (String, String, bool) {
+/// The release the running server serves, the unit file's, and whether systemd runs the
+/// definition on disk: by its environment, or after a live change by what it says it serves.
+fn releases(host: &str, change: Change) -> (String, String, bool) {
+    if change.live() {
+        return live_releases(host);
+    }
     let out = lab().sh(host, &format!(
         "pid=$(systemctl show -p MainPID --value {UNIT}); \
          tr '\\0' '\\n' < /proc/$pid/environ 2>/dev/null | sed -n 's/^CRASH_RELEASE=//p' | head -n1; echo; \
@@ -174,6 +209,31 @@ fn releases(host: &str) -> (String, String, bool) {
     ));
     let mut lines = out.lines().filter(|l| !l.is_empty());
     let running = lines.next().unwrap_or("").to_string();
+    let file = lines.next().unwrap_or("").to_string();
+    let stale = lines.next().unwrap_or("") == "yes";
+    (running, file, !stale)
+}
+
+/// [`releases`] of a service changed live: `/server_info`'s model path and micro-batch size
+/// (release 1 is checkpoint `a` with 4, release 2 `b` with 8; anything else is a server with
+/// half of each), and the unit file's.
+fn live_releases(host: &str) -> (String, String, bool) {
+    let out = lab().sh(
+        host,
+        &format!(
+            r#"python3 -c 'import json, urllib.request as u
+i = json.load(u.urlopen("http://127.0.0.1:{PORT}/server_info"))
+print(i["model_path"], i["internal_states"][0]["pp_max_micro_batch_size"])' 2>/dev/null; echo; \
+         grep -q t-live-b /etc/systemd/system/{UNIT} && echo 2 || echo 1; \
+         systemctl show -p NeedDaemonReload --value {UNIT}"#
+        ),
+    );
+    let mut lines = out.lines().filter(|l| !l.is_empty());
+    let running = match lines.next().unwrap_or("").split_once(' ') {
+        Some((model, "4")) if model.ends_with("t-live-a") => "1".to_string(),
+        Some((model, "8")) if model.ends_with("t-live-b") => "2".to_string(),
+        other => format!("mixed {other:?}"),
+    };
     let file = lines.next().unwrap_or("").to_string();
     let stale = lines.next().unwrap_or("") == "yes";
     (running, file, !stale)
@@ -219,7 +279,7 @@ pub fn run_cell(cell: Cell) -> Ended {
     let taken = take_host();
     let host = taken.0;
     fresh(host);
-    let previous = release(host, 1);
+    let previous = first(host, cell.change);
     let (code, report) = apply(&previous);
     assert_eq!(code, 0, "{cell}: the first release: {report}");
     let new = changed(host, cell.change);
@@ -328,7 +388,7 @@ pub fn run_cell(cell: Cell) -> Ended {
         &format!("{cell}: the server answers /health"),
         || healthy_on(host, PORT),
     );
-    let (running, file, loaded) = releases(host);
+    let (running, file, loaded) = releases(host, cell.change);
     assert!(
         loaded && running == file,
         "{cell}: the server runs release {running:?}, the unit file is release {file:?} (loaded: {loaded})"
@@ -346,8 +406,9 @@ pub fn run_cell(cell: Cell) -> Ended {
         other => panic!("{cell}: the server runs release {other:?}, neither verified nor previous (guard {guard:?})"),
     };
     assert!(
-        cell.change != Change::CrashLoop || serving == Serving::Previous,
-        "{cell}: a crash-looping change is served"
+        !matches!(cell.change, Change::CrashLoop | Change::LiveRefused)
+            || serving == Serving::Previous,
+        "{cell}: a failing change is served"
     );
 
     // status tells which.
@@ -367,25 +428,19 @@ pub fn run_cell(cell: Cell) -> Ended {
 
     // The next apply of what the manifest asks (the good release after a crash-looping one)
     // leaves the host on it, restarting only a server that does not run it yet.
-    let wanted = match cell.change {
-        Change::CrashLoop => previous,
-        _ => new,
-    };
+    let failing = matches!(cell.change, Change::CrashLoop | Change::LiveRefused);
+    let wanted = if failing { previous } else { new };
     let before = lab().invocation(host, UNIT);
     let (code, report) = apply(&wanted);
     let outcome = report["outcome"].as_str().unwrap_or("").to_string();
     assert_eq!(code, 0, "{cell}: the next apply: {report}");
-    let (running, _, _) = releases(host);
-    let want = if cell.change == Change::CrashLoop {
-        "1"
-    } else {
-        "2"
-    };
+    let (running, _, _) = releases(host, cell.change);
+    let want = if failing { "1" } else { "2" };
     assert_eq!(running, want, "{cell}: after the next apply");
     let restarted = lab().invocation(host, UNIT) != before;
-    let served_already = match cell.change {
-        Change::CrashLoop => serving == Serving::Previous,
-        _ => serving == Serving::New,
+    let served_already = match failing {
+        true => serving == Serving::Previous,
+        false => serving == Serving::New,
     };
     assert!(
         !(served_already && restarted),
@@ -425,7 +480,7 @@ fn guard_run(host: &str) -> String {
 /// Every step a change takes, each a cell per fault.
 pub fn every_cell() -> Vec<Cell> {
     let mut cells = Vec::new();
-    let steps: [(Change, &[&'static str]); 3] = [
+    let steps: [(Change, &[&'static str]); 5] = [
         (
             Change::Restart,
             &[
@@ -435,6 +490,11 @@ pub fn every_cell() -> Vec<Cell> {
         ),
         (Change::CrashLoop, &["roll_back"]),
         (Change::Interrupted, &["put_back"]),
+        (
+            Change::Live,
+            &["arm", "write", "live", "verify", "gates", "confirm", "done"],
+        ),
+        (Change::LiveRefused, &["live_back"]),
     ];
     for (change, steps) in steps {
         for &step in steps {
@@ -485,7 +545,13 @@ fn run_cells(cells: Vec<Cell>) -> Vec<Ended> {
 #[test]
 #[ignore = "lab test: the whole crash matrix, run by `tests/crash-matrix.sh`"]
 fn the_whole_matrix() {
-    run_cells(every_cell());
+    // `CRASH_CHANGES=Live,LiveRefused` runs those changes' rows alone.
+    let only = std::env::var("CRASH_CHANGES").unwrap_or_default();
+    let cells = every_cell()
+        .into_iter()
+        .filter(|c| only.is_empty() || only.split(',').any(|o| o == format!("{:?}", c.change)))
+        .collect();
+    run_cells(cells);
 }
 
 /// The cells CI runs: the moments the model found or the lab had not sampled.

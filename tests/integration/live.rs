@@ -18,6 +18,11 @@ const UNIT: &str = "t-live.service";
 /// and one safetensors file (an F32 tensor of 1024 values: 8 bytes of header length, the JSON
 /// header, the data), so that preflight's weights check and the stand-in's load read real files.
 fn checkpoints() -> [String; 3] {
+    checkpoints_on(HOST)
+}
+
+/// [`checkpoints`] on `host` (the crash matrix's live cells use them too).
+pub fn checkpoints_on(host: &str) -> [String; 3] {
     let dirs = ["a", "b", "c"].map(|c| format!("/var/tmp/t-live-{c}"));
     let script = format!(
         r#"python3 - <<'EOF'
@@ -34,7 +39,7 @@ EOF"#,
         b = dirs[1],
         c = dirs[2],
     );
-    lab().sh(HOST, &script);
+    lab().sh(host, &script);
     dirs
 }
 

@@ -77,6 +77,10 @@ pub fn judge(
     health: impl FnOnce() -> Option<u16>,
 ) -> (Verdict, String) {
     let w = &guard.watch;
+    // `/health` is read at most once a judgement, and only where it decides.
+    let mut health = Some(health);
+    let mut answered = None;
+    let mut health = move || *answered.get_or_insert_with(|| health.take().and_then(|h| h()));
     // The lease holds the guard off acting, not off finishing what it began: a controller that
     // renews without knowing the guard restored would otherwise keep it waiting for good.
     if at < w.lease_until && !w.restored {
@@ -116,7 +120,14 @@ pub fn judge(
             if started && f.active == "failed" {
                 return (Verdict::Restore, "the new unit failed".into());
             }
-            if started && f.restarts >= crash_loop {
+            // A group's rank restarted once is broken when it cannot rejoin its group; one that
+            // answers again met its peers afresh (they restarted with it: a host's reboot, a
+            // peer's), and is judged as any start (the group model found a healthy group sent
+            // back after one host rebooted).
+            if started
+                && f.restarts >= crash_loop
+                && !(f.restarts < CRASH_LOOP_RESTARTS && health() == Some(200))
+            {
                 let n = f.restarts;
                 let s = if n == 1 { "" } else { "s" };
                 return (
@@ -147,8 +158,40 @@ pub fn judge(
             )
         }
         GuardState::RollingBack => rolling_back(guard, f, at, health),
+        GuardState::Unconfirmed if guard.group_rank() => kept_rank(guard, f, at, health),
         other => (Verdict::Leave, format!("the guard is {}", other.name())),
     }
+}
+
+/// A group's rank the guard kept, watched on: its peers may go back after the keep (a rollback
+/// the controller began on them, finished by their guards, while this host was out of its
+/// reach), and a rank left on the new unit then cannot rejoin its group. Restored once it started
+/// again since the keep and does not answer by its deadline, counted from that start; one that
+/// answers stays kept. (The group model found the group split otherwise: one rank back, its peer
+/// kept, neither serving.)
+fn kept_rank(
+    guard: &Record,
+    f: &Facts,
+    at: f64,
+    health: impl FnOnce() -> Option<u16>,
+) -> (Verdict, String) {
+    let since = guard.watch.kept_at.unwrap_or(f64::INFINITY);
+    if f.entered <= since || at < f.entered + guard.judge_after {
+        return (
+            Verdict::Wait,
+            "kept; watched while its group may go back".into(),
+        );
+    }
+    if health() == Some(200) {
+        return (Verdict::Wait, "kept; it answers again".into());
+    }
+    (
+        Verdict::Restore,
+        format!(
+            "kept, then started again and not healthy by its deadline ({}): its group went back or broke",
+            f.running()
+        ),
+    )
 }
 
 /// The lease ran out on a change to be restarted, and the new unit never started: the controller
@@ -203,13 +246,18 @@ fn rolling_back(
     // restart may have joined a start already under way (a dead controller's). Once the guard
     // restored the unit itself, its restarts do not judge it: a group's rank restarts while its
     // peers come back, so the restored unit has until its deadline to answer /health.
+    // A previous unit is judged crash-looping by the single server's bound even on a group's
+    // rank: a rank restarts once when a peer does (a reboot, a peer's restore), and that says
+    // nothing of its unit (the group model found a guard restoring a rank the controller had
+    // restored, a second full load, after its peer's host rebooted).
     let (started, steady) = if w.restored {
         let since = w.restored_entered.or(w.restored_at).unwrap_or(0.0);
         (f.entered >= since, true)
     } else {
+        let crash_loop = guard.crash_loop_restarts.max(CRASH_LOOP_RESTARTS);
         (
             f.entered > w.taken_at.unwrap_or(0.0),
-            f.restarts.saturating_sub(w.taken_restarts) < guard.crash_loop_restarts,
+            f.restarts.saturating_sub(w.taken_restarts) < crash_loop,
         )
     };
     let back = f.sha256 == guard.previous_sha256 && !f.stale && started && steady;
@@ -294,6 +342,7 @@ impl Record {
         w.restored_at = w.restored_at.map(|_| 0.0);
         w.restored_entered = w.restored_entered.map(|_| 0.0);
         w.restored_restarts = w.restored_restarts.map(|_| 0);
+        w.kept_at = w.kept_at.map(|_| 0.0);
         // The boot started the unit afresh from its file: a change judged as it ran is now a
         // start like a restart's. A live change kept without anyone seeing it taken was never
         // started from its file before: that start is judged (the model found a reboot starting
@@ -395,6 +444,21 @@ impl Record {
             _ => why.to_string(),
         };
         self.settle(state, detail.trim_matches(|c| c == ';' || c == ' '), at_utc);
+        if verdict == Verdict::Keep {
+            self.watch.kept_at = Some(self.watch.judge_at);
+        }
+    }
+
+    /// A rank of a server group (broken at its first restart): its guard watches on after
+    /// keeping it ([`Record::watching`]).
+    pub fn group_rank(&self) -> bool {
+        self.crash_loop_restarts < CRASH_LOOP_RESTARTS
+    }
+
+    /// Whether the guard's program goes on watching: while it is at work, and on a group's rank
+    /// it kept.
+    pub fn watching(&self) -> bool {
+        self.state.active() || self.state == GuardState::Unconfirmed && self.group_rank()
     }
 
     /// The guard's own restore begins at `now`: it owns the rollback from here, and the restored
@@ -535,12 +599,19 @@ mod tests {
                 150.0,
                 Unasked,
             ),
-            // A group's rank is broken at its first restart: it cannot rejoin its process group.
+            // A group's rank is broken at its first restart when it cannot rejoin its process
+            // group; one that answers met its peers afresh (they restarted with it), and waits.
             (
-                group,
+                group.clone(),
                 facts("new", "activating", "auto-restart", 1, 130.0),
                 150.0,
-                Unasked,
+                Silent,
+            ),
+            (
+                group,
+                facts("new", "active", "running", 1, 130.0),
+                150.0,
+                Code(200),
             ),
             (
                 armed(),
@@ -584,6 +655,7 @@ mod tests {
             (Restore, "the new unit failed"),
             (Restore, "the new unit is crash-looping (2 restarts)"),
             (Restore, "the new unit is crash-looping (1 restart)"),
+            (Wait, "before the deadline"),
             (Wait, "before the deadline"),
             (Wait, "before the deadline"),
             (

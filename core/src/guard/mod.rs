@@ -198,6 +198,10 @@ pub struct Watch {
     pub restored_entered: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_restarts: Option<u32>,
+    /// When the guard kept the unit (at its deadline; 0 once the host booted since): a group's
+    /// rank started again after it is judged again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept_at: Option<f64>,
     /// Why the rollback began, and what the guard's restore did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
@@ -237,11 +241,20 @@ pub struct Settled {
     pub new_started: bool,
     #[serde(default)]
     pub change: Change,
+    /// The guard restored the unit itself (a rollback it took over, or its own).
+    #[serde(default)]
+    pub restored: bool,
 }
 
 impl Settled {
     pub fn parse(text: &str) -> Result<Settled, serde_json::Error> {
         serde_json::from_str(text)
+    }
+
+    /// Whether the guard restored the unit itself or settled it: a controller that took it over
+    /// and lost the host for longer than its lease restores no more (a second full load).
+    pub fn acted_itself(&self) -> bool {
+        self.restored || self.state.acted()
     }
 
     /// One line for status and plan, when the guard acted.
@@ -412,6 +425,7 @@ mod tests {
             armed_at: "t0".into(),
             new_started: false,
             change: Change::Restart,
+            restored: false,
         };
         let kept = settled(GuardState::Unconfirmed);
         assert!(kept

@@ -199,6 +199,25 @@ async fn return_all(
                 continue;
             }
             backs[i].reached = true;
+            // Tried before, while the host went away: its guard's lease may have run out
+            // meanwhile, and the guard restored the rank itself. Restoring it again would cost
+            // a second load (the group model found it): the rank is left to its guard.
+            if tried[i] {
+                let _renewed = guards[i].holds().await;
+                let unit = &ranks[i].job.t.desired.unit;
+                if let Ok(Some(read)) = guard::read(host, unit).await {
+                    if read.acted_itself() {
+                        let text = early(i) + &backs[i].path;
+                        backs[i].settled = Some(match guards[i].settled().await {
+                            Some(settled) => decide::guard_acted_first(&text, kind, &settled),
+                            None => Ending::rollback_failed(format!(
+                                "host needs attention: {text}; the host's guard restored it and has not settled"
+                            )),
+                        });
+                        continue;
+                    }
+                }
+            }
             // One of this run and the host's guard rolls back, never both: taking the guard
             // over tells which (the guard acted first if its lease ran out while the host was
             // out of reach), and leaves the guard to finish this rollback should this process
