@@ -77,6 +77,8 @@ struct Unit {
     values: Def,
     /// systemd's InvocationID, as a count of starts.
     invocation: u32,
+    /// When the file was last written (tick, event in it): its mtime.
+    written: (u32, u32),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -305,6 +307,7 @@ impl State {
             restarts: self.unit.restarts,
             entered: self.entered(),
             stale: self.unit.file != self.unit.loaded,
+            written: Some(self.written()),
         }
     }
 
@@ -332,6 +335,23 @@ impl State {
 
     fn daemon_reload(&mut self) {
         self.unit.loaded = self.unit.file;
+    }
+
+    /// The unit file replaced (an atomic rename: its mtime is now).
+    fn write_file(&mut self, def: Def) {
+        self.unit.file = def;
+        self.unit.written = (self.now, self.micro);
+        self.micro += 1;
+    }
+
+    /// The file's mtime on this boot's monotonic clock (0 for one written before the boot).
+    fn written(&self) -> f64 {
+        match self.unit.written {
+            (at, micro) if at >= self.boot_at => {
+                f64::from(BOOT_MONO + at - self.boot_at) + f64::from(micro) / 100.0
+            }
+            _ => 0.0,
+        }
     }
 
     /// Nothing will change any more but the clock: the controller is done or dead, the guard
@@ -436,7 +456,7 @@ impl Protocol {
         match verdict {
             Verdict::Wait => {}
             Verdict::PutBack => {
-                s.unit.file = Def::Previous;
+                s.write_file(Def::Previous);
                 s.daemon_reload();
                 g.put_back(&why, "put back", "t");
             }
@@ -460,7 +480,7 @@ impl Protocol {
                     s.healthy_restored = true;
                 }
                 g.begin_restore(&why, s.event());
-                s.unit.file = Def::Previous;
+                s.write_file(Def::Previous);
                 s.daemon_reload();
                 s.restart(false);
                 // A dead run's guard restores that run's change, not this run's.
@@ -488,7 +508,10 @@ impl Protocol {
                 // Written only under a guard that still holds: one that acted while the link
                 // was cut has put the previous file back, and would not watch the new one.
                 if self.guard_holds(s)? {
-                    s.unit.file = Def::New;
+                    // A file already the new one is not written again (install::write_unit).
+                    if s.unit.file != Def::New {
+                        s.write_file(Def::New);
+                    }
                     s.daemon_reload();
                     Went::Passed
                 } else {
@@ -501,7 +524,7 @@ impl Protocol {
                 // A renewal first (in this boot: a reboot's start is then the guard's to see),
                 // the previous file back (the server never restarted), then the guard disarmed.
                 self.guard_holds(s)?;
-                s.unit.file = Def::Previous;
+                s.write_file(Def::Previous);
                 s.daemon_reload();
                 let mut g = s.record()?;
                 g.disarm(s.ctl.run, "t").ok()?;
@@ -514,7 +537,7 @@ impl Protocol {
                     && s.ctl.wrote_early.is_none() =>
             {
                 s.ctl.wrote_early = Some(s.unit.file != Def::New);
-                s.unit.file = Def::New;
+                s.write_file(Def::New);
                 s.daemon_reload();
                 return Some(());
             }
@@ -635,7 +658,7 @@ impl Protocol {
                         return Some(());
                     }
                     s.ctl.restoring = true;
-                    s.unit.file = Def::Previous;
+                    s.write_file(Def::Previous);
                     s.daemon_reload();
                     s.restart(false);
                     s.controller_restores += 1;
@@ -670,7 +693,7 @@ impl Protocol {
                 self.guard_holds(s)?;
                 s.unit.values = Def::Previous;
                 s.unit.new_invocation = false;
-                s.unit.file = Def::Previous;
+                s.write_file(Def::Previous);
                 s.daemon_reload();
                 if s.ctl.verifying != Some(s.unit.invocation) || !s.healthy() {
                     Went::Failed
@@ -696,6 +719,7 @@ impl Protocol {
     fn guard_holds(&self, s: &mut State) -> Option<bool> {
         let mut g = s.record()?;
         Self::command(s, s.ctl.run, &mut g)?;
+        g.saw(&s.facts());
         let found = g.renew(s.ctl.run, s.host_mono()).ok()?;
         s.keep(&g);
         Some(found == GuardState::Armed)
@@ -730,6 +754,7 @@ impl Model for Protocol {
                         new_invocation: confirm,
                         values: if confirm { Def::New } else { Def::Previous },
                         invocation: 0,
+                        written: (0, 0),
                     },
                     ctl: Controller::new(self.kind, RUN),
                     // A confirm's unit was kept by the guard of a run that died.

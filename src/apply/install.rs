@@ -257,7 +257,12 @@ pub(super) async fn write_unit(job: &Job<'_>, fallback: &mut Fallback) -> Result
     if let (false, Some(record)) = (to_move.is_empty(), &fallback.layers.aside_record) {
         fallback.layers.aside = aside::move_aside(host, unit, record, to_move).await?;
     }
-    host.write_file(&path, &t.desired.text, "0644").await?;
+    // A file already the desired one (a run after a dead one that wrote it) is not written
+    // again: its mtime tells the guard which starts ran it (the model found a rewrite after a
+    // reboot's start make that start look older than the file).
+    if fallback.previous.as_deref() != Some(t.desired.text.as_str()) {
+        host.write_file(&path, &t.desired.text, "0644").await?;
+    }
     host.run_ok(&["systemctl", "daemon-reload"]).await?;
     if fallback.layers.was_disabled || fallback.layers.aside.is_some() || fallback.layers.beneath {
         // Installed but disabled, or the unit systemd ran came from elsewhere: the managed unit

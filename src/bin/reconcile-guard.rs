@@ -50,6 +50,11 @@ fn main() -> ExitCode {
             let t = now();
             let file = on_disk(g);
             g.command_in_boot(run, t, &boot_id(), file.as_deref())?;
+            // What runs, seen now rather than at the next poll: a controller about to put the
+            // file back reads whether the new unit started meanwhile.
+            if let Some(seen) = facts(g) {
+                g.saw(&seen);
+            }
             Ok(g.renew(run, t)?)
         })
         .map(Some),
@@ -246,7 +251,18 @@ fn facts(guard: &Record) -> Option<Facts> {
             .unwrap_or(0.0)
             / 1e6,
         stale: shown("NeedDaemonReload") == "yes",
+        written: written(&guard.unit_path),
     })
+}
+
+/// When `path` was last written (its mtime), on the monotonic clock [`now`] reads: how long ago,
+/// by the wall clock, taken from now. `None` when it cannot be read.
+fn written(path: &str) -> Option<f64> {
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    let ago = std::time::SystemTime::now()
+        .duration_since(modified)
+        .unwrap_or_default();
+    Some(now() - ago.as_secs_f64())
 }
 
 /// `/health`'s status code, or `None` when nothing answered in [`HEALTH_TIMEOUT`]. The URL is

@@ -27,6 +27,9 @@ pub struct Facts {
     pub entered: f64,
     /// systemd still runs an older definition than the file on disk (no `daemon-reload` yet).
     pub stale: bool,
+    /// When the unit file on disk was written (its mtime), on the same clock as `entered`: a
+    /// start before it ran the file before. `None`: unknown.
+    pub written: Option<f64>,
 }
 
 impl Facts {
@@ -116,7 +119,7 @@ pub fn judge(
                 );
             }
             // Only the new invocation counts: the old one's state and restarts say nothing of it.
-            let started = f.entered > w.armed_mono.unwrap_or(0.0);
+            let started = guard.started_new(f).unwrap_or(true);
             if started && f.active == "failed" {
                 return (Verdict::Restore, "the new unit failed".into());
             }
@@ -355,13 +358,21 @@ impl Record {
         }
     }
 
-    /// What the guard saw: a start of the unit after the arming is the new unit's, once and for
-    /// all (a run after a dead one reads it). Only a change that restarts starts anything.
+    /// What the guard saw: a start of the new file after the arming is the new unit's, once and
+    /// for all (a run after a dead one reads it). Only a change that restarts starts anything.
     pub fn saw(&mut self, f: &Facts) {
-        let w = &mut self.watch;
-        if self.change == Change::Restart && f.entered > w.armed_mono.unwrap_or(f64::INFINITY) {
-            w.new_started = true;
+        if self.change == Change::Restart && self.started_new(f) == Some(true) {
+            self.watch.new_started = true;
         }
+    }
+
+    /// Whether what runs began to start after the arming and after its file was written (`None`
+    /// before the arming). A start between the arming and the write ran the file before: a
+    /// group's rank restarted by its peer's reboot, say (the group model found it taken for the
+    /// new unit's start).
+    pub fn started_new(&self, f: &Facts) -> Option<bool> {
+        let armed = self.watch.armed_mono?;
+        Some(f.entered > f.written.map_or(armed, |w| w.max(armed)))
     }
 
     /// A controller's command reached the guard in the boot `boot_id`: the record's times are
@@ -539,6 +550,7 @@ mod tests {
             restarts,
             entered,
             stale: false,
+            written: None,
         }
     }
 

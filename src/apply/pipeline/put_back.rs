@@ -32,8 +32,23 @@ pub(super) async fn put_back(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Wen
     let _ = super::guards_hold(ranks, &c.armed).await;
     c.endings = Some(put_back_endings(ranks, why).await);
     // The files are back: the guards stand down. One that does not hear it finds the previous
-    // file in place once the lease is out, and puts back nothing new.
-    for a in &c.armed {
+    // file in place once the lease is out, and puts back nothing new. A rank whose server started
+    // the new file since the arming (a reboot, a peer's restart: the renewal above saw it) runs
+    // what its file no longer says: its guard, left armed, restores the previous unit (the group
+    // model found such a rank left on the new unit, unwatched).
+    for (i, a) in c.armed.iter().enumerate() {
+        let unit = &ranks[i].job.t.desired.unit;
+        let started = crate::apply::guard::read(ranks[i].job.host, unit)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|g| g.new_started);
+        if started {
+            ranks[i].report.report.notes.push(
+                "its server had started the new unit since the guard was armed (a reboot?): the host's guard, left armed, restores the previous unit once this run's lease runs out".into(),
+            );
+            continue;
+        }
         let _ = a.disarm().await;
     }
     Went::Passed
