@@ -19,33 +19,20 @@
 //! - G: at the end both ranks run the same unit: a group is never left half old, half new;
 //! - W: a new unit file is never on disk with no guard armed and no live controller.
 
-use reconcile_core::guard::{
-    judge, Change, Facts, GuardState, Record, Settled, Then, Verdict, Watch,
-};
+use reconcile_core::guard::{judge, Change, Facts, GuardState, Record, Settled, Verdict};
 use reconcile_core::transaction::{End, Kind, Step, Transaction, Went};
 use stateright::{Checker, Model, Property};
 
+mod model;
+use model::{on_clock, Def, DEADLINE, MARGIN, PREVIOUS_LOAD};
+
 const RANKS: usize = 2;
-/// Verification's (learned) load deadline, counted from the restart, in ticks.
-const DEADLINE: u32 = 3;
-/// The controller's lease after each renewal.
-const MARGIN: u32 = 2;
-/// The previous unit's group loads in this many ticks once its ranks met.
-const PREVIOUS_LOAD: u32 = 1;
 /// Crashes, cuts and reboots happen before this tick; after it, the actors settle.
 const FAULTS_UNTIL: u32 = 6;
 /// Every actor has settled by then (P5 and G are judged there): the lease, a guard's deadline,
 /// a restore and a peer's restore after it, and the previous group's load.
 const HORIZON: u32 = FAULTS_UNTIL + MARGIN + 3 * (DEADLINE + MARGIN) + PREVIOUS_LOAD + 2;
-/// A host's monotonic clock reads this at boot.
-const BOOT_MONO: u32 = 10;
 const RUN: &str = "run-1";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Def {
-    Previous,
-    New,
-}
 
 /// How the new unit's group behaves once both ranks started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -141,36 +128,14 @@ fn peer(r: usize) -> usize {
     1 - r
 }
 
+/// A rank's guard as apply arms it: broken at its first restart (src/apply/guard.rs).
 fn arming() -> Record {
-    Record {
-        format: 2,
-        state: GuardState::Armed,
-        unit: "qwen.service".into(),
-        unit_path: "/etc/systemd/system/qwen.service".into(),
-        new_sha256: "new".into(),
-        previous: Some("/var/lib/reconcile/qwen.service/generations/1.service".into()),
-        previous_sha256: Some("old".into()),
-        beneath: false,
-        disable: false,
-        then: Then::Restart,
-        aside: None,
-        health_url: "http://127.0.0.1:30000/health".into(),
-        // A rank is broken at its first restart (src/apply/guard.rs arms a group's so).
-        crash_loop_restarts: 1,
-        judge_after: f64::from(DEADLINE + MARGIN),
-        margin: f64::from(MARGIN),
-        armed_by: "ci@box pid 7".into(),
-        armed_at: "t0".into(),
-        run: RUN.into(),
-        replaces: false,
-        change: Change::Restart,
-        watch: Watch::default(),
-    }
+    model::arming(RUN, Change::Restart, 1)
 }
 
 impl State {
     fn host_mono(&self, r: usize) -> f64 {
-        f64::from(BOOT_MONO + self.now - self.ranks[r].boot_at) + f64::from(self.micro) / 100.0
+        on_clock((self.now, self.micro), self.ranks[r].boot_at)
     }
 
     /// An event on host `r`'s clock, after every earlier one.
@@ -183,10 +148,8 @@ impl State {
     fn entered(&self, r: usize) -> f64 {
         let rank = &self.ranks[r];
         match rank.running {
-            Some((_, at, micro)) if at >= rank.boot_at => {
-                f64::from(BOOT_MONO + at - rank.boot_at) + f64::from(micro) / 100.0
-            }
-            _ => 0.0,
+            Some((_, at, micro)) => on_clock((at, micro), rank.boot_at),
+            None => 0.0,
         }
     }
 
@@ -308,13 +271,7 @@ impl State {
 
     /// The file's mtime on its host's monotonic clock (0 for one written before the boot).
     fn written(&self, r: usize) -> f64 {
-        let rank = &self.ranks[r];
-        match rank.written {
-            (at, micro) if at >= rank.boot_at => {
-                f64::from(BOOT_MONO + at - rank.boot_at) + f64::from(micro) / 100.0
-            }
-            _ => 0.0,
-        }
+        on_clock(self.ranks[r].written, self.ranks[r].boot_at)
     }
 
     fn effective(&self, r: usize) -> Option<Def> {

@@ -18,31 +18,18 @@
 //! waits for it. Not yet: a 2-rank group, and a stop of the old server that outlasts the lease
 //! (apply renews the lease through its restart).
 
-use reconcile_core::guard::{
-    judge, Change, Facts, GuardState, Record, Settled, Then, Verdict, Watch,
-};
+use reconcile_core::guard::{judge, Change, Facts, GuardState, Record, Settled, Verdict};
 use reconcile_core::transaction::{End, Kind, Step, Transaction, Went};
 use stateright::{Checker, Model, Property};
 
-/// Verification's (learned) load deadline, counted from the restart, in ticks.
-const DEADLINE: u32 = 3;
-/// The controller's lease after each renewal.
-const MARGIN: u32 = 2;
-/// The previous unit loads in this many ticks.
-const PREVIOUS_LOAD: u32 = 1;
+mod model;
+use model::{on_clock, Def, DEADLINE, MARGIN, PREVIOUS_LOAD};
+
 /// Crashes, cuts and reboots happen before this tick; after it, the actors settle.
 const FAULTS_UNTIL: u32 = 7;
 /// The model's horizon: every actor has settled by then (P5 is judged there). After the last
 /// fault: the lease, the guard's deadline, a restore's load and its own deadline.
 const HORIZON: u32 = FAULTS_UNTIL + MARGIN + 2 * (DEADLINE + MARGIN) + PREVIOUS_LOAD + 2;
-/// The host's monotonic clock reads this at boot (it never starts at 0).
-const BOOT_MONO: u32 = 10;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-enum Def {
-    Previous,
-    New,
-}
 
 /// How the new unit's server behaves once started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -237,7 +224,7 @@ impl State {
     /// hundredth of a tick), so that a record written and a start in one tick are ordered as
     /// they happened.
     fn host_mono(&self) -> f64 {
-        f64::from(BOOT_MONO + self.now - self.boot_at) + f64::from(self.micro) / 100.0
+        on_clock((self.now, self.micro), self.boot_at)
     }
 
     /// The clock at an event on the host (a record written, a start), which comes after every
@@ -252,11 +239,8 @@ impl State {
     /// reads as 0 (systemd's timestamps are of this boot).
     fn entered(&self) -> f64 {
         match self.unit.running {
-            Some((_, at)) if at >= self.boot_at => {
-                f64::from(BOOT_MONO + at - self.boot_at)
-                    + f64::from(self.unit.entered_micro) / 100.0
-            }
-            _ => 0.0,
+            Some((_, at)) => on_clock((at, self.unit.entered_micro), self.boot_at),
+            None => 0.0,
         }
     }
 
@@ -346,12 +330,7 @@ impl State {
 
     /// The file's mtime on this boot's monotonic clock (0 for one written before the boot).
     fn written(&self) -> f64 {
-        match self.unit.written {
-            (at, micro) if at >= self.boot_at => {
-                f64::from(BOOT_MONO + at - self.boot_at) + f64::from(micro) / 100.0
-            }
-            _ => 0.0,
-        }
+        on_clock(self.unit.written, self.boot_at)
     }
 
     /// Nothing will change any more but the clock: the controller is done or dead, the guard
@@ -377,35 +356,14 @@ impl State {
     }
 }
 
+/// The guard's record as apply arms it for a change of `kind`.
 fn arming(kind: Kind, run: &str) -> Record {
-    Record {
-        format: 2,
-        state: GuardState::Armed,
-        unit: "qwen.service".into(),
-        unit_path: "/etc/systemd/system/qwen.service".into(),
-        new_sha256: "new".into(),
-        previous: Some("/var/lib/reconcile/qwen.service/generations/1.service".into()),
-        previous_sha256: Some("old".into()),
-        beneath: false,
-        disable: false,
-        then: Then::Restart,
-        aside: None,
-        health_url: "http://127.0.0.1:30000/health".into(),
-        crash_loop_restarts: 2,
-        // The guard judges by verification's own deadline, plus the margin.
-        judge_after: f64::from(DEADLINE + MARGIN),
-        margin: f64::from(MARGIN),
-        armed_by: "ci@box pid 7".into(),
-        armed_at: "t0".into(),
-        run: run.into(),
-        replaces: false,
-        change: if kind == Kind::Restart {
-            Change::Restart
-        } else {
-            Change::InPlace
-        },
-        watch: Watch::default(),
-    }
+    let change = if kind == Kind::Restart {
+        Change::Restart
+    } else {
+        Change::InPlace
+    };
+    model::arming(run, change, 2)
 }
 
 impl Protocol {
@@ -675,10 +633,16 @@ impl Protocol {
                 Went::Passed
             }
             Step::Live => {
-                // The running server told the change: it serves it from now.
+                // The running server told the change: it serves it from now. The guard hears
+                // that it is being told first, then that it took it (`telling`, the calls,
+                // `told`, within a second: one step here; the crash matrix cuts between them).
                 if s.unit.running.is_none() {
                     Went::Failed
                 } else {
+                    let mut g = s.record()?;
+                    g.telling(s.ctl.run).ok()?;
+                    g.told(s.ctl.run).ok()?;
+                    s.keep(&g);
                     s.unit.values = Def::New;
                     s.unit.new_invocation = true;
                     s.ctl.restarted_at = Some(s.now);
@@ -899,8 +863,10 @@ impl Model for Protocol {
                     }
                     _ => Kind::Restart,
                 };
-                // P6 judges the plan: a restart of the dead run's healthy start.
-                let new_start = s.unit.running.map(|(d, _)| d) == Some(Def::New)
+                // P6 judges the plan: a restart of the dead run's healthy start, or of a server
+                // that took its live change.
+                let new_start = (s.unit.running.map(|(d, _)| d) == Some(Def::New)
+                    || s.unit.values == Def::New)
                     && s.unit.new_invocation
                     && s.healthy();
                 s.needless_restart |= kind == Kind::Restart && new_start;
@@ -966,19 +932,15 @@ impl Model for Protocol {
                 let g = s.record();
                 let settled = g.as_ref().is_none_or(|g| !g.state.active());
                 let serving = s.healthy();
-                // Kept: `status` says unconfirmed while the file is the one kept (a live change
-                // kept may not have been taken: the next apply restarts it).
+                // Kept: `status` says unconfirmed while the file is the one kept, and what runs
+                // is the kept change (a live change the server never took goes back around it).
                 let kept = g
                     .as_ref()
                     .is_some_and(|g| g.state == GuardState::Unconfirmed)
                     && s.unit.file == Def::New;
-                let live_unseen = g
-                    .as_ref()
-                    .is_some_and(|g| g.change == Change::InPlace && !g.watch.new_started);
                 let told = match s.effective() {
                     Some(Def::New) if s.ctl.ended == Some(End::Converged) => true,
                     Some(Def::New) if kept => true,
-                    Some(Def::Previous) if kept && live_unseen => true,
                     Some(Def::Previous) => s.unit.file == Def::Previous,
                     _ => false,
                 };
@@ -1031,6 +993,16 @@ fn check(protocol: Protocol) -> usize {
     checker.unique_state_count()
 }
 
+/// How the checker's counterexample to `property` ends, for a `protocol` with a rule broken on
+/// purpose: its trace shows where.
+fn counterexample(protocol: Protocol, property: &'static str) -> State {
+    let checker = protocol.checker().spawn_bfs().join();
+    let trace = checker
+        .discovery(property)
+        .unwrap_or_else(|| panic!("the checker finds no counterexample to {property}"));
+    trace.last_state().clone()
+}
+
 /// One line of a state, for a counterexample's trace.
 fn brief(s: &State) -> String {
     format!(
@@ -1080,6 +1052,35 @@ fn a_live_change_holds_every_property_whatever_crashes_cuts_reboots_or_stale_run
     assert!(states > 1000, "the model explored only {states} states");
 }
 
+/// The guard before the crash matrix's live rows: a live change healthy at its deadline was
+/// kept, told to the server or not.
+fn judge_keeping_untold_live(g: &Record, f: &Facts, at: f64, healthy: bool) -> (Verdict, String) {
+    match core_judge(g, f, at, healthy) {
+        (Verdict::PutBack, why) if why.starts_with("the live change was never told") => (
+            Verdict::Keep,
+            "active and /health 200 at the deadline".into(),
+        ),
+        decided => decided,
+    }
+}
+
+#[test]
+fn keeping_a_live_change_never_told_leaves_the_new_file_over_the_old_values() {
+    // The checker finds the previous values kept under the new file.
+    let last = counterexample(
+        Protocol {
+            kind: Kind::Live,
+            behaviours: vec![Behaviour::Fast],
+            judge: judge_keeping_untold_live,
+            order: Order::ArmThenWrite,
+            confirms: core_confirms,
+        },
+        "P5 every ending serves a known unit",
+    );
+    assert_eq!(last.effective(), Some(Def::Previous));
+    assert_eq!(last.unit.file, Def::New);
+}
+
 /// The rule before the live change was modelled: any unit the guard kept was confirmed as it
 /// runs, a live change too, whose taking nobody saw.
 fn confirms_any_kept(g: &Settled) -> bool {
@@ -1093,20 +1094,18 @@ fn confirms_any_kept(g: &Settled) -> bool {
 
 #[test]
 fn confirming_a_kept_live_change_records_values_the_server_never_took() {
-    let checker = Protocol {
-        kind: Kind::Live,
-        behaviours: vec![Behaviour::Fast],
-        judge: core_judge,
-        order: Order::ArmThenWrite,
-        confirms: confirms_any_kept,
-    }
-    .checker()
-    .spawn_bfs()
-    .join();
-    let trace = checker
-        .discovery("P1 converged means the new unit runs")
-        .expect("the checker finds a live change confirmed that the server never took");
-    let last = trace.last_state();
+    // With the guard that kept untold changes: the confirm of any kept unit recorded them.
+    // The checker finds a live change confirmed that the server never took.
+    let last = counterexample(
+        Protocol {
+            kind: Kind::Live,
+            behaviours: vec![Behaviour::Fast],
+            judge: judge_keeping_untold_live,
+            order: Order::ArmThenWrite,
+            confirms: confirms_any_kept,
+        },
+        "P1 converged means the new unit runs",
+    );
     assert_eq!(last.ctl.tx.kind(), Kind::Confirm);
     assert_eq!(last.effective(), Some(Def::Previous));
 }
@@ -1128,20 +1127,17 @@ fn a_write_before_the_arming_leaves_the_new_file_unguarded_and_the_checker_says_
     // The order before this model: the controller that dies between its write and its arming
     // leaves the new file on disk with the old server running and nothing watching; a reboot
     // then starts it unverified.
-    let checker = Protocol {
-        kind: Kind::Restart,
-        behaviours: vec![Behaviour::Fast],
-        judge: core_judge,
-        order: Order::WriteThenArm,
-        confirms: core_confirms,
-    }
-    .checker()
-    .spawn_bfs()
-    .join();
-    let trace = checker
-        .discovery(WRITE_WINDOW)
-        .expect("the checker finds the window between the write and the arming");
-    let last = trace.last_state();
+    // The checker finds the window between the write and the arming.
+    let last = counterexample(
+        Protocol {
+            kind: Kind::Restart,
+            behaviours: vec![Behaviour::Fast],
+            judge: core_judge,
+            order: Order::WriteThenArm,
+            confirms: core_confirms,
+        },
+        WRITE_WINDOW,
+    );
     assert_eq!(last.unit.file, Def::New);
     assert!(last.guard.is_none() && !last.ctl.alive);
 }
@@ -1166,22 +1162,19 @@ fn judge_keeping_what_never_started(
 
 #[test]
 fn a_guard_broken_on_purpose_is_caught_with_its_trace() {
-    let checker = Protocol {
-        kind: Kind::Restart,
-        behaviours: vec![Behaviour::Fast],
-        judge: judge_keeping_what_never_started,
-        order: Order::ArmThenWrite,
-        confirms: core_confirms,
-    }
-    .checker()
-    .spawn_bfs()
-    .join();
-    let trace = checker
-        .discovery("P5 every ending serves a known unit")
-        .expect("the checker finds the old server kept as the new unit");
+    // The checker finds the old server kept as the new unit.
     // The trace ends with the guard's keep of a unit that never started: the previous server
     // runs under the new file, recorded by the guard as the new unit kept unconfirmed.
-    let last = trace.last_state();
+    let last = counterexample(
+        Protocol {
+            kind: Kind::Restart,
+            behaviours: vec![Behaviour::Fast],
+            judge: judge_keeping_what_never_started,
+            order: Order::ArmThenWrite,
+            confirms: core_confirms,
+        },
+        "P5 every ending serves a known unit",
+    );
     assert_eq!(last.unit.running.map(|(d, _)| d), Some(Def::Previous));
     assert_eq!(last.unit.file, Def::New);
     assert_eq!(

@@ -296,6 +296,17 @@ impl Armed<'_> {
         Ok(self.call("renew").await? == Some(GuardState::Armed))
     }
 
+    /// The running server is about to be told a live change (or told it back): until `told`, the
+    /// guard restarts the previous unit should this process die.
+    pub async fn telling(&self) -> Result<Option<GuardState>, RemoteError> {
+        self.call("telling").await
+    }
+
+    /// The running server took the live change: the guard counts it the server's from now.
+    pub async fn told(&self) -> Result<Option<GuardState>, RemoteError> {
+        self.call("told").await
+    }
+
     /// This process's rollback begins: the guard finishes it should this process die. Returns the
     /// state found: anything but `armed` means the guard acted first, and this rollback must not.
     pub async fn take(&self) -> Result<Option<GuardState>, RemoteError> {

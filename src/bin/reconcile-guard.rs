@@ -12,6 +12,9 @@
 //!   renew DIR RUN     the controller is alive: the lease pushed out by the margin
 //!   take DIR RUN      the controller begins its own rollback; the guard finishes it if the
 //!                     controller dies. Prints the state found
+//!   telling DIR RUN   the controller tells the running server a live change (or tells it
+//!                     back). Prints the state found
+//!   told DIR RUN      the running server took the live change. Prints the state found
 //!   disarm DIR RUN    the controller is done. Prints the state found
 //! A command of a run other than the one that armed the guard is refused (exit status 3).
 
@@ -40,7 +43,7 @@ fn main() -> ExitCode {
         [c, d] if c == "watch" => (c.as_str(), PathBuf::from(d), ""),
         [c, d, r] => (c.as_str(), PathBuf::from(d), r.as_str()),
         _ => {
-            eprintln!("usage: reconcile-guard watch DIR | renew|take|disarm DIR RUN");
+            eprintln!("usage: reconcile-guard watch DIR | renew|take|telling|told|disarm DIR RUN");
             return ExitCode::from(2);
         }
     };
@@ -66,6 +69,18 @@ fn main() -> ExitCode {
             // should the controller die, as the controller meant to.
             let restarts = facts(g).map(|f| f.restarts);
             Ok(g.take(run, t, restarts)?)
+        })
+        .map(Some),
+        "telling" => locked(&dir, |g| {
+            let file = on_disk(g);
+            g.command_in_boot(run, now(), &boot_id(), file.as_deref())?;
+            Ok(g.telling(run)?)
+        })
+        .map(Some),
+        "told" => locked(&dir, |g| {
+            let file = on_disk(g);
+            g.command_in_boot(run, now(), &boot_id(), file.as_deref())?;
+            Ok(g.told(run)?)
         })
         .map(Some),
         "disarm" => locked(&dir, |g| Ok(g.disarm(run, &utc())?)).map(Some),

@@ -144,7 +144,28 @@ pub fn judge(
             if at < w.judge_at {
                 return (Verdict::Wait, "before the deadline".into());
             }
+            // A live change nobody saw told whole (the controller tells the guard right after
+            // the server took it). Cut short in the telling (a value refused after the weights
+            // moved, a controller dead before it told the change back), the server may serve
+            // part of it: the previous unit is restarted, whole. Never begun: the server serves
+            // what it served, and its previous file goes back around it. (The crash matrix found
+            // both kept as the new unit, and the next apply restarting a server that had taken
+            // the change.)
+            let untold = guard.change == Change::InPlace && !w.new_started && !started;
+            if untold && w.telling {
+                return (
+                    Verdict::Restore,
+                    "the live change was cut short while the server was told it: what it serves is not known".into(),
+                );
+            }
             let code = health();
+            if f.active == "active" && code == Some(200) && untold {
+                return (
+                    Verdict::PutBack,
+                    "the live change was never told to the server (the controller stopped before it)"
+                        .into(),
+                );
+            }
             if f.active == "active" && code == Some(200) {
                 return (
                     Verdict::Keep,
@@ -390,6 +411,29 @@ impl Record {
         self.owned_by(run)?;
         self.start_watch(now, boot_id, on_disk);
         Ok(())
+    }
+
+    /// The controller told the running server the live change, and it took it: the change is
+    /// the server's from now, as a restart's start is (a run after a dead one confirms it as it
+    /// runs). Returns the state found.
+    pub fn told(&mut self, run: &str) -> Result<GuardState, OtherRun> {
+        self.owned_by(run)?;
+        if self.state.active() && self.change == Change::InPlace {
+            self.watch.new_started = true;
+        }
+        Ok(self.state)
+    }
+
+    /// The controller is about to tell the running server a live change, or to tell it back:
+    /// until it says the server took it whole, the guard does not know what the server serves.
+    /// Returns the state found.
+    pub fn telling(&mut self, run: &str) -> Result<GuardState, OtherRun> {
+        self.owned_by(run)?;
+        if self.state.active() && self.change == Change::InPlace {
+            self.watch.telling = true;
+            self.watch.new_started = false;
+        }
+        Ok(self.state)
     }
 
     /// The controller is alive: the lease pushed out by the margin. Returns the state found.
@@ -833,10 +877,36 @@ mod tests {
                 Unasked,
             ),
             (
-                live,
+                live.clone(),
                 facts("new", "active", "running", 0, 90.0),
                 200.0,
                 Code(200),
+            ),
+            // Told, and the guard heard it: the running server's change, kept as a start is.
+            (
+                Record {
+                    watch: Watch {
+                        new_started: true,
+                        ..live.watch.clone()
+                    },
+                    ..live.clone()
+                },
+                facts("new", "active", "running", 0, 90.0),
+                200.0,
+                Code(200),
+            ),
+            // Cut short in the telling: restarted whole, healthy or not.
+            (
+                Record {
+                    watch: Watch {
+                        telling: true,
+                        ..live.watch.clone()
+                    },
+                    ..live
+                },
+                facts("new", "active", "running", 0, 90.0),
+                200.0,
+                Unasked,
             ),
         ];
         let expected = [
@@ -867,8 +937,16 @@ mod tests {
             ),
             (Wait, "before the deadline"),
             (
+                PutBack,
+                "the live change was never told to the server (the controller stopped before it)",
+            ),
+            (
                 Keep,
                 "active and /health 200 at the deadline, but no apply confirmed it",
+            ),
+            (
+                Restore,
+                "the live change was cut short while the server was told it: what it serves is not known",
             ),
         ];
         assert_judged(cases, &expected);

@@ -188,6 +188,10 @@ pub struct Watch {
     /// one reads it to verify that start as it runs rather than restart it again.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub new_started: bool,
+    /// The controller began telling the running server a live change (or telling it back): until
+    /// it says the server took it whole (`new_started`), what the server serves is not known.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub telling: bool,
     /// The guard restored the previous unit itself.
     #[serde(default)]
     pub restored: bool,

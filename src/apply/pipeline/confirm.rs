@@ -19,7 +19,22 @@ use crate::verify::Verification;
 /// guard stays armed to judge what runs now.
 pub(super) async fn confirm(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_>) -> Went {
     if let Some(ending) = started_again(ranks).await {
-        c.endings = Some(vec![ending; ranks.len()]);
+        // Started again by the guard's own rollback (its lease ran out behind a cut link after
+        // verification passed): reported as that rollback, not as a start to be judged.
+        let mut endings = Vec::new();
+        for r in ranks.iter() {
+            let acted = guard::read(r.job.host, &r.job.t.desired.unit)
+                .await
+                .ok()
+                .flatten()
+                .map(|g| g.state);
+            endings.push(
+                guard_acted(r, acted)
+                    .await
+                    .unwrap_or_else(|| ending.clone()),
+            );
+        }
+        c.endings = Some(endings);
         return Went::Failed;
     }
     let verified = std::mem::take(&mut c.verified);

@@ -29,9 +29,22 @@ pub(super) async fn live(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
         c.failed = Some((vec![cause], Vec::new()));
         return Went::Failed;
     }
+    // The guard first hears that the server is being told: should this process die before the
+    // server took the change whole, it restarts the previous unit rather than keep a server
+    // that may serve part of it.
+    for a in &c.armed {
+        let _ = a.telling().await;
+    }
     let guards: Vec<&Armed<'_>> = c.armed.iter().collect();
     match guard::leased_all(&guards, tell_live(&mut ranks[0])).await {
-        Ok(()) => Went::Passed,
+        Ok(()) => {
+            // The guard hears it at once: a kept change it heard of is the server's (the next
+            // apply confirms it as it runs); one it did not goes back around the server.
+            for a in &c.armed {
+                let _ = a.told().await;
+            }
+            Went::Passed
+        }
         Err(e) => {
             let cause = Cause {
                 rank: 0,
@@ -51,6 +64,11 @@ pub(super) async fn live_back(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> We
     // A renewal first, whatever it answers: after a reboot it brings the guard's record into the
     // new boot before the previous file goes back (see `put_back`).
     let _ = super::guards_hold(ranks, &c.armed).await;
+    // Told back from here: should this process die before it is done, the guard restarts the
+    // previous unit.
+    for a in &c.armed {
+        let _ = a.telling().await;
+    }
     let guards: Vec<&Armed<'_>> = c.armed.iter().collect();
     match guard::leased_all(&guards, undo_live(&mut ranks[0])).await {
         Ok((told, v)) => {
