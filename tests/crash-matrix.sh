@@ -4,8 +4,10 @@
 # host, a link cut past the guard's deadline). Prints the table that docs/guarantees.md shows;
 # fails if any cell leaves a host on a unit it cannot tell, or `status` or the next apply says
 # otherwise. Boots the test hosts (and tears them down) unless RECONCILE_LAB names a lab up.
-# Needs root. About 15 minutes on 2 cores: six cells at a time, one host each.
-# CRASH_CHANGES=Live,LiveRefused (the `Change` names in crash.rs) runs those rows alone.
+# Needs root. Six hosts, a cell on one at a time (a server group's on two): all 93 cells in
+# about 19 minutes on 2 cores.
+# CRASH_CHANGES=Live,LiveRefused (the `Change` names in crash.rs) runs those rows alone, and
+# CRASH_FAULTS=Cut (`Fault`) those faults' cells.
 set -euo pipefail
 if [ "$(id -u)" != 0 ]; then
   command -v sudo >/dev/null || { echo "tests/crash-matrix.sh: needs root (the test hosts are containers)" >&2; exit 1; }

@@ -359,20 +359,23 @@ impl Armed<'_> {
 
 /// Runs `work` while renewing the lease of every guard (a server's ranks, each with its own), so
 /// they stay put as long as this process works. A renewal that fails (a cut link) is let go: that
-/// guard acts once its lease is out.
+/// guard acts once its lease is out. Each guard is renewed on its own: a renewal that hangs on
+/// one host's cut link never delays another's (the crash matrix found a group's rank 0 restored
+/// by its guard, its lease run out while the renewals waited on rank 1's cut link, and then
+/// restored again by this run).
 pub async fn leased_all<F: Future>(guards: &[&Armed<'_>], work: F) -> F::Output {
-    let Some(margin) = guards.iter().map(|g| g.margin).min() else {
+    if guards.is_empty() {
         return work.await;
-    };
-    let renewing = async {
+    }
+    let renewing = futures::future::join_all(guards.iter().map(|g| async move {
         loop {
-            tokio::time::sleep(guard::renew_every(margin)).await;
-            futures::future::join_all(guards.iter().map(|g| g.call("renew"))).await;
+            tokio::time::sleep(guard::renew_every(g.margin)).await;
+            let _ = g.call("renew").await;
         }
-    };
+    }));
     tokio::select! {
         out = work => out,
-        _ = renewing => unreachable!("the renewal loop never ends"),
+        _ = renewing => unreachable!("the renewal loops never end"),
     }
 }
 
@@ -427,6 +430,39 @@ mod tests {
         };
         let armed = arm(&job, back, &t.verify, change).await;
         (armed.map(|_| ()), host)
+    }
+
+    /// A guard on `host` with a four-second margin, as the crash matrix arms them.
+    fn armed_on(host: &FakeHost) -> Armed<'_> {
+        Armed {
+            host,
+            unit: "s.service".into(),
+            dir: unit_dir("s.service"),
+            program: "/usr/local/lib/reconcile/reconcile-guard".into(),
+            run: "ci@box pid 7 at 1".into(),
+            margin: Duration::from_secs(4),
+            settle_within: Duration::from_secs(30),
+            guard_unit: "reconcile-guard-s.service".into(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_guard_is_renewed_on_its_own_while_another_hosts_renewal_hangs() {
+        let here = FakeHost::new("gpu-a").on(&[], Reply::ok("rolling_back\n"));
+        let cut = FakeHost::new("gpu-b").on(&[], Reply::Stall);
+        let (kept, lost) = (armed_on(&here), armed_on(&cut));
+        let work = tokio::time::sleep(Duration::from_secs(60));
+        leased_all(&[&kept, &lost], work).await;
+        let renewals = |host: &FakeHost| {
+            host.commands()
+                .iter()
+                .filter(|c| c.get(1).map(String::as_str) == Some("renew"))
+                .count()
+        };
+        // Every second (a quarter of the margin) for a minute on the host that answers, though
+        // each renewal on the cut host waits its whole limit out.
+        assert!(renewals(&here) >= 59, "{}", renewals(&here));
+        assert!(renewals(&cut) < renewals(&here), "{}", renewals(&cut));
     }
 
     /// A confirm armed over `prior`.

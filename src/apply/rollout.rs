@@ -85,10 +85,6 @@ pub async fn roll_out(
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
-    let applied: Applied = targets
-        .iter()
-        .map(|t| ((t.host.clone(), t.desired.unit.clone()), t.clone()))
-        .collect();
     let all = targets.clone();
     // A server group's ranks are one server: applied together, group after group, once the
     // replicas' rollout is done (`pipeline::apply_group`).
@@ -158,7 +154,7 @@ pub async fn roll_out(
                 }
             }
             Step::RollBackConverged { why } => {
-                rollback_all(&mut reports, &why, &applied, ssh, options).await
+                rollback_all(&mut reports, &why, &all, ssh, options).await
             }
             Step::Done => break,
         }
@@ -259,15 +255,12 @@ fn failed(outcome: Outcome) -> bool {
     )
 }
 
-/// Each unit's target, by host and unit, for undoing it once the rollout has moved on.
-type Applied = std::collections::HashMap<(String, String), Target>;
-
 /// `--rollback-all`: puts the previous unit back on every host this rollout changed, each through
 /// apply's own transaction (`undo::undo`).
 async fn rollback_all(
     reports: &mut [UnitReport],
     why: &str,
-    applied: &Applied,
+    all: &[Target],
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) {
@@ -276,7 +269,9 @@ async fn rollback_all(
         .iter_mut()
         .filter(|r| matches!(r.outcome, Outcome::Converged | Outcome::Reloaded))
         .filter_map(|r| {
-            let t = applied.get(&(r.host.clone(), r.unit.clone()))?;
+            let t = all
+                .iter()
+                .find(|t| t.host == r.host && t.desired.unit == r.unit)?;
             Some((r.host.clone(), (r, t)))
         })
         .collect();

@@ -19,6 +19,9 @@ pub enum Reply {
     /// The command did not answer within its limit: [`RemoteError::TimedOut`] at once, without
     /// waiting the limit out.
     Hang,
+    /// The command waits its limit out, then times out: a host behind a cut link, on tokio's
+    /// clock (a paused test clock runs through it).
+    Stall,
     /// The connection broke under the command: it fails as a transport error, and so does every
     /// command after it until a `reconnect`.
     Disconnect,
@@ -210,6 +213,14 @@ impl Host for FakeHost {
                 command: command_name(argv),
                 after: limit,
             }),
+            Reply::Stall => {
+                tokio::time::sleep(limit).await;
+                Err(RemoteError::TimedOut {
+                    host: self.name.clone(),
+                    command: command_name(argv),
+                    after: limit,
+                })
+            }
             Reply::Disconnect => {
                 self.disconnect();
                 Err(self.broken(label(argv)))

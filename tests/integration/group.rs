@@ -18,7 +18,17 @@ fn group(
     nodes: &[(&str, Option<&str>)],
     rank1_env: &[(&str, &str)],
 ) -> Manifest {
-    let gpu = (port - 37501) / 2;
+    group_on_gpu(service, port, nodes, rank1_env, (port - 37501) / 2)
+}
+
+/// [`group`] on GPU `gpu` of each rank's host: for hosts of another lease (crash.rs's).
+pub fn group_on_gpu(
+    service: &str,
+    port: u16,
+    nodes: &[(&str, Option<&str>)],
+    rank1_env: &[(&str, &str)],
+    gpu: u16,
+) -> Manifest {
     let base = Manifest::new(service)
         .description(format!("test server group {service}"))
         .without("hosts");

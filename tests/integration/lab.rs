@@ -257,11 +257,12 @@ pub const GUARD: Lease = Lease {
     gpus: 0..12,
 };
 /// The crash matrix (crash.rs): each cell reboots its host or cuts its link, so it has one to
-/// itself; `tests/run.sh` boots these six for it.
+/// itself (a group's cell two); `tests/run.sh` boots these six for it. A group's ranks meet at
+/// the port above the server's.
 pub const CRASH: Lease = Lease {
     user: "crash.rs",
     hosts: &["rl36", "rl37", "rl38", "rl39", "rl40", "rl41"],
-    ports: 37801..37802,
+    ports: 37801..37803,
     gpus: 0..2,
 };
 pub const GROUP: [&str; 2] = [GROUP_LEASE.hosts[0], GROUP_LEASE.hosts[1]];

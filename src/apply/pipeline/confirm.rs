@@ -23,16 +23,13 @@ pub(super) async fn confirm(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<
         // verification passed): reported as that rollback, not as a start to be judged.
         let mut endings = Vec::new();
         for r in ranks.iter() {
-            let acted = guard::read(r.job.host, &r.job.t.desired.unit)
+            // One read: what the guard did, and its own words for it.
+            let guard = guard::read(r.job.host, &r.job.t.desired.unit)
                 .await
                 .ok()
-                .flatten()
-                .map(|g| g.state);
-            endings.push(
-                guard_acted(r, acted)
-                    .await
-                    .unwrap_or_else(|| ending.clone()),
-            );
+                .flatten();
+            let acted = guard.as_ref().and_then(rolled_back_first);
+            endings.push(acted.unwrap_or_else(|| ending.clone()));
         }
         c.endings = Some(endings);
         return Went::Failed;
@@ -145,12 +142,30 @@ pub(super) async fn guard_acted(r: &Rank<'_>, acted: Option<GuardState>) -> Opti
         .await
         .ok()
         .flatten();
-    let cause = ApplyErrorKind::Unreachable;
     Some(match settled {
-        Some(settled) => decide::guard_acted_first(decide::CONFIRMED_TOO_LATE, cause, &settled),
+        Some(settled) => decide::guard_acted_first(
+            decide::CONFIRMED_TOO_LATE,
+            ApplyErrorKind::Unreachable,
+            &settled,
+        ),
         None => Ending::rollback_failed(format!(
             "host needs attention: {}; its record could not be read",
             decide::CONFIRMED_TOO_LATE
         )),
+    })
+}
+
+/// The ending of a rank whose guard, as read, rolled it back first; `None` when it did not.
+fn rolled_back_first(guard: &reconcile_core::guard::Settled) -> Option<Ending> {
+    matches!(
+        guard.state,
+        GuardState::RolledBack | GuardState::RollbackFailed
+    )
+    .then(|| {
+        decide::guard_acted_first(
+            decide::CONFIRMED_TOO_LATE,
+            ApplyErrorKind::Unreachable,
+            guard,
+        )
     })
 }

@@ -43,6 +43,10 @@ struct Back {
     /// Stopping it before the restore failed.
     stop_failed: Option<String>,
     reached: bool,
+    /// Its guard restored it, and this run does not again; a group's restore starts it with the
+    /// other ranks (a rank 0 stopped gracefully ends its followers, and systemd does not start a
+    /// process that exited 0).
+    left_to_guard: bool,
 }
 
 /// Step 6: every rank's guard taken over, every previous unit put back and started in order,
@@ -203,19 +207,11 @@ async fn return_all(
             // meanwhile, and the guard restored the rank itself. Restoring it again would cost
             // a second load (the group model found it): the rank is left to its guard.
             if tried[i] {
-                let _renewed = guards[i].holds().await;
-                let unit = &ranks[i].job.t.desired.unit;
-                if let Ok(Some(read)) = guard::read(host, unit).await {
-                    if read.acted_itself() {
-                        let text = early(i) + &backs[i].path;
-                        backs[i].settled = Some(match guards[i].settled().await {
-                            Some(settled) => decide::guard_acted_first(&text, kind, &settled),
-                            None => Ending::rollback_failed(format!(
-                                "host needs attention: {text}; the host's guard restored it and has not settled"
-                            )),
-                        });
-                        continue;
-                    }
+                let text = early(i) + &backs[i].path;
+                if let Some(ending) = acted_meanwhile(&ranks[i], guards[i], &text, kind).await {
+                    backs[i].settled = Some(ending);
+                    backs[i].left_to_guard = true;
+                    continue;
                 }
             }
             // One of this run and the host's guard rolls back, never both: taking the guard
@@ -250,7 +246,10 @@ async fn return_all(
                 };
                 if found != GuardState::Armed {
                     backs[i].settled = Some(match guards[i].settled().await {
-                        Some(settled) => decide::guard_acted_first(&text, kind, &settled),
+                        Some(settled) => {
+                            backs[i].left_to_guard = settled.acted_itself();
+                            decide::guard_acted_first(&text, kind, &settled)
+                        }
                         None => Ending::rollback_failed(format!(
                             "host needs attention: {text}; the host's guard is rolling back ({})",
                             found.name()
@@ -262,6 +261,20 @@ async fn return_all(
             tried[i] = true;
             go.push(i);
         }
+        // A rank taken over above may have waited while another host was reached: its guard's
+        // lease may have run out meanwhile, and the guard restored it itself.
+        let mut taken = Vec::new();
+        for i in go {
+            let text = early(i) + &backs[i].path;
+            match acted_meanwhile(&ranks[i], guards[i], &text, kind).await {
+                Some(ending) => {
+                    backs[i].settled = Some(ending);
+                    backs[i].left_to_guard = true;
+                }
+                None => taken.push(i),
+            }
+        }
+        let go = taken;
         if go.is_empty() {
             continue;
         }
@@ -283,6 +296,31 @@ async fn return_all(
             return;
         }
     }
+}
+
+/// Rank `r`'s ending when its guard restored it itself since this run took it over (its lease ran
+/// out while this run could not renew it): this run restores it not again, a second load.
+/// `None`: the guard still leaves the rollback to this run (the renewal keeps it so).
+async fn acted_meanwhile(
+    r: &Rank<'_>,
+    guard: &Armed<'_>,
+    text: &str,
+    kind: crate::apply::error::ApplyErrorKind,
+) -> Option<Ending> {
+    let _renewed = guard.holds().await;
+    let read = guard::read(r.job.host, &r.job.t.desired.unit)
+        .await
+        .ok()
+        .flatten()?;
+    if !read.acted_itself() {
+        return None;
+    }
+    Some(match guard.settled().await {
+        Some(settled) => decide::guard_acted_first(text, kind, &settled),
+        None => Ending::rollback_failed(format!(
+            "host needs attention: {text}; the host's guard restored it and has not settled"
+        )),
+    })
 }
 
 /// Waits for `host` to be reachable and not shutting down, within `until`; notes on `path`
@@ -349,16 +387,35 @@ async fn restore_ranks(
     backs: &mut [Back],
 ) -> Vec<(usize, Result<Restored, NotRestored>)> {
     let n = ranks.len();
+    // The ranks whose guards restored them (reached, settled): a group meets only when every
+    // rank starts with it, so they stop and start with the ranks restored here, their files as
+    // their guards left them. Not restored again.
+    let with_group: Vec<usize> = (0..n)
+        .filter(|i| !which.contains(i) && backs[*i].left_to_guard && backs[*i].reached)
+        .collect();
     if n > 1 {
-        for (i, e) in stop_ranks(ranks, which).await {
+        let stopping: Vec<usize> = which.iter().chain(&with_group).copied().collect();
+        for (i, e) in stop_ranks(ranks, &stopping).await {
             backs[i].stop_failed = Some(e);
         }
     }
     let restores: Vec<_> = ranks.iter().map(|r| r.fallback.restore(&r.job)).collect();
     let mut results: Vec<Option<Result<Restored, NotRestored>>> = (0..n).map(|_| None).collect();
-    for i in start_order(n).into_iter().filter(|i| which.contains(i)) {
-        if let Err(e) = restore(&restores[i]).await {
-            results[i] = Some(Err(NotRestored::Restore(error_chain(&e))));
+    for i in start_order(n) {
+        if which.contains(&i) {
+            if let Err(e) = restore(&restores[i]).await {
+                results[i] = Some(Err(NotRestored::Restore(error_chain(&e))));
+            }
+        } else if with_group.contains(&i) {
+            let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);
+            // One that does not start leaves its group unmet: the verification below says so.
+            if let Err(e) = host.run_ok(&["systemctl", "start", "--", unit]).await {
+                tracing::warn!(
+                    rank = i,
+                    "starting the rank with its group: {}",
+                    error_chain(&e)
+                );
+            }
         }
     }
     let never = CancellationToken::new();
