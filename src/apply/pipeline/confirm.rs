@@ -143,11 +143,7 @@ pub(super) async fn guard_acted(r: &Rank<'_>, acted: Option<GuardState>) -> Opti
         .ok()
         .flatten();
     Some(match settled {
-        Some(settled) => decide::guard_acted_first(
-            decide::CONFIRMED_TOO_LATE,
-            ApplyErrorKind::Unreachable,
-            &settled,
-        ),
+        Some(settled) => acted_first(&settled),
         None => Ending::rollback_failed(format!(
             "host needs attention: {}; its record could not be read",
             decide::CONFIRMED_TOO_LATE
@@ -161,11 +157,14 @@ fn rolled_back_first(guard: &reconcile_core::guard::Settled) -> Option<Ending> {
         guard.state,
         GuardState::RolledBack | GuardState::RollbackFailed
     )
-    .then(|| {
-        decide::guard_acted_first(
-            decide::CONFIRMED_TOO_LATE,
-            ApplyErrorKind::Unreachable,
-            guard,
-        )
-    })
+    .then(|| acted_first(guard))
+}
+
+/// What a confirm says of a rank whose guard acted before it: verified, but the guard's.
+fn acted_first(guard: &reconcile_core::guard::Settled) -> Ending {
+    decide::guard_acted_first(
+        decide::CONFIRMED_TOO_LATE,
+        ApplyErrorKind::Unreachable,
+        guard,
+    )
 }

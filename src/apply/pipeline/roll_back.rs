@@ -203,17 +203,6 @@ async fn return_all(
                 continue;
             }
             backs[i].reached = true;
-            // Tried before, while the host went away: its guard's lease may have run out
-            // meanwhile, and the guard restored the rank itself. Restoring it again would cost
-            // a second load (the group model found it): the rank is left to its guard.
-            if tried[i] {
-                let text = early(i) + &backs[i].path;
-                if let Some(ending) = acted_meanwhile(&ranks[i], guards[i], &text, kind).await {
-                    backs[i].settled = Some(ending);
-                    backs[i].left_to_guard = true;
-                    continue;
-                }
-            }
             // One of this run and the host's guard rolls back, never both: taking the guard
             // over tells which (the guard acted first if its lease ran out while the host was
             // out of reach), and leaves the guard to finish this rollback should this process
@@ -261,8 +250,10 @@ async fn return_all(
             tried[i] = true;
             go.push(i);
         }
-        // A rank taken over above may have waited while another host was reached: its guard's
-        // lease may have run out meanwhile, and the guard restored it itself.
+        // A rank taken over (here, or tried before while its host went away) may have waited
+        // while another host was reached: its guard's lease may have run out meanwhile, and the
+        // guard restored the rank itself. Restoring it again would cost a second load (the
+        // models and the crash matrix found it): the rank is left to its guard.
         let mut taken = Vec::new();
         for i in go {
             let text = early(i) + &backs[i].path;
@@ -314,6 +305,9 @@ async fn acted_meanwhile(
         .flatten()?;
     if !read.acted_itself() {
         return None;
+    }
+    if !read.state.active() {
+        return Some(decide::guard_acted_first(text, kind, &read));
     }
     Some(match guard.settled().await {
         Some(settled) => decide::guard_acted_first(text, kind, &settled),
