@@ -216,12 +216,18 @@ mod tests {
 
     /// The units a fake host's deep check ran for, by their `--port` (the check's last
     /// argument): every command after the survey is one.
+    /// The `--port` of each unit the deep check asked about, read from the check's stdin.
     fn deep_checked(fake: &FakeHost) -> Vec<String> {
-        let commands = fake.commands();
-        assert!(commands.len() > 1, "{commands:?}");
-        commands[1..]
+        let inputs = fake.inputs();
+        assert!(inputs.len() > 1, "{:?}", fake.commands());
+        inputs[1..]
             .iter()
-            .map(|c| c[c.len() - 1].clone())
+            .map(|input| {
+                let ask: serde_json::Value = serde_json::from_slice(input).unwrap();
+                let args = ask["args"].as_array().unwrap();
+                let port = args.iter().position(|a| a == "--port").unwrap();
+                args[port + 1].as_str().unwrap().to_string()
+            })
             .collect()
     }
 

@@ -58,3 +58,49 @@ pub async fn each_host<I, T>(
 pub fn no_span(_: &str) -> tracing::Span {
     tracing::Span::none()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::{Limits, Stream};
+
+    #[tokio::test]
+    async fn a_host_that_floods_its_answer_fails_alone() {
+        let ssh = SshOptions {
+            limits: Limits {
+                stdout: 64 << 10,
+                ..Limits::default()
+            },
+            ..SshOptions::default()
+        };
+        // Two turns on this machine: the first answers without end, the second as a host should.
+        let hosts = [
+            ("local".to_string(), "exec yes flood"),
+            ("local".to_string(), "echo fine"),
+        ];
+        let results = each_host(
+            hosts,
+            &ssh,
+            2,
+            no_span,
+            async |host: &dyn Host, _: &Visit<'_>, script: &str| {
+                host.run(&["sh", "-c", script]).await.map(|out| out.stdout)
+            },
+            |_, _, e| Err(e),
+        )
+        .await;
+        assert!(
+            matches!(
+                &results[0],
+                Err(RemoteError::TooLarge {
+                    stream: Stream::Stdout,
+                    limit: 65536,
+                    ..
+                })
+            ),
+            "{:?}",
+            results[0]
+        );
+        assert_eq!(results[1].as_deref().unwrap(), "fine\n");
+    }
+}

@@ -52,6 +52,10 @@ pub enum RouterError {
         what: String,
         within: Duration,
     },
+    /// Defence in depth behind the manifest check (`router.url`): a token is sent over plain
+    /// HTTP only to loopback or through the `via` forward.
+    #[error("router {router}: {token} would cross the network in plain HTTP: set `via` (an SSH forward to the router) or use a loopback URL")]
+    KeyInClear { router: String, token: &'static str },
 }
 
 /// One router, connected: an HTTP client to its base URL, through the SSH forward it holds.
@@ -63,6 +67,8 @@ pub struct Router {
     client: reqwest::Client,
     base: String,
     key: Option<String>,
+    /// `base` is plain HTTP to another machine (no `via`): no token goes there.
+    in_clear: bool,
     /// The connection carrying the port forward; closed with the router.
     _via: Option<Box<dyn Host>>,
     /// Held from deciding to take a replica out until the router no longer lists it, so that
@@ -86,7 +92,14 @@ impl Router {
                 (format!("http://{}", socket(&address, port)), Some(host))
             }
         };
+        let in_clear = via.is_none() && reconcile_core::manifest::in_clear_off_host(&base);
         let key = admin_key(spec, via.as_deref()).await?;
+        if in_clear && key.is_some() {
+            return Err(RouterError::KeyInClear {
+                router: spec.url.clone(),
+                token: "the admin key",
+            });
+        }
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(3))
             .no_proxy()
@@ -101,6 +114,7 @@ impl Router {
             client,
             base,
             key,
+            in_clear,
             _via: via,
             taking_out: tokio::sync::Mutex::new(()),
         })
@@ -129,7 +143,16 @@ impl Router {
             .await
             .map_err(|e| self.fail(request, e.without_url().to_string()))?;
         let status = response.status();
-        let body = response.text().await.unwrap_or_default();
+        // A body that could not be read is as good as empty here (the status says what
+        // happened); one past the bound is a router gone wrong.
+        let body =
+            match remote::http::read_body(response, "the answer", remote::http::BODY_LIMIT).await {
+                Ok(body) => body,
+                Err(e @ remote::http::BodyError::TooLarge { .. }) => {
+                    return Err(self.fail(request, e.to_string()))
+                }
+                Err(remote::http::BodyError::Read { .. }) => String::new(),
+            };
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
             return Err(self.fail(
                 request,
@@ -166,6 +189,12 @@ impl Router {
     /// Registers the worker at `url`; `api_key` is the worker's own `--api-key`, which a worker
     /// added at run time does not inherit from the router (METADATA, "Router and Worker API Keys").
     async fn add(&self, url: &str, api_key: Option<&str>) -> Result<(), RouterError> {
+        if self.in_clear && api_key.is_some() {
+            return Err(RouterError::KeyInClear {
+                router: self.url.clone(),
+                token: "the worker's --api-key",
+            });
+        }
         let mut body = serde_json::json!({ "url": url });
         if let Some(key) = api_key {
             body["api_key"] = serde_json::Value::String(key.to_string());
@@ -354,5 +383,60 @@ mod tests {
         );
         assert_eq!(authority("http://router/x"), ("router".into(), 80));
         assert_eq!(authority("http://[fd00::1]:8080"), ("fd00::1".into(), 8080));
+    }
+
+    fn spec(url: &str, admin_key: Option<AdminKey>) -> RouterSpec {
+        RouterSpec {
+            url: url.into(),
+            via: None,
+            admin_key,
+            workers: Default::default(),
+            min_available: 1,
+            drain_timeout: RouterSpec::DRAIN_TIMEOUT,
+            healthy_timeout: RouterSpec::HEALTHY_TIMEOUT,
+        }
+    }
+
+    #[tokio::test]
+    async fn no_token_goes_to_a_router_over_plain_http_on_another_machine() {
+        const VAR: &str = "RECONCILE_TEST_ROUTER_KEY_IN_CLEAR";
+        // No other test reads this variable.
+        std::env::set_var(VAR, "admin-secret");
+        let ssh = SshOptions::default();
+        let key = Some(AdminKey::Env(VAR.into()));
+        let refused = Router::connect(&spec("http://10.0.0.9:30000", key.clone()), &ssh).await;
+        let e = refused.err().expect("refused");
+        assert!(
+            matches!(
+                e,
+                RouterError::KeyInClear {
+                    token: "the admin key",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(!e.to_string().contains("admin-secret"), "{e}");
+        // To loopback the admin key goes; nothing is sent until a request is made.
+        assert!(Router::connect(&spec("http://127.0.0.1:30000", key), &ssh)
+            .await
+            .is_ok());
+        // Without an admin key the router is reached, but a worker's own key is not sent to it.
+        let router = Router::connect(&spec("http://10.0.0.9:30000", None), &ssh)
+            .await
+            .unwrap();
+        let e = router
+            .add("http://10.0.0.19:30000", Some("sk-worker"))
+            .await;
+        assert!(
+            matches!(
+                e,
+                Err(RouterError::KeyInClear {
+                    token: "the worker's --api-key",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
     }
 }

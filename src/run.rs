@@ -519,7 +519,7 @@ async fn import(args: ImportArgs, reach: &Reach) -> Result<ExitCode, Error> {
         None => print!("{}", imported.yaml),
     }
     for note in &imported.notes {
-        eprintln!("note: {note}");
+        eprintln!("note: {}", reconcile_core::terminal::escape_controls(note));
     }
     for (var, what) in &imported.exports {
         eprintln!("export {var}: the manifest reads {what} from it (the value is in the unit on {}, never in the manifest)", args.host);
@@ -664,20 +664,23 @@ fn load_reporting(
 }
 
 pub fn report_error(e: &Error) {
+    // An error can carry a host's words (an import's unit, the coordinator's answer): shown, not
+    // acted on by the terminal.
+    let shown = reconcile_core::terminal::escape_controls;
     match e {
         Error::Manifests(errors) => {
             for error in &errors.0 {
-                eprintln!("error: {}", remote::error_chain(error));
+                eprintln!("error: {}", shown(&remote::error_chain(error)));
             }
             eprintln!("{e}; no host was contacted");
         }
         Error::Import(crate::import::Error::Inexpressible { errors, .. }) => {
             for error in &errors.errors {
-                eprintln!("error: {error}");
+                eprintln!("error: {}", shown(&error.to_string()));
             }
             eprintln!("{e}; nothing was written");
         }
-        other => eprintln!("error: {}", remote::error_chain(other)),
+        other => eprintln!("error: {}", shown(&remote::error_chain(other))),
     }
 }
 

@@ -40,6 +40,7 @@ pub mod sglang;
 pub mod stage;
 pub mod survey;
 pub mod targets;
+pub mod terminal;
 pub mod transaction;
 pub mod unit;
 pub mod verify;

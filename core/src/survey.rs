@@ -333,6 +333,9 @@ pub fn python(s: &Section) -> Result<Python, Fault> {
         // The version is the last line: the survey's Python prints the weights it checked first.
         0 => Python::Sglang(last_line(&s.stdout)),
         100 => Python::NotExecutable,
+        _ if crate::preflight::owners::untrusted(s.status, &s.stderr) => {
+            Python::Untrusted(crate::preflight::owners::writable(&s.stderr))
+        }
         _ if s.stderr.contains("PackageNotFoundError") => Python::NoSglang,
         status => Python::Failed(format!("exited with {status}: {}", last_line(&s.stderr))),
     })

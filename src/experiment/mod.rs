@@ -322,7 +322,7 @@ async fn run_on(
             "variant {} {}: {} in {:.1}s (experiment's own {:.2}s)",
             v.name,
             report.outcome_text(),
-            result.detail,
+            reconcile_core::terminal::escape_controls(&result.detail),
             result.seconds,
             result.overhead()
         );

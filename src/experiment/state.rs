@@ -51,7 +51,7 @@ pub async fn write(host: &dyn Host, unit: &str, digest: &str, report: &Report) {
         eprintln!(
             "warning: the experiment's progress could not be kept on {} ({}): --resume will not find it",
             host.name(),
-            error_chain(&e)
+            reconcile_core::terminal::escape_controls(&error_chain(&e))
         );
     }
 }

@@ -2,8 +2,9 @@
 # arguments and its model's config the way `python -m sglang.launch_server` would before it loads
 # any weights; no scheduler starts, no port is bound, and the GPUs (the running server's) are hidden.
 #
-# argv: the unit's arguments after `-m sglang.launch_server`. stdin: JSON {"env": the unit's
-# Environment=, "cwd": its working directory}. The answer is the last stdout line,
+# stdin: JSON {"args": the unit's arguments after `-m sglang.launch_server`, "env": its
+# Environment=, "cwd": its working directory}. It runs as the unit's User=, in its sandbox
+# (`systemd-run`, gather.rs deep_argv). The answer is the last stdout line,
 # `#reconcile-deep {"verdict": ..., ...}` (see reconcile_core::preflight::read_deep):
 #   accepted    every check that could run passed;
 #   refused     SGLang refused: "stage" (arguments, resolve, model-config, chat-template), "flag"
@@ -46,22 +47,33 @@ import os
 import sys
 import traceback
 
-# The unit's environment as systemd would give it, at the process's start: the dynamic loader
-# reads LD_LIBRARY_PATH only then, so the script runs itself again with it (sys.orig_argv, Python
-# 3.10+), its values never on a command line.
-if os.environ.get("RECONCILE_DEEP_CWD") is None:
-    ask = json.loads(sys.stdin.read() or "{}")
-    env = dict(os.environ, **(ask.get("env") or {}))
-    env["RECONCILE_DEEP_CWD"] = ask.get("cwd") or "/"
+# The ask on stdin: the unit's arguments ("args"), environment ("env") and working directory
+# ("cwd"), never on a command line, where every local user could read a secret among them. The
+# environment is the unit's as systemd would give it, at the process's start: the dynamic loader
+# reads LD_LIBRARY_PATH only then, so the script runs itself again with it (sys.orig_argv,
+# Python 3.10+), the ask handed over in its environment, which only its own user can read.
+if "RECONCILE_DEEP_ASK" not in os.environ:
+    text = sys.stdin.read() or "{}"
+    ask = json.loads(text)
     if ask.get("env") and getattr(sys, "orig_argv", None) and sys.executable:
-        os.execve(sys.executable, sys.orig_argv, env)
-    os.environ.update(env)
+        os.execve(sys.executable, sys.orig_argv, dict(os.environ, **ask["env"], RECONCILE_DEEP_ASK=text))
+else:
+    ask = json.loads(os.environ.pop("RECONCILE_DEEP_ASK"))
+os.environ.update(ask.get("env") or {})
 try:
-    os.chdir(os.environ["RECONCILE_DEEP_CWD"])
+    os.chdir(ask.get("cwd") or "/")
 except OSError:
     pass
-argv = sys.argv[1:]
+argv = list(ask.get("args") or [])
 unchecked = []
+# Isolated (`python -I`), the check sees no current folder and no PYTHONPATH. The server, run as
+# its own user, sees both (`python -m` puts its working directory first): so does the check, run
+# as that user. Run as root, it imports only what root owns, and says what it left out.
+unit_path = (ask.get("env") or {}).get("PYTHONPATH") or ""
+if os.getuid() != 0:
+    sys.path[0:0] = [os.getcwd()] + [p for p in unit_path.split(os.pathsep) if p]
+elif unit_path:
+    unchecked.append("PYTHONPATH: the check ran as root, which imports only what root owns")
 
 
 class Tee:

@@ -3,7 +3,10 @@
 //! of a shell string.
 
 use super::kept::{self, deep_input, Kept};
-use super::scripts::{ACCESS, DEEP_SCRIPT, LISTENERS, PYTHON, VERSION_SCRIPT, WEIGHTS_SCRIPT};
+use super::scripts::{
+    ACCESS, DEEP_RUNNER, DEEP_SCRIPT, INTERPRETER, LISTENERS, PYTHON, VERSION_SCRIPT,
+    WEIGHTS_SCRIPT,
+};
 use super::survey::Survey;
 use super::{
     judge, read_deep, Access, Deep, DeepWhen, Facts, Finding, Gpus, Port, Python, WeightsCheck,
@@ -12,6 +15,7 @@ use crate::observed::UnitState;
 use crate::plan::Verdict;
 use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
+use reconcile_core::preflight::owners;
 use reconcile_core::survey as answer;
 
 /// Preflight for a plan: the unit is observed and its SGLang version read at the same time, over
@@ -30,16 +34,19 @@ pub async fn check_with<T>(
     verdict: impl Fn(&T) -> Verdict,
 ) -> Result<(T, Vec<Finding>, Option<String>), RemoteError> {
     let want = super::Want::of(t);
-    let (observed, python) = tokio::try_join!(observe, sglang_version(host, &want.python))?;
+    let (observed, (python, writable)) =
+        tokio::try_join!(observe, python_and_owners(host, &want.python))?;
     let version = installed(&python);
     let verdict = verdict(&observed);
+    let owners = owners::judge_owners(&t.desired.model, &want.python, &writable);
     if verdict == Verdict::NoChange {
-        return Ok((observed, super::judge_unchanged(t, &python), version));
+        let findings = super::judge_unchanged(t, &python);
+        return Ok((observed, [findings, owners].concat(), version));
     }
     let mut facts = host_facts(host, t, deep_for(deep, verdict), python).await?;
     facts.main_pid = state_of(&observed).main_pid;
     facts.weights = weights_for(host, t, verdict, None).await?;
-    Ok((observed, judge(t, &facts), version))
+    Ok((observed, [judge(t, &facts), owners].concat(), version))
 }
 
 /// What preflight found for one unit: its findings, the SGLang version installed for its Python
@@ -73,9 +80,14 @@ pub async fn check_surveyed(
     deep: DeepWhen,
 ) -> Result<Checked, RemoteError> {
     let python = survey.python(t)?;
+    let owners = owners::judge_owners(
+        &t.desired.model,
+        &super::Want::of(t).python,
+        &survey.writable(t),
+    );
     if verdict == Verdict::NoChange {
         return Ok(Checked {
-            findings: super::judge_unchanged(t, &python),
+            findings: [super::judge_unchanged(t, &python), owners].concat(),
             sglang: installed(&python),
             weights: None,
         });
@@ -89,7 +101,9 @@ pub async fn check_surveyed(
     let mut facts = with_deep(host, t, deep, python, checked, kept).await?;
     facts.main_pid = state.main_pid;
     facts.weights = weights_for(host, t, verdict, survey.weights(t)).await?;
-    Ok(Checked::of(t, facts))
+    let mut checked = Checked::of(t, facts);
+    checked.findings.extend(owners);
+    Ok(checked)
 }
 
 /// The check of the model's weights for a unit planned as `verdict`: only where the change starts
@@ -112,7 +126,10 @@ async fn weights_for(
         "-c",
         PYTHON,
         "sh",
+        INTERPRETER,
         &want.python,
+        "-I",
+        "-S",
         "-c",
         WEIGHTS_SCRIPT,
         &want.model_path,
@@ -209,9 +226,37 @@ async fn with_deep(
     })
 }
 
+/// The SGLang version, with what the trust check found writable by others on the way.
+async fn python_and_owners(
+    host: &dyn Host,
+    python: &str,
+) -> Result<(Python, Vec<owners::Writable>), RemoteError> {
+    let mut writable = Vec::new();
+    let python = read_one(host, &version_argv(python), |s| {
+        writable = owners::writable(&s.stderr);
+        answer::python(s)
+    })
+    .await?;
+    Ok((python, writable))
+}
+
+fn version_argv(python: &str) -> [&str; 10] {
+    [
+        "sh",
+        "-c",
+        PYTHON,
+        "sh",
+        INTERPRETER,
+        python,
+        "-I",
+        "-S",
+        "-c",
+        VERSION_SCRIPT,
+    ]
+}
+
 async fn sglang_version(host: &dyn Host, python: &str) -> Result<Python, RemoteError> {
-    let argv = ["sh", "-c", PYTHON, "sh", python, "-c", VERSION_SCRIPT];
-    read_one(host, &argv, answer::python).await
+    read_one(host, &version_argv(python), answer::python).await
 }
 
 async fn access(host: &dyn Host, path: &str) -> Result<Access, RemoteError> {
@@ -293,9 +338,9 @@ async fn deep_check(
     let python = super::Want::of(t).python;
     let input = deep_input(t);
     let kept = Kept::of(t);
-    let argv = deep_argv(&kept, version, &python, &t.desired.model.exec_start);
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let limit = when.limit();
+    let argv = deep_argv(&kept, version, &python, &t.desired.model, limit);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let out = match host.run_within(&argv, Some(input.as_bytes()), limit).await {
         Ok(out) => out,
         Err(RemoteError::TimedOut { .. }) if when == DeepWhen::Restarts => {
@@ -351,26 +396,38 @@ fn answered(stdout: &str) -> bool {
 const DEEP_NAME: &str = "deep check";
 
 /// The deep check's command: the lookup of a verdict kept for SGLang `version`
-/// ([`kept::lookup_script`]), then the unit's Python running [`DEEP_SCRIPT`] with the unit's
-/// arguments (ExecStart is `<python> -m sglang.launch_server <args>`), each its own argument. The
+/// ([`kept::lookup_script`]), then the unit's Python running [`DEEP_SCRIPT`] isolated (`-I`), as
+/// the unit's user in its sandbox ([`DEEP_RUNNER`]), within `limit`. Its arguments, environment
+/// and working directory travel on stdin ([`deep_input`]): never a secret on a command line. The
 /// wrapper's first line names it for traces.
-fn deep_argv(kept: &Kept, version: &str, python: &str, exec_start: &[String]) -> Vec<String> {
-    let args = reconcile_core::flags::server_args(exec_start);
+fn deep_argv(
+    kept: &Kept,
+    version: &str,
+    python: &str,
+    unit: &reconcile_core::unit::UnitModel,
+    limit: std::time::Duration,
+) -> Vec<String> {
+    let properties = owners::sandbox_properties(unit, limit.as_secs() + 5).join("\n");
     let wrapper = deep_wrapper(&kept::kept_dir());
-    let mut argv: Vec<String> = ["sh", "-c", &wrapper, "sh"]
+    ["sh", "-c", &wrapper, "sh"]
         .into_iter()
         .chain(kept.lookup_args(version))
-        .chain([python, "-c", DEEP_SCRIPT])
+        .chain([
+            owners::deep_gate(unit),
+            &properties,
+            python,
+            "-I",
+            "-c",
+            DEEP_SCRIPT,
+        ])
         .map(str::to_string)
-        .collect();
-    argv.extend(args.iter().cloned());
-    argv
+        .collect()
 }
 
 /// The deep check's shell: a kept verdict looked up in `kept_dir`, else the check run.
 fn deep_wrapper(kept_dir: &str) -> String {
     format!(
-        "# {DEEP_NAME}: the unit's SGLang checks its arguments and model config\n{}{PYTHON}",
+        "# {DEEP_NAME}: the unit's SGLang checks its arguments and model config\n{}{DEEP_RUNNER}",
         kept::lookup_script(kept_dir)
     )
 }
@@ -649,7 +706,6 @@ class TemplateManager:
         let args: Vec<String> = args.iter().map(|a| a.replace("$ROOT", root)).collect();
         let mut child = Command::new("python3")
             .args(["-c", super::DEEP_SCRIPT])
-            .args(&args)
             .env("PYTHONPATH", dir.path())
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .stdin(std::process::Stdio::piped())
@@ -657,7 +713,7 @@ class TemplateManager:
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("python3 runs (the tests need it, as the hosts do)");
-        let input = input.replace("$ROOT", root);
+        let input = with_args(&input.replace("$ROOT", root), &args);
         child
             .stdin
             .take()
@@ -677,6 +733,14 @@ class TemplateManager:
     use super::Deep;
 
     const NO_ENV: &str = r#"{"env": {}, "cwd": "/"}"#;
+
+    /// The deep script's stdin: `input` with the unit's arguments.
+    fn with_args(input: &str, args: &[impl AsRef<str>]) -> String {
+        let mut ask: serde_json::Value = serde_json::from_str(input).unwrap();
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        ask["args"] = serde_json::json!(args);
+        ask.to_string()
+    }
 
     #[test]
     fn the_deep_script_checks_the_model_config_when_resolution_needs_a_gpu() {
@@ -776,7 +840,6 @@ class TemplateManager:
         let run = |args: &[&str]| {
             let mut child = Command::new("python3")
                 .args(["-c", super::DEEP_SCRIPT])
-                .args(args)
                 .env("PYTHONPATH", &here)
                 .env("PYTHONDONTWRITEBYTECODE", "1")
                 .stdin(std::process::Stdio::piped())
@@ -789,7 +852,7 @@ class TemplateManager:
                 .stdin
                 .take()
                 .unwrap()
-                .write_all(NO_ENV.as_bytes())
+                .write_all(with_args(NO_ENV, args).as_bytes())
                 .unwrap();
             let out = child.wait_with_output().unwrap();
             super::read_deep(
@@ -824,8 +887,8 @@ class TemplateManager:
     }
 
     #[test]
-    fn the_deep_check_reads_the_units_environment_on_stdin_never_its_argv() {
-        let text = "service: s\nhosts: [h]\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: /models/m\n  port: 30000\nenv: { HF_TOKEN: hf_secret }\nsystemd: { WorkingDirectory: -/srv/s }\n";
+    fn the_deep_check_reads_the_units_arguments_and_environment_on_stdin_never_its_argv() {
+        let text = "service: s\nhosts: [h]\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: /models/m\n  port: 30000\n  flags: { api-key: sk_secret }\nenv: { HF_TOKEN: hf_secret }\nsystemd: { WorkingDirectory: -/srv/s, User: svc, ProtectHome: read-only }\n";
         let m = crate::manifest::parse("m.yaml", text).unwrap();
         let t = crate::targets::targets(&[m], &Default::default())
             .unwrap()
@@ -833,17 +896,28 @@ class TemplateManager:
         let input: serde_json::Value = serde_json::from_str(&super::deep_input(&t)).unwrap();
         assert_eq!(
             input,
-            serde_json::json!({"env": {"HF_TOKEN": "hf_secret"}, "cwd": "/srv/s"})
+            serde_json::json!({
+                "args": ["--model-path", "/models/m", "--api-key", "sk_secret", "--port", "30000"],
+                "env": {"HF_TOKEN": "hf_secret"},
+                "cwd": "/srv/s",
+            })
         );
         let python = "/venv/bin/python3";
         let kept = super::Kept::of(&t);
-        let argv = super::deep_argv(&kept, "0.5.23", python, &t.desired.model.exec_start);
-        assert!(!argv.iter().any(|a| a.contains("hf_secret")));
+        let limit = std::time::Duration::from_secs(60);
+        let argv = super::deep_argv(&kept, "0.5.23", python, &t.desired.model, limit);
+        assert!(!argv.iter().any(|a| a.contains("_secret")), "{argv:?}");
         assert_eq!(
             argv[5..10],
-            ["/models/m", "/models/m", "", "0.5.23", "/venv/bin/python3"]
+            ["/models/m", "/models/m", "", "0.5.23", ""],
+            "the lookup's arguments, then no gate: the check runs as the unit's user"
         );
-        assert_eq!(argv[12..], ["--model-path", "/models/m", "--port", "30000"]);
+        assert_eq!(
+            argv[10],
+            "ProtectHome=read-only\nUser=svc\nWorkingDirectory=-/srv/s\nRuntimeMaxSec=65"
+        );
+        assert_eq!(argv[11..14], ["/venv/bin/python3", "-I", "-c"]);
+        assert_eq!(argv.len(), 15, "{argv:?}");
         // `# name: ...` names a script in traces (`remote::command_name`).
         assert!(argv[2].starts_with("# deep check: "), "{}", argv[2]);
     }

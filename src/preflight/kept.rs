@@ -110,7 +110,8 @@ impl Kept {
 /// relative paths resolve as the server's will.
 pub(super) fn deep_input(t: &Target) -> String {
     let cwd = working_directory(t);
-    serde_json::json!({ "env": t.desired.model.env, "cwd": cwd }).to_string()
+    let args = reconcile_core::flags::server_args(&t.desired.model.exec_start);
+    serde_json::json!({ "args": args, "env": t.desired.model.env, "cwd": cwd }).to_string()
 }
 
 /// Where the server starts: an absolute `WorkingDirectory=` (a `-` prefix only makes it optional),

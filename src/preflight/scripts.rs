@@ -25,6 +25,54 @@ def seen(path):
 macro_rules! sglang_version_fn {
     () => {
         r#"import os, sys
+# `python -I -S`: no site.py ran, so no `.pth` file ran its code as root. The folders site.py
+# would have added, found as it finds them: the venv's (a `pyvenv.cfg` beside or above the
+# interpreter), the base's where the venv includes them, and the paths `.pth` files list (their
+# `import` lines are code, and skipped).
+def add_site_folders():
+    import site
+    exe = os.path.dirname(os.path.abspath(os.environ.get("RECONCILE_PYTHON") or sys.executable))
+    # A venv's own folder, as the venv module lays it out on every distribution (a distribution's
+    # site.py, Debian's, names its own layout for a prefix it takes for the system's).
+    dirs = site.getsitepackages([sys.prefix])
+    for cfg in (os.path.join(exe, "pyvenv.cfg"), os.path.join(os.path.dirname(exe), "pyvenv.cfg")):
+        if os.path.isfile(cfg):
+            include = False
+            try:
+                with open(cfg) as f:
+                    for line in f:
+                        key, _, value = line.partition("=")
+                        if key.strip().lower() == "include-system-site-packages":
+                            include = value.strip().lower() == "true"
+            except OSError:
+                pass
+            venv = os.path.dirname(cfg)
+            version = "python%d.%d" % sys.version_info[:2]
+            dirs = [os.path.join(venv, lib, version, "site-packages") for lib in ("lib", "lib64")]
+            dirs += site.getsitepackages([sys.base_prefix]) if include else []
+            break
+    for d in dirs:
+        if not os.path.isdir(d) or d in sys.path:
+            continue
+        sys.path.append(d)
+        try:
+            pth = sorted(n for n in os.listdir(d) if n.endswith(".pth"))
+        except OSError:
+            continue
+        for name in pth:
+            try:
+                with open(os.path.join(d, name), encoding="utf-8") as f:
+                    for line in f:
+                        line = line.rstrip()
+                        if not line or line.startswith('#') or line.startswith(("import ", "import\t")):
+                            continue
+                        path = os.path.join(d, line)
+                        if os.path.isdir(path) and path not in sys.path:
+                            sys.path.append(path)
+            except (OSError, UnicodeDecodeError):
+                pass
+if sys.flags.no_site:
+    add_site_folders()
 def sglang_version():
     for d in sys.path:
         seen(d or ".")
@@ -62,22 +110,110 @@ pub(super) const VERSION_SCRIPT: &str = concat!(
     "print(sglang_version())\n"
 );
 
-/// Runs the Python only when it is an executable file, so a missing one is told apart from one
-/// that fails (status 100).
-macro_rules! python_runner {
+/// Root runs only what root owns. Before a Python starts, the paths that decide what it runs are
+/// checked by the shell, `stat` and `find`, never by a Python: the file the interpreter resolves
+/// to, every folder above it (one could swap the file) and its standard library (scope
+/// `interpreter`: what `python -I -S` imports), and the interpreter's own path (a venv's link),
+/// its site folders, a venv's `pyvenv.cfg`, every package and the folders `.pth` files add (scope
+/// `site`: what the server and importing SGLang run). Each path another user can write is a line
+/// `#reconcile-writable <scope> <uid> <mode> <path>` on stderr, 20 at most a folder
+/// (`reconcile_core::preflight::owners::writable` reads them). Folders are searched two levels
+/// deep (`site-packages/sglang/__init__.py`): a user's `pip install` owns the package's folder,
+/// and a file deeper changed alone took root already. The whole of a GPU venv (~70,000 files) is
+/// 0.6 s a plan; two levels, 40 ms. A folder with the sticky bit (`/tmp`) lets
+/// no one replace what is not theirs, so it passes. Run as root, a hit in a scope of `$1` keeps
+/// the Python from starting: status 102.
+macro_rules! trust_fn {
     () => {
-        "test -f \"$1\" && test -x \"$1\" || exit 100; p=$1; shift; exec \"$p\" \"$@\""
+        r##"trust() {
+  gate=$1 p=$2
+  r=$(readlink -f -- "$p") || r=$p
+  v=${r##*/}; case $v in python3.*) ;; *) v='python3.*' ;; esac
+  base=${r%/*}; base=${base%/*} venv=${p%/*}; venv=${venv%/*}
+  out=$(
+    above() {
+      s=$1 f=$2; set --
+      while :; do set -- "$@" "$f"; [ "$f" = / ] && break; f=${f%/*}; f=${f:-/}; done
+      stat -c '%u %f %n' -- "$@" 2>/dev/null | while read -r u f x; do
+        m=$((0x$f)); [ $((m & 61440)) = 40960 ] && m=0
+        if [ "$u" != 0 ] || { [ $((m & 18)) != 0 ] && [ $((m & 512)) = 0 ]; }; then
+          printf '#reconcile-writable %s %s %o %s\n' "$s" "$u" $((m & 4095)) "$x"
+        fi
+      done
+    }
+    above interpreter "$r"
+    [ "$p" = "$r" ] || above site "$p"
+    under() {
+      s=$1; shift
+      for d in "$@"; do
+        [ -e "$d" ] && find -H "$d" -xdev -maxdepth 2 ! -type l \( ! -uid 0 -o \( -perm /022 ! -perm -1000 \) \) \
+          -printf "#reconcile-writable $s %U %m %p\n" 2>/dev/null | head -n 20
+      done
+    }
+    under interpreter "$base"/lib/$v
+    set --
+    [ -f "$venv/pyvenv.cfg" ] && set -- "$venv/pyvenv.cfg" "$venv"/lib/python3*/site-packages
+    set -- "$@" "$base"/local/lib/$v/dist-packages "$base"/lib/python3/dist-packages "$base"/lib/$v/site-packages
+    for d in "$@"; do
+      for pth in "$d"/*.pth; do
+        [ -f "$pth" ] && while IFS= read -r l; do case $l in /*) set -- "$@" "$l" ;; esac; done <"$pth"
+      done
+    done
+    under site "$@"
+  )
+  [ -n "$out" ] && printf '%s\n' "$out" >&2
+  [ "$(id -u)" = 0 ] || return 0
+  for s in $gate; do case $out in *"#reconcile-writable $s "*) exit 102 ;; esac; done
+}
+"##
     };
 }
-pub(super) const PYTHON: &str = python_runner!();
+
+/// Runs the Python only when it is an executable file, so a missing one is told apart from one
+/// that fails (status 100), and only when root may run it ([`trust_fn`]: `$1` names the scopes
+/// that keep it from starting). It starts the file the path resolves to, root's, not a venv's
+/// link another user could point elsewhere: the script finds the venv from `RECONCILE_PYTHON`.
+/// Every Python reconcile starts runs isolated (`-I`, given by the caller): no current folder, no
+/// user site, no `PYTHON*` variables of the session.
+macro_rules! python_checked {
+    () => {
+        "g=$1; shift; test -f \"$1\" && test -x \"$1\" || exit 100; p=$1; shift\ntrust \"$g\" \"$p\"\n"
+    };
+}
+macro_rules! python_started {
+    () => {
+        "export RECONCILE_PYTHON=\"$p\"\nexec \"$r\" \"$@\""
+    };
+}
+pub(super) const PYTHON: &str = concat!(trust_fn!(), python_checked!(), python_started!());
+
+/// The scopes that keep reconcile's own Pythons (`-I -S`: the version, the weights, the survey)
+/// from starting as root: the interpreter's file and standard library are all they run.
+pub(super) const INTERPRETER: &str = "interpreter";
+
+/// The deep check's runner: as [`PYTHON`], started by `systemd-run` as a transient service with
+/// the unit's own user and sandbox (`$2`, a property a line), so that SGLang's code runs as the
+/// server will, with its permissions and folders, and never as root unless the server runs as
+/// root. The unit's environment travels on stdin, never in a property.
+pub(super) const DEEP_RUNNER: &str = concat!(
+    trust_fn!(),
+    r#"g=$1 props=$2; shift 2; test -f "$1" && test -x "$1" || exit 100; p=$1; shift
+trust "$g" "$p"
+set -f; IFS='
+'
+exec systemd-run --quiet --pipe --wait --collect --service-type=exec $(for x in $props; do printf -- '-p\n%s\n' "$x"; done) -- "$p" "$@""#
+);
 
 /// The survey's runner of its Python: the answer the host kept for it (`keep_fn`: `$1`, read
 /// when `$2` is 1) while the environment line (`$3`) and every file and folder it read are as they
 /// were, in one `stat` where a Python start costs ~20 ms of a host's CPU; else [`PYTHON`] with the
-/// arguments after these three. A kept answer read says so on stderr.
+/// arguments after these three. The trust check runs first either way, so that a plan says what
+/// it found whether or not the Python starts. A kept answer read says so on stderr.
 pub(super) const KEPT_OR_PYTHON: &str = concat!(
-    r##"kf=$1 reuse=$2 kenv=$3; shift 3
-kept() {
+    trust_fn!(),
+    "kf=$1 reuse=$2 kenv=$3; shift 3\n",
+    python_checked!(),
+    r##"kept() {
   [ "$reuse" = 1 ] && [ -f "$kf" ] || return 1
   at=0 want= answer=
   set --
@@ -98,7 +234,7 @@ kept() {
 }
 kept && exit 0
 "##,
-    python_runner!(),
+    python_started!(),
 );
 
 /// 0: readable, 100: missing, 101: there but unreadable.

@@ -19,6 +19,7 @@
 
 use std::time::Duration;
 
+use reconcile_core::preflight::owners;
 use reconcile_core::survey::{self, Fault, Sections};
 
 use super::{Access, DeepWhen, Gpus, Port, Python, Want, WeightsCheck};
@@ -119,7 +120,7 @@ while [ "$j" -lt "$np" ]; do
   if [ -n "$kf" ] && [ -s "$d/weights.$j" ]; then
     w=$(sha256sum <"$d/weights.$j") && kf=$kf-${w%% *} || kf=
   fi
-  part "python.$j" sh -c "$py" sh "$kf" "$reuse" "$kenv" "$p" -c "$spy" "$d/weights.$j" "$kf" "$p" "$kenv"
+  part "python.$j" sh -c "$py" sh "$kf" "$reuse" "$kenv" interpreter "$p" -I -S -c "$spy" "$d/weights.$j" "$kf" "$p" "$kenv"
   j=$((j + 1))
 done
 [ "$changed" = 1 ] && part gpus nvidia-smi -L
@@ -396,6 +397,15 @@ impl Survey {
         self.read(&format!("python.{j}"), survey::python)
     }
 
+    /// What the trust check found writable by others among what the target's Python runs.
+    pub fn writable(&self, t: &Target) -> Vec<owners::Writable> {
+        let python = Want::of(t).python;
+        let j = self.pythons.iter().position(|p| *p == python);
+        j.and_then(|j| self.sections.get(&format!("python.{j}")).ok())
+            .map(|s| owners::writable(&s.stderr))
+            .unwrap_or_default()
+    }
+
     /// The checks a change needs (model path, GPUs, port); `None` when they were skipped (the
     /// unit on the host was the rendered one).
     pub fn checks(&self, t: &Target) -> Option<Result<(Access, Gpus, Port), RemoteError>> {
@@ -523,6 +533,31 @@ pub(crate) mod tests {
         let mut sh = Command::new("sh");
         sh.args(["-c", SCRIPT, "sh"]).env("PATH", path);
         sh
+    }
+
+    /// A venv as `python3 -m venv` lays it out, its interpreter this machine's `/usr/bin/python3`
+    /// (root's), and its site folder, where a test puts SGLang's dist-info.
+    pub(super) fn venv(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+        let venv = dir.join("venv");
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::fs::write(
+            venv.join("pyvenv.cfg"),
+            "home = /usr/bin\ninclude-system-site-packages = false\n",
+        )
+        .unwrap();
+        let python = venv.join("bin/python3");
+        std::os::unix::fs::symlink("/usr/bin/python3", &python).unwrap();
+        let out = Command::new("/usr/bin/python3")
+            .args([
+                "-c",
+                "import sys; print('python%d.%d' % sys.version_info[:2])",
+            ])
+            .output()
+            .expect("/usr/bin/python3 runs (the tests need it, as the hosts do)");
+        let version = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let site = venv.join("lib").join(version).join("site-packages");
+        std::fs::create_dir_all(&site).unwrap();
+        (python, site)
     }
 
     fn stand_in(bin: &std::path::Path, name: &str, body: &str) {
@@ -677,8 +712,9 @@ pub(crate) mod tests {
         stand_in(&bin, "systemctl", "echo LoadState=loaded");
         stand_in(&bin, "nvidia-smi", "echo 'GPU 0: H100 (UUID: GPU-a)'");
         stand_in(&bin, "ss", "exit 0");
-        // This Python's SGLang: a dist-info first on PYTHONPATH, as a venv's site folder holds it.
-        let site = dir.path().join("site");
+        // This Python's SGLang: a dist-info in its venv's site folder.
+        let (python, site) = venv(dir.path());
+        let python = python.to_str().unwrap();
         let dist_info = |version: &str| {
             let d = site.join(format!("sglang-{version}.dist-info"));
             std::fs::create_dir_all(&d).unwrap();
@@ -704,15 +740,10 @@ pub(crate) mod tests {
                 "5", "LoadState", super::super::scripts::KEPT_OR_PYTHON, super::super::scripts::SURVEY_PYTHON,
                 super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
                 crate::layers::LAYERS_SCRIPT, &lookup, keep.to_str().unwrap(), reuse,
-                "1", "/usr/bin/python3", "py0",
+                "1", python, "py0",
                 "1", "a.service", unit, "0000", model, "30000", "", "", "", "", "", "0",
             ];
-            let out = script(&bin)
-                .args(args)
-                .current_dir("/")
-                .env("PYTHONPATH", &site)
-                .output()
-                .unwrap();
+            let out = script(&bin).args(args).current_dir("/").output().unwrap();
             let s = Sections::parse(&String::from_utf8_lossy(&out.stdout)).unwrap();
             let python = s.get("python.0").unwrap().clone();
             let weights = python
@@ -826,5 +857,109 @@ pub(crate) mod tests {
             sections.insert("gpus", ok("GPU 0: H100 (UUID: GPU-a)\nGPU 1: H100 (UUID: GPU-b)\nGPU 2: H100 (UUID: GPU-c)\nGPU 3: H100 (UUID: GPU-d)\n"));
         }
         sections.render()
+    }
+}
+
+#[cfg(test)]
+mod trust_tests {
+    use std::os::unix::fs::{chown, PermissionsExt};
+    use std::process::Command;
+
+    use reconcile_core::preflight::owners::{self, Scope};
+    use reconcile_core::preflight::Python;
+    use reconcile_core::survey::{self, Section};
+
+    use super::super::scripts::{INTERPRETER, PYTHON, VERSION_SCRIPT};
+
+    /// The version read, as root runs it on a host: `gate`, then the Python and its arguments.
+    fn run(gate: &str, python: &std::path::Path) -> Section {
+        let out = Command::new("sh")
+            .args(["-c", PYTHON, "sh", gate, python.to_str().unwrap()])
+            .args(["-I", "-S", "-c", VERSION_SCRIPT])
+            .current_dir("/")
+            .output()
+            .expect("sh runs");
+        Section {
+            status: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Only root can hand a file to another user; CI runs the suite as root.
+    fn root() -> bool {
+        let out = Command::new("id").arg("-u").output().unwrap();
+        let root = String::from_utf8_lossy(&out.stdout).trim() == "0";
+        if !root {
+            eprintln!("skipped: needs root, to give files to another user");
+        }
+        root
+    }
+
+    const NOBODY: u32 = 65534;
+
+    #[test]
+    fn root_starts_no_interpreter_another_user_can_change() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let theirs = dir.path().join("theirs/bin");
+        std::fs::create_dir_all(&theirs).unwrap();
+        let python = theirs.join("python3");
+        std::fs::copy("/usr/bin/python3", &python).unwrap();
+        chown(&python, Some(NOBODY), None).unwrap();
+        let s = run(INTERPRETER, &python);
+        assert_eq!(s.status, owners::UNTRUSTED_STATUS, "{s:?}");
+        let Ok(Python::Untrusted(found)) = survey::python(&s) else {
+            panic!("{s:?}")
+        };
+        assert_eq!(found[0].scope, Scope::Interpreter);
+        assert_eq!(
+            (found[0].uid, found[0].path.as_str()),
+            (NOBODY, python.to_str().unwrap())
+        );
+        // A folder above it that every user can write is as good as the file.
+        chown(&python, Some(0), None).unwrap();
+        std::fs::set_permissions(dir.path().join("theirs"), PermissionsExt::from_mode(0o777))
+            .unwrap();
+        let s = run(INTERPRETER, &python);
+        assert_eq!(s.status, owners::UNTRUSTED_STATUS, "{s:?}");
+        assert!(s.stderr.contains(" 777 "), "{s:?}");
+    }
+
+    #[test]
+    fn a_venv_another_user_can_write_is_named_and_only_the_check_importing_it_is_kept_from_root() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (python, site) = super::tests::venv(dir.path());
+        // A package of the service user's, and a `.pth` that adds a folder of theirs.
+        let planted = site.join("sglang");
+        std::fs::create_dir(&planted).unwrap();
+        std::fs::write(planted.join("__init__.py"), "open('/tmp/pwned', 'w')\n").unwrap();
+        chown(&planted, Some(NOBODY), None).unwrap();
+        let home = dir.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        chown(&home, Some(NOBODY), None).unwrap();
+        std::fs::write(
+            site.join("theirs.pth"),
+            format!("{}\nimport os\n", home.display()),
+        )
+        .unwrap();
+
+        // reconcile's own version read runs only root's interpreter and stdlib: it starts, and
+        // says what it found.
+        let s = run(INTERPRETER, &python);
+        assert_eq!(s.status, 1, "no SGLang dist-info: {s:?}");
+        let found = owners::writable(&s.stderr);
+        let paths: Vec<&str> = found.iter().map(|w| w.path.as_str()).collect();
+        assert!(paths.contains(&planted.to_str().unwrap()), "{found:?}");
+        assert!(paths.contains(&home.to_str().unwrap()), "{found:?}");
+        assert!(found.iter().all(|w| w.scope == Scope::Site), "{found:?}");
+        // The check that imports SGLang, run as root, does not start.
+        let s = run("interpreter site", &python);
+        assert_eq!(s.status, owners::UNTRUSTED_STATUS, "{s:?}");
     }
 }

@@ -66,6 +66,8 @@ pub struct FakeHost {
     rules: Mutex<Vec<Rule>>,
     once: Mutex<VecDeque<Rule>>,
     commands: Mutex<Vec<Vec<String>>>,
+    /// Each command's standard input, in the order of `commands`.
+    inputs: Mutex<Vec<Vec<u8>>>,
     connected: AtomicBool,
 }
 
@@ -78,6 +80,7 @@ impl FakeHost {
             rules: Mutex::new(Vec::new()),
             once: Mutex::new(VecDeque::new()),
             commands: Mutex::new(Vec::new()),
+            inputs: Mutex::new(Vec::new()),
             connected: AtomicBool::new(true),
         }
     }
@@ -120,6 +123,11 @@ impl FakeHost {
     }
 
     /// Every command run so far, in order.
+    /// Each command's standard input (empty where it had none), in the order of [`commands`].
+    pub fn inputs(&self) -> Vec<Vec<u8>> {
+        self.inputs.lock().unwrap().clone()
+    }
+
     pub fn commands(&self) -> Vec<Vec<String>> {
         self.commands.lock().unwrap().clone()
     }
@@ -205,6 +213,10 @@ impl Host for FakeHost {
         limit: Duration,
     ) -> Result<Output, RemoteError> {
         self.commands.lock().unwrap().push(owned(argv));
+        self.inputs
+            .lock()
+            .unwrap()
+            .push(input.unwrap_or_default().to_vec());
         self.check_connected(|| label(argv))?;
         match self.reply(argv, input) {
             Reply::Output(out) => Ok(out),

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Host, RemoteError};
+use super::{error_chain, size, Host, RemoteError};
 
 /// Above `SGLANG_HEALTH_CHECK_TIMEOUT` (20 s), so SGLang's own 503 arrives before we give up.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(25);
@@ -24,6 +24,47 @@ const METRICS_TIMEOUT: Duration = Duration::from_secs(10);
 /// A first chat request can JIT-compile kernels for minutes (a 108 s compile is on record in
 /// rllm-org/rllm#926); the smoke completion must outlast that.
 const CHAT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The most of an answer's body reconcile reads. The largest SGLang sends to the routes read
+/// here is `/metrics` (Prometheus text: every metric, histogram buckets per model, tens to
+/// hundreds of KiB); `/v1/models`, a chat completion of at most a few thousand tokens and an
+/// error page are KiB.
+pub const BODY_LIMIT: u64 = 16 << 20;
+/// The most of an answer of SGLang's native API (`post_json`) reconcile reads: the quality gate
+/// asks `/generate` for every input token's logprob, about 40 bytes of JSON each, for batches of
+/// 8 prompts: 8 prompts of 128k tokens are 40 MiB.
+pub const NATIVE_BODY_LIMIT: u64 = 64 << 20;
+/// The most of one line of a streamed completion reconcile holds. A line is one chunk of the
+/// stream: a token or a few (hundreds of bytes of JSON), or the last chunk's usage.
+pub const SSE_LINE_LIMIT: u64 = 1 << 20;
+/// How much of a failed answer's body is read: its start is shown (200 characters), the rest
+/// says nothing more.
+const ERROR_BODY_READ: u64 = 4 << 10;
+
+/// Why an answer's body was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// It held more than its bound; what came past it was not read.
+    #[error("{what} is larger than {}, the most reconcile reads of it", size(*.limit))]
+    TooLarge { what: String, limit: u64 },
+    #[error("{what} could not be read")]
+    Read {
+        what: String,
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+/// Why no client was made for a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the HTTP client could not be made")]
+    Build(#[source] reqwest::Error),
+    /// Defence in depth behind the manifest check (`verify.url`): a token is sent over plain
+    /// HTTP only to loopback or through a forward.
+    #[error("the server's --api-key would cross the network in plain HTTP to {url}: reconcile sends a token over http:// only to loopback or through an SSH forward (leave out verify.url)")]
+    KeyInClear { url: String },
+}
 
 /// How to reach the server, read from its unit.
 #[derive(Clone)]
@@ -63,6 +104,10 @@ pub struct Server {
     client: reqwest::Client,
     base: String,
     api_key: Option<String>,
+    /// `base` is where `Host::forward` put the server: an SSH forward's local end, or on `local`
+    /// the address the server binds on this machine. Either way no request leaves the machine in
+    /// the clear.
+    forwarded: bool,
     /// Cleared once `/ready` answers 404: SGLang before 0.5.2x has no such route.
     has_ready: Arc<AtomicBool>,
 }
@@ -103,16 +148,17 @@ impl<'h> dyn Host + 'h {
         endpoint: &Endpoint,
         url: Option<&str>,
     ) -> Result<Server, RemoteError> {
-        let base = match url {
-            Some(url) => url.trim_end_matches('/').to_string(),
+        let made = match url {
+            Some(url) => Server::at(url, endpoint.api_key.clone()),
             None => {
                 let (address, port) = self
                     .forward(endpoint.forward_address(), endpoint.port)
                     .await?;
-                format!("http://{}", socket(&address, port))
+                let base = format!("http://{}", socket(&address, port));
+                Server::new(&base, endpoint.api_key.clone(), true)
             }
         };
-        Server::at(&base, endpoint.api_key.clone()).map_err(|e| RemoteError::Transport {
+        made.map_err(|e| RemoteError::Transport {
             host: self.name().to_string(),
             command: "HTTP client".into(),
             source: Box::new(e),
@@ -128,18 +174,44 @@ fn socket(address: &str, port: u16) -> String {
     }
 }
 
+/// Whether `url` is plain HTTP to another machine, as the edge reads it with the URL parser its
+/// client uses (the manifest's own check, offline, is `reconcile_core::manifest::bearer`'s).
+fn in_clear_off_host(url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(url) else {
+        return false;
+    };
+    let host = url.host_str().unwrap_or_default();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    url.scheme() == "http" && !loopback
+}
+
 impl Server {
     /// The server at `base` (`http://127.0.0.1:30000`), with one client (and its connection pool)
-    /// for every request made through it and its clones.
-    pub fn at(base: &str, api_key: Option<String>) -> Result<Server, reqwest::Error> {
+    /// for every request made through it and its clones. With `api_key`, `base` must not be
+    /// plain HTTP to another machine ([`ClientError::KeyInClear`]).
+    pub fn at(base: &str, api_key: Option<String>) -> Result<Server, ClientError> {
+        Server::new(base, api_key, false)
+    }
+
+    fn new(base: &str, api_key: Option<String>, forwarded: bool) -> Result<Server, ClientError> {
+        let base = base.trim_end_matches('/').to_string();
+        if api_key.is_some() && !forwarded && in_clear_off_host(&base) {
+            return Err(ClientError::KeyInClear { url: base });
+        }
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(3))
             .no_proxy()
-            .build()?;
+            .build()
+            .map_err(ClientError::Build)?;
         Ok(Server {
             client,
-            base: base.trim_end_matches('/').to_string(),
+            base,
             api_key,
+            forwarded,
             has_ready: Arc::new(AtomicBool::new(true)),
         })
     }
@@ -147,8 +219,8 @@ impl Server {
     /// The same server through a client (and connection pool) of its own: connections belong to
     /// the runtime that opened them, and a caller driving requests on a runtime of its own wants
     /// none of another's.
-    pub fn with_own_client(&self) -> Result<Server, reqwest::Error> {
-        Server::at(&self.base, self.api_key.clone())
+    pub fn with_own_client(&self) -> Result<Server, ClientError> {
+        Server::new(&self.base, self.api_key.clone(), self.forwarded)
     }
 
     /// One streamed chat completion (`request` must ask for `stream: true`): `on_data` gets each
@@ -172,10 +244,9 @@ impl Server {
             .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
         let status = response.status();
         if !status.is_success() {
-            let body = response.text().await.unwrap_or_default();
             return Err(format!(
                 "chat completion answered {status}: {}",
-                body.chars().take(200).collect::<String>()
+                error_start(response).await
             ));
         }
         let mut events = SseLines::default();
@@ -189,7 +260,7 @@ impl Server {
             if !any && start.len() < 200 {
                 start.extend_from_slice(&chunk[..chunk.len().min(200 - start.len())]);
             }
-            for data in events.push(&chunk) {
+            for data in events.push(&chunk).map_err(|e| e.to_string())? {
                 any = true;
                 on_data(now, &data);
             }
@@ -258,7 +329,10 @@ impl Server {
             .map_err(|e| request_error(e, METRICS_TIMEOUT))?;
         match response.status().as_u16() {
             404 => Ok(None),
-            200..=299 => response.text().await.map(Some).map_err(|e| e.to_string()),
+            200..=299 => read_body(response, "the answer to /metrics", BODY_LIMIT)
+                .await
+                .map(Some)
+                .map_err(|e| error_chain(&e)),
             code => Err(format!("/metrics answered {code}")),
         }
     }
@@ -299,13 +373,15 @@ impl Server {
             .await
             .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
         let status = response.status();
-        let body = response.text().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
             return Err(format!(
                 "chat completion answered {status}: {}",
-                body.chars().take(200).collect::<String>()
+                error_start(response).await
             ));
         }
+        let body = read_body(response, "the chat completion", BODY_LIMIT)
+            .await
+            .map_err(|e| error_chain(&e))?;
         parse_answer(&body)
     }
 
@@ -333,14 +409,19 @@ impl Server {
             .await
             .map_err(|e| request_error(e, limit))?;
         let status = response.status();
-        let text = response.text().await.map_err(|e| e.to_string())?;
         if !status.is_success() {
             return Err(format!(
                 "{path} answered {status}: {}",
-                text.chars().take(200).collect::<String>()
+                error_start(response).await
             ));
         }
-        Ok(text)
+        read_body(
+            response,
+            &format!("the answer to {path}"),
+            NATIVE_BODY_LIMIT,
+        )
+        .await
+        .map_err(|e| error_chain(&e))
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -358,9 +439,10 @@ impl Server {
             .await
             .map_err(|e| request_error(e, timeout))?;
         let status = response.status();
-        let body = response.text().await.map_err(|e| e.to_string())?;
         match status.as_u16() {
-            200..=299 => Ok(body),
+            200..=299 => read_body(response, &format!("the answer to {path}"), BODY_LIMIT)
+                .await
+                .map_err(|e| error_chain(&e)),
             401 if self.api_key.is_none() => Err(format!(
                 "{path} answered {status}: the server wants an API key and its unit sets no --api-key"
             )),
@@ -371,14 +453,31 @@ impl Server {
 }
 
 /// Splits a server-sent event stream, as it arrives in arbitrary pieces, into its `data:` payloads
-/// (`data: {...}` or `data:{...}`; other fields and comments are skipped).
-#[derive(Default)]
+/// (`data: {...}` or `data:{...}`; other fields and comments are skipped). A line is held until
+/// its end arrives, up to [`SSE_LINE_LIMIT`].
 pub struct SseLines {
     pending: Vec<u8>,
+    limit: u64,
+}
+
+impl Default for SseLines {
+    fn default() -> SseLines {
+        SseLines::within(SSE_LINE_LIMIT)
+    }
 }
 
 impl SseLines {
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<String> {
+    /// Lines of at most `limit` bytes.
+    pub fn within(limit: u64) -> SseLines {
+        SseLines {
+            pending: Vec::new(),
+            limit,
+        }
+    }
+
+    /// The `data:` payloads of the lines `bytes` completes. A line past the bound is an error,
+    /// and the stream is not read further: its rest would be held too.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, BodyError> {
         self.pending.extend_from_slice(bytes);
         let mut out = Vec::new();
         // Complete lines are read in place and dropped at once: a stream delivers many small
@@ -394,8 +493,56 @@ impl SseLines {
             }
         }
         self.pending.drain(..start);
-        out
+        // Only the unfinished line is left: no newline in it.
+        if self.pending.len() as u64 > self.limit {
+            self.pending = Vec::new();
+            return Err(BodyError::TooLarge {
+                what: "a line of the completion's event stream".into(),
+                limit: self.limit,
+            });
+        }
+        Ok(out)
     }
+}
+
+/// The body of `response`, read piece by piece up to `limit` bytes: one that says (or turns out)
+/// to be longer is refused before (or as soon as) it passes the bound, the rest never read.
+pub(crate) async fn read_body(
+    mut response: reqwest::Response,
+    what: &str,
+    limit: u64,
+) -> Result<String, BodyError> {
+    let too_large = || BodyError::TooLarge {
+        what: what.to_string(),
+        limit,
+    };
+    if response.content_length().is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(piece) = response.chunk().await.map_err(|source| BodyError::Read {
+        what: what.to_string(),
+        source: source.without_url(),
+    })? {
+        if (body.len() + piece.len()) as u64 > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&piece);
+    }
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The start of a failed answer's body, to show beside its status: a few KiB are read, 200
+/// characters kept.
+async fn error_start(mut response: reqwest::Response) -> String {
+    let mut start = Vec::new();
+    while (start.len() as u64) < ERROR_BODY_READ {
+        match response.chunk().await {
+            Ok(Some(piece)) => start.extend_from_slice(&piece),
+            _ => break,
+        }
+    }
+    String::from_utf8_lossy(&start).chars().take(200).collect()
 }
 
 enum Probe {
@@ -485,12 +632,103 @@ mod tests {
     #[test]
     fn server_sent_events_split_into_data_payloads_across_pieces() {
         let mut sse = SseLines::default();
-        assert!(sse.push(b"data: {\"a\"").is_empty());
+        assert!(sse.push(b"data: {\"a\"").unwrap().is_empty());
         assert_eq!(
-            sse.push(b":1}\r\n\n: keep-alive\nevent: x\ndata:[DONE]\n"),
+            sse.push(b":1}\r\n\n: keep-alive\nevent: x\ndata:[DONE]\n")
+                .unwrap(),
             [r#"{"a":1}"#, "[DONE]"]
         );
-        assert!(sse.push(b"data: tail").is_empty());
+        assert!(sse.push(b"data: tail").unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_event_line_past_its_bound_is_refused_however_it_arrives() {
+        let mut sse = SseLines::within(16);
+        // Lines up to the bound, however many, pass.
+        let many = b"data: 0123456789\n".repeat(1000);
+        assert_eq!(sse.push(&many).unwrap().len(), 1000);
+        // A line that never ends is refused once it holds more than the bound, piece by piece.
+        assert!(sse.push(b"data: 0123456789").unwrap().is_empty());
+        let e = sse.push(b"x").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a line of the completion's event stream is larger than 16 bytes, the most reconcile reads of it"
+        );
+        assert_eq!(
+            SseLines::default().limit,
+            SSE_LINE_LIMIT,
+            "1 MiB by default"
+        );
+    }
+
+    /// One HTTP answer on a local port, its body `body` (with a Content-Length unless
+    /// `chunked`); returns the base URL.
+    async fn answer_once(body: Vec<u8>, chunked: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = socket.read(&mut request).await;
+            let head = if chunked {
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_string()
+            } else {
+                format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len())
+            };
+            let _ = socket.write_all(head.as_bytes()).await;
+            if chunked {
+                for piece in body.chunks(64 << 10) {
+                    let size = format!("{:x}\r\n", piece.len());
+                    let sent = socket.write_all(size.as_bytes()).await;
+                    let sent = sent.and(socket.write_all(piece).await);
+                    // The client stopped reading: the rest is never sent.
+                    if sent.and(socket.write_all(b"\r\n").await).is_err() {
+                        return;
+                    }
+                }
+                let _ = socket.write_all(b"0\r\n\r\n").await;
+            } else {
+                let _ = socket.write_all(&body).await;
+            }
+        });
+        base
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_bound_is_refused_whether_announced_or_not() {
+        let big = vec![b'#'; (BODY_LIMIT + 1) as usize];
+        for chunked in [false, true] {
+            let server = Server::at(&answer_once(big.clone(), chunked).await, None).unwrap();
+            let e = server.metrics().await.unwrap_err();
+            assert_eq!(
+                e, "the answer to /metrics is larger than 16 MiB, the most reconcile reads of it",
+                "chunked: {chunked}"
+            );
+        }
+        // At the bound, all of it is read.
+        let at = vec![b'#'; BODY_LIMIT as usize];
+        let server = Server::at(&answer_once(at, true).await, None).unwrap();
+        let metrics = server.metrics().await.unwrap().unwrap();
+        assert_eq!(metrics.len() as u64, BODY_LIMIT);
+    }
+
+    #[test]
+    fn a_key_never_goes_over_plain_http_to_another_machine() {
+        let key = || Some("sk-secret".to_string());
+        let e = Server::at("http://10.0.0.5:30000/", key()).err().unwrap();
+        assert!(
+            matches!(&e, ClientError::KeyInClear { url } if url == "http://10.0.0.5:30000"),
+            "{e:?}"
+        );
+        assert!(!e.to_string().contains("sk-secret"), "{e}");
+        // To loopback, or without a key: made.
+        assert!(Server::at("http://127.0.0.1:30000", key()).is_ok());
+        assert!(Server::at("http://[::1]:30000", key()).is_ok());
+        assert!(Server::at("http://10.0.0.5:30000", None).is_ok());
+        // Where `Host::forward` put the server (an SSH forward's end, or `local`'s own address).
+        let forwarded = Server::new("http://10.0.0.5:30000", key(), true).unwrap();
+        assert!(forwarded.with_own_client().is_ok());
     }
 
     #[test]

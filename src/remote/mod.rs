@@ -76,6 +76,41 @@ pub enum RemoteError {
         status: i32,
         stderr: String,
     },
+    /// The command printed more than reconcile reads of it ([`Limits::output_for`]): what came
+    /// past the bound was not read, and the command was ended. A host that floods its answers
+    /// fails alone, and never takes the run's memory with it.
+    #[error("{host}: `{command}` printed more than {} on its {stream}, the most reconcile reads of it", size(*.limit))]
+    TooLarge {
+        host: String,
+        command: String,
+        stream: Stream,
+        limit: u64,
+    },
+}
+
+/// Which of a command's outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl std::fmt::Display for Stream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        })
+    }
+}
+
+/// A bound in bytes as a person reads it: `64 MiB`, `48 KiB`, `100 bytes`.
+pub fn size(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} bytes"),
+    }
 }
 
 /// How long a remote command may take before its host counts as hung (`--command-timeout`). Reading a file or asking
@@ -85,14 +120,31 @@ pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
 /// default, often raised for servers that drain), a restart for the stop and then the start.
 pub const SYSTEMD_JOB_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
-/// How long a host's commands may take: set once from the command line and given to each host
-/// when it is reached, so every command of a run has the same limits.
+/// The most of a command's stdout reconcile reads. The largest answers a host legitimately
+/// gives are a survey of all its units (unit files, drop-ins, deployment records, a few KiB to a
+/// few MiB each) and the deep check's JSON: tens of MiB is already far past them.
+pub const STDOUT_LIMIT: u64 = 64 << 20;
+/// The most of a command's stderr reconcile reads: error messages and a Python traceback, with
+/// room for a library's warnings printed on import.
+pub const STDERR_LIMIT: u64 = 8 << 20;
+/// The most of `journalctl`'s stdout reconcile reads. It is asked for at most 50 lines of the
+/// failed invocation (and systemd's few lines about it), and journald cuts a line a service writes
+/// at `LineMax` (48 KiB by default): 50 of those are 2.4 MiB.
+pub const JOURNAL_LIMIT: u64 = 8 << 20;
+
+/// How long a host's commands may take, and how much of their output is read: set once from the
+/// command line and given to each host when it is reached, so every command of a run has the
+/// same limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Any command (`--command-timeout`).
     pub command: Duration,
     /// A systemctl verb that waits for its job; never shorter than `command`.
     pub systemd_job: Duration,
+    /// The most of a command's stdout read ([`STDOUT_LIMIT`]; `journalctl` gets less).
+    pub stdout: u64,
+    /// The most of a command's stderr read ([`STDERR_LIMIT`]).
+    pub stderr: u64,
 }
 
 impl Default for Limits {
@@ -100,6 +152,8 @@ impl Default for Limits {
         Limits {
             command: COMMAND_TIMEOUT,
             systemd_job: SYSTEMD_JOB_TIMEOUT,
+            stdout: STDOUT_LIMIT,
+            stderr: STDERR_LIMIT,
         }
     }
 }
@@ -133,6 +187,14 @@ impl Limits {
                 self.systemd_job.max(self.command)
             }
             _ => self.command,
+        }
+    }
+
+    /// The most of `argv`'s stdout and stderr read: the journal's own bound for `journalctl`.
+    pub fn output_for(&self, argv: &[&str]) -> (u64, u64) {
+        match argv {
+            ["journalctl", ..] => (self.stdout.min(JOURNAL_LIMIT), self.stderr),
+            _ => (self.stdout, self.stderr),
         }
     }
 }
@@ -289,6 +351,77 @@ pub trait Host: Send + Sync {
         }
         Ok(())
     }
+}
+
+/// Why a command's output was not read whole.
+pub(crate) enum Unread {
+    /// Reading it failed (the connection broke).
+    Io(std::io::Error),
+    /// It held more than its bound; the rest was left unread.
+    TooLarge { stream: Stream, limit: u64 },
+}
+
+impl Unread {
+    /// The error `host` reports for `argv`'s output that was not read whole.
+    pub(crate) fn error(self, host: &str, argv: &[&str]) -> RemoteError {
+        match self {
+            Unread::Io(e) => RemoteError::Transport {
+                host: host.to_string(),
+                command: label(argv),
+                source: Box::new(e),
+            },
+            Unread::TooLarge { stream, limit } => RemoteError::TooLarge {
+                host: host.to_string(),
+                command: command_name(argv),
+                stream,
+                limit,
+            },
+        }
+    }
+}
+
+/// Reads a command's stdout and stderr at once (a full pipe would stop the command), each to its
+/// end but no further than its bound in `limits` (stdout's, stderr's). Past a bound, reading
+/// stops there and the other stream is dropped too: the caller then ends the command, whose next
+/// write meets a closed pipe.
+pub(crate) async fn read_outputs<O, E>(
+    stdout: Option<O>,
+    stderr: Option<E>,
+    (stdout_limit, stderr_limit): (u64, u64),
+) -> Result<(Vec<u8>, Vec<u8>), Unread>
+where
+    O: tokio::io::AsyncRead + Unpin,
+    E: tokio::io::AsyncRead + Unpin,
+{
+    tokio::try_join!(
+        read_bounded(stdout, stdout_limit, Stream::Stdout),
+        read_bounded(stderr, stderr_limit, Stream::Stderr),
+    )
+}
+
+/// One stream read to its end, or to one byte past `limit`: that byte says there was more, and
+/// nothing after it is read.
+async fn read_bounded<R: tokio::io::AsyncRead + Unpin>(
+    stream: Option<R>,
+    limit: u64,
+    which: Stream,
+) -> Result<Vec<u8>, Unread> {
+    use tokio::io::AsyncReadExt;
+    let mut bytes = Vec::new();
+    if let Some(stream) = stream {
+        stream
+            .take(limit.saturating_add(1))
+            .read_to_end(&mut bytes)
+            .await
+            .map_err(Unread::Io)?;
+    }
+    if bytes.len() as u64 > limit {
+        return Err(Unread::TooLarge {
+            stream: which,
+            limit,
+        });
+    }
+    Ok(bytes)
 }
 
 /// `run`, given up on past `limit` as [`RemoteError::TimedOut`] naming the command: how every

@@ -216,14 +216,29 @@ impl SshHost {
             let written = stdin.write_all(bytes).await.and(stdin.shutdown().await);
             super::input_taken(written).map_err(|e| transport(Box::new(e)))?;
         }
-        let out = child
-            .wait_with_output()
-            .await
-            .map_err(|e| transport(Box::new(e)))?;
+        // As `wait_with_output` does, stdin closed first, but each output read only up to its
+        // bound.
+        child.stdin().take();
+        let (stdout, stderr) = (child.stdout().take(), child.stderr().take());
+        let output = self.options.limits.output_for(argv);
+        let (stdout, stderr) = match super::read_outputs(stdout, stderr, output).await {
+            Ok(read) => read,
+            Err(unread) => {
+                // Our ends of the pipes are closed and the session is let go: ssh tells sshd the
+                // output is no longer read (`eow@openssh.com`) and closes the channel, so the
+                // remote command's next write fails (SIGPIPE) and it ends. No local process is
+                // left: the connection's one ssh carries every command.
+                if let Err(e) = child.disconnect().await {
+                    tracing::debug!(host = %self.name, error = %e, "letting go of a command");
+                }
+                return Err(unread.error(&self.name, argv));
+            }
+        };
+        let status = child.wait().await.map_err(|e| transport(Box::new(e)))?;
         Ok(Output {
-            status: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            status: status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
         })
     }
 

@@ -44,7 +44,7 @@ pub fn render(event: &Event<'_>) -> String {
             reports,
         } => applied(&mut out, sha(commit), author, reports),
     }
-    out
+    super::terminal::text(out)
 }
 
 fn sha(commit: &str) -> &str {

@@ -37,7 +37,7 @@ pub fn render(results: &[HostBench], format: Format) -> String {
             level_lines(&mut out, "  ", &b.levels);
         }
     }
-    out
+    super::terminal::text(out)
 }
 
 /// A table of the levels' figures, each line starting with `prefix`.

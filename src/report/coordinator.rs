@@ -12,8 +12,9 @@ use crate::rollout::fleet::{RolloutView, Row};
 pub fn render_fleet(rows: &[Row], format: Format, now: u64) -> String {
     match format {
         Format::Json => to_json(rows),
-        Format::Text => fleet_text(rows, now),
-        Format::Markdown => fleet_markdown(rows, now),
+        // An agent writes its entry from its host: its text is escaped like any host's.
+        Format::Text => super::terminal::text(fleet_text(rows, now)),
+        Format::Markdown => super::terminal::text(fleet_markdown(rows, now)),
     }
 }
 
@@ -126,8 +127,8 @@ pub fn render_rollout(v: &RolloutView, format: Format) -> String {
             _ => "under way",
         }
     );
-    match format {
-        Format::Json => to_json(v),
+    let text = match format {
+        Format::Json => return to_json(v),
         Format::Text => {
             let mut out = format!("{headline}\n");
             let _ = writeln!(
@@ -152,7 +153,8 @@ pub fn render_rollout(v: &RolloutView, format: Format) -> String {
             }
             out
         }
-    }
+    };
+    super::terminal::text(text)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ pub fn render(done: &Done, format: Format) -> String {
                 "format_version": super::JSON_FORMAT_VERSION,
                 "estimate": done.estimate,
             })),
-            _ => format!("estimate: {}\n", done.estimate),
+            _ => super::terminal::text(format!("estimate: {}\n", done.estimate)),
         };
     }
     let mut out = match format {
@@ -43,5 +43,5 @@ pub fn render(done: &Done, format: Format) -> String {
             out.push_str(diff);
         }
     }
-    out
+    super::terminal::text(out)
 }

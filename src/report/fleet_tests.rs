@@ -367,3 +367,67 @@ fn the_same_error_on_many_hosts_is_one_block_and_one_row() {
         "{markdown}"
     );
 }
+
+#[test]
+fn a_hosts_control_sequences_reach_every_format_shown_not_acted_on() {
+    let hosts = names(1..=1);
+    let m = parse(SOURCE, &manifest(&hosts, &no_extra)).unwrap();
+    let desired = render_unit(&m, &m.hosts[0]);
+    // The unit file on the host carries a title set (OSC 0 ... BEL) and a screen clear, and its
+    // state a C1 CSI; the planning error of another unit carries a carriage return.
+    let hostile = "\x1b]0;owned\x07\x1b[2J";
+    let observed = Observed {
+        unit_text: Some(format!("{}# {hostile}\n", desired.text)),
+        state: UnitState {
+            load_state: "loaded".into(),
+            active_state: "active".into(),
+            sub_state: "running\u{9b}2J".into(),
+            ..Default::default()
+        },
+        layers: Default::default(),
+    };
+    let redactor = Redactor::of_manifests([&m]);
+    let outcomes = vec![
+        PlanOutcome::Planned(Box::new(plan(
+            "gpu-01", SOURCE, &desired, &observed, &redactor,
+        ))),
+        PlanOutcome::Error {
+            host: "gpu-02".into(),
+            unit: "other.service".into(),
+            source: SOURCE.into(),
+            error: format!("`cat` failed: real\rfake {hostile}"),
+        },
+    ];
+    let acts = |c: char| c.is_control() && c != '\n' && c != '\t';
+    for (format, color) in [
+        (Format::Text, false),
+        (Format::Text, true),
+        (Format::Markdown, false),
+    ] {
+        let shown = render(&outcomes, format, color);
+        assert!(
+            shown.contains("# \\x1b]0;owned\\x07\\x1b[2J"),
+            "{format:?}:\n{shown}"
+        );
+        assert!(shown.contains("real\\x0dfake"), "{format:?}:\n{shown}");
+        // Only the plan's own colours are left to act.
+        let ours = [
+            "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[36m", "\x1b[1m", "\x1b[0m",
+        ];
+        let left = ours
+            .iter()
+            .fold(shown.clone(), |s, code| s.replace(code, ""));
+        assert!(
+            !left.chars().any(acts),
+            "{format:?} color {color}:\n{left:?}"
+        );
+    }
+    let json = render(&outcomes, Format::Json, false);
+    assert!(!json.chars().any(acts), "{json}");
+    // JSON keeps the host's text as it was, as JSON escapes.
+    let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        value["units"][1]["error"],
+        format!("`cat` failed: real\rfake {hostile}")
+    );
+}

@@ -43,7 +43,7 @@ pub fn render(histories: &[HostHistory], format: Format) -> String {
             let _ = writeln!(out, "  note: {note}");
         }
     }
-    out
+    super::terminal::text(out)
 }
 
 /// `gpu-a s.service: 3 deployments, current: 3`, and the table's header when there is a table.

@@ -14,6 +14,7 @@ pub mod history;
 mod markdown;
 pub mod quality;
 pub mod status;
+pub use reconcile_core::terminal;
 mod text;
 
 use serde::Serialize;
@@ -32,12 +33,13 @@ pub use crate::digest::{short, COMMIT_SHOWN, SHA_SHOWN};
 
 /// `value` as pretty JSON and a newline. serde_json fails only on a map with non-string keys or a
 /// `Serialize` that errors, and no type shown has either (a float that is not finite becomes
-/// `null`); should one ever, the output says so, as JSON, instead of the run panicking.
+/// `null`); should one ever, the output says so, as JSON, instead of the run panicking. Every
+/// control character in its strings is a JSON escape ([`terminal::json_controls`]).
 pub fn to_json<T: Serialize + ?Sized>(value: &T) -> String {
     match serde_json::to_string_pretty(value) {
         Ok(mut s) => {
             s.push('\n');
-            s
+            terminal::json_controls(s)
         }
         Err(e) => format!(
             "{{\"error\": {}}}\n",
@@ -50,13 +52,13 @@ pub fn render(outcomes: &[PlanOutcome], format: Format, color: bool) -> String {
     let tally = Tally::of(outcomes);
     match format {
         Format::Text => text::render(outcomes, &tally, color),
-        Format::Markdown => markdown::render(outcomes, &tally),
+        Format::Markdown => terminal::text(markdown::render(outcomes, &tally)),
         Format::Json => json(outcomes, &tally),
     }
 }
 
 /// The summary `apply` prints: one block per unit, with its stages, memory trajectory, notes and
-/// the journal of a failed start.
+/// the journal of a failed start (host text, its controls escaped).
 pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> String {
     if format == Format::Json {
         return to_json(
@@ -98,7 +100,7 @@ pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> Str
             }
         }
     }
-    out
+    terminal::text(out)
 }
 
 fn verification_lines(out: &mut String, label: &str, v: &crate::verify::Verification) {
@@ -338,6 +340,30 @@ mod tests {
             json["units"][0]["diagnosis"],
             serde_json::json!({"cause": "CUDA out of memory", "advice": "lower --mem-fraction-static"})
         );
+    }
+
+    #[test]
+    fn a_journal_line_that_drives_a_terminal_is_shown_escaped_and_kept_whole_in_json() {
+        use crate::apply::{refused, Outcome};
+        let mut report = refused("h", "s.service", "a.yaml", Outcome::RolledBack, "d".into());
+        let journal = "loading\n\x1b]0;owned\x07title set\n\x1b[2Jscreen cleared\n";
+        report.journal = Some(journal.into());
+        report.notes = vec!["guard: \u{9b}31mred".into()];
+        let text = render_apply(std::slice::from_ref(&report), Format::Text);
+        assert!(
+            text.contains("    \\x1b]0;owned\\x07title set\n    \\x1b[2Jscreen cleared\n"),
+            "{text}"
+        );
+        assert!(text.contains("  note: guard: \\u{9b}31mred\n"), "{text}");
+        assert!(
+            !text.contains('\x1b') && !text.contains('\u{9b}'),
+            "{text:?}"
+        );
+        let json = render_apply(std::slice::from_ref(&report), Format::Json);
+        assert!(!json.contains('\x1b') && !json.contains('\u{9b}'), "{json}");
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(value["units"][0]["journal"], journal);
+        assert_eq!(value["units"][0]["notes"][0], "guard: \u{9b}31mred");
     }
 
     #[test]

@@ -40,5 +40,5 @@ pub fn render(results: &[HostQuality], format: Format) -> String {
             let _ = writeln!(out, "  note: {note}");
         }
     }
-    out
+    super::terminal::text(out)
 }

@@ -9,8 +9,8 @@ use crate::status::{exit_code, Class, UnitStatus};
 
 pub fn render(statuses: &[UnitStatus], format: Format) -> String {
     match format {
-        Format::Text => text(statuses),
-        Format::Markdown => markdown(statuses),
+        Format::Text => super::terminal::text(text(statuses)),
+        Format::Markdown => super::terminal::text(markdown(statuses)),
         Format::Json => json(statuses),
     }
 }

@@ -1,8 +1,12 @@
 //! The terminal view: a heading per change (a unit, on one host or on every host it is the same
 //! change on), the change in operator terms, then the diff.
+//!
+//! Host text (the unit file on the host, its state, errors, preflight findings) is escaped piece
+//! by piece before it is painted: escaping the whole would escape the colours too.
 
 use std::fmt::Write;
 
+use super::terminal::escape_controls as esc;
 use super::{delta_line, preflight_line, tally_line};
 use crate::dry_run::{PlanOutcome, Tally};
 use crate::plan::{Delta, UnitPlan, Verdict};
@@ -18,9 +22,9 @@ const RESET: &str = "\x1b[0m";
 pub fn render(outcomes: &[PlanOutcome], tally: &Tally, color: bool) -> String {
     let paint = |code: &str, text: &str| {
         if color {
-            format!("{code}{text}{RESET}")
+            format!("{code}{}{RESET}", esc(text))
         } else {
-            text.to_string()
+            esc(text).into_owned()
         }
     };
     let mut out = String::new();
@@ -34,18 +38,25 @@ pub fn render(outcomes: &[PlanOutcome], tally: &Tally, color: bool) -> String {
                 error,
             } => {
                 let error = paint(RED, &format!("error: {error}"));
+                let (unit, source) = (esc(unit), esc(source));
                 if g.hosts.len() == 1 {
                     let _ = writeln!(out, "{} {unit} ({source}): {error}", paint(BOLD, host));
                 } else {
-                    let _ = writeln!(out, "{} ({source}): {error}", paint(BOLD, unit));
-                    let _ = writeln!(out, "  {}", hosts_line("same error", &g));
+                    let _ = writeln!(out, "{} ({source}): {error}", paint(BOLD, &unit));
+                    let _ = writeln!(out, "  {}", esc(&hosts_line("same error", &g)));
                 }
             }
         }
         out.push('\n');
     }
     let _ = writeln!(out, "Plan: {}", tally_line(tally));
-    out
+    // Without colours nothing here is ours to keep: the whole is escaped once more, which changes
+    // nothing the pieces' escaping did.
+    if color {
+        out
+    } else {
+        super::terminal::text(out)
+    }
 }
 
 /// `same change on 16 hosts: gpu-01..gpu-16`.
@@ -61,7 +72,7 @@ fn unit(out: &mut String, g: &Group<'_>, p: &UnitPlan, paint: &dyn Fn(&str, &str
     };
     let verdict = paint(verdict_color, p.verdict.describe());
     if g.hosts.len() == 1 {
-        let _ = writeln!(out, "{} {}: {verdict}", paint(BOLD, &p.host), p.unit);
+        let _ = writeln!(out, "{} {}: {verdict}", paint(BOLD, &p.host), esc(&p.unit));
     } else {
         let _ = writeln!(out, "{}: {verdict}", paint(BOLD, &p.unit));
         let what = if p.verdict == Verdict::NoChange {
@@ -69,14 +80,19 @@ fn unit(out: &mut String, g: &Group<'_>, p: &UnitPlan, paint: &dyn Fn(&str, &str
         } else {
             "same change"
         };
-        let _ = writeln!(out, "  {}", hosts_line(what, g));
+        let _ = writeln!(out, "  {}", esc(&hosts_line(what, g)));
     }
     let state = if p.state.is_loaded() {
         p.state.summary()
     } else {
         "not installed".into()
     };
-    let _ = writeln!(out, "  from {}; on the host now: {state}", p.source);
+    let _ = writeln!(
+        out,
+        "  from {}; on the host now: {}",
+        esc(&p.source),
+        esc(&state)
+    );
     let s = &p.summary;
     if p.verdict == Verdict::Install {
         let _ = writeln!(
@@ -93,7 +109,7 @@ fn unit(out: &mut String, g: &Group<'_>, p: &UnitPlan, paint: &dyn Fn(&str, &str
         section(out, "systemd", s.settings.iter());
     }
     for note in &p.notes {
-        let _ = writeln!(out, "  note: {note}");
+        let _ = writeln!(out, "  note: {}", esc(note));
     }
     for f in &p.preflight {
         let code = match f.severity {
@@ -122,7 +138,7 @@ fn diff_lines(out: &mut String, diff: &str, paint: &dyn Fn(&str, &str) -> String
             out,
             "    {}",
             if code.is_empty() {
-                line.to_string()
+                esc(line).into_owned()
             } else {
                 paint(code, line)
             }
@@ -137,6 +153,6 @@ fn section<'a>(out: &mut String, title: &str, deltas: impl Iterator<Item = &'a D
         } else {
             String::new()
         };
-        let _ = writeln!(out, "  {label:<9}{}", delta_line(d));
+        let _ = writeln!(out, "  {label:<9}{}", esc(&delta_line(d)));
     }
 }

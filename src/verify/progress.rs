@@ -68,11 +68,13 @@ impl Progress {
         if self.label.is_empty() {
             return;
         }
+        // A stage's detail can carry the host's words (a journal line, an error's output).
         let line = format!(
-            "{} {}: {name} {}: {detail}",
+            "{} {}: {name} {}: {}",
             if passed { "✓" } else { "✗" },
             self.label,
-            if passed { "passed" } else { "FAILED" }
+            if passed { "passed" } else { "FAILED" },
+            reconcile_core::terminal::escape_controls(detail)
         );
         match &self.bar {
             Some(bar) => bar.println(line),
@@ -93,7 +95,7 @@ impl Progress {
     /// The spinner's text, on a terminal (a wait that is not a verification stage: a drain).
     pub fn status(&self, text: &str) {
         if let Some(bar) = &self.bar {
-            bar.set_message(text.to_string());
+            bar.set_message(reconcile_core::terminal::escape_controls(text).into_owned());
         }
     }
 
@@ -102,7 +104,11 @@ impl Progress {
         if self.label.is_empty() {
             return;
         }
-        let line = format!("  {}: {text}", self.label);
+        let line = format!(
+            "  {}: {}",
+            self.label,
+            reconcile_core::terminal::escape_controls(text)
+        );
         match &self.bar {
             Some(bar) => bar.println(line),
             None => eprintln!("{line}"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_yaml::Value;
 
 use crate::builder::map;
-use crate::lab::{lab, Manifest, Reconcile, GROUP, UNREACHABLE};
+use crate::lab::{lab, venv_script, Manifest, Reconcile, GROUP, UNREACHABLE};
 
 /// A group manifest over `nodes` (each with the lab's address for it, or `address` when given):
 /// `rank1_env` is more env for rank 1 only (a failure to inject).
@@ -427,12 +427,7 @@ fn bad_group_input_is_refused_offline_with_its_place() {
     clean(unit);
     let py = "/opt/t-group-py/bin/python3";
     for (host, v) in [(GROUP[0], None), (GROUP[1], Some("0.5.9"))] {
-        let script = match v {
-            None => format!("mkdir -p /opt/t-group-py/bin && printf '#!/bin/sh\\nexec /usr/bin/python3 \"$@\"\\n' > {py} && chmod 755 {py}"),
-            Some(v) => format!(
-                "d=/opt/t-group-py; mkdir -p $d/site/sglang-{v}.dist-info $d/bin && printf 'Metadata-Version: 2.1\\nName: sglang\\nVersion: {v}\\n' > $d/site/sglang-{v}.dist-info/METADATA && printf '#!/bin/sh\\nPYTHONPATH=%s/site exec /usr/bin/python3 \"$@\"\\n' $d > {py} && chmod 755 {py}"
-            ),
-        };
+        let script = venv_script("/opt/t-group-py", v);
         lab().sh(host, &script);
     }
     let text = group("t-group-version", 37513, &both(), &[]).python(py);

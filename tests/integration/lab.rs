@@ -141,7 +141,7 @@ pub const APPLY: &str = APPLY_1.host();
 pub const SECURITY: Lease = Lease {
     user: "security.rs",
     hosts: &["rl4"],
-    ports: 38001..38003,
+    ports: 38001..38006,
     gpus: 54..58,
 };
 /// Fleets (fleet.rs): rolling apply over six hosts of their own.
@@ -1134,4 +1134,26 @@ fn a_lease_hands_out_two_gpus_a_port() {
     assert_eq!(lease_of(APPLY, 32031).gpu_pair(32031), "52,53");
     assert_eq!(DRAIN_LEASE.gpu_pair(37109), "16,17");
     assert!(std::panic::catch_unwind(|| APPLY_1.gpu_pair(32009)).is_err());
+}
+
+/// A shell script that makes `dir` a venv as `python3 -m venv --system-site-packages` lays it out,
+/// its interpreter the host's `/usr/bin/python3`, holding the dist-info of SGLang `version` alone
+/// (`None`: the system's SGLang, the stand-in, shows through). reconcile starts a host's Python
+/// isolated (`-I`), so a wrapper setting `PYTHONPATH` would not do.
+pub fn venv_script(dir: &str, version: Option<&str>) -> String {
+    let mut script = format!(
+        r#"set -e
+d={dir}
+site=$d/lib/$(/usr/bin/python3 -c 'import sys; print("python%d.%d" % sys.version_info[:2])')/site-packages
+rm -rf "$site" && mkdir -p "$site" "$d/bin"
+printf 'home = /usr/bin\ninclude-system-site-packages = true\n' > "$d/pyvenv.cfg"
+ln -sfn /usr/bin/python3 "$d/bin/python3"
+"#
+    );
+    if let Some(v) = version {
+        script.push_str(&format!(
+            "mkdir -p \"$site/sglang-{v}.dist-info\"\nprintf 'Metadata-Version: 2.1\\nName: sglang\\nVersion: {v}\\n' > \"$site/sglang-{v}.dist-info/METADATA\"\n"
+        ));
+    }
+    script
 }

@@ -5,7 +5,7 @@
 use sha2::{Digest, Sha256};
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED};
+use crate::lab::{lab, manifest, venv_script, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED};
 
 /// A service that loads in a second and is judged over a three-second crash window, on its own
 /// port and its own two of the stand-in's 64 simulated GPUs (the lease's, two a port; the tests
@@ -196,20 +196,8 @@ fn another_sglang_since_the_plan_is_refused() {
     fresh(APPLY, unit);
     // A Python of its own whose SGLang version the test changes, as an upgrade by hand would.
     let python = "/opt/t-planfile-py/bin/python3";
-    let install = |version: &str| {
-        lab().sh(
-            APPLY,
-            &format!(
-                r#"set -e
-d=/opt/t-planfile-py
-rm -rf $d/site
-mkdir -p $d/site/sglang-{version}.dist-info $d/bin
-printf 'Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n' > $d/site/sglang-{version}.dist-info/METADATA
-printf '#!/bin/sh\nPYTHONPATH=%s/site exec /usr/bin/python3 "$@"\n' $d > $d/bin/python3
-chmod 755 $d/bin/python3"#
-            ),
-        )
-    };
+    let install =
+        |version: &str| lab().sh(APPLY, &venv_script("/opt/t-planfile-py", Some(version)));
     // Planned while the host lags the manifest (preflight says so, exit 1); the host is upgraded
     // after the review, so preflight would pass now, but what runs is not what was reviewed.
     install("0.5.23");

@@ -4,28 +4,22 @@
 use std::sync::Once;
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, Manifest, Reconcile, ESCAPING};
+use crate::lab::{lab, manifest, venv_script, Manifest, Reconcile, ESCAPING};
 
 const HOST: &str = ESCAPING;
 
 /// Two more "Pythons" on the host, each reporting another SGLang version while running the same
-/// stand-in package. A wrapper puts a folder holding only `sglang-<v>.dist-info` first on
-/// `PYTHONPATH`: `importlib.metadata` returns the first distribution it finds on `sys.path`, so
-/// `version('sglang')` says `<v>`, while `import sglang` still finds the stand-in in dist-packages
-/// (the folder has no `sglang` package), as a venv with another SGLang would run its own.
+/// stand-in package: venvs as `python3 -m venv --system-site-packages` lays them out, each holding
+/// only `sglang-<v>.dist-info`. `importlib.metadata` returns the first distribution it finds on
+/// `sys.path`, the venv's, so `version('sglang')` says `<v>`, while `import sglang` still finds
+/// the stand-in in the system's dist-packages, as a venv with another SGLang would run its own.
 fn other_pythons() {
     static SETUP: Once = Once::new();
     SETUP.call_once(|| {
-        let script = r#"set -e
-for v in 0.5.9 0.6.0; do
-  d=/opt/t-pre-py-$v
-  mkdir -p $d/site/sglang-$v.dist-info $d/bin
-  printf 'Metadata-Version: 2.1\nName: sglang\nVersion: %s\n' $v > $d/site/sglang-$v.dist-info/METADATA
-  printf '#!/bin/sh\nPYTHONPATH=%s/site exec /usr/bin/python3 "$@"\n' $d > $d/bin/python3
-  chmod 755 $d/bin/python3
-done
-/opt/t-pre-py-0.5.9/bin/python3 -c "from importlib.metadata import version; print(version('sglang'))"
-"#;
+        for v in ["0.5.9", "0.6.0"] {
+            lab().sh(HOST, &venv_script(&format!("/opt/t-pre-py-{v}"), Some(v)));
+        }
+        let script = "/opt/t-pre-py-0.5.9/bin/python3 -c \"from importlib.metadata import version; print(version('sglang'))\"";
         assert_eq!(lab().sh(HOST, script).trim(), "0.5.9");
     });
 }
@@ -422,14 +416,12 @@ fn a_plan_again_reads_the_sglang_version_and_weights_the_host_kept_until_what_th
     // A Python of its own (a wrapper putting its site folder first, with SGLang 0.5.23's
     // dist-info), and a model folder of its own with one shard of one F32 tensor.
     let (py, model) = ("/opt/t-pre-keep-py", "/var/tmp/t-pre-keep-model");
+    let venv = venv_script(py, Some("0.5.23"));
     lab().sh(
         HOST,
         &format!(
-            r#"set -e
-rm -rf {py} {model} && mkdir -p {py}/site/sglang-0.5.23.dist-info {py}/bin {model}
-printf 'Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.23\n' > {py}/site/sglang-0.5.23.dist-info/METADATA
-printf '#!/bin/sh\nPYTHONPATH=%s/site exec /usr/bin/python3 "$@"\n' {py} > {py}/bin/python3
-chmod 755 {py}/bin/python3
+            r#"{venv}
+rm -rf {model} && mkdir -p {model}
 cd {model} && python3 -c '
 import json, struct
 header = json.dumps({{"w": {{"dtype": "F32", "shape": [1024], "data_offsets": [0, 4096]}}}}).encode()
@@ -485,7 +477,7 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
         json
     };
     let install = |from: &str, to: &str| {
-        format!("cd {py}/site && mv sglang-{from}.dist-info sglang-{to}.dist-info && sed -i s/{from}/{to}/ sglang-{to}.dist-info/METADATA")
+        format!("cd {py}/lib/python3*/site-packages && mv sglang-{from}.dist-info sglang-{to}.dist-info && sed -i s/{from}/{to}/ sglang-{to}.dist-info/METADATA")
     };
     // Another SGLang installed where the Python looks.
     let json = afresh(&install("0.5.23", "0.6.0"));

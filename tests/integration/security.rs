@@ -266,3 +266,179 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         ran.stdout
     );
 }
+
+/// The preflight findings of a plan's only unit: (check, message).
+fn preflight_of(ran: &crate::lab::Ran) -> Vec<(String, String)> {
+    let json = ran.json();
+    json["units"][0]["preflight"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no preflight in {json:#}"))
+        .iter()
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+            (s("check"), s("message"))
+        })
+        .collect()
+}
+
+/// A test Python with a planted `.pth` that runs code, and a marker for each uid that ran it.
+const MARKERS: &str = "/tmp/t-sec-ran-as";
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn code_the_service_user_planted_never_runs_as_root_in_plan_or_apply() {
+    let host = SECURITY.host();
+    // The unit runs as `nobody` in a folder of theirs holding a `sglang` package of their own,
+    // as the server would import it first (`python -m` puts the working directory first).
+    lab().sh(
+        host,
+        &format!(
+            r#"rm -rf /srv/t-sec-hs {MARKERS}.* /var/lib/reconcile/deep-check; mkdir -p /srv/t-sec-hs/sglang
+cat > /srv/t-sec-hs/sglang/__init__.py <<'EOF'
+import os
+open("{MARKERS}.%d" % os.getuid(), "w")
+raise ImportError("planted")
+EOF
+cp /srv/t-sec-hs/sglang/__init__.py /srv/t-sec-hs/sitecustomize.py
+chown -R nobody /srv/t-sec-hs"#
+        ),
+    );
+    let planted = manifest("t-sec-planted", &[host])
+        .port(38003)
+        .systemd("User", "nobody")
+        .systemd("WorkingDirectory", "/srv/t-sec-hs");
+    for args in [
+        &["plan", "--format", "json", "--deep"][..],
+        &["apply", "--format", "json"][..],
+    ] {
+        let ran = Reconcile::new()
+            .manifest("a.yaml", &planted)
+            .args(args)
+            .run();
+        assert_ne!(
+            ran.code, 0,
+            "{args:?}: the planted package breaks the check:\n{}{}",
+            ran.stdout, ran.stderr
+        );
+        let ran_as = lab().sh(host, &format!("ls {MARKERS}.* 2>/dev/null; true"));
+        assert!(
+            !ran_as.contains(&format!("{MARKERS}.0")),
+            "{args:?} ran the service user's code as root: {ran_as}"
+        );
+    }
+    // It ran as the unit's user, as the server would: its refusal is the plan's.
+    assert!(lab()
+        .sh(host, &format!("ls {MARKERS}.*"))
+        .contains(&format!("{MARKERS}.65534")));
+    lab().sh(host, &format!("rm -rf /srv/t-sec-hs {MARKERS}.*; systemctl disable --now t-sec-planted 2>/dev/null; rm -f /etc/systemd/system/t-sec-planted.service; systemctl daemon-reload"));
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_venv_another_user_can_write_is_named_and_root_runs_none_of_it() {
+    let host = SECURITY.host();
+    let venv = "/opt/t-sec-venv";
+    // A venv of the system's SGLang (the stand-in), whose site folder `nobody` owns, with a
+    // `.pth` whose `import` line is code.
+    lab().sh(
+        host,
+        &format!(
+            r#"{script}rm -f {MARKERS}.*
+echo 'import os; open("{MARKERS}.%d" % os.getuid(), "w")' > "$site/t-sec.pth"
+chown -R nobody "$site""#,
+            script = crate::lab::venv_script(venv, None)
+        ),
+    );
+    let root_unit = manifest("t-sec-venv", &[host])
+        .port(38004)
+        .python(format!("{venv}/bin/python3").as_str());
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &root_unit)
+        .args(&["plan", "--format", "json", "--deep"])
+        .run();
+    let found = preflight_of(&ran);
+    let owner: Vec<&String> = found
+        .iter()
+        .filter(|(c, _)| c == "owner")
+        .map(|(_, m)| m)
+        .collect();
+    assert_eq!(owner.len(), 1, "{found:?}");
+    assert!(
+        owner[0].contains("site-packages (writable by its owner, uid 65534)"),
+        "{owner:?}"
+    );
+    assert!(owner[0].contains("runs as root"), "{owner:?}");
+    assert!(
+        found
+            .iter()
+            .any(|(c, m)| c == "deep" && m.contains("root did not start it")),
+        "the check that imports SGLang did not start as root: {found:?}"
+    );
+    // The version was still read, by root's interpreter alone, and no `.pth` code ran as root.
+    assert!(
+        !found.iter().any(|(c, _)| c == "sglang-version"),
+        "{found:?}"
+    );
+    let ran_as = lab().sh(host, &format!("ls {MARKERS}.* 2>/dev/null; true"));
+    assert!(
+        !ran_as.contains(&format!("{MARKERS}.0")),
+        "root ran the .pth: {ran_as}"
+    );
+    // The `.pth` is live code: any start of that Python runs it, as `nobody`'s here.
+    lab().sh(
+        host,
+        &format!("su nobody -s /bin/sh -c '{venv}/bin/python3 -c pass'"),
+    );
+    let ran_as = lab().sh(host, &format!("ls {MARKERS}.*"));
+    assert!(ran_as.contains(&format!("{MARKERS}.65534")), "{ran_as}");
+    lab().sh(host, &format!("rm -rf {venv} {MARKERS}.*"));
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn no_process_of_reconcile_on_the_host_carries_a_secret_on_its_command_line() {
+    let host = SECURITY.host();
+    let canary = "sk-canary-argv-7d1e";
+    let unit = manifest("t-sec-argv", &[host])
+        .port(38005)
+        .flag("api-key", canary)
+        .env("HF_TOKEN", "hf_canary_argv_90ab");
+    // A local user reads every command line on the host while plan checks the unit deeply. The
+    // patterns end in a bracket so that the scan's own command line does not match them.
+    let scan = "/tmp/t-sec-argv-scan";
+    lab().sh(
+        host,
+        &format!(
+            "rm -f {scan} {scan}.stop {scan}.done; setsid su nobody -s /bin/sh -c 'while [ ! -e {scan}.stop ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr \"\\0\" \" \" | grep -o -e sk-canary-argv-7d1[e] -e hf_canary_argv_90a[b]; done >> {scan}; touch {scan}.done' >/dev/null 2>&1 </dev/null &"
+        ),
+    );
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &unit)
+        .args(&["plan", "--format", "json", "--deep", "--trace-remote"])
+        .run();
+    assert!(
+        ran.stderr.contains("command=\"deep check\""),
+        "the deep check ran while the scan did:\n{}",
+        ran.stderr
+    );
+    lab().sh(host, &format!("touch {scan}.stop"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while lab()
+        .sh(host, &format!("test -e {scan}.done && echo done; true"))
+        .trim()
+        != "done"
+    {
+        assert!(std::time::Instant::now() < deadline, "the scan never ended");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let seen = lab().sh(
+        host,
+        &format!("cat {scan}; rm -f {scan} {scan}.stop {scan}.done"),
+    );
+    assert_eq!(
+        seen.trim(),
+        "",
+        "a local user read a secret on a command line"
+    );
+    assert!(!ran.stdout.contains(canary));
+}

@@ -5,6 +5,7 @@
 //! every problem they find, each with the file, line, column and field path, so a bad manifest is
 //! caught before any host is contacted.
 
+mod bearer;
 pub(crate) mod error;
 pub(crate) mod locate;
 mod parse;
@@ -17,6 +18,7 @@ mod validate;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use bearer::{in_clear_off_host, is_loopback_host};
 pub use error::{ManifestError, ManifestErrors, Position};
 pub(crate) use parse::deserialize_located;
 pub use parse::parse;
@@ -102,6 +104,31 @@ impl DropInPolicy {
         match text {
             "refuse" => Some(DropInPolicy::Refuse),
             "replace" => Some(DropInPolicy::Replace),
+            _ => None,
+        }
+    }
+}
+
+/// `systemd.hardening`: a sandbox preset rendered into the unit (`crate::unit::hardening`). Like
+/// `dropins`, reconcile's own key, lower case so it cannot clash with a systemd setting; the
+/// manifest's explicit `systemd:` settings override the preset's, one by one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Hardening {
+    /// No sandbox beyond what the manifest sets itself, as before the preset existed.
+    #[default]
+    None,
+    /// The sandbox SGLang keeps working under on NVIDIA GPUs (docs/hardening.md).
+    Standard,
+}
+
+impl Hardening {
+    /// The values `systemd.hardening` takes, as written.
+    pub const NAMES: [&'static str; 2] = ["none", "standard"];
+
+    pub fn parse(text: &str) -> Option<Hardening> {
+        match text {
+            "none" => Some(Hardening::None),
+            "standard" => Some(Hardening::Standard),
             _ => None,
         }
     }
@@ -201,6 +228,8 @@ pub struct HostSpec {
     pub systemd: BTreeMap<String, String>,
     /// Labels for `--selector` (the service's, overridden by the host's own).
     pub labels: BTreeMap<String, String>,
+    /// The sandbox preset of this host's unit: its own `systemd.hardening`, else the service's.
+    pub hardening: Hardening,
 }
 
 #[derive(Debug, Clone, PartialEq)]

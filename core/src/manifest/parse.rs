@@ -12,8 +12,8 @@ use serde::Deserialize;
 use super::error::{ManifestError, ManifestErrors, Position};
 use super::locate::Seg;
 use super::{
-    BenchmarkSpec, DrainSpec, Explicit, FlagValue, HostSpec, Manifest, NodeGroup, OnTimeout,
-    RefTarget, Reference, SglangSpec, Smoke, VerifySpec,
+    BenchmarkSpec, DrainSpec, Explicit, FlagValue, Hardening, HostSpec, Manifest, NodeGroup,
+    OnTimeout, RefTarget, Reference, SglangSpec, Smoke, VerifySpec,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -66,6 +66,7 @@ pub fn parse(source: &str, text: &str) -> Result<Manifest, ManifestErrors> {
             ));
         }
     }
+    errors.extend(raw.hardening_errors(source, text));
     if !errors.is_empty() {
         return Err(ManifestErrors(errors));
     }
@@ -124,6 +125,7 @@ pub(super) struct RawManifest {
     #[serde(default)]
     env: BTreeMap<String, RawEnv>,
     #[serde(default)]
+    #[schemars(schema_with = "systemd_schema")]
     systemd: BTreeMap<String, Scalar>,
     #[serde(default)]
     verify: RawVerify,
@@ -377,6 +379,7 @@ struct RawHostEntry {
     #[serde(default)]
     flags: BTreeMap<String, RawFlag>,
     #[serde(default)]
+    #[schemars(schema_with = "systemd_schema")]
     systemd: BTreeMap<String, Scalar>,
 }
 
@@ -491,6 +494,47 @@ impl RawManifest {
         errors
     }
 
+    /// `systemd.hardening` values that name no preset, service-wide and per host. Refused here,
+    /// with their position, like `dropins`: a misspelt preset must not render an unhardened unit.
+    fn hardening_errors(&self, source: &str, text: &str) -> Vec<ManifestError> {
+        let mut errors = Vec::new();
+        let mut check = |value: Option<&Scalar>, path: &[Seg], field: String| {
+            let Some(value) = value.filter(|v| Hardening::parse(&v.0).is_none()) else {
+                return;
+            };
+            errors.push(super::validate::invalid(
+                source,
+                text,
+                path,
+                &field,
+                format!(
+                    "`{}` is not a hardening preset: `standard` (a sandbox SGLang keeps working under on NVIDIA GPUs; docs/hardening.md) or `none` (the default)",
+                    value.0
+                ),
+            ));
+        };
+        check(
+            self.systemd.get("hardening"),
+            &[Seg::Key("systemd"), Seg::Key("hardening")],
+            "systemd.hardening".into(),
+        );
+        for (list, entries) in [("hosts", &self.hosts), ("nodes", &self.nodes)] {
+            for (i, h) in entries.iter().flatten().enumerate() {
+                check(
+                    h.0.systemd.get("hardening"),
+                    &[
+                        Seg::Key(list),
+                        Seg::Index(i),
+                        Seg::Key("systemd"),
+                        Seg::Key("hardening"),
+                    ],
+                    format!("{list}[{i}].systemd.hardening"),
+                );
+            }
+        }
+        errors
+    }
+
     fn into_manifest(self, source: &str, text: &str) -> Manifest {
         let service = self
             .service
@@ -537,10 +581,18 @@ impl RawManifest {
                     u16::try_from(p).unwrap_or(0)
                 }),
         });
+        // A value `hardening_errors` did not refuse names a preset.
+        let hardening = self
+            .systemd
+            .get("hardening")
+            .and_then(|v| Hardening::parse(&v.0))
+            .unwrap_or_default();
         let hosts: Vec<HostSpec> = entries
             .into_iter()
             .enumerate()
-            .map(|(i, h)| h.0.into_spec(&labels, list, i, text, &mut references))
+            .map(|(i, h)| {
+                h.0.into_spec(&labels, hardening, (list, i), text, &mut references)
+            })
             .collect();
         let systemd = strings(self.systemd);
         Manifest {
@@ -567,13 +619,14 @@ impl RawManifest {
             references,
             // `dropins` is reconcile's own setting, not systemd's: lower case, so it cannot clash
             // with one. A value it does not know is `validate`'s error, with its position.
+            // `hardening` is too; each host carries it (`HostSpec::hardening`).
             dropins: systemd
                 .get("dropins")
                 .and_then(|v| super::DropInPolicy::parse(v))
                 .unwrap_or_default(),
             systemd: systemd
                 .into_iter()
-                .filter(|(k, _)| k != "dropins")
+                .filter(|(k, _)| k != "dropins" && k != "hardening")
                 .collect(),
             verify: VerifySpec {
                 crash_window: v.crash_window.map_or(defaults.crash_window, |d| d.0),
@@ -613,23 +666,30 @@ impl RawManifest {
 }
 
 impl RawHostEntry {
+    /// The host's spec; `at`: the list (`hosts` or `nodes`) and index of its entry.
     fn into_spec(
         self,
         service_labels: &BTreeMap<String, String>,
-        list: &'static str,
-        index: usize,
+        service_hardening: Hardening,
+        at: (&'static str, usize),
         text: &str,
         references: &mut Vec<Reference>,
     ) -> HostSpec {
         let mut labels = service_labels.clone();
         labels.extend(strings(self.labels));
-        let at = Some((list, index));
+        let mut systemd = strings(self.systemd);
+        // The host's own preset, else the service's; not a systemd setting (see `dropins`).
+        let hardening = systemd
+            .remove("hardening")
+            .and_then(|v| Hardening::parse(&v))
+            .unwrap_or(service_hardening);
         HostSpec {
             name: self.name,
             labels,
-            env: env_values(self.env, at, text, references),
-            flags: flag_values(self.flags, at, text, references),
-            systemd: strings(self.systemd),
+            env: env_values(self.env, Some(at), text, references),
+            flags: flag_values(self.flags, Some(at), text, references),
+            systemd,
+            hardening,
         }
     }
 }
@@ -896,6 +956,23 @@ impl JsonSchema for RawHost {
             "anyOf": [{ "type": "string", "minLength": 1 }, entry]
         })
     }
+}
+
+/// `systemd:`, service-wide or per host: unit settings by name, and `hardening`, reconcile's own
+/// key, whose presets an editor can offer.
+fn systemd_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let scalar = generator.subschema_for::<Scalar>();
+    schemars::json_schema!({
+        "description": "Unit settings by name (User, Restart, LimitNOFILE, After, ...), written verbatim in systemd syntax",
+        "type": "object",
+        "properties": {
+            "hardening": {
+                "description": "reconcile's sandbox preset (docs/hardening.md): `standard`, one SGLang keeps working under on NVIDIA GPUs, or `none` (the default); the settings given here override the preset's",
+                "enum": Hardening::NAMES
+            }
+        },
+        "additionalProperties": scalar
+    })
 }
 
 impl JsonSchema for Scalar {

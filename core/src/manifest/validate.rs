@@ -81,6 +81,7 @@ pub fn validate(m: &Manifest, text: &str) -> Result<(), ManifestErrors> {
         check.quality(q);
     }
     super::router::check(m, text, &mut |path, message| check.fail(path, message));
+    super::bearer::check(m, &mut |path, message| check.fail(path, message));
     super::rollout::check(m, &mut |path, message| check.fail(path, message));
     if let Some(d) = &m.drain {
         check.drain(m, d);

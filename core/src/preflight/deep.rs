@@ -179,6 +179,11 @@ pub fn read_deep(status: i32, stdout: &str, stderr: &str) -> (Deep, Vec<String>)
     let last = last_line(stderr);
     let Some(a) = answer else {
         let deep = match status {
+            status if super::owners::untrusted(status, stderr) => Deep::Unavailable(
+                "the server runs as root, and another user can write what SGLang imports \
+                     (see the owner warning), so root did not start it"
+                    .into(),
+            ),
             _ if stderr.contains("No module named 'sglang.srt") => Deep::Unavailable(format!(
                 "this SGLang has no sglang.srt.server_args to parse arguments with ({last})"
             )),

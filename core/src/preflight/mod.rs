@@ -16,6 +16,7 @@
 
 mod deep;
 pub mod fleet;
+pub mod owners;
 mod weights;
 
 use std::collections::BTreeMap;
@@ -59,6 +60,8 @@ pub enum Python {
     Sglang(String),
     /// It ran and failed some other way (the last line of its stderr).
     Failed(String),
+    /// Root was not allowed to start it: a user other than root can write what it runs.
+    Untrusted(Vec<owners::Writable>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,6 +281,14 @@ fn python(t: &Target, want: &Want, python: &Python) -> Vec<Finding> {
         Python::Failed(why) => vec![Finding::error(
             "sglang-version",
             format!("cannot read the SGLang version of {py}: {why}"),
+        )],
+        // The trust check's own warning ([`owners::judge_owners`]) names the paths.
+        Python::Untrusted(_) => vec![Finding::warning(
+            "sglang-version",
+            format!(
+                "reconcile did not start {py} as root, since another user can change what it \
+                 runs: its SGLang version and flags are unchecked on this host"
+            ),
         )],
         Python::Sglang(installed) if installed.trim() == want.version.trim() => Vec::new(),
         Python::Sglang(installed) => {

@@ -95,6 +95,9 @@ impl Checker<'_> {
         if let Err(message) = check_value(flag, value) {
             self.push(Severity::Error, path, message);
         }
+        if crate::redact::Redactor::default().is_secret(flag.name) {
+            self.push(Severity::Warning, path, on_the_command_line(flag.name));
+        }
     }
 
     fn unknown(&self, name: &str) -> String {
@@ -145,6 +148,18 @@ fn field_name(path: &[Seg]) -> String {
     name
 }
 
+/// A secret flag is one of the server's arguments, and a process's arguments are readable by every
+/// local user (`ps`, `/proc/<pid>/cmdline`). SGLang 0.5.23 reads its flags only from its argv or
+/// from a YAML file named by `--config` (`srt/server_args.py` `prepare_server_args`,
+/// `srt/utils/server_args_config_parser.py`), which reconcile does not write yet.
+fn on_the_command_line(name: &str) -> String {
+    format!(
+        "--{name} is a secret on the server's command line: every local user of the host can read \
+         it (ps, /proc/<pid>/cmdline) while the server runs. SGLang reads it from its arguments or \
+         a --config YAML file only; see docs/guarantees.md for what an operator can do"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +203,20 @@ env:
     fn checked(text: &str) -> Checked {
         let m = parse("m.yaml", text).unwrap();
         check(&m, text, Catalog::for_version(&m.sglang.version).unwrap())
+    }
+
+    #[test]
+    fn a_secret_flag_is_named_as_readable_by_every_local_user_where_it_is_written() {
+        let text = "service: s\nhosts: [h]\nsglang:\n  python: /p\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n  flags:\n    api-key: sk-1\n    tp-size: 2\n";
+        let findings = checked(text).findings;
+        assert_eq!(findings.len(), 1, "{findings:?}");
+        assert_eq!(findings[0].severity, Severity::Warning);
+        assert_eq!(findings[0].position.map(|p| p.line), Some(9));
+        assert!(
+            findings[0].message.contains("every local user"),
+            "{findings:?}"
+        );
+        assert!(!findings[0].message.contains("sk-1"), "{findings:?}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! (not text) is what lets a plan tell a reformatted unit from one that needs a restart.
 
 mod escape;
+mod hardening;
 mod read;
 mod render;
 pub mod specifier;

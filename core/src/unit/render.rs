@@ -135,6 +135,8 @@ fn settings(m: &Manifest, host: &HostSpec) -> BTreeMap<String, Vec<String>> {
         "Service.TimeoutStopSec".into(),
         vec![format!("{}s", timeout.as_secs())],
     );
+    // The sandbox preset (`systemd.hardening`) first: the manifest's own settings override it.
+    super::hardening::add(&mut settings, m, host);
     for (key, value) in m.systemd.iter().chain(&host.systemd) {
         settings.insert(format!("{}.{key}", section_of(key)), vec![value.clone()]);
     }

@@ -17,7 +17,8 @@
 #   cudastub/    libcuda.so.1, a stub that answers "no device" (see cudastub.c)
 #   tiny-model/  a random two-layer Qwen2 with a byte-level BPE tokenizer and a ChatML template,
 #                max_position_embeddings 2048 (make_model.py)
-#   bin/python3  the wrapper a test manifest names as its `sglang.python` (below)
+#   bin/python3  the Python a test manifest names as its `sglang.python`: the host's own, with
+#                pyvenv.cfg making the folder a venv of venv/'s packages (below)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 BASE=${SGLANG_CPU_BASE:-/var/lib/reconcile-lab/sglang-cpu}
@@ -54,26 +55,15 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 XDG_CACHE_HOME="$DIR.tmp/cache" HF_HOME=
   nice -n 19 "$DIR.tmp/venv/bin/python" "$HERE/make_model.py" "$DIR.tmp/tiny-model" >&2
 rm -rf "$DIR.tmp/cache"
 
-# The wrapper: a test host's own Python 3.11 (Debian 12's) runs the venv's packages, which were
-# installed by this machine's Python 3.11. It sets what makes this a GPU-less machine running the
-# CPU engine, offline; each `:=` keeps a value the unit's environment already gives.
-mkdir -p "$DIR.tmp/bin"
-cat > "$DIR.tmp/bin/python3" <<'EOF'
-#!/bin/sh
-# The real SGLang 0.5.23 (CPU engine) of reconcile's test lab, bound read-only at this folder.
-root=$(cd "$(dirname "$0")/.." && pwd)
-export PYTHONPATH="$root/venv/lib/python3.11/site-packages${PYTHONPATH:+:$PYTHONPATH}"
-export LD_LIBRARY_PATH="$root/cudastub${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-: "${SGLANG_USE_CPU_ENGINE:=1}" "${HF_HUB_OFFLINE:=1}" "${TRANSFORMERS_OFFLINE:=1}"
-# Caches outside the read-only folder (the host's own overlay).
-: "${XDG_CACHE_HOME:=/var/cache/sglang-cpu}" "${HF_HOME:=/var/cache/sglang-cpu/hf}"
-: "${TRITON_CACHE_DIR:=/var/cache/sglang-cpu/triton}" "${TORCHINDUCTOR_CACHE_DIR:=/var/cache/sglang-cpu/inductor}"
-: "${SGLANG_CACHE_DIR:=/var/cache/sglang-cpu/sglang}"
-export SGLANG_USE_CPU_ENGINE HF_HUB_OFFLINE TRANSFORMERS_OFFLINE XDG_CACHE_HOME HF_HOME \
-  TRITON_CACHE_DIR TORCHINDUCTOR_CACHE_DIR SGLANG_CACHE_DIR
-exec /usr/bin/python3.11 "$@"
-EOF
-chmod 755 "$DIR.tmp/bin/python3"
+# The folder is a venv for the test hosts, as `python3 -m venv` lays one out: a host's own Python
+# 3.11 (Debian 12's) runs the packages this machine's Python 3.11 installed. reconcile starts a
+# host's Python isolated (`python -I`: no PYTHONPATH), so the folder says where its packages are
+# the way a venv does, with pyvenv.cfg beside bin/. What makes a host a GPU-less machine running
+# the CPU engine offline is the unit's environment (tests/integration/real_server/mod.rs).
+mkdir -p "$DIR.tmp/bin" "$DIR.tmp/lib/python3.11"
+printf 'home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11\n' >"$DIR.tmp/pyvenv.cfg"
+ln -s /usr/bin/python3.11 "$DIR.tmp/bin/python3"
+ln -s ../../venv/lib/python3.11/site-packages "$DIR.tmp/lib/python3.11/site-packages"
 touch "$DIR.tmp/.ok"
 rm -rf "$DIR"; mv "$DIR.tmp" "$DIR"
 # Older keys' folders are 7 GB each: keep only this one.

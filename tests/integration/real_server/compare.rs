@@ -36,11 +36,14 @@ fn probe(unit: &str, python: &str, model_path: &str, env: &[&str]) -> serde_json
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_stand_in_answers_the_probes_as_the_real_server_does() {
     let _slot = slots(1);
+    let tier = super::TIER_ENV.map(|(k, v)| format!("{k}={v}"));
+    let mut env: Vec<&str> = tier.iter().map(String::as_str).collect();
+    env.extend(["OMP_NUM_THREADS=1", "LONG_TOKENS=1500"]);
     let real = probe(
         "t-rs-compare-real",
         &format!("{ROOT}/bin/python3"),
         &format!("{ROOT}/tiny-model"),
-        &["OMP_NUM_THREADS=1", "LONG_TOKENS=1500"],
+        &env,
     );
     let standin = probe(
         "t-rs-compare-standin",

@@ -21,6 +21,7 @@
 mod compare;
 mod experiment;
 mod failures;
+mod hardening;
 mod lifecycle;
 mod quality;
 mod rollout;
@@ -35,6 +36,27 @@ pub const HOSTS: [&str; 2] = ["rl22", "rl23"];
 
 /// Where the tier's folder is in a host (up.sh binds it there).
 pub const ROOT: &str = "/opt/sglang-cpu";
+/// What makes a test host a GPU-less machine running SGLang's CPU engine offline: the stub
+/// libcuda.so.1 that lets sgl_kernel load (tests/hostlab/sglang-cpu/install.sh), and the caches
+/// in the host's own /var/cache (the tier's folder is read-only). Every server of the tier, and
+/// every script that imports its packages, starts with it.
+pub const TIER_ENV: [(&str, &str); 9] = [
+    ("LD_LIBRARY_PATH", "/opt/sglang-cpu/cudastub"),
+    ("SGLANG_USE_CPU_ENGINE", "1"),
+    ("HF_HUB_OFFLINE", "1"),
+    ("TRANSFORMERS_OFFLINE", "1"),
+    ("XDG_CACHE_HOME", "/var/cache/sglang-cpu"),
+    ("HF_HOME", "/var/cache/sglang-cpu/hf"),
+    ("TRITON_CACHE_DIR", "/var/cache/sglang-cpu/triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", "/var/cache/sglang-cpu/inductor"),
+    ("SGLANG_CACHE_DIR", "/var/cache/sglang-cpu/sglang"),
+];
+
+/// [`TIER_ENV`] as a shell's assignments, for `env` on a host.
+pub fn tier_env_words() -> String {
+    TIER_ENV.map(|(k, v)| format!("{k}={v}")).join(" ")
+}
+
 /// The tiny model's `max_position_embeddings` (make_model.py): the context length SGLang derives.
 pub const MODEL_CONTEXT: u32 = 2048;
 
@@ -114,6 +136,7 @@ pub fn manifest(name: &str, hosts: &[&str], port: u16) -> Manifest {
         .flag("sleep-on-idle", true)
         .without("env")
         .env("OMP_NUM_THREADS", "1")
+        .env_all(&TIER_ENV)
         .verify_all(&[
             ("crash_window", "3s"),
             ("sample_interval", "500ms"),
@@ -145,6 +168,12 @@ impl<'a> Service<'a> {
     /// Sets a verification setting.
     pub fn verify(mut self, name: &str, value: impl Into<serde_yaml::Value>) -> Self {
         self.manifest = self.manifest.verify(name, value);
+        self
+    }
+
+    /// Sets a `systemd:` setting, or reconcile's own key there (`hardening`).
+    pub fn systemd(mut self, name: &str, value: impl Into<serde_yaml::Value>) -> Self {
+        self.manifest = self.manifest.systemd(name, value);
         self
     }
 

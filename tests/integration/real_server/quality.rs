@@ -114,7 +114,8 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
     lab().sh(
         host,
         &format!(
-            "{ROOT}/bin/python3 - {ROOT}/tiny-model /models/tiny-perturbed <<'EOF'\n{PERTURB}\nEOF"
+            "env {} {ROOT}/bin/python3 - {ROOT}/tiny-model /models/tiny-perturbed <<'EOF'\n{PERTURB}\nEOF",
+            super::tier_env_words()
         ),
     );
     let perturbed = Service::new(name, host, port).verify("quality", quality_gate());
@@ -175,7 +176,8 @@ fn five_more_neutral_changes_pass_and_changes_apply_live_on_the_other_host() {
     lab().sh(
         host,
         &format!(
-            "rm -rf {copy} && cp -r {ROOT}/tiny-model {copy} && {ROOT}/bin/python3 - {ROOT}/tiny-model {perturbed} <<'EOF'\n{PERTURB}\nEOF"
+            "rm -rf {copy} && cp -r {ROOT}/tiny-model {copy} && env {} {ROOT}/bin/python3 - {ROOT}/tiny-model {perturbed} <<'EOF'\n{PERTURB}\nEOF",
+            super::tier_env_words()
         ),
     );
     let last = base().flag("max-running-requests", 17);
