@@ -120,7 +120,14 @@ async fn plan(
     let (manifests, redactor) = load_manifests(paths, args.strict)?;
     let targets = planned_targets(&manifests, &args)?;
     let ssh = ssh_options(reach, &args.ssh);
-    let outcomes = dry_run::plan_targets(targets, &ssh, args.parallel, args.deep, &redactor).await;
+    let mut outcomes =
+        dry_run::plan_targets(targets, &ssh, args.parallel, args.deep, &redactor).await;
+    if args.strict {
+        outcomes = outcomes
+            .into_iter()
+            .map(dry_run::PlanOutcome::strictly)
+            .collect();
+    }
     if let Some(out) = &out {
         let commit = git_info(paths).commit;
         plan_file::write(&plan_file::new(paths, commit, &outcomes), out)?;
@@ -165,7 +172,8 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
             targets.iter().filter_map(|t| t.manifest.rollout.as_ref()),
         ))
         .replace_dropins(args.replace_dropins)
-        .stage(!args.no_stage);
+        .stage(!args.no_stage)
+        .strict(plan.strict);
     let mut reports = apply::apply_targets(targets, &ssh, &options).await;
     reports.extend(refused.into_iter().map(|r| {
         apply::refused(

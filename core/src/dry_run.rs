@@ -22,6 +22,14 @@ pub enum PlanOutcome {
 }
 
 impl PlanOutcome {
+    /// The outcome under `--strict` ([`crate::finding::strictly`]).
+    pub fn strictly(mut self) -> PlanOutcome {
+        if let PlanOutcome::Planned(p) = &mut self {
+            crate::finding::strictly(&mut p.preflight);
+        }
+        self
+    }
+
     /// A unit that could not be planned, with why.
     pub fn failed(t: &Target, error: String) -> PlanOutcome {
         PlanOutcome::Error {

@@ -46,6 +46,32 @@ impl Finding {
     }
 }
 
+/// The host's findings under `--strict`: what it refuses as well as warns of becomes an error. A
+/// path another user can write among what root or the server runs (`owner`) is one: the plan
+/// names it either way, and `--strict` keeps the unit from being applied until it is root's.
+pub fn strictly(findings: &mut [Finding]) {
+    for f in findings.iter_mut().filter(|f| f.check == "owner") {
+        f.severity = Severity::Error;
+    }
+}
+
 pub fn has_errors(findings: &[Finding]) -> bool {
     findings.iter().any(|f| f.severity == Severity::Error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strict_refuses_what_another_user_can_write_and_leaves_other_warnings() {
+        let mut findings = vec![
+            Finding::warning("owner", "/srv/venv is writable by uid 1000".into()),
+            Finding::warning("flags", "an abbreviation".into()),
+        ];
+        assert!(!has_errors(&findings));
+        strictly(&mut findings);
+        assert_eq!(findings[0].severity, Severity::Error);
+        assert_eq!(findings[1].severity, Severity::Warning);
+    }
 }

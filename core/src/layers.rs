@@ -307,6 +307,10 @@ pub struct Moved {
     /// The file was a link to `/dev/null` (a mask), not a file with text.
     pub mask: bool,
     pub text: String,
+    /// Its permission bits (`640`), read when it was moved; records from before had none, and
+    /// such a file comes back 0644.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
 }
 
 /// What apply moves aside for `drift` under `systemd.dropins: replace`: the unit's own drop-ins,
@@ -326,16 +330,19 @@ pub fn to_move(unit: &str, layers: &Layers, drift: &[Drift]) -> Vec<Moved> {
                     .find(|x| x.path == *path)
                     .map(|x| x.text.clone())
                     .unwrap_or_default(),
+                mode: None,
             }),
             Drift::Masked { path } => Some(Moved {
                 path: path.clone(),
                 mask: true,
                 text: String::new(),
+                mode: None,
             }),
             Drift::Shadowed { path } if !is_vendor(path) && *path != managed_path => Some(Moved {
                 path: path.clone(),
                 mask: false,
                 text: layers.fragment_text.clone().unwrap_or_default(),
+                mode: None,
             }),
             Drift::Shadowed { .. } | Drift::Disabled => None,
         })

@@ -212,6 +212,27 @@ pub fn plan(
             d.path
         ));
     }
+    // The secrets file is named by what it holds: a name the host's unit does not give is a
+    // secret that is new or changed, whose value no output shows.
+    if let Some(file) = desired
+        .secrets
+        .as_ref()
+        .filter(|_| verdict != Verdict::NoChange)
+    {
+        let named = old_model
+            .settings
+            .get("Service.EnvironmentFile")
+            .is_some_and(|files| files.contains(&file.path));
+        if !named {
+            let names: Vec<&str> = file.env.keys().map(String::as_str).collect();
+            notes.push(format!(
+                "the secret environment ({}) goes to a new file only root reads ({}): new, \
+                 changed, or moved out of the unit",
+                names.join(", "),
+                file.path
+            ));
+        }
+    }
     UnitPlan {
         host: host.to_string(),
         unit: unit.clone(),
@@ -591,13 +612,18 @@ mod tests {
         assert_eq!(p.verdict, Verdict::Restart);
     }
 
+    /// [`BASE`] without its secret: a hand-written unit has it inline, reconcile's in a file.
+    fn plain() -> String {
+        BASE.replace("HF_TOKEN: hf_supersecret_1, ", "")
+    }
+
     #[test]
     fn a_hand_written_unit_without_type_runs_as_simple_and_only_reloads() {
-        let hand = "[Service]\nEnvironment=A=1 HF_TOKEN=hf_supersecret_1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n";
+        let hand = "[Service]\nEnvironment=A=1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n";
         let p = plan(
             "h",
             "m.yaml",
-            &desired(BASE),
+            &desired(&plain()),
             &observed(Some(hand)),
             &Redactor::default(),
         );
@@ -606,24 +632,24 @@ mod tests {
         let p = plan(
             "h",
             "m.yaml",
-            &desired(BASE),
+            &desired(&plain()),
             &observed(Some(&forking)),
             &Redactor::default(),
         );
         assert_eq!(p.verdict, Verdict::Restart);
         assert_eq!(
-            restart_reason(&parse_unit(&forking), &desired(BASE).model, None).as_deref(),
+            restart_reason(&parse_unit(&forking), &desired(&plain()).model, None).as_deref(),
             Some("the setting Service.Type")
         );
     }
 
     #[test]
     fn a_hand_written_unit_with_the_same_meaning_only_reloads() {
-        let hand = "[Unit]\nDescription=first\nAfter=network-online.target\nWants=network-online.target\n[Service]\nType=simple\nEnvironment=A=1 HF_TOKEN=hf_supersecret_1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n[Install]\nWantedBy=multi-user.target\n";
+        let hand = "[Unit]\nDescription=first\nAfter=network-online.target\nWants=network-online.target\n[Service]\nType=simple\nEnvironment=A=1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n[Install]\nWantedBy=multi-user.target\n";
         let p = plan(
             "h",
             "m.yaml",
-            &desired(BASE),
+            &desired(&plain()),
             &observed(Some(hand)),
             &Redactor::default(),
         );
@@ -638,19 +664,47 @@ mod tests {
     fn secrets_are_redacted_and_changes_still_show() {
         let p = plan_between(BASE, &BASE.replace("hf_supersecret_1", "hf_supersecret_2"));
         assert_eq!(p.verdict, Verdict::Restart);
-        let shown = format!("{}{:?}", p.diff, p.summary);
+        let shown = format!("{}{:?}{:?}", p.diff, p.summary, p.notes);
         assert!(!shown.contains("hf_supersecret"), "{shown}");
         assert!(
-            p.diff.contains("-Environment=\"HF_TOKEN=<redacted>\""),
+            p.diff
+                .contains("-EnvironmentFile=/var/lib/reconcile/secrets/s.service-")
+                && p.diff
+                    .contains("+EnvironmentFile=/var/lib/reconcile/secrets/s.service-"),
+            "{}",
+            p.diff
+        );
+        assert!(
+            p.notes
+                .iter()
+                .any(|n| n.contains("secret environment (HF_TOKEN)")),
+            "{:?}",
+            p.notes
+        );
+        // A unit that had it inline moves it, its value shown nowhere.
+        let hand = desired(BASE).inline_model();
+        let inline = format!(
+            "[Service]\nEnvironment=\"A=1\" \"HF_TOKEN={}\"\nExecStart={}\n",
+            hand.env["HF_TOKEN"],
+            hand.exec_start.join(" ")
+        );
+        let p = plan(
+            "h",
+            "m.yaml",
+            &desired(BASE),
+            &observed(Some(&inline)),
+            &Redactor::default(),
+        );
+        assert!(
+            !format!("{}{:?}", p.diff, p.summary).contains("hf_supersecret"),
             "{}",
             p.diff
         );
         assert!(
             p.diff
-                .contains("+Environment=\"HF_TOKEN=<redacted, changed>\""),
+                .contains("-Environment=\"A=1\" \"HF_TOKEN=<redacted>\""),
             "{}",
             p.diff
         );
-        assert_eq!(p.summary.env[0].new.as_deref(), Some(REDACTED_CHANGED));
     }
 }

@@ -430,7 +430,11 @@ mod tests {
             &observed,
             &crate::redact::Redactor::default(),
         );
-        assert!(planned.diff.contains("HF_TOKEN"), "{}", planned.diff);
+        assert!(
+            planned.notes.iter().any(|n| n.contains("HF_TOKEN")),
+            "{:?}",
+            planned.notes
+        );
         planned.recorded = Some(state("d", Some("c"), Some("0.5.23")));
         let plan = PlanFile::new(
             &[PathBuf::from("manifests")],
@@ -441,7 +445,10 @@ mod tests {
         );
         let text = serde_json::to_string(&plan).unwrap();
         assert!(!text.contains("hf_plan_secret"), "{text}");
-        assert!(text.contains("<redacted, changed>"), "{text}");
+        assert!(
+            text.contains("+EnvironmentFile=/var/lib/reconcile/secrets/s.service-"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -6,23 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::flags::flags;
 use crate::manifest::Manifest;
-use crate::unit::{quote_env, quote_exec_arg, Desired, UnitModel};
-
-/// Words that mark a value as secret (`HF_TOKEN`, `OPENAI_API_KEY`, `--api-key`, ...). Whole words
-/// only: `--speculative-num-draft-tokens` is a count, not a token.
-const SECRET_WORDS: [&str; 11] = [
-    "TOKEN",
-    "SECRET",
-    "PASSWORD",
-    "PASSWD",
-    "KEY",
-    "APIKEY",
-    "CREDENTIAL",
-    "CREDENTIALS",
-    "AUTH",
-    "PRIVATE",
-    "PAT",
-];
+use crate::unit::{looks_secret, quote_env, quote_exec_arg, Desired, UnitModel};
 
 pub const REDACTED: &str = "<redacted>";
 pub const REDACTED_CHANGED: &str = "<redacted, changed>";
@@ -60,31 +44,33 @@ impl Redactor {
     /// Whether an env var or flag name (`hf-token`, `HF_TOKEN`) holds a secret: by its words, or
     /// because a manifest declared it.
     pub fn is_secret(&self, name: &str) -> bool {
-        let upper = name.to_ascii_uppercase();
-        upper
-            .split(['_', '-', '.'])
-            .any(|word| SECRET_WORDS.contains(&word))
-            || self.declared.contains(name)
+        looks_secret(name) || self.declared.contains(name)
     }
 
     /// A rendered unit with its secret values hidden, for showing.
     pub fn redact_unit(&self, desired: &Desired) -> String {
-        self.redact_for(&desired.model, &desired.text)
+        self.redact_desired(desired, &desired.text)
+    }
+
+    /// Any text about a rendered unit (a failure's detail, a journal) with its secret values
+    /// hidden, those of its secrets file too.
+    pub fn redact_desired(&self, desired: &Desired, text: &str) -> String {
+        hide(self.secret_values_of(desired), text)
+    }
+
+    /// [`Redactor::secret_values`] of a rendered unit, with every value of its secrets file.
+    pub fn secret_values_of(&self, desired: &Desired) -> BTreeMap<String, String> {
+        let mut values = self.secret_values(&desired.model);
+        if let Some(file) = &desired.secrets {
+            values.extend(file.env.clone());
+        }
+        values
     }
 
     /// Any text about a unit (a failure's detail, a journal) with that unit's secret values
     /// hidden.
     pub fn redact_for(&self, model: &UnitModel, text: &str) -> String {
-        let secrets: Vec<Secret> = self
-            .secret_values(model)
-            .into_iter()
-            .map(|(name, value)| Secret {
-                name,
-                value,
-                placeholder: REDACTED,
-            })
-            .collect();
-        redact_text(text, &secrets)
+        hide(self.secret_values(model), text)
     }
 
     /// Secret env values and secret flag values (keyed `--flag`) of a unit.
@@ -102,6 +88,19 @@ impl Redactor {
         }
         values
     }
+}
+
+/// `text` with each of `values` (secret name to value) shown as [`REDACTED`].
+fn hide(values: BTreeMap<String, String>, text: &str) -> String {
+    let secrets: Vec<Secret> = values
+        .into_iter()
+        .map(|(name, value)| Secret {
+            name,
+            value,
+            placeholder: REDACTED,
+        })
+        .collect();
+    redact_text(text, &secrets)
 }
 
 /// A secret to hide: its name, the value, and what to show instead.

@@ -43,8 +43,27 @@ pub async fn move_aside(
     if files.is_empty() {
         return Ok(None);
     }
-    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir(unit)])
-        .await?;
+    super::state::private_dir(host, &dir(unit)).await?;
+    // Each file's mode, kept with it: a drop-in an operator made 0600 comes back 0600.
+    let mut files = files;
+    let texts: Vec<&str> = files
+        .iter()
+        .filter(|f| !f.mask)
+        .map(|f| f.path.as_str())
+        .collect();
+    if !texts.is_empty() {
+        const MODES: &str =
+            "for f; do printf '%s\\n' \"$(stat -c %a -- \"$f\" 2>/dev/null)\"; done";
+        let argv: Vec<&str> = ["sh", "-c", MODES, "sh"].into_iter().chain(texts).collect();
+        let modes = host.run_ok(&argv).await?;
+        let mut modes = modes.lines();
+        for f in files.iter_mut().filter(|f| !f.mask) {
+            f.mode = modes
+                .next()
+                .filter(|m| !m.is_empty() && m.chars().all(|c| c.is_ascii_digit()))
+                .map(str::to_string);
+        }
+    }
     let record = record.to_string();
     let json = serde_json::to_string_pretty(&files).expect("moved files serialize");
     host.write_file(&record, &(json + "\n"), "0600").await?;
@@ -58,8 +77,8 @@ pub async fn move_aside(
     Ok(Some(Aside { record, files }))
 }
 
-/// Puts every file of `aside` back where it was: a file with its text (0644, its folder made if
-/// it went), a mask as the link to `/dev/null` it was. The caller reloads systemd.
+/// Puts every file of `aside` back where it was: a file with its text and mode (its folder made
+/// if it went), a mask as the link to `/dev/null` it was. The caller reloads systemd.
 pub async fn put_back(host: &dyn Host, aside: &Aside) -> Result<(), RemoteError> {
     for f in &aside.files {
         if let Some((parent, _)) = f.path.rsplit_once('/') {
@@ -68,7 +87,8 @@ pub async fn put_back(host: &dyn Host, aside: &Aside) -> Result<(), RemoteError>
         if f.mask {
             host.run_ok(&["ln", "-sfn", "/dev/null", &f.path]).await?;
         } else {
-            host.write_file(&f.path, &f.text, "0644").await?;
+            host.write_file(&f.path, &f.text, f.mode.as_deref().unwrap_or("0644"))
+                .await?;
         }
     }
     Ok(())
@@ -115,11 +135,13 @@ mod tests {
                 path: "/etc/systemd/system/s.service.d/override.conf".into(),
                 mask: false,
                 text: "[Service]\nUser=x\n".into(),
+                mode: None,
             },
             Moved {
                 path: "/etc/systemd/system/s.service".into(),
                 mask: true,
                 text: String::new(),
+                mode: None,
             },
         ];
         let record = new_record("s.service");
@@ -162,5 +184,28 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[tokio::test]
+    async fn a_file_comes_back_with_the_mode_it_had() {
+        // The host says the drop-in was 0640 when it was moved.
+        let host = FakeHost::new("gpu-a").on(&[], Reply::ok("640\n"));
+        let path = "/etc/systemd/system/s.service.d/secret.conf";
+        let files = vec![Moved {
+            path: path.into(),
+            mask: false,
+            text: "[Service]\nEnvironment=A=1\n".into(),
+            mode: None,
+        }];
+        let aside = move_aside(&host, "s.service", &new_record("s.service"), files)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(host
+            .file(&aside.record)
+            .unwrap()
+            .contains("\"mode\": \"640\""));
+        put_back(&host, &aside).await.unwrap();
+        assert_eq!(host.mode(path).as_deref(), Some("640"));
     }
 }

@@ -239,8 +239,8 @@ pub(super) async fn arm<'a>(
     // it is started and lets it go once it is done, so a settled guard leaves nothing loaded;
     // only a definition systemd still holds from before is reloaded.
     const CLEAR: &str = r#"systemctl stop -- "$1" 2>/dev/null; systemctl reset-failed -- "$1" 2>/dev/null
-mkdir -p -m 0700 -- "$2" || exit 1
-f="/etc/systemd/system/$1"; w=/etc/systemd/system/multi-user.target.wants
+umask 077; mkdir -p -m 0700 -- "$2" || exit 1
+umask 022; f="/etc/systemd/system/$1"; w=/etc/systemd/system/multi-user.target.wants
 if [ "$(cat -- "$f" 2>/dev/null)" != "$3" ]; then
   printf '%s\n' "$3" > "$f.tmp" && mv -f -- "$f.tmp" "$f" || exit 1
 fi

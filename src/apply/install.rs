@@ -15,7 +15,7 @@ use crate::observed::Observed;
 use crate::plan::{Verdict, UNIT_DIR};
 use crate::redact::{redact_text, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError};
-use crate::unit::{parse_unit, UnitModel};
+use crate::unit::{parse_unit, SecretsFile, UnitModel, SECRETS_DIR};
 use crate::verify::{Expect, Verification};
 
 /// What to go back to when the new unit fails.
@@ -257,6 +257,11 @@ pub(super) async fn write_unit(job: &Job<'_>, fallback: &mut Fallback) -> Result
     if let (false, Some(record)) = (to_move.is_empty(), &fallback.layers.aside_record) {
         fallback.layers.aside = aside::move_aside(host, unit, record, to_move).await?;
     }
+    // Its secrets first, in a file of their own the unit names: never a unit naming a file
+    // that is not there.
+    if let Some(file) = &t.desired.secrets {
+        write_secrets(host, file).await?;
+    }
     // A file already the desired one (a run after a dead one that wrote it) is not written
     // again: its mtime tells the guard which starts ran it (the model found a rewrite after a
     // reboot's start make that start look older than the file).
@@ -270,6 +275,13 @@ pub(super) async fn write_unit(job: &Job<'_>, fallback: &mut Fallback) -> Result
         host.run_ok(&["systemctl", "enable", "--", unit]).await?;
     }
     Ok(())
+}
+
+/// A unit's secrets file, root's alone in a folder root's alone (every folder of the state path
+/// 0700, whatever made it before). Named by what it holds, a file already there holds the same.
+async fn write_secrets(host: &dyn Host, file: &SecretsFile) -> Result<(), RemoteError> {
+    state::private_dir(host, SECRETS_DIR).await?;
+    host.write_file(&file.path, &file.text(), "0600").await
 }
 
 /// Writes the deployment record; a failure to record is a note, not a failed deployment.
@@ -320,7 +332,7 @@ pub(super) async fn redacted_journal(
     let secrets: Vec<Secret> = job
         .options
         .redactor
-        .secret_values(&job.t.desired.model)
+        .secret_values_of(&job.t.desired)
         .into_iter()
         .chain(
             fallback

@@ -167,6 +167,9 @@ pub struct ApplyOptions {
     /// Stage a restarting server's weights into its host's page cache before the stop
     /// (`reconcile_core::stage`); `--no-stage` turns it off.
     pub stage: bool,
+    /// `--strict`: preflight's warnings that it refuses (`reconcile_core::finding::strictly`)
+    /// block the unit.
+    pub strict: bool,
 }
 
 impl ApplyOptions {
@@ -197,10 +200,16 @@ impl ApplyOptions {
             routers: None,
             replace_dropins: false,
             stage: true,
+            strict: false,
         }
     }
 
     /// `--no-stage`: no weights staged before a restart.
+    /// `--strict`: preflight's warnings that it refuses block the unit too.
+    pub fn strict(self, strict: bool) -> ApplyOptions {
+        ApplyOptions { strict, ..self }
+    }
+
     pub fn stage(self, stage: bool) -> ApplyOptions {
         ApplyOptions { stage, ..self }
     }
@@ -653,7 +662,11 @@ async fn run_preflight(
         None => preflight::check(host, t, state, verdict, options.deep).await,
     }
     .map_err(|e| ApplyError::PreflightCouldNotRun(error_chain(&e)))?;
-    let (notes, refusal) = decide::preflight(checked.findings, options.restoring);
+    let mut findings = checked.findings;
+    if options.strict {
+        preflight::strictly(&mut findings);
+    }
+    let (notes, refusal) = decide::preflight(findings, options.restoring);
     report.notes.extend(notes);
     refusal.map_or(Ok(checked.weights), Err)
 }

@@ -69,7 +69,7 @@ pub async fn lock(
     owner: &Owner,
     policy: LockPolicy,
 ) -> Result<Option<String>, ApplyError> {
-    const TAKE: &str = "mkdir -p -m 0700 \"$1\" && mkdir -m 0700 \"$1/lock\" 2>/dev/null && printf '%s\\n' \"$2\" \"$3\" \"$4\" \"$5\" > \"$1/lock/owner\"";
+    const TAKE: &str = "umask 077; mkdir -p -m 0700 \"$1\" && mkdir -m 0700 \"$1/lock\" 2>/dev/null && printf '%s\\n' \"$2\" \"$3\" \"$4\" \"$5\" > \"$1/lock/owner\"";
     let dir = unit_dir(unit);
     let now = unix_now().to_string();
     let pid = owner.pid.to_string();
@@ -153,6 +153,19 @@ pub async fn unlock_noting(host: &dyn Host, unit: &str, notes: &mut Vec<String>)
     }
 }
 
+/// A folder of the state path made, and it and every folder above it up to [`STATE_DIR`] made
+/// root's alone (0700), whatever made them before: `mkdir -p -m` sets only the last folder's
+/// mode, and an earlier reconcile left the state folder 0755.
+pub async fn private_dir(host: &dyn Host, dir: &str) -> Result<(), RemoteError> {
+    const MAKE: &str = r#"umask 077 && mkdir -p -- "$2" || exit 1
+d=$2; set -- "$1"
+while [ "${d#"$1"/}" != "$d" ]; do set -- "$@" "$d"; d=${d%/*}; done
+chmod 0700 -- "$@""#;
+    host.run_ok(&["sh", "-c", MAKE, "sh", STATE_DIR, dir])
+        .await
+        .map(drop)
+}
+
 /// Copies a unit's text into the generations, keeping the newest few; returns the copy's path.
 pub async fn keep_generation(
     host: &dyn Host,
@@ -160,8 +173,7 @@ pub async fn keep_generation(
     text: &str,
 ) -> Result<String, RemoteError> {
     let dir = format!("{}/generations", unit_dir(unit));
-    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir])
-        .await?;
+    private_dir(host, &dir).await?;
     let path = format!("{dir}/{}.service", unix_nanos());
     host.write_file(&path, text, "0600").await?;
     const PRUNE: &str = "cd \"$1\" && ls -1 | sort -n | head -n -\"$2\" | xargs -r rm -f --";
@@ -200,8 +212,7 @@ pub async fn write_record(
     let lines = host.run_ok(&["sh", "-c", LINES, "sh", &history]).await?;
     let n = lines.trim().parse::<usize>().unwrap_or(0) + 1;
     let deployed = format!("{dir}/deployed");
-    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &deployed])
-        .await?;
+    private_dir(host, &deployed).await?;
     host.write_file(&format!("{deployed}/{n}.service"), unit_text, "0600")
         .await?;
     const APPEND: &str = "umask 077; printf '%s\\n' \"$2\" >> \"$1\"";

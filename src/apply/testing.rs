@@ -45,6 +45,7 @@ pub fn options(cancel: CancellationToken) -> ApplyOptions {
         routers: None,
         replace_dropins: false,
         stage: true,
+        strict: false,
     }
 }
 

@@ -234,6 +234,8 @@ pub(crate) fn kept_target(
             dropins: m.dropins,
             sglang_version: m.sglang.version.clone(),
             live: false,
+            // The kept unit names its own secrets file, still on the host.
+            secrets: None,
         },
         manifest: Arc::new(m),
         conflicts: Vec::new(),

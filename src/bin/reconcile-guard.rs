@@ -330,7 +330,13 @@ fn put_back_aside(guard: &Record) -> Result<(), Error> {
         if moved.mask {
             std::os::unix::fs::symlink("/dev/null", target).map_err(io(target))?;
         } else {
-            write(target, moved.text.as_bytes(), 0o644)?;
+            // The mode it had when moved (records from before kept none: 0644).
+            let mode = moved
+                .mode
+                .as_deref()
+                .and_then(|m| u32::from_str_radix(m, 8).ok())
+                .unwrap_or(0o644);
+            write(target, moved.text.as_bytes(), mode)?;
         }
     }
     Ok(())

@@ -44,7 +44,7 @@ pub async fn write(host: &dyn Host, unit: &str, digest: &str, report: &Report) {
     let text = serde_json::to_string_pretty(&saved).expect("a report serialises");
     let dir = unit_dir(unit);
     let written = async {
-        host.run_ok(&["mkdir", "-p", &dir]).await?;
+        crate::apply::state::private_dir(host, &dir).await?;
         host.write_file(&path(unit), &text, "0644").await
     };
     if let Err(e) = written.await {

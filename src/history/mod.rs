@@ -532,6 +532,7 @@ mod tests {
                     path: "/etc/systemd/system/s.service.d/über.conf".into(),
                     mask: false,
                     text: String::new(),
+                    mode: None,
                 }],
             }]),
             notes: disk_notes(&d, Some("ñññññññññññññññ")),

@@ -356,7 +356,7 @@ async fn deep_check(
     if let kept::Lookup::Keyed(key) = kept::read(&out.stdout) {
         if answered(&out.stdout) {
             let redactor = crate::redact::Redactor::of_manifests([&*t.manifest]);
-            let redact = |text: &str| redactor.redact_for(&t.desired.model, text);
+            let redact = |text: &str| redactor.redact_desired(&t.desired, text);
             if let Some(answer) = reconcile_core::preflight::kept_answer(&deep, &unchecked, redact)
             {
                 if kept.store(host, key, version, &answer).await {

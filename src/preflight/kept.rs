@@ -111,7 +111,7 @@ impl Kept {
 pub(super) fn deep_input(t: &Target) -> String {
     let cwd = working_directory(t);
     let args = reconcile_core::flags::server_args(&t.desired.model.exec_start);
-    serde_json::json!({ "args": args, "env": t.desired.model.env, "cwd": cwd }).to_string()
+    serde_json::json!({ "args": args, "env": t.desired.environment(), "cwd": cwd }).to_string()
 }
 
 /// Where the server starts: an absolute `WorkingDirectory=` (a `-` prefix only makes it optional),

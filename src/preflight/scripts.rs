@@ -387,6 +387,7 @@ macro_rules! keep_fn {
     text = "\n".join(["#reconcile-survey-kept " + env, *SEEN, "--", *stats, "--", *answer]) + "\n"
     folder = os.path.dirname(path)
     try:
+        os.umask(0o077)  # every folder it makes root's alone, not only the last
         os.makedirs(folder, mode=0o700, exist_ok=True)
         part = "%s.%d" % (path, os.getpid())
         with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:

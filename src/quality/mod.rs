@@ -316,8 +316,7 @@ pub async fn keep_reference(
     reference: &Reference,
 ) -> Result<String, RemoteError> {
     let dir = format!("{}/quality", unit_dir(unit));
-    host.run_ok(&["mkdir", "-p", "-m", "0700", "--", &dir])
-        .await?;
+    crate::apply::state::private_dir(host, &dir).await?;
     let path = path(unit, &reference.settings_key);
     host.write_file(&path, &quality::reference_json(reference), "0600")
         .await?;

@@ -63,6 +63,8 @@ pub struct FakeHost {
     name: String,
     limits: Limits,
     files: Mutex<BTreeMap<String, String>>,
+    /// The mode each file was last written with.
+    modes: Mutex<BTreeMap<String, String>>,
     rules: Mutex<Vec<Rule>>,
     once: Mutex<VecDeque<Rule>>,
     commands: Mutex<Vec<Vec<String>>>,
@@ -77,6 +79,7 @@ impl FakeHost {
             name: name.to_string(),
             limits: Limits::default(),
             files: Mutex::new(BTreeMap::new()),
+            modes: Mutex::new(BTreeMap::new()),
             rules: Mutex::new(Vec::new()),
             once: Mutex::new(VecDeque::new()),
             commands: Mutex::new(Vec::new()),
@@ -130,6 +133,11 @@ impl FakeHost {
 
     pub fn commands(&self) -> Vec<Vec<String>> {
         self.commands.lock().unwrap().clone()
+    }
+
+    /// The mode a file was last written with.
+    pub fn mode(&self, path: &str) -> Option<String> {
+        self.modes.lock().unwrap().get(path).cloned()
     }
 
     /// A file's text as the host has it now.
@@ -245,8 +253,12 @@ impl Host for FakeHost {
         Ok(self.file(path))
     }
 
-    async fn write_file(&self, path: &str, content: &str, _mode: &str) -> Result<(), RemoteError> {
+    async fn write_file(&self, path: &str, content: &str, mode: &str) -> Result<(), RemoteError> {
         self.check_connected(|| format!("write {path}"))?;
+        self.modes
+            .lock()
+            .unwrap()
+            .insert(path.to_string(), mode.to_string());
         self.files
             .lock()
             .unwrap()

@@ -96,11 +96,31 @@ pub fn render_apply(reports: &[crate::apply::UnitReport], format: Format) -> Str
         if let Some(journal) = r.journal.as_deref().filter(|j| !j.trim().is_empty()) {
             out.push_str("  journal of the failed start (last lines):\n");
             for line in journal.lines() {
-                out.push_str(&format!("    {line}\n"));
+                out.push_str(&format!("    {}\n", cut_line(line)));
             }
         }
     }
     terminal::text(out)
+}
+
+/// How much of one journal line a text report shows: two lines of a wide terminal. SGLang logs
+/// its resolved arguments on one line (`server_args=ServerArgs(...)`, about 4,000 characters),
+/// which would bury the lines around it; the JSON report keeps every line whole.
+const JOURNAL_LINE_SHOWN: usize = 300;
+
+/// A journal line as a text report shows it: cut at [`JOURNAL_LINE_SHOWN`] characters, with a
+/// marker that says how much was left out and where it is whole.
+fn cut_line(line: &str) -> std::borrow::Cow<'_, str> {
+    match line.char_indices().nth(JOURNAL_LINE_SHOWN) {
+        None => std::borrow::Cow::Borrowed(line),
+        Some((at, _)) => {
+            let left = line[at..].chars().count();
+            std::borrow::Cow::Owned(format!(
+                "{} [... {left} more characters; --format json has the whole line]",
+                &line[..at]
+            ))
+        }
+    }
 }
 
 fn verification_lines(out: &mut String, label: &str, v: &crate::verify::Verification) {
@@ -340,6 +360,37 @@ mod tests {
             json["units"][0]["diagnosis"],
             serde_json::json!({"cause": "CUDA out of memory", "advice": "lower --mem-fraction-static"})
         );
+    }
+
+    #[test]
+    fn a_journal_line_too_long_to_read_is_cut_in_text_and_kept_whole_in_json() {
+        use crate::apply::{refused, Outcome};
+        let mut report = refused("h", "s.service", "a.yaml", Outcome::RolledBack, "d".into());
+        let args = format!(
+            "server_args=ServerArgs({})",
+            "model_path='/m', ".repeat(300)
+        );
+        report.journal = Some(format!("loading\n{args}\nTraceback\n"));
+        let text = render_apply(std::slice::from_ref(&report), Format::Text);
+        let shown = text.lines().find(|l| l.contains("server_args=")).unwrap();
+        assert!(shown.chars().count() < JOURNAL_LINE_SHOWN + 80, "{shown}");
+        assert!(
+            shown.ends_with(&format!(
+                "[... {} more characters; --format json has the whole line]",
+                args.chars().count() - JOURNAL_LINE_SHOWN
+            )),
+            "{shown}"
+        );
+        assert!(
+            text.contains("    loading\n") && text.contains("    Traceback\n"),
+            "{text}"
+        );
+        let json = render_apply(std::slice::from_ref(&report), Format::Json);
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert!(value["units"][0]["journal"]
+            .as_str()
+            .unwrap()
+            .contains(&args));
     }
 
     #[test]

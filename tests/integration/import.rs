@@ -62,6 +62,17 @@ fn running(unit: &str) -> (Vec<String>, String) {
 /// and the plan's JSON for the unit. Asserts the round trip: no restart planned, none happened,
 /// the same argv before and after.
 fn round_trip(unit: &str, secrets: &[(&str, &str)]) -> (String, String, serde_json::Value) {
+    round_trip_moving(unit, secrets, &[])
+}
+
+/// [`round_trip`] of a unit whose secret environment (`inline`) is written inline: the one
+/// restart planned and made moves it to a file only root reads, and the server runs the same
+/// argv after it.
+fn round_trip_moving(
+    unit: &str,
+    secrets: &[(&str, &str)],
+    inline: &[&str],
+) -> (String, String, serde_json::Value) {
     let before = running(unit);
     let run = secrets
         .iter()
@@ -84,10 +95,16 @@ fn round_trip(unit: &str, secrets: &[(&str, &str)]) -> (String, String, serde_js
     );
     let plan = planned.json()["units"][0].clone();
     let verdict = plan["verdict"].as_str().unwrap_or_default().to_string();
-    assert!(
-        verdict == "reload_only" || verdict == "no_change",
-        "{verdict}: {plan:#}\n{yaml}"
-    );
+    if inline.is_empty() {
+        assert!(
+            verdict == "reload_only" || verdict == "no_change",
+            "{verdict}: {plan:#}\n{yaml}"
+        );
+    } else {
+        let moved = format!("the secret environment ({})", inline.join(", "));
+        assert_eq!(verdict, "restart", "{plan:#}\n{yaml}");
+        assert!(plan["notes"].to_string().contains(&moved), "{plan:#}");
+    }
 
     let applied: Ran = run.run_args(&["apply", "manifests/imported.yaml", "--format", "json"]);
     assert_eq!(
@@ -96,15 +113,31 @@ fn round_trip(unit: &str, secrets: &[(&str, &str)]) -> (String, String, serde_js
         applied.stdout, applied.stderr
     );
     let report = &applied.json()["units"][0];
+    let moved = !inline.is_empty();
     assert!(
-        matches!(report["outcome"].as_str(), Some("reloaded" | "unchanged")),
+        matches!(report["outcome"].as_str(), Some("reloaded" | "unchanged")) != moved,
         "{report:#}"
     );
-    assert_eq!(
-        running(unit),
-        before,
-        "the server was restarted or runs another argv"
-    );
+    let after = running(unit);
+    if moved {
+        // Rendered, the flags are in reconcile's order: the same words, the same values.
+        let sorted = |argv: &[String]| {
+            let mut words = argv.to_vec();
+            words.sort();
+            words
+        };
+        assert_eq!(
+            sorted(&after.0),
+            sorted(&before.0),
+            "the server runs another argv"
+        );
+        assert_ne!(after.1, before.1, "the move of the secrets restarted it");
+    } else {
+        assert_eq!(
+            after, before,
+            "the server was restarted or runs another argv"
+        );
+    }
     let managed = lab().sh(IMPORT, &format!("cat {UNIT_DIR}/{unit}"));
     assert!(managed.starts_with("# Managed by reconcile"), "{managed}");
     // Planned again, the applied manifest is the host's unit: nothing to change.
@@ -122,12 +155,13 @@ fn the_seeds_unit_round_trips_with_its_secrets_kept_out() {
         stand_in(40)
     );
     start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
-    let (yaml, stderr, _) = round_trip(
+    let (yaml, stderr, _) = round_trip_moving(
         unit,
         &[
             ("HF_TOKEN", "hf_import_secret_token"),
             ("SGLANG_API_KEY", "sk-import-secret-key"),
         ],
+        &["HF_TOKEN"],
     );
     assert!(yaml.contains("HF_TOKEN: { from_env: HF_TOKEN }"), "{yaml}");
     assert!(

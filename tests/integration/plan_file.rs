@@ -239,11 +239,12 @@ fn a_plan_file_holds_no_secret() {
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
     assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
     let (text, plan) = plan_file(&run);
+    // The secrets are in a file of their own, which the diff names.
     assert!(
         plan["targets"][0]["diff"]
             .as_str()
             .unwrap()
-            .contains("PLAN_CREDS=<redacted>"),
+            .contains("+EnvironmentFile=/var/lib/reconcile/secrets/t-planfile-secret.service-"),
         "{plan}"
     );
     for canary in canaries {

@@ -9,6 +9,10 @@ const CANARIES: [&str; 3] = [
     "sk-canary-flag-0c4d",
 ];
 
+/// A secret with what a shell or systemd would read as syntax: quotes, a backslash, a variable,
+/// a command, spaces.
+const TRICKY: &str = "p\"a\\ss $HOME `id` 'q' x";
+
 /// A service carrying three secrets: a name that looks secret, one declared in `secret_env`, and
 /// SGLang's `--api-key` flag (which SGLang itself logs in its resolved arguments).
 fn secret_service(port: u16) -> Manifest {
@@ -20,6 +24,7 @@ fn secret_service(port: u16) -> Manifest {
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .env("HF_TOKEN", CANARIES[0])
         .env("MY_CREDS", CANARIES[1])
+        .env("DB_PASSWORD", TRICKY)
         .section("secret_env", vec!["MY_CREDS"])
         .verify_all(&[
             ("crash_window", "3s"),
@@ -66,17 +71,25 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
             .args(&["render"])
             .run(),
     ));
-    for format in ["json", "text"] {
-        let text = if format == "json" { &good } else { &crashing };
-        runs.push((
-            format!("apply --format {format}"),
-            Reconcile::new()
-                .manifest("a.yaml", text)
-                .env("RECONCILE_LOG", "trace")
-                .args(&["apply", "--format", format])
-                .run(),
-        ));
-    }
+    // While the applies run, a local user reads every command line: no secret of the
+    // environment is on any (the server's own carries its --api-key, as SGLang reads it).
+    let ((), seen) = scanning(APPLY, "canary", &CANARIES[..2], || {
+        for format in ["json", "text"] {
+            let text = if format == "json" { &good } else { &crashing };
+            runs.push((
+                format!("apply --format {format}"),
+                Reconcile::new()
+                    .manifest("a.yaml", text)
+                    .env("RECONCILE_LOG", "trace")
+                    .args(&["apply", "--format", format])
+                    .run(),
+            ));
+        }
+    });
+    assert_eq!(
+        seen, "",
+        "a local user read a secret on a command line during apply"
+    );
     let (_, converged) = &runs[4];
     assert_eq!(
         converged.code, 0,
@@ -129,6 +142,54 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
         &format!("stat -c '%a %U' /var/lib/reconcile/{unit}/generations/* | sort -u"),
     );
     assert_eq!(modes.trim(), "600 root");
+
+    // A secret reaches only the server: another local user reads none in the unit file or
+    // through systemd's D-Bus API, which shows any user an inline Environment=.
+    let seen_by_nobody = lab().sh(
+        APPLY,
+        &format!("su nobody -s /bin/sh -c 'systemctl show -p Environment -p EnvironmentFiles {unit}; cat /etc/systemd/system/{unit}; cat /var/lib/reconcile/secrets/* 2>&1; true'"),
+    );
+    // Not the --api-key, which SGLang reads from its command line only (docs/guarantees.md).
+    for canary in &CANARIES[..2] {
+        assert!(
+            !seen_by_nobody.contains(canary),
+            "another local user reads {canary}:\n{seen_by_nobody}"
+        );
+    }
+    assert!(
+        seen_by_nobody
+            .contains("EnvironmentFiles=/var/lib/reconcile/secrets/t-sec-canary.service-"),
+        "{seen_by_nobody}"
+    );
+    assert!(
+        seen_by_nobody.contains("Permission denied"),
+        "{seen_by_nobody}"
+    );
+    // Root's alone, in folders root's alone; and the server got every value exactly.
+    let modes = lab().sh(
+        APPLY,
+        "stat -c '%a %U %n' /var/lib/reconcile /var/lib/reconcile/secrets /var/lib/reconcile/secrets/t-sec-canary.service-*",
+    );
+    for line in modes.lines() {
+        assert!(
+            line.starts_with("700 root ") || line.starts_with("600 root "),
+            "{modes}"
+        );
+    }
+    let environ = lab().sh(
+        APPLY,
+        &format!("tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value {unit})/environ"),
+    );
+    for want in [
+        format!("HF_TOKEN={}", CANARIES[0]),
+        format!("MY_CREDS={}", CANARIES[1]),
+        format!("DB_PASSWORD={TRICKY}"),
+    ] {
+        assert!(
+            environ.lines().any(|l| l == want),
+            "the server lacks {want}"
+        );
+    }
     lab().sh(APPLY, &format!("systemctl disable --now {unit}"));
 }
 
@@ -267,6 +328,43 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
     );
 }
 
+/// Runs `run` while a local user (`nobody`) reads every command line on `host` over and over,
+/// and returns what it found of `secrets`. Each pattern ends in a bracket expression, so that
+/// the scan's own command line does not match it.
+fn scanning<T>(host: &str, tag: &str, secrets: &[&str], run: impl FnOnce() -> T) -> (T, String) {
+    let scan = format!("/tmp/t-sec-scan-{tag}");
+    let patterns: Vec<String> = secrets
+        .iter()
+        .map(|s| {
+            let (head, last) = s.split_at(s.len() - 1);
+            format!("-e {head}[{last}]")
+        })
+        .collect();
+    lab().sh(
+        host,
+        &format!(
+            "rm -f {scan} {scan}.stop {scan}.done; setsid su nobody -s /bin/sh -c 'while [ ! -e {scan}.stop ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr \"\\0\" \" \" | grep -o {}; done >> {scan}; touch {scan}.done' >/dev/null 2>&1 </dev/null &",
+            patterns.join(" ")
+        ),
+    );
+    let out = run();
+    lab().sh(host, &format!("touch {scan}.stop"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while lab()
+        .sh(host, &format!("test -e {scan}.done && echo done; true"))
+        .trim()
+        != "done"
+    {
+        assert!(std::time::Instant::now() < deadline, "the scan never ended");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let seen = lab().sh(
+        host,
+        &format!("cat {scan}; rm -f {scan} {scan}.stop {scan}.done"),
+    );
+    (out, seen.trim().to_string())
+}
+
 /// The preflight findings of a plan's only unit: (check, message).
 fn preflight_of(ran: &crate::lab::Ran) -> Vec<(String, String)> {
     let json = ran.json();
@@ -281,8 +379,10 @@ fn preflight_of(ran: &crate::lab::Ran) -> Vec<(String, String)> {
         .collect()
 }
 
-/// A test Python with a planted `.pth` that runs code, and a marker for each uid that ran it.
-const MARKERS: &str = "/tmp/t-sec-ran-as";
+/// Where planted code leaves a marker for each uid that ran it: one prefix a test, as they run
+/// at once on one host.
+const PLANTED_MARKERS: &str = "/tmp/t-sec-planted-ran-as";
+const PTH_MARKERS: &str = "/tmp/t-sec-pth-ran-as";
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -293,10 +393,10 @@ fn code_the_service_user_planted_never_runs_as_root_in_plan_or_apply() {
     lab().sh(
         host,
         &format!(
-            r#"rm -rf /srv/t-sec-hs {MARKERS}.* /var/lib/reconcile/deep-check; mkdir -p /srv/t-sec-hs/sglang
+            r#"rm -rf /srv/t-sec-hs {PLANTED_MARKERS}.* /var/lib/reconcile/deep-check; mkdir -p /srv/t-sec-hs/sglang
 cat > /srv/t-sec-hs/sglang/__init__.py <<'EOF'
 import os
-open("{MARKERS}.%d" % os.getuid(), "w")
+open("{PLANTED_MARKERS}.%d" % os.getuid(), "w")
 raise ImportError("planted")
 EOF
 cp /srv/t-sec-hs/sglang/__init__.py /srv/t-sec-hs/sitecustomize.py
@@ -320,17 +420,17 @@ chown -R nobody /srv/t-sec-hs"#
             "{args:?}: the planted package breaks the check:\n{}{}",
             ran.stdout, ran.stderr
         );
-        let ran_as = lab().sh(host, &format!("ls {MARKERS}.* 2>/dev/null; true"));
+        let ran_as = lab().sh(host, &format!("ls {PLANTED_MARKERS}.* 2>/dev/null; true"));
         assert!(
-            !ran_as.contains(&format!("{MARKERS}.0")),
+            !ran_as.contains(&format!("{PLANTED_MARKERS}.0")),
             "{args:?} ran the service user's code as root: {ran_as}"
         );
     }
     // It ran as the unit's user, as the server would: its refusal is the plan's.
     assert!(lab()
-        .sh(host, &format!("ls {MARKERS}.*"))
-        .contains(&format!("{MARKERS}.65534")));
-    lab().sh(host, &format!("rm -rf /srv/t-sec-hs {MARKERS}.*; systemctl disable --now t-sec-planted 2>/dev/null; rm -f /etc/systemd/system/t-sec-planted.service; systemctl daemon-reload"));
+        .sh(host, &format!("ls {PLANTED_MARKERS}.*"))
+        .contains(&format!("{PLANTED_MARKERS}.65534")));
+    lab().sh(host, &format!("rm -rf /srv/t-sec-hs {PLANTED_MARKERS}.*; systemctl disable --now t-sec-planted 2>/dev/null; rm -f /etc/systemd/system/t-sec-planted.service; systemctl daemon-reload"));
 }
 
 #[test]
@@ -343,8 +443,8 @@ fn a_venv_another_user_can_write_is_named_and_root_runs_none_of_it() {
     lab().sh(
         host,
         &format!(
-            r#"{script}rm -f {MARKERS}.*
-echo 'import os; open("{MARKERS}.%d" % os.getuid(), "w")' > "$site/t-sec.pth"
+            r#"{script}rm -f {PTH_MARKERS}.*
+echo 'import os; open("{PTH_MARKERS}.%d" % os.getuid(), "w")' > "$site/t-sec.pth"
 chown -R nobody "$site""#,
             script = crate::lab::venv_script(venv, None)
         ),
@@ -374,14 +474,36 @@ chown -R nobody "$site""#,
             .any(|(c, m)| c == "deep" && m.contains("root did not start it")),
         "the check that imports SGLang did not start as root: {found:?}"
     );
+    assert_eq!(
+        ran.code, 2,
+        "a warning; the plan goes on:\n{}{}",
+        ran.stdout, ran.stderr
+    );
+    // `--strict` refuses it, in plan and in apply, touching nothing.
+    for args in [&["plan", "--strict"][..], &["apply", "--strict"][..]] {
+        let ran = Reconcile::new()
+            .manifest("a.yaml", &root_unit)
+            .args(args)
+            .run();
+        assert_eq!(ran.code, 1, "{args:?}:\n{}{}", ran.stdout, ran.stderr);
+    }
+    assert_eq!(
+        lab()
+            .sh(
+                host,
+                "test -e /etc/systemd/system/t-sec-venv.service && echo there; true"
+            )
+            .trim(),
+        ""
+    );
     // The version was still read, by root's interpreter alone, and no `.pth` code ran as root.
     assert!(
         !found.iter().any(|(c, _)| c == "sglang-version"),
         "{found:?}"
     );
-    let ran_as = lab().sh(host, &format!("ls {MARKERS}.* 2>/dev/null; true"));
+    let ran_as = lab().sh(host, &format!("ls {PTH_MARKERS}.* 2>/dev/null; true"));
     assert!(
-        !ran_as.contains(&format!("{MARKERS}.0")),
+        !ran_as.contains(&format!("{PTH_MARKERS}.0")),
         "root ran the .pth: {ran_as}"
     );
     // The `.pth` is live code: any start of that Python runs it, as `nobody`'s here.
@@ -389,9 +511,9 @@ chown -R nobody "$site""#,
         host,
         &format!("su nobody -s /bin/sh -c '{venv}/bin/python3 -c pass'"),
     );
-    let ran_as = lab().sh(host, &format!("ls {MARKERS}.*"));
-    assert!(ran_as.contains(&format!("{MARKERS}.65534")), "{ran_as}");
-    lab().sh(host, &format!("rm -rf {venv} {MARKERS}.*"));
+    let ran_as = lab().sh(host, &format!("ls {PTH_MARKERS}.*"));
+    assert!(ran_as.contains(&format!("{PTH_MARKERS}.65534")), "{ran_as}");
+    lab().sh(host, &format!("rm -rf {venv} {PTH_MARKERS}.*"));
 }
 
 #[test]
@@ -403,42 +525,61 @@ fn no_process_of_reconcile_on_the_host_carries_a_secret_on_its_command_line() {
         .port(38005)
         .flag("api-key", canary)
         .env("HF_TOKEN", "hf_canary_argv_90ab");
-    // A local user reads every command line on the host while plan checks the unit deeply. The
-    // patterns end in a bracket so that the scan's own command line does not match them.
-    let scan = "/tmp/t-sec-argv-scan";
-    lab().sh(
+    // A local user reads every command line on the host while plan checks the unit deeply (no
+    // verdict kept from an earlier run, which would spare the check).
+    lab().sh(host, "rm -rf /var/lib/reconcile/deep-check");
+    let (ran, seen) = scanning(
         host,
-        &format!(
-            "rm -f {scan} {scan}.stop {scan}.done; setsid su nobody -s /bin/sh -c 'while [ ! -e {scan}.stop ]; do cat /proc/[0-9]*/cmdline 2>/dev/null | tr \"\\0\" \" \" | grep -o -e sk-canary-argv-7d1[e] -e hf_canary_argv_90a[b]; done >> {scan}; touch {scan}.done' >/dev/null 2>&1 </dev/null &"
-        ),
+        "argv",
+        &["sk-canary-argv-7d1e", "hf_canary_argv_90ab"],
+        || {
+            Reconcile::new()
+                .manifest("a.yaml", &unit)
+                .args(&["plan", "--format", "json", "--deep", "--trace-remote"])
+                .run()
+        },
     );
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &unit)
-        .args(&["plan", "--format", "json", "--deep", "--trace-remote"])
-        .run();
     assert!(
         ran.stderr.contains("command=\"deep check\""),
         "the deep check ran while the scan did:\n{}",
         ran.stderr
     );
-    lab().sh(host, &format!("touch {scan}.stop"));
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while lab()
-        .sh(host, &format!("test -e {scan}.done && echo done; true"))
-        .trim()
-        != "done"
-    {
-        assert!(std::time::Instant::now() < deadline, "the scan never ended");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let seen = lab().sh(
-        host,
-        &format!("cat {scan}; rm -f {scan} {scan}.stop {scan}.done"),
-    );
-    assert_eq!(
-        seen.trim(),
-        "",
-        "a local user read a secret on a command line"
-    );
+    assert_eq!(seen, "", "a local user read a secret on a command line");
     assert!(!ran.stdout.contains(canary));
+}
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_host_that_floods_its_answer_is_one_failed_host() {
+    // A unit file of 80 MiB on one host: the survey reads it whole with `cat`, past the 64 MiB
+    // reconcile reads of a command's output. Another host is planned as usual.
+    let flooded = SECURITY.host();
+    let path = "/etc/systemd/system/t-sec-flood.service";
+    lab().sh(
+        flooded,
+        &format!("head -c 83886080 /dev/zero | tr '\\0' x > {path}"),
+    );
+    let ran = Reconcile::new()
+        .manifest("a.yaml", manifest("t-sec-flood", &[flooded]).port(38003))
+        .manifest("b.yaml", manifest("t-sec-calm", &[crate::lab::SHARED]))
+        .args(&["plan", "--format", "json", "--no-deep"])
+        .run();
+    lab().sh(flooded, &format!("rm -f {path}"));
+    let json = ran.json();
+    let units = json["units"].as_array().unwrap();
+    let of = |unit: &str| {
+        units
+            .iter()
+            .find(|u| u["unit"] == unit)
+            .unwrap_or_else(|| panic!("no {unit} in {json:#}"))
+    };
+    let error = of("t-sec-flood.service")["error"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        error.contains("printed more than 64 MiB on its stdout"),
+        "{json:#}"
+    );
+    assert_eq!(of("t-sec-calm.service")["verdict"], "install", "{json:#}");
+    assert_eq!(ran.code, 1, "{}", ran.stderr);
 }

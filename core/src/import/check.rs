@@ -46,8 +46,29 @@ pub fn check(
         }));
     }
     let desired = render(&m, &m.hosts[0]);
-    match restart_reason(host, &desired.model, crate::plan::parser(&desired)) {
+    // The unit's secrets are inline; the manifest's unit keeps them in a file of their own. It
+    // means the same, and the first apply moves them (a restart: systemd reads them at a start).
+    let (model, secrets) = match (
+        &desired.secrets,
+        host.settings.get("Service.EnvironmentFile"),
+    ) {
+        (Some(file), files) if !files.is_some_and(|f| f.contains(&file.path)) => (
+            desired.inline_model(),
+            file.env.keys().cloned().collect::<Vec<_>>(),
+        ),
+        _ => (desired.model.clone(), Vec::new()),
+    };
+    match restart_reason(host, &model, crate::plan::parser(&desired)) {
         Some(what) => Err(vec![what]),
+        None if !secrets.is_empty() => {
+            warnings.push(format!(
+                "the unit writes {} inline, where every local user reads it (systemctl show); \
+                 reconcile keeps it in a file only root reads, so the first apply restarts the \
+                 server once to move it",
+                secrets.join(", ")
+            ));
+            Ok(warnings)
+        }
         None => Ok(warnings),
     }
 }

@@ -125,6 +125,24 @@ fn round_trip_of(files: &[UnitFile], request: Request) -> (Verdict, Imported) {
         layers: Default::default(),
     };
     let p = plan("gpu-a", &m.source, &desired, &observed, &Default::default());
+    // A unit with its secrets inline restarts once, to move them to a file only root reads, and
+    // for nothing else: what it means with them inline is the unit's.
+    if desired.secrets.is_some() && !text_names_secrets_file(files) {
+        assert_eq!(p.verdict, Verdict::Restart, "{:?}", p.summary);
+        let inline = crate::unit::Desired {
+            model: desired.inline_model(),
+            ..desired.clone()
+        };
+        assert_eq!(
+            crate::plan::restart_reason(
+                &crate::unit::parse_unit(&observed.unit_text.clone().unwrap()),
+                &inline.model,
+                crate::plan::parser(&desired)
+            ),
+            None
+        );
+        return (p.verdict, imported);
+    }
     assert!(
         matches!(p.verdict, Verdict::NoChange | Verdict::ReloadOnly),
         "{:?}: {:?}\n{}\n{}",
@@ -134,6 +152,12 @@ fn round_trip_of(files: &[UnitFile], request: Request) -> (Verdict, Imported) {
         p.diff
     );
     (p.verdict, imported)
+}
+
+fn text_names_secrets_file(files: &[UnitFile]) -> bool {
+    files
+        .iter()
+        .any(|f| f.text.contains(crate::unit::SECRETS_DIR))
 }
 
 /// The values of the references, read back out of the unit the way a user would export them.
@@ -158,8 +182,16 @@ fn the_seeds_unit_round_trips_with_its_secrets_as_references() {
     let (verdict, imported) = round_trip(&files(&[(FRAGMENT, SEEDS)]));
     assert_eq!(
         verdict,
-        Verdict::ReloadOnly,
-        "only the managed-file header differs"
+        Verdict::Restart,
+        "the inline HF_TOKEN moves to a file only root reads (round_trip checks it is all)"
+    );
+    assert!(
+        imported
+            .notes
+            .iter()
+            .any(|n| n.contains("HF_TOKEN") && n.contains("restarts the server once")),
+        "{:?}",
+        imported.notes
     );
     let yaml = &imported.yaml;
     assert!(

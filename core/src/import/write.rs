@@ -51,7 +51,15 @@ pub fn manifest(
     for f in own {
         out.comment(0, &format!("  {}", f.path));
     }
-    out.comment(0, "A plan of this manifest against that host restarts nothing. Values written as\n`{ from_env: VAR }` are read from reconcile's environment (see docs/adopting.md).");
+    let inline_secrets = parts
+        .env
+        .iter()
+        .any(|(_, value, _)| matches!(value, Written::FromEnv { .. }));
+    out.comment(0, if inline_secrets {
+        "A plan of this manifest against that host restarts nothing but to move the unit's secret\nenvironment into a file only root reads (docs/guarantees.md). Values written as\n`{ from_env: VAR }` are read from reconcile's environment (see docs/adopting.md)."
+    } else {
+        "A plan of this manifest against that host restarts nothing. Values written as\n`{ from_env: VAR }` are read from reconcile's environment (see docs/adopting.md)."
+    });
     out.entry(0, "service", &yaml::text(service), None);
     if let Some(d) = &parts.description {
         out.entry(0, "description", &yaml::text(d), None);

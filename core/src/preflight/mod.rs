@@ -21,7 +21,7 @@ mod weights;
 
 use std::collections::BTreeMap;
 
-pub use crate::finding::{has_errors, Finding, Severity};
+pub use crate::finding::{has_errors, strictly, Finding, Severity};
 pub use deep::{
     kept_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
 };

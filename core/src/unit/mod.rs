@@ -8,6 +8,7 @@ mod escape;
 mod hardening;
 mod read;
 mod render;
+mod secrets;
 pub mod specifier;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use std::collections::BTreeMap;
 pub use escape::{quote_env, quote_exec_arg};
 pub use read::{assigned, assignments, parse_unit};
 pub use render::{render, Desired};
+pub use secrets::{looks_secret, SecretsFile, SECRETS_DIR};
 
 /// What a unit file means.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

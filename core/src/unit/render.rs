@@ -10,6 +10,7 @@ use super::escape::{escape_specifiers, quote_env, quote_exec_arg};
 use std::time::Duration;
 
 use super::read::{continues, strip};
+use super::secrets::{looks_secret, SecretsFile};
 use super::{section_of, UnitModel};
 use crate::manifest::{FlagValue, HostSpec, Manifest};
 
@@ -26,17 +27,59 @@ pub struct Desired {
     pub sglang_version: String,
     /// The manifest lets a change SGLang takes without a restart be applied live (`apply.live`).
     pub live: bool,
+    /// The secret environment, in a file of its own that the unit names (`EnvironmentFile=`);
+    /// `model.env` holds the rest.
+    pub secrets: Option<SecretsFile>,
+}
+
+impl Desired {
+    /// The whole environment the server gets: the unit's own and its secrets file's.
+    pub fn environment(&self) -> BTreeMap<String, String> {
+        let mut env = self.model.env.clone();
+        if let Some(secrets) = &self.secrets {
+            env.extend(secrets.env.clone());
+        }
+        env
+    }
+
+    /// What the unit means with its secrets written inline, as a unit from before reconcile kept
+    /// them apart has them: the whole environment, and no secrets file.
+    pub fn inline_model(&self) -> UnitModel {
+        let mut model = self.model.clone();
+        model.env = self.environment();
+        if let Some(file) = &self.secrets {
+            if let Some(files) = model.settings.get_mut("Service.EnvironmentFile") {
+                files.retain(|f| *f != file.path);
+                if files.is_empty() {
+                    model.settings.remove("Service.EnvironmentFile");
+                }
+            }
+        }
+        model
+    }
 }
 
 pub fn render(m: &Manifest, host: &HostSpec) -> Desired {
+    let unit = m.unit_name();
+    let (env, secret) = environment(m, host);
+    let secrets = SecretsFile::of(&unit, secret);
+    let mut settings = settings(m, host);
+    // Last, so that its values win over a file the manifest names itself.
+    if let Some(file) = &secrets {
+        settings
+            .entry("Service.EnvironmentFile".to_string())
+            .or_default()
+            .push(file.path.clone());
+    }
     let model = UnitModel {
         exec_start: argv(m, host),
-        env: environment(m, host),
-        settings: settings(m, host),
+        env,
+        settings,
     };
     let text = unit_text(&m.source, &model);
     Desired {
-        unit: m.unit_name(),
+        secrets,
+        unit,
         text,
         model,
         dropins: m.dropins,
@@ -92,10 +135,16 @@ fn argv(m: &Manifest, host: &HostSpec) -> Vec<String> {
     argv
 }
 
-fn environment(m: &Manifest, host: &HostSpec) -> BTreeMap<String, String> {
+/// The unit's environment, and apart from it the secret part: the names that look secret and
+/// those the manifest declares (`secret_env`).
+fn environment(
+    m: &Manifest,
+    host: &HostSpec,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let mut env = m.env.clone();
     env.extend(host.env.clone());
-    env
+    env.into_iter()
+        .partition(|(name, _)| !(looks_secret(name) || m.secret_env.contains(name)))
 }
 
 fn settings(m: &Manifest, host: &HostSpec) -> BTreeMap<String, Vec<String>> {

@@ -37,15 +37,7 @@ fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_rest
     assert_eq!(status, 200);
     assert!(models.contains("\"max_model_len\":2048"), "{models}");
 
-    let before = s.identity();
-    let (code, again) = s.apply();
-    assert_eq!(
-        (code, &again["outcome"]),
-        (0, &"unchanged".into()),
-        "{again:#}"
-    );
-    let after = s.identity();
-    assert_eq!(before, after, "a no-op apply restarted the real server");
+    s.applies_as_a_no_op();
 
     // A flag change restarts the same server, which then runs it. The stop is graceful
     // (KillMode=mixed, no `drain:` asked for): SGLang answers a long generation in flight in

@@ -146,6 +146,22 @@ pub fn manifest(name: &str, hosts: &[&str], port: u16) -> Manifest {
 }
 
 impl<'a> Service<'a> {
+    /// A second apply of the same manifest: unchanged, and the server not restarted.
+    pub fn applies_as_a_no_op(&self) {
+        let before = self.identity();
+        let (code, again) = self.apply();
+        assert_eq!(
+            (code, &again["outcome"]),
+            (0, &"unchanged".into()),
+            "{again:#}"
+        );
+        assert_eq!(
+            self.identity(),
+            before,
+            "a no-op apply restarted the real server"
+        );
+    }
+
     pub fn new(name: &'a str, host: &'a str, port: u16) -> Service<'a> {
         Service {
             name,
