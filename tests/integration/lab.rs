@@ -141,7 +141,7 @@ pub const APPLY: &str = APPLY_1.host();
 pub const SECURITY: Lease = Lease {
     user: "security.rs",
     hosts: &["rl4"],
-    ports: 38001..38006,
+    ports: 38001..38007,
     gpus: 54..58,
 };
 /// Fleets (fleet.rs): rolling apply over six hosts of their own.

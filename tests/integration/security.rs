@@ -583,3 +583,64 @@ fn a_host_that_floods_its_answer_is_one_failed_host() {
     assert_eq!(of("t-sec-calm.service")["verdict"], "install", "{json:#}");
     assert_eq!(ran.code, 1, "{}", ran.stderr);
 }
+
+#[test]
+#[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
+fn a_journal_full_of_escape_sequences_is_shown_not_acted_on() {
+    let host = SECURITY.host();
+    let unit = "t-sec-escape.service";
+    // A Python that is the host's own for reconcile's checks (`-c`), and a server that writes
+    // what would retitle the terminal, clear it and move the cursor, then a 20,000-character
+    // line, and exits 1: its journal is what the failed start's report shows.
+    let python = "/usr/local/bin/t-sec-escape-python";
+    lab().put(
+        host,
+        python,
+        "#!/bin/sh\nfor a; do [ \"$a\" = -c ] && exec /usr/bin/python3 \"$@\"; done\nprintf '\\033]0;owned\\007title set\\n\\033[2Jscreen cleared\\n\\033[1Aup\\n' >&2\nhead -c 20000 /dev/zero | tr '\\0' y >&2; echo >&2\nexit 1\n",
+    );
+    lab().sh(host, &format!("chmod 755 {python}"));
+    let text = manifest("t-sec-escape", &[host])
+        .port(38006)
+        .python(python)
+        .verify_all(&[("crash_window", "3s"), ("load_deadline", "20s")]);
+    let ran = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["apply", "--no-deep"])
+        .run();
+    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    assert!(
+        ran.stdout.contains("\\x1b]0;owned\\x07title set"),
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        ran.stdout.contains("\\x1b[2Jscreen cleared"),
+        "{}",
+        ran.stdout
+    );
+    assert!(
+        !ran.stdout.contains('\u{1b}'),
+        "an escape reached the terminal"
+    );
+    assert!(
+        ran.stdout
+            .contains("more characters; --format json has the whole line]"),
+        "{}",
+        ran.stdout
+    );
+    let json = Reconcile::new()
+        .manifest("a.yaml", &text)
+        .args(&["apply", "--no-deep", "--format", "json"])
+        .run()
+        .json();
+    let journal = json["units"][0]["journal"].as_str().unwrap_or_default();
+    assert!(journal.contains("\u{1b}]0;owned\u{7}"), "{json:#}");
+    assert!(
+        journal.contains(&"y".repeat(20000)),
+        "JSON keeps the line whole"
+    );
+    lab().sh(
+        host,
+        &format!("rm -f {python} /etc/systemd/system/{unit}; systemctl daemon-reload"),
+    );
+}
