@@ -232,16 +232,7 @@ async fn python_and_owners(
     python: &str,
 ) -> Result<(Python, Vec<owners::Writable>), RemoteError> {
     let mut writable = Vec::new();
-    let python = read_one(host, &version_argv(python), |s| {
-        writable = owners::writable(&s.stderr);
-        answer::python(s)
-    })
-    .await?;
-    Ok((python, writable))
-}
-
-fn version_argv(python: &str) -> [&str; 10] {
-    [
+    let argv = [
         "sh",
         "-c",
         PYTHON,
@@ -252,11 +243,18 @@ fn version_argv(python: &str) -> [&str; 10] {
         "-S",
         "-c",
         VERSION_SCRIPT,
-    ]
+    ];
+    let python = read_one(host, &argv, |s| {
+        writable = owners::writable(&s.stderr);
+        answer::python(s)
+    })
+    .await?;
+    Ok((python, writable))
 }
 
+/// The SGLang version alone: the same command, its trust check's findings left aside.
 async fn sglang_version(host: &dyn Host, python: &str) -> Result<Python, RemoteError> {
-    read_one(host, &version_argv(python), answer::python).await
+    Ok(python_and_owners(host, python).await?.0)
 }
 
 async fn access(host: &dyn Host, path: &str) -> Result<Access, RemoteError> {
