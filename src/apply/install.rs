@@ -367,6 +367,12 @@ async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
     }
     let process = format!("_SYSTEMD_INVOCATION_ID={invocation}");
     let manager = format!("INVOCATION_ID={invocation}");
+    // journald reads a service's stdout stream on its own time: a crash's last lines may still
+    // sit in the stream's socket when systemd has already logged the exit. `--sync` is handled
+    // after the stream reads already pending (journald handles its sync request from an event
+    // source of lower priority than theirs; systemd 258 also counts the queued bytes), so those
+    // lines are in the journal when it returns. Only root may ask; elsewhere it fails harmlessly.
+    let _ = host.run(&["journalctl", "--sync"]).await;
     let argv = [
         "journalctl",
         &process,

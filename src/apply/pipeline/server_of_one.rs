@@ -383,10 +383,18 @@ async fn a_failed_stage_restores_restarts_and_verifies_the_previous_unit() {
     assert_eq!(host.file(PATH).as_deref(), Some("old"));
     assert_eq!(report.failed_stage.map(Stage::name), Some("readiness"));
     assert!(report.rollback.is_some() && report.journal.is_some());
-    assert!(host
-        .commands()
+    // The journal is synced (the crash's last lines may still be in its stream) before it is read.
+    let commands = host.commands();
+    let synced = commands
         .iter()
-        .any(|c| c[0] == "journalctl" && c[1] == "_SYSTEMD_INVOCATION_ID=inv-1"));
+        .position(|c| c[..] == ["journalctl", "--sync"]);
+    let read = commands
+        .iter()
+        .position(|c| c[0] == "journalctl" && c[1] == "_SYSTEMD_INVOCATION_ID=inv-1");
+    assert!(
+        matches!((synced, read), (Some(s), Some(r)) if s < r),
+        "{commands:?}"
+    );
     assert_eq!(
         *verifier.asked.lock().unwrap(),
         ["gpu-a s.service", "gpu-a s.service (rollback)"]
