@@ -2,8 +2,8 @@
 """A client loop through sglang-router: chat completions from a few threads until a stop file
 appears, then one JSON line with what it saw. Standard library only (it runs on a test host).
 
-Usage: router_client.py URL MODEL STOP_FILE [THREADS [PROGRESS_FILE]]
-Each request is a non-streamed chat completion of a few tokens; any answer but 200 with a
+Usage: router_client.py URL MODEL STOP_FILE [THREADS [PROGRESS_FILE [MAX_TOKENS]]]
+Each request is a non-streamed chat completion of a few tokens (MAX_TOKENS, 8 by default); any answer but 200 with a
 `choices` list, and any connection error, is a failed request. A request's latency is kept so the
 output can show the slowest (a request held while its replica drained is slow, not lost).
 With PROGRESS_FILE, the counts so far (`OK FAILED`) are written there as they change, so a caller
@@ -20,6 +20,7 @@ import urllib.request
 url, model, stop = sys.argv[1], sys.argv[2], sys.argv[3]
 threads = int(sys.argv[4]) if len(sys.argv) > 4 else 4
 progress = sys.argv[5] if len(sys.argv) > 5 else None
+max_tokens = int(sys.argv[6]) if len(sys.argv) > 6 else 8
 lock = threading.Lock()
 ok = 0
 failed = []
@@ -27,7 +28,7 @@ slowest = 0.0
 body = json.dumps({
     "model": model,
     "messages": [{"role": "user", "content": "Say OK"}],
-    "max_tokens": 8,
+    "max_tokens": max_tokens,
     "temperature": 0,
 }).encode()
 

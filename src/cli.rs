@@ -31,16 +31,30 @@ Exit codes:
 
 macro_rules! apply_exit_codes {
     () => {
-        "\
+        apply_exit_codes!("")
+    };
+    (paused) => {
+        apply_exit_codes!(
+            "
+  5  a canary's bake could not judge it (verify.bake): the rollout paused, the canary kept its
+     new unit; apply again to go on, or `reconcile rollback SERVICE --host CANARY`"
+        )
+    };
+    ($more:literal) => {
+        concat!(
+            "\
 Exit codes:
   0  every unit converged (or needed nothing)
   1  error before any change on some host (bad manifests, unreachable, preflight failed, locked,
      interrupted before its turn, a plan file's unit gone stale)
   3  verification failed on some host; it was rolled back to its previous unit, which passed
-  4  verification failed and the rollback failed too: that host needs attention
+  4  verification failed and the rollback failed too: that host needs attention",
+            $more,
+            "
 
 Ctrl-C during verification fails the stage in progress and rolls that unit back (verified like any
 rollback); hosts not started yet are left untouched."
+        )
     };
 }
 
@@ -82,7 +96,7 @@ Examples:
   reconcile apply --break-stale-lock --lock-ttl 30m
 
 ",
-    apply_exit_codes!()
+    apply_exit_codes!(paused)
 );
 
 const ROLLBACK_HELP: &str = concat!(

@@ -185,12 +185,7 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
         )
     }));
     print!("{}", report::render_apply(&reports, plan.format));
-    let worst = reports
-        .iter()
-        .map(|r| r.outcome.exit_code())
-        .max()
-        .unwrap_or(0);
-    Ok(ExitCode::from(worst))
+    Ok(ExitCode::from(apply::exit_code(&reports)))
 }
 
 /// Apply's options as `apply` and `rollback` start them: this process's, stopping on a signal,
@@ -505,12 +500,7 @@ async fn rollback(args: RollbackArgs, reach: &Reach) -> Result<ExitCode, Error> 
         history::rollback::rollback(&hosts, &unit, args.to, manifest.as_ref(), &ssh, &options)
             .await;
     print!("{}", report::render_apply(&reports, args.history.format));
-    let worst = reports
-        .iter()
-        .map(|r| r.outcome.exit_code())
-        .max()
-        .unwrap_or(0);
-    Ok(ExitCode::from(worst))
+    Ok(ExitCode::from(apply::exit_code(&reports)))
 }
 
 /// `reconcile import`: the manifest on stdout or in `-o FILE`; on stderr, the variables its

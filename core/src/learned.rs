@@ -338,6 +338,7 @@ mod tests {
             restored_from: None,
             benchmark: None,
             quality: None,
+            live: None,
         }
     }
 

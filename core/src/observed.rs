@@ -103,9 +103,24 @@ impl UnitState {
     }
 }
 
+/// `/proc/<pid>/cmdline` or `environ`: NUL-terminated strings.
+pub fn split_nul(raw: &str) -> Vec<String> {
+    let mut parts: Vec<String> = raw.split('\0').map(str::to_string).collect();
+    if parts.last().is_some_and(|p| p.is_empty()) {
+        parts.pop();
+    }
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_strings_split_on_nul() {
+        assert_eq!(split_nul("a\0b c\0\0"), ["a", "b c", ""]);
+        assert_eq!(split_nul(""), Vec::<String>::new());
+    }
 
     #[test]
     fn reads_systemctl_show() {

@@ -62,9 +62,40 @@ impl Outcome {
     }
 }
 
+/// `apply`'s exit code when a canary's bake could not judge it and the rollout paused: the
+/// canary runs the new unit, the rest the old, and an operator decides.
+pub const PAUSED_EXIT_CODE: u8 = 5;
+
+/// `apply`'s exit code: the worst unit's (0, 1, 3, 4), or [`PAUSED_EXIT_CODE`] when the
+/// rollout paused and nothing was rolled back (its hosts not started are the pause, not errors).
+pub fn apply_exit_code(outcomes: impl IntoIterator<Item = Outcome>, paused: bool) -> u8 {
+    let worst = outcomes
+        .into_iter()
+        .map(Outcome::exit_code)
+        .max()
+        .unwrap_or(0);
+    if paused && worst < Outcome::RolledBack.exit_code() {
+        PAUSED_EXIT_CODE
+    } else {
+        worst
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pause_is_its_own_exit_code_unless_something_was_rolled_back() {
+        let paused = [Outcome::Converged, Outcome::NotStarted];
+        assert_eq!(apply_exit_code(paused, true), 5);
+        assert_eq!(apply_exit_code(paused, false), 1);
+        assert_eq!(
+            apply_exit_code([Outcome::RolledBack, Outcome::NotStarted], true),
+            3
+        );
+        assert_eq!(apply_exit_code([], false), 0);
+    }
 
     #[test]
     fn an_outcomes_name_is_its_json_and_reads_back() {

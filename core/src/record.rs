@@ -2,6 +2,8 @@
 //! as kept on each host in `current.json` and `history.jsonl`. The model and its pure parsing and
 //! formatting; reading and writing them on a host is `apply::state`, in the `reconcile` binary.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// The format of the deployment records this reconcile writes, and the newest it reads. Records
@@ -39,6 +41,33 @@ pub struct Record {
     /// The quality gate's figures (`verify.quality`, or `reconcile quality`), when it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quality: Option<QualityFigures>,
+    /// Set when the unit was applied live (`apply: { live: true }`): the running server was told
+    /// the change and kept its earlier command line, which `status` then reads back. Absent in
+    /// records from before it existed, which an older reconcile reads without it (unknown fields
+    /// are ignored), so the format stays 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<LiveRecord>,
+}
+
+/// What a live apply told the running server, and which process it told.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveRecord {
+    /// [`argv_sha256`] of the told process's command line (`/proc/<pid>/cmdline`): its digest,
+    /// not the argv itself, which may hold a secret.
+    pub argv_sha256: String,
+    /// The checkpoint the server was told to load (`/update_weights_from_disk`), when the weights
+    /// moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<String>,
+    /// The values set (`/set_internal_state`), by flag name (`pp-max-micro-batch-size`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub values: BTreeMap<String, serde_json::Value>,
+}
+
+/// The digest of a process's command line as [`LiveRecord::argv_sha256`] keeps it: the sha256 of
+/// its arguments joined by NUL, as `/proc/<pid>/cmdline` holds them (less the last NUL).
+pub fn argv_sha256(argv: &[String]) -> String {
+    crate::digest::sha256(&argv.join("\0"))
 }
 
 /// What `history` shows of a deployment's quality stage: the KL against the reference, and the
@@ -155,6 +184,7 @@ mod tests {
             restored_from: Some(2),
             benchmark: None,
             quality: None,
+            live: None,
         }
     }
 
@@ -181,6 +211,39 @@ mod tests {
         // And a field this version does not know, in a record of a format it does.
         let extra = OLD.replacen('{', r#"{"format":1,"note":"from a patch release","#, 1);
         assert!(parse_record(&extra).is_ok());
+    }
+
+    #[test]
+    fn a_live_apply_is_recorded_and_read_back_and_absent_when_none() {
+        let argv: Vec<String> = ["/venv/bin/python3", "-m", "sglang.launch_server"]
+            .map(String::from)
+            .to_vec();
+        let live = LiveRecord {
+            argv_sha256: argv_sha256(&argv),
+            weights: Some("/models/b".into()),
+            values: [("pp-max-micro-batch-size".to_string(), 8.into())].into(),
+        };
+        let r = Record {
+            live: Some(live.clone()),
+            ..record()
+        };
+        let json = record_json(&r).unwrap();
+        assert!(
+            json.ends_with(&format!(
+                r#","live":{{"argv_sha256":"{}","weights":"/models/b","values":{{"pp-max-micro-batch-size":8}}}}}}"#,
+                live.argv_sha256
+            )),
+            "{json}"
+        );
+        assert_eq!(parse_record(&json), Ok(r));
+        // The digest is of the arguments as the kernel keeps them, NUL between them.
+        assert_eq!(
+            argv_sha256(&argv),
+            crate::digest::sha256("/venv/bin/python3\0-m\0sglang.launch_server")
+        );
+        // A record of no live apply says nothing of it.
+        assert!(!record_json(&record()).unwrap().contains("live"));
+        assert_eq!(parse_record(OLD).unwrap().live, None);
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! The bake (`verify.bake`): the rollout's canary replica, back in its router once every gate
 //! passed, judged on the live traffic it serves against the stable replicas over the same window
-//! (`reconcile_core::bake` judges; this file takes the looks). Worse beyond the limits: the canary
-//! leaves the router, its previous unit is restored and verified, it goes back in, and its host
-//! counts as failed, which stops the rollout. Too few requests, or a look that could not be
-//! taken: the canary stays, and its report says so.
+//! (`reconcile_core::bake` judges; this file takes the looks). Three results, as Argo Rollouts'
+//! analysis has them. Failed (worse beyond a limit and beyond chance, or restarted in the
+//! window): the canary leaves the router, its previous unit is restored and verified, it goes
+//! back in, and its host counts as failed, which stops the rollout. Inconclusive (too few
+//! requests, a look that could not be taken): the canary stays and the rollout pauses
+//! ([`BakeReport::paused`]). Passed: the rollout goes on.
 
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use reconcile_core::bake::{self, Snapshot, Window};
+use reconcile_core::bake::{self, Judged, Snapshot, Verdict, Window};
 use serde::Serialize;
 
 use super::decide::UndoneBy;
@@ -28,9 +30,8 @@ pub struct BakeReport {
     pub seconds: f64,
     /// The stable replicas it was judged against.
     pub stable: Vec<String>,
-    /// The verdict and both sides' figures; absent when a look could not be taken.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub judged: Option<bake::Verdict>,
+    /// The verdict, why, and both sides' figures where the looks were taken.
+    pub judged: Judged,
     /// Looks that failed and were taken again, each with its replica and why.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub failed_looks: Vec<String>,
@@ -179,54 +180,73 @@ pub(super) async fn canary(
             s.source == t.source && s.desired.unit == t.desired.unit && !canaries.contains(&s.host)
         })
         .collect();
+    // A replica this rollout installs the unit on for the first time serves nothing yet.
+    let installed = join_all(stable.iter().map(|s| installed(s, ssh))).await;
+    let stable: Vec<&Target> = stable
+        .into_iter()
+        .zip(installed)
+        .filter_map(|(s, installed)| installed.then_some(s))
+        .collect();
+    if stable.is_empty() {
+        report.notes.push(format!(
+            "not baked: no other replica runs {} yet to judge it against",
+            t.desired.unit
+        ));
+        return;
+    }
     let started = Instant::now();
     let (judged, failed_looks) = judge(t, &stable, spec, ssh, options).await;
-    let mut baked = BakeReport {
+    let mut detail = format!("bake: {}", judged.describe());
+    if let [.., last] = &failed_looks[..] {
+        detail += &format!(
+            " ({} look(s) failed and were taken again; the last: {last})",
+            failed_looks.len()
+        );
+    }
+    report.notes.push(detail.clone());
+    if judged.verdict == Verdict::Failed {
+        take_back(report, t, router, &detail, ssh, options).await;
+    }
+    report.bake = Some(BakeReport {
         seconds: started.elapsed().as_secs_f64(),
         stable: stable.iter().map(|s| s.host.clone()).collect(),
-        judged: None,
+        judged,
         failed_looks,
-        detail: String::new(),
-    };
-    match judged {
-        Err(why) => {
-            baked.detail = format!("bake could not judge the canary ({why}); it stays");
-            report.notes.push(baked.detail.clone());
-        }
-        Ok(verdict) => {
-            baked.detail = format!("bake: {}", verdict.describe());
-            if let [.., last] = &baked.failed_looks[..] {
-                baked.detail += &format!(
-                    " ({} look(s) failed and were taken again; the last: {last})",
-                    baked.failed_looks.len()
-                );
-            }
-            report.notes.push(baked.detail.clone());
-            if matches!(verdict, bake::Verdict::Worse { .. }) {
-                let why = baked.detail.clone();
-                take_back(report, t, router, &why, ssh, options).await;
-            }
-            baked.judged = Some(verdict);
-        }
-    }
-    report.bake = Some(baked);
+        detail,
+    });
 }
 
-/// Both sides looked at, the window waited out (a signal ends it early: not judged), looked at
-/// again, and judged; with the looks that failed on the way.
+/// Whether `t`'s host has its unit file; a host that cannot be asked is taken to have it (its
+/// look then fails, and the bake says so).
+async fn installed(t: &Target, ssh: &SshOptions) -> bool {
+    let Ok(host) = remote::connect(&t.host, ssh).await else {
+        return true;
+    };
+    let unit = host
+        .read_file(&format!("{}/{}", crate::plan::UNIT_DIR, t.desired.unit))
+        .await;
+    host.close().await;
+    !matches!(unit, Ok(None))
+}
+
+impl BakeReport {
+    /// Why the rollout pauses after this bake: it could not judge the canary, which stays.
+    pub fn paused(&self) -> Option<&str> {
+        (self.judged.verdict == Verdict::Inconclusive)
+            .then(|| self.judged.why.first().map_or("", String::as_str))
+    }
+}
+
+/// Both sides looked at after the warm-up, the window waited out, looked at again, and judged;
+/// with the looks that failed on the way. A bake that cannot look (a look given up on, a
+/// signal) is inconclusive.
 async fn judge(
     t: &Target,
     stable: &[&Target],
     spec: &crate::manifest::BakeSpec,
     ssh: &SshOptions,
     options: &ApplyOptions,
-) -> (Result<bake::Verdict, String>, Vec<String>) {
-    if stable.is_empty() {
-        return (
-            Err("no stable replica to judge it against".into()),
-            Vec::new(),
-        );
-    }
+) -> (Judged, Vec<String>) {
     let mut replicas: Vec<Replica> = std::iter::once(t)
         .chain(stable.iter().copied())
         .map(Replica::of)
@@ -237,33 +257,47 @@ async fn judge(
         .iter_mut()
         .flat_map(|r| std::mem::take(&mut r.failed))
         .collect();
-    (
-        watched.and_then(|(before, after)| compare(t, stable, spec, &before, &after)),
-        failed,
-    )
+    let judged = match watched {
+        Ok((before, after)) => compare(t, stable, spec, &before, &after),
+        Err(why) => Judged::inconclusive(format!("could not look: {why}")),
+    };
+    (judged, failed)
 }
 
-/// The canary's window against the stable replicas' together.
+/// The canary's window against the stable replicas' together. A canary whose counters went
+/// down restarted in the window: failed, whatever else it served. A stable replica that did
+/// leaves nothing to judge against.
 fn compare(
     t: &Target,
     stable: &[&Target],
     spec: &crate::manifest::BakeSpec,
     before: &[Snapshot],
     after: &[Snapshot],
-) -> Result<bake::Verdict, String> {
-    let window = |i: usize, name: &str| {
-        Window::between(&before[i], &after[i])
-            .ok_or_else(|| format!("{name} restarted during the bake"))
+) -> Judged {
+    let Some(canary_window) = Window::between(&before[0], &after[0]) else {
+        return Judged::failed(format!(
+            "{} restarted during the bake (its /metrics counters went down)",
+            t.host
+        ));
     };
-    let canary_window = window(0, &t.host)?;
-    let stable_windows = stable
-        .iter()
-        .enumerate()
-        .map(|(i, s)| window(i + 1, &s.host))
-        .collect::<Result<Vec<_>, _>>()?;
-    let stable_window = Window::merged(&stable_windows)
-        .ok_or("the stable replicas' histograms have different buckets")?;
-    Ok(bake::judge(&canary_window, &stable_window, &spec.limits()))
+    let mut stable_windows = Vec::new();
+    for (i, s) in stable.iter().enumerate() {
+        match Window::between(&before[i + 1], &after[i + 1]) {
+            Some(w) => stable_windows.push(w),
+            None => {
+                return Judged::inconclusive(format!(
+                    "the stable replica {} restarted during the bake",
+                    s.host
+                ))
+            }
+        }
+    }
+    match Window::merged(&stable_windows) {
+        Some(stable_window) => bake::judge(&canary_window, &stable_window, &spec.limits()),
+        None => {
+            Judged::inconclusive("the stable replicas' histograms have different buckets".into())
+        }
+    }
 }
 
 /// The replicas' looks at the start and the end of the window (the canary first).
@@ -273,15 +307,19 @@ async fn watch(
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Result<(Vec<Snapshot>, Vec<Snapshot>), String> {
-    let before = looks(replicas, ssh, options).await?;
     let (canary, stable) = replicas.split_first().expect("the canary comes first");
     // Shown as it goes: a spinner's text on a terminal, a line at the start elsewhere.
     let show = Progress::new(
         format!("{} {} (bake)", canary.name(), canary.target.desired.unit),
         options.progress.as_ref(),
     );
+    let warmup = if spec.warmup.is_zero() {
+        String::new()
+    } else {
+        format!(" after a {}s warm-up", spec.warmup.as_secs())
+    };
     show.line(&format!(
-        "baking on live traffic for {}s against {}",
+        "baking on live traffic for {}s{warmup} against {}",
         spec.duration.as_secs(),
         stable
             .iter()
@@ -289,19 +327,31 @@ async fn watch(
             .collect::<Vec<_>>()
             .join(", ")
     ));
-    let until = Instant::now() + spec.duration;
+    count_down(&show, "warming up on live traffic", spec.warmup, options).await?;
+    let before = looks(replicas, ssh, options).await?;
+    count_down(&show, "baking on live traffic", spec.duration, options).await?;
+    Ok((before, looks(replicas, ssh, options).await?))
+}
+
+/// Waits `span` out, saying how much is left; a signal ends it early.
+async fn count_down(
+    show: &Progress,
+    doing: &str,
+    span: Duration,
+    options: &ApplyOptions,
+) -> Result<(), String> {
+    let until = Instant::now() + span;
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            break;
+            return Ok(());
         }
-        show.status(&format!("baking on live traffic: {}s left", left.as_secs()));
+        show.status(&format!("{doing}: {}s left", left.as_secs()));
         let slept = tokio::time::sleep(left.min(Duration::from_secs(1)));
         if options.cancel.run_until_cancelled(slept).await.is_none() {
             return Err(format!("interrupted: {}", crate::signals::interrupted()));
         }
     }
-    Ok((before, looks(replicas, ssh, options).await?))
 }
 
 /// Every replica's `/metrics` at once, the canary first.
@@ -350,5 +400,67 @@ async fn take_back(
     // Back in on its previous unit, verified; a failed rollback stays out.
     if let Some(out) = out {
         out.put_back(report).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apply::testing::target;
+
+    /// A replica's `/metrics` after `requests` first tokens in the 0.1 s bucket.
+    fn look(requests: u32) -> Snapshot {
+        let name = bake::TTFT;
+        Snapshot::parse(&format!(
+            "{name}_bucket{{le=\"0.1\"}} {requests}\n{name}_bucket{{le=\"+Inf\"}} {requests}\n\
+             {}{{}} {requests}\n",
+            bake::REQUESTS
+        ))
+        .unwrap()
+    }
+
+    fn spec() -> crate::manifest::BakeSpec {
+        crate::manifest::BakeSpec::lasting(Duration::from_secs(60))
+    }
+
+    #[test]
+    fn a_canary_that_restarted_in_the_window_failed_and_a_stable_one_leaves_it_undecided() {
+        let (canary, mut other) = (target(), target());
+        other.host = "gpu-b".into();
+        let stable = [&other];
+        // The canary's counters went down: it restarted, whatever it served.
+        let judged = compare(
+            &canary,
+            &stable,
+            &spec(),
+            &[look(50), look(50)],
+            &[look(3), look(500)],
+        );
+        assert_eq!(judged.verdict, Verdict::Failed);
+        assert_eq!(
+            judged.why,
+            ["gpu-a restarted during the bake (its /metrics counters went down)"]
+        );
+        let judged = compare(
+            &canary,
+            &stable,
+            &spec(),
+            &[look(50), look(50)],
+            &[look(500), look(3)],
+        );
+        assert_eq!(judged.verdict, Verdict::Inconclusive);
+        assert_eq!(
+            judged.why,
+            ["the stable replica gpu-b restarted during the bake"]
+        );
+        // Both served alike, on enough requests: passed.
+        let judged = compare(
+            &canary,
+            &stable,
+            &spec(),
+            &[look(0), look(0)],
+            &[look(200), look(200)],
+        );
+        assert_eq!(judged.verdict, Verdict::Passed, "{judged:?}");
     }
 }

@@ -13,6 +13,7 @@ use super::{state, Job, Outcome, UnitReport};
 use crate::layers::Moved;
 use crate::observed::Observed;
 use crate::plan::{Verdict, UNIT_DIR};
+use crate::record::LiveRecord;
 use crate::redact::{redact_text, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError};
 use crate::unit::{parse_unit, SecretsFile, UnitModel, SECRETS_DIR};
@@ -284,11 +285,13 @@ async fn write_secrets(host: &dyn Host, file: &SecretsFile) -> Result<(), Remote
     host.write_file(&file.path, &file.text(), "0600").await
 }
 
-/// Writes the deployment record; a failure to record is a note, not a failed deployment.
+/// Writes the deployment record; a failure to record is a note, not a failed deployment. `live`:
+/// what the running server was told instead of a restart, when it was (`status` reads it back).
 pub(super) async fn record(
     job: &Job<'_>,
     outcome: Outcome,
     v: Option<&Verification>,
+    live: Option<LiveRecord>,
     report: &mut UnitReport,
 ) {
     let (host, t, options) = (job.host, job.t, job.options);
@@ -313,6 +316,7 @@ pub(super) async fn record(
         restored_from: options.restoring.and_then(super::Restoring::deployment),
         benchmark: report.benchmark.as_ref().and_then(|b| b.record()),
         quality: report.quality.as_ref().map(|q| q.figures()),
+        live,
     };
     if let Err(e) = state::write_record(host, &record, &t.desired.text).await {
         report.notes.push(format!(

@@ -1,6 +1,6 @@
 //! Changes the running server takes without a restart (`reconcile_core::live` decides which):
-//! what a plan reads from the host to say so, and the calls that tell the server a change and
-//! take it back. The transaction around them (armed guard, verification, the way back) is
+//! what a plan reads from the host to say so, the calls that tell the server a change and take
+//! it back, and the command line of the process told, which the deployment record names. The transaction around them (armed guard, verification, the way back) is
 //! `pipeline`'s.
 
 use std::time::{Duration, Instant};
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reconcile_core::live::{self, Checkpoint, LiveChange, SAMPLING_FILE, TOKENIZER_FILES};
 use serde_json::Value;
 
-use crate::observed::Observed;
+use crate::observed::{split_nul, Observed};
 use crate::plan::UnitPlan;
 use crate::remote::http::Endpoint;
 use crate::remote::{error_chain, Host, RemoteError};
@@ -127,4 +127,27 @@ pub(super) async fn tell(
         done.push(format!("{} set", values.join(", ")));
     }
     Ok(done.join("; "))
+}
+
+/// The command line of the main process `pid` (`/proc/<pid>/cmdline`).
+pub(crate) async fn process_argv(host: &dyn Host, pid: u32) -> Result<Vec<String>, ArgvError> {
+    if pid == 0 {
+        return Err(ArgvError::NoProcess);
+    }
+    match host.read_file(&format!("/proc/{pid}/cmdline")).await {
+        Ok(Some(cmdline)) if !cmdline.is_empty() => Ok(split_nul(&cmdline)),
+        Ok(_) => Err(ArgvError::Gone(pid)),
+        Err(e) => Err(ArgvError::Unreadable(error_chain(&e))),
+    }
+}
+
+/// Why a server's command line could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ArgvError {
+    #[error("systemd names no main process")]
+    NoProcess,
+    #[error("process {0} is gone")]
+    Gone(u32),
+    #[error("{0}")]
+    Unreadable(String),
 }

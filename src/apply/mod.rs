@@ -280,6 +280,15 @@ impl Restoring {
     }
 }
 
+/// The exit code of an apply (or a rollback) that reported `reports`: the worst unit's, or 5
+/// when the rollout paused on an inconclusive bake (`reconcile_core::outcome::apply_exit_code`).
+pub fn exit_code(reports: &[UnitReport]) -> u8 {
+    let paused = reports
+        .iter()
+        .any(|r| r.bake.as_ref().is_some_and(|b| b.paused().is_some()));
+    reconcile_core::outcome::apply_exit_code(reports.iter().map(|r| r.outcome), paused)
+}
+
 /// Applies every target, host by host, as a rollout (canary, batches, failure budget).
 pub async fn apply_targets(
     targets: Vec<Target>,
@@ -799,6 +808,7 @@ mod tests {
             restored_from: None,
             benchmark: None,
             quality: None,
+            live: None,
         })
         .unwrap()
     }

@@ -137,6 +137,12 @@ pub async fn roll_out(
                     .filter(|host| host.iter().any(|r| failed(r.outcome)))
                     .count();
                 schedule.finished(failed);
+                if let Some((host, why)) = results.iter().flatten().find_map(|r| {
+                    let why = r.bake.as_ref()?.paused()?;
+                    Some((r.host.as_str(), why))
+                }) {
+                    schedule.paused(paused_why(host, why));
+                }
                 reports.extend(results.into_iter().flatten());
             }
             Step::Skip {
@@ -163,6 +169,15 @@ pub async fn roll_out(
     reports.extend(roll_out_groups(grouped, failed_hosts, ssh, options).await);
     reports.sort_by_key(|r| order.get(&r.host).copied().unwrap_or(usize::MAX));
     reports
+}
+
+/// Why the hosts after an inconclusive bake do not start, and how the operator goes on.
+fn paused_why(canary: &str, why: &str) -> String {
+    format!(
+        "the rollout paused: the bake could not judge the canary {canary} ({why}); it keeps the new unit. \
+         To go on, apply again (the next host with work is baked against the others); \
+         to take it back, `reconcile rollback <service> --host {canary}`"
+    )
 }
 
 /// Server groups one after another, each as one unit of work (`pipeline::apply_group`). Once the

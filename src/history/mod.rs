@@ -340,6 +340,7 @@ mod tests {
             restored_from: None,
             benchmark: None,
             quality: None,
+            live: None,
         }
     }
 

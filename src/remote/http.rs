@@ -66,6 +66,17 @@ pub enum ClientError {
     KeyInClear { url: String },
 }
 
+/// Why a GET of the server's API has no body to read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GetError {
+    /// The route is not there: another SGLang version, or not SGLang.
+    #[error("{path} answered 404 Not Found")]
+    NotFound { path: String },
+    /// No answer in time, the connection refused, another status, or a body that did not read.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// How to reach the server, read from its unit.
 #[derive(Clone)]
 pub struct Endpoint {
@@ -432,22 +443,36 @@ impl Server {
     }
 
     async fn get_text(&self, path: &str, timeout: Duration) -> Result<String, String> {
+        self.get_within(path, timeout)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// One GET of the server's API (`/server_info`) that gives up after `limit`: the answer's
+    /// body (at most [`BODY_LIMIT`]), or why there is none, a route the server lacks apart.
+    pub async fn get_within(&self, path: &str, limit: Duration) -> Result<String, GetError> {
+        let failed = GetError::Failed;
         let response = self
             .authorized(self.client.get(format!("{}{path}", self.base)))
-            .timeout(timeout)
+            .timeout(limit)
             .send()
             .await
-            .map_err(|e| request_error(e, timeout))?;
+            .map_err(|e| failed(request_error(e, limit)))?;
         let status = response.status();
         match status.as_u16() {
             200..=299 => read_body(response, &format!("the answer to {path}"), BODY_LIMIT)
                 .await
-                .map_err(|e| error_chain(&e)),
-            401 if self.api_key.is_none() => Err(format!(
+                .map_err(|e| failed(error_chain(&e))),
+            401 if self.api_key.is_none() => Err(failed(format!(
                 "{path} answered {status}: the server wants an API key and its unit sets no --api-key"
-            )),
-            401 => Err(format!("{path} answered {status}: the server refused the unit's --api-key")),
-            _ => Err(format!("{path} answered {status}")),
+            ))),
+            401 => Err(failed(format!(
+                "{path} answered {status}: the server refused the unit's --api-key"
+            ))),
+            404 => Err(GetError::NotFound {
+                path: path.to_string(),
+            }),
+            _ => Err(failed(format!("{path} answered {status}"))),
         }
     }
 }

@@ -5,13 +5,19 @@ use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
 
-use super::{classify, split_nul, Facts, Running, Systemd, UnitStatus};
+use reconcile_core::live::held::{self, Held};
+use reconcile_core::live::LiveChange;
+
+use super::{
+    classify, live_standing, split_nul, AskError, Facts, LiveStanding, Running, Systemd, UnitStatus,
+};
 use crate::apply::state::read_record;
 use crate::fleet;
 use crate::layers::{parse_layers, LAYERS_SCRIPT};
 use crate::observed::Show;
 use crate::plan::UNIT_DIR;
 use crate::redact::Redactor;
+use crate::remote::http::{GetError, Server};
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
 use crate::unit::parse_unit;
@@ -22,6 +28,11 @@ const UNITS_PER_HOST_AT_ONCE: usize = 3;
 
 /// How long the server's `/v1/models` may take: status is a quick look, not a health check.
 const MODELS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long each of the server's answers about what a live apply told it may take
+/// (`/server_info` waits for every scheduler, between two batches), and all of them together.
+const HELD_TIMEOUT: Duration = Duration::from_secs(10);
+const HELD_TOTAL: Duration = Duration::from_secs(15);
 
 const SHOW: &str =
     "LoadState,ActiveState,SubState,UnitFileState,NeedDaemonReload,ExecMainPID,ExecMainStartTimestamp";
@@ -156,7 +167,7 @@ async fn unit_status(
         (Some(text), true) => models(host, text, t.verify.url.as_deref()).await,
         _ => None,
     };
-    let facts = Facts {
+    let mut facts = Facts {
         unit: unit.clone(),
         layers,
         desired_text: t.desired.text.clone(),
@@ -167,7 +178,13 @@ async fn unit_status(
         guard: guard.ok().flatten(),
         systemd,
         running,
+        sglang_version: t.desired.sglang_version.clone(),
+        held: None,
     };
+    // Applied live to the process that runs: only the server says what it serves.
+    if let (LiveStanding::Holds(change), Some(text)) = (live_standing(&facts), &facts.disk_text) {
+        facts.held = Some(held_by(host, text, t.verify.url.as_deref(), &change).await);
+    }
     let (classes, mut details) = classify(&facts, redactor);
     if let (Some(models), Some(text)) = (&served_models, &facts.disk_text) {
         let want = Expect::from_unit(&parse_unit(text)).model_id;
@@ -246,6 +263,46 @@ async fn models(host: &dyn Host, unit_text: &str, url: Option<&str>) -> Option<V
     Some(models.into_iter().map(|m| m.id).collect())
 }
 
+/// What the server holds of what `change` tells: its checkpoint when the weights moved, its
+/// values when some were set. Read as `apply::live` tells them: through the host, with the
+/// unit's endpoint and key.
+async fn held_by(
+    host: &dyn Host,
+    unit_text: &str,
+    url: Option<&str>,
+    change: &LiveChange,
+) -> Result<Held, AskError> {
+    let endpoint = Expect::from_unit(&parse_unit(unit_text)).endpoint;
+    let ask = async {
+        let server = host
+            .server(&endpoint, url)
+            .await
+            .map_err(|e| AskError::Unreachable(error_chain(&e)))?;
+        let mut held = Held::default();
+        if change.weights.is_some() {
+            let info = get(&server, "/model_info", "/get_model_info").await?;
+            held.model_path = Some(held::model_path(&info)?);
+        }
+        if !change.settings.is_empty() {
+            let info = get(&server, "/server_info", "/get_server_info").await?;
+            held.ranks = held::internal_states(&info)?;
+        }
+        Ok(held)
+    };
+    tokio::time::timeout(HELD_TOTAL, ask)
+        .await
+        .map_err(|_| AskError::TimedOut(HELD_TOTAL))?
+}
+
+/// `path`, or its older name `before` where this SGLang lacks it (`/get_model_info` is 0.5.23's
+/// deprecated name, which logs a warning each call).
+async fn get(server: &Server, path: &str, before: &str) -> Result<String, GetError> {
+    match server.get_within(path, HELD_TIMEOUT).await {
+        Err(GetError::NotFound { .. }) => server.get_within(before, HELD_TIMEOUT).await,
+        answered => answered,
+    }
+}
+
 fn failed(t: &Target, error: String) -> UnitStatus {
     UnitStatus {
         host: t.host.clone(),
@@ -260,5 +317,114 @@ fn failed(t: &Target, error: String) -> UnitStatus {
         served_models: None,
         error: Some(error),
         record: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::remote::fake::FakeHost;
+    use reconcile_core::live::{Move, SettingChange};
+
+    /// A local HTTP server that answers each path of `routes` with its body (and 404 any other),
+    /// as many times as it is asked; its port.
+    async fn serve(routes: Vec<(&'static str, String)>) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            loop {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut buf = [0u8; 4096];
+                let n = socket.read(&mut buf).await.unwrap_or(0);
+                let request = String::from_utf8_lossy(&buf[..n]);
+                let path = request.split(' ').nth(1).unwrap_or("").to_string();
+                let reply = match routes.iter().find(|(p, _)| *p == path) {
+                    Some((_, body)) => format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    ),
+                    None => "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                        .to_string(),
+                };
+                let _ = socket.write_all(reply.as_bytes()).await;
+            }
+        });
+        port
+    }
+
+    fn change() -> LiveChange {
+        LiveChange {
+            weights: Some(Move {
+                from: "/models/a".into(),
+                to: "/models/b".into(),
+                tokenizer_follows: true,
+            }),
+            settings: vec![SettingChange {
+                flag: "pp-max-micro-batch-size".into(),
+                key: "pp_max_micro_batch_size".into(),
+                from: 4.into(),
+                to: 8.into(),
+            }],
+        }
+    }
+
+    fn unit(port: u16) -> String {
+        format!("[Service]\nExecStart=/venv/bin/python3 -m sglang.launch_server --model-path /models/b --port {port}\n")
+    }
+
+    #[tokio::test]
+    async fn the_server_is_asked_what_it_holds_under_the_older_routes_where_it_lacks_the_new() {
+        // An SGLang without `/model_info` or `/server_info`: their older names answer.
+        let port = serve(vec![
+            (
+                "/get_model_info",
+                r#"{"model_path": "/models/b", "is_generation": true}"#.into(),
+            ),
+            (
+                "/get_server_info",
+                r#"{"internal_states": [{"pp_max_micro_batch_size": 8}, {"pp_max_micro_batch_size": 8}]}"#.into(),
+            ),
+        ])
+        .await;
+        let fake = FakeHost::new("h");
+        let host: &dyn Host = &fake;
+        let held = held_by(host, &unit(port), None, &change()).await.unwrap();
+        assert_eq!(held.model_path.as_deref(), Some("/models/b"));
+        assert_eq!(held.ranks.len(), 2);
+        assert_eq!(held::differences(&change(), &held), Vec::<String>::new());
+        // Only what was told is asked: values alone read no checkpoint.
+        let values = LiveChange {
+            weights: None,
+            ..change()
+        };
+        let held = held_by(host, &unit(port), None, &values).await.unwrap();
+        assert_eq!(held.model_path, None);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_cannot_say_is_an_error_not_an_agreement() {
+        // The route answers, but not with what SGLang's does.
+        let port = serve(vec![("/model_info", r#"{"detail": "nope"}"#.into())]).await;
+        let fake = FakeHost::new("h");
+        let host: &dyn Host = &fake;
+        let e = held_by(host, &unit(port), None, &change())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, AskError::Answer(_)), "{e}");
+        assert!(e.to_string().contains("no `model_path`"), "{e}");
+        // Neither name there: the older name's 404 is the error.
+        let values = LiveChange {
+            weights: None,
+            ..change()
+        };
+        let e = held_by(host, &unit(port), None, &values).await.unwrap_err();
+        assert_eq!(e.to_string(), "/get_server_info answered 404 Not Found");
+        // A host that cannot be reached.
+        fake.disconnect();
+        let e = held_by(host, &unit(port), None, &change())
+            .await
+            .unwrap_err();
+        assert!(matches!(e, AskError::Unreachable(_)), "{e}");
     }
 }

@@ -16,15 +16,21 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+pub use crate::observed::split_nul;
 pub use gather::{status_host, status_targets};
 
 use crate::apply::state::{sha256, Record};
 use crate::apply::Outcome;
 use crate::flags::flags;
 use crate::layers::{Drift, Layers};
+use crate::record::argv_sha256;
 use crate::redact::Redactor;
+use crate::remote::http::GetError;
+use crate::sglang::Catalog;
 use crate::unit::parse_unit;
 use reconcile_core::guard::{GuardState, Settled};
+use reconcile_core::live::held::{self, as_run, Held, HeldError, NotLive};
+use reconcile_core::live::LiveChange;
 
 /// One way a unit can stand. A unit has one or more; `InSync` only alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -129,6 +135,79 @@ pub struct Facts {
     pub systemd: Systemd,
     /// The main process, when there is one and it could be read.
     pub running: Option<Running>,
+    /// The manifest's SGLang version: its catalog reads the flags of a command line that a live
+    /// apply left running.
+    pub sglang_version: String,
+    /// What the server said it holds of what live applies told it: asked only when one explains
+    /// why it runs another command line than the unit's ([`live_standing`]).
+    pub held: Option<Result<Held, AskError>>,
+}
+
+/// Why the server could not say what it holds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AskError {
+    #[error("it could not be reached: {0}")]
+    Unreachable(String),
+    #[error("it did not answer within {}s", .0.as_secs())]
+    TimedOut(std::time::Duration),
+    #[error(transparent)]
+    Get(#[from] GetError),
+    #[error(transparent)]
+    Answer(#[from] HeldError),
+}
+
+/// How a live apply stands to a server that runs another command line than its unit on disk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LiveStanding {
+    /// No live apply explains it: none of the unit on disk is recorded, or something besides the
+    /// command line differs (the environment, a drop-in), which no live change applies.
+    Unexplained,
+    /// The unit on disk was applied live, to another process than the one running now.
+    Restarted,
+    /// The unit on disk was applied live to this very process, which must hold this (from its
+    /// own command line to the unit's, every live apply since it started) to serve as a restart
+    /// with the unit would.
+    Holds(LiveChange),
+    /// Applied live to this process, yet its command line differs from the unit's in more than a
+    /// live change applies.
+    Beyond(NotLive),
+}
+
+/// Whether a live apply explains why the server runs another command line than the unit on disk:
+/// the last deployment record says the unit on disk was applied live, to the process that runs
+/// now (its argv's digest), and only the command line differs. `Unexplained` too when nothing
+/// differs at all.
+pub(crate) fn live_standing(f: &Facts) -> LiveStanding {
+    let (Some(disk), Some(running), Some(record)) = (&f.disk_text, &f.running, &f.record) else {
+        return LiveStanding::Unexplained;
+    };
+    let Some(told) = &record.live else {
+        return LiveStanding::Unexplained;
+    };
+    let layered = f
+        .layers
+        .drifts(&f.unit, Some(disk))
+        .iter()
+        .any(|d| *d != Drift::Disabled);
+    if record.unit_sha256 != sha256(disk) || f.systemd.active_state != "active" || layered {
+        return LiveStanding::Unexplained;
+    }
+    let unit = parse_unit(disk);
+    if !env_differences(&running.env, &unit.env).is_empty() {
+        return LiveStanding::Unexplained;
+    }
+    let argv = as_run(&running.argv, &unit.exec_start);
+    if argv == unit.exec_start.as_slice() {
+        return LiveStanding::Unexplained;
+    }
+    if argv_sha256(&running.argv) != told.argv_sha256 {
+        return LiveStanding::Restarted;
+    }
+    let parser = Catalog::for_version(&f.sglang_version);
+    match held::must_hold(argv, &unit, parser, &f.sglang_version) {
+        Ok(change) => LiveStanding::Holds(change),
+        Err(e) => LiveStanding::Beyond(e),
+    }
 }
 
 /// The classes of a unit, and a line per finding saying why.
@@ -308,28 +387,62 @@ fn against_process(
         let mut differences = argv_differences(&running.argv, &unit.exec_start, redactor);
         differences.extend(env_differences(&running.env, &unit.env));
         if !differences.is_empty() {
-            found.add(
-                Class::NotRestarted,
-                format!(
-                    "the running server (pid {}) was started from another unit than the one systemd has now: {}; a restart would start what it has",
-                    s.main_pid,
-                    differences.join(", ")
-                ),
-            );
+            // What systemd runs besides the file is never applied live.
+            let live = match effective {
+                None => live_standing(f),
+                Some(_) => LiveStanding::Unexplained,
+            };
+            against_live(found, f, live, &differences.join(", "));
         }
     }
+}
+
+/// A server that runs another command line than its unit, judged by what live applies told it:
+/// in sync when it was applied live to this process and the server holds what it was told.
+fn against_live(found: &mut Found, f: &Facts, live: LiveStanding, differences: &str) {
+    let pid = f.systemd.main_pid;
+    let restart = "a restart would start what the unit has";
+    let detail = match live {
+        LiveStanding::Unexplained => format!(
+            "the running server (pid {pid}) was started from another unit than the one systemd has now: {differences}; {restart}"
+        ),
+        LiveStanding::Restarted => format!(
+            "the server restarted since the live apply: pid {pid} is not the process it told, and runs another command line than the unit's: {differences}; {restart}"
+        ),
+        LiveStanding::Beyond(why) => format!(
+            "the running server (pid {pid}) was started from another unit than the one systemd has now: {differences}; the live apply of the unit does not explain it ({why}); {restart}"
+        ),
+        LiveStanding::Holds(change) => match &f.held {
+            None => format!(
+                "the unit was applied live to the running server (pid {pid}), which was not asked what it holds: it runs {differences}; {restart}"
+            ),
+            Some(Err(e)) => format!(
+                "the unit was applied live to the running server (pid {pid}), which could not say what it holds ({e}): it runs {differences}; {restart}"
+            ),
+            Some(Ok(server)) => {
+                let wrong = held::differences(&change, server);
+                if wrong.is_empty() {
+                    found.details.push(format!(
+                        "applied live: {}; the server (pid {pid}) runs its earlier command line ({differences}), which a restart replaces with the unit's",
+                        held::summary(&change)
+                    ));
+                    return;
+                }
+                format!(
+                    "the server (pid {pid}) does not hold what the live apply told it: {}; {restart}",
+                    wrong.join("; ")
+                )
+            }
+        },
+    };
+    found.add(Class::NotRestarted, detail);
 }
 
 /// How the running argv differs from the unit's, in flags where it can (`~ tp-size 2 -> 4`).
 /// systemd executes the unit's argv as it is, so any difference at all means another unit started
 /// the process. Secret values are never shown.
 fn argv_differences(running: &[String], unit: &[String], redactor: &Redactor) -> Vec<String> {
-    // A script (`sglang serve`) runs under the interpreter on its `#!` line, which the kernel puts
-    // first in the process's argv.
-    let running = match (running.get(1), unit.first()) {
-        (Some(script), Some(first)) if script == first => &running[1..],
-        _ => running,
-    };
+    let running = as_run(running, unit);
     if running == unit {
         return Vec::new();
     }
@@ -478,15 +591,6 @@ pub fn exit_code(statuses: &[UnitStatus]) -> u8 {
     }
 }
 
-/// `/proc/<pid>/cmdline` or `environ`: NUL-terminated strings.
-pub fn split_nul(raw: &str) -> Vec<String> {
-    let mut parts: Vec<String> = raw.split('\0').map(str::to_string).collect();
-    if parts.last().is_some_and(|p| p.is_empty()) {
-        parts.pop();
-    }
-    parts
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,6 +615,7 @@ mod tests {
             restored_from: None,
             benchmark: None,
             quality: None,
+            live: None,
         }
     }
 
@@ -548,6 +653,8 @@ mod tests {
                 started_at: "Thu 2026-01-01 00:00:01 UTC".into(),
             },
             running: Some(running(UNIT)),
+            sglang_version: "0.5.23".into(),
+            held: None,
         }
     }
 
@@ -807,6 +914,153 @@ mod tests {
         assert!(details[0].contains("another order"), "{details:?}");
     }
 
+    /// A unit applied live: the server was started from `OLD` (checkpoint /m, micro-batch size
+    /// 4), told checkpoint /n and size 8, and the unit on disk says so.
+    const OLD: &str = "[Unit]\nDescription=t\n\n[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=0,1\"\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --tp-size 2 --port 30000 --pp-max-micro-batch-size 4\n";
+    const NEW: &str = "[Unit]\nDescription=t\n\n[Service]\nEnvironment=\"CUDA_VISIBLE_DEVICES=0,1\"\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /n --tp-size 2 --port 30000 --pp-max-micro-batch-size 8\n";
+
+    fn applied_live() -> Facts {
+        let told = running(OLD);
+        let mut r = record(NEW);
+        r.live = Some(crate::record::LiveRecord {
+            argv_sha256: argv_sha256(&told.argv),
+            weights: Some("/n".into()),
+            values: [("pp-max-micro-batch-size".to_string(), 8.into())].into(),
+        });
+        Facts {
+            desired_text: NEW.into(),
+            disk_text: Some(NEW.into()),
+            record: Some(r),
+            running: Some(told),
+            ..synced()
+        }
+    }
+
+    /// What the server says it holds: its checkpoint, and one data-parallel rank's size.
+    fn holding(model: &str, size: u32) -> Option<Result<Held, AskError>> {
+        let ranks = held::internal_states(
+            &serde_json::json!({"internal_states": [{"pp_max_micro_batch_size": size}]})
+                .to_string(),
+        )
+        .unwrap();
+        Some(Ok(Held {
+            model_path: Some(model.into()),
+            ranks,
+        }))
+    }
+
+    #[test]
+    fn a_live_apply_is_in_sync_while_the_server_holds_what_it_was_told() {
+        let mut f = applied_live();
+        // What gather asks the server: the change from the running command line to the unit's.
+        let LiveStanding::Holds(change) = live_standing(&f) else {
+            panic!("{:?}", live_standing(&f));
+        };
+        assert_eq!(change.weights.as_ref().unwrap().to, "/n");
+        assert_eq!(change.settings[0].to, 8);
+
+        f.held = holding("/n", 8);
+        let (c, details) = classify(&f, &Redactor::default());
+        assert_eq!(c, [Class::InSync], "{details:?}");
+        assert_eq!(
+            details,
+            ["applied live: weights from /n, --pp-max-micro-batch-size 8 set; the server (pid 42) runs its earlier command line (~ model-path /m -> /n, ~ pp-max-micro-batch-size 4 -> 8), which a restart replaces with the unit's"]
+        );
+        assert_eq!(exit_code(&[status(c, None)]), 0);
+
+        // A value set back by hand, or other weights loaded: named, with what was told.
+        f.held = holding("/n", 4);
+        let (c, details) = classify(&f, &Redactor::default());
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(
+            details[0].contains("does not hold what the live apply told it: --pp-max-micro-batch-size is 4 on the server, the live apply set 8"),
+            "{details:?}"
+        );
+        f.held = holding("/m", 8);
+        let (_, details) = classify(&f, &Redactor::default());
+        assert!(
+            details[0].contains("the server's weights are /m, the live apply told it /n"),
+            "{details:?}"
+        );
+        // A server that cannot say is not taken at its word.
+        f.held = Some(Err(AskError::TimedOut(std::time::Duration::from_secs(15))));
+        let (c, details) = classify(&f, &Redactor::default());
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(
+            details[0].contains("could not say what it holds (it did not answer within 15s)"),
+            "{details:?}"
+        );
+        f.held = None;
+        assert_eq!(classes(&f), [Class::NotRestarted]);
+    }
+
+    #[test]
+    fn a_live_apply_explains_nothing_of_another_process_or_another_unit() {
+        // Started again since, from the old unit by hand: not the process that was told.
+        let mut f = applied_live();
+        f.record
+            .as_mut()
+            .unwrap()
+            .live
+            .as_mut()
+            .unwrap()
+            .argv_sha256 = "another".into();
+        f.held = holding("/n", 8);
+        assert_eq!(live_standing(&f), LiveStanding::Restarted);
+        let (c, details) = classify(&f, &Redactor::default());
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(
+            details[0].starts_with("the server restarted since the live apply: pid 42 is not the process it told, and runs another command line than the unit's: ~ model-path /m -> /n"),
+            "{details:?}"
+        );
+        // Restarted with the unit on disk: it runs what the unit says, in sync as any.
+        f.running = Some(running(NEW));
+        assert_eq!(classes(&f), [Class::InSync]);
+
+        // No live apply recorded: the server was not restarted, as before.
+        let mut f = applied_live();
+        f.record.as_mut().unwrap().live = None;
+        assert_eq!(live_standing(&f), LiveStanding::Unexplained);
+        let (c, details) = classify(&f, &Redactor::default());
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(
+            details[0].starts_with("the running server (pid 42) was started from another unit"),
+            "{details:?}"
+        );
+
+        // The unit edited on the host since: the record's live apply was of another unit.
+        let mut f = applied_live();
+        f.disk_text = Some(NEW.replace("Description=t", "Description=u"));
+        assert_eq!(live_standing(&f), LiveStanding::Unexplained);
+
+        // Another environment: no live change sets one.
+        let mut f = applied_live();
+        f.running
+            .as_mut()
+            .unwrap()
+            .env
+            .insert("CUDA_VISIBLE_DEVICES".into(), "2,3".into());
+        assert_eq!(live_standing(&f), LiveStanding::Unexplained);
+
+        // The process told, but its command line differs in what no live change applies.
+        let mut f = applied_live();
+        let other = running(&OLD.replace("--tp-size 2", "--tp-size 1"));
+        f.record
+            .as_mut()
+            .unwrap()
+            .live
+            .as_mut()
+            .unwrap()
+            .argv_sha256 = argv_sha256(&other.argv);
+        f.running = Some(other);
+        let (c, details) = classify(&f, &Redactor::default());
+        assert_eq!(c, [Class::NotRestarted]);
+        assert!(
+            details[0].contains("the live apply of the unit does not explain it (the flag --tp-size changes, which only a restart applies)"),
+            "{details:?}"
+        );
+    }
+
     fn status(classes: Vec<Class>, error: Option<String>) -> UnitStatus {
         UnitStatus {
             host: "h".into(),
@@ -885,11 +1139,5 @@ mod tests {
             )),
             "{details:?}"
         );
-    }
-
-    #[test]
-    fn proc_strings_split_on_nul() {
-        assert_eq!(split_nul("a\0b c\0\0"), ["a", "b c", ""]);
-        assert_eq!(split_nul(""), Vec::<String>::new());
     }
 }

@@ -138,6 +138,19 @@ fn a_move_to_a_checkpoint_of_one_shape_and_a_new_value_apply_live_and_a_refusal_
         .sh(HOST, &format!("cat /etc/systemd/system/{UNIT}"))
         .contains(&b));
     assert_eq!(plan(&moved, &[]).1["verdict"], "no_change");
+    // `status` believes the live apply: the process told holds what the unit says.
+    let (code, unit) = run(&moved, &["status", "--format", "json"]);
+    assert_eq!(
+        (code, &unit["classes"]),
+        (0, &serde_json::json!(["in_sync"])),
+        "{unit:#}"
+    );
+    assert!(
+        unit["details"].to_string().contains(&format!(
+            "applied live: weights from {b}, --pp-max-micro-batch-size 8 set"
+        )),
+        "{unit:#}"
+    );
 
     // A value the server refuses (above --max-running-requests): nothing changed there, so the
     // previous values go back live with the previous unit file, and nothing restarts.
@@ -160,6 +173,7 @@ fn a_move_to_a_checkpoint_of_one_shape_and_a_new_value_apply_live_and_a_refusal_
         "no_change",
         "the previous unit file is back"
     );
+    assert_eq!(run(&moved, &["status", "--format", "json"]).0, 0);
 
     lab().remove_unit(HOST, UNIT);
     lab().sh(HOST, &format!("rm -rf {a} {b} {c}"));

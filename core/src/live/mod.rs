@@ -30,6 +30,7 @@ use crate::sglang::Catalog;
 use crate::unit::{parse_unit, Desired, UnitModel};
 
 pub mod change;
+pub mod held;
 pub use change::{LiveChange, Move, SettingChange};
 
 /// A flag `/set_internal_state` takes: its server-args key, whether its value is an integer, and

@@ -295,27 +295,40 @@ pub struct VerifySpec {
 /// much worse than the stable replicas it may be (`crate::bake`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BakeSpec {
+    /// Served before the first look, not judged: a restarted canary's prefix cache starts empty
+    /// where the stable replicas' is warm (Argo Rollouts' `initialDelay`; 0 s by default, as its).
+    pub warmup: Duration,
     pub duration: Duration,
-    /// Fewer requests than this on either side over the window: too few to judge.
+    /// Fewer requests than this on either side, and nothing shown worse: inconclusive.
     pub min_requests: u32,
     /// Aborted requests may exceed the stable replicas' share by this many percentage points.
     pub max_error_rate_increase: f64,
     /// TTFT and inter-token latency quantiles may be this many times the stable replicas'.
     pub max_latency_ratio: f64,
+    /// Output tokens per second per running request may be this many times lower.
+    pub max_throughput_ratio: f64,
+    /// How sure the bake must be that a difference is not chance before it fails the canary.
+    pub confidence: f64,
 }
 
 impl BakeSpec {
     /// A bake of `duration` with the default thresholds.
     pub fn lasting(duration: Duration) -> BakeSpec {
         BakeSpec {
+            warmup: Duration::ZERO,
             duration,
-            // A p95 read from fewer observations than this stands on one or two requests.
+            // A p95 read from fewer observations than this stands on one or two requests: too
+            // few to show the canary no worse (a difference the ranks show is judged on fewer).
             min_requests: 100,
             max_error_rate_increase: 1.0,
             // SGLang's latency buckets step by 1.25x to 2x (TTFT 0.6, 0.8, 1, 2, 4 s:
             // `metrics_collector.py`); a quantile is interpolated within its bucket, so a ratio
             // under 1.5 is within what the bucket edges alone can make of one distribution.
             max_latency_ratio: 1.5,
+            // A ratio of two sums (tokens over request-seconds), with no bucket edges in it.
+            max_throughput_ratio: 1.5,
+            // One-sided 0.99: Kayenta's two-sided 98 % interval (`crate::bake::Limits`).
+            confidence: 0.99,
         }
     }
 
@@ -324,6 +337,8 @@ impl BakeSpec {
             min_requests: f64::from(self.min_requests),
             error_rate_above: self.max_error_rate_increase / 100.0,
             latency_ratio: self.max_latency_ratio,
+            throughput_ratio: self.max_throughput_ratio,
+            confidence: self.confidence,
         }
     }
 }

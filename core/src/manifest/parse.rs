@@ -211,26 +211,39 @@ struct RawVerify {
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RawBake {
+    /// Served before the first look and not judged: a restarted canary's prefix cache starts
+    /// empty (0s).
+    warmup: Option<HumanDuration>,
     /// How long the canary serves live traffic before it is judged (`10m`).
     duration: HumanDuration,
-    /// Fewer requests than this on either side: too few to judge, the canary stays (100).
+    /// Fewer requests than this on either side, and nothing shown worse: inconclusive, the
+    /// canary stays and the rollout pauses (100).
     min_requests: Option<u32>,
-    /// Percentage points of aborted requests above the stable replicas' that fail it (1).
+    /// Percentage points of aborted requests above the stable replicas' that fail it, when a
+    /// test is sure of it (1).
     max_error_rate_increase: Option<f64>,
-    /// How many times the stable replicas' TTFT and inter-token latency p50 and p95 (or how many
-    /// times lower their output tokens per second per running request) fail it (1.5).
+    /// How many times the stable replicas' TTFT or inter-token latency p50 or p95 fails it,
+    /// when the rank test is sure the canary is slower (1.5).
     max_latency_ratio: Option<f64>,
+    /// How many times lower than the stable replicas' output tokens per second per running
+    /// request fails it (1.5).
+    max_throughput_ratio: Option<f64>,
+    /// How sure a test must be that a difference is not chance (0.99, one-sided).
+    confidence: Option<f64>,
 }
 
 impl RawBake {
     fn into_spec(self) -> super::BakeSpec {
         let d = super::BakeSpec::lasting(self.duration.0);
         super::BakeSpec {
+            warmup: self.warmup.map_or(d.warmup, |w| w.0),
             min_requests: self.min_requests.unwrap_or(d.min_requests),
             max_error_rate_increase: self
                 .max_error_rate_increase
                 .unwrap_or(d.max_error_rate_increase),
             max_latency_ratio: self.max_latency_ratio.unwrap_or(d.max_latency_ratio),
+            max_throughput_ratio: self.max_throughput_ratio.unwrap_or(d.max_throughput_ratio),
+            confidence: self.confidence.unwrap_or(d.confidence),
             ..d
         }
     }

@@ -661,6 +661,18 @@ impl Checker<'_> {
                 "max_latency_ratio must be at least 1 (the stable replicas' latency)",
             );
         }
+        if b.max_throughput_ratio.is_nan() || b.max_throughput_ratio < 1.0 {
+            self.fail(
+                &at("max_throughput_ratio"),
+                "max_throughput_ratio must be at least 1 (the stable replicas' throughput)",
+            );
+        }
+        if !(b.confidence >= 0.5 && b.confidence < 1.0) {
+            self.fail(
+                &at("confidence"),
+                "confidence is a probability from 0.5 (a coin) to under 1 (0.99 by default)",
+            );
+        }
         let bake = [Seg::Key("verify"), Seg::Key("bake")];
         if m.router.is_none() {
             self.fail(
@@ -1201,10 +1213,10 @@ mod tests {
             "{e:?}"
         );
         let bad = format!(
-            "{metrics}{router}verify:\n  bake:\n    duration: 0s\n    min_requests: 0\n    max_latency_ratio: 0.5\n"
+            "{metrics}{router}verify:\n  bake:\n    duration: 0s\n    min_requests: 0\n    max_latency_ratio: 0.5\n    max_throughput_ratio: 0.9\n    confidence: 1\n"
         );
         let e = errors(&bad);
-        assert_eq!(e.len(), 3, "{e:?}");
+        assert_eq!(e.len(), 5, "{e:?}");
         assert!(
             e[0].contains("verify.bake.duration: duration must be longer than 0s"),
             "{e:?}"
@@ -1214,6 +1226,15 @@ mod tests {
             e[2].contains("verify.bake.max_latency_ratio: max_latency_ratio must be at least 1"),
             "{e:?}"
         );
+        assert!(e[3].contains("verify.bake.max_throughput_ratio"), "{e:?}");
+        assert!(
+            e[4].contains("verify.bake.confidence: confidence is a probability"),
+            "{e:?}"
+        );
+        // A warm-up before the first look.
+        let warm = format!("{metrics}{router}verify:\n  bake: {{ warmup: 30s, duration: 10m }}\n");
+        let bake = parse("m.yaml", &warm).unwrap().verify.bake.unwrap();
+        assert_eq!(bake.warmup, std::time::Duration::from_secs(30));
     }
 
     #[test]

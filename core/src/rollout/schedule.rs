@@ -38,6 +38,8 @@ pub struct Schedule {
     awaiting: bool,
     failed_hosts: usize,
     stopped: Option<String>,
+    /// Stopped by [`Schedule::paused`]: what converged stays, even with `--rollback-all`.
+    paused: bool,
     rolled_back: bool,
 }
 
@@ -50,6 +52,7 @@ impl Schedule {
             awaiting: false,
             failed_hosts: 0,
             stopped: None,
+            paused: false,
             rolled_back: false,
         }
     }
@@ -84,11 +87,21 @@ impl Schedule {
             return Step::Apply(batch);
         }
         match &self.stopped {
-            Some(why) if self.policy.rollback_all && !self.rolled_back => {
+            Some(why) if self.policy.rollback_all && !self.rolled_back && !self.paused => {
                 self.rolled_back = true;
                 Step::RollBackConverged { why: why.clone() }
             }
             _ => Step::Done,
+        }
+    }
+
+    /// After [`Schedule::finished`]: the batch's canary could not be judged (an inconclusive
+    /// bake), so no new turn starts, and what converged stays for the operator to judge, as
+    /// Argo Rollouts pauses on an inconclusive analysis. A stop already decided stands.
+    pub fn paused(&mut self, why: String) {
+        if self.stopped.is_none() {
+            self.stopped = Some(why);
+            self.paused = true;
         }
     }
 
@@ -299,5 +312,30 @@ mod tests {
         let mut s = Schedule::new(policy(0, 1, 1, true), 0);
         assert_eq!(s.next_step(), Step::Done);
         assert_eq!(s.next_step(), Step::Done);
+    }
+
+    #[test]
+    fn an_inconclusive_canary_pauses_the_rollout_and_keeps_what_converged() {
+        let mut s = Schedule::new(policy(1, 2, 1, true), 4);
+        assert_eq!(s.next_step(), apply(&[0]));
+        s.finished(0);
+        s.paused("could not judge".into());
+        assert_eq!(
+            s.next_step(),
+            Step::Skip {
+                turns: vec![1, 2, 3],
+                why: "could not judge".into()
+            }
+        );
+        // Not rolled back, even with --rollback-all: the operator decides.
+        assert_eq!(s.next_step(), Step::Done);
+        // A failed canary's stop stands.
+        let mut s = Schedule::new(policy(1, 2, 1, false), 2);
+        s.next_step();
+        s.finished(1);
+        s.paused("could not judge".into());
+        assert!(
+            matches!(s.next_step(), Step::Skip { why, .. } if why.starts_with("the canary failed"))
+        );
     }
 }

@@ -2,6 +2,8 @@
 //! `guard_acted`, a guard that rolled back before its disarm, is `Step::LiveBack`'s too.
 
 use reconcile_core::guard::GuardState;
+use reconcile_core::live::held;
+use reconcile_core::record::LiveRecord;
 use reconcile_core::transaction::{Kind, Went};
 
 use super::{Carried, Rank};
@@ -12,6 +14,7 @@ use crate::apply::install;
 use crate::apply::Outcome;
 use crate::remote::error_chain;
 use crate::systemd::Systemd as _;
+use crate::unit::parse_unit;
 use crate::verify::Verification;
 
 /// `Step::Confirm`: every rank's ending, from its verification. `Failed` when a rank's server
@@ -121,11 +124,48 @@ async fn confirm_all(
                 .detail
                 .push_str(&format!(" (rank {i} of {n}; the group restarted together)"));
         }
-        install::record(&r.job, Outcome::Converged, Some(&v), &mut r.report.report).await;
+        let live = match kind {
+            Kind::Live => r.told_live.take(),
+            Kind::Confirm => kept_live(r).await,
+            _ => None,
+        };
+        install::record(
+            &r.job,
+            Outcome::Converged,
+            Some(&v),
+            live,
+            &mut r.report.report,
+        )
+        .await;
         r.report.report.verification = Some(v);
         endings.push(ending);
     }
     endings
+}
+
+/// A unit kept by the host's guard and confirmed as it runs: when its server runs another command
+/// line than the unit's (a live change the dead apply told, which its guard heard taken), the
+/// record's account of what the server must hold for it, for `status` to read back. `None`: it
+/// runs the unit's own command line (a kept restart), or what it runs is not known.
+async fn kept_live(r: &mut Rank<'_>) -> Option<LiveRecord> {
+    let (host, t) = (r.job.host, r.job.t);
+    let pid = host.unit_state(&t.desired.unit).await.ok()?.main_pid;
+    let argv = match crate::apply::live::process_argv(host, pid).await {
+        Ok(argv) => argv,
+        Err(why) => {
+            r.report.report.notes.push(format!(
+                "the server's command line could not be read ({why}): `status` will take it for a server not restarted"
+            ));
+            return None;
+        }
+    };
+    let unit = parse_unit(&t.desired.text);
+    if held::as_run(&argv, &unit.exec_start) == unit.exec_start.as_slice() {
+        return None;
+    }
+    let version = &t.desired.sglang_version;
+    let change = held::must_hold(&argv, &unit, crate::plan::parser(&t.desired), version).ok()?;
+    Some(held::record(&change, &argv))
 }
 
 /// The ending of a rank whose guard rolled it back before this run could disarm it (`acted`, what

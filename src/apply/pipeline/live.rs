@@ -1,6 +1,7 @@
 //! `Step::Live` and `Step::LiveBack`: a server of one told its change as it runs, and told the
 //! previous one back should the change fail. What the server is told is `crate::apply::live`'s.
 
+use reconcile_core::live::held;
 use reconcile_core::transaction::Went;
 use tokio_util::sync::CancellationToken;
 
@@ -99,11 +100,18 @@ async fn tell_live(r: &mut Rank<'_>) -> Result<(), String> {
         .report
         .notes
         .push(format!("applied live, no restart: {}", r.told));
-    r.invocation = host
+    let state = host
         .unit_state(&t.desired.unit)
         .await
-        .map_err(|e| error_chain(&e))?
-        .invocation_id;
+        .map_err(|e| error_chain(&e))?;
+    r.invocation = state.invocation_id;
+    // The process told, for the record: `status` believes the change only of that process.
+    match crate::apply::live::process_argv(host, state.main_pid).await {
+        Ok(argv) => r.told_live = Some(held::record(change, &argv)),
+        Err(why) => r.report.report.notes.push(format!(
+            "the command line of the server told could not be read ({why}): `status` will take it for a server not restarted"
+        )),
+    }
     Ok(())
 }
 

@@ -35,6 +35,7 @@ use futures::future::join_all;
 use reconcile_core::group::{group_verdict, rank_verdict};
 use reconcile_core::learned::LoadHistory;
 use reconcile_core::live::LiveChange;
+use reconcile_core::record::LiveRecord;
 use reconcile_core::transaction::{Kind, Step, Transaction};
 
 use super::decide::{self, Ending, Previous, Start};
@@ -171,6 +172,9 @@ struct Rank<'a> {
     live: Option<LiveChange>,
     /// What the server did with the live change, once told ("" before).
     told: String,
+    /// The deployment record's account of the live change, once told: what, and to which
+    /// process (`None` when its command line could not be read).
+    told_live: Option<LiveRecord>,
 }
 
 /// How a rank stands after its first look.
@@ -368,6 +372,7 @@ async fn planned_rank<'a>(
         weights: None,
         live,
         told: String::new(),
+        told_live: None,
     }
 }
 
@@ -555,6 +560,7 @@ async fn prepared(
         weights: None,
         live: None,
         told: String::new(),
+        told_live: None,
     }];
     let kind = Kind::of(verdict, false).expect("a verdict with work");
     let mut tx = Transaction::new(kind);

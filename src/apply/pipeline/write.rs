@@ -11,8 +11,10 @@ use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
 use crate::apply::error::ApplyError;
 use crate::apply::install;
+use crate::apply::state;
 use crate::apply::Outcome;
 use crate::plan::Verdict;
+use crate::record::LiveRecord;
 use crate::remote::{error_chain, RemoteError};
 
 /// `Step::Write`: the last moment to stop without a restart. A signal before the write, or during
@@ -107,7 +109,8 @@ pub(super) async fn record_reload(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -
     let mut endings = Vec::new();
     for r in ranks.iter_mut() {
         if r.verdict == Verdict::ReloadOnly {
-            install::record(&r.job, Outcome::Reloaded, None, &mut r.report.report).await;
+            let live = still_live(r).await;
+            install::record(&r.job, Outcome::Reloaded, None, live, &mut r.report.report).await;
             endings.push(decide::reloaded());
         } else {
             endings.push(Ending {
@@ -119,4 +122,16 @@ pub(super) async fn record_reload(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -
     }
     c.endings = Some(endings);
     Went::Passed
+}
+
+/// What the last deployment told the running server live, kept in the record of a reload-only
+/// change: a reload restarts nothing, so the server still runs the command line that was told
+/// (`status` checks that it is the same process before it believes it).
+async fn still_live(r: &Rank<'_>) -> Option<LiveRecord> {
+    let unit = &r.job.t.desired.unit;
+    let previous = match r.survey.as_ref().and_then(|s| s.record(unit)) {
+        Some(read) => read,
+        None => state::read_record(r.job.host, unit).await,
+    };
+    previous.ok().flatten().and_then(|p| p.live)
 }

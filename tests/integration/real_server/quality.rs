@@ -151,8 +151,9 @@ fn a_reference_then_five_neutral_changes_pass_and_perturbed_weights_are_rolled_b
 /// Five more neutral changes, on a manifest that asks for live changes (which a batch limit is
 /// not); then live changes on the real CPU engine: checkpoints moved (`/update_weights_from_disk`),
 /// a copy of the model passing the quality gate without a restart and the perturbed weights
-/// failing it and put back live, the same process serving the previous checkpoint again; and the
-/// pipeline micro-batch size set (`/set_internal_state`), read back from `/server_info`.
+/// failing it and put back live, the same process serving the previous checkpoint again; the
+/// pipeline micro-batch size set (`/set_internal_state`), read back from `/server_info`; and
+/// `status` in sync after them, read back from the server, until a value is changed by hand.
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn five_more_neutral_changes_pass_and_changes_apply_live_on_the_other_host() {
@@ -231,7 +232,8 @@ fn five_more_neutral_changes_pass_and_changes_apply_live_on_the_other_host() {
     assert_eq!(served.trim(), copy);
 
     // A value `/set_internal_state` takes, applied live and read back.
-    let (code, report) = last.apply_with(&moved.flag("pp-max-micro-batch-size", 8), &["--no-deep"]);
+    let valued = moved.flag("pp-max-micro-batch-size", 8);
+    let (code, report) = last.apply_with(&valued, &["--no-deep"]);
     eprintln!("quality, real server, live value: {}", report["detail"]);
     assert_eq!(
         (code, &report["outcome"]),
@@ -246,6 +248,58 @@ fn five_more_neutral_changes_pass_and_changes_apply_live_on_the_other_host() {
         ),
     );
     assert_eq!(size.trim(), "8");
+
+    // `status` after the live applies: the server still runs the command line it started with
+    // (the original checkpoint, size 4), and holds what it was told since (the copy, by the move
+    // whose failed successor was put back, and size 8): in sync, read back from the server.
+    let (code, unit) = status(&valued);
+    eprintln!("quality, real server, status after the live applies: {unit}");
+    assert_eq!(
+        (code, &unit["classes"]),
+        (0, &serde_json::json!(["in_sync"])),
+        "{unit:#}"
+    );
+    let details = unit["details"].to_string();
+    assert!(
+        details.contains(
+            "applied live: weights from /models/tiny-copy, --pp-max-micro-batch-size 8 set; the server"
+        ),
+        "{unit:#}"
+    );
+    // The value changed on the server by hand: no longer what the unit says, named.
+    let (answer, body) = last.http(
+        "POST",
+        "/set_internal_state",
+        Some(r#"{"server_args": {"pp_max_micro_batch_size": 4}}"#),
+        None,
+    );
+    assert!(
+        answer == 200 && body.contains("true") && !body.contains("false"),
+        "{answer} {body}"
+    );
+    let (code, unit) = status(&valued);
+    eprintln!("quality, real server, status after a value set by hand: {unit}");
+    assert_eq!(
+        (code, &unit["classes"]),
+        (2, &serde_json::json!(["not_restarted"])),
+        "{unit:#}"
+    );
+    assert!(
+        unit["details"].to_string().contains(
+            "does not hold what the live apply told it: --pp-max-micro-batch-size is 4 on the server, the live apply set 8"
+        ),
+        "{unit:#}"
+    );
     crate::lab::sh_quietly(host, &format!("rm -rf {copy} {perturbed}"));
     s.stop();
+}
+
+/// `reconcile status --format json` of `text`: the exit code and the unit's status.
+fn status(text: &crate::lab::Manifest) -> (i32, serde_json::Value) {
+    let ran = crate::lab::Reconcile::new()
+        .manifest("a.yaml", text)
+        .args(&["status", "--format", "json"])
+        .run();
+    let json = ran.json();
+    (ran.code, json["units"][0].clone())
 }

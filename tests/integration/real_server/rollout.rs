@@ -1,8 +1,10 @@
 //! A rolling apply of two real replicas behind the real sglang-router 0.3.2 (on
 //! `crate::lab::ROUTER`), with a client loop sending chat completions through the router the
-//! whole time: no request is lost, each replica restarts once, and the worker list is whole. The
-//! canary is baked on that traffic against the other replica from their real `/metrics`, and
-//! passes. The router's helpers are the stand-in router tests' (`crate::router`).
+//! whole time: no request is lost, and the worker list is whole. The canary is baked on that
+//! traffic against the other replica from their real `/metrics`: a change that makes it queue
+//! its requests fails (rolled back, the rollout stops), a neutral one passes (the rollout goes
+//! on, each replica restarted once). The router's helpers are the stand-in router tests'
+//! (`crate::router`).
 
 use super::{slots, HOSTS};
 use crate::builder::yaml;
@@ -12,18 +14,32 @@ use crate::router::{
     Client, MODEL, SERVICE, TURN,
 };
 
-/// The replicas' manifest; a new `generation` (a flag value) restarts every replica.
-fn manifest(generation: u32) -> Manifest {
+/// The replicas' manifest; a new `max_running` (a flag value) restarts every replica. One
+/// running request at a time is a regression: the canary's requests queue behind each other.
+/// The bake waits out a warm-up, then a window long enough for a queueing canary to serve the
+/// rank test's observations.
+fn manifest(max_running: u32) -> Manifest {
     super::manifest(SERVICE, &HOSTS, 30000)
         .without("description")
         .without("systemd")
         .served_model_name(MODEL)
         .listen("0.0.0.0")
         .flag("enable-metrics", true)
-        .flag("max-running-requests", 16 + generation)
+        .flag("max-running-requests", max_running)
         .section("drain", yaml("{ timeout: 120s }"))
         .section("router", router_section(&HOSTS))
-        .verify("bake", yaml("{ duration: 5s, min_requests: 20 }"))
+        .verify(
+            "bake",
+            yaml("{ warmup: 2s, duration: 10s, min_requests: 20 }"),
+        )
+}
+
+/// What the canary's bake said, printed for the CI log, the detail last (a log's tail keeps the
+/// end of a long message).
+fn judged<'r>(report: &'r serde_json::Value, what: &str) -> &'r serde_json::Value {
+    let bake = &unit_of(report, HOSTS[0])["bake"];
+    eprintln!("bake, real replicas, {what}: {}", bake["detail"]);
+    &bake["judged"]
 }
 
 #[test]
@@ -36,43 +52,66 @@ fn a_rolling_apply_of_real_replicas_behind_the_router_loses_no_request() {
         .iter()
         .map(|h| super::stopped(h, &format!("{SERVICE}.service")))
         .collect();
-    let (code, first) = apply(&manifest(1), &[]);
+    // A first install: the canary has no replica running the unit yet to be judged against.
+    let (code, first) = apply(&manifest(17), &[]);
     assert_eq!(code, 0, "{first:#}");
+    assert!(unit_of(&first, HOSTS[0]).get("bake").is_none(), "{first:#}");
     assert_eq!(listed(), all_healthy(&HOSTS));
-    let client = Client::start();
+    let client = Client::asking_for(32);
     client.wait_for_answers(4);
+
+    // The regression: the canary fails its bake, is rolled back, and the rollout stops.
     let since = since_epoch();
-    let (code, report) = apply(&manifest(2), &["--max-parallel", "1"]);
+    let (code, report) = apply(&manifest(1), &["--max-parallel", "1"]);
+    client.wait_for_answers(4);
+    let judgement = judged(&report, "max-running-requests 1");
+    assert_eq!(code, 3, "{report:#}");
+    assert_eq!(judgement["verdict"], "failed", "{judgement:#}");
+    assert!(
+        judgement["why"].to_string().contains("TTFT p50"),
+        "{judgement:#}"
+    );
+    let canary = unit_of(&report, HOSTS[0]);
+    assert_eq!(
+        (&canary["outcome"], &canary["error"]),
+        (&"rolled_back".into(), &"bake_failed".into()),
+        "{canary:#}"
+    );
+    assert_eq!(unit_of(&report, HOSTS[1])["outcome"], "not_started");
+    assert_eq!(
+        starts_since(HOSTS[0], since),
+        2,
+        "the new unit, then the old"
+    );
+    assert_eq!(starts_since(HOSTS[1], since), 0);
+    assert_eq!(listed(), all_healthy(&HOSTS), "the worker list is whole");
+
+    // A neutral change: passed, and the rollout goes on to the other replica.
+    let since = since_epoch();
+    let (code, report) = apply(&manifest(18), &["--max-parallel", "1"]);
     client.wait_for_answers(4);
     let seen = client.stop();
+    let judgement = judged(&report, "max-running-requests 18");
     assert_eq!(code, 0, "{report:#}");
     for host in HOSTS {
         let u = unit_of(&report, host);
         assert_eq!(u["outcome"], "converged", "{u:#}");
         assert_eq!(starts_since(host, since), 1, "{host} restarted once");
     }
+    assert_eq!(judgement["verdict"], "passed", "{judgement:#}");
+    for side in ["canary", "stable"] {
+        let figures = &judgement[side];
+        assert!(figures["requests"].as_f64() >= Some(20.0), "{judgement:#}");
+        assert!(figures["ttft_p50_s"].as_f64().is_some(), "{judgement:#}");
+    }
+    assert!(unit_of(&report, HOSTS[1]).get("bake").is_none());
     assert_eq!(
         seen["failed"], 0,
         "requests failed through the router: {seen}"
     );
     assert!(seen["ok"].as_u64().unwrap_or(0) > 0, "{seen}");
     assert_eq!(listed(), all_healthy(&HOSTS), "the worker list is whole");
-    eprintln!("through the router during the rollout: {seen}");
-    // The canary (the first host by name) was baked against the other replica, and passed.
-    let bake = &unit_of(&report, HOSTS[0])["bake"];
-    eprintln!("bake, real replicas: {}", bake["detail"]);
-    // The detail last: a CI log's tail keeps the end of a long message.
-    assert_eq!(
-        bake["judged"]["verdict"], "passed",
-        "{bake:#}\nthe bake said: {}",
-        bake["detail"]
-    );
-    for side in ["canary", "stable"] {
-        let figures = &bake["judged"][side];
-        assert!(figures["requests"].as_f64() >= Some(20.0), "{bake:#}");
-        assert!(figures["ttft_p50_s"].as_f64().is_some(), "{bake:#}");
-    }
-    assert!(unit_of(&report, HOSTS[1]).get("bake").is_none());
+    eprintln!("through the router during both rollouts: {seen}");
     for host in HOSTS {
         crate::lab::sh_quietly(host, &format!("systemctl disable --now {SERVICE}.service"));
     }
