@@ -329,6 +329,16 @@ fn assert_intact_then_converges(unit: &str, r: &Rebooted) -> serde_json::Value {
         &format!("[ \"$(ls -a /etc/systemd/system /var/lib/reconcile/{unit}/generations | grep -c reconcile-tmp)\" = 0 ]"),
         Duration::from_secs(30),
     );
+    // A host back from its reboot may have its guard restoring the previous unit (it judged the
+    // new one failed at boot); the next apply refuses to overwrite a guard at that work until it
+    // is done, as it must (a guard still armed by the dead run, it takes over). The restore is
+    // bounded by the manifest's verification (crash window 3 s, load deadline 40 s) and a
+    // margin: 3x that.
+    crate::guard::until(
+        Duration::from_secs(3 * 50),
+        "the host's guard done restoring after the reboot",
+        || crate::guard::guard_state_on(REBOOT, unit) != "rolling_back",
+    );
     let ran = Reconcile::new()
         .manifest("a.yaml", &r.new)
         .args(&["apply", "--format", "json"])
