@@ -13,11 +13,12 @@ use crate::lab::{level_at, tokens_at};
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
     let _slots = slots(SLOTS_FREE);
-    // 25 %: two instances of the same unit on this 2-core shared machine measured up to 17.5 %
-    // apart at concurrency 1 (16 requests of 64 tokens, a compile running beside them); the
-    // slower change below costs about three quarters at concurrency 4, far beyond either.
+    // Concurrency 4 only: one running request at a time changes nothing for one stream, so a
+    // level of 1 could only add noise. 40 %: under the full suite on a 2-core machine a neutral
+    // change measured 19.5 % under its baseline at 4 (and 38 % at 1, on 2026-12-06); the slower
+    // change below costs about three quarters at 4, far beyond it.
     let bench = yaml(
-        "{ levels: [1, 4], prompt_tokens: 32, output_tokens: 128, requests: 24, max_regression: 25 }",
+        "{ levels: [4], prompt_tokens: 32, output_tokens: 128, requests: 24, max_regression: 40 }",
     );
     let s = Service::new("t-rs-bench", HOSTS[0], 38021).verify("benchmark", bench.clone());
     let _stopped = s.fresh();
@@ -55,7 +56,7 @@ fn the_throughput_gate_passes_a_neutral_change_and_rolls_back_a_slower_one() {
         "compared with the neutral deployment: {report:#}"
     );
     assert!(
-        regressed < neutral_tokens * 0.75,
+        regressed < neutral_tokens * 0.6,
         "max-running-requests 1 ran at {regressed} tokens/s at concurrency 4, the neutral deployment {neutral_tokens}"
     );
     assert_eq!(s.unit_file(), good);
