@@ -237,6 +237,23 @@ impl Figures {
                 .then(|| w.generated_tokens / w.request_seconds),
         }
     }
+
+    /// `312 requests, 0.0 % aborted, TTFT p50/p95 110/240 ms, ITL p50/p95 21/35 ms`.
+    pub fn describe(&self) -> String {
+        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.0}", s * 1000.0));
+        let per_request = self
+            .tokens_per_request_s
+            .map_or("-".to_string(), |t| format!("{t:.1}"));
+        format!(
+            "{:.0} requests, {:.1} % aborted, TTFT p50/p95 {}/{} ms, ITL p50/p95 {}/{} ms, {per_request} tokens/s per request",
+            self.requests,
+            100.0 * self.error_rate,
+            ms(self.ttft_p50_s),
+            ms(self.ttft_p95_s),
+            ms(self.itl_p50_s),
+            ms(self.itl_p95_s)
+        )
+    }
 }
 
 /// How much worse than the stable replicas the canary may be, and how sure the bake must be.
@@ -314,25 +331,6 @@ pub struct Judged {
     pub stable: Option<Figures>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ranked: Vec<Ranked>,
-}
-
-impl Figures {
-    /// `312 requests, 0.0 % aborted, TTFT p50/p95 110/240 ms, ITL p50/p95 21/35 ms`.
-    pub fn describe(&self) -> String {
-        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.0}", s * 1000.0));
-        let per_request = self
-            .tokens_per_request_s
-            .map_or("-".to_string(), |t| format!("{t:.1}"));
-        format!(
-            "{:.0} requests, {:.1} % aborted, TTFT p50/p95 {}/{} ms, ITL p50/p95 {}/{} ms, {per_request} tokens/s per request",
-            self.requests,
-            100.0 * self.error_rate,
-            ms(self.ttft_p50_s),
-            ms(self.ttft_p95_s),
-            ms(self.itl_p50_s),
-            ms(self.itl_p95_s)
-        )
-    }
 }
 
 impl Judged {
