@@ -182,10 +182,29 @@ fn planned_with(
             } else {
                 "reported only (gate off)"
             };
+            let texts = reconcile_core::quality::texts(
+                q.texts,
+                q.texts_file.as_ref().map(|f| f.content.as_slice()),
+            )
+            .len();
+            let mut measured = vec!["the greedy tokens".to_string()];
+            if texts > 0 {
+                let s = if texts == 1 { "" } else { "s" };
+                measured.push(format!("every position of {texts} fixed text{s}"));
+            }
+            if q.needle.is_some() {
+                measured.push("the needle".into());
+            }
+            if let Some(l) = &q.long_context {
+                let names: Vec<&str> = l.tasks.iter().map(|t| t.name()).collect();
+                measured.push(format!("the long-context tasks ({})", names.join(", ")));
+            }
+            if q.cases.is_some() {
+                measured.push("the cases".into());
+            }
             planned.notes.push(format!(
-                "apply judges this change on quality (verify.quality): KL against the host's reference, {}{}; a drop beyond the limits is {gate}",
-                if q.needle.is_some() { "the needle check, " } else { "" },
-                if q.cases.is_some() { "the cases" } else { "the greedy tokens" },
+                "apply judges this change on quality (verify.quality) against the host's reference: {}; a drop beyond the limits is {gate}",
+                measured.join(", "),
             ));
         }
     }

@@ -79,7 +79,7 @@ fn load_read(
     }
 }
 
-/// Reads the files `verify.quality` names (`prompts_file`, `cases`), relative to the manifest's
+/// Reads the files `verify.quality` names (`prompts_file`, `texts_file`, `cases`), relative to the manifest's
 /// folder, into the spec; what cannot be read or parsed is an error naming the file and line (a
 /// file that is not there: the manifest's line naming it).
 fn read_quality_files(m: &mut Manifest, text: &str) -> Vec<ManifestError> {
@@ -123,6 +123,14 @@ fn read_quality_files(m: &mut Manifest, text: &str) -> Vec<ManifestError> {
             match quality::parse_prompts(&shown, &content) {
                 Ok(prompts) => file.content = prompts,
                 Err(e) => parse_errors.push(parsed_error("prompt", e)),
+            }
+        }
+    }
+    if let Some(file) = q.texts_file.as_mut() {
+        if let Some((shown, content)) = read("texts_file", &file.path) {
+            match quality::parse_texts(&shown, &content) {
+                Ok(texts) => file.content = texts,
+                Err(e) => parse_errors.push(parsed_error("text", e)),
             }
         }
     }

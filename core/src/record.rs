@@ -77,6 +77,9 @@ pub struct QualityFigures {
     pub verdict: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kl_mean: Option<f64>,
+    /// The mean KL over every position of the fixed texts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_kl_mean: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub needle_passed: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -9,11 +9,12 @@
 //!   reference for these settings yet, the old server's own answers become it, so the first change
 //!   is judged too;
 //! - [`stage`], on the new server: its scores of the reference's tokens, its own greedy tokens,
-//!   the needle and the cases.
+//!   its distributions over the reference's fixed texts, the needle, the long-context tasks and
+//!   the cases.
 
 use std::time::Instant;
 
-use reconcile_core::quality::{self, QualityReport, QualitySpec, Reference};
+use reconcile_core::quality::{self, Floors, QualityReport, QualitySpec, Reference};
 
 use super::Job;
 use crate::quality::{self as measure, Measured};
@@ -24,8 +25,9 @@ use crate::verify::{Expect, Progress, Stage, Verification};
 #[derive(Debug, Default)]
 pub struct Before {
     pub reference: Option<Reference>,
-    /// The old server's KL against the reference: the noise floor.
-    pub floor: Option<f64>,
+    /// The old server's KL against the reference, over its greedy tokens and over its texts:
+    /// the noise floors.
+    pub floors: Floors,
     /// What the report should say about it (no old server, an unusable reference, ...).
     pub notes: Vec<String>,
 }
@@ -96,9 +98,15 @@ pub async fn before(
     }
     if let Some(reference) = &out.reference {
         match measure::score(&server, reference).await {
-            Ok(scored) => out.floor = Some(quality::mean_kl(reference, &scored)),
+            Ok(scored) => out.floors.greedy = Some(quality::mean_kl(reference, &scored)),
             Err(e) => out.notes.push(format!(
                 "quality: the running server could not score the reference for a noise floor ({e}); taken as 0"
+            )),
+        }
+        match measure::text_floor(&server, spec, reference).await {
+            Ok(floor) => out.floors.text = floor,
+            Err(e) => out.notes.push(format!(
+                "quality: the running server could not score the reference's texts for a noise floor ({e}); taken as 0"
             )),
         }
     }
@@ -145,7 +153,7 @@ pub async fn stage(
         .unwrap_or_else(|| Err(crate::signals::interrupted()));
     let (mut report, keep) = match measured {
         Ok(m) => (
-            m.judge(spec, before.reference.as_ref(), before.floor),
+            m.judge(spec, before.reference.as_ref(), before.floors),
             Some(measure::reference_of(spec, &expect.model_id, &m)),
         ),
         Err(e) => (QualityReport::could_not_run(spec, &e), None),

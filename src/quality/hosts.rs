@@ -6,7 +6,7 @@
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use reconcile_core::quality::{self, QualityReport, QualitySpec};
+use reconcile_core::quality::{self, Floors, QualityReport, QualitySpec};
 
 use crate::apply::state::{self, LockPolicy, Owner};
 use crate::remote::{error_chain, Host, SshOptions};
@@ -131,7 +131,7 @@ async fn measure_and_store(
     let measured = measured?;
     // The running server is its own reference: no floor beyond its run-to-run noise, which this
     // comparison is.
-    let report = measured.judge(options.spec, reference.as_ref(), None);
+    let report = measured.judge(options.spec, reference.as_ref(), Floors::default());
     let failed = report.fails().then(|| report.detail.clone());
     out.quality = Some(report);
     if let Some(e) = failed {

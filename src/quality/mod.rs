@@ -12,7 +12,8 @@ pub mod hosts;
 use std::time::Instant;
 
 use reconcile_core::quality::{
-    self, builtin_prompts, needles, Generated, NeedleRate, QualitySpec, Rate, Reference, Sequence,
+    self, builtin_prompts, needles, Floors, Generated, Measures, NeedleRate, QualitySpec, Rate,
+    Reference, ScoredText, Sequence, TaskRate, TextComparison,
 };
 
 use crate::apply::state::unit_dir;
@@ -32,7 +33,11 @@ pub struct Measured {
     pub generated: Vec<Generated>,
     /// Its scores of the reference's output tokens, when there was a reference to score.
     pub scored: Option<Vec<Vec<f64>>>,
+    /// Its distributions over the fixed texts (the reference's token ids when there was a
+    /// reference, else the texts as it tokenized them), with the tokens' texts.
+    pub texts: Vec<(ScoredText, Vec<String>)>,
     pub needle: Vec<NeedleRate>,
+    pub long_context: Vec<TaskRate>,
     pub cases: Option<Rate>,
     /// Wall time of the measurement, client included.
     pub seconds: f64,
@@ -45,14 +50,14 @@ pub struct Measured {
 
 impl Measured {
     /// The verdict on these answers against `reference` (when there is one to compare with),
-    /// with `floor` the old server's noise, and what the measurement cost.
+    /// with `floors` the old server's noise, and what the measurement cost.
     pub fn judge(
         &self,
         spec: &QualitySpec,
         reference: Option<&Reference>,
-        floor: Option<f64>,
+        floors: Floors,
     ) -> quality::QualityReport {
-        let comparison = match (reference, &self.scored) {
+        let greedy = match (reference, &self.scored) {
             (Some(r), Some(scored)) => {
                 let regenerated: Vec<Vec<u32>> = self
                     .generated
@@ -63,10 +68,26 @@ impl Measured {
             }
             _ => None,
         };
-        let mut report =
-            quality::judge(spec, reference, floor, comparison, &self.needle, self.cases);
+        let measures = Measures {
+            greedy,
+            texts: reference.and_then(|r| self.texts_against(r)),
+            needle: &self.needle,
+            long_context: &self.long_context,
+            cases: self.cases,
+        };
+        let mut report = quality::judge(spec, reference, floors, measures);
         report.cost = Some(self.cost());
         report
+    }
+
+    /// These texts' distributions against the reference's; `None` when either has none.
+    pub fn texts_against(&self, reference: &Reference) -> Option<TextComparison> {
+        if reference.texts.is_empty() || self.texts.is_empty() {
+            return None;
+        }
+        let (scored, tokens): (Vec<ScoredText>, Vec<Vec<String>>) =
+            self.texts.iter().cloned().unzip();
+        Some(quality::compare_texts(&reference.texts, &scored, &tokens))
     }
 
     /// What it cost, for the report.
@@ -173,6 +194,87 @@ async fn score_timed(
     Ok(all)
 }
 
+/// Tokens a text's position is asked for beyond what the reference keeps: a reference token that
+/// dropped a few places is still found in the new server's list.
+const ASKED_PER_KEPT: u32 = 2;
+
+/// The fixed texts' token ids as the server tokenizes them, cut to fit (`/tokenize`).
+async fn tokenize(
+    server: &Server,
+    texts: &[String],
+    context_length: Option<u32>,
+    clock: &mut Clock,
+) -> Result<Vec<Vec<u32>>, String> {
+    let body = clock.client(|| quality::tokenize_request(texts));
+    let answer = server.post_json("/tokenize", &body).await?;
+    clock
+        .client(|| quality::read_tokens(&answer, texts.len(), context_length))
+        .map_err(|e| format!("/tokenize: {e}"))
+}
+
+/// The server's distributions at every position of each text (one request a text: its answer
+/// is about 40 bytes per listed token, a megabyte or two for the longest).
+async fn score_texts_timed(
+    server: &Server,
+    ids: &[Vec<u32>],
+    top: u32,
+    clock: &mut Clock,
+) -> Result<Vec<(ScoredText, Vec<String>)>, String> {
+    let mut all = Vec::with_capacity(ids.len());
+    for text in ids.chunks(1) {
+        let body = clock.client(|| quality::text_scoring_request(text, top * ASKED_PER_KEPT));
+        let answer = server.post_json("/generate", &body).await?;
+        clock.generate_answer(&answer);
+        all.extend(
+            clock
+                .client(|| quality::read_text_scores(&answer, text))
+                .map_err(|e| format!("scoring the fixed texts: {e}"))?,
+        );
+    }
+    Ok(all)
+}
+
+/// The old server's distributions over the reference's texts against the reference's own: its
+/// run-to-run KL (the fixed texts' noise floor). `Ok(None)`: the reference has no texts.
+pub async fn text_floor(
+    server: &Server,
+    spec: &QualitySpec,
+    reference: &Reference,
+) -> Result<Option<f64>, String> {
+    if reference.texts.is_empty() {
+        return Ok(None);
+    }
+    let ids: Vec<Vec<u32>> = reference.texts.iter().map(|t| t.ids.clone()).collect();
+    let scored = score_texts_timed(server, &ids, spec.top_logprobs, &mut Clock::default()).await?;
+    let (scored, tokens): (Vec<ScoredText>, Vec<Vec<String>>) = scored.into_iter().unzip();
+    Ok(Some(
+        quality::compare_texts(&reference.texts, &scored, &tokens).mean_kl,
+    ))
+}
+
+/// The long-context tasks' items found per task and length.
+pub async fn long_context(
+    server: &Server,
+    model: &str,
+    spec: &QualitySpec,
+    context_length: Option<u32>,
+    reasoning: bool,
+) -> Result<Vec<TaskRate>, String> {
+    use reconcile_core::quality::long_context;
+    let Some(long_spec) = &spec.long_context else {
+        return Ok(Vec::new());
+    };
+    let probes = long_context::probes(long_spec, context_length);
+    let mut found = Vec::with_capacity(probes.len());
+    for p in &probes {
+        let answer = server
+            .chat(model, &p.prompt, long_context::ANSWER_TOKENS, reasoning)
+            .await?;
+        found.push(long_context::found(p, &answer.content));
+    }
+    Ok(long_context::task_rates(&probes, &found))
+}
+
 /// The needle check's pass rate per length.
 pub async fn needle(
     server: &Server,
@@ -246,15 +348,34 @@ pub async fn measure(
         Some(r) => Some(score_timed(server, r, &mut clock).await?),
         None => None,
     };
+    // The reference's texts as it scored them; with none, the spec's, tokenized here.
+    let text_ids: Vec<Vec<u32>> = match reference.filter(|r| !r.texts.is_empty()) {
+        Some(r) => r.texts.iter().map(|t| t.ids.clone()).collect(),
+        None => {
+            let texts = quality::texts(
+                spec.texts,
+                spec.texts_file.as_ref().map(|f| f.content.as_slice()),
+            );
+            if texts.is_empty() {
+                Vec::new()
+            } else {
+                tokenize(server, &texts, context_length, &mut clock).await?
+            }
+        }
+    };
+    let texts = score_texts_timed(server, &text_ids, spec.top_logprobs, &mut clock).await?;
     // Chat requests carry no server timing: their wall time counts as the server's.
     let chats = Instant::now();
     let needle = needle(server, model, spec, context_length, reasoning).await?;
+    let long_context = long_context(server, model, spec, context_length, reasoning).await?;
     let cases = cases(server, model, spec, reasoning).await?;
     clock.server += chats.elapsed().as_secs_f64();
     Ok(Measured {
         generated,
         scored,
+        texts,
         needle,
+        long_context,
         cases,
         seconds: started.elapsed().as_secs_f64(),
         server_seconds: clock.server,
@@ -279,6 +400,12 @@ pub fn reference_of(spec: &QualitySpec, model: &str, m: &Measured) -> Reference 
             .collect(),
         needle: m.needle.clone(),
         cases: m.cases,
+        texts: m
+            .texts
+            .iter()
+            .map(|(t, _)| t.kept(spec.top_logprobs as usize))
+            .collect(),
+        long_context: m.long_context.clone(),
     }
 }
 

@@ -149,6 +149,9 @@ fn outcome(r: &Record) -> String {
     if let Some(kl) = q.kl_mean {
         shown.push_str(&format!(", KL {kl:.4}"));
     }
+    if let Some(kl) = q.text_kl_mean {
+        shown.push_str(&format!(", text KL {kl:.4}"));
+    }
     if let (Some(passed), Some(total)) = (q.needle_passed, q.needle_total) {
         shown.push_str(&format!(", needle {passed}/{total}"));
     }

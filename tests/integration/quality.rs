@@ -1,8 +1,9 @@
 //! The quality gate (issue "Answers, not only uptime") against the SGLang stand-in's toy model
 //! (fixtures/fake-sglang: `/generate` with logprobs, and knobs that degrade it on demand): a first
 //! deployment records a reference, a neutral change passes at the noise floor, and each injected
-//! degradation (logits perturbed by a flag, retrieval broken past 4k tokens, wrong answers) is
-//! caught at stage `quality` and rolled back, or only reported with `gate: false`. The real
+//! degradation (logits perturbed by a flag, on the greedy path and at every position of the fixed
+//! texts; retrieval broken past 4k tokens, for the needle and the long-context tasks; wrong
+//! answers) is caught at stage `quality` and rolled back, or only reported with `gate: false`. The real
 //! server's figures are in real_server/quality.rs.
 //!
 //! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-56 (`lab::QUALITY`).
@@ -175,6 +176,19 @@ fn logits_perturbed_by_a_flag_change_are_rolled_back_at_stage_quality() {
     let mean = u["quality"]["comparison"]["mean_kl"].as_f64().unwrap();
     let threshold = u["quality"]["threshold"].as_f64().unwrap();
     assert!(mean > threshold, "{mean} > {threshold}: {u}");
+    // Every position of the fixed texts moved too, and the report names where most.
+    let texts = &u["quality"]["texts"];
+    let text_kl = texts["mean_kl"].as_f64().unwrap();
+    let text_threshold = u["quality"]["text_threshold"].as_f64().unwrap();
+    assert!(
+        text_kl > text_threshold,
+        "{text_kl} > {text_threshold}: {u}"
+    );
+    assert_eq!(texts["moved_most"].as_array().map(Vec::len), Some(5), "{u}");
+    assert!(
+        texts["moved_most"][0]["token"].is_string(),
+        "the position is shown with its token: {u}"
+    );
     assert!(
         !argv(&unit).contains("--enable-fused-moe-sum-all-reduce"),
         "the previous unit runs again"
@@ -184,14 +198,17 @@ fn logits_perturbed_by_a_flag_change_are_rolled_back_at_stage_quality() {
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
-fn retrieval_broken_past_4k_tokens_is_caught_by_the_needle() {
+fn retrieval_broken_past_4k_tokens_is_caught_by_the_needle_and_the_long_context_tasks() {
     let (service, port, gpu) = ("t-q-needle", 37313, 54);
     let unit = format!("{service}.service");
     clean(&unit);
-    let q = "{ needle: { lengths: [1024, 8192] } }";
+    let q = "{ needle: { lengths: [1024, 8192] }, long_context: { lengths: [1024, 8192] } }";
     let base = Reconcile::new().manifest("m.yaml", manifest(service, port, gpu, q));
     let (code, u) = apply(&base);
     assert_eq!((code, verdict(&u).as_str()), (0, "recorded"), "{u}");
+    // A reader that sees everything finds every item of every task.
+    let detail = u["quality"]["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains("long context 64/64"), "{u}");
 
     let broken = Reconcile::new().manifest(
         "m.yaml",
@@ -212,6 +229,14 @@ fn retrieval_broken_past_4k_tokens_is_caught_by_the_needle() {
         !reasons.contains("1024"),
         "below 4k it still retrieves: {reasons}"
     );
+    for task in ["multi_key", "variable_tracking"] {
+        assert!(
+            reasons.contains(&format!("long context {task} at 8192")),
+            "each retrieval task fails past 4k: {reasons}"
+        );
+    }
+    // The aggregation still holds: the ten common words are as common in the half it reads.
+    assert!(!reasons.contains("common_words"), "{reasons}");
     clean(&unit);
 }
 

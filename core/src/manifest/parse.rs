@@ -282,9 +282,13 @@ struct RawQuality {
     prompts: Option<u32>,
     prompts_file: Option<String>,
     max_new_tokens: Option<u32>,
+    texts: Option<bool>,
+    texts_file: Option<String>,
+    top_logprobs: Option<u32>,
     factor: Option<f64>,
     min_kl: Option<f64>,
     needle: Option<RawNeedle>,
+    long_context: Option<RawLongContext>,
     cases: Option<String>,
     max_pass_drop: Option<f64>,
     gate: Option<bool>,
@@ -305,10 +309,44 @@ struct RawNeedleSettings {
     depths: Option<Vec<f64>>,
 }
 
+/// `long_context: true` (the defaults), `false`, or its settings.
+#[derive(Deserialize, JsonSchema)]
+#[serde(untagged)]
+enum RawLongContext {
+    On(bool),
+    Settings(RawLongContextSettings),
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawLongContextSettings {
+    lengths: Option<Vec<u32>>,
+    tasks: Option<Vec<RawLongTask>>,
+    samples: Option<u32>,
+}
+
+#[derive(Deserialize, JsonSchema, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum RawLongTask {
+    MultiKey,
+    VariableTracking,
+    CommonWords,
+}
+
+impl From<RawLongTask> for crate::quality::LongTask {
+    fn from(t: RawLongTask) -> Self {
+        match t {
+            RawLongTask::MultiKey => Self::MultiKey,
+            RawLongTask::VariableTracking => Self::VariableTracking,
+            RawLongTask::CommonWords => Self::CommonWords,
+        }
+    }
+}
+
 impl RawQuality {
     /// The spec, its files named but not read: the binary's loader reads them.
     fn into_spec(self) -> crate::quality::QualitySpec {
-        use crate::quality::{LoadedFile, NeedleSpec, QualitySpec};
+        use crate::quality::{LoadedFile, LongContextSpec, NeedleSpec, QualitySpec};
         let d = QualitySpec::default();
         fn unread<T>(path: String) -> LoadedFile<Vec<T>> {
             LoadedFile {
@@ -320,6 +358,9 @@ impl RawQuality {
             prompts: self.prompts.unwrap_or(d.prompts),
             prompts_file: self.prompts_file.map(unread),
             max_new_tokens: self.max_new_tokens.unwrap_or(d.max_new_tokens),
+            texts: self.texts.unwrap_or(d.texts),
+            texts_file: self.texts_file.map(unread),
+            top_logprobs: self.top_logprobs.unwrap_or(d.top_logprobs),
             factor: self.factor.unwrap_or(d.factor),
             min_kl: self.min_kl.unwrap_or(d.min_kl),
             needle: match self.needle {
@@ -330,6 +371,20 @@ impl RawQuality {
                     Some(NeedleSpec {
                         lengths: s.lengths.unwrap_or(n.lengths),
                         depths: s.depths.unwrap_or(n.depths),
+                    })
+                }
+            },
+            long_context: match self.long_context {
+                None | Some(RawLongContext::On(false)) => None,
+                Some(RawLongContext::On(true)) => Some(LongContextSpec::default()),
+                Some(RawLongContext::Settings(s)) => {
+                    let l = LongContextSpec::default();
+                    Some(LongContextSpec {
+                        lengths: s.lengths.unwrap_or(l.lengths),
+                        tasks: s
+                            .tasks
+                            .map_or(l.tasks, |t| t.into_iter().map(Into::into).collect()),
+                        samples: s.samples.unwrap_or(l.samples),
                     })
                 }
             },

@@ -538,10 +538,48 @@ impl Checker<'_> {
         }
         for (key, file) in [
             ("prompts_file", q.prompts_file.as_ref().map(|f| &f.path)),
+            ("texts_file", q.texts_file.as_ref().map(|f| &f.path)),
             ("cases", q.cases.as_ref().map(|f| &f.path)),
         ] {
             if file.is_some_and(|p| p.trim().is_empty()) {
                 self.fail(&at(key), format!("{key} names no file"));
+            }
+        }
+        // SGLang's own logprob tests ask for up to 20 (`top_logprobs_num`); past 100 the
+        // reference grows for little: the KL's tail bucket already holds the rest.
+        if !(1..=100).contains(&q.top_logprobs) {
+            self.fail(
+                &at("top_logprobs"),
+                "top_logprobs is how many tokens a position keeps, between 1 and 100",
+            );
+        }
+        if let Some(l) = &q.long_context {
+            let long = |key| {
+                [
+                    Seg::Key("verify"),
+                    Seg::Key("quality"),
+                    Seg::Key("long_context"),
+                    Seg::Key(key),
+                ]
+            };
+            for (i, length) in l.lengths.iter().enumerate() {
+                if *length < 256 {
+                    let mut path = long("lengths").to_vec();
+                    path.push(Seg::Index(i));
+                    self.fail(&path, "a long-context length is at least 256 words (several keys, a chain and a list need room)");
+                }
+            }
+            if l.tasks.is_empty() {
+                self.fail(
+                    &long("tasks"),
+                    "list at least one task (multi_key, variable_tracking, common_words)",
+                );
+            }
+            if !(1..=20).contains(&l.samples) {
+                self.fail(
+                    &long("samples"),
+                    "samples is prompts per task and length, between 1 and 20",
+                );
             }
         }
         if let Some(n) = &q.needle {

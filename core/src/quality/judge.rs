@@ -5,7 +5,10 @@ use serde::Serialize;
 
 use crate::record::QualityFigures;
 
-use super::{settings_key, threshold, Comparison, NeedleRate, QualitySpec, Rate, Reference};
+use super::{
+    settings_key, threshold, Comparison, LongTask, NeedleRate, QualitySpec, Rate, Reference,
+    TaskRate, TextComparison,
+};
 
 /// What the quality stage came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -25,7 +28,10 @@ pub enum Verdict {
 /// A pass rate now and in the reference.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RateChange {
-    /// The prompt length, for the needle check.
+    /// The long-context task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task: Option<LongTask>,
+    /// The prompt length, for the needle check and the long-context tasks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub length: Option<u32>,
     pub now: Rate,
@@ -55,8 +61,18 @@ pub struct QualityReport {
     /// The old server's own KL over the reference; `None`: not measured (0 used).
     pub floor: Option<f64>,
     pub threshold: f64,
+    /// The new server's distributions over the fixed texts against the reference's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub texts: Option<TextComparison>,
+    /// The old server's own KL over the reference's texts; `None`: not measured (0 used).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_floor: Option<f64>,
+    pub text_threshold: f64,
     /// Per prompt length, now and before.
     pub needle: Vec<RateChange>,
+    /// Per long-context task and length, now and before (items found of items asked).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub long_context: Vec<RateChange>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cases: Option<RateChange>,
     /// What the measurement cost, filled in by the binary: the wall time, the server's own time
@@ -94,6 +110,7 @@ impl QualityReport {
         QualityFigures {
             verdict,
             kl_mean: self.comparison.as_ref().map(|c| c.mean_kl),
+            text_kl_mean: self.texts.as_ref().map(|t| t.mean_kl),
             needle_passed: needle.map(|n| n.0),
             needle_total: needle.map(|n| n.1),
             cases_passed: self.cases.as_ref().map(|c| c.now.passed),
@@ -113,48 +130,97 @@ impl QualityReport {
             comparison: None,
             floor: None,
             threshold: threshold(0.0, spec),
+            texts: None,
+            text_floor: None,
+            text_threshold: threshold(0.0, spec),
             needle: Vec::new(),
+            long_context: Vec::new(),
             cases: None,
             cost: None,
         }
     }
 }
 
+/// What the new server measured, for [`judge`].
+#[derive(Debug, Clone, Default)]
+pub struct Measures<'a> {
+    /// Its scores of the reference's greedy tokens, and its own greedy tokens; `None`: not scored.
+    pub greedy: Option<Comparison>,
+    /// Its distributions over the reference's texts; `None`: not scored.
+    pub texts: Option<TextComparison>,
+    pub needle: &'a [NeedleRate],
+    pub long_context: &'a [TaskRate],
+    pub cases: Option<Rate>,
+}
+
+/// The old server's own run-to-run KL over the reference, each `None` when not measured (the
+/// old server was not running, or did not answer): 0 is used, and the detail says so.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Floors {
+    pub greedy: Option<f64>,
+    pub text: Option<f64>,
+}
+
 const GATE_OFF: &str = " (gate off: not rolled back)";
 
 /// Judges the new server's figures against `reference`, the one stored under this spec's
-/// settings key (one whose key is not this spec's for its model is taken as none). `floor`: the
-/// old server's own KL over the reference, `None` when it was not running (0 is used, and the
-/// detail says so). `comparison`: the new server against the reference, `None` when its tokens
-/// were not scored. `needle_now` and `cases_now`: the new server's pass rates.
+/// settings key (one whose key is not this spec's for its model is taken as none). `floors`: the
+/// old server's own KL over the reference. Each KL mean is held under its threshold
+/// `max(floor x factor, min_kl)`, each pass rate within `max_pass_drop` points of the
+/// reference's.
 pub fn judge(
     spec: &QualitySpec,
     reference: Option<&Reference>,
-    floor: Option<f64>,
-    comparison: Option<Comparison>,
-    needle_now: &[NeedleRate],
-    cases_now: Option<Rate>,
+    floors: Floors,
+    measures: Measures<'_>,
 ) -> QualityReport {
+    let floor = floors.greedy;
     let limit = threshold(floor.unwrap_or(0.0), spec);
+    let text_limit = threshold(floors.text.unwrap_or(0.0), spec);
     let stale = reference.is_some_and(|r| r.settings_key != settings_key(spec, &r.model));
     let reference = reference.filter(|_| !stale);
-    let change = |length, now: Rate, before: Option<Rate>| RateChange {
+    let change = |task, length, now: Rate, before: Option<Rate>| RateChange {
+        task,
         length,
         now,
         before,
         dropped: before.is_some_and(|b| percent(b) - percent(now) > spec.max_pass_drop),
     };
-    let needle: Vec<RateChange> = needle_now
+    let needle: Vec<RateChange> = measures
+        .needle
         .iter()
         .map(|n| {
             let before = reference
                 .and_then(|r| r.needle.iter().find(|b| b.length == n.length))
                 .map(NeedleRate::rate);
-            change(Some(n.length), n.rate(), before)
+            change(None, Some(n.length), n.rate(), before)
         })
         .collect();
-    let cases = cases_now.map(|now| change(None, now, reference.and_then(|r| r.cases)));
-    let comparison = comparison.filter(|_| reference.is_some());
+    let rate = |r: &TaskRate| Rate {
+        passed: r.passed,
+        total: r.total,
+    };
+    let long_context: Vec<RateChange> = measures
+        .long_context
+        .iter()
+        .map(|n| {
+            let before = reference
+                .and_then(|r| {
+                    r.long_context
+                        .iter()
+                        .find(|b| b.task == n.task && b.length == n.length)
+                })
+                .map(rate);
+            change(Some(n.task), Some(n.length), rate(n), before)
+        })
+        .collect();
+    let cases = measures
+        .cases
+        .map(|now| change(None, None, now, reference.and_then(|r| r.cases)));
+    let comparison = measures.greedy.filter(|_| reference.is_some());
+    let texts = measures
+        .texts
+        .filter(|_| reference.is_some_and(|r| !r.texts.is_empty()));
 
     let mut reasons = Vec::new();
     if let Some(c) = comparison.as_ref().filter(|c| over(c.mean_kl, limit)) {
@@ -165,9 +231,25 @@ pub fn judge(
             identical_text(c)
         ));
     }
+    if let Some(t) = texts.as_ref().filter(|t| over(t.mean_kl, text_limit)) {
+        reasons.push(format!(
+            "{} > {}; moved most: {}",
+            text_kl_text(t),
+            limit_text(spec, floors.text, text_limit),
+            moved_text(t)
+        ));
+    }
     for n in needle.iter().filter(|n| n.dropped) {
         reasons.push(drop_text(
             &format!("needle at {}", n.length.unwrap_or(0)),
+            n,
+            spec,
+        ));
+    }
+    for n in long_context.iter().filter(|n| n.dropped) {
+        let task = n.task.map_or("", LongTask::name);
+        reasons.push(drop_text(
+            &format!("long context {task} at {}", n.length.unwrap_or(0)),
             n,
             spec,
         ));
@@ -176,9 +258,13 @@ pub fn judge(
         reasons.push(drop_text("cases", c, spec));
     }
 
-    let rates = rates_text(&needle, cases.as_ref());
+    let rates = rates_text(&needle, &long_context, cases.as_ref());
     let compared = comparison.is_some()
-        || needle.iter().any(|n| n.before.is_some())
+        || texts.is_some()
+        || needle
+            .iter()
+            .chain(&long_context)
+            .any(|n| n.before.is_some())
         || cases.as_ref().is_some_and(|c| c.before.is_some());
     let gate_off = if spec.gate { "" } else { GATE_OFF };
     let (verdict, detail) = if reference.is_none() {
@@ -200,7 +286,7 @@ pub fn judge(
         (
             Verdict::NotCompared,
             join(
-                "not compared: the reference's tokens were not scored and no pass rate is in common".into(),
+                "not compared: the reference's tokens and texts were not scored and no pass rate is in common".into(),
                 &rates,
             ),
         )
@@ -214,6 +300,14 @@ pub fn judge(
             ),
             None => "KL not compared".into(),
         };
+        let kl = match &texts {
+            Some(t) => format!(
+                "{kl}; {} <= {}",
+                text_kl_text(t),
+                limit_text(spec, floors.text, text_limit)
+            ),
+            None => kl,
+        };
         (Verdict::Passed, join(kl, &rates))
     };
     QualityReport {
@@ -225,7 +319,11 @@ pub fn judge(
         comparison,
         floor,
         threshold: limit,
+        texts,
+        text_floor: floors.text,
+        text_threshold: text_limit,
         needle,
+        long_context,
         cases,
         cost: None,
     }
@@ -275,6 +373,36 @@ fn limit_text(spec: &QualitySpec, floor: Option<f64>, limit: f64) -> String {
     )
 }
 
+/// "fixed text: KL mean 0.0235 over 1,612 positions, top token the same at 91.2%".
+fn text_kl_text(t: &TextComparison) -> String {
+    format!(
+        "fixed text: KL mean {:.4} over {} positions, top token the same at {:.1}%",
+        t.mean_kl,
+        t.positions,
+        t.same_top * 100.0
+    )
+}
+
+/// "text 2 position 318 ' the' (KL 0.93), ...".
+fn moved_text(t: &TextComparison) -> String {
+    let shown: Vec<String> = t
+        .moved_most
+        .iter()
+        .map(|m| {
+            let token = m
+                .token
+                .as_deref()
+                .map(|s| format!(" {s:?}"))
+                .unwrap_or_default();
+            format!(
+                "text {} position {}{token} (KL {:.3})",
+                m.text, m.position, m.kl
+            )
+        })
+        .collect();
+    shown.join(", ")
+}
+
 /// "100.0% of greedy tokens identical", and where they first differ.
 fn identical_text(c: &Comparison) -> String {
     let share = format!(
@@ -289,12 +417,19 @@ fn identical_text(c: &Comparison) -> String {
     }
 }
 
-/// "needle 9/9; cases 15/16 (before 16/16)".
-fn rates_text(needle: &[RateChange], cases: Option<&RateChange>) -> String {
+/// "needle 9/9; long context 58/60 (before 60/60); cases 15/16 (before 16/16)".
+fn rates_text(
+    needle: &[RateChange],
+    long_context: &[RateChange],
+    cases: Option<&RateChange>,
+) -> String {
     let mut parts = Vec::new();
-    if !needle.is_empty() {
+    for (name, changes) in [("needle", needle), ("long context", long_context)] {
+        if changes.is_empty() {
+            continue;
+        }
         let sum = |pick: &dyn Fn(&RateChange) -> Option<Rate>| {
-            needle.iter().filter_map(pick).fold(
+            changes.iter().filter_map(pick).fold(
                 Rate {
                     passed: 0,
                     total: 0,
@@ -306,11 +441,11 @@ fn rates_text(needle: &[RateChange], cases: Option<&RateChange>) -> String {
             )
         };
         let now = sum(&|n| Some(n.now));
-        let before = needle
+        let before = changes
             .iter()
             .any(|n| n.before.is_some())
             .then(|| sum(&|n| n.before));
-        parts.push(rate_text("needle", now, before));
+        parts.push(rate_text(name, now, before));
     }
     if let Some(c) = cases {
         parts.push(rate_text("cases", c.now, c.before));
@@ -371,6 +506,28 @@ mod tests {
         QualitySpec::default()
     }
 
+    /// The greedy path and the pass rates alone, as the tests before the texts judged them.
+    fn judged(
+        spec: &QualitySpec,
+        reference: Option<&Reference>,
+        floor: Option<f64>,
+        greedy: Option<Comparison>,
+        needle: &[NeedleRate],
+        cases: Option<Rate>,
+    ) -> QualityReport {
+        let floors = Floors {
+            greedy: floor,
+            text: floor,
+        };
+        let measures = Measures {
+            greedy,
+            needle,
+            cases,
+            ..Measures::default()
+        };
+        judge(spec, reference, floors, measures)
+    }
+
     fn reference(spec: &QualitySpec) -> Reference {
         Reference {
             format: REFERENCE_FORMAT,
@@ -397,6 +554,8 @@ mod tests {
                 passed: 16,
                 total: 16,
             }),
+            texts: Vec::new(),
+            long_context: Vec::new(),
         }
     }
 
@@ -430,7 +589,7 @@ mod tests {
     #[test]
     fn without_a_reference_the_figures_are_recorded() {
         let s = spec();
-        let r = judge(&s, None, None, None, &NEEDLE_OK, CASES_OK);
+        let r = judged(&s, None, None, None, &NEEDLE_OK, CASES_OK);
         assert_eq!(r.verdict, Verdict::Recorded);
         assert_eq!(
             r.detail,
@@ -443,7 +602,7 @@ mod tests {
             ..s.clone()
         };
         let old = reference(&other);
-        let r = judge(&s, Some(&old), Some(0.0), Some(comparison(0.5)), &[], None);
+        let r = judged(&s, Some(&old), Some(0.0), Some(comparison(0.5)), &[], None);
         assert_eq!(
             (r.verdict, r.detail.as_str(), r.comparison.is_none()),
             (
@@ -458,7 +617,7 @@ mod tests {
     fn within_the_threshold_and_the_rates_it_passes() {
         let s = spec();
         let reference = reference(&s);
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             Some(0.00001),
@@ -477,7 +636,7 @@ mod tests {
             passed: 15,
             total: 16,
         });
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             None,
@@ -498,7 +657,7 @@ mod tests {
             r.detail
         );
         // A floor above min_kl raises the threshold.
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             Some(0.0005),
@@ -521,7 +680,7 @@ mod tests {
             first_divergence: Some((3, 12)),
             ..comparison(0.015)
         };
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             Some(0.0001),
@@ -535,7 +694,7 @@ mod tests {
             "quality dropped: KL mean 0.0150 (worst 0.0450, prompt 7) > 0.002 (floor 0.0001 x 10, min 0.002), 87.5% of greedy tokens identical (first divergence at prompt 3, token 12)"
         );
         assert_eq!(r.reasons.len(), 1);
-        let nan = judge(
+        let nan = judged(
             &s,
             Some(&reference),
             Some(0.0),
@@ -575,7 +734,7 @@ mod tests {
             passed: 12,
             total: 16,
         });
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             Some(0.0),
@@ -605,7 +764,7 @@ mod tests {
             settings_key: settings_key(&loose, "m"),
             ..reference
         };
-        let r = judge(&loose, Some(&reference), Some(0.0), None, &NEEDLE_OK, cases);
+        let r = judged(&loose, Some(&reference), Some(0.0), None, &NEEDLE_OK, cases);
         assert_eq!(r.verdict, Verdict::Passed);
         assert_eq!(
             r.detail,
@@ -620,7 +779,7 @@ mod tests {
             ..spec()
         };
         let reference = reference(&s);
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             Some(0.0),
@@ -643,11 +802,135 @@ mod tests {
         assert!(QualityReport::could_not_run(&spec(), "connection refused").fails());
     }
 
+    fn texts(mean_kl: f64) -> TextComparison {
+        TextComparison {
+            mean_kl,
+            positions: 1612,
+            per_text: vec![mean_kl],
+            same_top: 0.912,
+            moved_most: vec![super::super::Moved {
+                text: 2,
+                position: 318,
+                kl: 0.93,
+                token: Some(" the".into()),
+            }],
+        }
+    }
+
+    fn with_texts(spec: &QualitySpec) -> Reference {
+        let mut r = reference(spec);
+        r.texts = vec![super::super::ScoredText {
+            ids: vec![1, 2],
+            top: vec![super::super::Top(vec![2], vec![-0.1])],
+        }];
+        r
+    }
+
+    #[test]
+    fn fixed_texts_that_moved_fail_while_the_greedy_path_passes() {
+        let s = spec();
+        let reference = with_texts(&s);
+        let floors = Floors {
+            greedy: Some(0.0),
+            text: Some(0.0001),
+        };
+        let measures = |text_kl| Measures {
+            greedy: Some(comparison(0.0003)),
+            texts: Some(texts(text_kl)),
+            ..Measures::default()
+        };
+        let r = judge(&s, Some(&reference), floors, measures(0.0235));
+        assert_eq!((r.verdict, r.fails()), (Verdict::Failed, true));
+        assert_eq!(
+            r.reasons,
+            vec![
+                "fixed text: KL mean 0.0235 over 1612 positions, top token the same at 91.2% > 0.002 (floor 0.0001 x 10, min 0.002); moved most: text 2 position 318 \" the\" (KL 0.930)"
+                    .to_string()
+            ]
+        );
+        assert_eq!(r.text_floor, Some(0.0001));
+        let ok = judge(&s, Some(&reference), floors, measures(0.0004));
+        assert_eq!(ok.verdict, Verdict::Passed);
+        assert!(
+            ok.detail.ends_with("; fixed text: KL mean 0.0004 over 1612 positions, top token the same at 91.2% <= 0.002 (floor 0.0001 x 10, min 0.002)"),
+            "{}",
+            ok.detail
+        );
+        // Each KL has its own floor: a noisy greedy path does not loosen the texts' threshold.
+        let noisy_greedy = Floors {
+            greedy: Some(0.01),
+            text: Some(0.0),
+        };
+        let r = judge(&s, Some(&reference), noisy_greedy, measures(0.0235));
+        assert_eq!((r.threshold, r.text_threshold), (0.1, 0.002));
+        assert_eq!(r.verdict, Verdict::Failed);
+        // A reference without texts (written before them) compares none.
+        let r = judge(
+            &s,
+            Some(&super::tests::reference(&s)),
+            floors,
+            measures(0.5),
+        );
+        assert_eq!((r.verdict, r.texts.is_none()), (Verdict::Passed, true));
+    }
+
+    #[test]
+    fn a_long_context_task_that_dropped_at_a_length_fails_by_name() {
+        let s = spec();
+        let mut reference = reference(&s);
+        let rate = |task, length, passed| TaskRate {
+            task,
+            length,
+            passed,
+            total: 20,
+        };
+        reference.long_context = vec![
+            rate(LongTask::MultiKey, 4096, 2),
+            rate(LongTask::VariableTracking, 4096, 20),
+            rate(LongTask::VariableTracking, 32768, 18),
+        ];
+        let now = [
+            rate(LongTask::MultiKey, 4096, 2),
+            rate(LongTask::VariableTracking, 4096, 20),
+            rate(LongTask::VariableTracking, 32768, 9),
+        ];
+        let measures = Measures {
+            long_context: &now,
+            ..Measures::default()
+        };
+        let r = judge(&s, Some(&reference), Floors::default(), measures);
+        assert_eq!(r.verdict, Verdict::Failed);
+        assert_eq!(
+            r.reasons,
+            vec!["long context variable_tracking at 32768: 9/20 after 18/20 (-45.0 points, over the 10 allowed)".to_string()]
+        );
+        // Within the allowance, the rates are summed in the detail.
+        let loose = QualitySpec {
+            max_pass_drop: 50.0,
+            ..s.clone()
+        };
+        reference.settings_key = settings_key(&loose, "m");
+        let measures = Measures {
+            long_context: &now,
+            ..Measures::default()
+        };
+        let passed = judge(&loose, Some(&reference), Floors::default(), measures);
+        assert_eq!(passed.verdict, Verdict::Passed);
+        assert!(
+            passed.detail.ends_with("long context 31/60 (before 40/60)"),
+            "{}",
+            passed.detail
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["long_context"][2]["task"], "variable_tracking");
+        assert_eq!(v["long_context"][2]["dropped"], true);
+    }
+
     #[test]
     fn nothing_in_common_is_not_compared() {
         let s = spec();
         let reference = reference(&s);
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             Some(0.0),
@@ -663,7 +946,7 @@ mod tests {
         assert!(!r.fails());
         assert_eq!(
             r.detail,
-            "not compared: the reference's tokens were not scored and no pass rate is in common; needle 3/3"
+            "not compared: the reference's tokens and texts were not scored and no pass rate is in common; needle 3/3"
         );
     }
 
@@ -671,7 +954,7 @@ mod tests {
     fn the_report_serializes_as_reports_carry_it() {
         let s = spec();
         let reference = reference(&s);
-        let r = judge(
+        let r = judged(
             &s,
             Some(&reference),
             Some(0.0),

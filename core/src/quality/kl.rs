@@ -140,6 +140,8 @@ mod tests {
                 .collect(),
             needle: Vec::new(),
             cases: None,
+            texts: Vec::new(),
+            long_context: Vec::new(),
         }
     }
 

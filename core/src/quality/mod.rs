@@ -15,9 +15,12 @@
 //!    more (teacher-forced, [`scoring_request`]): its own run-to-run KL is the noise floor.
 //! 3. The new server scores the same tokens and regenerates from the same prompt tokens
 //!    ([`compare`]: mean and worst KL, the share of identical greedy tokens, the first
-//!    divergence), answers the needle prompts ([`needles`]) and the cases ([`passes`]), and
-//!    [`judge`] holds the mean under [`threshold`] `max(floor x factor, min_kl)` and the pass rates
-//!    within `max_pass_drop` points of the reference's.
+//!    divergence), gives its distribution at every position of the fixed texts
+//!    ([`compare_texts`]: the KL over each position's top tokens and the rest of the mass, which
+//!    sees what the greedy path hides), answers the needle prompts ([`needles`]), the long-context
+//!    tasks ([`long_context`]) and the cases ([`passes`]), and [`judge`] holds each mean under
+//!    [`threshold`] `max(floor x factor, min_kl)` and the pass rates within `max_pass_drop` points
+//!    of the reference's.
 //!
 //! Why the threshold comes from the floor: what a KL figure means depends on the model, the
 //! kernels and the parallelism. SGLang's tests hold a server's decode logprobs against its own
@@ -30,27 +33,33 @@
 //! for the last bits of its floats.
 
 mod cases;
+mod fixed_text;
 mod generate;
 mod jsonl;
 mod judge;
 mod kl;
+pub mod long_context;
 mod needle;
 mod prompts;
 mod reference;
 mod spec;
 
 pub use cases::{case_rate, parse_cases, passes};
+pub use fixed_text::{
+    compare_texts, parse_texts, position_kl, read_text_scores, read_tokens, text_scoring_request,
+    texts, tokenize_request, AnswerError, Moved, ScoredText, TextComparison, Top, MAX_TEXT_TOKENS,
+};
 pub use generate::{
     answer_request, generation_request, generation_request_ids, read_answers, read_generations,
     read_scores, scoring_request, Generated,
 };
 pub use jsonl::QualityFileError;
-pub use judge::{judge, Cost, QualityReport, RateChange, Verdict};
+pub use judge::{judge, Cost, Floors, Measures, QualityReport, RateChange, Verdict};
 pub use kl::{compare, kl_estimate, mean_kl, threshold, Comparison};
 pub use needle::{found, needles, rates, Needle, QUESTION};
 pub use prompts::{builtin_prompts, parse_prompts};
 pub use reference::{
     oversize_note, parse_reference, reference_json, settings_key, NeedleRate, Rate, Reference,
-    Sequence, MAX_REFERENCE_BYTES, REFERENCE_FORMAT,
+    Sequence, TaskRate, MAX_REFERENCE_BYTES, REFERENCE_FORMAT,
 };
-pub use spec::{Case, Expected, LoadedFile, NeedleSpec, QualitySpec};
+pub use spec::{Case, Expected, LoadedFile, LongContextSpec, LongTask, NeedleSpec, QualitySpec};

@@ -69,7 +69,7 @@ pub fn needles(spec: &NeedleSpec, context_length: Option<u32>, max_new_tokens: u
 /// 1024, 4096, 16384, ... words while they fit in `context_length`, then the longest that fits
 /// (rounded down to 256 words) when it is a quarter longer than the last step; at least one
 /// length (the longest that fits, 64 at least).
-fn ladder(context_length: Option<u32>, max_new_tokens: u32) -> Vec<u32> {
+pub(super) fn ladder(context_length: Option<u32>, max_new_tokens: u32) -> Vec<u32> {
     let context = context_length.unwrap_or(UNKNOWN_CONTEXT);
     let room = context.saturating_sub(max_new_tokens + MARGIN_TOKENS);
     let top = (u64::from(room) * 10 / 13) as u32;

@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Expected, QualitySpec};
+use super::{Expected, LongTask, QualitySpec, ScoredText};
 
 /// The format of the references this reconcile writes, and the newest it reads.
 pub const REFERENCE_FORMAT: u32 = 1;
@@ -34,6 +34,13 @@ pub struct Reference {
     /// The cases' pass rate, when the manifest has cases.
     #[serde(default)]
     pub cases: Option<Rate>,
+    /// The fixed texts, scored at every position (the built-in ones first). Absent from
+    /// references written before it existed.
+    #[serde(default)]
+    pub texts: Vec<ScoredText>,
+    /// The long-context tasks' rates per task and length (empty: not run).
+    #[serde(default)]
+    pub long_context: Vec<TaskRate>,
 }
 
 /// One prompt's greedy generation: the prompt's token ids, the generated ids and their logprobs.
@@ -81,6 +88,16 @@ impl NeedleRate {
     }
 }
 
+/// One task's items found at one length (RULER's `string_match_all`: each expected item found in
+/// the answer counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRate {
+    pub task: LongTask,
+    pub length: u32,
+    pub passed: u32,
+    pub total: u32,
+}
+
 impl Reference {
     /// The (prompt ids, output ids) pairs to score teacher-forced
     /// ([`super::scoring_request`]).
@@ -116,29 +133,37 @@ pub fn reference_json(reference: &Reference) -> String {
     if full.len() <= MAX_REFERENCE_BYTES {
         return full;
     }
-    let kept = fitting(reference);
+    let (sequences, texts) = fitting(reference);
     json(&Reference {
-        sequences: reference.sequences[..kept].to_vec(),
+        sequences: reference.sequences[..sequences].to_vec(),
+        texts: reference.texts[..texts].to_vec(),
         ..reference.clone()
     })
 }
 
-/// How many of the first sequences fit under the bound, with everything else.
-fn fitting(reference: &Reference) -> usize {
+/// How many of the first sequences and the first texts fit under the bound, with everything
+/// else: the sequences first (they are small), then the texts.
+fn fitting(reference: &Reference) -> (usize, usize) {
     let empty = Reference {
         sequences: Vec::new(),
+        texts: Vec::new(),
         ..reference.clone()
     };
     let mut total = size(&empty);
-    let mut kept = 0;
-    for s in &reference.sequences {
-        total += size(s) + 1; // and its comma
-        if total > MAX_REFERENCE_BYTES {
-            break;
+    let mut count = |sizes: Vec<usize>| {
+        let mut kept = 0;
+        for s in sizes {
+            if total + s + 1 > MAX_REFERENCE_BYTES {
+                break;
+            }
+            total += s + 1; // and its comma
+            kept += 1;
         }
-        kept += 1;
-    }
-    kept
+        kept
+    };
+    let sequences = count(reference.sequences.iter().map(size).collect());
+    let texts = count(reference.texts.iter().map(size).collect());
+    (sequences, texts)
 }
 
 /// The length of a value's JSON.
@@ -148,11 +173,18 @@ fn size<T: Serialize>(value: &T) -> usize {
 
 /// Why a reference written now keeps fewer sequences than it has, if it does: for the report.
 pub fn oversize_note(reference: &Reference) -> Option<String> {
-    let kept = fitting(reference);
-    (kept < reference.sequences.len()).then(|| {
-        format!(
-            "the quality reference keeps {kept} of its {} prompts, to stay under {} bytes: lower verify.quality.prompts or max_new_tokens, or use shorter prompts",
+    let (sequences, texts) = fitting(reference);
+    if sequences < reference.sequences.len() {
+        return Some(format!(
+            "the quality reference keeps {sequences} of its {} prompts and no texts, to stay under {} bytes: lower verify.quality.prompts or max_new_tokens, or use shorter prompts",
             reference.sequences.len(),
+            MAX_REFERENCE_BYTES
+        ));
+    }
+    (texts < reference.texts.len()).then(|| {
+        format!(
+            "the quality reference keeps {texts} of its {} texts, to stay under {} bytes: lower verify.quality.top_logprobs, or use fewer or shorter texts",
+            reference.texts.len(),
             MAX_REFERENCE_BYTES
         )
     })
@@ -191,6 +223,17 @@ pub fn parse_reference(text: &str) -> Result<Reference, String> {
             ));
         }
     }
+    for (i, t) in reference.texts.iter().enumerate() {
+        if t.top.len() + 1 != t.ids.len().max(1)
+            || t.top.iter().any(|top| top.0.len() != top.1.len())
+        {
+            return Err(format!(
+                "does not parse: text {i} has {} tokens but {} scored positions (or a position's ids and logprobs differ in number)",
+                t.ids.len(),
+                t.top.len()
+            ));
+        }
+    }
     Ok(reference)
 }
 
@@ -211,6 +254,33 @@ pub fn settings_key(spec: &QualitySpec, model: &str) -> String {
         None => text.push_str(&format!("prompts builtin {}\n", spec.prompts)),
     }
     text.push_str(&format!("max_new_tokens {}\n", spec.max_new_tokens));
+    // The texts as they are: an edit of a built-in text makes a new reference.
+    let texts = super::texts(
+        spec.texts,
+        spec.texts_file.as_ref().map(|f| f.content.as_slice()),
+    );
+    text.push_str(&format!(
+        "texts {} top {}\n",
+        texts.len(),
+        spec.top_logprobs
+    ));
+    for t in &texts {
+        text.push_str(&format!("{t:?}\n"));
+    }
+    if let Some(l) = &spec.long_context {
+        let lengths: Vec<String> = l.lengths.iter().map(u32::to_string).collect();
+        let tasks: Vec<&str> = l.tasks.iter().map(|t| LongTask::name(*t)).collect();
+        text.push_str(&format!(
+            "long_context lengths {} tasks {} samples {}\n",
+            if lengths.is_empty() {
+                "ladder".to_string()
+            } else {
+                lengths.join(",")
+            },
+            tasks.join(","),
+            l.samples
+        ));
+    }
     if let Some(n) = &spec.needle {
         let lengths: Vec<String> = n.lengths.iter().map(u32::to_string).collect();
         let depths: Vec<String> = n.depths.iter().map(f64::to_string).collect();
@@ -265,6 +335,8 @@ mod tests {
                 passed: 15,
                 total: 16,
             }),
+            texts: Vec::new(),
+            long_context: Vec::new(),
         }
     }
 

@@ -181,6 +181,12 @@ impl<'a> Service<'a> {
         self
     }
 
+    /// Serves the weights at `path` (on the host) instead of the tier's tiny model.
+    pub fn model_path(mut self, path: &str) -> Self {
+        self.manifest = self.manifest.model_path(path);
+        self
+    }
+
     /// Sets a verification setting.
     pub fn verify(mut self, name: &str, value: impl Into<serde_yaml::Value>) -> Self {
         self.manifest = self.manifest.verify(name, value);
