@@ -21,7 +21,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::jsonl::{objects, text_field, FileAt};
+use super::jsonl::strings;
 use super::QualityFileError;
 
 /// The texts the project ships: plain English prose of three kinds and lengths (a scene, an
@@ -58,22 +58,7 @@ pub fn texts(builtin: bool, own: Option<&[String]>) -> Vec<String> {
 /// The texts of a texts file: JSONL, `{"text": "..."}` a line (other fields are ignored), blank
 /// lines and `#` lines skipped. `file` is the path as the manifest wrote it, for errors.
 pub fn parse_texts(file: &str, content: &str) -> Result<Vec<String>, QualityFileError> {
-    let at = FileAt {
-        file,
-        field: "verify.quality.texts_file",
-    };
-    let mut found = Vec::new();
-    for (line, map) in objects(&at, content)? {
-        match text_field(&at, line, &map, "text")? {
-            Some(t) if t.split_whitespace().count() >= 2 => found.push(t),
-            Some(_) => return Err(at.error(line, 1, "a text has at least two words to score")),
-            None => return Err(at.error(line, 1, "no `text` (a line is {\"text\": \"...\"})")),
-        }
-    }
-    if found.is_empty() {
-        return Err(at.error(1, 1, "holds no texts (a line is {\"text\": \"...\"})"));
-    }
-    Ok(found)
+    strings(file, "verify.quality.texts_file", "text", content)
 }
 
 /// One position's most likely next tokens, most likely first: their ids and logprobs.
@@ -550,6 +535,7 @@ mod tests {
             "{words:?}"
         );
         let own = parse_texts("t.jsonl", "# mine\n{\"text\": \"Two words.\"}\n\n").unwrap();
+        assert_eq!(own, vec!["Two words.".to_string()]);
         assert_eq!(texts(true, Some(&own)).len(), 4);
         assert_eq!(texts(false, Some(&own)), vec!["Two words.".to_string()]);
         let err = parse_texts("t.jsonl", "{\"prompt\": \"x\"}\n")

@@ -89,6 +89,29 @@ pub(crate) fn objects(at: &FileAt<'_>, text: &str) -> Result<Vec<Line>, QualityF
     Ok(out)
 }
 
+/// The `key` string of every line of a JSONL file of one-field objects (`{"prompt": "..."}`),
+/// in order; at least one. `field` is the manifest key that named the file.
+pub(crate) fn strings(
+    file: &str,
+    field: &str,
+    key: &str,
+    text: &str,
+) -> Result<Vec<String>, QualityFileError> {
+    let at = FileAt { file, field };
+    let shape = format!("a line is {{\"{key}\": \"...\"}}");
+    let mut found = Vec::new();
+    for (line, map) in objects(&at, text)? {
+        match text_field(&at, line, &map, key)? {
+            Some(s) => found.push(s),
+            None => return Err(at.error(line, 1, format!("no `{key}` ({shape})"))),
+        }
+    }
+    if found.is_empty() {
+        return Err(at.error(1, 1, format!("holds no {key}s ({shape})")));
+    }
+    Ok(found)
+}
+
 /// A non-empty string field of a line's object: `Ok(None)` when absent.
 pub(crate) fn text_field(
     at: &FileAt<'_>,

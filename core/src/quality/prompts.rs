@@ -3,7 +3,7 @@
 //! real model's logprobs over its continuation mean something, and the same for every run: no
 //! clock, no randomness.
 
-use super::jsonl::{objects, text_field, FileAt};
+use super::jsonl::strings;
 use super::QualityFileError;
 
 /// The words (about) of the built-in prompts' passages, from short to long; more prompts than
@@ -37,21 +37,7 @@ pub fn builtin_prompts(count: u32) -> Vec<String> {
 /// The prompts of a prompts file: JSONL, `{"prompt": "..."}` a line (other fields are ignored),
 /// blank lines and `#` lines skipped. `file` is the path as the manifest wrote it, for errors.
 pub fn parse_prompts(file: &str, text: &str) -> Result<Vec<String>, QualityFileError> {
-    let at = FileAt {
-        file,
-        field: "verify.quality.prompts_file",
-    };
-    let mut prompts = Vec::new();
-    for (line, map) in objects(&at, text)? {
-        match text_field(&at, line, &map, "prompt")? {
-            Some(p) => prompts.push(p),
-            None => return Err(at.error(line, 1, "no `prompt` (a line is {\"prompt\": \"...\"})")),
-        }
-    }
-    if prompts.is_empty() {
-        return Err(at.error(1, 1, "holds no prompts (a line is {\"prompt\": \"...\"})"));
-    }
-    Ok(prompts)
+    strings(file, "verify.quality.prompts_file", "prompt", text)
 }
 
 /// A linear congruential generator, as `benchmark::prompt` uses; its high bits are drawn.
