@@ -30,6 +30,8 @@ pub struct Before {
     pub floors: Floors,
     /// What the report should say about it (no old server, an unusable reference, ...).
     pub notes: Vec<String>,
+    /// Wall seconds the old server was measured for, when it was.
+    pub seconds: Option<f64>,
 }
 
 /// The reference, and the old server's noise floor, read while the old server still serves.
@@ -78,6 +80,7 @@ pub async fn before(
             return out;
         }
     };
+    let started = Instant::now();
     // No reference for these settings yet: the old server's answers are it, when it serves the
     // same model (a reference of another model means nothing for this one).
     if out.reference.is_none() && previous.model_id == model {
@@ -110,6 +113,7 @@ pub async fn before(
             )),
         }
     }
+    out.seconds = Some(started.elapsed().as_secs_f64());
     out
 }
 
@@ -159,6 +163,7 @@ pub async fn stage(
         Err(e) => (QualityReport::could_not_run(spec, &e), None),
     };
     report.notes.extend(before.notes.iter().cloned());
+    report.before_seconds = before.seconds;
     v.push_after(Stage::Quality, !report.fails(), started, &report.detail);
     progress.stage(Stage::Quality, !report.fails(), &report.detail);
     (report, keep)

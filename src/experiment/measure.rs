@@ -118,8 +118,8 @@ pub fn result_of(
 }
 
 /// The server's share of an apply: from each restart to the end of its last stage (load,
-/// verification windows, benchmark, quality), for the new unit and for a rollback's restore, and
-/// the drain. The rest of the apply's time is the experiment's own: SSH round trips, the plan,
+/// verification windows, benchmark, quality), for the new unit and for a rollback's restore, the
+/// drain, and the quality gate's measurement of the old server before the restart. The rest of the apply's time is the experiment's own: SSH round trips, the plan,
 /// preflight, writing the unit and records, systemd's stop of the old server.
 pub fn server_seconds(r: &UnitReport) -> f64 {
     let span = |v: &Option<Verification>| {
@@ -128,5 +128,10 @@ pub fn server_seconds(r: &UnitReport) -> f64 {
             .map_or(0.0, |s| s.seconds)
     };
     let drain = r.drain.as_ref().map_or(0.0, |d| d.seconds);
-    span(&r.verification) + span(&r.rollback) + drain
+    let quality_before = r
+        .quality
+        .as_ref()
+        .and_then(|q| q.before_seconds)
+        .unwrap_or(0.0);
+    span(&r.verification) + span(&r.rollback) + drain + quality_before
 }

@@ -79,6 +79,10 @@ pub struct QualityReport {
     /// on the requests (their `e2e_latency`), and the client's (building and reading them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cost: Option<Cost>,
+    /// Wall seconds the old server spent before the restart on the floors (and on a reference,
+    /// when there was none), filled in by the binary: server time, though no stage holds it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before_seconds: Option<f64>,
 }
 
 /// Seconds a measurement took, and whose they were.
@@ -137,6 +141,7 @@ impl QualityReport {
             long_context: Vec::new(),
             cases: None,
             cost: None,
+            before_seconds: None,
         }
     }
 }
@@ -326,6 +331,7 @@ pub fn judge(
         long_context,
         cases,
         cost: None,
+        before_seconds: None,
     }
 }
 
