@@ -174,8 +174,9 @@ pub struct TextComparison {
 
 /// Compares the reference's texts with `scored`, the new server's scores of the same ids (one
 /// per text, in order; `tokens`: each text's token texts as it showed them, possibly empty). A
-/// text the new server did not score, or scored over other ids, counts every position at the
-/// largest KL seen: a text that cannot be compared is no evidence the model is fine.
+/// text the new server did not score, or scored over other ids, counts every position as moved
+/// without bound (an infinite KL, which fails the stage): a text that cannot be compared is no
+/// evidence the model is fine.
 pub fn compare_texts(
     reference: &[ScoredText],
     scored: &[ScoredText],
