@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use reconcile_core::quality::{
     self, builtin_prompts, needles, Floors, Generated, Measures, NeedleRate, QualitySpec, Rate,
-    Reference, ScoredText, Sequence, TaskRate, TextComparison,
+    Reference, Sequence, TaskRate, TextAnswer, TextComparison,
 };
 
 use crate::apply::state::unit_dir;
@@ -35,7 +35,7 @@ pub struct Measured {
     pub scored: Option<Vec<Vec<f64>>>,
     /// Its distributions over the fixed texts (the reference's token ids when there was a
     /// reference, else the texts as it tokenized them), with the tokens' texts.
-    pub texts: Vec<(ScoredText, Vec<String>)>,
+    pub texts: Vec<TextAnswer>,
     pub needle: Vec<NeedleRate>,
     pub long_context: Vec<TaskRate>,
     pub cases: Option<Rate>,
@@ -85,9 +85,7 @@ impl Measured {
         if reference.texts.is_empty() || self.texts.is_empty() {
             return None;
         }
-        let (scored, tokens): (Vec<ScoredText>, Vec<Vec<String>>) =
-            self.texts.iter().cloned().unzip();
-        Some(quality::compare_texts(&reference.texts, &scored, &tokens))
+        Some(quality::compare_texts(&reference.texts, &self.texts))
     }
 
     /// What it cost, for the report.
@@ -219,7 +217,7 @@ async fn score_texts_timed(
     ids: &[Vec<u32>],
     top: u32,
     clock: &mut Clock,
-) -> Result<Vec<(ScoredText, Vec<String>)>, String> {
+) -> Result<Vec<TextAnswer>, String> {
     let mut all = Vec::with_capacity(ids.len());
     for text in ids.chunks(1) {
         let body = clock.client(|| quality::text_scoring_request(text, top * ASKED_PER_KEPT));
@@ -245,10 +243,9 @@ pub async fn text_floor(
         return Ok(None);
     }
     let ids: Vec<Vec<u32>> = reference.texts.iter().map(|t| t.ids.clone()).collect();
-    let scored = score_texts_timed(server, &ids, spec.top_logprobs, &mut Clock::default()).await?;
-    let (scored, tokens): (Vec<ScoredText>, Vec<Vec<String>>) = scored.into_iter().unzip();
+    let answers = score_texts_timed(server, &ids, spec.top_logprobs, &mut Clock::default()).await?;
     Ok(Some(
-        quality::compare_texts(&reference.texts, &scored, &tokens).mean_kl,
+        quality::compare_texts(&reference.texts, &answers).mean_kl,
     ))
 }
 
@@ -286,25 +283,15 @@ pub async fn needle(
     let Some(needle_spec) = &spec.needle else {
         return Ok(Vec::new());
     };
-    let mut rates: Vec<NeedleRate> = Vec::new();
-    for n in needles(needle_spec, context_length, ANSWER_TOKENS) {
+    let set = needles(needle_spec, context_length, ANSWER_TOKENS);
+    let mut found = Vec::with_capacity(set.len());
+    for n in &set {
         let answer = server
             .chat(model, &n.prompt, ANSWER_TOKENS, reasoning)
             .await?;
-        let passed = quality::found(&n, &answer.content);
-        match rates.iter_mut().find(|r| r.length == n.length) {
-            Some(r) => {
-                r.total += 1;
-                r.passed += u32::from(passed);
-            }
-            None => rates.push(NeedleRate {
-                length: n.length,
-                passed: u32::from(passed),
-                total: 1,
-            }),
-        }
+        found.push(quality::found(n, &answer.content));
     }
-    Ok(rates)
+    Ok(quality::rates(&set, &found))
 }
 
 /// The cases' pass rate.
@@ -403,7 +390,7 @@ pub fn reference_of(spec: &QualitySpec, model: &str, m: &Measured) -> Reference 
         texts: m
             .texts
             .iter()
-            .map(|(t, _)| t.kept(spec.top_logprobs as usize))
+            .map(|a| a.scored.kept(spec.top_logprobs as usize))
             .collect(),
         long_context: m.long_context.clone(),
     }

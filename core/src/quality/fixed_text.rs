@@ -141,6 +141,14 @@ pub fn position_kl(reference: &Top, new: &Top) -> f64 {
     kl.max(0.0)
 }
 
+/// One text as a server answered it: its distributions, and its tokens' texts as the server
+/// showed them (to name the positions that moved; empty when it did not show them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextAnswer {
+    pub scored: ScoredText,
+    pub tokens: Vec<String>,
+}
+
 /// One position where the distribution moved most.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Moved {
@@ -172,21 +180,17 @@ pub struct TextComparison {
     pub moved_most: Vec<Moved>,
 }
 
-/// Compares the reference's texts with `scored`, the new server's scores of the same ids (one
-/// per text, in order; `tokens`: each text's token texts as it showed them, possibly empty). A
-/// text the new server did not score, or scored over other ids, counts every position as moved
+/// Compares the reference's texts with `answers`, the new server's scores of the same ids (one
+/// per text, in order). A text the new server did not score, or scored over other ids, counts every position as moved
 /// without bound (an infinite KL, which fails the stage): a text that cannot be compared is no
 /// evidence the model is fine.
-pub fn compare_texts(
-    reference: &[ScoredText],
-    scored: &[ScoredText],
-    tokens: &[Vec<String>],
-) -> TextComparison {
+pub fn compare_texts(reference: &[ScoredText], answers: &[TextAnswer]) -> TextComparison {
     let mut all: Vec<Moved> = Vec::new();
     let mut per_text = Vec::with_capacity(reference.len());
     let (mut same, mut positions) = (0usize, 0usize);
     for (i, r) in reference.iter().enumerate() {
-        let new = scored.get(i).filter(|s| s.ids == r.ids);
+        let answer = answers.get(i).filter(|a| a.scored.ids == r.ids);
+        let new = answer.map(|a| &a.scored);
         let mut sum = 0.0;
         for (t, top) in r.top.iter().enumerate() {
             let kl = match new.and_then(|s| s.top.get(t)) {
@@ -201,7 +205,7 @@ pub fn compare_texts(
                 text: i,
                 position: t + 1,
                 kl,
-                token: tokens.get(i).and_then(|x| x.get(t + 1)).cloned(),
+                token: answer.and_then(|a| a.tokens.get(t + 1)).cloned(),
             });
         }
         positions += r.top.len();
@@ -296,10 +300,7 @@ pub fn text_scoring_request(texts: &[Vec<u32>], top: u32) -> Value {
 
 /// The answer to [`text_scoring_request`] for `ids`: each text's distributions, and its tokens'
 /// texts.
-pub fn read_text_scores(
-    body: &str,
-    ids: &[Vec<u32>],
-) -> Result<Vec<(ScoredText, Vec<String>)>, AnswerError> {
+pub fn read_text_scores(body: &str, ids: &[Vec<u32>]) -> Result<Vec<TextAnswer>, AnswerError> {
     let value: Value = serde_json::from_str(body).map_err(AnswerError::NotJson)?;
     if let Some(message) = server_error(&value) {
         return Err(AnswerError::Server(message));
@@ -329,7 +330,7 @@ pub fn read_text_scores(
         .collect()
 }
 
-fn scored_text(item: &Value, ids: &[u32]) -> Result<(ScoredText, Vec<String>), String> {
+fn scored_text(item: &Value, ids: &[u32]) -> Result<TextAnswer, String> {
     let meta = item.get("meta_info").ok_or("no `meta_info`")?;
     let list = |key: &str| match meta.get(key) {
         Some(Value::Array(v)) => Ok(v),
@@ -377,13 +378,13 @@ fn scored_text(item: &Value, ids: &[u32]) -> Result<(ScoredText, Vec<String>), S
             ))
         })
         .collect::<Result<Vec<Top>, String>>()?;
-    Ok((
-        ScoredText {
+    Ok(TextAnswer {
+        scored: ScoredText {
             ids: ids.to_vec(),
             top,
         },
         tokens,
-    ))
+    })
 }
 
 fn server_error(value: &Value) -> Option<String> {
@@ -473,12 +474,18 @@ mod tests {
             scored(vec![same.clone(), same.clone()]),
             scored(vec![same.clone()]),
         ];
+        let answer = |scored, tokens: &[&str]| TextAnswer {
+            scored,
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+        };
         let new = vec![
-            scored(vec![same.clone(), moved.clone()]),
-            scored(vec![same.clone()]),
+            answer(
+                scored(vec![same.clone(), moved.clone()]),
+                &["a", " b", " c"],
+            ),
+            answer(scored(vec![same.clone()]), &[]),
         ];
-        let tokens = vec![vec!["a".into(), " b".into(), " c".into()], vec![]];
-        let c = compare_texts(&reference, &new, &tokens);
+        let c = compare_texts(&reference, &new);
         let one = position_kl(&same, &moved);
         assert!(one > 1.0);
         assert_eq!(c.positions, 3);
@@ -496,8 +503,8 @@ mod tests {
         );
         // A text scored over other ids is not compared: it counts as moved without bound.
         let mut other = new.clone();
-        other[1].ids[0] = 99;
-        let c = compare_texts(&reference, &other, &[]);
+        other[1].scored.ids[0] = 99;
+        let c = compare_texts(&reference, &other);
         assert!(c.mean_kl.is_infinite());
         assert_eq!(
             (c.moved_most[0].text, c.moved_most[0].token.as_ref()),
@@ -558,7 +565,7 @@ mod tests {
     #[test]
     fn scores_and_tokens_read_from_sglangs_answer() {
         let read = read_text_scores(ANSWER, &[vec![5, 6, 7]]).unwrap();
-        let (s, tokens) = &read[0];
+        let TextAnswer { scored: s, tokens } = &read[0];
         assert_eq!(tokens, &["The", " fog", " lifted"]);
         assert_eq!(s.top[0], Top(vec![6, 9], vec![-0.5, -1.2]));
         assert_eq!(s.top[1], Top(vec![8, 7], vec![-0.9, -1.0]));
