@@ -449,6 +449,40 @@ fn the_guides_lab_blocks_are_well_formed() {
     ));
 }
 
+/// Every row of the fault matrix (`tests/fault-matrix.sh`) names an integration test that
+/// exists: the matrix greps the test log for the exact name, so a renamed test would read as
+/// a failed fault only after a whole lab run.
+#[test]
+fn every_fault_matrix_row_names_an_integration_test() {
+    let root = Path::new(ROOT);
+    let matrix = std::fs::read_to_string(root.join("tests/fault-matrix.sh")).unwrap();
+    let rows: Vec<&str> = matrix
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix('"')?.strip_suffix('"'))
+        .filter_map(|row| row.split_once('|').map(|(_, test)| test))
+        .collect();
+    assert!(rows.len() >= 40, "the matrix has {} rows", rows.len());
+    let missing: Vec<&str> = rows
+        .iter()
+        .copied()
+        .filter(|test| {
+            let (module, function) = test.rsplit_once("::").unwrap();
+            let folder = root
+                .join("tests/integration")
+                .join(module.replace("::", "/"));
+            let source = [folder.with_extension("rs"), folder.join("mod.rs")]
+                .iter()
+                .find_map(|file| std::fs::read_to_string(file).ok())
+                .unwrap_or_default();
+            !source.contains(&format!("fn {function}()"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the fault matrix names tests that do not exist: {missing:#?}"
+    );
+}
+
 #[cfg(test)]
 mod checker {
     use super::*;

@@ -42,7 +42,7 @@ matrix=(
   "unit in /run that systemd loads instead|systemd_layers::a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_restored"
   "installed but disabled unit|systemd_layers::a_disabled_unit_is_planned_named_and_enabled_without_a_restart"
   "numbers moved by a change that starts and serves (logits perturbed by a flag)|quality::logits_perturbed_by_a_flag_change_are_rolled_back_at_stage_quality"
-  "long-context retrieval broken past 4k tokens|quality::retrieval_broken_past_4k_tokens_is_caught_by_the_needle"
+  "long-context retrieval broken past 4k tokens|quality::retrieval_broken_past_4k_tokens_is_caught_by_the_needle_and_the_long_context_tasks"
   "wrong answers to the manifest's cases|quality::wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported"
   "pull agents' canary fails|coordinator::a_failed_canary_stops_every_other_host_and_each_says_why"
   "pull agent killed (SIGKILL) mid-verification|coordinator::a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_round"
