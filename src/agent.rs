@@ -338,7 +338,13 @@ async fn write_metrics(
     redactor: &Redactor,
     limits: Limits,
 ) -> std::io::Result<()> {
-    let statuses = crate::status::status_host(&Local::new(limits), targets, redactor).await;
+    let statuses = crate::status::status_host(
+        &Local::new(limits),
+        targets,
+        redactor,
+        crate::status::WeightsCheck::Sizes,
+    )
+    .await;
     let outcomes: Vec<(String, String, Outcome)> = reports
         .iter()
         .map(|r| (r.host.clone(), r.unit.clone(), r.outcome))

@@ -109,6 +109,18 @@ Examples:
     apply_exit_codes!()
 );
 
+const LOCK_HELP: &str = "\
+Examples:
+  reconcile lock
+  reconcile lock manifests/ --update
+
+A revision already in the lock is kept (--update lists it again); entries no manifest pins any
+more are dropped. A hub token is read from the manifest's env HF_TOKEN, else this process's.
+
+Exit codes:
+  0  the lock file is written (or already complete)
+  1  a revision could not be listed: the hub does not know it, or a host cannot hash its store";
+
 const VALIDATE_HELP: &str = "\
 Examples:
   reconcile validate
@@ -231,6 +243,15 @@ pub enum Command {
     /// Check manifests offline, against the flag catalog of the SGLang version each names.
     #[command(after_help = VALIDATE_HELP)]
     Validate(ValidateArgs),
+    /// Write the files and hashes of every pinned model revision.
+    ///
+    /// Write `reconcile.lock` beside the manifests: the files of every model revision they pin
+    /// (`sglang.model:`), with their sizes and SHA-256, read from the hub's API (a hub
+    /// repository) or hashed on the first host of the manifest (a store folder). Commit it with
+    /// the manifests: plan and apply refuse a pinned revision the lock lacks, and every host's
+    /// copy is checked against it before its server stops.
+    #[command(after_help = LOCK_HELP)]
+    Lock(LockCommand),
     /// Print the units the manifests render, contacting no host.
     ///
     /// Print the units the manifests render, without contacting any host (secrets redacted).
@@ -777,6 +798,11 @@ pub struct StatusArgs {
     #[arg(long, default_value_t = 32, value_name = "N")]
     pub parallel: usize,
 
+    /// Hash every file of each pinned model's copy (`sglang.model:`) against the lock file,
+    /// instead of checking their sizes: reads the whole model on every host.
+    #[arg(long)]
+    pub verify_weights: bool,
+
     /// Read every host's last outcome from the pull agents' coordinator instead of the hosts:
     /// no SSH. The manifests, when they load, say which hosts are behind the newest change.
     #[command(flatten)]
@@ -974,6 +1000,19 @@ pub struct ValidateArgs {
     /// Treat warnings (flag abbreviations, deprecated flags, unknown SGLANG_* variables) as errors.
     #[arg(long)]
     pub strict: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LockCommand {
+    #[command(flatten)]
+    pub manifests: Manifests,
+
+    /// List every pinned revision again, not only those the lock lacks.
+    #[arg(long)]
+    pub update: bool,
+
+    #[command(flatten)]
+    pub ssh: SshArgs,
 }
 
 #[derive(Debug, Args)]

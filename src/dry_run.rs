@@ -112,14 +112,9 @@ async fn plan_surveyed(
     match checked {
         Ok(checked) => {
             let guard = survey.guard(&t.desired.unit);
-            planned_with(
-                t,
-                &observed,
-                planned,
-                checked.findings,
-                checked.sglang,
-                guard,
-            )
+            let mut findings = checked.findings;
+            planned.pinned = pinned_plan(host, t, &mut findings).await;
+            planned_with(t, &observed, planned, findings, checked.sglang, guard)
         }
         Err(e) => PlanOutcome::failed(t, error_chain(&e)),
     }
@@ -140,16 +135,39 @@ async fn plan_unit(
         Ok((observed, planned))
     };
     let verdict = |(_, p): &(Observed, UnitPlan)| p.verdict;
-    let ((observed, planned), findings, sglang) =
+    let ((observed, mut planned), mut findings, sglang) =
         match preflight::check_with(host, t, deep, observe, |(o, _)| &o.state, verdict).await {
             Ok(all) => all,
             Err(e) => return PlanOutcome::failed(t, error_chain(&e)),
         };
+    planned.pinned = pinned_plan(host, t, &mut findings).await;
     let guard = crate::apply::guard::read(host, &t.desired.unit)
         .await
         .ok()
         .flatten();
     planned_with(t, &observed, planned, findings, sglang, guard)
+}
+
+/// The plan of a pinned model's copy on the host (`sglang.model:`); one that is refused, or
+/// cannot be looked at, is a preflight error too, so the plan fails before anything stops.
+async fn pinned_plan(
+    host: &dyn Host,
+    t: &Target,
+    findings: &mut Vec<preflight::Finding>,
+) -> Option<reconcile_core::pinned::CopyPlan> {
+    let spec = t.manifest.sglang.pinned.as_ref()?;
+    match crate::pinned::plan(host, &t.manifest.sglang.python, spec).await {
+        Ok(planned) => {
+            if let reconcile_core::pinned::Holding::Refused { why } = &planned.holding {
+                findings.push(preflight::Finding::error("weights", why.clone()));
+            }
+            Some(planned)
+        }
+        Err(e) => {
+            findings.push(preflight::Finding::error("weights", error_chain(&e)));
+            None
+        }
+    }
 }
 
 fn planned_with(

@@ -24,6 +24,7 @@ pub mod fleet;
 pub mod history;
 pub mod import;
 pub mod load;
+pub mod pinned;
 pub mod plan_file;
 pub mod preflight;
 pub mod probe;

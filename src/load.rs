@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::manifest::{self, Manifest, ManifestError, ManifestErrors};
 use crate::redact::Redactor;
 use crate::sglang::{self, ManifestFinding, Severity};
+use reconcile_core::pinned::{self, Lock};
 use reconcile_core::quality;
 
 pub struct Loaded {
@@ -27,22 +28,38 @@ pub struct Failed {
 }
 
 pub fn load(paths: &[PathBuf], strict: bool) -> Result<Loaded, Failed> {
-    load_read(read(paths), strict)
+    load_read(read(paths), strict, Locks::Required)
+}
+
+/// [`load`] for `reconcile lock`, which writes the lock entries a pinned model lacks: the lock
+/// file is not read.
+pub fn load_unlocked(paths: &[PathBuf], strict: bool) -> Result<Loaded, Failed> {
+    load_read(read(paths), strict, Locks::Ignored)
+}
+
+/// Whether a pinned model (`sglang.model:`) must find its files in the lock file beside its
+/// manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Locks {
+    Required,
+    Ignored,
 }
 
 /// [`load`] of manifests already read: each the path it is shown as (and its `verify.quality`
 /// files are read relative to) and its text. `reconcile experiment` checks each variant, an edit
 /// of the manifest's text that is not on disk, the same way as the manifest itself.
 pub fn load_texts(files: Vec<(String, String)>, strict: bool) -> Result<Loaded, Failed> {
-    load_read(files.into_iter().map(Ok).collect(), strict)
+    load_read(files.into_iter().map(Ok).collect(), strict, Locks::Required)
 }
 
 fn load_read(
     files: Vec<Result<(String, String), ManifestError>>,
     strict: bool,
+    locks: Locks,
 ) -> Result<Loaded, Failed> {
     let mut warnings = Vec::new();
     let mut redactor = Redactor::default();
+    let mut lock_files = LockFiles::default();
     let result = manifest::check_all(files, |m, text| {
         // `{ from_env: VAR }` values come from this process's environment; their names join
         // `secret_env`, so the redactor hides what they resolved to.
@@ -54,6 +71,11 @@ fn load_read(
         let quality_errors = read_quality_files(m, text);
         if !quality_errors.is_empty() {
             return quality_errors;
+        }
+        if locks == Locks::Required {
+            if let Err(e) = lock_files.attach(m, text) {
+                return vec![e];
+            }
         }
         let checked = sglang::check_manifest(m, text);
         // Render what argparse would run: `tp` becomes `--tp-size`, safe from a later ambiguity.
@@ -144,6 +166,66 @@ fn read_quality_files(m: &mut Manifest, text: &str) -> Vec<ManifestError> {
     }
     errors.extend(parse_errors);
     errors
+}
+
+/// The lock files read so far, by path: every manifest of a folder shares its folder's.
+#[derive(Default)]
+struct LockFiles {
+    read: std::collections::HashMap<PathBuf, Result<Lock, String>>,
+}
+
+impl LockFiles {
+    /// Gives a pinned model (`sglang.model:`) its files from the lock file beside its manifest.
+    /// A lock that cannot be read, or that lacks the revision, is an error at the revision's
+    /// line, saying how to write it: nothing reaches a host without the files' hashes.
+    fn attach(&mut self, m: &mut Manifest, text: &str) -> Result<(), ManifestError> {
+        let source = m.source.clone();
+        let Some(w) = m.sglang.pinned.as_mut() else {
+            return Ok(());
+        };
+        let folder = Path::new(&source)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let path = folder.join(pinned::LOCK_FILE);
+        let shown = display_path(&path);
+        let at = |message: String| ManifestError::Invalid {
+            file: source.clone(),
+            position: manifest::field_position(text, &["sglang", "model", "revision"]),
+            field: "sglang.model.revision".into(),
+            message,
+        };
+        let lock =
+            self.read
+                .entry(path.clone())
+                .or_insert_with(|| match std::fs::read_to_string(&path) {
+                    Ok(content) => Lock::parse(&shown, &content).map_err(|e| e.to_string()),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Lock::default()),
+                    Err(e) => Err(format!("{shown} cannot be read: {e}")),
+                });
+        let lock = lock.as_ref().map_err(|message| at(message.clone()))?;
+        let folder_arg = display_path(&folder);
+        let folder_arg = if folder_arg.is_empty() {
+            ".".to_string()
+        } else {
+            folder_arg
+        };
+        let entry = lock.find(&w.lock_source(), &w.revision).ok_or_else(|| {
+            at(format!(
+                "{} at revision {} is not in {shown}: `reconcile lock {folder_arg}` records its files' hashes",
+                w.lock_source(),
+                w.revision
+            ))
+        })?;
+        w.locked = Some(entry.clone());
+        if w.files().is_empty() {
+            return Err(at(format!(
+                "none of the revision's {} files in {shown} matches `include`",
+                entry.files.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Every manifest under `paths` (files, or folders searched for `*.yaml` and `*.yml`), read: the

@@ -40,6 +40,8 @@ pub enum Error {
     Coordinator(#[from] crate::coordinator::SetupError),
     #[error(transparent)]
     Experiment(#[from] crate::experiment::Error),
+    #[error(transparent)]
+    Lock(#[from] Box<crate::pinned::lock::LockCommandError>),
     #[error("the coordinator: {0}")]
     CoordinatorUnreachable(String),
     #[error("the man pages could not be written into {}: {source}", .dir.display())]
@@ -65,6 +67,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Some(Command::Render(args)) => render(args),
         Some(Command::Apply(args)) => apply(args, &reach).await,
         Some(Command::Validate(args)) => validate(args),
+        Some(Command::Lock(args)) => lock(args, &reach).await,
         Some(Command::Status(args)) => status(args, &reach).await,
         Some(Command::History(args)) => history(args, &reach).await,
         Some(Command::Rollback(args)) => rollback(args, &reach).await,
@@ -250,7 +253,12 @@ async fn status(args: StatusArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (manifests, redactor) = load_manifests(&args.manifests.paths, false)?;
     let targets = targets::targets(&manifests, &args.filter.filter())?;
     let ssh = ssh_options(reach, &args.ssh);
-    let statuses = status::status_targets(targets, &ssh, args.parallel, &redactor).await;
+    let weights = if args.verify_weights {
+        status::WeightsCheck::Hashes
+    } else {
+        status::WeightsCheck::Sizes
+    };
+    let statuses = status::status_targets(targets, &ssh, args.parallel, &redactor, weights).await;
     match args.format.report() {
         Some(format) => print!("{}", report::status::render(&statuses, format)),
         None => print!("{}", status::metrics(&statuses, &[])),
@@ -628,6 +636,26 @@ fn validate(args: ValidateArgs) -> Result<ExitCode, Error> {
     let (loaded, _) = load_manifests(&args.manifests.paths, args.strict)?;
     let units: usize = loaded.iter().map(|m| m.hosts.len()).sum();
     println!("{} manifests, {units} units: valid", loaded.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `reconcile lock`: the lock file of every pinned revision, written beside the manifests.
+async fn lock(args: crate::cli::LockCommand, reach: &Reach) -> Result<ExitCode, Error> {
+    let loaded = load::load_unlocked(&args.manifests.paths, false)
+        .map_err(|failed| Error::Manifests(failed.errors))?;
+    for w in &loaded.warnings {
+        eprintln!("warning: {w}");
+    }
+    let ssh = ssh_options(reach, &args.ssh);
+    let locked = crate::pinned::lock::lock(&loaded.manifests, &ssh, args.update)
+        .await
+        .map_err(Box::new)?;
+    if locked.is_empty() {
+        println!("no manifest pins a model revision (`sglang.model:`): nothing to lock");
+    }
+    for l in &locked {
+        println!("{l}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -39,7 +39,7 @@ fn layer_of(krate: Krate, module: &[String]) -> Option<Layer> {
         "agent" | "apply" | "bench" | "coordinator" | "drain" | "dry_run" | "experiment"
         | "fleet" | "history" | "load" | "import" | "plan_io" | "preflight" | "probe"
         | "quality" | "router" | "signals" | "status" | "systemd" | "verify" | "plan_file"
-        | "options" => Layer::Orchestration,
+        | "pinned" | "options" => Layer::Orchestration,
         _ => return None,
     })
 }

@@ -103,6 +103,7 @@ struct Planned<'a> {
     summary: &'a Summary,
     notes: &'a [String],
     preflight: &'a [Finding],
+    pinned: Option<&'a crate::pinned::CopyPlan>,
     state: String,
 }
 
@@ -118,6 +119,7 @@ impl<'a> Same<'a> {
                     summary: &p.summary,
                     notes: &p.notes,
                     preflight: &p.preflight,
+                    pinned: p.pinned.as_ref(),
                     state: p.state.summary(),
                 }),
                 error: None,

@@ -27,6 +27,7 @@ pub mod manifest;
 pub mod metrics;
 pub mod observed;
 pub mod outcome;
+pub mod pinned;
 pub mod plan;
 pub mod plan_file;
 pub mod preflight;

@@ -104,6 +104,10 @@ pub struct UnitPlan {
     /// What the running server is told, when the change is applied live ([`Verdict::Live`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub live: Option<LiveChange>,
+    /// The pinned weights on the host (`sglang.model:`): verified, to fetch before the stop, or
+    /// refused (also a preflight error then). Set by `dry_run`, which read the host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<crate::pinned::CopyPlan>,
     /// Apply will judge this change on its answers (`verify.quality`): set by `dry_run`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub judged_on_quality: bool,
@@ -245,6 +249,7 @@ pub fn plan(
         drift,
         preflight: Vec::new(),
         live: None,
+        pinned: None,
         judged_on_quality: false,
         recorded: None,
     }

@@ -32,6 +32,10 @@ pub enum ApplyError {
     PreflightFailed(Vec<String>),
     #[error("preflight could not run: {0}")]
     PreflightCouldNotRun(String),
+    /// The pinned weights (`sglang.model:`) could not be fetched or verified on the host; the
+    /// old server was not touched.
+    #[error("the pinned weights are not on the host, nothing was changed: {0}")]
+    FetchFailed(String),
     /// Another run holds the unit's lock.
     #[error("{unit} on {host} is locked by another apply ({holder}); if that run is dead, rerun with --break-stale-lock")]
     Locked {
@@ -97,6 +101,8 @@ pub enum ApplyErrorKind {
     RecordUnreadable,
     PreflightFailed,
     PreflightCouldNotRun,
+    /// The pinned weights could not be fetched or verified; nothing stopped.
+    FetchFailed,
     Locked,
     LockFailed,
     InstallFailed,
@@ -130,6 +136,7 @@ impl ApplyError {
             ApplyError::RecordUnreadable(_) => K::RecordUnreadable,
             ApplyError::PreflightFailed(_) => K::PreflightFailed,
             ApplyError::PreflightCouldNotRun(_) => K::PreflightCouldNotRun,
+            ApplyError::FetchFailed(_) => K::FetchFailed,
             ApplyError::Locked { .. } | ApplyError::LockNotTaken { .. } => K::Locked,
             ApplyError::LockFailed(_) => K::LockFailed,
             ApplyError::InstallFailed(_) => K::InstallFailed,

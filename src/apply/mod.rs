@@ -23,6 +23,7 @@ mod benchmark;
 mod decide;
 mod error;
 mod failpoint;
+mod fetch;
 pub(crate) mod guard;
 mod install;
 pub(crate) mod live;
@@ -109,6 +110,10 @@ pub struct UnitReport {
     /// (`reconcile_core::stage`); absent when the server did not restart.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub staging: Option<reconcile_core::stage::Staging>,
+    /// The pinned weights fetched to the host before the stop (`sglang.model:`): bytes, time
+    /// and rate; absent when the host had them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fetch: Option<reconcile_core::pinned::Fetched>,
     /// The canary's bake on live traffic against the stable replicas (`verify.bake`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bake: Option<bake::BakeReport>,
@@ -381,6 +386,7 @@ pub(crate) fn refused(
         quality: None,
         group: None,
         staging: None,
+        fetch: None,
         bake: None,
     }
 }
@@ -582,6 +588,7 @@ impl Report {
             quality: None,
             group: GroupPlace::of(t),
             staging: None,
+            fetch: None,
             bake: None,
         };
         Report { report, started }

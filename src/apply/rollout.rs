@@ -116,6 +116,27 @@ pub async fn roll_out(
             Survey::Turn(turn) => turns.push(turn),
         }
     }
+    // Every host with work brings its pinned weights before the first stop, all at once.
+    let working: Vec<Target> = turns
+        .iter()
+        .filter_map(|turn| match turn {
+            Turn::Work(_, targets) => Some(targets.iter().cloned()),
+            Turn::Unreachable(_) => None,
+        })
+        .flatten()
+        .chain(grouped.iter().cloned())
+        .collect();
+    let ahead = super::fetch::fetch_ahead(&working, ssh, options).await;
+    if !ahead.failed.is_empty() {
+        reports.extend(ahead.refuse(&working));
+        for turn in turns {
+            if let Turn::Unreachable(failed) = turn {
+                reports.extend(failed);
+            }
+        }
+        reports.sort_by_key(|r| order.get(&r.host).copied().unwrap_or(usize::MAX));
+        return reports;
+    }
     let mut turns: Vec<Option<Turn>> = turns.into_iter().map(Some).collect();
     let mut schedule = Schedule::new(options.rollout, turns.len());
     loop {
@@ -167,6 +188,7 @@ pub async fn roll_out(
     }
     let failed_hosts = reports.iter().filter(|r| failed(r.outcome)).count();
     reports.extend(roll_out_groups(grouped, failed_hosts, ssh, options).await);
+    ahead.attach(&mut reports);
     reports.sort_by_key(|r| order.get(&r.host).copied().unwrap_or(usize::MAX));
     reports
 }

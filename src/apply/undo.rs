@@ -189,6 +189,7 @@ pub(crate) fn kept_target(
             version: String::new(),
             model_path: String::new(),
             served_model_name: None,
+            pinned: None,
             host: None,
             port: 30000,
             flags: Default::default(),

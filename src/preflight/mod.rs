@@ -11,7 +11,7 @@
 
 mod gather;
 mod kept;
-mod scripts;
+pub(crate) mod scripts;
 pub mod survey;
 
 #[cfg(test)]

@@ -185,11 +185,11 @@ macro_rules! python_started {
         "export RECONCILE_PYTHON=\"$p\"\nexec \"$r\" \"$@\""
     };
 }
-pub(super) const PYTHON: &str = concat!(trust_fn!(), python_checked!(), python_started!());
+pub(crate) const PYTHON: &str = concat!(trust_fn!(), python_checked!(), python_started!());
 
 /// The scopes that keep reconcile's own Pythons (`-I -S`: the version, the weights, the survey)
 /// from starting as root: the interpreter's file and standard library are all they run.
-pub(super) const INTERPRETER: &str = "interpreter";
+pub(crate) const INTERPRETER: &str = "interpreter";
 
 /// The deep check's runner: as [`PYTHON`], started by `systemd-run` as a transient service with
 /// the unit's own user and sandbox (`$2`, a property a line), so that SGLang's code runs as the

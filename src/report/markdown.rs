@@ -167,6 +167,9 @@ fn changes_cell(p: &UnitPlan) -> String {
         None => format!("**{}**", d.kind()),
     });
     lines.splice(0..0, drift);
+    if let Some(w) = &p.pinned {
+        lines.push(format!("weights: {}", html(&w.line())));
+    }
     if p.judged_on_quality {
         lines.push("judged on quality (`verify.quality`)".into());
     }

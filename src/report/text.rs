@@ -108,6 +108,9 @@ fn unit(out: &mut String, g: &Group<'_>, p: &UnitPlan, paint: &dyn Fn(&str, &str
         section(out, "env", s.env.iter());
         section(out, "systemd", s.settings.iter());
     }
+    if let Some(w) = &p.pinned {
+        let _ = writeln!(out, "  weights: {}", esc(&w.line()));
+    }
     for note in &p.notes {
         let _ = writeln!(out, "  note: {}", esc(note));
     }

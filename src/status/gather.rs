@@ -43,6 +43,7 @@ pub async fn status_targets(
     ssh: &SshOptions,
     parallel: usize,
     redactor: &Redactor,
+    weights: WeightsCheck,
 ) -> Vec<UnitStatus> {
     let by_host = crate::targets::by_host(targets);
     // The statuses' order, for the server groups' lines.
@@ -53,7 +54,7 @@ pub async fn status_targets(
         parallel,
         fleet::no_span,
         async |host: &dyn Host, _: &fleet::Visit<'_>, targets: Vec<Target>| {
-            status_host(host, &targets, redactor).await
+            status_host(host, &targets, redactor, weights).await
         },
         |_, targets, e| {
             let error = error_chain(&e);
@@ -123,10 +124,11 @@ pub async fn status_host(
     host: &dyn Host,
     targets: &[Target],
     redactor: &Redactor,
+    weights: WeightsCheck,
 ) -> Vec<UnitStatus> {
     stream::iter(targets)
         .map(|t| async {
-            match unit_status(host, t, redactor).await {
+            match unit_status(host, t, redactor, weights).await {
                 Ok(status) => status,
                 Err(e) => failed(t, error_chain(&e)),
             }
@@ -140,6 +142,7 @@ async fn unit_status(
     host: &dyn Host,
     t: &Target,
     redactor: &Redactor,
+    weights: WeightsCheck,
 ) -> Result<UnitStatus, RemoteError> {
     let unit = &t.desired.unit;
     let path = format!("{UNIT_DIR}/{unit}");
@@ -185,7 +188,12 @@ async fn unit_status(
     if let (LiveStanding::Holds(change), Some(text)) = (live_standing(&facts), &facts.disk_text) {
         facts.held = Some(held_by(host, text, t.verify.url.as_deref(), &change).await);
     }
-    let (classes, mut details) = classify(&facts, redactor);
+    let (mut classes, mut details) = classify(&facts, redactor);
+    if let Some(drift) = pinned_drift(host, t, &facts, weights).await {
+        classes.retain(|c| *c != super::Class::InSync);
+        classes.push(super::Class::WeightsDrift);
+        details.push(drift);
+    }
     if let (Some(models), Some(text)) = (&served_models, &facts.disk_text) {
         let want = Expect::from_unit(&parse_unit(text)).model_id;
         if !models.contains(&want) {
@@ -210,6 +218,69 @@ async fn unit_status(
         error: None,
         record: record.cloned(),
     })
+}
+
+/// How closely `status` checks a pinned model's copy against the lock file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightsCheck {
+    /// Its files' sizes and the lock digest it was verified against: a stat of each file.
+    Sizes,
+    /// Every file hashed (`--verify-weights`): reads the whole model.
+    Hashes,
+}
+
+/// Why the pinned copy the unit on disk runs is not the lock's, or `None` when it is (or the
+/// unit is not pinned, or runs another revision than the manifest's: a pending change, which
+/// the plan shows).
+async fn pinned_drift(
+    host: &dyn Host,
+    t: &Target,
+    facts: &Facts,
+    check: WeightsCheck,
+) -> Option<String> {
+    let spec = t.manifest.sglang.pinned.as_ref()?;
+    let dir = spec.pinned_dir();
+    let runs_it = facts.disk_text.as_deref().is_some_and(|text| {
+        parse_unit(text)
+            .exec_start
+            .iter()
+            .any(|arg| arg.trim_end_matches('/') == dir)
+    });
+    if !runs_it {
+        return None;
+    }
+    let python = &t.manifest.sglang.python;
+    let planned = match crate::pinned::plan(host, python, spec).await {
+        Ok(planned) => planned,
+        Err(e) => {
+            return Some(format!(
+                "the pinned copy could not be looked at: {}",
+                error_chain(&e)
+            ))
+        }
+    };
+    use reconcile_core::pinned::Holding;
+    match planned.holding {
+        Holding::Verified if check == WeightsCheck::Hashes => {
+            match crate::pinned::verify(host, python, spec).await {
+                Ok(differ) if differ.is_empty() => None,
+                Ok(differ) => Some(format!(
+                    "the pinned copy {dir} differs from the lock: {}",
+                    differ
+                        .iter()
+                        .map(|d| format!("{}: {}", d.path, d.why))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )),
+                Err(e) => Some(format!("the pinned copy could not be hashed: {}", error_chain(&e))),
+            }
+        }
+        Holding::Verified => None,
+        Holding::Fetch { .. } => Some(format!(
+            "the pinned copy {dir} the unit runs is gone: the next start fails; `reconcile apply --restart` fetches it again"
+        )),
+        Holding::Refused { why } => Some(why),
+    }
 }
 
 /// systemd's view, and the unit's `UnitFileState` (for its layers).

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 pub use crate::observed::split_nul;
-pub use gather::{status_host, status_targets};
+pub use gather::{status_host, status_targets, WeightsCheck};
 
 use crate::apply::state::{sha256, Record};
 use crate::apply::Outcome;
@@ -69,6 +69,10 @@ pub enum Class {
     RecordUnreadable,
     /// No unit file on the host.
     Absent,
+    /// The pinned weights the unit runs (`sglang.model:`) are not as the lock file says: a
+    /// file missing or of another size (every status), or another sha256 (`--verify-weights`).
+    /// The next restart (a crash, a reboot) would load them.
+    WeightsDrift,
 }
 
 impl Class {
@@ -89,6 +93,7 @@ impl Class {
             Class::Unmanaged => "unmanaged",
             Class::RecordUnreadable => "record_unreadable",
             Class::Absent => "absent",
+            Class::WeightsDrift => "weights_drift",
         }
     }
 }

@@ -239,8 +239,11 @@ pub struct SglangSpec {
     /// than `<python> -m sglang.launch_server`; the same server either way.
     pub console_script: Option<String>,
     pub version: String,
+    /// The folder (or hub id) SGLang loads; a pinned model's pinned copy.
     pub model_path: String,
     pub served_model_name: Option<String>,
+    /// `model:`: the weights pinned by revision, which `model_path` is the pinned copy of.
+    pub pinned: Option<crate::pinned::PinnedModel>,
     pub host: Option<String>,
     pub port: u16,
     /// `launch_server` flags by name, without the leading `--`.

@@ -173,7 +173,12 @@ struct RawSglang {
     /// `python` is still the interpreter the checks run (the script's own, on its `#!` line).
     console_script: Option<String>,
     version: Scalar,
-    model_path: String,
+    /// The model's folder (or hub id) as SGLang takes it. Give `model:` instead to pin the
+    /// weights by revision.
+    model_path: Option<String>,
+    /// The weights pinned by revision: fetched to every host and verified before the old server
+    /// stops, the unit pointing at the pinned copy (`reconcile_core::weights`).
+    model: Option<RawModel>,
     served_model_name: Option<String>,
     host: Option<String>,
     #[schemars(range(min = 1, max = 65535))]
@@ -183,6 +188,69 @@ struct RawSglang {
     dist_init_port: Option<i64>,
     #[serde(default)]
     flags: BTreeMap<String, RawFlag>,
+}
+
+/// `sglang.model:` (`PinnedModel`): a hub repository at a commit, or a store folder at a
+/// revision the lock file names the files of.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    /// A hub repository, `org/name`.
+    hub: Option<String>,
+    /// A folder every host reaches under this path (a network share).
+    store: Option<String>,
+    /// The hub commit (40 hex digits), or the store revision's name.
+    revision: Scalar,
+    /// A server that speaks the hub's API (a mirror or proxy, as `HF_ENDPOINT`); the hub itself
+    /// by default.
+    endpoint: Option<String>,
+    /// Revisions kept on each host, the running one counted (2: the one before stays to roll
+    /// back to).
+    #[schemars(range(min = 1))]
+    keep: Option<i64>,
+    /// Glob patterns of the files to fetch (`*.safetensors`, `original/`); all by default.
+    include: Option<Vec<String>>,
+    /// Where the pinned copies live on each host (`/var/lib/reconcile/weights`).
+    root: Option<String>,
+    /// Hosts that fetch at once (4).
+    #[schemars(range(min = 1))]
+    at_once: Option<i64>,
+    /// Bytes a second each host may fetch (`100MB`); unlimited by default.
+    rate: Option<Size>,
+}
+
+impl RawModel {
+    fn into_spec(self) -> crate::pinned::PinnedModel {
+        use crate::pinned::{self, Source};
+        let source = match (self.hub, self.store) {
+            (Some(repo), _) => Source::Hub {
+                repo,
+                endpoint: self.endpoint.unwrap_or_else(|| pinned::HUB.to_string()),
+            },
+            (None, Some(path)) => Source::Store { path },
+            // `structure` refuses this, with its position.
+            (None, None) => Source::Store {
+                path: String::new(),
+            },
+        };
+        pinned::PinnedModel {
+            source,
+            revision: self.revision.0,
+            // Out-of-range values are `validate`'s errors, with their position.
+            keep: self
+                .keep
+                .map_or(pinned::DEFAULT_KEEP, |k| u32::try_from(k).unwrap_or(0)),
+            include: self.include.unwrap_or_default(),
+            root: self
+                .root
+                .unwrap_or_else(|| pinned::DEFAULT_ROOT.to_string()),
+            at_once: self
+                .at_once
+                .map_or(pinned::DEFAULT_AT_ONCE, |n| usize::try_from(n).unwrap_or(0)),
+            rate: self.rate.map(|r| r.0),
+            locked: None,
+        }
+    }
 }
 
 #[derive(Deserialize, Default, JsonSchema)]
@@ -541,6 +609,29 @@ impl RawManifest {
             }),
             _ => {}
         }
+        match (&self.sglang.model_path, &self.sglang.model) {
+            (Some(_), Some(_)) => errors.push(at(
+                &[Seg::Key("sglang"), Seg::Key("model")],
+                "sglang.model".into(),
+                "give `model_path:` (a folder or hub id as SGLang takes it) or `model:` (the weights pinned by revision), not both",
+            )),
+            (None, None) => errors.push(at(
+                &[Seg::Key("sglang")],
+                "sglang".into(),
+                "missing field `model_path` (or `model:`, the weights pinned by revision)",
+            )),
+            (None, Some(model)) if model.hub.is_some() == model.store.is_some() => errors.push(at(
+                &[Seg::Key("sglang"), Seg::Key("model")],
+                "sglang.model".into(),
+                "give `hub:` (a hub repository at a commit) or `store:` (a folder every host reaches), one of them",
+            )),
+            (None, Some(model)) if model.store.is_some() && model.endpoint.is_some() => errors.push(at(
+                &[Seg::Key("sglang"), Seg::Key("model"), Seg::Key("endpoint")],
+                "sglang.model.endpoint".into(),
+                "`endpoint:` is the hub server a `hub:` model comes from; a `store:` is a folder",
+            )),
+            _ => {}
+        }
         if let Some(hosts) = &self.hosts {
             for (i, h) in hosts.iter().enumerate() {
                 if h.0.address.is_some() {
@@ -663,6 +754,7 @@ impl RawManifest {
             })
             .collect();
         let systemd = strings(self.systemd);
+        let pinned = self.sglang.model.map(RawModel::into_spec);
         Manifest {
             source: source.to_string(),
             digest: digest(text),
@@ -676,8 +768,16 @@ impl RawManifest {
                 python: self.sglang.python,
                 console_script: self.sglang.console_script,
                 version: self.sglang.version.0,
-                model_path: self.sglang.model_path,
-                served_model_name: self.sglang.served_model_name,
+                // A pinned model runs from its pinned copy, under the name it had before.
+                model_path: pinned.as_ref().map_or_else(
+                    || self.sglang.model_path.unwrap_or_default(),
+                    |w| w.pinned_dir(),
+                ),
+                served_model_name: self
+                    .sglang
+                    .served_model_name
+                    .or_else(|| pinned.as_ref().map(|w| w.served_name())),
+                pinned,
                 host: self.sglang.host,
                 // Out-of-range ports are reported by `validate`, with their position; 0 never validates.
                 port: u16::try_from(self.sglang.port).unwrap_or(0),

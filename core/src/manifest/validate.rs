@@ -297,10 +297,14 @@ impl Checker<'_> {
                 format!("`{}` is not an SGLang version like 0.5.23", s.version),
             );
         }
-        if s.model_path.is_empty() {
-            self.fail(&at("model_path"), "must not be empty");
+        if let Some(w) = &s.pinned {
+            self.pinned(w);
+        } else {
+            if s.model_path.is_empty() {
+                self.fail(&at("model_path"), "must not be empty");
+            }
+            self.no_control("model_path", &at("model_path"), &s.model_path);
         }
-        self.no_control("model_path", &at("model_path"), &s.model_path);
         if let Some(name) = &s.served_model_name {
             self.no_control("served_model_name", &at("served_model_name"), name);
         }
@@ -311,6 +315,108 @@ impl Checker<'_> {
             self.fail(&at("port"), "port must be between 1 and 65535");
         }
         self.flags(&at("flags"), &s.flags);
+    }
+
+    /// `sglang.model:`: a hub repository at a full commit id (a branch moves), or a store folder
+    /// at a revision name; names that make one folder on every host.
+    fn pinned(&mut self, w: &crate::pinned::PinnedModel) {
+        use crate::pinned::{is_commit, Source};
+        let at = |key| [Seg::Key("sglang"), Seg::Key("model"), Seg::Key(key)];
+        let plain = |text: &str| {
+            !text.is_empty()
+                && !text.starts_with('.')
+                && text
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        };
+        match &w.source {
+            Source::Hub { repo, endpoint } => {
+                let ok = repo
+                    .split_once('/')
+                    .is_some_and(|(org, name)| plain(org) && plain(name));
+                if !ok {
+                    self.fail(
+                        &at("hub"),
+                        format!("`{repo}` is not a hub repository like `Qwen/Qwen3.5-122B-A10B`"),
+                    );
+                }
+                if !is_commit(&w.revision) {
+                    self.fail(
+                        &at("revision"),
+                        format!(
+                            "`{}` is not a commit: pin a hub model by its full commit id (40 hex digits; a branch or tag moves)",
+                            w.revision
+                        ),
+                    );
+                }
+                let scheme = endpoint
+                    .strip_prefix("https://")
+                    .or_else(|| endpoint.strip_prefix("http://"));
+                if !scheme
+                    .is_some_and(|rest| !rest.is_empty() && !rest.contains(char::is_whitespace))
+                {
+                    self.fail(
+                        &at("endpoint"),
+                        format!("`{endpoint}` is not an http:// or https:// URL"),
+                    );
+                }
+            }
+            Source::Store { path } => {
+                if !path.starts_with('/') || path.trim_end_matches('/').is_empty() {
+                    self.fail(
+                        &at("store"),
+                        format!("`{path}` must be an absolute path to a model's folder"),
+                    );
+                } else {
+                    self.no_control("store", &at("store"), path);
+                }
+                if !plain(&w.revision) {
+                    self.fail(
+                        &at("revision"),
+                        format!(
+                            "`{}` is not a revision name: letters, digits, `-`, `_` and `.`",
+                            w.revision
+                        ),
+                    );
+                }
+            }
+        }
+        if !w.root.starts_with('/') {
+            self.fail(
+                &at("root"),
+                format!("`{}` must be an absolute path", w.root),
+            );
+        } else {
+            self.no_control("root", &at("root"), &w.root);
+        }
+        if w.keep == 0 {
+            self.fail(
+                &at("keep"),
+                "keep at least 1 revision: the one the host runs",
+            );
+        }
+        if w.at_once == 0 {
+            self.fail(&at("at_once"), "at least 1 host must fetch at once");
+        }
+        if w.rate == Some(0) {
+            self.fail(
+                &at("rate"),
+                "a rate of 0 fetches nothing: leave it out for no limit",
+            );
+        }
+        for (i, pattern) in w.include.iter().enumerate() {
+            if pattern.is_empty() {
+                self.fail(
+                    &[
+                        Seg::Key("sglang"),
+                        Seg::Key("model"),
+                        Seg::Key("include"),
+                        Seg::Index(i),
+                    ],
+                    "an empty pattern matches nothing",
+                );
+            }
+        }
     }
 
     /// `nodes:` and the multi-node flags: a group has at least two distinct nodes that can reach
@@ -881,6 +987,63 @@ mod tests {
     #[test]
     fn a_good_manifest_passes() {
         assert!(errors(BASE).is_empty());
+    }
+
+    const PINNED: &str = "service: s\nhosts: [a]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model:\n    hub: Qwen/Qwen3.5-122B-A10B\n    revision: 0123456789abcdef0123456789abcdef01234567\n  port: 30000\n";
+
+    #[test]
+    fn a_pinned_model_runs_from_its_pinned_copy_under_its_hub_name() {
+        assert!(errors(PINNED).is_empty(), "{:#?}", errors(PINNED));
+        let m = parse("m.yaml", PINNED).unwrap();
+        assert_eq!(
+            m.sglang.model_path,
+            "/var/lib/reconcile/weights/Qwen--Qwen3.5-122B-A10B/0123456789abcdef0123456789abcdef01234567"
+        );
+        assert_eq!(m.model_id(), "Qwen/Qwen3.5-122B-A10B");
+        let w = m.sglang.pinned.unwrap();
+        assert_eq!(w.keep, 2);
+        assert_eq!(
+            w.source,
+            crate::pinned::Source::Hub {
+                repo: "Qwen/Qwen3.5-122B-A10B".into(),
+                endpoint: "https://huggingface.co".into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_pin_by_branch_a_store_with_an_endpoint_and_keep_zero_are_refused_at_their_lines() {
+        let branch = errors(&PINNED.replace("0123456789abcdef0123456789abcdef01234567", "main"));
+        assert_eq!(branch.len(), 1, "{branch:#?}");
+        assert!(
+            branch[0].starts_with("m.yaml:8:5: sglang.model.revision: `main` is not a commit"),
+            "{branch:#?}"
+        );
+        let zero = errors(&PINNED.replace("  port:", "    keep: 0\n    rate: 0\n  port:"));
+        assert_eq!(zero.len(), 2, "{zero:#?}");
+        assert!(
+            zero[0].contains("sglang.model.keep: keep at least 1"),
+            "{zero:#?}"
+        );
+        let refused = |text: &str| {
+            let e = parse("m.yaml", text).unwrap_err();
+            e.0.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        };
+        let both = refused(&PINNED.replace("  port:", "  model_path: /m\n  port:"));
+        assert!(both.contains("sglang.model: give `model_path:`"), "{both}");
+        let store = "service: s\nhosts: [a]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model:\n    store: /shared/models/Qwen3.5-122B-A10B\n    revision: 2026-11-30\n    endpoint: http://hub\n  port: 30000\n";
+        let e = refused(store);
+        assert!(e.contains("m.yaml:9:5: sglang.model.endpoint"), "{e}");
+        let plain = store.replace("    endpoint: http://hub\n", "");
+        let m = parse("m.yaml", &plain).unwrap();
+        assert_eq!(m.model_id(), "/shared/models/Qwen3.5-122B-A10B");
+        assert_eq!(
+            m.sglang.model_path,
+            "/var/lib/reconcile/weights/Qwen3.5-122B-A10B/2026-11-30"
+        );
     }
 
     #[test]

@@ -219,21 +219,28 @@ pub fn gpus_needed(flags: &BTreeMap<String, String>) -> (u32, String) {
 pub fn judge(t: &Target, facts: &Facts) -> Vec<Finding> {
     let want = Want::of(t);
     let mut findings = python(t, &want, &facts.python);
-    findings.extend(model_path(&want, facts.model_path));
+    // A pinned copy not fetched yet is apply's to fetch, verified, before the old server stops;
+    // its files (and the deep check, which reads the model's config) are judged then.
+    let fetched_later = t.manifest.sglang.pinned.is_some() && facts.model_path == Access::Missing;
+    if !fetched_later {
+        findings.extend(model_path(&want, facts.model_path));
+    }
     findings.extend(gpus(&want, &facts.gpus));
     findings.extend(port(&want.unit, want.port, &facts.port, facts.main_pid));
     findings.extend(ephemeral_port(want.port, &facts.port));
-    findings.extend(
-        facts
-            .deep
-            .as_ref()
-            .map(|d| deep::judge_deep(t, &want, d))
-            .into_iter()
-            .flatten(),
-    );
-    if let Some(w) = &facts.weights {
-        let at = deep::written_at(t, "model-path");
-        findings.extend(w.judge(&want.model_path, at.as_deref()));
+    if !fetched_later {
+        findings.extend(
+            facts
+                .deep
+                .as_ref()
+                .map(|d| deep::judge_deep(t, &want, d))
+                .into_iter()
+                .flatten(),
+        );
+        if let Some(w) = &facts.weights {
+            let at = deep::written_at(t, "model-path");
+            findings.extend(w.judge(&want.model_path, at.as_deref()));
+        }
     }
     findings.extend(verifiable(t));
     findings.extend(t.conflicts.iter().cloned());

@@ -137,10 +137,36 @@ async fn confirm_all(
             &mut r.report.report,
         )
         .await;
+        keep_pinned(r).await;
         r.report.report.verification = Some(v);
         endings.push(ending);
     }
     endings
+}
+
+/// A confirmed rank's pinned revision marked used, and the revisions `keep` no longer keeps
+/// removed (the plan said which). Only now: until the confirm, the previous revision is what a
+/// rollback starts. A failure here is a note: the server runs what was verified.
+async fn keep_pinned(r: &mut Rank<'_>) {
+    let (host, t) = (r.job.host, r.job.t);
+    let Some(spec) = &t.manifest.sglang.pinned else {
+        return;
+    };
+    let note = match crate::pinned::confirm(host, &t.manifest.sglang.python, spec).await {
+        Ok(removed) if removed.is_empty() => return,
+        Ok(removed) => format!(
+            "weights: removed {} older revision{} (keep: {}): {}",
+            removed.len(),
+            if removed.len() == 1 { "" } else { "s" },
+            spec.keep,
+            removed.join(", ")
+        ),
+        Err(e) => format!(
+            "weights: the older revisions could not be removed: {}",
+            error_chain(&e)
+        ),
+    };
+    r.report.report.notes.push(note);
 }
 
 /// A unit kept by the host's guard and confirmed as it runs: when its server runs another command

@@ -1,5 +1,6 @@
-//! `Step::Prepare` (`reconcile_core::transaction`): preflight on every rank (and the rendezvous
-//! port free on rank 0), then every rank's lock.
+//! `Step::Prepare` (`reconcile_core::transaction`): every rank's pinned weights on its host,
+//! verified; preflight on every rank (and the rendezvous port free on rank 0); then every rank's
+//! lock.
 
 use futures::future::join_all;
 use reconcile_core::transaction::Went;
@@ -8,19 +9,59 @@ use super::{refused_endings, Carried, Rank};
 use crate::apply::decide;
 use crate::apply::error::ApplyError;
 use crate::apply::state;
+use crate::pinned;
+use crate::plan::Verdict;
 use crate::preflight;
 use crate::remote::error_chain;
 
 /// `Step::Prepare`. A rank refused stops the group, touching nothing: every rank's ending says
 /// which rank it was.
 pub(super) async fn prepare(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
-    match preflight_and_lock(ranks).await {
+    let prepared = match fetch_pinned(ranks).await {
+        Ok(()) => preflight_and_lock(ranks).await,
+        Err(e) => Err(e),
+    };
+    match prepared {
         Ok(()) => Went::Passed,
         Err((i, e)) => {
             c.endings = Some(refused_endings(ranks, i, &e));
             Went::Stopped
         }
     }
+}
+
+/// Every rank's pinned weights (`sglang.model:`) on its host, verified, before preflight reads
+/// them: fetched here where a rollout did not fetch them ahead (`crate::apply::rollout`), else
+/// one look. Only where the change starts the server or loads the weights live.
+async fn fetch_pinned(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
+    let fetched = join_all(ranks.iter().map(|r| async move {
+        let t = r.job.t;
+        let Some(spec) = &t.manifest.sglang.pinned else {
+            return Ok(None);
+        };
+        if !matches!(
+            r.verdict,
+            Verdict::Restart | Verdict::Install | Verdict::Live
+        ) {
+            return Ok(None);
+        }
+        let token = t.desired.model.env.get("HF_TOKEN").map(String::as_str);
+        let python = &t.manifest.sglang.python;
+        let cancel = &r.job.options.cancel;
+        pinned::ensure(r.job.host, python, spec, token, None, cancel).await
+    }))
+    .await;
+    for (i, fetched) in fetched.into_iter().enumerate() {
+        match fetched {
+            Ok(Some(f)) => {
+                ranks[i].report.report.notes.push(pinned::fetched_note(&f));
+                ranks[i].report.report.fetch = Some(f);
+            }
+            Ok(None) => {}
+            Err(e) => return Err((i, ApplyError::FetchFailed(error_chain(&e)))),
+        }
+    }
+    Ok(())
 }
 
 /// Step 2: preflight on every rank, the rendezvous port on rank 0, then every rank's lock. `Err`
