@@ -24,7 +24,7 @@ Exit codes:
   0  nothing to change (every unit on every host matches its manifest)
   1  error: bad manifests (no host was contacted), a host could not be read, or a unit failed
      preflight (its host cannot run it: SGLang version, model path, GPUs, port, or the host's
-     SGLang refuses its arguments or its model's config)
+     SGLang refuses its arguments or its model's config, or its pinned weights are refused)
   2  changes pending (dry-run/plan only)"
     };
 }
@@ -46,7 +46,7 @@ macro_rules! apply_exit_codes {
 Exit codes:
   0  every unit converged (or needed nothing)
   1  error before any change on some host (bad manifests, unreachable, preflight failed, locked,
-     interrupted before its turn, a plan file's unit gone stale)
+     its pinned weights not fetched, interrupted before its turn, a plan file's unit gone stale)
   3  verification failed on some host; it was rolled back to its previous unit, which passed
   4  verification failed and the rollback failed too: that host needs attention",
             $more,

@@ -20,7 +20,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 cd "$(dirname "$0")/.."
 export STATE=${STATE:-/tmp/reconcile-lab}
-HOSTS=${HOSTS:-41}
+HOSTS=${HOSTS:-45}
 REAL_SGLANG=${REAL_SGLANG:-1}
 
 # Each tier's wall time, printed at the end: name and seconds.
@@ -44,6 +44,8 @@ report_times() {
 setup=$(mktemp -d)
 (
   bash tests/hostlab/build-rootfs.sh >"$setup/rootfs.log" 2>&1 || { echo rootfs >"$setup/failed"; exit 1; }
+  # The lab's hub (olah, tests/hostlab/hub/): the pinned-weights tests fetch from it.
+  bash tests/hostlab/hub/install.sh >"$setup/hub" 2>"$setup/hub.log" || { echo hub >"$setup/failed"; exit 1; }
   if [ "$REAL_SGLANG" = 1 ]; then
     bash tests/hostlab/sglang-cpu/install.sh >"$setup/sglang" 2>"$setup/sglang.log" || { echo sglang >"$setup/failed"; exit 1; }
   fi
@@ -52,7 +54,7 @@ downloads=$!
 cargo build --locked --all-targets
 wait "$downloads" || true
 if [ -e "$setup/failed" ]; then
-  cat "$setup/rootfs.log" "$setup/sglang.log" 2>/dev/null >&2
+  cat "$setup/rootfs.log" "$setup/hub.log" "$setup/sglang.log" 2>/dev/null >&2
   echo "tests/run.sh: setting up the test hosts failed ($(cat "$setup/failed"))" >&2
   exit 1
 fi
@@ -67,7 +69,8 @@ tier_done "set-up (image, SGLang, build)"
 bash tests/hostlab/down.sh >/dev/null 2>&1 || true
 trap 'bash tests/hostlab/down.sh; report_times' EXIT
 # ROUTE=1: the router host (rl18) reaches the replica hosts behind it (rl19..rl23), and the agents
-# on rl27..rl32 reach etcd and the git daemon on rl26.
+# on rl27..rl32 reach etcd and the git daemon on rl26, and rl43..rl45 and the real tier's hosts
+# reach the lab's hub in rl42's network namespace.
 ROUTE=1 bash tests/hostlab/up.sh "$HOSTS"
 tier_done "test hosts booted"
 log=$(mktemp)

@@ -43,6 +43,8 @@ struct Sglang {
     python: Value,
     version: Value,
     model_path: Value,
+    /// `model:`, the weights pinned by revision, written in place of `model_path`.
+    model: Option<Value>,
     served_model_name: Option<Value>,
     host: Option<Value>,
     port: Value,
@@ -121,6 +123,7 @@ impl Manifest {
                 python: "/usr/bin/python3".into(),
                 version: "0.5.23".into(),
                 model_path: "/models/test".into(),
+                model: None,
                 served_model_name: Some("test-model".into()),
                 host: None,
                 port: 30000.into(),
@@ -188,6 +191,12 @@ impl Manifest {
 
     pub fn model_path(mut self, path: impl Into<Value>) -> Manifest {
         self.sglang.model_path = path.into();
+        self
+    }
+
+    /// `sglang.model:` in place of `model_path`: the weights pinned by revision.
+    pub fn pinned_model(mut self, model: impl Into<Value>) -> Manifest {
+        self.sglang.model = Some(model.into());
         self
     }
 
@@ -328,7 +337,10 @@ impl Manifest {
         let s = &self.sglang;
         sglang.insert(key("python"), s.python.clone());
         sglang.insert(key("version"), s.version.clone());
-        sglang.insert(key("model_path"), s.model_path.clone());
+        match &s.model {
+            Some(model) => sglang.insert(key("model"), model.clone()),
+            None => sglang.insert(key("model_path"), s.model_path.clone()),
+        };
         if let Some(name) = &s.served_model_name {
             sglang.insert(key("served_model_name"), name.clone());
         }

@@ -375,6 +375,20 @@ pub const LIVE: Lease = Lease {
     ports: 37531..37532,
     gpus: 2..4,
 };
+/// The lab's hub (hub.rs: olah in rl42's network namespace, reached by every host that routes
+/// the lab's subnet) and the pinned-weights tests' hosts (pinned.rs), a service a host.
+pub const HUB_LEASE: Lease = Lease {
+    user: "hub.rs (the lab's hub, olah)",
+    hosts: &["rl42"],
+    ports: 8090..8091,
+    gpus: NO_GPUS,
+};
+pub const PINNED: Lease = Lease {
+    user: "pinned.rs",
+    hosts: &["rl43", "rl44", "rl45"],
+    ports: 39201..39205,
+    gpus: 0..8,
+};
 pub const EXPERIMENT_REAL: &str = EXPERIMENT_REAL_LEASE.host();
 
 /// Every lease; [`leases_never_overlap`] checks that no two on one host share a port or a GPU.
@@ -448,6 +462,8 @@ pub const LEASES: &[Lease] = &[
     EXPERIMENT_LEASE,
     EXPERIMENT_REAL_LEASE,
     LIVE,
+    HUB_LEASE,
+    PINNED,
 ];
 
 /// Entries of the lab's ssh_config that must fail.
