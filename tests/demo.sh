@@ -2,7 +2,7 @@
 # The whole loop on three throwaway test hosts named like the example manifests' (gpu-a, gpu-b,
 # gpu-c), no GPU host needed: the plan, apply with its live verification, a second apply that
 # touches nothing, a misspelt flag caught offline, a change whose server crashes while loading
-# rolled back, then status and history. The hosts are containers (tests/hostlab/) running the
+# rolled back, status and history, then the weights pinned by revision and fetched to every host. The hosts are containers (tests/hostlab/) running the
 # SGLang stand-in (fixtures/fake-sglang/), and are torn down at the end.
 #
 #   tests/demo.sh                       the loop (about 80 s once the image and build exist)
@@ -44,6 +44,17 @@ for h in gpu-a gpu-b gpu-c; do
   # What the manifests expect of a GPU host, so preflight passes: the venv's Python (here the
   # system one, which has the stand-in as its `sglang`) and the model folders.
   on "$h" 'mkdir -p /root/ml-env/bin /shared/models/Qwen3.5-122B-A10B /shared/models/Qwen3.5-397B-A17B-NVFP4 && ln -sf /usr/bin/python3 /root/ml-env/bin/python3'
+  # The 122B model's folder as the same share on every host, with stand-in weights (two 8 MiB
+  # safetensors shards and a config, the same bytes everywhere): what the last step pins.
+  on "$h" python3 - /shared/models/Qwen3.5-122B-A10B <<'EOF'
+import json, struct, sys
+folder = sys.argv[1]
+json.dump({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe"}, open(folder + "/config.json", "w"))
+for i in (1, 2):
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [4194304], "data_offsets": [0, 8388608]}}).encode()
+    with open(folder + "/model-%05d-of-00002.safetensors" % i, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + bytes([i]) * 8388608)
+EOF
   # The stand-in's timings, as a manager-wide default rather than in the manifests: nothing sets
   # them on a real GPU host, so manifests/ stays the real thing and they appear in no rendered unit
   # or diff; and a default reaches every unit systemd starts, the one a rollback restores too.
@@ -161,9 +172,21 @@ run 2 "${STATUS[@]}" -- reconcile status
 step "History: gpu-a's deployments (the rolled-back change is not one) and the units kept to fall back on"
 run 0 "0: shown" "1: error" -- reconcile history sglang-qwen --host gpu-a
 
+step "The weights pinned by revision: locked, then fetched to every host and verified before its server stops"
+printf '$ git revert --no-edit HEAD   # the 0.93 change goes\n'
+git revert -q --no-edit HEAD
+# The share's folder could change under the servers; pinned, each host runs a copy of its own,
+# every file's sha256 checked against reconcile.lock (written by `reconcile lock`, committed).
+edit 's|^  model_path: /shared/models/Qwen3.5-122B-A10B$|  model:                               # pinned: reconcile.lock holds the hashes\n    store: /shared/models/Qwen3.5-122B-A10B\n    revision: 2026-11-30|'
+run 0 "0: the lock file is written" "1: a revision could not be listed" -- reconcile lock
+printf '$ git add manifests && git commit -m "sglang-qwen: pin the weights by revision"\n'
+git add manifests && git commit -qm "sglang-qwen: pin the weights by revision"
+run 2 "${PLAN[@]}" -- reconcile plan
+run 0 "${APPLY[@]}" -- reconcile apply
+
 cat <<EOF
 
-What an operator does next: fix the change, or revert it (git revert HEAD), and apply again.
+What an operator does next with a change that fails: fix it, or revert it (git revert HEAD), and apply again.
 The loop took $((SECONDS - loop_start))s (set-up $((loop_start - start))s before it). The hosts are torn down now.
 EOF
 [ "$unexpected" = 0 ] || { echo "demo: $unexpected step(s) ended with an unexpected exit code" >&2; exit 1; }

@@ -23,6 +23,7 @@ mod experiment;
 mod failures;
 mod hardening;
 mod lifecycle;
+mod pinned;
 mod quality;
 mod rollout;
 mod throughput;
@@ -184,6 +185,12 @@ impl<'a> Service<'a> {
     /// Serves the weights at `path` (on the host) instead of the tier's tiny model.
     pub fn model_path(mut self, path: &str) -> Self {
         self.manifest = self.manifest.model_path(path);
+        self
+    }
+
+    /// Serves the weights `model` pins (`sglang.model:`) instead of the tier's tiny model.
+    pub fn pinned(mut self, model: serde_yaml::Value) -> Self {
+        self.manifest = self.manifest.pinned_model(model);
         self
     }
 
