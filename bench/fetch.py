@@ -4,10 +4,12 @@ the same files with plain GETs and with `reconcile apply` of a fresh revision to
 times `reconcile plan` of the pinned manifest against a plain `model_path` one. Every figure is
 printed beside the baseline it is measured against in the same run."""
 
+import atexit
 import concurrent.futures
 import hashlib
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
@@ -22,11 +24,12 @@ REPEATS = int(os.environ.get("REPEATS", "5"))
 HUB_NS, ENDPOINT = "fb1", "http://10.218.1.2:8090"
 REPO_ID = "labs/fetch-bench"
 REPO = f"/var/lib/reconcile-fetch-bench/hub/mirrors/models/{REPO_ID}"
-WEIGHTS = "/var/lib/reconcile/weights"  # the default root of pinned copies on a host
 SHARDS = 4
 HOSTS = [f"fb{i}" for i in range(2, max(COUNTS) + 2)]
 LIMIT = LINK_MBIT * 1e6 / 8  # bytes a second
 MB = 1e6
+TMP = tempfile.mkdtemp(prefix="fetch-bench-")  # the manifests and locks of each run
+atexit.register(shutil.rmtree, TMP, True)
 
 
 def git(*args):
@@ -125,7 +128,7 @@ verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 4s, load_dea
 
 
 def workdir(text):
-    d = tempfile.mkdtemp(prefix="fetch-bench-")
+    d = tempfile.mkdtemp(dir=TMP)
     os.makedirs(f"{d}/manifests")
     with open(f"{d}/manifests/m.yaml", "w") as f:
         f.write(text)
@@ -150,13 +153,16 @@ print(f"repository: {SHARDS} safetensors shards + 2 small files, {total / MB:.1f
 
 # 1. Olah's own ceiling, over the lab link before any shaping: one client, then the most hosts at
 # once (olah is one Python process that sends 4 KiB chunks; the ceiling is its CPU).
+tc = ["ip", "netns", "exec", HUB_NS, "tc", "qdisc"]
+subprocess.run(tc + ["del", "dev", "host0", "root"], capture_output=True)  # none unless rerun by hand
 timed_gets(HOSTS[:1], urls[:1])  # the first GET reads the object from disk
 one = statistics.median(timed_gets(HOSTS[:1], urls)[0] for _ in range(2))
 many = max(timed_gets(HOSTS, urls))
 print(f"olah unshaped: 1 client {total / one / MB:.1f} MB/s; {len(HOSTS)} at once "
       f"{len(HOSTS) * total / many / MB:.1f} MB/s together")
-subprocess.run(["ip", "netns", "exec", HUB_NS, "tc", "qdisc", "replace", "dev", "host0", "root", "tbf",
-                "rate", f"{LINK_MBIT}mbit", "burst", "128kb", "latency", "50ms"], check=True)
+# Shaped on the hub's side of its link: every host's download shares this one limit.
+subprocess.run(tc + ["add", "dev", "host0", "root", "tbf", "rate", f"{LINK_MBIT}mbit",
+                     "burst", "128kb", "latency", "50ms"], check=True)
 print(f"hub link shaped (tc tbf on {HUB_NS}'s host0): {LINK_MBIT} Mbit/s = {LIMIT / MB:.1f} MB/s, "
       f"{LIMIT * one / total:.2f} of olah's unshaped 1-client rate")
 print()
@@ -185,7 +191,12 @@ for run, n in enumerate(COUNTS, start=1):
 hosts = HOSTS[:COUNTS[-1]]
 pinned = workdir(manifest(hosts, rev, COUNTS[-1]))
 reconcile(pinned, "lock")
-plain = workdir(manifest(hosts, rev, COUNTS[-1], f"{WEIGHTS}/{REPO_ID.replace('/', '--')}/{rev}"))
+# The folder the pinned unit runs from, as its --model-path names it (the root is reconcile's).
+show = "systemctl show -p ExecStart --value fetch-bench.service"
+exec_start = subprocess.run(["ssh", "-F", SSH_CONFIG, hosts[0], show], check=True,
+                            capture_output=True, text=True).stdout.split()
+folder = exec_start[exec_start.index("--model-path") + 1]
+plain = workdir(manifest(hosts, rev, COUNTS[-1], folder))
 times, codes = {"pinned": [], "plain": []}, {"pinned": set(), "plain": set()}
 for _ in range(REPEATS):
     for kind, d in (("pinned", pinned), ("plain", plain)):

@@ -53,6 +53,9 @@ pub struct Tally {
     pub errors: usize,
     /// Planned units whose preflight found an error: the host cannot run them as they are.
     pub preflight_errors: usize,
+    /// Planned units whose host fetches pinned weights first, and the bytes still to fetch.
+    pub fetching: usize,
+    pub fetch_bytes: u64,
 }
 
 impl Tally {
@@ -71,6 +74,12 @@ impl Tally {
                     }
                     if has_errors(&p.preflight) {
                         t.preflight_errors += 1;
+                    }
+                    if let Some(crate::pinned::Holding::Fetch { bytes, resumed, .. }) =
+                        p.pinned.as_ref().map(|c| &c.holding)
+                    {
+                        t.fetching += 1;
+                        t.fetch_bytes += bytes - resumed;
                     }
                 }
             }

@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-/// Where pinned copies live on a host when the manifest does not say.
-pub const DEFAULT_ROOT: &str = "/var/lib/reconcile/weights";
+/// Where pinned copies live on a host when the manifest does not say: outside reconcile's state
+/// folder, which is root's alone (0700), since the server's user must reach its copy.
+pub const DEFAULT_ROOT: &str = "/var/lib/reconcile-weights";
 /// Revisions a host keeps of a model: the one it runs and the one before, to roll back to.
 pub const DEFAULT_KEEP: u32 = 2;
 /// Hosts that fetch at once when the manifest does not say.
@@ -51,9 +52,20 @@ pub struct PinnedModel {
     pub at_once: usize,
     /// Bytes a second each host may fetch; `None`: as fast as the link goes.
     pub rate: Option<u64>,
+    /// Hosts that hold the revision serve it to their peers while the rollout fetches
+    /// (`peers:`), so the source serves it once; `None`: every host fetches from the source.
+    pub peers: Option<Peers>,
     /// The revision's files as the lock file records them: set when the manifests are loaded
     /// (`None` only for `reconcile lock`, which writes them).
     pub locked: Option<LockedRevision>,
+}
+
+/// `peers:`: how hosts serve a revision they hold to the others during a fetch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peers {
+    /// The port a holding host serves its copy on (plain HTTP, read-only, for the fetch's
+    /// duration): weights are not secret, and every file is checked against the lock anyway.
+    pub port: u16,
 }
 
 impl PinnedModel {
@@ -446,7 +458,7 @@ impl CopyPlan {
                     String::new()
                 };
                 format!(
-                    "fetch {files} files, {} from {from} into {} before the old server stops{resumes}",
+                    "fetch {files} files, {} from {from} into {}, every file checked before the unit changes{resumes}",
                     human_bytes(*bytes),
                     self.dir
                 )
@@ -722,6 +734,7 @@ mod tests {
             root: DEFAULT_ROOT.into(),
             at_once: DEFAULT_AT_ONCE,
             rate: None,
+            peers: None,
             locked: None,
         }
     }
@@ -752,7 +765,7 @@ mod tests {
         let spec = hub();
         assert_eq!(
             spec.pinned_dir(),
-            "/var/lib/reconcile/weights/Qwen--Qwen3.5-122B-A10B/0123456789abcdef0123456789abcdef01234567"
+            "/var/lib/reconcile-weights/Qwen--Qwen3.5-122B-A10B/0123456789abcdef0123456789abcdef01234567"
         );
         assert_eq!(
             spec.fetch_base(),
@@ -769,7 +782,7 @@ mod tests {
         };
         assert_eq!(
             store.pinned_dir(),
-            "/var/lib/reconcile/weights/Qwen3.5-122B-A10B/2026-11-30"
+            "/var/lib/reconcile-weights/Qwen3.5-122B-A10B/2026-11-30"
         );
         assert_eq!(store.fetch_base(), "/shared/models/Qwen3.5-122B-A10B");
         assert_eq!(
@@ -860,7 +873,7 @@ mod tests {
         };
         assert_eq!(
             why,
-            "18.0 kB to fetch into /var/lib/reconcile/weights, 10.0 kB free there (kept to roll back to: ffffffffffff)"
+            "18.0 kB to fetch into /var/lib/reconcile-weights, 10.0 kB free there (kept to roll back to: ffffffffffff)"
         );
         let changed = HostCopy {
             present: true,

@@ -2,16 +2,24 @@
 //! to it at once, before the rollout's first stop, while the old servers serve. The hosts after
 //! the canary then find their copy verified at their turn instead of fetching in it, and a host
 //! whose fetch fails fails before any server stopped anywhere.
+//!
+//! With `peers:`, the hosts of one revision form a swarm (as Dragonfly and Kraken spread images):
+//! the source serves one host at a time, and every host that holds the revision, or has just
+//! fetched it, serves one peer at a time, so the hosts that can serve double as the fetch goes on
+//! and the source serves the revision about once. A peer is no more trusted than the source:
+//! every file is checked against the lock, and a peer whose copy fails is not asked again.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use reconcile_core::pinned::Fetched;
+use reconcile_core::pinned::{Fetched, Holding, PinnedModel};
+use tokio::sync::Notify;
 
 use super::error::ApplyError;
 use super::{ApplyOptions, Report, UnitReport};
 use crate::fleet;
-use crate::pinned;
+use crate::pinned::{self, PinnedError, Seeder};
 use crate::remote::{error_chain, Host, SshOptions};
 use crate::targets::Target;
 
@@ -19,6 +27,8 @@ use crate::targets::Target;
 #[derive(Default)]
 pub(super) struct Ahead {
     pub fetched: HashMap<(String, String), Fetched>,
+    /// The peer each unit's copy came from, when not from the source.
+    pub peer: HashMap<(String, String), String>,
     /// The units whose host could not bring its copy, and why.
     pub failed: HashMap<(String, String), String>,
 }
@@ -51,8 +61,13 @@ impl Ahead {
     /// Gives each report the figures of its host's fetch.
     pub fn attach(&self, reports: &mut [UnitReport]) {
         for r in reports {
-            if let Some(f) = self.fetched.get(&(r.host.clone(), r.unit.clone())) {
-                r.notes.insert(0, pinned::fetched_note(f));
+            let key = (r.host.clone(), r.unit.clone());
+            if let Some(f) = self.fetched.get(&key) {
+                let mut note = pinned::fetched_note(f);
+                if let Some(peer) = self.peer.get(&key) {
+                    note.push_str(&format!("; from {peer}, a peer that held the revision"));
+                }
+                r.notes.insert(0, note);
                 r.fetch = Some(f.clone());
             }
         }
@@ -85,6 +100,7 @@ pub(super) async fn fetch_ahead(
         .unwrap_or(1);
     let mut hosts: Vec<(String, Vec<Target>)> = by_host.into_iter().collect();
     hosts.sort_by(|a, b| a.0.cmp(&b.0));
+    let swarms = Swarms::of(targets);
     let results = fleet::each_host(
         hosts,
         ssh,
@@ -104,12 +120,19 @@ pub(super) async fn fetch_ahead(
                 });
                 let token = t.desired.model.env.get("HF_TOKEN").map(String::as_str);
                 let python = &t.manifest.sglang.python;
-                let result =
-                    pinned::ensure(host, python, spec, token, bar.as_ref(), &options.cancel).await;
+                let (result, peer) = match swarms.of_spec(spec) {
+                    Some(swarm) => swarm.fetch(host, t, spec, bar.as_ref(), options).await,
+                    None => (
+                        pinned::ensure(host, python, spec, token, bar.as_ref(), &options.cancel)
+                            .await,
+                        None,
+                    ),
+                };
                 if let Some(bar) = bar {
                     bar.finish_and_clear();
                 }
-                done.push((t.desired.unit.clone(), result.map_err(|e| error_chain(&e))));
+                let result = result.map_err(|e| error_chain(&e));
+                done.push((t.desired.unit.clone(), result, peer));
             }
             (visit.name.to_string(), done)
         },
@@ -117,14 +140,18 @@ pub(super) async fn fetch_ahead(
             let why = error_chain(&e);
             let done = targets
                 .iter()
-                .map(|t| (t.desired.unit.clone(), Err(why.clone())))
+                .map(|t| (t.desired.unit.clone(), Err(why.clone()), None))
                 .collect();
             (visit.name.to_string(), done)
         },
     )
     .await;
+    swarms.stop(ssh).await;
     for (host, units) in results {
-        for (unit, result) in units {
+        for (unit, result, peer) in units {
+            if let Some(peer) = peer {
+                ahead.peer.insert((host.clone(), unit.clone()), peer);
+            }
             match result {
                 Ok(Some(fetched)) => {
                     ahead.fetched.insert((host.clone(), unit), fetched);
@@ -146,4 +173,213 @@ fn bar_style() -> ProgressStyle {
     )
     .unwrap_or_else(|_| ProgressStyle::default_bar())
     .progress_chars("=> ")
+}
+
+/// The swarms of a rollout's fetch: one per revision whose manifest asks for `peers:`.
+struct Swarms {
+    by_revision: HashMap<(String, String), Swarm>,
+}
+
+impl Swarms {
+    fn of(targets: &[Target]) -> Swarms {
+        let mut by_revision = HashMap::new();
+        for spec in targets
+            .iter()
+            .filter_map(|t| t.manifest.sglang.pinned.as_ref())
+        {
+            if let Some(peers) = &spec.peers {
+                by_revision
+                    .entry((spec.lock_source(), spec.revision.clone()))
+                    .or_insert_with(|| Swarm::new(spec.fetch_base(), peers.port));
+            }
+        }
+        Swarms { by_revision }
+    }
+
+    fn of_spec(&self, spec: &PinnedModel) -> Option<&Swarm> {
+        self.by_revision
+            .get(&(spec.lock_source(), spec.revision.clone()))
+    }
+
+    /// Stops every host's serving, once every fetch is done.
+    async fn stop(&self, ssh: &SshOptions) {
+        let mut by_host: HashMap<String, Vec<String>> = HashMap::new();
+        for swarm in self.by_revision.values() {
+            for peer in swarm
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .peers
+                .iter()
+            {
+                by_host
+                    .entry(peer.seeder.host.clone())
+                    .or_default()
+                    .push(peer.seeder.unit.clone());
+            }
+        }
+        fleet::each_host(
+            by_host,
+            ssh,
+            32,
+            fleet::no_span,
+            async |host: &dyn Host, _: &fleet::Visit<'_>, units: Vec<String>| {
+                for unit in units {
+                    // A service left behind stops by itself (`RuntimeMaxSec=`).
+                    let _ = pinned::unseed(host, &unit).await;
+                }
+            },
+            |_, _, _| (),
+        )
+        .await;
+    }
+}
+
+/// The hosts that can serve one revision, and who serves whom now.
+struct Swarm {
+    state: Mutex<SwarmState>,
+    changed: Notify,
+    port: u16,
+}
+
+struct SwarmState {
+    /// The revision's own source (the hub), which serves one host at a time.
+    source: String,
+    source_busy: bool,
+    peers: Vec<Peer>,
+}
+
+struct Peer {
+    seeder: Seeder,
+    busy: bool,
+    /// Its copy failed a fetch: not asked again.
+    failed: bool,
+}
+
+/// Who serves one fetch.
+enum Slot {
+    Source,
+    Peer(usize),
+}
+
+impl Swarm {
+    fn new(source: String, port: u16) -> Swarm {
+        Swarm {
+            state: Mutex::new(SwarmState {
+                source,
+                source_busy: false,
+                peers: Vec::new(),
+            }),
+            changed: Notify::new(),
+            port,
+        }
+    }
+
+    /// A free server for one fetch: a peer, or the source while no peer serves; waits until one
+    /// is free.
+    async fn take(&self) -> (Slot, String, Option<String>) {
+        loop {
+            // Made before the state is read, so a release between the two is not missed.
+            let notified = self.changed.notified();
+            {
+                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(i) = state.peers.iter().position(|p| !p.busy && !p.failed) {
+                    state.peers[i].busy = true;
+                    let seeder = &state.peers[i].seeder;
+                    return (Slot::Peer(i), seeder.url.clone(), Some(seeder.host.clone()));
+                }
+                // The source serves only while no peer can: the revision crosses its link once.
+                let peers_serve = state.peers.iter().any(|p| !p.failed);
+                if !peers_serve && !state.source_busy {
+                    state.source_busy = true;
+                    return (Slot::Source, state.source.clone(), None);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    fn give_back(&self, slot: Slot, failed: bool) {
+        {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            match slot {
+                Slot::Source => state.source_busy = false,
+                Slot::Peer(i) => {
+                    state.peers[i].busy = false;
+                    state.peers[i].failed |= failed;
+                }
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// `host` serves its verified copy from now on; a host that cannot serve still has its copy.
+    async fn serve(&self, host: &dyn Host, python: &str, spec: &PinnedModel) {
+        if let Ok(seeder) = pinned::seed(host, python, spec, self.port).await {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.peers.push(Peer {
+                seeder,
+                busy: false,
+                failed: false,
+            });
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// `host`'s copy of `spec`'s revision, from a peer or the source, then served to the others.
+    /// Returns the peer it came from, when it came from one.
+    async fn fetch(
+        &self,
+        host: &dyn Host,
+        t: &Target,
+        spec: &PinnedModel,
+        bar: Option<&ProgressBar>,
+        options: &ApplyOptions,
+    ) -> (Result<Option<Fetched>, PinnedError>, Option<String>) {
+        let python = &t.manifest.sglang.python;
+        let planned = match pinned::plan(host, python, spec).await {
+            Ok(planned) => planned,
+            Err(e) => return (Err(e), None),
+        };
+        match planned.holding {
+            Holding::Verified => {
+                self.serve(host, python, spec).await;
+                return (Ok(None), None);
+            }
+            Holding::Refused { why } => {
+                let host = host.name().to_string();
+                return (Err(PinnedError::Refused { host, why }), None);
+            }
+            Holding::Fetch { .. } => {}
+        }
+        loop {
+            let (slot, url, peer) = tokio::select! {
+                taken = self.take() => taken,
+                () = options.cancel.cancelled() => {
+                    let why = "a signal stopped the apply before its turn to fetch".to_string();
+                    return (Err(PinnedError::Interrupted { host: host.name().to_string(), why }), None);
+                }
+            };
+            // The hub's token goes to the hub alone, never to a peer.
+            let token = match slot {
+                Slot::Source => t.desired.model.env.get("HF_TOKEN").map(String::as_str),
+                Slot::Peer(_) => None,
+            };
+            let result = pinned::fetch(host, python, spec, &url, token, bar, &options.cancel).await;
+            let from_peer = matches!(slot, Slot::Peer(_));
+            let interrupted = matches!(result, Err(PinnedError::Interrupted { .. }));
+            // Serving before the slot is given back: a host waiting for it finds a peer, not
+            // the source free again.
+            if result.is_ok() {
+                self.serve(host, python, spec).await;
+            }
+            self.give_back(slot, result.is_err() && !interrupted);
+            match result {
+                Ok(fetched) => return (Ok(Some(fetched)), peer),
+                // Another peer, or the source, serves it instead.
+                Err(_) if from_peer && !interrupted => continue,
+                Err(e) => return (Err(e), None),
+            }
+        }
+    }
 }

@@ -29,9 +29,10 @@ const LOOK_LIMIT: Duration = Duration::from_secs(60);
 const TRANSFER_LIMIT: Duration = Duration::from_secs(24 * 3600);
 /// How often a fetch's progress is read.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-/// How long a fetch waits for one that its controller left (its script notices within a chunk's
-/// time that nobody waits for it, and lets go).
-const BUSY_WAIT: Duration = Duration::from_secs(20);
+/// How long a fetch waits for another fetch of the same revision that makes no progress (one
+/// whose controller went away notices within a chunk's time that nobody waits for it, and lets
+/// go; one that still makes progress is waited for as long as it does).
+const BUSY_WAIT: Duration = Duration::from_secs(60);
 
 /// Why a host's weights could not be looked at, fetched or kept.
 #[derive(Debug, thiserror::Error)]
@@ -198,25 +199,30 @@ pub async fn ensure(
             host: host.name().to_string(),
             why,
         }),
-        Holding::Fetch { .. } => fetch(host, python, spec, token, bar, cancel)
-            .await
-            .map(Some),
+        Holding::Fetch { .. } => {
+            let from = spec.fetch_base();
+            fetch(host, python, spec, &from, token, bar, cancel)
+                .await
+                .map(Some)
+        }
     }
 }
 
-/// Fetches `spec`'s revision to `host`, every file's hash checked, the copy made whole by one
-/// rename. `bar` shows bytes, rate and ETA, read from the script's progress file each second.
+/// Fetches `spec`'s revision to `host` from `from` (the source's base, or a peer's), every
+/// file's hash checked, the copy made whole by one rename. `bar` shows bytes, rate and ETA, read
+/// from the script's progress file each second.
 pub async fn fetch(
     host: &dyn Host,
     python: &str,
     spec: &PinnedModel,
+    from: &str,
     token: Option<&str>,
     bar: Option<&ProgressBar>,
     cancel: &CancellationToken,
 ) -> Result<Fetched, PinnedError> {
     let files = spec.files();
     let request = json!({
-        "source": spec.fetch_base(),
+        "source": from,
         "token": token,
         "rate": spec.rate.unwrap_or(0),
         "files": listing(&files),
@@ -225,7 +231,8 @@ pub async fn fetch(
     if let Some(bar) = bar {
         bar.set_length(LockedRevision::bytes(&files));
     }
-    let started = Instant::now();
+    // The other fetch's progress, and when it last moved.
+    let mut other = (None, Instant::now());
     loop {
         let fetching = run(host, python, spec, "fetch", &request, TRANSFER_LIMIT);
         let out = tokio::select! {
@@ -243,8 +250,12 @@ pub async fn fetch(
             Err(PinnedError::Fetch {
                 failure: FetchFailure::Busy,
                 ..
-            }) if started.elapsed() < BUSY_WAIT => {
+            }) if other.1.elapsed() < BUSY_WAIT => {
                 tokio::time::sleep(PROGRESS_EVERY).await;
+                let done = progress(host, spec).await.map(|p| p.done);
+                if done != other.0 {
+                    other = (done, Instant::now());
+                }
             }
             result => {
                 if let (Ok(fetched), Some(bar)) = (&result, bar) {
@@ -261,23 +272,27 @@ async fn watch(host: &dyn Host, spec: &PinnedModel, bar: Option<&ProgressBar>) {
     let Some(bar) = bar else {
         return std::future::pending().await;
     };
+    loop {
+        tokio::time::sleep(PROGRESS_EVERY).await;
+        if let Some(p) = progress(host, spec).await {
+            bar.set_position(p.done);
+        }
+    }
+}
+
+/// A running fetch's progress file, when there is one that reads.
+async fn progress(host: &dyn Host, spec: &PinnedModel) -> Option<FetchProgress> {
     let file = format!(
         "{}/{}/.{}.progress",
         spec.root.trim_end_matches('/'),
         spec.key(),
         spec.revision
     );
-    loop {
-        tokio::time::sleep(PROGRESS_EVERY).await;
-        if let Ok(out) = host
-            .run_within(&["cat", "--", &file], None, LOOK_LIMIT)
-            .await
-        {
-            if let Ok(p) = serde_json::from_str::<FetchProgress>(out.stdout.trim()) {
-                bar.set_position(p.done);
-            }
-        }
-    }
+    let out = host
+        .run_within(&["cat", "--", &file], None, LOOK_LIMIT)
+        .await
+        .ok()?;
+    serde_json::from_str(out.stdout.trim()).ok()
 }
 
 /// The report's note for a fetch: bytes, time and rate.
@@ -293,6 +308,99 @@ pub fn fetched_note(f: &Fetched) -> String {
         f.seconds,
         human_bytes(f.rate() as u64)
     )
+}
+
+/// A host serving its verified copy of a revision to its peers (`peers:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seeder {
+    pub host: String,
+    /// The transient service that serves it.
+    pub unit: String,
+    /// The base URL peers fetch the files from.
+    pub url: String,
+}
+
+/// Starts serving `host`'s verified copy of `spec`'s revision to its peers on `port`: Python's
+/// own `http.server` (the standard library, `-I -S`) as a transient service of a user of its own
+/// (`DynamicUser=`), read-only, bound to the host's first address, stopped by [`unseed`] or after
+/// six hours whatever happens to this run.
+pub async fn seed(
+    host: &dyn Host,
+    python: &str,
+    spec: &PinnedModel,
+    port: u16,
+) -> Result<Seeder, PinnedError> {
+    let addresses = host.run_ok(&["hostname", "-I"]).await?;
+    let address = addresses
+        .split_whitespace()
+        .next()
+        .ok_or_else(|| PinnedError::Answer {
+            host: host.name().to_string(),
+            status: 0,
+            why: "`hostname -I` lists no address to serve peers on".into(),
+        })?
+        .to_string();
+    // Named by its port: one left on the port by a run that died, whatever it served, is
+    // replaced.
+    let unit = format!("reconcile-seed-{port}.service");
+    let _ = host.run(&["systemctl", "stop", "--", &unit]).await;
+    let _ = host.run(&["systemctl", "reset-failed", "--", &unit]).await;
+    let dir = spec.pinned_dir();
+    let port_text = port.to_string();
+    let argv = [
+        "systemd-run",
+        "--quiet",
+        "--collect",
+        "--service-type=exec",
+        "--unit",
+        &unit,
+        "-p",
+        "DynamicUser=yes",
+        "-p",
+        "ProtectSystem=strict",
+        "-p",
+        "ProtectHome=yes",
+        "-p",
+        "PrivateTmp=yes",
+        "-p",
+        "NoNewPrivileges=yes",
+        "-p",
+        "RuntimeMaxSec=6h",
+        "--",
+        python,
+        "-I",
+        "-S",
+        "-m",
+        "http.server",
+        "--bind",
+        &address,
+        "--directory",
+        &dir,
+        &port_text,
+    ];
+    host.run_ok(&argv).await?;
+    // Told to peers only once it listens: a peer that refuses a connection is not asked again.
+    host.run_ok(&["sh", "-c", LISTENING, "sh", &port_text])
+        .await?;
+    let shown = if address.contains(':') {
+        format!("[{address}]")
+    } else {
+        address
+    };
+    Ok(Seeder {
+        host: host.name().to_string(),
+        unit,
+        url: format!("http://{shown}:{port}"),
+    })
+}
+
+/// Waits up to 5 s for a TCP listener on port `$1`.
+const LISTENING: &str = r#"for _ in $(seq 50); do ss -Hltn "sport = :$1" | grep -q . && exit 0; sleep 0.1; done; echo "nothing listens on port $1" >&2; exit 1"#;
+
+/// Stops a [`seed`]ed copy's service.
+pub async fn unseed(host: &dyn Host, unit: &str) -> Result<(), PinnedError> {
+    host.run_ok(&["systemctl", "stop", "--", unit]).await?;
+    Ok(())
 }
 
 /// Once the revision is confirmed: marks it used, and removes the revisions `keep` no longer

@@ -260,6 +260,15 @@ fn tally_line(t: &Tally) -> String {
     if t.preflight_errors > 0 {
         line.push_str(&format!(", {} failed preflight", t.preflight_errors));
     }
+    // Only where the manifests pin weights that hosts lack: the line stays as it was elsewhere.
+    if t.fetching > 0 {
+        line.push_str(&format!(
+            "; {} of pinned weights to fetch first ({} unit{})",
+            reconcile_core::pinned::human_bytes(t.fetch_bytes),
+            t.fetching,
+            if t.fetching == 1 { "" } else { "s" }
+        ));
+    }
     line
 }
 

@@ -64,6 +64,16 @@ impl Hub {
         repo
     }
 
+    /// How many times the hub served `path` of `repo` at `revision` (its access log).
+    pub fn served(&self, repo: &Repo, revision: &str, path: &str) -> usize {
+        let log = std::fs::read_to_string(self.root.join("olah.log")).unwrap_or_default();
+        let line = format!(
+            "\"GET /{}/resolve/{revision}/{path} HTTP/1.1\" 200",
+            repo.id
+        );
+        log.lines().filter(|l| l.contains(&line)).count()
+    }
+
     /// The hub's own venv, whose `huggingface_hub` is the hub's client.
     pub fn venv(&self) -> PathBuf {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hostlab/hub/install.sh");

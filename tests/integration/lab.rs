@@ -386,8 +386,9 @@ pub const HUB_LEASE: Lease = Lease {
 pub const PINNED: Lease = Lease {
     user: "pinned.rs",
     hosts: &["rl43", "rl44", "rl45"],
-    ports: 39201..39205,
-    gpus: 0..8,
+    // 39201-39205 servers (a GPU pair each), 39209 the peers' serving port.
+    ports: 39201..39210,
+    gpus: 0..10,
 };
 pub const EXPERIMENT_REAL: &str = EXPERIMENT_REAL_LEASE.host();
 

@@ -2,7 +2,8 @@
 //! (olah serving local git repositories offline, `hub.rs`): a revision locked, planned, fetched
 //! before the stop and verified, then fetched never again; a fetch killed with its apply and
 //! resumed by the next; a file whose bytes are not the lock's refused before anything stopped; a
-//! revision that fails rolled back to the one kept, which `keep` keeps while the failed one goes.
+//! revision that fails rolled back to the one kept, which `keep` keeps while the failed one goes;
+//! three hosts that serve each other (`peers:`), the hub serving the revision once.
 
 use serde_json::Value as Json;
 use serde_yaml::Value;
@@ -11,7 +12,7 @@ use crate::builder::{map, STAND_IN_VERIFY};
 use crate::hub::{hub, safetensors, sha256, Repo};
 use crate::lab::{lab, manifest, Manifest, Reconcile, PINNED};
 
-const ROOT: &str = "/var/lib/reconcile/weights";
+const ROOT: &str = "/var/lib/reconcile-weights";
 const CONFIG: &[u8] = br#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64}"#;
 const TOKENIZER: &[u8] = br#"{"model": {"type": "BPE"}}"#;
 
@@ -175,6 +176,10 @@ fn a_pinned_revision_is_locked_fetched_and_verified_before_the_stop_and_then_fet
     assert_eq!(
         modes, "755 root\n644 root\n",
         "the server's user reads it; only root writes"
+    );
+    lab().sh(
+        host,
+        &format!("runuser -u nobody -- cat {dir}/model.safetensors > /dev/null"),
     );
 
     // Present and verified: the next plan changes nothing, and the next apply fetches nothing.
@@ -442,4 +447,75 @@ fn a_revision_that_fails_is_rolled_back_to_the_kept_one_and_keep_lets_the_failed
     expected.sort();
     assert_eq!(held, expected);
     lab().remove_unit(host, unit);
+}
+
+#[test]
+#[ignore = "needs the test hosts: tests/run.sh"]
+fn peers_serve_each_other_so_the_hub_serves_a_revision_once_for_three_hosts() {
+    let hosts = PINNED.hosts;
+    let unit = "t-pinned-peers.service";
+    for host in hosts {
+        lab().sh(host, &format!("rm -rf {ROOT}/labs--pinned-peers"));
+    }
+    let repo = hub().repo("pinned-peers");
+    let shard = safetensors(512 * 1024, 5);
+    repo.file("config.json", CONFIG)
+        .file("tokenizer.json", TOKENIZER)
+        .lfs("model.safetensors", &shard);
+    let revision = repo.commit("first");
+    let model = pin(
+        &repo,
+        &revision,
+        &[("peers", map([("port", Value::from(39209))]))],
+    );
+    let m = manifest("t-pinned-peers", hosts)
+        .port(39205)
+        .pinned_model(model)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", PINNED.gpu_pair(39205))
+        .env("FAKE_SGLANG_GPU_COUNT", "64")
+        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
+        .verify_all(&STAND_IN_VERIFY);
+    let run = Reconcile::new().manifest("a.yaml", m);
+    lock(&run);
+    let ran = run.run_args(&["apply", "--format", "json"]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let json = ran.json();
+    let units = json["units"].as_array().unwrap();
+    assert_eq!(units.len(), 3, "{json:#}");
+    let mut from_peers = 0;
+    for report in units {
+        assert_eq!(report["outcome"], "converged", "{report:#}");
+        assert_eq!(
+            report["fetch"]["fetched"].as_u64().unwrap() as usize,
+            shard.len() + CONFIG.len() + TOKENIZER.len(),
+            "{report:#}"
+        );
+        if report["notes"]
+            .to_string()
+            .contains("a peer that held the revision")
+        {
+            from_peers += 1;
+        }
+    }
+    assert_eq!(
+        from_peers, 2,
+        "one host from the hub, two from peers: {json:#}"
+    );
+    assert_eq!(hub().served(&repo, &revision, "model.safetensors"), 1);
+    for host in hosts {
+        let dir = pinned_dir(&repo, &revision);
+        let on_host = lab().sh(
+            host,
+            &format!("sha256sum {dir}/model.safetensors | cut -c1-64"),
+        );
+        assert_eq!(on_host.trim(), sha256(&shard), "{host}");
+        // Nothing serves the copy once the fetch is over.
+        let serving = lab().sh(
+            host,
+            "systemctl list-units --no-legend 'reconcile-seed-*' | wc -l",
+        );
+        assert_eq!(serving.trim(), "0", "{host}");
+        lab().remove_unit(host, unit);
+    }
 }

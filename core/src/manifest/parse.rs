@@ -210,13 +210,25 @@ struct RawModel {
     keep: Option<i64>,
     /// Glob patterns of the files to fetch (`*.safetensors`, `original/`); all by default.
     include: Option<Vec<String>>,
-    /// Where the pinned copies live on each host (`/var/lib/reconcile/weights`).
+    /// Where the pinned copies live on each host (`/var/lib/reconcile-weights`).
     root: Option<String>,
     /// Hosts that fetch at once (4).
     #[schemars(range(min = 1))]
     at_once: Option<i64>,
     /// Bytes a second each host may fetch (`100MB`); unlimited by default.
     rate: Option<Size>,
+    /// Hosts that hold the revision serve it to the others while the rollout fetches, on this
+    /// port (plain HTTP, read-only, while the fetch lasts): the hub serves it once. Off by
+    /// default.
+    peers: Option<RawPeers>,
+}
+
+/// `sglang.model.peers:`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RawPeers {
+    #[schemars(range(min = 1, max = 65535))]
+    port: i64,
 }
 
 impl RawModel {
@@ -248,6 +260,10 @@ impl RawModel {
                 .at_once
                 .map_or(pinned::DEFAULT_AT_ONCE, |n| usize::try_from(n).unwrap_or(0)),
             rate: self.rate.map(|r| r.0),
+            // Out-of-range ports are `validate`'s errors, with their position; 0 never validates.
+            peers: self.peers.map(|p| pinned::Peers {
+                port: u16::try_from(p.port).unwrap_or(0),
+            }),
             locked: None,
         }
     }

@@ -398,6 +398,25 @@ impl Checker<'_> {
         if w.at_once == 0 {
             self.fail(&at("at_once"), "at least 1 host must fetch at once");
         }
+        if let Some(peers) = &w.peers {
+            if peers.port == 0 {
+                self.fail(
+                    &[
+                        Seg::Key("sglang"),
+                        Seg::Key("model"),
+                        Seg::Key("peers"),
+                        Seg::Key("port"),
+                    ],
+                    "port must be between 1 and 65535",
+                );
+            }
+            if matches!(w.source, Source::Store { .. }) {
+                self.fail(
+                    &at("peers"),
+                    "every host reads a store itself: peers serve a hub revision to each other",
+                );
+            }
+        }
         if w.rate == Some(0) {
             self.fail(
                 &at("rate"),
@@ -997,7 +1016,7 @@ mod tests {
         let m = parse("m.yaml", PINNED).unwrap();
         assert_eq!(
             m.sglang.model_path,
-            "/var/lib/reconcile/weights/Qwen--Qwen3.5-122B-A10B/0123456789abcdef0123456789abcdef01234567"
+            "/var/lib/reconcile-weights/Qwen--Qwen3.5-122B-A10B/0123456789abcdef0123456789abcdef01234567"
         );
         assert_eq!(m.model_id(), "Qwen/Qwen3.5-122B-A10B");
         let w = m.sglang.pinned.unwrap();
@@ -1042,7 +1061,7 @@ mod tests {
         assert_eq!(m.model_id(), "/shared/models/Qwen3.5-122B-A10B");
         assert_eq!(
             m.sglang.model_path,
-            "/var/lib/reconcile/weights/Qwen3.5-122B-A10B/2026-11-30"
+            "/var/lib/reconcile-weights/Qwen3.5-122B-A10B/2026-11-30"
         );
     }
 

@@ -25,7 +25,7 @@ fn the_real_server_loads_and_serves_a_revision_fetched_from_the_hub() {
     let _slot = slots(1);
     let host = HOSTS[1];
     let model = tier_on_this_machine().join("tiny-model");
-    lab().sh(host, "rm -rf /var/lib/reconcile/weights/labs--tiny-real");
+    lab().sh(host, "rm -rf /var/lib/reconcile-weights/labs--tiny-real");
     let repo = hub().repo("tiny-real");
     let mut files = Vec::new();
     for entry in std::fs::read_dir(&model).unwrap() {
@@ -60,7 +60,7 @@ fn the_real_server_loads_and_serves_a_revision_fetched_from_the_hub() {
     assert_eq!(report["fetch"]["fetched"], total as u64, "{report:#}");
 
     // The real server runs from the pinned copy, whose files are the tier's, byte for byte.
-    let dir = format!("/var/lib/reconcile/weights/labs--tiny-real/{revision}");
+    let dir = format!("/var/lib/reconcile-weights/labs--tiny-real/{revision}");
     assert!(
         service.unit_file().contains(&format!("--model-path {dir}")),
         "{}",
