@@ -18,7 +18,8 @@ import tempfile
 import time
 
 SSH_CONFIG, BIN, SIZE_MB = sys.argv[1], sys.argv[2], int(sys.argv[3])
-COUNTS = [int(n) for n in sys.argv[4:]]
+# Ascending: each run's hosts are the last run's and more, so no host's unit is left behind.
+COUNTS = sorted(int(n) for n in sys.argv[4:])
 LINK_MBIT = int(os.environ.get("LINK_MBIT", "100"))
 REPEATS = int(os.environ.get("REPEATS", "5"))
 HUB_NS, ENDPOINT = "fb1", "http://10.218.1.2:8090"
@@ -178,7 +179,8 @@ for run, n in enumerate(COUNTS, start=1):
     reconcile(d, "lock")
     p, wall = reconcile(d, "apply", "--format", "json", "--ssh-config", SSH_CONFIG)
     units = json.loads(p.stdout)["units"]
-    assert len(units) == n and all(u["outcome"] == "converged" and u.get("fetch") for u in units), p.stdout
+    converged = all(u["outcome"] == "converged" and u.get("fetch") for u in units)
+    assert len(units) == n and converged, p.stdout
     seconds = max(u["fetch"]["seconds"] for u in units)
     fetched = sum(u["fetch"]["fetched"] for u in units)
     per_host = sorted(u["fetch"]["fetched"] / u["fetch"]["seconds"] / MB for u in units)

@@ -174,7 +174,7 @@ run 0 "0: shown" "1: error" -- reconcile history sglang-qwen --host gpu-a
 
 step "The weights pinned by revision: locked, then fetched to every host and verified before its server stops"
 printf '$ git revert --no-edit HEAD   # the 0.93 change goes\n'
-git revert -q --no-edit HEAD
+git revert --no-edit HEAD >/dev/null
 # The share's folder could change under the servers; pinned, each host runs a copy of its own,
 # every file's sha256 checked against reconcile.lock (written by `reconcile lock`, committed).
 edit 's|^  model_path: /shared/models/Qwen3.5-122B-A10B$|  model:                               # pinned: reconcile.lock holds the hashes\n    store: /shared/models/Qwen3.5-122B-A10B\n    revision: 2026-11-30|'

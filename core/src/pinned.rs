@@ -568,6 +568,64 @@ pub fn removals(spec: &PinnedModel, copy: &HostCopy) -> Vec<String> {
     remove
 }
 
+/// Who serves the hosts fetching one revision with `peers:` (a swarm, as Dragonfly and Kraken
+/// spread images): the source serves one host at a time and only while no peer can serve, so
+/// the revision crosses the source's link once; each peer (a host that holds the revision)
+/// serves one host at a time; a peer whose copy failed a fetch is never asked again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Swarm {
+    source_busy: bool,
+    /// Each peer's (busy, failed).
+    peers: Vec<(bool, bool)>,
+}
+
+/// Who serves one fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Server {
+    Source,
+    /// The peer of that index, in the order [`Swarm::join`] numbered them.
+    Peer(usize),
+}
+
+impl Swarm {
+    /// A server for one fetch, or `None` when the fetch must wait for one to be free.
+    pub fn take(&mut self) -> Option<Server> {
+        if let Some(i) = self
+            .peers
+            .iter()
+            .position(|&(busy, failed)| !busy && !failed)
+        {
+            self.peers[i].0 = true;
+            return Some(Server::Peer(i));
+        }
+        let peers_serve = self.peers.iter().any(|&(_, failed)| !failed);
+        if peers_serve || self.source_busy {
+            return None;
+        }
+        self.source_busy = true;
+        Some(Server::Source)
+    }
+
+    /// A fetch from `server` ended; `failed`: the server's copy or link failed it.
+    pub fn done(&mut self, server: Server, failed: bool) {
+        match server {
+            Server::Source => self.source_busy = false,
+            Server::Peer(i) => {
+                if let Some(peer) = self.peers.get_mut(i) {
+                    peer.0 = false;
+                    peer.1 |= failed;
+                }
+            }
+        }
+    }
+
+    /// A host that holds the revision serves from now on; returns its index.
+    pub fn join(&mut self) -> usize {
+        self.peers.push((false, false));
+        self.peers.len() - 1
+    }
+}
+
 /// Fetch progress, as the host script writes it.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 pub struct FetchProgress {
@@ -973,6 +1031,32 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn a_swarm_asks_the_source_once_then_only_peers_and_never_a_peer_that_failed() {
+        let mut swarm = Swarm::default();
+        // Three hosts fetch: the source serves the first; the others wait for a peer.
+        assert_eq!(swarm.take(), Some(Server::Source));
+        assert_eq!(swarm.take(), None);
+        // The first host holds it now and serves before the source is free again.
+        let first = swarm.join();
+        swarm.done(Server::Source, false);
+        assert_eq!(swarm.take(), Some(Server::Peer(first)));
+        assert_eq!(
+            swarm.take(),
+            None,
+            "the source stays unasked while a peer can serve"
+        );
+        let second = swarm.join();
+        assert_eq!(swarm.take(), Some(Server::Peer(second)));
+        // A peer whose copy failed is not asked again; with none left, the source is.
+        swarm.done(Server::Peer(first), true);
+        swarm.done(Server::Peer(second), true);
+        assert_eq!(swarm.take(), Some(Server::Source));
+        swarm.done(Server::Source, false);
+        let third = swarm.join();
+        assert_eq!(swarm.take(), Some(Server::Peer(third)));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use reconcile_core::pinned::{Fetched, Holding, PinnedModel};
+use reconcile_core::pinned::{Fetched, Holding, PinnedModel, Server};
 use tokio::sync::Notify;
 
 use super::error::ApplyError;
@@ -205,17 +205,11 @@ impl Swarms {
     async fn stop(&self, ssh: &SshOptions) {
         let mut by_host: HashMap<String, Vec<String>> = HashMap::new();
         for swarm in self.by_revision.values() {
-            for peer in swarm
-                .state
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .peers
-                .iter()
-            {
+            for seeder in swarm.state().seeders.iter() {
                 by_host
-                    .entry(peer.seeder.host.clone())
+                    .entry(seeder.host.clone())
                     .or_default()
-                    .push(peer.seeder.unit.clone());
+                    .push(seeder.unit.clone());
             }
         }
         fleet::each_host(
@@ -235,7 +229,8 @@ impl Swarms {
     }
 }
 
-/// The hosts that can serve one revision, and who serves whom now.
+/// The hosts that can serve one revision, and who serves whom now: the core's [`Swarm`]
+/// decides; this holds it across the hosts' tasks and wakes those waiting for a server.
 struct Swarm {
     state: Mutex<SwarmState>,
     changed: Notify,
@@ -243,23 +238,11 @@ struct Swarm {
 }
 
 struct SwarmState {
-    /// The revision's own source (the hub), which serves one host at a time.
+    /// The revision's own source (the hub).
     source: String,
-    source_busy: bool,
-    peers: Vec<Peer>,
-}
-
-struct Peer {
-    seeder: Seeder,
-    busy: bool,
-    /// Its copy failed a fetch: not asked again.
-    failed: bool,
-}
-
-/// Who serves one fetch.
-enum Slot {
-    Source,
-    Peer(usize),
+    decide: reconcile_core::pinned::Swarm,
+    /// The serving hosts, in the order the core numbers its peers.
+    seeders: Vec<Seeder>,
 }
 
 impl Swarm {
@@ -267,61 +250,54 @@ impl Swarm {
         Swarm {
             state: Mutex::new(SwarmState {
                 source,
-                source_busy: false,
-                peers: Vec::new(),
+                decide: Default::default(),
+                seeders: Vec::new(),
             }),
             changed: Notify::new(),
             port,
         }
     }
 
-    /// A free server for one fetch: a peer, or the source while no peer serves; waits until one
-    /// is free.
-    async fn take(&self) -> (Slot, String, Option<String>) {
+    fn state(&self) -> std::sync::MutexGuard<'_, SwarmState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A server for one fetch (its URL, and the peer's name when it is one); waits until one is
+    /// free.
+    async fn take(&self) -> (Server, String, Option<String>) {
         loop {
             // Made before the state is read, so a release between the two is not missed.
             let notified = self.changed.notified();
             {
-                let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(i) = state.peers.iter().position(|p| !p.busy && !p.failed) {
-                    state.peers[i].busy = true;
-                    let seeder = &state.peers[i].seeder;
-                    return (Slot::Peer(i), seeder.url.clone(), Some(seeder.host.clone()));
-                }
-                // The source serves only while no peer can: the revision crosses its link once.
-                let peers_serve = state.peers.iter().any(|p| !p.failed);
-                if !peers_serve && !state.source_busy {
-                    state.source_busy = true;
-                    return (Slot::Source, state.source.clone(), None);
+                let mut state = self.state();
+                match state.decide.take() {
+                    Some(Server::Source) => return (Server::Source, state.source.clone(), None),
+                    Some(Server::Peer(i)) => {
+                        let seeder = &state.seeders[i];
+                        return (
+                            Server::Peer(i),
+                            seeder.url.clone(),
+                            Some(seeder.host.clone()),
+                        );
+                    }
+                    None => {}
                 }
             }
             notified.await;
         }
     }
 
-    fn give_back(&self, slot: Slot, failed: bool) {
-        {
-            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            match slot {
-                Slot::Source => state.source_busy = false,
-                Slot::Peer(i) => {
-                    state.peers[i].busy = false;
-                    state.peers[i].failed |= failed;
-                }
-            }
-        }
+    fn give_back(&self, server: Server, failed: bool) {
+        self.state().decide.done(server, failed);
         self.changed.notify_waiters();
     }
 
     /// `host` serves its verified copy from now on; a host that cannot serve still has its copy.
     async fn serve(&self, host: &dyn Host, python: &str, spec: &PinnedModel) {
         if let Ok(seeder) = pinned::seed(host, python, spec, self.port).await {
-            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            state.peers.push(Peer {
-                seeder,
-                busy: false,
-                failed: false,
-            });
+            let mut state = self.state();
+            state.decide.join();
+            state.seeders.push(seeder);
         }
         self.changed.notify_waiters();
     }
@@ -362,11 +338,11 @@ impl Swarm {
             };
             // The hub's token goes to the hub alone, never to a peer.
             let token = match slot {
-                Slot::Source => t.desired.model.env.get("HF_TOKEN").map(String::as_str),
-                Slot::Peer(_) => None,
+                Server::Source => t.desired.model.env.get("HF_TOKEN").map(String::as_str),
+                Server::Peer(_) => None,
             };
             let result = pinned::fetch(host, python, spec, &url, token, bar, &options.cancel).await;
-            let from_peer = matches!(slot, Slot::Peer(_));
+            let from_peer = matches!(slot, Server::Peer(_));
             let interrupted = matches!(result, Err(PinnedError::Interrupted { .. }));
             // Serving before the slot is given back: a host waiting for it finds a peer, not
             // the source free again.
