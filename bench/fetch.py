@@ -1,6 +1,6 @@
 """The measuring half of bench/fetch.sh: builds a repository of SIZE_MB on the lab's hub (olah in
-fb1), measures olah's unshaped rate, shapes fb1's link with tc, then for each host count N fetches
-the same files with plain GETs and with `reconcile apply` of a fresh revision to fb2..fb(N+1), and
+pw1), measures olah's unshaped rate, shapes pw1's link with tc, then for each host count N fetches
+the same files with plain GETs and with `reconcile apply` of a fresh revision to pw2..pw(N+1), and
 times `reconcile plan` of the pinned manifest against a plain `model_path` one. Every figure is
 printed beside the baseline it is measured against in the same run."""
 
@@ -22,11 +22,11 @@ SSH_CONFIG, BIN, SIZE_MB = sys.argv[1], sys.argv[2], int(sys.argv[3])
 COUNTS = sorted(int(n) for n in sys.argv[4:])
 LINK_MBIT = int(os.environ.get("LINK_MBIT", "100"))
 REPEATS = int(os.environ.get("REPEATS", "5"))
-HUB_NS, ENDPOINT = "fb1", "http://10.218.1.2:8090"
+HUB_NS, ENDPOINT = "pw1", "http://10.218.1.2:8090"
 REPO_ID = "labs/fetch-bench"
 REPO = f"/var/lib/reconcile-fetch-bench/hub/mirrors/models/{REPO_ID}"
 SHARDS = 4
-HOSTS = [f"fb{i}" for i in range(2, max(COUNTS) + 2)]
+HOSTS = [f"pw{i}" for i in range(2, max(COUNTS) + 2)]
 LIMIT = LINK_MBIT * 1e6 / 8  # bytes a second
 MB = 1e6
 TMP = tempfile.mkdtemp(prefix="fetch-bench-")  # the manifests and locks of each run

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fetch benchmark: pinned weights (`sglang.model:`) fetched from one hub to N hosts at once, on
-# throwaway test hosts of its own. Host fb1 is the hub's namespace (olah serving a local git
+# throwaway test hosts of its own. Host pw1 is the hub's namespace (olah serving a local git
 # repository offline, tests/hostlab/hub/serve.sh), its link shaped with tc to a rate well below
-# olah's own ceiling; hosts fb2.. run one SGLang stand-in each. It prints:
+# olah's own ceiling; hosts pw2.. run one SGLang stand-in each. It prints:
 #   olah's unshaped rate over the lab link, and the limit the link gets;
 #   per N: plain concurrent GETs (curl, one per host, the same files) through the shaped link, then
 #   `reconcile apply` of a fresh revision over the same N hosts (at_once: N): the slowest host's
@@ -26,16 +26,16 @@ COUNTS=("$@")
 [ ${#COUNTS[@]} -gt 0 ] || COUNTS=(1 2 4)
 MAX=$(printf '%s\n' "${COUNTS[@]}" | sort -n | tail -1)
 # Apart from the test lab (rl, 10.213) and the other benches' labs; ROUTE=1 so that the hosts
-# reach the hub in fb1. The prefix is bench/fleet.sh's too (on another subnet): not both at once.
-export STATE=/tmp/reconcile-fetch-bench PREFIX=fb SUBNET=10.218 ROUTE=1
+# reach the hub in pw1.
+export STATE=/tmp/reconcile-fetch-bench PREFIX=pw SUBNET=10.218 ROUTE=1
 HUB_ROOT=/var/lib/reconcile-fetch-bench/hub
 bash tests/hostlab/build-rootfs.sh >/dev/null
 cargo build --locked --release --quiet
 TARGET=${CARGO_TARGET_DIR:-target}
 case $TARGET in /*) ;; *) TARGET=$(pwd)/$TARGET ;; esac
 BIN=$TARGET/release/reconcile
-# down.sh also stops the hub (a process in fb1's namespace); the repository goes with it.
+# down.sh also stops the hub (a process in pw1's namespace); the repository goes with it.
 trap 'bash tests/hostlab/down.sh >/dev/null; rm -rf "$HUB_ROOT"' EXIT
 bash tests/hostlab/up.sh $((MAX + 1)) >/dev/null
-bash tests/hostlab/hub/serve.sh fb1 "$SUBNET.1.2" 8090 "$HUB_ROOT"
+bash tests/hostlab/hub/serve.sh pw1 "$SUBNET.1.2" 8090 "$HUB_ROOT"
 python3 bench/fetch.py "$STATE/ssh_config" "$BIN" "$SIZE_MB" "${COUNTS[@]}"
