@@ -1,20 +1,23 @@
 """The measuring half of bench/fetch.sh: builds a repository of SIZE_MB on the lab's hub (olah in
 pw1), measures olah's unshaped rate, shapes pw1's link with tc, then for each host count N fetches
 the same files with plain GETs and with `reconcile apply` of a fresh revision to pw2..pw(N+1), and
-times `reconcile plan` of the pinned manifest against a plain `model_path` one. Every figure is
-printed beside the baseline it is measured against in the same run."""
+times `reconcile plan` of the pinned manifest against a plain `model_path` one. With PEERS=N, it
+measures the swarm (`peers:`) against N independent fetches instead (`peers()` below). Every
+figure is printed beside the baseline it is measured against in the same run."""
 
 import atexit
 import concurrent.futures
 import hashlib
 import json
 import os
+import re
 import shutil
 import statistics
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 SSH_CONFIG, BIN, SIZE_MB = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -22,9 +25,16 @@ SSH_CONFIG, BIN, SIZE_MB = sys.argv[1], sys.argv[2], int(sys.argv[3])
 COUNTS = sorted(int(n) for n in sys.argv[4:])
 LINK_MBIT = int(os.environ.get("LINK_MBIT", "100"))
 REPEATS = int(os.environ.get("REPEATS", "5"))
+PEERS = int(os.environ.get("PEERS", "0"))
+PEER_PORT = 39209
 HUB_NS, ENDPOINT = "pw1", "http://10.218.1.2:8090"
 REPO_ID = "labs/fetch-bench"
-REPO = f"/var/lib/reconcile-fetch-bench/hub/mirrors/models/{REPO_ID}"
+HUB_ROOT = "/var/lib/reconcile-fetch-bench/hub"
+REPO = f"{HUB_ROOT}/mirrors/models/{REPO_ID}"
+# Each host's root file system as this machine sees it (up.sh's overlay), and the copies' folder
+# in it (weights.md: ROOT/KEY/REV, made only by renaming the verified .REV.partial).
+WORK = os.environ.get("WORK", "/var/lib/reconcile-lab/hosts-pw")
+COPIES = "/var/lib/reconcile-weights/labs--fetch-bench"
 SHARDS = 4
 HOSTS = [f"pw{i}" for i in range(2, max(COUNTS) + 2)]
 LIMIT = LINK_MBIT * 1e6 / 8  # bytes a second
@@ -108,12 +118,13 @@ def timed_gets(hosts, urls):
         return list(pool.map(one, hosts))
 
 
-def manifest(hosts, revision, at_once, model_path=None):
+def manifest(hosts, revision, at_once, model_path=None, peers=False):
     # One service, one unit a host (the GPU pair 0,1 on each); the stand-in's start-up kept short.
     if model_path:
         model = f"model_path: {model_path}"
     else:
-        model = f"model: {{ hub: {REPO_ID}, revision: {revision}, endpoint: {ENDPOINT}, at_once: {at_once} }}"
+        swarm = f", peers: {{ port: {PEER_PORT} }}" if peers else ""
+        model = f"model: {{ hub: {REPO_ID}, revision: {revision}, endpoint: {ENDPOINT}, at_once: {at_once}{swarm} }}"
     return f"""service: fetch-bench
 hosts: [{", ".join(hosts)}]
 sglang:
@@ -151,6 +162,149 @@ files = names + ["config.json", "model.safetensors.index.json"]
 urls = [f"{ENDPOINT}/{REPO_ID}/resolve/{rev}/{n}" for n in files]
 total = sum(os.path.getsize(f"{REPO}/{n}") for n in files[SHARDS:]) + sum(sizes.values())
 print(f"repository: {SHARDS} safetensors shards + 2 small files, {total / MB:.1f} MB a revision")
+
+
+def link_sent(host):
+    """Bytes `host`'s link has sent (tc's count on its host0 qdisc)."""
+    out = subprocess.run(["ip", "netns", "exec", host, "tc", "-s", "qdisc", "show", "dev", "host0"],
+                         check=True, capture_output=True, text=True).stdout
+    return int(re.search(r"Sent (\d+) bytes", out).group(1))
+
+
+def hub_gets(rev):
+    """How many times the hub served each file of `rev` (olah's access log, as the lab's tests
+    count it: tests/integration/hub.rs `served`)."""
+    with open(f"{HUB_ROOT}/olah.log", errors="replace") as f:
+        log = f.read()
+    return {n: log.count(f'"GET /{REPO_ID}/resolve/{rev}/{n} HTTP/1.1" 200') for n in files}
+
+
+def swarm_apply(hosts, rev, peers):
+    """`reconcile apply` of `rev` to `hosts` at once, with or without `peers:`. While it runs, each
+    host's copy is watched from this machine (its overlay), so the fetch's own time is known: from
+    the apply's start to the last copy in place. fetch.seconds does not tell it with peers, since
+    it leaves out the wait for a server."""
+    d = workdir(manifest(hosts, rev, len(hosts), peers=peers))
+    reconcile(d, "lock")  # the lock reads a file or two from the hub: counted apart
+    locked = hub_gets(rev)
+    sent = link_sent(HUB_NS)
+    in_place, stop = {}, threading.Event()
+
+    def watch():
+        while not stop.is_set() and len(in_place) < len(hosts):
+            for h in hosts:
+                if h not in in_place and os.path.isdir(f"{WORK}/{h}/root{COPIES}/{rev}"):
+                    in_place[h] = time.monotonic() - t0
+            time.sleep(0.05)
+
+    t0 = time.monotonic()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    p, wall = reconcile(d, "apply", "--format", "json", "--ssh-config", SSH_CONFIG)
+    stop.set()
+    watcher.join()
+    sent = link_sent(HUB_NS) - sent
+    units = json.loads(p.stdout)["units"]
+    ok = all(u["outcome"] == "converged" and u.get("fetch") for u in units)
+    assert len(units) == len(hosts) and ok and len(in_place) == len(hosts), p.stdout
+    # Who served whom: a unit fetched from a peer says so in its notes.
+    source = {}
+    for u in units:
+        m = re.search(r"from (\S+), a peer that held the revision", json.dumps(u.get("notes")))
+        source[u["host"]] = m.group(1) if m else None
+
+    def depth(h):  # 0: a peer not among the hosts (not expected)
+        if h not in source:
+            return -len(hosts)
+        return 1 if source[h] is None else depth(source[h]) + 1
+
+    gets = hub_gets(rev)
+    # When each host's transfer began (its copy in place less its fetch.seconds): the wait
+    # before it, for the survey and, with peers, for a server.
+    began = {u["host"]: in_place[u["host"]] - u["fetch"]["seconds"] for u in units}
+    return {
+        "wall": wall,
+        "fetch": max(in_place.values()),
+        "first": min(in_place.values()),
+        "slowest": max(u["fetch"]["seconds"] for u in units),
+        "fetched": [u["fetch"]["fetched"] for u in units],
+        "gets": {n: gets[n] - locked[n] for n in files},
+        "lock_gets": sum(locked.values()),
+        "began": min(began.values()),
+        "hub_seconds": [u["fetch"]["seconds"] for u in units if source[u["host"]] is None],
+        "peer_seconds": sorted(u["fetch"]["seconds"] for u in units if source[u["host"]]),
+        "sent": sent,
+        "from_hub": sum(1 for h in source.values() if h is None),
+        "rounds": max(depth(h) for h in source),
+        "in_place": sorted(in_place.values()),
+    }
+
+
+def peers():
+    """The swarm against independent fetches: PEERS hosts, each link shaped the same."""
+    hosts = HOSTS[:PEERS]
+    for h in [HUB_NS] + hosts:
+        subprocess.run(["ip", "netns", "exec", h, "tc", "qdisc", "del", "dev", "host0", "root"],
+                       capture_output=True)
+        subprocess.run(["ip", "netns", "exec", h, "tc", "qdisc", "add", "dev", "host0", "root",
+                        "tbf", "rate", f"{LINK_MBIT}mbit", "burst", "128kb", "latency", "50ms"],
+                       check=True)
+    print(f"every link shaped the same (tc tbf on host0 of {HUB_NS} and {hosts[0]}..{hosts[-1]}): "
+          f"{LINK_MBIT} Mbit/s = {LIMIT / MB:.1f} MB/s; one copy takes {total / LIMIT:.1f} s at the limit")
+    # The hub's rate for one client alone through its shaped link, now (olah is one Python
+    # process; on a busy machine it can fall below the limit).
+    alone = timed_gets(hosts[:1], urls)[0]
+    print(f"one host alone from the hub (curl, the same files): {alone:.1f} s, "
+          f"{total / alone / LIMIT:.2f} of the limit")
+    # A first revision, not measured, so that both measured runs find the same: the service
+    # already running on every host (the first install's survey and rollout differ).
+    swarm_apply(hosts, commit(1), True)
+    runs = {}
+    for run, kind in enumerate(("independent", "peers"), start=2):
+        runs[kind] = r = swarm_apply(hosts, commit(run), kind == "peers")
+        assert all(f == total for f in r["fetched"]), (kind, r["fetched"], total)
+        print(f"{kind}: copies in place at {', '.join(f'{t:.1f}' for t in r['in_place'])} s; "
+              f"{r['from_hub']} from the hub, {PEERS - r['from_hub']} from peers, "
+              f"{r['rounds']} round(s) deep; the first transfer began at {r['began']:.1f} s")
+        hub_s = ", ".join(f"{x:.1f}" for x in r["hub_seconds"])
+        peer_s = f"; from a peer {r['peer_seconds'][0]:.1f}-{r['peer_seconds'][-1]:.1f} s" \
+            if r["peer_seconds"] else ""
+        print(f"  fetch.seconds: from the hub {hub_s}{peer_s}; the lock's own GETs from the hub: "
+              f"{r['lock_gets']}")
+    # What serves the copies is gone once the fetch is over.
+    left = 0
+    for h in hosts:
+        out = subprocess.run(["ssh", "-F", SSH_CONFIG, h, "systemctl list-units --no-legend "
+                              "'reconcile-seed-*' | wc -l"], check=True, capture_output=True,
+                             text=True).stdout
+        left += int(out.strip())
+    print(f"serving services left on the hosts after the peers run: {left}")
+    print()
+    a, b = runs["independent"], runs["peers"]
+    shard = names[0]
+
+    def row(what, x, y, fmt):
+        print(f"{what:<40}  {fmt(x):>11}  {fmt(y):>11}  {y / x:>17.2f}")
+
+    print(f"{PEERS} hosts at once (at_once: {PEERS}){'':<17}  {'independent':>11}  {'peers':>11}  "
+          f"{'peers/independent':>17}")
+    row("apply (s)", a["wall"], b["wall"], lambda v: f"{v:.1f}")
+    row("fetch: apply start to last copy (s)", a["fetch"], b["fetch"], lambda v: f"{v:.1f}")
+    row("  to first copy (s)", a["first"], b["first"], lambda v: f"{v:.1f}")
+    row("  slowest host's fetch.seconds", a["slowest"], b["slowest"], lambda v: f"{v:.1f}")
+    row(f"hub downloads of {shard}", a["gets"][shard], b["gets"][shard], str)
+    hub_bytes = {k: sum(r["gets"][n] * (sizes.get(n) or os.path.getsize(f"{REPO}/{n}"))
+                        for n in files) for k, r in runs.items()}
+    row("hub's bytes served (access log, MB)", hub_bytes["independent"] / MB,
+        hub_bytes["peers"] / MB, lambda v: f"{v:.1f}")
+    row("bytes out of the hub's link (tc, MB)", a["sent"] / MB, b["sent"] / MB, lambda v: f"{v:.1f}")
+    each = {k: sorted(set(r["gets"].values())) for k, r in runs.items()}
+    print(f"hub downloads of every file: independent {each['independent']}, peers {each['peers']}")
+
+
+if PEERS:
+    peers()
+    sys.exit(0)
 
 # 1. Olah's own ceiling, over the lab link before any shaping: one client, then the most hosts at
 # once (olah is one Python process that sends 4 KiB chunks; the ceiling is its CPU).

@@ -12,6 +12,12 @@
 # Usage: bench/fetch.sh [SIZE_MB] [HOSTS...]   (defaults 96 and 1 2 4; about four minutes)
 #   LINK_MBIT=100   the shaped link's rate in Mbit/s
 #   REPEATS=5       plans of each manifest
+# PEERS=N bench/fetch.sh [SIZE_MB]   (default 64; N=16 about seven minutes): instead of the above,
+#   the swarm (`peers:`) against independent fetches. N hosts and the hub, every host's link shaped
+#   the same (so a peer serves no faster than the hub); a fresh revision to all N at once
+#   (at_once: N), first each host from the hub, then with `peers: { port: 39209 }`. It prints the
+#   apply's time, the fetch's (apply start to the last copy in place), the hub's downloads of each
+#   shard (its access log) and the bytes its link sent (tc), each as peers / independent.
 set -euo pipefail
 # Needs root (the test hosts are containers, tc in their namespaces). Through sudo when there is
 # one; -E keeps the environment variables this script reads.
@@ -20,10 +26,16 @@ if [ "$(id -u)" != 0 ]; then
   exec sudo -E -- "$0" "$@"
 fi
 cd "$(dirname "$0")/.."
-SIZE_MB=${1:-96}
-shift || true
-COUNTS=("$@")
-[ ${#COUNTS[@]} -gt 0 ] || COUNTS=(1 2 4)
+export PEERS=${PEERS:-0}
+if [ "$PEERS" != 0 ]; then
+  SIZE_MB=${1:-64}
+  COUNTS=("$PEERS")
+else
+  SIZE_MB=${1:-96}
+  shift || true
+  COUNTS=("$@")
+  [ ${#COUNTS[@]} -gt 0 ] || COUNTS=(1 2 4)
+fi
 MAX=$(printf '%s\n' "${COUNTS[@]}" | sort -n | tail -1)
 # Apart from the test lab (rl, 10.213) and the other benches' labs; ROUTE=1 so that the hosts
 # reach the hub in pw1.

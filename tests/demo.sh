@@ -45,15 +45,20 @@ for h in gpu-a gpu-b gpu-c; do
   # system one, which has the stand-in as its `sglang`) and the model folders.
   on "$h" 'mkdir -p /root/ml-env/bin /shared/models/Qwen3.5-122B-A10B /shared/models/Qwen3.5-397B-A17B-NVFP4 && ln -sf /usr/bin/python3 /root/ml-env/bin/python3'
   # The 122B model's folder as the same share on every host, with stand-in weights (two 8 MiB
-  # safetensors shards and a config, the same bytes everywhere): what the last step pins.
+  # safetensors shards, their index and a config, the same bytes everywhere): what the last
+  # step pins.
   on "$h" python3 - /shared/models/Qwen3.5-122B-A10B <<'EOF'
 import json, struct, sys
 folder = sys.argv[1]
 json.dump({"architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe"}, open(folder + "/config.json", "w"))
+shards = {}
 for i in (1, 2):
-    header = json.dumps({"w": {"dtype": "BF16", "shape": [4194304], "data_offsets": [0, 8388608]}}).encode()
-    with open(folder + "/model-%05d-of-00002.safetensors" % i, "wb") as f:
+    name = "model-%05d-of-00002.safetensors" % i
+    header = json.dumps({"w%d" % i: {"dtype": "BF16", "shape": [4194304], "data_offsets": [0, 8388608]}}).encode()
+    with open(folder + "/" + name, "wb") as f:
         f.write(struct.pack("<Q", len(header)) + header + bytes([i]) * 8388608)
+    shards["w%d" % i] = name
+json.dump({"metadata": {"total_size": 2 * 8388608}, "weight_map": shards}, open(folder + "/model.safetensors.index.json", "w"))
 EOF
   # The stand-in's timings, as a manager-wide default rather than in the manifests: nothing sets
   # them on a real GPU host, so manifests/ stays the real thing and they appear in no rendered unit

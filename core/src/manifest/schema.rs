@@ -31,6 +31,23 @@ pub fn manifest() -> Value {
             { "required": ["nodes"], "not": { "required": ["hosts"] } }
         ]),
     );
+    // Exactly one of `model_path:` and `model:` (the weights pinned by revision), and a pinned
+    // model's one source, `hub:` or `store:`: `structure`'s checks too.
+    let defs = root
+        .get_mut("$defs")
+        .and_then(Value::as_object_mut)
+        .expect("the schema has $defs");
+    for (def, one, other) in [("RawSglang", "model_path", "model"), ("RawModel", "hub", "store")] {
+        if let Some(def) = defs.get_mut(def).and_then(Value::as_object_mut) {
+            def.insert(
+                "oneOf".into(),
+                serde_json::json!([
+                    { "required": [one], "not": { "required": [other] } },
+                    { "required": [other], "not": { "required": [one] } }
+                ]),
+            );
+        }
+    }
     schema
 }
 
