@@ -43,6 +43,8 @@ matrix=(
   "installed but disabled unit|systemd_layers::a_disabled_unit_is_planned_named_and_enabled_without_a_restart"
   "numbers moved by a change that starts and serves (logits perturbed by a flag)|quality::logits_perturbed_by_a_flag_change_are_rolled_back_at_stage_quality"
   "long-context retrieval broken past 4k tokens|quality::retrieval_broken_past_4k_tokens_is_caught_by_the_needle_and_the_long_context_tasks"
+  "pinned weights: a file whose bytes are not the lock's|pinned::a_file_whose_bytes_are_not_the_locks_is_refused_before_anything_stops"
+  "pinned weights: apply SIGKILLed mid-fetch|pinned::a_fetch_killed_with_its_apply_leaves_the_old_server_serving_and_the_next_apply_resumes_it"
   "wrong answers to the manifest's cases|quality::wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported"
   "pull agents' canary fails|coordinator::a_failed_canary_stops_every_other_host_and_each_says_why"
   "pull agent killed (SIGKILL) mid-verification|coordinator::a_killed_agent_frees_its_slot_counts_against_the_budget_and_finishes_next_round"
