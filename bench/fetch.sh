@@ -12,7 +12,7 @@
 # Usage: bench/fetch.sh [SIZE_MB] [HOSTS...]   (defaults 96 and 1 2 4; about four minutes)
 #   LINK_MBIT=100   the shaped link's rate in Mbit/s
 #   REPEATS=5       plans of each manifest
-# PEERS=N bench/fetch.sh [SIZE_MB]   (default 64; N=16 about seven minutes): instead of the above,
+# PEERS=N bench/fetch.sh [SIZE_MB]   (default 64; N=16 about five minutes): instead of the above,
 #   the swarm (`peers:`) against independent fetches. N hosts and the hub, every host's link shaped
 #   the same (so a peer serves no faster than the hub); a fresh revision to all N at once
 #   (at_once: N), first each host from the hub, then with `peers: { port: 39209 }`. It prints the
