@@ -37,7 +37,10 @@ pub fn manifest() -> Value {
         .get_mut("$defs")
         .and_then(Value::as_object_mut)
         .expect("the schema has $defs");
-    for (def, one, other) in [("RawSglang", "model_path", "model"), ("RawModel", "hub", "store")] {
+    for (def, one, other) in [
+        ("RawSglang", "model_path", "model"),
+        ("RawModel", "hub", "store"),
+    ] {
         if let Some(def) = defs.get_mut(def).and_then(Value::as_object_mut) {
             def.insert(
                 "oneOf".into(),
