@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::preflight::scripts::{INTERPRETER, PYTHON};
+use crate::preflight::scripts::isolated_python;
 use crate::remote::{Host, Output, RemoteError};
 use script::WEIGHTS_SCRIPT;
 
@@ -63,32 +63,6 @@ pub enum PinnedError {
     Interrupted { host: String, why: String },
 }
 
-/// The script's argv for `mode` on `spec`'s revision, with the manifest's Python.
-fn argv<'a>(
-    python: &'a str,
-    mode: &'a str,
-    root: &'a str,
-    key: &'a str,
-    rev: &'a str,
-) -> Vec<&'a str> {
-    vec![
-        "sh",
-        "-c",
-        PYTHON,
-        "sh",
-        INTERPRETER,
-        python,
-        "-I",
-        "-S",
-        "-c",
-        WEIGHTS_SCRIPT,
-        mode,
-        root,
-        key,
-        rev,
-    ]
-}
-
 /// Runs `mode` for `spec` with `request` on stdin.
 async fn run(
     host: &dyn Host,
@@ -99,7 +73,26 @@ async fn run(
     limit: Duration,
 ) -> Result<Output, PinnedError> {
     let key = spec.key();
-    let argv = argv(python, mode, &spec.root, &key, &spec.revision);
+    let args = [
+        mode,
+        spec.root.as_str(),
+        key.as_str(),
+        spec.revision.as_str(),
+    ];
+    run_script(host, python, args, request, limit).await
+}
+
+/// Runs the script with `MODE ROOT KEY REVISION` and `request` on stdin, with the manifest's
+/// Python behind the trust check; a Python root may not start is [`PinnedError::Untrusted`].
+async fn run_script(
+    host: &dyn Host,
+    python: &str,
+    args: [&str; 4],
+    request: &serde_json::Value,
+    limit: Duration,
+) -> Result<Output, PinnedError> {
+    let mut argv = isolated_python(python, WEIGHTS_SCRIPT).to_vec();
+    argv.extend(args);
     let input = request.to_string();
     let out = host
         .run_within(&argv, Some(input.as_bytes()), limit)
@@ -461,15 +454,8 @@ pub async fn hash_store(
     python: &str,
     path: &str,
 ) -> Result<Vec<LockedFile>, PinnedError> {
-    let argv = argv(python, "hash", path, "-", "-");
-    let out = host.run_within(&argv, Some(b"{}"), TRANSFER_LIMIT).await?;
-    if reconcile_core::preflight::owners::untrusted(out.status, &out.stderr) {
-        return Err(PinnedError::Untrusted {
-            host: host.name().to_string(),
-            python: python.to_string(),
-            why: out.stderr.trim().to_string(),
-        });
-    }
+    let args = ["hash", path, "-", "-"];
+    let out = run_script(host, python, args, &json!({}), TRANSFER_LIMIT).await?;
     #[derive(serde::Deserialize)]
     struct Hashed {
         files: Vec<LockedFile>,

@@ -3,10 +3,7 @@
 //! of a shell string.
 
 use super::kept::{self, deep_input, Kept};
-use super::scripts::{
-    ACCESS, DEEP_RUNNER, DEEP_SCRIPT, INTERPRETER, LISTENERS, PYTHON, VERSION_SCRIPT,
-    WEIGHTS_SCRIPT,
-};
+use super::scripts::{ACCESS, DEEP_RUNNER, DEEP_SCRIPT, LISTENERS, VERSION_SCRIPT, WEIGHTS_SCRIPT};
 use super::survey::Survey;
 use super::{
     judge, read_deep, Access, Deep, DeepWhen, Facts, Finding, Gpus, Port, Python, WeightsCheck,
@@ -121,19 +118,8 @@ async fn weights_for(
         return Ok(Some(found));
     }
     let want = super::Want::of(t);
-    let argv = [
-        "sh",
-        "-c",
-        PYTHON,
-        "sh",
-        INTERPRETER,
-        &want.python,
-        "-I",
-        "-S",
-        "-c",
-        WEIGHTS_SCRIPT,
-        &want.model_path,
-    ];
+    let mut argv = super::scripts::isolated_python(&want.python, WEIGHTS_SCRIPT).to_vec();
+    argv.push(&want.model_path);
     let out = host.run(&argv).await?;
     Ok(Some(WeightsCheck::of(out.status, &out.stdout, &out.stderr)))
 }
@@ -232,18 +218,7 @@ async fn python_and_owners(
     python: &str,
 ) -> Result<(Python, Vec<owners::Writable>), RemoteError> {
     let mut writable = Vec::new();
-    let argv = [
-        "sh",
-        "-c",
-        PYTHON,
-        "sh",
-        INTERPRETER,
-        python,
-        "-I",
-        "-S",
-        "-c",
-        VERSION_SCRIPT,
-    ];
+    let argv = super::scripts::isolated_python(python, VERSION_SCRIPT);
     let python = read_one(host, &argv, |s| {
         writable = owners::writable(&s.stderr);
         answer::python(s)

@@ -185,11 +185,29 @@ macro_rules! python_started {
         "export RECONCILE_PYTHON=\"$p\"\nexec \"$r\" \"$@\""
     };
 }
-pub(crate) const PYTHON: &str = concat!(trust_fn!(), python_checked!(), python_started!());
+pub(super) const PYTHON: &str = concat!(trust_fn!(), python_checked!(), python_started!());
+
+/// The argv that runs reconcile's own `script` with the unit's `python` as root: isolated and
+/// without `site` (`-I -S`), started by [`PYTHON`] only once the trust check passed. The
+/// script's arguments follow.
+pub(crate) fn isolated_python<'a>(python: &'a str, script: &'a str) -> [&'a str; 10] {
+    [
+        "sh",
+        "-c",
+        PYTHON,
+        "sh",
+        INTERPRETER,
+        python,
+        "-I",
+        "-S",
+        "-c",
+        script,
+    ]
+}
 
 /// The scopes that keep reconcile's own Pythons (`-I -S`: the version, the weights, the survey)
 /// from starting as root: the interpreter's file and standard library are all they run.
-pub(crate) const INTERPRETER: &str = "interpreter";
+pub(super) const INTERPRETER: &str = "interpreter";
 
 /// The deep check's runner: as [`PYTHON`], started by `systemd-run` as a transient service with
 /// the unit's own user and sandbox (`$2`, a property a line), so that SGLang's code runs as the
