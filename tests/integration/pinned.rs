@@ -16,9 +16,9 @@ const ROOT: &str = "/var/lib/reconcile-weights";
 const CONFIG: &[u8] = br#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64}"#;
 const TOKENIZER: &[u8] = br#"{"model": {"type": "BPE"}}"#;
 
-/// The service `name` on `host` at `port`, on the weights `model` pins.
-fn service(name: &str, host: &str, port: u16, model: Value) -> Manifest {
-    manifest(name, &[host])
+/// The service `name` on `hosts` at `port`, on the weights `model` pins.
+fn service(name: &str, hosts: &[&str], port: u16, model: Value) -> Manifest {
+    manifest(name, hosts)
         .port(port)
         .pinned_model(model)
         .without_env("NCCL_P2P_DISABLE")
@@ -97,7 +97,7 @@ fn a_pinned_revision_is_locked_fetched_and_verified_before_the_stop_and_then_fet
         ("tokenizer.json", TOKENIZER),
     ];
     let total: usize = files.iter().map(|(_, b)| b.len()).sum();
-    let m = service("t-pinned-fetch", host, 39201, pin(&repo, &revision, &[]));
+    let m = service("t-pinned-fetch", &[host], 39201, pin(&repo, &revision, &[]));
     let unit = "t-pinned-fetch.service";
     let run = Reconcile::new().manifest("a.yaml", &m);
 
@@ -268,7 +268,7 @@ fn a_fetch_killed_with_its_apply_leaves_the_old_server_serving_and_the_next_appl
     let first = first_revision(&repo);
     let run = Reconcile::new().manifest(
         "a.yaml",
-        service("t-pinned-resume", host, 39202, pin(&repo, &first, &[])),
+        service("t-pinned-resume", &[host], 39202, pin(&repo, &first, &[])),
     );
     lock(&run);
     let (code, report) = apply(&run);
@@ -286,7 +286,7 @@ fn a_fetch_killed_with_its_apply_leaves_the_old_server_serving_and_the_next_appl
         "a.yaml",
         service(
             "t-pinned-resume",
-            host,
+            &[host],
             39202,
             pin(&repo, &second, &[("rate", "2MB".into())]),
         ),
@@ -343,7 +343,7 @@ fn a_file_whose_bytes_are_not_the_locks_is_refused_before_anything_stops() {
     let first = first_revision(&repo);
     let run = Reconcile::new().manifest(
         "a.yaml",
-        service("t-pinned-corrupt", host, 39203, pin(&repo, &first, &[])),
+        service("t-pinned-corrupt", &[host], 39203, pin(&repo, &first, &[])),
     );
     lock(&run);
     assert_eq!(apply(&run).0, 0);
@@ -354,7 +354,7 @@ fn a_file_whose_bytes_are_not_the_locks_is_refused_before_anything_stops() {
     let second = repo.commit("new weights");
     let run = run.manifest(
         "a.yaml",
-        service("t-pinned-corrupt", host, 39203, pin(&repo, &second, &[])),
+        service("t-pinned-corrupt", &[host], 39203, pin(&repo, &second, &[])),
     );
     lock(&run);
     // The mirror's copy goes bad after the lock was written: same size, other bytes.
@@ -394,7 +394,8 @@ fn a_revision_that_fails_is_rolled_back_to_the_kept_one_and_keep_lets_the_failed
     let unit = "t-pinned-keep.service";
     let repo = fresh_repo(host, "pinned-keep");
     let first = first_revision(&repo);
-    let pinned = |revision: &str| service("t-pinned-keep", host, 39204, pin(&repo, revision, &[]));
+    let pinned =
+        |revision: &str| service("t-pinned-keep", &[host], 39204, pin(&repo, revision, &[]));
     let run = Reconcile::new().manifest("a.yaml", pinned(&first));
     lock(&run);
     assert_eq!(apply(&run).0, 0);
@@ -468,14 +469,7 @@ fn peers_serve_each_other_so_the_hub_serves_a_revision_once_for_three_hosts() {
         &revision,
         &[("peers", map([("port", Value::from(39209))]))],
     );
-    let m = manifest("t-pinned-peers", hosts)
-        .port(39205)
-        .pinned_model(model)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", PINNED.gpu_pair(39205))
-        .env("FAKE_SGLANG_GPU_COUNT", "64")
-        .env("FAKE_SGLANG_LOAD_SECONDS", "1")
-        .verify_all(&STAND_IN_VERIFY);
+    let m = service("t-pinned-peers", hosts, 39205, model);
     let run = Reconcile::new().manifest("a.yaml", m);
     lock(&run);
     let ran = run.run_args(&["apply", "--format", "json"]);
