@@ -10,7 +10,7 @@
 //! every file is checked against the lock, and a peer whose copy fails is not asked again.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use reconcile_core::pinned::{Fetched, Holding, PinnedModel, Server};
@@ -29,8 +29,9 @@ pub(super) struct Ahead {
     pub fetched: HashMap<(String, String), Fetched>,
     /// The peer each unit's copy came from, when not from the source.
     pub peer: HashMap<(String, String), String>,
-    /// The units whose host could not bring its copy, and why.
-    pub failed: HashMap<(String, String), String>,
+    /// The units whose host could not bring its copy, and why (one error for every unit of a
+    /// host that could not be reached).
+    pub failed: HashMap<(String, String), Arc<PinnedError>>,
 }
 
 impl Ahead {
@@ -49,9 +50,8 @@ impl Ahead {
             .iter()
             .map(
                 |t| match self.failed.get(&(t.host.clone(), t.desired.unit.clone())) {
-                    Some(why) => {
-                        Report::new(t, started).fail(&ApplyError::FetchFailed(why.clone()))
-                    }
+                    Some(why) => Report::new(t, started)
+                        .fail(&ApplyError::FetchFailed(error_chain(why.as_ref()))),
                     None => Report::new(t, started).fail(&others),
                 },
             )
@@ -131,13 +131,12 @@ pub(super) async fn fetch_ahead(
                 if let Some(bar) = bar {
                     bar.finish_and_clear();
                 }
-                let result = result.map_err(|e| error_chain(&e));
-                done.push((t.desired.unit.clone(), result, peer));
+                done.push((t.desired.unit.clone(), result.map_err(Arc::new), peer));
             }
             (visit.name.to_string(), done)
         },
         |visit, targets, e| {
-            let why = error_chain(&e);
+            let why = Arc::new(PinnedError::Remote(e));
             let done = targets
                 .iter()
                 .map(|t| (t.desired.unit.clone(), Err(why.clone()), None))
