@@ -48,7 +48,9 @@ impl Kind {
 /// What the driver does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Step {
-    /// Preflight on every rank (and the rendezvous port on rank 0), then every rank's lock.
+    /// Every rank's pinned weights on its host, fetched and checked (`crate::pinned`; a change
+    /// of no server), preflight on every rank (and the rendezvous port on rank 0), then every
+    /// rank's lock. Stopped here, nothing was changed.
     Prepare,
     /// Every rank's weights read into its host's page cache while the old server serves
     /// (`crate::stage`). It only saves time: it never stops the apply (a signal during it is seen
