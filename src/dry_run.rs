@@ -6,7 +6,6 @@
 
 use futures::stream::{self, StreamExt};
 
-use crate::apply::state::STATE_DIR;
 use crate::digest::sha256;
 use crate::fleet;
 use crate::observed::Observed;
@@ -14,6 +13,7 @@ use crate::plan::{plan, PlannedState, UnitPlan};
 use crate::preflight::{self, Ask, DeepWhen, Survey};
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, SshOptions};
+use crate::state::STATE_DIR;
 use crate::systemd::Systemd;
 use crate::targets::Target;
 use reconcile_core::guard::Settled;

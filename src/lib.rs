@@ -34,6 +34,7 @@ pub mod report;
 pub mod router;
 pub mod run;
 pub mod signals;
+pub mod state;
 pub mod status;
 pub mod systemd;
 pub mod verify;

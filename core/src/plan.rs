@@ -13,7 +13,7 @@ use serde::Deserialize;
 use crate::finding::Finding;
 use crate::flags::flags;
 use crate::layers::Drift;
-use crate::live::change::LiveChange;
+use crate::live_change::LiveChange;
 use crate::observed::{Observed, UnitState};
 use crate::redact::{redact_text, Redactor, Secret, REDACTED, REDACTED_CHANGED};
 use crate::sglang::meaning::as_parsed;

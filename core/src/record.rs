@@ -40,7 +40,7 @@ pub struct Record {
     pub benchmark: Option<crate::benchmark::BenchmarkRecord>,
     /// The quality gate's figures (`verify.quality`, or `reconcile quality`), when it ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub quality: Option<QualityFigures>,
+    pub quality: Option<crate::quality::QualityFigures>,
     /// Set when the unit was applied live (`apply: { live: true }`): the running server was told
     /// the change and kept its earlier command line, which `status` then reads back. Absent in
     /// records from before it existed, which an older reconcile reads without it (unknown fields
@@ -68,26 +68,6 @@ pub struct LiveRecord {
 /// its arguments joined by NUL, as `/proc/<pid>/cmdline` holds them (less the last NUL).
 pub fn argv_sha256(argv: &[String]) -> String {
     crate::digest::sha256(&argv.join("\0"))
-}
-
-/// What `history` shows of a deployment's quality stage: the KL against the reference, and the
-/// needle's pass rate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct QualityFigures {
-    pub verdict: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kl_mean: Option<f64>,
-    /// The mean KL over every position of the fixed texts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub text_kl_mean: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub needle_passed: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub needle_total: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cases_passed: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cases_total: Option<u32>,
 }
 
 /// One point of a load's memory trajectory.

@@ -119,7 +119,7 @@ impl Staging {
             ),
             _ => (
                 StagingOutcome::Failed,
-                Some(match crate::survey::last_line(stderr) {
+                Some(match crate::preflight::last_line(stderr) {
                     line if line.is_empty() => format!("exit status {status}"),
                     line => line,
                 }),

@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 
 use crate::observed::UnitState;
 use crate::preflight::{
-    parse_ephemeral, parse_gpu_list, parse_listeners, Access, Gpus, Port, Python,
+    last_line, parse_ephemeral, parse_gpu_list, parse_listeners, Access, Gpus, Port, Python,
 };
 
 /// The line that ends a complete survey.
@@ -376,16 +376,6 @@ pub fn listeners(s: &Section, port: u16) -> Result<Port, Fault> {
         100 => Ok(Port::Unknown("ss (iproute2) is not installed".into())),
         _ => Err(failed(format!("ss -Htlnp sport = :{port}"), s)),
     }
-}
-
-/// The last line of a command's stderr with text on it.
-pub fn last_line(text: &str) -> String {
-    text.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .unwrap_or("")
-        .trim()
-        .to_string()
 }
 
 #[cfg(test)]

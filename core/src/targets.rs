@@ -4,9 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::finding::Finding;
+use crate::gpu_claims::{gpu_conflicts, Claimant};
 use crate::manifest::{Manifest, VerifySpec};
 use crate::plan::PlannedState;
-use crate::preflight::fleet::{gpu_conflicts, Claimant};
 use crate::unit::{render, Desired};
 
 /// One unit on one host.

@@ -10,8 +10,8 @@
 
 use reconcile_core::layers::Moved;
 
-use super::state::unit_dir;
 use crate::remote::{Host, RemoteError};
+use crate::state::unit_dir;
 
 /// Files moved aside by this run, and where their record is kept.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,7 +43,7 @@ pub async fn move_aside(
     if files.is_empty() {
         return Ok(None);
     }
-    super::state::private_dir(host, &dir(unit)).await?;
+    crate::state::private_dir(host, &dir(unit)).await?;
     // Each file's mode, kept with it: a drop-in an operator made 0600 comes back 0600.
     let mut files = files;
     let texts: Vec<&str> = files

@@ -5,12 +5,12 @@
 
 use std::time::Instant;
 
-use super::state::Record;
 use super::Job;
 use crate::bench;
 use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
 use crate::remote::error_chain;
+use crate::state::Record;
 use crate::verify::{Expect, Progress, Stage, Verification};
 
 /// Runs the benchmark against the unit just verified (`v`, which gains the stage) and judges it

@@ -5,13 +5,14 @@
 
 use super::error::{ApplyError, ApplyErrorKind};
 use super::restore::{NotRestored, Restored};
-use super::{state, Outcome};
+use super::Outcome;
 use crate::layers::Drift;
 use crate::manifest::DropInPolicy;
 use crate::observed::Observed;
 use crate::plan::Verdict;
 use crate::plan_file;
 use crate::preflight;
+use crate::state;
 use crate::targets::Target;
 use crate::verify::Verification;
 use reconcile_core::guard::{GuardState, Settled};

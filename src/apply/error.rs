@@ -125,6 +125,17 @@ pub enum ApplyErrorKind {
     OverriddenOnHost,
 }
 
+impl From<crate::state::LockError> for ApplyError {
+    fn from(e: crate::state::LockError) -> Self {
+        use crate::state::LockError;
+        match e {
+            LockError::Held { unit, host, holder } => ApplyError::Locked { unit, host, holder },
+            LockError::NotTaken { unit, host } => ApplyError::LockNotTaken { unit, host },
+            LockError::Failed(chain) => ApplyError::LockFailed(chain),
+        }
+    }
+}
+
 impl ApplyError {
     pub fn kind(&self) -> ApplyErrorKind {
         use ApplyErrorKind as K;

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use reconcile_core::guard::{self, Change, GuardState, Record, Settled, Then, Watch};
 
-use super::state::{self, unit_dir, STATE_DIR};
 use super::Job;
 use crate::manifest::VerifySpec;
 use crate::plan::UNIT_DIR;
 use crate::remote::{Host, RemoteError};
+use crate::state::{self, unit_dir, STATE_DIR};
 use crate::verify::Expect;
 
 /// What the guard restores should the new unit fail: the rollback's own facts (`Fallback`).

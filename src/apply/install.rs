@@ -9,13 +9,14 @@ use super::decide::{self, Ending};
 use super::error::ApplyError;
 use super::guard::{self, Armed};
 use super::restore::{Restore, Then};
-use super::{state, Job, Outcome, UnitReport};
+use super::{Job, Outcome, UnitReport};
 use crate::layers::Moved;
 use crate::observed::Observed;
 use crate::plan::{Verdict, UNIT_DIR};
 use crate::record::LiveRecord;
 use crate::redact::{redact_text, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError};
+use crate::state;
 use crate::unit::{parse_unit, SecretsFile, UnitModel, SECRETS_DIR};
 use crate::verify::{Expect, Verification};
 

@@ -33,7 +33,6 @@ mod restore;
 mod rollout;
 mod routed;
 mod stage;
-pub(crate) mod state;
 #[cfg(test)]
 mod testing;
 pub(crate) mod undo;
@@ -46,11 +45,11 @@ use reconcile_core::diagnose::Diagnosis;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::state::{LockPolicy, Owner};
 pub use error::{ApplyError, ApplyErrorKind};
 pub(crate) use pipeline::apply_group;
 pub use reconcile_core::outcome::Outcome;
 pub use reconcile_core::rollout::Rollout;
-pub use state::{LockPolicy, Owner};
 
 use crate::layers::{self, Drift};
 use crate::manifest::DropInPolicy;
@@ -60,6 +59,7 @@ use crate::plan_file;
 use crate::preflight::{self, DeepWhen, Survey};
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::state;
 use crate::systemd::Systemd;
 use crate::targets::Target;
 use crate::verify::Verification;

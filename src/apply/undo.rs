@@ -9,11 +9,12 @@ use std::sync::Arc;
 use super::decide::{self, UndoneBy};
 use super::restore::{restore_and_verify, Restore, Restored, Then};
 use super::verifier::Live;
-use super::{state, ApplyOptions, GitInfo, Outcome, Restoring, UnitReport};
+use super::{ApplyOptions, GitInfo, Outcome, Restoring, UnitReport};
 use crate::flags::{console_script, flags};
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
 use crate::plan::Verdict;
 use crate::remote::{error_chain, Host, RemoteError};
+use crate::state;
 use crate::targets::Target;
 use crate::unit::{parse_unit, Desired};
 

@@ -7,10 +7,10 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::apply::state::{self, LockPolicy, Owner};
 use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
 use crate::remote::{error_chain, Host, Server, SshOptions};
+use crate::state::{self, LockPolicy, Owner};
 use crate::unit::parse_unit;
 use crate::verify::Expect;
 

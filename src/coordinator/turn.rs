@@ -88,7 +88,7 @@ where
 {
     let service = t.manifest.service.as_str();
     let me = t.host.as_str();
-    let unit_sha = apply::state::sha256(&t.desired.text);
+    let unit_sha = crate::state::sha256(&t.desired.text);
     let entry_of = |state, detail: Option<String>| {
         let detail = detail.map(|d| c.redactor.redact_desired(&t.desired, &d));
         entry(c.revision, c.commit, &unit_sha, state, detail)

@@ -481,7 +481,7 @@ fn write_atomically(path: &Path, text: &str, what: &'static str) -> Result<(), E
 
 /// The estimate's parts from what the host knows of this unit.
 async fn per_run(host: &dyn Host, t: &Target, e: &Experiment) -> eta::PerRun {
-    let records: Vec<_> = apply::state::read_history(host, &t.desired.unit)
+    let records: Vec<_> = crate::state::read_history(host, &t.desired.unit)
         .await
         .unwrap_or_default()
         .into_iter()

@@ -5,8 +5,8 @@
 use reconcile_core::experiment::Report;
 use serde::{Deserialize, Serialize};
 
-use crate::apply::state::unit_dir;
 use crate::remote::{error_chain, Host};
+use crate::state::unit_dir;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Saved {
@@ -44,7 +44,7 @@ pub async fn write(host: &dyn Host, unit: &str, digest: &str, report: &Report) {
     let text = serde_json::to_string_pretty(&saved).expect("a report serialises");
     let dir = unit_dir(unit);
     let written = async {
-        crate::apply::state::private_dir(host, &dir).await?;
+        crate::state::private_dir(host, &dir).await?;
         host.write_file(&path(unit), &text, "0644").await
     };
     if let Err(e) = written.await {

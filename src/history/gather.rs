@@ -2,10 +2,10 @@
 //! per host. Nothing is changed.
 
 use super::{deployments, disk_notes, generations, moved_aside, Deployment, HostHistory};
-use crate::apply::state;
 use crate::fleet;
 use crate::plan::UNIT_DIR;
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::state;
 
 /// The history of `unit` on each host, at most `parallel` hosts at once, in the hosts' order.
 pub async fn history_hosts(

@@ -20,8 +20,8 @@ use serde::Serialize;
 
 pub use gather::history_hosts;
 
-use crate::apply::state::{Generation, Record, RecordProblem};
 use crate::digest::SHA_SHOWN;
+use crate::state::{Generation, Record, RecordProblem};
 
 /// A sha256 as shown: its first 12 characters. Records come from hosts: any text may be there.
 fn short(sha: &str) -> &str {
@@ -281,7 +281,7 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, S
             )),
             Some(d) if !d.kept => Err(format!(
                 "deployment {n}'s unit is not kept (the newest {} are; {available})",
-                crate::apply::state::DEPLOYED_KEPT
+                crate::state::DEPLOYED_KEPT
             )),
             Some(_) => Ok(Choice { n, skipped: 0 }),
         };

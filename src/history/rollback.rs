@@ -8,10 +8,11 @@
 
 use super::gather::{read_deployments, Read};
 use super::{choose, skipped_lines, Choice};
-use crate::apply::{self, state, ApplyError, ApplyOptions, GitInfo, UnitReport};
+use crate::apply::{self, ApplyError, ApplyOptions, GitInfo, UnitReport};
 use crate::flags::flags;
 use crate::manifest::Manifest;
 use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::state;
 use crate::targets::Target;
 
 /// Rolls `unit` back on each host in turn. `manifest` is the service's manifest, when the

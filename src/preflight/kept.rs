@@ -24,7 +24,7 @@ const VERSION_LINE: &str = "#reconcile-deep-version";
 
 /// Where the verdicts are kept on a host, one file a key, readable by root alone.
 pub(super) fn kept_dir() -> String {
-    format!("{}/deep-check", crate::apply::state::STATE_DIR)
+    format!("{}/deep-check", crate::state::STATE_DIR)
 }
 
 /// What a unit's lookup is given: the controller's half of the key and the paths whose files

@@ -304,7 +304,7 @@ fn said_kept(host: &str, pythons: &[String], sections: &Sections) {
 
 /// Where a host keeps its Pythons' answers, one file each Python and list of weights to check.
 fn kept_python_dir() -> String {
-    format!("{}/survey", crate::apply::state::STATE_DIR)
+    format!("{}/survey", crate::state::STATE_DIR)
 }
 
 /// The survey's error, naming it rather than showing its argv (its fixed scripts, every value).
@@ -470,7 +470,7 @@ impl Survey {
         })
     }
 
-    /// The unit's deployment record (`current.json`), as `apply::state::read_record` reads it;
+    /// The unit's deployment record (`current.json`), as `crate::state::read_record` reads it;
     /// `None` when the survey did not ask for records.
     pub fn record(&self, unit: &str) -> Option<Result<Option<Record>, RecordError>> {
         let dir = self.records.as_deref()?;

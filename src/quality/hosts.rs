@@ -8,8 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use reconcile_core::quality::{self, Floors, QualityReport, QualitySpec};
 
-use crate::apply::state::{self, LockPolicy, Owner};
 use crate::remote::{error_chain, Host, SshOptions};
+use crate::state::{self, LockPolicy, Owner};
 use crate::unit::parse_unit;
 use crate::verify::Expect;
 

@@ -16,8 +16,8 @@ use reconcile_core::quality::{
     Reference, Sequence, TaskRate, TextAnswer, TextComparison,
 };
 
-use crate::apply::state::unit_dir;
 use crate::remote::{Host, RemoteError, Server};
+use crate::state::unit_dir;
 
 /// Prompts scored per `/generate` request: SGLang batches them itself; a bounded batch keeps one
 /// request's answer (and the client's memory) small.
@@ -430,7 +430,7 @@ pub async fn keep_reference(
     reference: &Reference,
 ) -> Result<String, RemoteError> {
     let dir = format!("{}/quality", unit_dir(unit));
-    crate::apply::state::private_dir(host, &dir).await?;
+    crate::state::private_dir(host, &dir).await?;
     let path = path(unit, &reference.settings_key);
     host.write_file(&path, &quality::reference_json(reference), "0600")
         .await?;

@@ -4,8 +4,8 @@
 use std::fmt::Write;
 
 use super::{short, to_json, Format, COMMIT_SHOWN, SHA_SHOWN};
-use crate::apply::state::Record;
 use crate::history::{Deployment, GenerationEntry, HostHistory};
+use crate::state::Record;
 
 pub fn render(histories: &[HostHistory], format: Format) -> String {
     if format == Format::Json {

@@ -11,7 +11,6 @@ use reconcile_core::live::LiveChange;
 use super::{
     classify, live_standing, split_nul, AskError, Facts, LiveStanding, Running, Systemd, UnitStatus,
 };
-use crate::apply::state::read_record;
 use crate::fleet;
 use crate::layers::{parse_layers, LAYERS_SCRIPT};
 use crate::observed::Show;
@@ -19,6 +18,7 @@ use crate::plan::UNIT_DIR;
 use crate::redact::Redactor;
 use crate::remote::http::{GetError, Server};
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::state::read_record;
 use crate::targets::Target;
 use crate::unit::parse_unit;
 use crate::verify::Expect;

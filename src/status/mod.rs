@@ -19,7 +19,6 @@ use serde::Serialize;
 pub use crate::observed::split_nul;
 pub use gather::{status_host, status_targets, WeightsCheck};
 
-use crate::apply::state::{sha256, Record};
 use crate::apply::Outcome;
 use crate::flags::flags;
 use crate::layers::{Drift, Layers};
@@ -27,6 +26,7 @@ use crate::record::argv_sha256;
 use crate::redact::Redactor;
 use crate::remote::http::GetError;
 use crate::sglang::Catalog;
+use crate::state::{sha256, Record};
 use crate::unit::parse_unit;
 use reconcile_core::guard::{GuardState, Settled};
 use reconcile_core::live::held::{self, as_run, Held, HeldError, NotLive};

@@ -29,9 +29,8 @@ use crate::sglang::meaning::as_parsed;
 use crate::sglang::Catalog;
 use crate::unit::{parse_unit, Desired, UnitModel};
 
-pub mod change;
 pub mod held;
-pub use change::{LiveChange, Move, SettingChange};
+pub use crate::live_change::{LiveChange, Move, SettingChange};
 
 /// A flag `/set_internal_state` takes: its server-args key, whether its value is an integer, and
 /// SGLang 0.5.23's default for it (`srt/server_args.py`), which a unit without the flag runs with.

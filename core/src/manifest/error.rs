@@ -54,3 +54,19 @@ impl From<ManifestError> for ManifestErrors {
         ManifestErrors(vec![e])
     }
 }
+
+/// A quality gate's JSONL file is the manifest's: its errors point at the file's line, under the
+/// key that named the file.
+impl From<crate::quality::QualityFileError> for ManifestError {
+    fn from(e: crate::quality::QualityFileError) -> Self {
+        ManifestError::Invalid {
+            file: e.file,
+            position: Some(Position {
+                line: e.line,
+                column: e.column,
+            }),
+            field: e.field,
+            message: e.message,
+        }
+    }
+}

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::last_line;
 use super::{Finding, Want};
 use crate::manifest::locate::{locate, Seg};
 use crate::plan::Verdict;
 use crate::sglang::Catalog;
-use crate::survey::last_line;
 use crate::targets::Target;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,17 +15,16 @@
 //! needs no host: two services on one host claiming the same GPU.
 
 mod deep;
-pub mod fleet;
 pub mod owners;
 mod weights;
 
 use std::collections::BTreeMap;
 
 pub use crate::finding::{has_errors, strictly, Finding, Severity};
+pub use crate::gpu_claims::{gpu_conflicts, split_devices};
 pub use deep::{
     kept_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
 };
-pub use fleet::{gpu_conflicts, split_devices};
 pub use weights::{judge_weights, read_weights, WeightProblem, Weights, WeightsCheck};
 
 use crate::flags::flags;
@@ -621,8 +620,19 @@ fn users(line: &str) -> Vec<(String, u32)> {
         .collect()
 }
 
+/// The last line of a command's stderr with text on it: a host script's own words for why it
+/// failed, read by the survey and the checks alike.
+pub fn last_line(text: &str) -> String {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::manifest::parse;
 

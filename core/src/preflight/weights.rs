@@ -32,7 +32,7 @@ impl WeightsCheck {
             }
             Ok(_) => WeightsCheck::Failed(format!("exit status {status}")),
             Err(why) => {
-                let last = crate::survey::last_line(stderr);
+                let last = super::last_line(stderr);
                 WeightsCheck::Failed(if last.is_empty() { why } else { last })
             }
         }

@@ -4,8 +4,6 @@
 
 use serde_json::{Map, Value};
 
-use crate::manifest::{ManifestError, Position};
-
 /// What is wrong with a line of a prompts or cases file.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{file}:{line}: {message}")]
@@ -18,20 +16,6 @@ pub struct QualityFileError {
     /// The manifest key that named the file (`verify.quality.cases`).
     pub field: String,
     pub message: String,
-}
-
-impl From<QualityFileError> for ManifestError {
-    fn from(e: QualityFileError) -> Self {
-        ManifestError::Invalid {
-            file: e.file,
-            position: Some(Position {
-                line: e.line,
-                column: e.column,
-            }),
-            field: e.field,
-            message: e.message,
-        }
-    }
 }
 
 /// Where errors of one file point.
@@ -166,7 +150,7 @@ mod tests {
             e.to_string(),
             "p.jsonl:1: a line is a JSON object, not a list"
         );
-        let m: ManifestError = e.into();
+        let m: crate::manifest::ManifestError = e.into();
         assert_eq!(
             m.to_string(),
             "p.jsonl:1:1: verify.quality.prompts_file: a line is a JSON object, not a list"

@@ -1,9 +1,7 @@
 //! The quality stage's verdict: the new server's figures against the reference's, held to the
 //! threshold from the noise floor and to the pass-rate drop the manifest allows.
 
-use serde::Serialize;
-
-use crate::record::QualityFigures;
+use serde::{Deserialize, Serialize};
 
 use super::{
     settings_key, threshold, Comparison, LongTask, NeedleRate, QualitySpec, Rate, Reference,
@@ -501,6 +499,27 @@ fn small(x: f64) -> String {
     } else {
         s.to_string()
     }
+}
+
+/// What `history` shows of a deployment's quality stage: the KL against the reference, and the
+/// needle's pass rate. Beside the judge that makes it, as `BenchmarkRecord` is beside the
+/// benchmark: the record holds one without the quality code importing the record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QualityFigures {
+    pub verdict: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kl_mean: Option<f64>,
+    /// The mean KL over every position of the fixed texts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_kl_mean: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needle_passed: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needle_total: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cases_passed: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cases_total: Option<u32>,
 }
 
 #[cfg(test)]

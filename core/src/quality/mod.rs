@@ -55,7 +55,9 @@ pub use generate::{
     read_scores, scoring_request, Generated,
 };
 pub use jsonl::QualityFileError;
-pub use judge::{judge, Cost, Floors, Measures, QualityReport, RateChange, Verdict};
+pub use judge::{
+    judge, Cost, Floors, Measures, QualityFigures, QualityReport, RateChange, Verdict,
+};
 pub use kl::{compare, kl_estimate, mean_kl, threshold, Comparison};
 pub use needle::{found, needles, rates, Needle, QUESTION};
 pub use prompts::{builtin_prompts, parse_prompts};

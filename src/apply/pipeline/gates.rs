@@ -7,8 +7,8 @@ use reconcile_core::transaction::Went;
 use super::{Carried, Cause, Rank};
 use crate::apply::guard::{self, Armed};
 use crate::apply::install;
-use crate::apply::state;
 use crate::plan::Verdict;
+use crate::state;
 use crate::verify::{Stage, Verification};
 
 /// The quality gate's reference and noise floor, read from rank 0 while the old server serves,

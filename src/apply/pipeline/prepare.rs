@@ -8,11 +8,11 @@ use reconcile_core::transaction::Went;
 use super::{refused_endings, Carried, Rank};
 use crate::apply::decide;
 use crate::apply::error::ApplyError;
-use crate::apply::state;
 use crate::pinned;
 use crate::plan::Verdict;
 use crate::preflight;
 use crate::remote::error_chain;
+use crate::state;
 
 /// `Step::Prepare`. A rank refused stops the group, touching nothing: every rank's ending says
 /// which rank it was.
@@ -103,7 +103,7 @@ async fn preflight_and_lock(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyE
                 r.locked = true;
                 r.report.report.notes.extend(note);
             }
-            Err(e) => return Err((i, e)),
+            Err(e) => return Err((i, e.into())),
         }
         if let Some(expected) = &t.expected {
             crate::apply::still_as_planned(host, t, expected, &r.observed)

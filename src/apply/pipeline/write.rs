@@ -11,11 +11,11 @@ use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
 use crate::apply::error::ApplyError;
 use crate::apply::install;
-use crate::apply::state;
 use crate::apply::Outcome;
 use crate::plan::Verdict;
 use crate::record::LiveRecord;
 use crate::remote::{error_chain, RemoteError};
+use crate::state;
 
 /// `Step::Write`: the last moment to stop without a restart. A signal before the write, or during
 /// it, leaves the servers as they were.

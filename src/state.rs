@@ -18,7 +18,6 @@ pub use crate::record::{
     parse_history, parse_record, record_json, Record, RecordError, RecordProblem,
 };
 
-use super::error::ApplyError;
 use crate::remote::{error_chain, Host, RemoteError};
 
 pub const STATE_DIR: &str = "/var/lib/reconcile";
@@ -60,6 +59,25 @@ pub struct LockPolicy {
     pub ttl: Duration,
 }
 
+/// Why a unit's lock was not taken. Apply reports each as its own kind (`ApplyError`'s `Locked`,
+/// `LockNotTaken` and `LockFailed`), with these words.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// Another run holds the lock.
+    #[error("{unit} on {host} is locked by another apply ({holder}); if that run is dead, rerun with --break-stale-lock")]
+    Held {
+        unit: String,
+        host: String,
+        holder: String,
+    },
+    /// A stale lock was broken, and another run took the lock before this one got it.
+    #[error("{unit} on {host}: could not take the lock")]
+    NotTaken { unit: String, host: String },
+    /// The host failed while the lock was being taken (the error chain of the command).
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Takes the unit's lock (`mkdir` is atomic: of two runs exactly one gets it). A lock whose owner
 /// was a process on this machine that no longer exists is broken at once; an old lock from
 /// elsewhere only with `--break-stale-lock`. Returns a note when a lock was broken.
@@ -68,7 +86,7 @@ pub async fn lock(
     unit: &str,
     owner: &Owner,
     policy: LockPolicy,
-) -> Result<Option<String>, ApplyError> {
+) -> Result<Option<String>, LockError> {
     const TAKE: &str = "umask 077; mkdir -p -m 0700 \"$1\" && mkdir -m 0700 \"$1/lock\" 2>/dev/null && printf '%s\\n' \"$2\" \"$3\" \"$4\" \"$5\" > \"$1/lock/owner\"";
     let dir = unit_dir(unit);
     let now = unix_now().to_string();
@@ -86,7 +104,7 @@ pub async fn lock(
     ];
     let mut note = None;
     for attempt in 0..2 {
-        let failed = |e: RemoteError| ApplyError::LockFailed(error_chain(&e));
+        let failed = |e: RemoteError| LockError::Failed(error_chain(&e));
         let out = host.run(&take).await.map_err(failed)?;
         if out.status == 0 {
             return Ok(note);
@@ -125,13 +143,13 @@ pub async fn lock(
             note = Some(format!("broke a stale lock held by {holder} ({why})"));
             continue;
         }
-        return Err(ApplyError::Locked {
+        return Err(LockError::Held {
             unit: unit.to_string(),
             host: host.name().to_string(),
             holder,
         });
     }
-    Err(ApplyError::LockNotTaken {
+    Err(LockError::NotTaken {
         unit: unit.to_string(),
         host: host.name().to_string(),
     })

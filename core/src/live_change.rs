@@ -1,6 +1,6 @@
 //! What a live change tells the running server, and how it is told back: the requests'
-//! bodies and the plan's words. Apart from the decisions in `super`, so that a plan can hold
-//! one without importing them.
+//! bodies and the plan's words. Apart from the decisions in `crate::live`, so that a plan can
+//! hold one without importing them.
 
 use serde::Serialize;
 use serde_json::Value;
