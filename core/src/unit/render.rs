@@ -809,8 +809,12 @@ mod props {
                 argv.extend(flag_args("port", &[s.port.to_string()]));
                 prop_assert_eq!(&back.exec_start, &argv);
 
+                // The server gets every variable; a name that looks secret (`keY`, `hf_token`)
+                // goes to the secrets file, never into the unit's text.
                 let mut env = s.env.clone();
                 env.extend(h.env.clone());
+                prop_assert_eq!(&unit.environment(), &env);
+                env.retain(|name, _| !looks_secret(name));
                 prop_assert_eq!(&back.env, &env);
 
                 // Settings as systemd sees them: stripped, and an empty one is no setting.
