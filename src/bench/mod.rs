@@ -6,6 +6,7 @@
 //! `benchmark` stage (`apply::benchmark`) and by `reconcile bench` (`hosts`).
 
 pub mod hosts;
+pub mod running;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
