@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::running::{each_running, HostResult, Visit};
+use super::running::{each_running, HostResult, Parts, Visit};
 use crate::apply::state::{self, LockPolicy, Owner, RecordError};
 use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
@@ -62,13 +62,8 @@ impl HostResult for HostBench {
         HostBench::new(host, unit)
     }
 
-    fn notes(&mut self) -> &mut Vec<String> {
-        &mut self.notes
-    }
-
-    fn finish(&mut self, error: Option<String>, seconds: f64) {
-        self.error = error;
-        self.seconds = seconds;
+    fn parts(&mut self) -> Parts<'_> {
+        (&mut self.notes, &mut self.error, &mut self.seconds)
     }
 }
 

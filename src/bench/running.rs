@@ -11,11 +11,19 @@ use crate::remote::{error_chain, Host, SshOptions};
 pub trait HostResult {
     /// A result with nothing measured yet.
     fn new(host: &str, unit: &str) -> Self;
-    /// Its notes: the lock's, and the measurement's.
-    fn notes(&mut self) -> &mut Vec<String>;
+    /// What every result has: its notes (the lock's, and the measurement's), why it failed,
+    /// and the host's seconds.
+    fn parts(&mut self) -> Parts<'_>;
+
     /// Its end: why it failed, if it did, and the host's seconds.
-    fn finish(&mut self, error: Option<String>, seconds: f64);
+    fn finish(&mut self, failed: Option<String>, took: f64) {
+        let (_, error, seconds) = self.parts();
+        (*error, *seconds) = (failed, took);
+    }
 }
+
+/// A result's notes, error and seconds.
+pub type Parts<'a> = (&'a mut Vec<String>, &'a mut Option<String>, &'a mut f64);
 
 /// Whose lock the measurement takes, and what it says it does (`running_unit`'s "to").
 pub struct Visit<'a> {
@@ -97,8 +105,8 @@ async fn locked<O: HostResult, E>(
     let note = state::lock(host, visit.unit, visit.owner, visit.lock)
         .await
         .map_err(RunningError::Lock)?;
-    out.notes().extend(note);
+    out.parts().0.extend(note);
     let result = measure(host, &text, out).await;
-    state::unlock_noting(host, visit.unit, out.notes()).await;
+    state::unlock_noting(host, visit.unit, out.parts().0).await;
     result.map_err(RunningError::Measure)
 }

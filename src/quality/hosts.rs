@@ -10,7 +10,7 @@ use reconcile_core::quality::{self, Floors, QualityReport, QualitySpec};
 
 use super::MeasureError;
 use crate::apply::state::{LockPolicy, Owner};
-use crate::bench::running::{each_running, HostResult, Visit};
+use crate::bench::running::{each_running, HostResult, Parts, Visit};
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::unit::parse_unit;
 use crate::verify::Expect;
@@ -59,13 +59,8 @@ impl HostResult for HostQuality {
         HostQuality::new(host, unit)
     }
 
-    fn notes(&mut self) -> &mut Vec<String> {
-        &mut self.notes
-    }
-
-    fn finish(&mut self, error: Option<String>, seconds: f64) {
-        self.error = error;
-        self.seconds = seconds;
+    fn parts(&mut self) -> Parts<'_> {
+        (&mut self.notes, &mut self.error, &mut self.seconds)
     }
 }
 

@@ -73,10 +73,6 @@ impl MeasureError {
     fn request(path: &'static str) -> impl FnOnce(String) -> MeasureError {
         move |cause| MeasureError::Request { path, cause }
     }
-
-    fn chat(cause: String) -> MeasureError {
-        MeasureError::Chat { cause }
-    }
 }
 
 /// What one server answered.
@@ -322,6 +318,21 @@ pub async fn text_floor(
     ))
 }
 
+/// One chat completion's content (the needle, the long-context tasks and the cases ask this way).
+async fn chat(
+    server: &Server,
+    model: &str,
+    prompt: &str,
+    max_tokens: u32,
+    reasoning: bool,
+) -> Result<String, MeasureError> {
+    let answer = server
+        .chat(model, prompt, max_tokens, reasoning)
+        .await
+        .map_err(|cause| MeasureError::Chat { cause })?;
+    Ok(answer.content)
+}
+
 /// The long-context tasks' items found per task and length.
 pub async fn long_context(
     server: &Server,
@@ -337,11 +348,8 @@ pub async fn long_context(
     let probes = long_context::probes(long_spec, context_length);
     let mut found = Vec::with_capacity(probes.len());
     for p in &probes {
-        let answer = server
-            .chat(model, &p.prompt, long_context::ANSWER_TOKENS, reasoning)
-            .await
-            .map_err(MeasureError::chat)?;
-        found.push(long_context::found(p, &answer.content));
+        let answer = chat(server, model, &p.prompt, long_context::ANSWER_TOKENS, reasoning).await?;
+        found.push(long_context::found(p, &answer));
     }
     Ok(long_context::task_rates(&probes, &found))
 }
@@ -360,11 +368,8 @@ pub async fn needle(
     let set = needles(needle_spec, context_length, ANSWER_TOKENS);
     let mut found = Vec::with_capacity(set.len());
     for n in &set {
-        let answer = server
-            .chat(model, &n.prompt, ANSWER_TOKENS, reasoning)
-            .await
-            .map_err(MeasureError::chat)?;
-        found.push(quality::found(n, &answer.content));
+        let answer = chat(server, model, &n.prompt, ANSWER_TOKENS, reasoning).await?;
+        found.push(quality::found(n, &answer));
     }
     Ok(quality::rates(&set, &found))
 }
@@ -384,12 +389,9 @@ pub async fn cases(
         total: 0,
     };
     for case in &file.content {
-        let answer = server
-            .chat(model, &case.prompt, ANSWER_TOKENS, reasoning)
-            .await
-            .map_err(MeasureError::chat)?;
+        let answer = chat(server, model, &case.prompt, ANSWER_TOKENS, reasoning).await?;
         rate.total += 1;
-        rate.passed += u32::from(quality::passes(case, &answer.content));
+        rate.passed += u32::from(quality::passes(case, &answer));
     }
     Ok(Some(rate))
 }
