@@ -359,12 +359,12 @@ pub(super) async fn behind_router(
     host: &dyn Host,
     t: &Target,
     options: &ApplyOptions,
-    router: Result<std::sync::Arc<Router>, String>,
+    router: Result<std::sync::Arc<Router>, std::sync::Arc<crate::router::RouterError>>,
 ) -> UnitReport {
     let refuse = |e: ApplyError| super::refused_for(&t.host, &t.desired.unit, &t.source, &e);
     let router = match router {
         Ok(router) => router,
-        Err(e) => return refuse(ApplyError::Router(e)),
+        Err(e) => return refuse(ApplyError::Router(e.to_string())),
     };
     if !restarts(host, t, options).await {
         return super::apply_one(host, t, options).await;
