@@ -209,15 +209,16 @@ impl Router {
             Some(key) => builder.bearer_auth(key),
             None => builder,
         };
-        let response = builder
-            .timeout(ADMIN_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| RouterError::Send {
-                router: self.url.clone(),
-                request: request.into(),
-                source: e.without_url(),
-            })?;
+        let response =
+            builder
+                .timeout(ADMIN_TIMEOUT)
+                .send()
+                .await
+                .map_err(|e| RouterError::Send {
+                    router: self.url.clone(),
+                    request: request.into(),
+                    source: e.without_url(),
+                })?;
         let status = response.status();
         // A body that could not be read is as good as empty here (the status says what
         // happened); one past the bound is a router gone wrong.
@@ -432,7 +433,10 @@ fn socket(address: &str, port: u16) -> String {
 /// The routers of a rollout, connected once each before the first turn; a router that could not
 /// be reached keeps its error, and every replica behind it is refused with it (hence shared).
 #[derive(Default)]
-pub struct Routers(HashMap<(String, Option<String>), Result<Arc<Router>, Arc<RouterError>>>);
+pub struct Routers(HashMap<(String, Option<String>), Connected>);
+
+/// A router connected, or why it was not (one error for every replica behind it).
+pub type Connected = Result<Arc<Router>, Arc<RouterError>>;
 
 impl Routers {
     pub async fn connect(targets: &[Target], ssh: &SshOptions) -> Routers {
@@ -456,7 +460,7 @@ impl Routers {
     }
 
     /// The router `t`'s replica sits behind, if its manifest names one.
-    pub fn of(&self, t: &Target) -> Option<Result<Arc<Router>, Arc<RouterError>>> {
+    pub fn of(&self, t: &Target) -> Option<Connected> {
         let spec = t.manifest.router.as_ref()?;
         self.0.get(&(spec.url.clone(), spec.via.clone())).cloned()
     }
@@ -528,6 +532,38 @@ mod tests {
                 })
             ),
             "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn each_cause_keeps_its_words() {
+        const VAR: &str = "RECONCILE_TEST_ROUTER_KEY_UNSET";
+        // No other test sets this variable.
+        let unset = Some(AdminKey::Env(VAR.into()));
+        let e = Router::connect(
+            &spec("http://127.0.0.1:30000", unset),
+            &SshOptions::default(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert_eq!(
+            e.to_string(),
+            format!("router http://127.0.0.1:30000: its admin key: ${VAR} is not set")
+        );
+        let status = |body: Option<&str>| RouterError::Status {
+            router: "http://r".into(),
+            request: "POST /workers".into(),
+            status: StatusCode::BAD_REQUEST,
+            body: body.map(str::to_string),
+        };
+        assert_eq!(
+            status(None).to_string(),
+            "router http://r: POST /workers: answered 400 Bad Request"
+        );
+        assert_eq!(
+            status(Some("no such worker")).to_string(),
+            "router http://r: POST /workers: answered 400 Bad Request: no such worker"
         );
     }
 }

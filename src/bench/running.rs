@@ -3,8 +3,8 @@
 //! only in what they measure and keep, so the visit, the lock and the result's bookkeeping are
 //! written once here.
 
-use crate::apply::ApplyError;
 use crate::apply::state::{self, LockPolicy, Owner};
+use crate::apply::ApplyError;
 use crate::remote::{error_chain, Host, SshOptions};
 
 /// One host's result, as the command reports it.

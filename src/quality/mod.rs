@@ -348,7 +348,14 @@ pub async fn long_context(
     let probes = long_context::probes(long_spec, context_length);
     let mut found = Vec::with_capacity(probes.len());
     for p in &probes {
-        let answer = chat(server, model, &p.prompt, long_context::ANSWER_TOKENS, reasoning).await?;
+        let answer = chat(
+            server,
+            model,
+            &p.prompt,
+            long_context::ANSWER_TOKENS,
+            reasoning,
+        )
+        .await?;
         found.push(long_context::found(p, &answer));
     }
     Ok(long_context::task_rates(&probes, &found))
