@@ -359,7 +359,7 @@ pub(super) async fn behind_router(
     host: &dyn Host,
     t: &Target,
     options: &ApplyOptions,
-    router: Result<std::sync::Arc<Router>, std::sync::Arc<crate::router::RouterError>>,
+    router: crate::router::Connected,
 ) -> UnitReport {
     let refuse = |e: ApplyError| super::refused_for(&t.host, &t.desired.unit, &t.source, &e);
     let router = match router {
