@@ -16,7 +16,7 @@ use super::undo;
 use super::{apply_hosts, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
 use crate::remote::{Host, SshOptions};
-use crate::router::{Router, Routers};
+use crate::router::{Connected, Routers};
 use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
 use reconcile_core::rollout::schedule::{Schedule, Step};
@@ -359,7 +359,7 @@ pub(super) async fn behind_router(
     host: &dyn Host,
     t: &Target,
     options: &ApplyOptions,
-    router: crate::router::Connected,
+    router: Connected,
 ) -> UnitReport {
     let refuse = |e: ApplyError| super::refused_for(&t.host, &t.desired.unit, &t.source, &e);
     let router = match router {
