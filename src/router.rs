@@ -29,8 +29,11 @@ const POLL: Duration = Duration::from_millis(100);
 /// A queued removal: a job the router's queue runs at once.
 const GONE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Why a router was not reached, or did not do what was asked. Every message names the router
+/// (its `router.url`), and the request where there was one.
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
+    /// The SSH connection or port forward through `via` failed.
     #[error("router {router}: cannot reach it through {via}: {}", error_chain(.source))]
     Via {
         router: String,
@@ -38,14 +41,77 @@ pub enum RouterError {
         #[source]
         source: RemoteError,
     },
-    #[error("router {router}: its admin key: {why}")]
-    Key { router: String, why: String },
-    #[error("router {router}: {request}: {why}")]
-    Request {
+    /// `admin_key_env` names a variable this process does not have.
+    #[error("router {router}: its admin key: ${var} is not set")]
+    KeyUnset { router: String, var: String },
+    /// `admin_key_file` is read on the router's host, which only `via` reaches.
+    #[error("router {router}: its admin key: admin_key_file needs `via`")]
+    KeyFileWithoutVia { router: String },
+    /// The key file could not be read on the router's host.
+    #[error("router {router}: its admin key: reading {path}: {}", error_chain(.source))]
+    KeyRead {
+        router: String,
+        path: String,
+        #[source]
+        source: RemoteError,
+    },
+    /// The key file is not there.
+    #[error("router {router}: its admin key: {path} does not exist on {host}")]
+    KeyFileMissing {
+        router: String,
+        path: String,
+        host: String,
+    },
+    /// The key read is blank.
+    #[error("router {router}: its admin key: it is empty")]
+    KeyEmpty { router: String },
+    /// The HTTP client for the admin API could not be made.
+    #[error("router {router}: HTTP client: {source}")]
+    Client {
+        router: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A request got no answer (refused, timed out, cut); the error has no URL in it.
+    #[error("router {router}: {request}: {source}")]
+    Send {
         router: String,
         request: String,
-        why: String,
+        #[source]
+        source: reqwest::Error,
     },
+    /// The answer was larger than any the admin API gives.
+    #[error("router {router}: {request}: {source}")]
+    AnswerTooLarge {
+        router: String,
+        request: String,
+        #[source]
+        source: remote::http::BodyError,
+    },
+    /// 401 or 403: the admin key is missing or has no admin role.
+    #[error("router {router}: {request}: answered {status}: the admin key is missing or not an admin key")]
+    Unauthorized {
+        router: String,
+        request: String,
+        status: StatusCode,
+    },
+    /// Another status than success, with the answer's text when it has one to say.
+    #[error("router {router}: {request}: answered {status}{}", answered(.body))]
+    Status {
+        router: String,
+        request: String,
+        status: StatusCode,
+        /// The answer, trimmed; `None` where the request's message leaves it out (`GET /workers`).
+        body: Option<String>,
+    },
+    /// `GET /workers` answered a list that does not read.
+    #[error("router {router}: GET /workers: {cause}")]
+    Workers {
+        router: String,
+        // typed at merge: `reconcile_core::router::parse_workers`'s error.
+        cause: String,
+    },
+    /// A queued change did not show in the list in time.
     #[error("router {router}: {what} within {}s", .within.as_secs())]
     Timeout {
         router: String,
@@ -56,6 +122,11 @@ pub enum RouterError {
     /// HTTP only to loopback or through the `via` forward.
     #[error("router {router}: {token} would cross the network in plain HTTP: set `via` (an SSH forward to the router) or use a loopback URL")]
     KeyInClear { router: String, token: &'static str },
+}
+
+/// `: BODY` after a status, when the message carries the answer.
+fn answered(body: &Option<String>) -> String {
+    body.as_ref().map_or(String::new(), |b| format!(": {b}"))
 }
 
 /// One router, connected: an HTTP client to its base URL, through the SSH forward it holds.
@@ -104,10 +175,9 @@ impl Router {
             .connect_timeout(Duration::from_secs(3))
             .no_proxy()
             .build()
-            .map_err(|e| RouterError::Request {
+            .map_err(|source| RouterError::Client {
                 router: spec.url.clone(),
-                request: "HTTP client".into(),
-                why: e.to_string(),
+                source,
             })?;
         Ok(Router {
             url: spec.url.clone(),
@@ -120,11 +190,13 @@ impl Router {
         })
     }
 
-    fn fail(&self, request: &str, why: impl Into<String>) -> RouterError {
-        RouterError::Request {
+    /// The router answered `status` to `request`; `body`, when the message carries it.
+    fn status(&self, request: &str, status: StatusCode, body: Option<&str>) -> RouterError {
+        RouterError::Status {
             router: self.url.clone(),
             request: request.into(),
-            why: why.into(),
+            status,
+            body: body.map(|b| b.trim().to_string()),
         }
     }
 
@@ -137,27 +209,37 @@ impl Router {
             Some(key) => builder.bearer_auth(key),
             None => builder,
         };
-        let response = builder
-            .timeout(ADMIN_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| self.fail(request, e.without_url().to_string()))?;
+        let response =
+            builder
+                .timeout(ADMIN_TIMEOUT)
+                .send()
+                .await
+                .map_err(|e| RouterError::Send {
+                    router: self.url.clone(),
+                    request: request.into(),
+                    source: e.without_url(),
+                })?;
         let status = response.status();
         // A body that could not be read is as good as empty here (the status says what
         // happened); one past the bound is a router gone wrong.
         let body =
             match remote::http::read_body(response, "the answer", remote::http::BODY_LIMIT).await {
                 Ok(body) => body,
-                Err(e @ remote::http::BodyError::TooLarge { .. }) => {
-                    return Err(self.fail(request, e.to_string()))
+                Err(source @ remote::http::BodyError::TooLarge { .. }) => {
+                    return Err(RouterError::AnswerTooLarge {
+                        router: self.url.clone(),
+                        request: request.into(),
+                        source,
+                    })
                 }
                 Err(remote::http::BodyError::Read { .. }) => String::new(),
             };
         if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            return Err(self.fail(
-                request,
-                format!("answered {status}: the admin key is missing or not an admin key"),
-            ));
+            return Err(RouterError::Unauthorized {
+                router: self.url.clone(),
+                request: request.into(),
+                status,
+            });
         }
         Ok((status, body))
     }
@@ -170,9 +252,12 @@ impl Router {
             )
             .await?;
         if !status.is_success() {
-            return Err(self.fail("GET /workers", format!("answered {status}")));
+            return Err(self.status("GET /workers", status, None));
         }
-        decide::parse_workers(&body).map_err(|e| self.fail("GET /workers", e))
+        decide::parse_workers(&body).map_err(|cause| RouterError::Workers {
+            router: self.url.clone(),
+            cause,
+        })
     }
 
     async fn remove(&self, id: &str) -> Result<(), RouterError> {
@@ -183,7 +268,7 @@ impl Router {
         if status.is_success() || status == StatusCode::NOT_FOUND {
             return Ok(());
         }
-        Err(self.fail(&request, format!("answered {status}: {}", body.trim())))
+        Err(self.status(&request, status, Some(&body)))
     }
 
     /// Registers the worker at `url`; `api_key` is the worker's own `--api-key`, which a worker
@@ -208,10 +293,7 @@ impl Router {
         if status.is_success() {
             return Ok(());
         }
-        Err(self.fail(
-            "POST /workers",
-            format!("answered {status}: {}", answer.trim()),
-        ))
+        Err(self.status("POST /workers", status, Some(&answer)))
     }
 
     /// Polls the list until `url` stands as `want`.
@@ -277,10 +359,14 @@ impl Router {
     }
 }
 
+/// Why a replica was not taken out of its router.
 #[derive(Debug, thiserror::Error)]
 pub enum TakeOutError {
+    /// Taking it out would leave too few healthy replicas (`reconcile_core::router::take_out`'s
+    /// reason).
     #[error("{0}")]
     Refused(String),
+    /// The router could not be asked, or did not do it.
     #[error(transparent)]
     Router(#[from] RouterError),
 }
@@ -291,26 +377,32 @@ async fn admin_key(
     spec: &RouterSpec,
     via: Option<&dyn Host>,
 ) -> Result<Option<String>, RouterError> {
-    let fail = |why: String| RouterError::Key {
-        router: spec.url.clone(),
-        why,
-    };
+    let router = || spec.url.clone();
     let key = match &spec.admin_key {
         None => return Ok(None),
-        Some(AdminKey::Env(name)) => {
-            std::env::var(name).map_err(|_| fail(format!("${name} is not set")))?
-        }
+        Some(AdminKey::Env(name)) => std::env::var(name).map_err(|_| RouterError::KeyUnset {
+            router: router(),
+            var: name.clone(),
+        })?,
         Some(AdminKey::File(path)) => {
-            let host = via.ok_or_else(|| fail("admin_key_file needs `via`".into()))?;
+            let host = via.ok_or_else(|| RouterError::KeyFileWithoutVia { router: router() })?;
             host.read_file(path)
                 .await
-                .map_err(|e| fail(format!("reading {path}: {}", error_chain(&e))))?
-                .ok_or_else(|| fail(format!("{path} does not exist on {}", host.name())))?
+                .map_err(|source| RouterError::KeyRead {
+                    router: router(),
+                    path: path.clone(),
+                    source,
+                })?
+                .ok_or_else(|| RouterError::KeyFileMissing {
+                    router: router(),
+                    path: path.clone(),
+                    host: host.name().to_string(),
+                })?
         }
     };
     let key = key.trim().to_string();
     if key.is_empty() {
-        return Err(fail("it is empty".into()));
+        return Err(RouterError::KeyEmpty { router: router() });
     }
     Ok(Some(key))
 }
@@ -339,9 +431,12 @@ fn socket(address: &str, port: u16) -> String {
 }
 
 /// The routers of a rollout, connected once each before the first turn; a router that could not
-/// be reached keeps its error, and every replica behind it is refused with it.
+/// be reached keeps its error, and every replica behind it is refused with it (hence shared).
 #[derive(Default)]
-pub struct Routers(HashMap<(String, Option<String>), Result<Arc<Router>, String>>);
+pub struct Routers(HashMap<(String, Option<String>), Connected>);
+
+/// A router connected, or why it was not (one error for every replica behind it).
+pub type Connected = Result<Arc<Router>, Arc<RouterError>>;
 
 impl Routers {
     pub async fn connect(targets: &[Target], ssh: &SshOptions) -> Routers {
@@ -354,7 +449,7 @@ impl Routers {
             let router = Router::connect(spec, ssh)
                 .await
                 .map(Arc::new)
-                .map_err(|e| e.to_string());
+                .map_err(Arc::new);
             routers.insert(key, router);
         }
         Routers(routers)
@@ -365,7 +460,7 @@ impl Routers {
     }
 
     /// The router `t`'s replica sits behind, if its manifest names one.
-    pub fn of(&self, t: &Target) -> Option<Result<Arc<Router>, String>> {
+    pub fn of(&self, t: &Target) -> Option<Connected> {
         let spec = t.manifest.router.as_ref()?;
         self.0.get(&(spec.url.clone(), spec.via.clone())).cloned()
     }
@@ -437,6 +532,38 @@ mod tests {
                 })
             ),
             "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn each_cause_keeps_its_words() {
+        const VAR: &str = "RECONCILE_TEST_ROUTER_KEY_UNSET";
+        // No other test sets this variable.
+        let unset = Some(AdminKey::Env(VAR.into()));
+        let e = Router::connect(
+            &spec("http://127.0.0.1:30000", unset),
+            &SshOptions::default(),
+        )
+        .await
+        .err()
+        .expect("refused");
+        assert_eq!(
+            e.to_string(),
+            format!("router http://127.0.0.1:30000: its admin key: ${VAR} is not set")
+        );
+        let status = |body: Option<&str>| RouterError::Status {
+            router: "http://r".into(),
+            request: "POST /workers".into(),
+            status: StatusCode::BAD_REQUEST,
+            body: body.map(str::to_string),
+        };
+        assert_eq!(
+            status(None).to_string(),
+            "router http://r: POST /workers: answered 400 Bad Request"
+        );
+        assert_eq!(
+            status(Some("no such worker")).to_string(),
+            "router http://r: POST /workers: answered 400 Bad Request: no such worker"
         );
     }
 }

@@ -205,7 +205,15 @@ pub(super) async fn canary(
     }
     report.notes.push(detail.clone());
     if judged.verdict == Verdict::Failed {
-        take_back(report, t, router, &detail, ssh, options).await;
+        take_back(
+            report,
+            t,
+            router.map_err(|e| e.to_string()),
+            &detail,
+            ssh,
+            options,
+        )
+        .await;
     }
     report.bake = Some(BakeReport {
         seconds: started.elapsed().as_secs_f64(),

@@ -148,6 +148,7 @@ pub async fn stage(
             expect.reasoning,
         )
         .await
+        .map_err(|e| e.to_string())
     };
     let measured: Result<Measured, String> = job
         .options

@@ -16,7 +16,7 @@ use super::undo;
 use super::{apply_hosts, ApplyOptions, Outcome, UnitReport};
 use crate::fleet;
 use crate::remote::{Host, SshOptions};
-use crate::router::{Router, Routers};
+use crate::router::{Connected, Routers};
 use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
 use reconcile_core::rollout::schedule::{Schedule, Step};
@@ -359,12 +359,12 @@ pub(super) async fn behind_router(
     host: &dyn Host,
     t: &Target,
     options: &ApplyOptions,
-    router: Result<std::sync::Arc<Router>, String>,
+    router: Connected,
 ) -> UnitReport {
     let refuse = |e: ApplyError| super::refused_for(&t.host, &t.desired.unit, &t.source, &e);
     let router = match router {
         Ok(router) => router,
-        Err(e) => return refuse(ApplyError::Router(e)),
+        Err(e) => return refuse(ApplyError::Router(e.to_string())),
     };
     if !restarts(host, t, options).await {
         return super::apply_one(host, t, options).await;

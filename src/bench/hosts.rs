@@ -7,10 +7,11 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use super::running::{each_running, HostResult, Parts, Visit};
 use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
-use crate::remote::{error_chain, Host, Server, SshOptions};
-use crate::state::{self, LockPolicy, Owner};
+use crate::remote::{error_chain, Host, RemoteError, Server, SshOptions};
+use crate::state::{self, LockPolicy, Owner, RecordError};
 use crate::unit::parse_unit;
 use crate::verify::Expect;
 
@@ -56,6 +57,45 @@ impl HostBench {
     }
 }
 
+impl HostResult for HostBench {
+    fn new(host: &str, unit: &str) -> HostBench {
+        HostBench::new(host, unit)
+    }
+
+    fn parts(&mut self) -> Parts<'_> {
+        (&mut self.notes, &mut self.error, &mut self.seconds)
+    }
+}
+
+/// Why a host's benchmark was not stored, once its unit was found running and locked.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The current deployment record did not read.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// The server could not be reached (its port forward, or its client).
+    #[error("{}", error_chain(.source))]
+    Server {
+        #[source]
+        source: RemoteError,
+    },
+    /// Ctrl-C or SIGTERM stopped the benchmark (`signals::interrupted`'s words).
+    #[error("{message}")]
+    Interrupted { message: String },
+    /// The benchmark's verdict is a failure: its detail.
+    #[error("{detail}; nothing was stored")]
+    Failed { detail: String },
+    /// The unit runs, but no apply recorded it: nowhere to keep the figures.
+    #[error("{unit} on {host} has no deployment record to keep the figures in (apply it first); nothing was stored")]
+    NoRecord { unit: String, host: String },
+    /// The record with the figures was not written.
+    #[error("{}", error_chain(.source))]
+    Write {
+        #[source]
+        source: RemoteError,
+    },
+}
+
 /// Benchmarks `unit` on each host (at most `at_once` at once).
 pub async fn bench_hosts(
     hosts: &[String],
@@ -64,42 +104,22 @@ pub async fn bench_hosts(
     at_once: usize,
     options: &BenchOptions<'_>,
 ) -> Vec<HostBench> {
-    crate::fleet::each_host(
-        hosts.iter().map(|h| (h.clone(), ())),
+    let visit = Visit {
+        unit,
+        to: "benchmark",
+        owner: &options.owner,
+        lock: options.lock,
+    };
+    each_running(
+        hosts,
         ssh,
         at_once,
-        crate::fleet::no_span,
-        async |host: &dyn Host, visit: &crate::fleet::Visit<'_>, ()| {
-            let mut out = HostBench::new(visit.name, unit);
-            if let Err(e) = bench_host(host, unit, options, &mut out).await {
-                out.error = Some(e);
-            }
-            out.seconds = visit.started.elapsed().as_secs_f64();
-            out
-        },
-        |visit, (), e| HostBench {
-            error: Some(format!("unreachable: {}", error_chain(&e))),
-            seconds: visit.started.elapsed().as_secs_f64(),
-            ..HostBench::new(visit.name, unit)
+        &visit,
+        async |host: &dyn Host, text: &str, out: &mut HostBench| {
+            measure_and_store(host, unit, text, options, out).await
         },
     )
     .await
-}
-
-async fn bench_host(
-    host: &dyn Host,
-    unit: &str,
-    options: &BenchOptions<'_>,
-    out: &mut HostBench,
-) -> Result<(), String> {
-    let text = crate::systemd::running_unit(host, unit, "benchmark").await?;
-    let note = state::lock(host, unit, &options.owner, options.lock)
-        .await
-        .map_err(|e| e.to_string())?;
-    out.notes.extend(note);
-    let result = measure_and_store(host, unit, &text, options, out).await;
-    state::unlock_noting(host, unit, &mut out.notes).await;
-    result
 }
 
 /// Under the lock: the current record, the benchmark, and the record rewritten with its figures.
@@ -109,20 +129,18 @@ async fn measure_and_store(
     unit_text: &str,
     options: &BenchOptions<'_>,
     out: &mut HostBench,
-) -> Result<(), String> {
-    let record = state::read_record(host, unit)
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<(), BenchError> {
+    let record = state::read_record(host, unit).await?;
     let expect = Expect::from_unit(&parse_unit(unit_text));
     let server = host
         .server(&expect.endpoint, options.url)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|source| BenchError::Server { source })?;
     let name = host.name().to_string();
     let on_level = |l: &Level| (options.on_level)(&name, l);
     let measured = tokio::select! {
         m = super::run(&server, &expect.model_id, options.spec, &on_level) => m,
-        _ = options.cancel.cancelled() => return Err(crate::signals::interrupted()),
+        _ = options.cancel.cancelled() => return Err(BenchError::Interrupted { message: crate::signals::interrupted() }),
     };
     let previous = record.as_ref().and_then(|r| r.benchmark.as_ref());
     let report = judge(
@@ -136,13 +154,13 @@ async fn measure_and_store(
         (report.verdict == crate::benchmark::Verdict::Failed).then(|| report.detail.clone());
     out.benchmark = Some(report);
     if let Some(e) = failed {
-        return Err(format!("{e}; nothing was stored"));
+        return Err(BenchError::Failed { detail: e });
     }
     let Some(mut record) = record else {
-        return Err(format!(
-            "{unit} on {} has no deployment record to keep the figures in (apply it first); nothing was stored",
-            host.name()
-        ));
+        return Err(BenchError::NoRecord {
+            unit: unit.to_string(),
+            host: host.name().to_string(),
+        });
     };
     if record.unit_sha256 != state::sha256(unit_text) {
         out.notes.push(
@@ -152,7 +170,7 @@ async fn measure_and_store(
     record.benchmark = figures;
     state::write_current(host, &record)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|source| BenchError::Write { source })?;
     out.stored = true;
     Ok(())
 }

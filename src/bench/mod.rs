@@ -6,13 +6,52 @@
 //! `benchmark` stage (`apply::benchmark`) and by `reconcile bench` (`hosts`).
 
 pub mod hosts;
+pub mod running;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::benchmark::{level, prompt, settings_key, BenchmarkRecord, Level, RequestSample};
 use crate::manifest::BenchmarkSpec;
+use crate::remote::http::ClientError;
 use crate::remote::Server;
+
+/// Why a level did not run at all: every request of it counts as failed with this.
+#[derive(Debug, thiserror::Error)]
+pub enum LevelError {
+    /// The level's own HTTP client could not be made.
+    #[error("no HTTP client: {0}")]
+    Client(#[source] ClientError),
+    /// The level's thread could not build its runtime.
+    #[error("no runtime for the benchmark: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The level's thread panicked or was cancelled.
+    #[error("the benchmark stopped: {0}")]
+    Stopped(#[source] tokio::task::JoinError),
+}
+
+/// Why one request failed; its sample keeps the words.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// A `data:` payload that does not read as a chunk: its first 100 characters.
+    #[error("a stream chunk is not JSON: {start}")]
+    NotJson { start: String },
+    /// SGLang's `{"error": ...}` in the stream: its message.
+    #[error("the server answered an error in the stream: {message}")]
+    Server { message: String },
+    /// The request or its stream failed below the chunks (refused, timed out, cut).
+    #[error("{cause}")]
+    Transport {
+        // typed at merge: `remote::http`'s error for `stream_chat`.
+        cause: String,
+    },
+    /// The stream closed before any content.
+    #[error("the stream ended without a token")]
+    NoToken,
+    /// The stream closed without `[DONE]` or the usage chunk.
+    #[error("the stream ended before `[DONE]`")]
+    Cut,
+}
 
 /// What one benchmark run measured.
 #[derive(Debug, Clone)]
@@ -82,7 +121,7 @@ async fn run_level(
     // client's CPU at thousands of tokens a second (bench/client.sh measures it).
     let server = match server.with_own_client() {
         Ok(server) => server,
-        Err(e) => return failed_level(concurrency, format!("no HTTP client: {e}")),
+        Err(e) => return failed_level(concurrency, LevelError::Client(e)),
     };
     let (model, spec) = (model.to_string(), spec.clone());
     let level = tokio::task::spawn_blocking(move || {
@@ -94,13 +133,14 @@ async fn run_level(
     .await;
     match level {
         Ok(Ok(level)) => level,
-        Ok(Err(e)) => failed_level(concurrency, format!("no runtime for the benchmark: {e}")),
-        Err(e) => failed_level(concurrency, format!("the benchmark stopped: {e}")),
+        Ok(Err(e)) => failed_level(concurrency, LevelError::Runtime(e)),
+        Err(e) => failed_level(concurrency, LevelError::Stopped(e)),
     }
 }
 
 /// A level that could not run at all: every request counts as failed.
-fn failed_level(concurrency: u32, why: String) -> (Level, Option<String>) {
+fn failed_level(concurrency: u32, why: LevelError) -> (Level, Option<String>) {
+    let why = why.to_string();
     let sample = RequestSample {
         error: Some(why.clone()),
         ..RequestSample::default()
@@ -210,6 +250,8 @@ struct Stream {
     sent: Instant,
     last_content: Option<Instant>,
     sample: RequestSample,
+    /// The first thing that went wrong; the sample gets its words at the end.
+    error: Option<RequestError>,
     content_chunks: u64,
     usage_tokens: Option<u64>,
     done: bool,
@@ -221,6 +263,7 @@ impl Stream {
             sent,
             last_content: None,
             sample: RequestSample::default(),
+            error: None,
             content_chunks: 0,
             usage_tokens: None,
             done: false,
@@ -235,19 +278,16 @@ impl Stream {
             return;
         }
         let Ok(chunk) = serde_json::from_str::<Chunk>(data) else {
-            self.fail(format!(
-                "a stream chunk is not JSON: {}",
-                data.chars().take(100).collect::<String>()
-            ));
+            self.fail(RequestError::NotJson {
+                start: data.chars().take(100).collect(),
+            });
             return;
         };
         if let Some(e) = chunk.error.filter(|e| !e.is_null()) {
             let message = e["message"]
                 .as_str()
                 .map_or_else(|| e.to_string(), str::to_string);
-            self.fail(format!(
-                "the server answered an error in the stream: {message}"
-            ));
+            self.fail(RequestError::Server { message });
             return;
         }
         if let Some(tokens) = chunk.usage.and_then(|u| u.completion_tokens) {
@@ -273,18 +313,21 @@ impl Stream {
         self.content_chunks += 1;
     }
 
-    fn fail(&mut self, why: String) {
-        self.sample.error.get_or_insert(why);
+    fn fail(&mut self, why: RequestError) {
+        self.error.get_or_insert(why);
     }
 
+    /// The sample, once the stream is over; `transport`: how the request failed, if it did.
+    // typed at merge: `transport` becomes `remote::http`'s error for `stream_chat`.
     fn finish(mut self, transport: Option<String>) -> RequestSample {
-        if let Some(e) = transport {
-            self.fail(e);
+        if let Some(cause) = transport {
+            self.fail(RequestError::Transport { cause });
         } else if self.content_chunks == 0 {
-            self.fail("the stream ended without a token".into());
+            self.fail(RequestError::NoToken);
         } else if !self.done && self.usage_tokens.is_none() {
-            self.fail("the stream ended before `[DONE]`".into());
+            self.fail(RequestError::Cut);
         }
+        self.sample.error = self.error.map(|e| e.to_string());
         self.sample.tokens = self.usage_tokens.unwrap_or(self.content_chunks);
         self.sample
     }

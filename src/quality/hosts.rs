@@ -8,8 +8,10 @@ use tokio_util::sync::CancellationToken;
 
 use reconcile_core::quality::{self, Floors, QualityReport, QualitySpec};
 
-use crate::remote::{error_chain, Host, SshOptions};
-use crate::state::{self, LockPolicy, Owner};
+use super::MeasureError;
+use crate::bench::running::{each_running, HostResult, Parts, Visit};
+use crate::remote::{error_chain, Host, RemoteError, SshOptions};
+use crate::state::{LockPolicy, Owner};
 use crate::unit::parse_unit;
 use crate::verify::Expect;
 
@@ -52,6 +54,50 @@ impl HostQuality {
     }
 }
 
+impl HostResult for HostQuality {
+    fn new(host: &str, unit: &str) -> HostQuality {
+        HostQuality::new(host, unit)
+    }
+
+    fn parts(&mut self) -> Parts<'_> {
+        (&mut self.notes, &mut self.error, &mut self.seconds)
+    }
+}
+
+/// Why a host's measurement did not become its reference, once its unit was found running and
+/// locked.
+#[derive(Debug, thiserror::Error)]
+pub enum QualityError {
+    /// The kept reference could not be read (a reference that reads but does not parse is a
+    /// note, not this).
+    #[error("{}", error_chain(.source))]
+    Reference {
+        #[source]
+        source: RemoteError,
+    },
+    /// The server could not be reached (its port forward, or its client).
+    #[error("{}", error_chain(.source))]
+    Server {
+        #[source]
+        source: RemoteError,
+    },
+    /// Ctrl-C or SIGTERM stopped the measurement (`signals::interrupted`'s words).
+    #[error("{message}")]
+    Interrupted { message: String },
+    /// The server did not answer what the measurement asks.
+    #[error(transparent)]
+    Measure(#[from] MeasureError),
+    /// The running server no longer answers as its kept reference says: the verdict's detail.
+    #[error("{detail}; the running server no longer answers as the kept reference says; nothing was stored")]
+    Regressed { detail: String },
+    /// The new reference was not written.
+    #[error("{}", error_chain(.source))]
+    Keep {
+        #[source]
+        source: RemoteError,
+    },
+}
+
 /// Measures `unit` on each host (at most `at_once` at once).
 pub async fn quality_hosts(
     hosts: &[String],
@@ -60,42 +106,22 @@ pub async fn quality_hosts(
     at_once: usize,
     options: &QualityOptions<'_>,
 ) -> Vec<HostQuality> {
-    crate::fleet::each_host(
-        hosts.iter().map(|h| (h.clone(), ())),
+    let visit = Visit {
+        unit,
+        to: "measure",
+        owner: &options.owner,
+        lock: options.lock,
+    };
+    each_running(
+        hosts,
         ssh,
         at_once,
-        crate::fleet::no_span,
-        async |host: &dyn Host, visit: &crate::fleet::Visit<'_>, ()| {
-            let mut out = HostQuality::new(visit.name, unit);
-            if let Err(e) = quality_host(host, unit, options, &mut out).await {
-                out.error = Some(e);
-            }
-            out.seconds = visit.started.elapsed().as_secs_f64();
-            out
-        },
-        |visit, (), e| HostQuality {
-            error: Some(format!("unreachable: {}", error_chain(&e))),
-            seconds: visit.started.elapsed().as_secs_f64(),
-            ..HostQuality::new(visit.name, unit)
+        &visit,
+        async |host: &dyn Host, text: &str, out: &mut HostQuality| {
+            measure_and_store(host, unit, text, options, out).await
         },
     )
     .await
-}
-
-async fn quality_host(
-    host: &dyn Host,
-    unit: &str,
-    options: &QualityOptions<'_>,
-    out: &mut HostQuality,
-) -> Result<(), String> {
-    let text = crate::systemd::running_unit(host, unit, "measure").await?;
-    let note = state::lock(host, unit, &options.owner, options.lock)
-        .await
-        .map_err(|e| e.to_string())?;
-    out.notes.extend(note);
-    let result = measure_and_store(host, unit, &text, options, out).await;
-    state::unlock_noting(host, unit, &mut out.notes).await;
-    result
 }
 
 /// Under the lock: the kept reference, the measurement, and the new reference kept.
@@ -105,17 +131,17 @@ async fn measure_and_store(
     unit_text: &str,
     options: &QualityOptions<'_>,
     out: &mut HostQuality,
-) -> Result<(), String> {
+) -> Result<(), QualityError> {
     let expect = Expect::from_unit(&parse_unit(unit_text));
     let key = quality::settings_key(options.spec, &expect.model_id);
     let (reference, note) = super::read_reference(host, unit, &key)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|source| QualityError::Reference { source })?;
     out.notes.extend(note);
     let server = host
         .server(&expect.endpoint, options.url)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|source| QualityError::Server { source })?;
     let context = expect.context_length.map(|c| c as u32);
     let measuring = super::measure(
         &server,
@@ -126,7 +152,9 @@ async fn measure_and_store(
         expect.reasoning,
     );
     let Some(measured) = options.cancel.run_until_cancelled(measuring).await else {
-        return Err(crate::signals::interrupted());
+        return Err(QualityError::Interrupted {
+            message: crate::signals::interrupted(),
+        });
     };
     let measured = measured?;
     // The running server is its own reference: no floor beyond its run-to-run noise, which this
@@ -135,14 +163,12 @@ async fn measure_and_store(
     let failed = report.fails().then(|| report.detail.clone());
     out.quality = Some(report);
     if let Some(e) = failed {
-        return Err(format!(
-            "{e}; the running server no longer answers as the kept reference says; nothing was stored"
-        ));
+        return Err(QualityError::Regressed { detail: e });
     }
     let new = super::reference_of(options.spec, &expect.model_id, &measured);
     let path = super::keep_reference(host, unit, &new)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|source| QualityError::Keep { source })?;
     out.stored = Some(path);
     Ok(())
 }

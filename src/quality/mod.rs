@@ -12,8 +12,8 @@ pub mod hosts;
 use std::time::Instant;
 
 use reconcile_core::quality::{
-    self, builtin_prompts, needles, Floors, Generated, Measures, NeedleRate, QualitySpec, Rate,
-    Reference, Sequence, TaskRate, TextAnswer, TextComparison,
+    self, builtin_prompts, needles, AnswerError, Floors, Generated, Measures, NeedleRate,
+    QualitySpec, Rate, Reference, Sequence, TaskRate, TextAnswer, TextComparison,
 };
 
 use crate::remote::{Host, RemoteError, Server};
@@ -25,6 +25,55 @@ const BATCH: usize = 8;
 
 /// Tokens a needle or case answer may take: the key is a number, a case's answer a short one.
 const ANSWER_TOKENS: u32 = 48;
+
+/// Why a server's answers were not measured. The messages are the cause's own words, as the
+/// quality report and `reconcile quality` print them.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    /// A request to SGLang's native API (`/generate`, `/tokenize`) got no answer to read.
+    #[error("{cause}")]
+    Request {
+        path: &'static str,
+        // typed at merge: `remote::http`'s error for `post_json`.
+        cause: String,
+    },
+    /// A chat completion (the needle, the long-context tasks, the cases) got no answer.
+    #[error("{cause}")]
+    Chat {
+        // typed at merge: `remote::http`'s error for `chat`.
+        cause: String,
+    },
+    /// A greedy generation's answer did not read.
+    #[error("{cause}")]
+    Generations {
+        // typed at merge: `reconcile_core::quality::read_generations`'s error.
+        cause: String,
+    },
+    /// A teacher-forced scoring's answer did not read.
+    #[error("{cause}")]
+    Scores {
+        // typed at merge: `reconcile_core::quality::read_scores`'s error.
+        cause: String,
+    },
+    /// `/tokenize`'s answer for the fixed texts did not read.
+    #[error("/tokenize: {source}")]
+    Tokens {
+        #[source]
+        source: AnswerError,
+    },
+    /// The fixed texts' distributions did not read.
+    #[error("scoring the fixed texts: {source}")]
+    TextScores {
+        #[source]
+        source: AnswerError,
+    },
+}
+
+impl MeasureError {
+    fn request(path: &'static str) -> impl FnOnce(String) -> MeasureError {
+        move |cause| MeasureError::Request { path, cause }
+    }
+}
 
 /// What one server answered.
 #[derive(Debug, Clone, Default)]
@@ -144,7 +193,7 @@ pub async fn generate(
     server: &Server,
     prompts: &[String],
     max_new_tokens: u32,
-) -> Result<Vec<Generated>, String> {
+) -> Result<Vec<Generated>, MeasureError> {
     generate_timed(server, prompts, max_new_tokens, &mut Clock::default()).await
 }
 
@@ -153,20 +202,27 @@ async fn generate_timed(
     prompts: &[String],
     max_new_tokens: u32,
     clock: &mut Clock,
-) -> Result<Vec<Generated>, String> {
+) -> Result<Vec<Generated>, MeasureError> {
     let mut all = Vec::with_capacity(prompts.len());
     for batch in prompts.chunks(BATCH) {
         let body = clock.client(|| quality::generation_request(batch, max_new_tokens));
-        let answer = server.post_json("/generate", &body).await?;
+        let answer = server
+            .post_json("/generate", &body)
+            .await
+            .map_err(MeasureError::request("/generate"))?;
         clock.generate_answer(&answer);
-        all.extend(clock.client(|| quality::read_generations(&answer, batch.len()))?);
+        all.extend(
+            clock
+                .client(|| quality::read_generations(&answer, batch.len()))
+                .map_err(|cause| MeasureError::Generations { cause })?,
+        );
     }
     Ok(all)
 }
 
 /// The server's logprobs of the reference's output tokens, each after its prompt and the tokens
 /// before it (teacher-forced): what `compare_kl_divergence` compares.
-pub async fn score(server: &Server, reference: &Reference) -> Result<Vec<Vec<f64>>, String> {
+pub async fn score(server: &Server, reference: &Reference) -> Result<Vec<Vec<f64>>, MeasureError> {
     score_timed(server, reference, &mut Clock::default()).await
 }
 
@@ -174,7 +230,7 @@ async fn score_timed(
     server: &Server,
     reference: &Reference,
     clock: &mut Clock,
-) -> Result<Vec<Vec<f64>>, String> {
+) -> Result<Vec<Vec<f64>>, MeasureError> {
     let mut all = Vec::with_capacity(reference.sequences.len());
     for batch in reference.sequences.chunks(BATCH) {
         let (body, lengths) = clock.client(|| {
@@ -185,9 +241,16 @@ async fn score_timed(
             let lengths: Vec<usize> = batch.iter().map(|s| s.output_ids.len()).collect();
             (quality::scoring_request(&sequences), lengths)
         });
-        let answer = server.post_json("/generate", &body).await?;
+        let answer = server
+            .post_json("/generate", &body)
+            .await
+            .map_err(MeasureError::request("/generate"))?;
         clock.generate_answer(&answer);
-        all.extend(clock.client(|| quality::read_scores(&answer, &lengths))?);
+        all.extend(
+            clock
+                .client(|| quality::read_scores(&answer, &lengths))
+                .map_err(|cause| MeasureError::Scores { cause })?,
+        );
     }
     Ok(all)
 }
@@ -202,12 +265,15 @@ async fn tokenize(
     texts: &[String],
     context_length: Option<u32>,
     clock: &mut Clock,
-) -> Result<Vec<Vec<u32>>, String> {
+) -> Result<Vec<Vec<u32>>, MeasureError> {
     let body = clock.client(|| quality::tokenize_request(texts));
-    let answer = server.post_json("/tokenize", &body).await?;
+    let answer = server
+        .post_json("/tokenize", &body)
+        .await
+        .map_err(MeasureError::request("/tokenize"))?;
     clock
         .client(|| quality::read_tokens(&answer, texts.len(), context_length))
-        .map_err(|e| format!("/tokenize: {e}"))
+        .map_err(|source| MeasureError::Tokens { source })
 }
 
 /// The server's distributions at every position of each text (one request a text: its answer
@@ -217,16 +283,19 @@ async fn score_texts_timed(
     ids: &[Vec<u32>],
     top: u32,
     clock: &mut Clock,
-) -> Result<Vec<TextAnswer>, String> {
+) -> Result<Vec<TextAnswer>, MeasureError> {
     let mut all = Vec::with_capacity(ids.len());
     for text in ids.chunks(1) {
         let body = clock.client(|| quality::text_scoring_request(text, top * ASKED_PER_KEPT));
-        let answer = server.post_json("/generate", &body).await?;
+        let answer = server
+            .post_json("/generate", &body)
+            .await
+            .map_err(MeasureError::request("/generate"))?;
         clock.generate_answer(&answer);
         all.extend(
             clock
                 .client(|| quality::read_text_scores(&answer, text))
-                .map_err(|e| format!("scoring the fixed texts: {e}"))?,
+                .map_err(|source| MeasureError::TextScores { source })?,
         );
     }
     Ok(all)
@@ -238,7 +307,7 @@ pub async fn text_floor(
     server: &Server,
     spec: &QualitySpec,
     reference: &Reference,
-) -> Result<Option<f64>, String> {
+) -> Result<Option<f64>, MeasureError> {
     if reference.texts.is_empty() {
         return Ok(None);
     }
@@ -249,6 +318,21 @@ pub async fn text_floor(
     ))
 }
 
+/// One chat completion's content (the needle, the long-context tasks and the cases ask this way).
+async fn chat(
+    server: &Server,
+    model: &str,
+    prompt: &str,
+    max_tokens: u32,
+    reasoning: bool,
+) -> Result<String, MeasureError> {
+    let answer = server
+        .chat(model, prompt, max_tokens, reasoning)
+        .await
+        .map_err(|cause| MeasureError::Chat { cause })?;
+    Ok(answer.content)
+}
+
 /// The long-context tasks' items found per task and length.
 pub async fn long_context(
     server: &Server,
@@ -256,7 +340,7 @@ pub async fn long_context(
     spec: &QualitySpec,
     context_length: Option<u32>,
     reasoning: bool,
-) -> Result<Vec<TaskRate>, String> {
+) -> Result<Vec<TaskRate>, MeasureError> {
     use reconcile_core::quality::long_context;
     let Some(long_spec) = &spec.long_context else {
         return Ok(Vec::new());
@@ -264,10 +348,15 @@ pub async fn long_context(
     let probes = long_context::probes(long_spec, context_length);
     let mut found = Vec::with_capacity(probes.len());
     for p in &probes {
-        let answer = server
-            .chat(model, &p.prompt, long_context::ANSWER_TOKENS, reasoning)
-            .await?;
-        found.push(long_context::found(p, &answer.content));
+        let answer = chat(
+            server,
+            model,
+            &p.prompt,
+            long_context::ANSWER_TOKENS,
+            reasoning,
+        )
+        .await?;
+        found.push(long_context::found(p, &answer));
     }
     Ok(long_context::task_rates(&probes, &found))
 }
@@ -279,17 +368,15 @@ pub async fn needle(
     spec: &QualitySpec,
     context_length: Option<u32>,
     reasoning: bool,
-) -> Result<Vec<NeedleRate>, String> {
+) -> Result<Vec<NeedleRate>, MeasureError> {
     let Some(needle_spec) = &spec.needle else {
         return Ok(Vec::new());
     };
     let set = needles(needle_spec, context_length, ANSWER_TOKENS);
     let mut found = Vec::with_capacity(set.len());
     for n in &set {
-        let answer = server
-            .chat(model, &n.prompt, ANSWER_TOKENS, reasoning)
-            .await?;
-        found.push(quality::found(n, &answer.content));
+        let answer = chat(server, model, &n.prompt, ANSWER_TOKENS, reasoning).await?;
+        found.push(quality::found(n, &answer));
     }
     Ok(quality::rates(&set, &found))
 }
@@ -300,7 +387,7 @@ pub async fn cases(
     model: &str,
     spec: &QualitySpec,
     reasoning: bool,
-) -> Result<Option<Rate>, String> {
+) -> Result<Option<Rate>, MeasureError> {
     let Some(file) = &spec.cases else {
         return Ok(None);
     };
@@ -309,11 +396,9 @@ pub async fn cases(
         total: 0,
     };
     for case in &file.content {
-        let answer = server
-            .chat(model, &case.prompt, ANSWER_TOKENS, reasoning)
-            .await?;
+        let answer = chat(server, model, &case.prompt, ANSWER_TOKENS, reasoning).await?;
         rate.total += 1;
-        rate.passed += u32::from(quality::passes(case, &answer.content));
+        rate.passed += u32::from(quality::passes(case, &answer));
     }
     Ok(Some(rate))
 }
@@ -326,7 +411,7 @@ pub async fn measure(
     reference: Option<&Reference>,
     context_length: Option<u32>,
     reasoning: bool,
-) -> Result<Measured, String> {
+) -> Result<Measured, MeasureError> {
     let started = Instant::now();
     let mut clock = Clock::default();
     let prompts = clock.client(|| prompts(spec));

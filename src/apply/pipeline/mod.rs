@@ -302,7 +302,7 @@ async fn take_out(
         Some(Ok(router)) => super::routed::TakenOut::take_out(router, &targets[0])
             .await
             .map(Some),
-        Some(Err(e)) => Err(ApplyError::Router(e)),
+        Some(Err(e)) => Err(ApplyError::Router(e.to_string())),
     }
 }
 
