@@ -170,7 +170,7 @@ async fn one_request(server: &Server, body: &serde_json::Value) -> RequestSample
     let result = server
         .stream_chat(body, |at, data| stream.data(at, data))
         .await;
-    stream.finish(result.err())
+    stream.finish(result.err().map(|e| e.to_string()))
 }
 
 /// The parts of a `chat.completion.chunk` (or SGLang's `{"error": ...}`) the figures need, read

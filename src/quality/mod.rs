@@ -157,7 +157,10 @@ async fn generate_timed(
     let mut all = Vec::with_capacity(prompts.len());
     for batch in prompts.chunks(BATCH) {
         let body = clock.client(|| quality::generation_request(batch, max_new_tokens));
-        let answer = server.post_json("/generate", &body).await?;
+        let answer = server
+            .post_json("/generate", &body)
+            .await
+            .map_err(|e| e.to_string())?;
         clock.generate_answer(&answer);
         all.extend(clock.client(|| quality::read_generations(&answer, batch.len()))?);
     }
@@ -185,7 +188,10 @@ async fn score_timed(
             let lengths: Vec<usize> = batch.iter().map(|s| s.output_ids.len()).collect();
             (quality::scoring_request(&sequences), lengths)
         });
-        let answer = server.post_json("/generate", &body).await?;
+        let answer = server
+            .post_json("/generate", &body)
+            .await
+            .map_err(|e| e.to_string())?;
         clock.generate_answer(&answer);
         all.extend(clock.client(|| quality::read_scores(&answer, &lengths))?);
     }
@@ -204,7 +210,10 @@ async fn tokenize(
     clock: &mut Clock,
 ) -> Result<Vec<Vec<u32>>, String> {
     let body = clock.client(|| quality::tokenize_request(texts));
-    let answer = server.post_json("/tokenize", &body).await?;
+    let answer = server
+        .post_json("/tokenize", &body)
+        .await
+        .map_err(|e| e.to_string())?;
     clock
         .client(|| quality::read_tokens(&answer, texts.len(), context_length))
         .map_err(|e| format!("/tokenize: {e}"))
@@ -221,7 +230,10 @@ async fn score_texts_timed(
     let mut all = Vec::with_capacity(ids.len());
     for text in ids.chunks(1) {
         let body = clock.client(|| quality::text_scoring_request(text, top * ASKED_PER_KEPT));
-        let answer = server.post_json("/generate", &body).await?;
+        let answer = server
+            .post_json("/generate", &body)
+            .await
+            .map_err(|e| e.to_string())?;
         clock.generate_answer(&answer);
         all.extend(
             clock
@@ -266,7 +278,8 @@ pub async fn long_context(
     for p in &probes {
         let answer = server
             .chat(model, &p.prompt, long_context::ANSWER_TOKENS, reasoning)
-            .await?;
+            .await
+            .map_err(|e| e.to_string())?;
         found.push(long_context::found(p, &answer.content));
     }
     Ok(long_context::task_rates(&probes, &found))
@@ -288,7 +301,8 @@ pub async fn needle(
     for n in &set {
         let answer = server
             .chat(model, &n.prompt, ANSWER_TOKENS, reasoning)
-            .await?;
+            .await
+            .map_err(|e| e.to_string())?;
         found.push(quality::found(n, &answer.content));
     }
     Ok(quality::rates(&set, &found))
@@ -311,7 +325,8 @@ pub async fn cases(
     for case in &file.content {
         let answer = server
             .chat(model, &case.prompt, ANSWER_TOKENS, reasoning)
-            .await?;
+            .await
+            .map_err(|e| e.to_string())?;
         rate.total += 1;
         rate.passed += u32::from(quality::passes(case, &answer.content));
     }

@@ -149,7 +149,7 @@ pub struct Facts {
 }
 
 /// Why the server could not say what it holds.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum AskError {
     #[error("it could not be reached: {0}")]
     Unreachable(String),
