@@ -92,7 +92,9 @@ async fn bench_host(
     options: &BenchOptions<'_>,
     out: &mut HostBench,
 ) -> Result<(), String> {
-    let text = crate::systemd::running_unit(host, unit, "benchmark").await?;
+    let text = crate::systemd::running_unit(host, unit, "benchmark")
+        .await
+        .map_err(|e| e.to_string())?;
     let note = state::lock(host, unit, &options.owner, options.lock)
         .await
         .map_err(|e| e.to_string())?;

@@ -88,7 +88,9 @@ async fn quality_host(
     options: &QualityOptions<'_>,
     out: &mut HostQuality,
 ) -> Result<(), String> {
-    let text = crate::systemd::running_unit(host, unit, "measure").await?;
+    let text = crate::systemd::running_unit(host, unit, "measure")
+        .await
+        .map_err(|e| e.to_string())?;
     let note = state::lock(host, unit, &options.owner, options.lock)
         .await
         .map_err(|e| e.to_string())?;
