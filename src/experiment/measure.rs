@@ -77,7 +77,7 @@ pub async fn baseline(
 pub fn result_of(
     v: &Variant,
     report: &UnitReport,
-    restore: Result<&Option<UnitReport>, &String>,
+    restore: Result<&Option<UnitReport>, &super::BaselineError>,
     took: Duration,
     stops: f64,
 ) -> RunResult {
