@@ -100,7 +100,7 @@ async fn rollback_group(
                 return Some(refuse_all(GroupError::RankRefused {
                     unit: unit.to_string(),
                     host: name,
-                    source,
+                    source: Box::new(source),
                 }))
             }
         }
@@ -148,8 +148,9 @@ enum GroupError {
     RankRefused {
         unit: String,
         host: String,
+        /// Boxed: the common errors stay small.
         #[source]
-        source: PrepareError,
+        source: Box<PrepareError>,
     },
     /// The ranks would go back to different deployments (`shown`: `host #n` each).
     #[error("{unit} is a server group, rolled back whole to one deployment, and its hosts would go back to different ones ({}); say which with --to N, the same deployment on every host", .shown.join(", "))]
