@@ -124,7 +124,7 @@ async fn read(server: &Server) -> Reading {
             Err(e @ MetricsError::NoGauges) => Reading::NotExposed(e.to_string()),
             Err(e) => Reading::Failed(e.to_string()),
         },
-        Err(e) => Reading::Failed(e),
+        Err(e) => Reading::Failed(e.to_string()),
     }
 }
 

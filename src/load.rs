@@ -168,10 +168,25 @@ fn read_quality_files(m: &mut Manifest, text: &str) -> Vec<ManifestError> {
     errors
 }
 
+/// Why the lock file beside a manifest cannot be used.
+#[derive(Debug, thiserror::Error)]
+enum LockFileError {
+    /// It is there and could not be read (`shown`: its path as shown).
+    #[error("{shown} cannot be read: {source}")]
+    Read {
+        shown: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is not a lock file reconcile reads.
+    #[error(transparent)]
+    Parse(#[from] pinned::LockError),
+}
+
 /// The lock files read so far, by path: every manifest of a folder shares its folder's.
 #[derive(Default)]
 struct LockFiles {
-    read: std::collections::HashMap<PathBuf, Result<Lock, String>>,
+    read: std::collections::HashMap<PathBuf, Result<Lock, LockFileError>>,
 }
 
 impl LockFiles {
@@ -199,11 +214,15 @@ impl LockFiles {
             self.read
                 .entry(path.clone())
                 .or_insert_with(|| match std::fs::read_to_string(&path) {
-                    Ok(content) => Lock::parse(&shown, &content).map_err(|e| e.to_string()),
+                    Ok(content) => Ok(Lock::parse(&shown, &content)?),
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Lock::default()),
-                    Err(e) => Err(format!("{shown} cannot be read: {e}")),
+                    Err(source) => Err(LockFileError::Read {
+                        shown: shown.clone(),
+                        source,
+                    }),
                 });
-        let lock = lock.as_ref().map_err(|message| at(message.clone()))?;
+        // typed at merge: `ManifestError::Invalid` (core) holds its message as a String.
+        let lock = lock.as_ref().map_err(|e| at(e.to_string()))?;
         let folder_arg = display_path(&folder);
         let folder_arg = if folder_arg.is_empty() {
             ".".to_string()

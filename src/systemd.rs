@@ -80,24 +80,47 @@ pub async fn last_stop_seconds(host: &dyn Host, unit: &str) -> Option<f64> {
     }
 }
 
+/// Why a command that measures a running server (`bench`, `quality`) has nothing to measure.
+#[derive(Debug, thiserror::Error)]
+pub enum NotRunning {
+    /// The unit file could not be read.
+    #[error("{}", crate::remote::error_chain(.0))]
+    ReadUnit(#[source] RemoteError),
+    /// No unit file.
+    #[error("{unit} is not installed on {host}")]
+    NotInstalled { unit: String, host: String },
+    /// systemd could not be asked about the unit.
+    #[error("{}", crate::remote::error_chain(.0))]
+    AskState(#[source] RemoteError),
+    /// The unit is not active (`state`); there is nothing `to` do.
+    #[error("{unit} is not running on {host} ({state}); nothing to {to}")]
+    Inactive {
+        unit: String,
+        host: String,
+        state: String,
+        to: String,
+    },
+}
+
 /// The unit file of a unit that runs now, for a command that measures its server without a
 /// restart (`bench`, `quality`): an error saying why there is nothing `to` do otherwise.
-pub async fn running_unit(host: &dyn Host, unit: &str, to: &str) -> Result<String, String> {
+pub async fn running_unit(host: &dyn Host, unit: &str, to: &str) -> Result<String, NotRunning> {
     let text = host
         .read_file(&format!("{UNIT_DIR}/{unit}"))
         .await
-        .map_err(|e| crate::remote::error_chain(&e))?
-        .ok_or_else(|| format!("{unit} is not installed on {}", host.name()))?;
-    let state = host
-        .unit_state(unit)
-        .await
-        .map_err(|e| crate::remote::error_chain(&e))?;
+        .map_err(NotRunning::ReadUnit)?
+        .ok_or_else(|| NotRunning::NotInstalled {
+            unit: unit.to_string(),
+            host: host.name().to_string(),
+        })?;
+    let state = host.unit_state(unit).await.map_err(NotRunning::AskState)?;
     if state.active_state != "active" {
-        return Err(format!(
-            "{unit} is not running on {} ({}); nothing to {to}",
-            host.name(),
-            state.active_state
-        ));
+        return Err(NotRunning::Inactive {
+            unit: unit.to_string(),
+            host: host.name().to_string(),
+            state: state.active_state,
+            to: to.to_string(),
+        });
     }
     Ok(text)
 }

@@ -117,7 +117,7 @@ pub mod nvidia_smi_query {
                     .collect();
                 assert_eq!(parse_query(&again).as_ref(), Ok(&gpus));
             }
-            Err(reason) => assert!(!reason.is_empty()),
+            Err(reason) => assert!(!reason.to_string().is_empty()),
         }
     }
 }
@@ -189,7 +189,7 @@ pub mod sglang_answer {
                     || a.reasoning.as_deref().is_some_and(|r| r.contains("Paris"));
                 let _ = a.content.chars().take(200).collect::<String>();
             }
-            Err(reason) => assert!(!reason.is_empty()),
+            Err(reason) => assert!(!reason.to_string().is_empty()),
         }
     }
 }
@@ -227,7 +227,7 @@ pub mod sglang_models {
                     let _ = format!("{m:?}");
                 }
             }
-            Err(reason) => assert!(!reason.is_empty()),
+            Err(reason) => assert!(!reason.to_string().is_empty()),
         }
     }
 }

@@ -109,7 +109,7 @@ impl<'t> Replica<'t> {
             )),
             Err(e) => {
                 self.close().await;
-                Err(LookFailed::Again(e))
+                Err(LookFailed::Again(e.to_string()))
             }
         }
     }

@@ -815,7 +815,7 @@ mod tests {
         );
         let failure = Failure {
             stage: Stage::Smoke,
-            reason: "timed out".into(),
+            reason: crate::verify::Reason::Judged("timed out".into()),
             verification: Box::default(),
         };
         assert_eq!(
@@ -892,7 +892,7 @@ mod tests {
         );
         let failure = Failure {
             stage: Stage::Readiness,
-            reason: "503".into(),
+            reason: crate::verify::Reason::Judged("503".into()),
             verification: Box::default(),
         };
         assert_eq!(

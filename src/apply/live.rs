@@ -90,7 +90,8 @@ pub(super) async fn tell(
         let started = Instant::now();
         let answer = server
             .post_json_within("/update_weights_from_disk", &body, limit)
-            .await?;
+            .await
+            .map_err(|e| e.to_string())?;
         // SGLang answers 400 with `success: false` when it kept its weights; a 200 must say
         // `success: true` as well.
         let success = serde_json::from_str::<Value>(&answer)
@@ -108,7 +109,8 @@ pub(super) async fn tell(
     if let Some(body) = change.settings_body() {
         let answer = server
             .post_json_within("/set_internal_state", &body, SETTINGS_TIMEOUT)
-            .await?;
+            .await
+            .map_err(|e| e.to_string())?;
         // One boolean per data-parallel rank; a `false` rank refused a value and changed nothing.
         match serde_json::from_str::<Vec<bool>>(&answer) {
             Ok(ranks) if !ranks.is_empty() && ranks.iter().all(|r| *r) => {}

@@ -40,11 +40,8 @@ pub enum RequestError {
     #[error("the server answered an error in the stream: {message}")]
     Server { message: String },
     /// The request or its stream failed below the chunks (refused, timed out, cut).
-    #[error("{cause}")]
-    Transport {
-        // typed at merge: `remote::http`'s error for `stream_chat`.
-        cause: String,
-    },
+    #[error(transparent)]
+    Transport(crate::remote::http::ApiError),
     /// The stream closed before any content.
     #[error("the stream ended without a token")]
     NoToken,
@@ -318,10 +315,9 @@ impl Stream {
     }
 
     /// The sample, once the stream is over; `transport`: how the request failed, if it did.
-    // typed at merge: `transport` becomes `remote::http`'s error for `stream_chat`.
-    fn finish(mut self, transport: Option<String>) -> RequestSample {
+    fn finish(mut self, transport: Option<crate::remote::http::ApiError>) -> RequestSample {
         if let Some(cause) = transport {
-            self.fail(RequestError::Transport { cause });
+            self.fail(RequestError::Transport(cause));
         } else if self.content_chunks == 0 {
             self.fail(RequestError::NoToken);
         } else if !self.done && self.usage_tokens.is_none() {
@@ -393,8 +389,14 @@ pub(crate) mod tests {
             .error
             .unwrap()
             .contains("without a token"));
-        let refused = Stream::new(sent).finish(Some("connection refused".into()));
-        assert_eq!(refused.error.as_deref(), Some("connection refused"));
+        let gone = crate::remote::http::ApiError::NotFound {
+            path: "/v1/chat/completions".into(),
+        };
+        let refused = Stream::new(sent).finish(Some(gone));
+        assert_eq!(
+            refused.error.as_deref(),
+            Some("/v1/chat/completions answered 404 Not Found")
+        );
     }
 
     /// A tiny SSE chat server: each request streams `tokens` chunks, usage and `[DONE]`; it counts

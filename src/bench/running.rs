@@ -38,11 +38,8 @@ pub struct Visit<'a> {
 #[derive(Debug, thiserror::Error)]
 pub enum RunningError<E> {
     /// The unit is not installed, or not running.
-    #[error("{cause}")]
-    NotRunning {
-        // typed at merge: `systemd::running_unit`'s error.
-        cause: String,
-    },
+    #[error(transparent)]
+    NotRunning(crate::systemd::NotRunning),
     /// The unit's lock was not taken (another run holds it).
     #[error(transparent)]
     Lock(LockError),
@@ -101,7 +98,7 @@ async fn locked<O: HostResult, E>(
 ) -> Result<(), RunningError<E>> {
     let text = crate::systemd::running_unit(host, visit.unit, visit.to)
         .await
-        .map_err(|cause| RunningError::NotRunning { cause })?;
+        .map_err(RunningError::NotRunning)?;
     let note = state::lock(host, visit.unit, visit.owner, visit.lock)
         .await
         .map_err(RunningError::Lock)?;

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use crate::apply::{Outcome, UnitReport};
 use crate::benchmark::Level;
 use crate::manifest::BenchmarkSpec;
-use crate::remote::{error_chain, Host};
+use crate::remote::{error_chain, Host, RemoteError};
 use crate::targets::Target;
 use crate::verify::{Expect, Verification};
 
@@ -31,10 +31,9 @@ pub async fn baseline(
     let measured = async {
         let server = host
             .server(&expect.endpoint, t.verify.url.as_deref())
-            .await
-            .map_err(|e| error_chain(&e))?;
+            .await?;
         let on_level = |l: &Level| eprintln!("baseline {}", crate::bench::level_line(l));
-        Ok::<_, String>(crate::bench::run(&server, &expect.model_id, spec, &on_level).await)
+        Ok::<_, RemoteError>(crate::bench::run(&server, &expect.model_id, spec, &on_level).await)
     };
     let measured = cancel.run_until_cancelled(measured).await?;
     let seconds = started.elapsed().as_secs_f64();
@@ -53,7 +52,7 @@ pub async fn baseline(
         },
         Err(e) => (
             Status::Failed,
-            format!("the server could not be reached: {e}"),
+            format!("the server could not be reached: {}", error_chain(&e)),
             Vec::new(),
         ),
     };
@@ -77,7 +76,7 @@ pub async fn baseline(
 pub fn result_of(
     v: &Variant,
     report: &UnitReport,
-    restore: Result<&Option<UnitReport>, &String>,
+    restore: Result<&Option<UnitReport>, &super::BaselineError>,
     took: Duration,
     stops: f64,
 ) -> RunResult {

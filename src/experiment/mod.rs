@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::apply::{self, ApplyOptions, LockPolicy, Outcome, Owner, UnitReport};
 use crate::manifest::{Manifest, ManifestError, ManifestErrors};
-use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::targets::{self, Filter, Target};
 
 /// What the command line asks for.
@@ -55,8 +55,12 @@ pub enum Error {
     /// The experiment file, the manifest or a variant is wrong; nothing was started.
     #[error(transparent)]
     Invalid(#[from] ManifestErrors),
-    #[error("{host}: cannot connect: {reason}; nothing was changed")]
-    Unreachable { host: String, reason: String },
+    #[error("{host}: cannot connect: {}; nothing was changed", error_chain(.source))]
+    Unreachable {
+        host: String,
+        #[source]
+        source: RemoteError,
+    },
     #[error("the baseline {unit} on {host} is not running as its manifest says ({detail}); fix it with `reconcile apply` first, the experiment changed nothing else")]
     Baseline {
         unit: String,
@@ -66,7 +70,7 @@ pub enum Error {
     #[error("the estimate, {estimate}, is over the experiment's budget of {budget}; nothing was started (fewer variants or levels, or a larger `budget:`)")]
     OverBudget { estimate: String, budget: String },
     #[error("--resume: {0}")]
-    Resume(String),
+    Resume(#[source] ResumeError),
     #[error("{path}: cannot write the {what}")]
     Write {
         path: String,
@@ -74,6 +78,31 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why `--resume` has nothing to continue.
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    /// The kept progress is another experiment's (another experiment file or manifest).
+    #[error("the experiment {unit} on {host} left was run with another experiment file or manifest; run it anew without --resume")]
+    Another { unit: String, host: String },
+    /// Nothing was kept.
+    #[error("no interrupted experiment of {unit} on {host}")]
+    Nothing { unit: String, host: String },
+    /// The kept progress cannot be read.
+    #[error(transparent)]
+    State(#[from] state::StateError),
+}
+
+/// Why the baseline may not be running after a variant.
+#[derive(Debug, thiserror::Error)]
+pub enum BaselineError {
+    /// The connection was lost and could not be made again: the host may run the variant.
+    #[error("the host could not be reached again to restore the baseline ({})", error_chain(.0))]
+    Unreachable(#[source] RemoteError),
+    /// Applying the baseline again did not succeed; `detail` is apply's.
+    #[error("restoring the baseline failed ({detail}): the host needs attention")]
+    Failed { detail: String },
 }
 
 /// What the run came to, for the report.
@@ -146,9 +175,9 @@ pub async fn run(file: &Path, options: &Options, ssh: &SshOptions) -> Result<Don
 
     let host = remote::connect(&e.host, ssh)
         .await
-        .map_err(|err| Error::Unreachable {
+        .map_err(|source| Error::Unreachable {
             host: e.host.clone(),
-            reason: error_chain(&err),
+            source,
         })?;
     let outcome = run_on(&*host, &p, options, &baseline, &restore, &variants).await;
     host.close().await;
@@ -221,18 +250,18 @@ async fn run_on(
                 done.report.interrupted = false;
             }
             Ok(Some(_)) => {
-                return Err(Error::Resume(format!(
-                    "the experiment {unit} on {} left was run with another experiment file or manifest; run it anew without --resume",
-                    e.host
-                )))
+                return Err(Error::Resume(ResumeError::Another {
+                    unit: unit.to_string(),
+                    host: e.host.clone(),
+                }))
             }
             Ok(None) => {
-                return Err(Error::Resume(format!(
-                    "no interrupted experiment of {unit} on {}",
-                    e.host
-                )))
+                return Err(Error::Resume(ResumeError::Nothing {
+                    unit: unit.to_string(),
+                    host: e.host.clone(),
+                }))
             }
-            Err(why) => return Err(Error::Resume(why)),
+            Err(why) => return Err(Error::Resume(why.into())),
         }
     }
 
@@ -315,7 +344,7 @@ async fn run_on(
         }
         let mut result = measure::result_of(v, &report, back.as_ref(), started.elapsed(), stops);
         if let Err(why) = &back {
-            done.needs_attention = Some(why.clone());
+            done.needs_attention = Some(why.to_string());
             result.detail = format!("{}; {why}", result.detail);
         }
         eprintln!(
@@ -388,7 +417,7 @@ async fn back_to_baseline(
     restore: &Target,
     options: &ApplyOptions,
     variant: &UnitReport,
-) -> Result<Option<UnitReport>, String> {
+) -> Result<Option<UnitReport>, BaselineError> {
     if variant.outcome == Outcome::RolledBack {
         return Ok(None);
     }
@@ -396,20 +425,12 @@ async fn back_to_baseline(
         // A lost connection: the host may still run the variant.
         host.reconnect(Duration::from_secs(120))
             .await
-            .map_err(|e| {
-                format!(
-                    "the host could not be reached again to restore the baseline ({})",
-                    error_chain(&e)
-                )
-            })?;
+            .map_err(BaselineError::Unreachable)?;
     }
     let r = apply::apply_one(host, restore, options).await;
     match r.outcome {
         Outcome::Unchanged | Outcome::Converged | Outcome::Reloaded => Ok(Some(r)),
-        _ => Err(format!(
-            "restoring the baseline failed ({}): the host needs attention",
-            r.detail
-        )),
+        _ => Err(BaselineError::Failed { detail: r.detail }),
     }
 }
 

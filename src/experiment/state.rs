@@ -5,8 +5,23 @@
 use reconcile_core::experiment::Report;
 use serde::{Deserialize, Serialize};
 
-use crate::remote::{error_chain, Host};
+use crate::remote::{error_chain, Host, RemoteError};
 use crate::state::unit_dir;
+
+/// Why the kept progress cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The file could not be read.
+    #[error("the experiment's state could not be read ({})", error_chain(.0))]
+    Read(#[source] RemoteError),
+    /// The file at `path` is not a [`Saved`] (another version's, or damaged).
+    #[error("{path} is not an experiment's state ({source})")]
+    NotState {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct Saved {
@@ -20,18 +35,19 @@ fn path(unit: &str) -> String {
 }
 
 /// The saved progress, `None` when there is none; an error says why it cannot be used.
-pub async fn read(host: &dyn Host, unit: &str) -> Result<Option<Saved>, String> {
-    let text = host.read_file(&path(unit)).await.map_err(|e| {
-        format!(
-            "the experiment's state could not be read ({})",
-            error_chain(&e)
-        )
-    })?;
+pub async fn read(host: &dyn Host, unit: &str) -> Result<Option<Saved>, StateError> {
+    let text = host
+        .read_file(&path(unit))
+        .await
+        .map_err(StateError::Read)?;
     match text {
         None => Ok(None),
         Some(t) => serde_json::from_str(&t)
             .map(Some)
-            .map_err(|e| format!("{} is not an experiment's state ({e})", path(unit))),
+            .map_err(|source| StateError::NotState {
+                path: path(unit),
+                source,
+            }),
     }
 }
 

@@ -254,42 +254,90 @@ pub fn skipped_lines(n: usize) -> String {
     format!("skipped {n} unreadable {lines} of history.jsonl")
 }
 
+/// The deployments a rollback can restore (kept, their record readable), as an error names them:
+/// `kept: 1, 2` or `none is kept`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Available(pub Vec<usize>);
+
+impl std::fmt::Display for Available {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none is kept");
+        }
+        let kept: Vec<String> = self.0.iter().map(usize::to_string).collect();
+        write!(f, "kept: {}", kept.join(", "))
+    }
+}
+
+/// Why no deployment can be chosen for a rollback; each names the deployments that can be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChooseError {
+    /// `--to N` names no deployment of the `recorded` ones.
+    #[error("there is no deployment {n} ({recorded} recorded; {available})")]
+    NoSuch {
+        n: usize,
+        recorded: usize,
+        available: Available,
+    },
+    /// `--to N`'s line of `history.jsonl` cannot be used; `why` completes "it ...".
+    #[error("deployment {n}'s line of history.jsonl cannot be used: it {why} ({available})")]
+    Unreadable {
+        n: usize,
+        why: String,
+        available: Available,
+    },
+    /// `--to N`'s unit is no longer kept.
+    #[error(
+        "deployment {n}'s unit is not kept (the newest {} are; {available})",
+        crate::state::DEPLOYED_KEPT
+    )]
+    NotKept { n: usize, available: Available },
+    /// No `--to N`, and no deployment is marked current to go back from.
+    #[error("no current deployment is recorded; say which with --to N ({available})")]
+    NoCurrent { available: Available },
+    /// No `--to N`, and every kept deployment before the current one installed the same unit;
+    /// `skipped` unreadable lines were passed over.
+    #[error("no deployment before the current one ({current}) installed another unit ({available}){}", if *.skipped > 0 { format!("; {}", skipped_lines(*.skipped)) } else { String::new() })]
+    NoOther {
+        current: usize,
+        available: Available,
+        skipped: usize,
+    },
+}
+
 /// Which deployment a rollback restores: `to` when it is kept; by default the newest deployment
 /// before the current one that installed a different unit (restoring the same unit would change
 /// nothing), passing over lines that cannot be read. The error names the deployments that can be
 /// restored.
-pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, String> {
-    let kept: Vec<String> = deployments
-        .iter()
-        .filter(|d| d.kept && d.record.is_some())
-        .map(|d| d.n.to_string())
-        .collect();
-    let available = if kept.is_empty() {
-        "none is kept".to_string()
-    } else {
-        format!("kept: {}", kept.join(", "))
-    };
+pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, ChooseError> {
+    let available = Available(
+        deployments
+            .iter()
+            .filter(|d| d.kept && d.record.is_some())
+            .map(|d| d.n)
+            .collect(),
+    );
     if let Some(n) = to {
         return match deployments.iter().find(|d| d.n == n) {
-            None => Err(format!(
-                "there is no deployment {n} ({} recorded; {available})",
-                deployments.len()
-            )),
-            Some(d) if d.record.is_none() => Err(format!(
-                "deployment {n}'s line of history.jsonl cannot be used: it {} ({available})",
-                d.unreadable.as_deref().unwrap_or("is unreadable")
-            )),
-            Some(d) if !d.kept => Err(format!(
-                "deployment {n}'s unit is not kept (the newest {} are; {available})",
-                crate::state::DEPLOYED_KEPT
-            )),
+            None => Err(ChooseError::NoSuch {
+                n,
+                recorded: deployments.len(),
+                available,
+            }),
+            Some(d) if d.record.is_none() => Err(ChooseError::Unreadable {
+                n,
+                why: d
+                    .unreadable
+                    .clone()
+                    .unwrap_or_else(|| "is unreadable".into()),
+                available,
+            }),
+            Some(d) if !d.kept => Err(ChooseError::NotKept { n, available }),
             Some(_) => Ok(Choice { n, skipped: 0 }),
         };
     }
     let Some(current) = deployments.iter().find(|d| d.current) else {
-        return Err(format!(
-            "no current deployment is recorded; say which with --to N ({available})"
-        ));
+        return Err(ChooseError::NoCurrent { available });
     };
     let current_sha = current.record.as_ref().map(|r| r.unit_sha256.as_str());
     let mut skipped = 0;
@@ -306,15 +354,11 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, S
             Some(_) => {}
         }
     }
-    let skipped = if skipped > 0 {
-        format!("; {}", skipped_lines(skipped))
-    } else {
-        String::new()
-    };
-    Err(format!(
-        "no deployment before the current one ({}) installed another unit ({available}){skipped}",
-        current.n
-    ))
+    Err(ChooseError::NoOther {
+        current: current.n,
+        available,
+        skipped,
+    })
 }
 
 #[cfg(test)]
@@ -372,15 +416,22 @@ mod tests {
     #[test]
     fn a_missing_or_unkept_deployment_is_refused_naming_the_kept_ones() {
         let err = choose(&three(), Some(7)).unwrap_err();
-        assert_eq!(err, "there is no deployment 7 (3 recorded; kept: 1, 2, 3)");
+        assert_eq!(
+            err.to_string(),
+            "there is no deployment 7 (3 recorded; kept: 1, 2, 3)"
+        );
         let history = vec![Ok(record("aaa", "t1")), Ok(record("bbb", "t2"))];
         let d = deployments(history, Some(&record("bbb", "t2")), &[2]);
         let err = choose(&d, Some(1)).unwrap_err();
-        assert!(err.contains("deployment 1's unit is not kept"), "{err}");
-        assert!(err.contains("kept: 2"), "{err}");
+        assert!(
+            err.to_string().contains("deployment 1's unit is not kept"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("kept: 2"), "{err}");
         let err = choose(&d, None).unwrap_err();
         assert!(
-            err.contains("no deployment before the current one (2)"),
+            err.to_string()
+                .contains("no deployment before the current one (2)"),
             "{err}"
         );
     }
@@ -388,7 +439,7 @@ mod tests {
     #[test]
     fn without_a_current_record_a_rollback_must_say_which() {
         let d = deployments(vec![Ok(record("aaa", "t1"))], None, &[1]);
-        assert!(choose(&d, None).unwrap_err().contains("--to N"));
+        assert!(choose(&d, None).unwrap_err().to_string().contains("--to N"));
         assert_eq!(choose(&d, Some(1)).map(|c| c.n), Ok(1));
     }
 
@@ -469,16 +520,17 @@ mod tests {
         let d = deployments(history, Some(&record("bbb", "t2")), &[1, 2]);
         let err = choose(&d, None).unwrap_err();
         assert!(
-            err.contains("skipped 1 unreadable line of history.jsonl"),
+            err.to_string()
+                .contains("skipped 1 unreadable line of history.jsonl"),
             "{err}"
         );
         // Asked for by number: refused with the line's reason.
         let err = choose(&d, Some(1)).unwrap_err();
         assert!(
-            err.contains("deployment 1's line of history.jsonl cannot be used: it was written by a newer reconcile (format 2); upgrade reconcile"),
+            err.to_string().contains("deployment 1's line of history.jsonl cannot be used: it was written by a newer reconcile (format 2); upgrade reconcile"),
             "{err}"
         );
-        assert!(err.contains("kept: 2"), "{err}");
+        assert!(err.to_string().contains("kept: 2"), "{err}");
     }
 
     #[test]

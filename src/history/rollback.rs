@@ -7,11 +7,11 @@
 //! things are already going wrong.
 
 use super::gather::{read_deployments, Read};
-use super::{choose, skipped_lines, Choice};
+use super::{choose, skipped_lines, Choice, ChooseError};
 use crate::apply::{self, ApplyError, ApplyOptions, GitInfo, UnitReport};
 use crate::flags::flags;
 use crate::manifest::Manifest;
-use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::state;
 use crate::targets::Target;
 
@@ -74,7 +74,7 @@ async fn rollback_group(
                 host.close().await;
                 p
             }
-            Err(e) => Err(error_chain(&e)),
+            Err(e) => Err(PrepareError::Connect(e)),
         };
         prepared.push((name.clone(), read));
     }
@@ -84,23 +84,29 @@ async fn rollback_group(
     if !grouped && !ranks {
         return None;
     }
-    let refuse_all = |why: String| {
-        prepared
+    let names: Vec<String> = prepared.iter().map(|(name, _)| name.clone()).collect();
+    let refuse_all = |why: GroupError| {
+        // Every rank's report gets the same words.
+        let why = why.to_string();
+        names
             .iter()
-            .map(|(name, _)| apply::refused_for(name, unit, "", &ApplyError::Refused(why.clone())))
+            .map(|name| apply::refused_for(name, unit, "", &ApplyError::Refused(why.clone())))
             .collect::<Vec<_>>()
     };
-    let mut ok = Vec::new();
-    for (name, p) in &prepared {
+    let mut owned = Vec::new();
+    for (name, p) in prepared {
         match p {
-            Ok(p) => ok.push((name.clone(), p)),
-            Err(e) => {
-                return Some(refuse_all(format!(
-                    "{unit} is a server group, rolled back whole, and {name} cannot be: {e}"
-                )))
+            Ok(p) => owned.push((name, p)),
+            Err(source) => {
+                return Some(refuse_all(GroupError::RankRefused {
+                    unit: unit.to_string(),
+                    host: name,
+                    source: Box::new(source),
+                }))
             }
         }
     }
+    let ok: Vec<(String, &Prepared)> = owned.iter().map(|(name, p)| (name.clone(), p)).collect();
     if let Err(why) = one_deployment(unit, &ok) {
         return Some(refuse_all(why));
     }
@@ -135,9 +141,34 @@ async fn rollback_group(
     Some(reports)
 }
 
+/// Why a server group's rollback is refused on every rank.
+#[derive(Debug, thiserror::Error)]
+enum GroupError {
+    /// One rank's deployment cannot be restored.
+    #[error("{unit} is a server group, rolled back whole, and {host} cannot be: {source}")]
+    RankRefused {
+        unit: String,
+        host: String,
+        /// Boxed: the common errors stay small.
+        #[source]
+        source: Box<PrepareError>,
+    },
+    /// The ranks would go back to different deployments (`shown`: `host #n` each).
+    #[error("{unit} is a server group, rolled back whole to one deployment, and its hosts would go back to different ones ({}); say which with --to N, the same deployment on every host", .shown.join(", "))]
+    Different { unit: String, shown: Vec<String> },
+    /// The hosts named are not the group's `nnodes` ranks, each once.
+    #[error("deployment {n} of {unit} is one server over {nnodes} hosts, and the hosts named ({}) are not all of its ranks, each once; name every rank's host", .shown.join(", "))]
+    NotAllRanks {
+        n: usize,
+        unit: String,
+        nnodes: usize,
+        shown: Vec<String>,
+    },
+}
+
 /// The group's ranks go back to one deployment: the same number on every host, each applied
 /// from the same manifest, its ranks together the whole group (`--nnodes` of them, each rank once).
-fn one_deployment(unit: &str, ranks: &[(String, &Prepared)]) -> Result<(), String> {
+fn one_deployment(unit: &str, ranks: &[(String, &Prepared)]) -> Result<(), GroupError> {
     let shown: Vec<String> = ranks
         .iter()
         .map(|(name, p)| format!("{name} #{}", p.n))
@@ -147,10 +178,10 @@ fn one_deployment(unit: &str, ranks: &[(String, &Prepared)]) -> Result<(), Strin
         .iter()
         .any(|(_, p)| p.n != first.n || p.target.manifest_digest != first.target.manifest_digest)
     {
-        return Err(format!(
-            "{unit} is a server group, rolled back whole to one deployment, and its hosts would go back to different ones ({}); say which with --to N, the same deployment on every host",
-            shown.join(", ")
-        ));
+        return Err(GroupError::Different {
+            unit: unit.to_string(),
+            shown,
+        });
     }
     let nnodes = {
         let (_, flags) = flags(&first.target.desired.model.exec_start);
@@ -162,11 +193,12 @@ fn one_deployment(unit: &str, ranks: &[(String, &Prepared)]) -> Result<(), Strin
     let mut seen: Vec<usize> = ranks.iter().map(|(_, p)| node_rank(&p.target)).collect();
     seen.sort_unstable();
     if seen != (0..nnodes).collect::<Vec<_>>() {
-        return Err(format!(
-            "deployment {} of {unit} is one server over {nnodes} hosts, and the hosts named ({}) are not all of its ranks, each once; name every rank's host",
-            first.n,
-            shown.join(", ")
-        ));
+        return Err(GroupError::NotAllRanks {
+            n: first.n,
+            unit: unit.to_string(),
+            nnodes,
+            shown,
+        });
     }
     Ok(())
 }
@@ -206,7 +238,7 @@ async fn rollback_host(
             report.notes.splice(0..0, notes);
             report
         }
-        Err(detail) => error(ApplyError::Refused(detail)),
+        Err(detail) => error(ApplyError::Refused(detail.to_string())),
     };
     host.close().await;
     report
@@ -230,31 +262,73 @@ struct Prepared {
     notes: Vec<String>,
 }
 
+/// Why a host's deployment cannot be restored.
+#[derive(Debug, thiserror::Error)]
+enum PrepareError {
+    /// The host could not be reached (a group's rank; a lone host reports it as unreachable).
+    #[error("{}", error_chain(.0))]
+    Connect(#[source] RemoteError),
+    /// The unit's history could not be read.
+    #[error("{}", error_chain(.0))]
+    ReadHistory(#[source] RemoteError),
+    /// `current.json` was written by a newer reconcile: no `--to N` makes this one read it.
+    #[error(transparent)]
+    CurrentNewer(state::RecordError),
+    /// `current.json` cannot be used, so the deployment before it is unknown.
+    #[error("{0}; say which deployment to restore with --to N")]
+    CurrentUnreadable(state::RecordError),
+    /// No deployment of `unit` on `host` can be chosen.
+    #[error("{unit} on {host}: {source}")]
+    Choose {
+        unit: String,
+        host: String,
+        #[source]
+        source: ChooseError,
+    },
+    /// The chosen deployment's record cannot be read.
+    #[error("{unit} on {host}: deployment {n}'s record cannot be read")]
+    RecordUnreadable {
+        unit: String,
+        host: String,
+        n: usize,
+    },
+    /// The kept unit could not be read.
+    #[error("{}", error_chain(.0))]
+    ReadKept(#[source] RemoteError),
+    /// The kept unit was there when the history was read, and is not now.
+    #[error("deployment {n}'s kept unit disappeared meanwhile")]
+    KeptGone { n: usize },
+}
+
 async fn prepare(
     host: &dyn Host,
     name: &str,
     unit: &str,
     to: Option<usize>,
     manifest: Option<&Manifest>,
-) -> Result<Prepared, String> {
+) -> Result<Prepared, PrepareError> {
     let Read {
         deployments,
         current_error,
     } = read_deployments(host, unit)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(PrepareError::ReadHistory)?;
     let mut notes = Vec::new();
     if let Some(e) = current_error {
         // Without it the current deployment is unknown, and so is the one before it.
         match (to, &e.problem) {
-            (None, state::RecordProblem::Newer(_)) => return Err(e.to_string()),
-            (None, _) => return Err(format!("{e}; say which deployment to restore with --to N")),
+            (None, state::RecordProblem::Newer(_)) => return Err(PrepareError::CurrentNewer(e)),
+            (None, _) => return Err(PrepareError::CurrentUnreadable(e)),
             (Some(_), _) => {}
         }
         notes.push(e.to_string());
     }
     let Choice { n, skipped } =
-        choose(&deployments, to).map_err(|e| format!("{unit} on {name}: {e}"))?;
+        choose(&deployments, to).map_err(|source| PrepareError::Choose {
+            unit: unit.to_string(),
+            host: name.to_string(),
+            source,
+        })?;
     if skipped > 0 {
         notes.push(skipped_lines(skipped));
     }
@@ -262,11 +336,15 @@ async fn prepare(
         .iter()
         .find(|d| d.n == n)
         .and_then(|d| d.record.clone())
-        .ok_or_else(|| format!("{unit} on {name}: deployment {n}'s record cannot be read"))?;
+        .ok_or_else(|| PrepareError::RecordUnreadable {
+            unit: unit.to_string(),
+            host: name.to_string(),
+            n,
+        })?;
     let text = state::read_deployed(host, unit, n)
         .await
-        .map_err(|e| error_chain(&e))?
-        .ok_or_else(|| format!("deployment {n}'s kept unit disappeared meanwhile"))?;
+        .map_err(PrepareError::ReadKept)?
+        .ok_or(PrepareError::KeptGone { n })?;
     let git = GitInfo {
         commit: record.git_commit.clone(),
         author: record.git_author.clone(),

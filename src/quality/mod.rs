@@ -16,6 +16,7 @@ use reconcile_core::quality::{
     QualitySpec, Rate, Reference, Sequence, TaskRate, TextAnswer, TextComparison,
 };
 
+use crate::remote::http::ApiError;
 use crate::remote::{Host, RemoteError, Server};
 use crate::state::unit_dir;
 
@@ -31,17 +32,17 @@ const ANSWER_TOKENS: u32 = 48;
 #[derive(Debug, thiserror::Error)]
 pub enum MeasureError {
     /// A request to SGLang's native API (`/generate`, `/tokenize`) got no answer to read.
-    #[error("{cause}")]
+    #[error("{source}")]
     Request {
         path: &'static str,
-        // typed at merge: `remote::http`'s error for `post_json`.
-        cause: String,
+        #[source]
+        source: ApiError,
     },
     /// A chat completion (the needle, the long-context tasks, the cases) got no answer.
-    #[error("{cause}")]
+    #[error("{source}")]
     Chat {
-        // typed at merge: `remote::http`'s error for `chat`.
-        cause: String,
+        #[source]
+        source: ApiError,
     },
     /// A greedy generation's answer did not read.
     #[error("{cause}")]
@@ -70,8 +71,8 @@ pub enum MeasureError {
 }
 
 impl MeasureError {
-    fn request(path: &'static str) -> impl FnOnce(String) -> MeasureError {
-        move |cause| MeasureError::Request { path, cause }
+    fn request(path: &'static str) -> impl FnOnce(ApiError) -> MeasureError {
+        move |source| MeasureError::Request { path, source }
     }
 }
 
@@ -329,7 +330,7 @@ async fn chat(
     let answer = server
         .chat(model, prompt, max_tokens, reasoning)
         .await
-        .map_err(|cause| MeasureError::Chat { cause })?;
+        .map_err(|source| MeasureError::Chat { source })?;
     Ok(answer.content)
 }
 

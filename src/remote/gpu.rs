@@ -27,31 +27,69 @@ pub struct Gpu {
 pub enum GpuReading {
     Gpus(Vec<Gpu>),
     /// No nvidia-smi (or NVML) on the host: memory is judged on the service alone.
-    NoTooling(String),
+    NoTooling(NoGpus),
+}
+
+/// Why a host has no GPU memory to read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoGpus {
+    /// The shell found no `nvidia-smi` (exit 127).
+    #[error("nvidia-smi is not installed")]
+    NotInstalled,
+    /// `nvidia-smi` failed (no driver loaded, no GPU); `stderr` is what it said, trimmed.
+    #[error("nvidia-smi exited with {status}: {stderr}")]
+    Exited { status: i32, stderr: String },
+    /// It answered, in a form not read here.
+    #[error(transparent)]
+    Unreadable(#[from] QueryError),
+}
+
+/// Why `nvidia-smi`'s CSV did not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueryError {
+    /// A field is not a number; `field` is its name in the query (`memory.used`).
+    #[error("bad {field} in `{line}`")]
+    BadField {
+        field: &'static str,
+        line: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// Not the three fields asked for.
+    #[error("unexpected nvidia-smi line `{line}`")]
+    Unexpected { line: String },
 }
 
 /// Parses `0, 75000, 97871` lines.
-pub fn parse_query(csv: &str) -> Result<Vec<Gpu>, String> {
+pub fn parse_query(csv: &str) -> Result<Vec<Gpu>, QueryError> {
     csv.lines()
         .filter(|l| !l.trim().is_empty())
         .map(|line| {
             let fields: Vec<&str> = line.split(',').map(str::trim).collect();
             match fields[..] {
                 [index, used, total] => Ok(Gpu {
-                    index: index
-                        .parse()
-                        .map_err(|_| format!("bad GPU index in `{line}`"))?,
-                    used_mib: used
-                        .parse()
-                        .map_err(|_| format!("bad memory.used in `{line}`"))?,
-                    total_mib: total
-                        .parse()
-                        .map_err(|_| format!("bad memory.total in `{line}`"))?,
+                    index: number(index, "GPU index", line)?,
+                    used_mib: number(used, "memory.used", line)?,
+                    total_mib: number(total, "memory.total", line)?,
                 }),
-                _ => Err(format!("unexpected nvidia-smi line `{line}`")),
+                _ => Err(QueryError::Unexpected {
+                    line: line.to_string(),
+                }),
             }
         })
         .collect()
+}
+
+/// The number in `text`, the field `field` of `line`.
+fn number<T>(text: &str, field: &'static str, line: &str) -> Result<T, QueryError>
+where
+    T: std::str::FromStr<Err = std::num::ParseIntError>,
+{
+    text.parse().map_err(|source| QueryError::BadField {
+        field,
+        line: line.to_string(),
+        source,
+    })
 }
 
 impl<'h> dyn Host + 'h {
@@ -62,12 +100,13 @@ impl<'h> dyn Host + 'h {
         }
         let out = self.run(&NVIDIA_SMI_QUERY).await?;
         match out.status {
-            0 => Ok(parse_query(&out.stdout).map_or_else(GpuReading::NoTooling, GpuReading::Gpus)),
-            127 => Ok(GpuReading::NoTooling("nvidia-smi is not installed".into())),
-            status => Ok(GpuReading::NoTooling(format!(
-                "nvidia-smi exited with {status}: {}",
-                out.stderr.trim()
-            ))),
+            0 => Ok(parse_query(&out.stdout)
+                .map_or_else(|e| GpuReading::NoTooling(e.into()), GpuReading::Gpus)),
+            127 => Ok(GpuReading::NoTooling(NoGpus::NotInstalled)),
+            status => Ok(GpuReading::NoTooling(NoGpus::Exited {
+                status,
+                stderr: out.stderr.trim().to_string(),
+            })),
         }
     }
 }
@@ -137,7 +176,8 @@ mod tests {
             }
         );
         assert_eq!(gpus.len(), 2);
-        assert!(parse_query("0, N/A, 97871").is_err());
+        let e = parse_query("0, N/A, 97871").unwrap_err();
+        assert_eq!(e.to_string(), "bad memory.used in `0, N/A, 97871`");
     }
 
     #[tokio::test]

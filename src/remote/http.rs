@@ -67,14 +67,92 @@ pub enum ClientError {
 }
 
 /// Why a GET of the server's API has no body to read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum GetError {
     /// The route is not there: another SGLang version, or not SGLang.
     #[error("{path} answered 404 Not Found")]
     NotFound { path: String },
     /// No answer in time, the connection refused, another status, or a body that did not read.
-    #[error("{0}")]
-    Failed(String),
+    /// Shared: a status keeps what it asked (`Facts` are cloned).
+    #[error(transparent)]
+    Failed(Arc<ApiError>),
+}
+
+/// Why a request to the server's API brought no answer to use. The report shows it as
+/// `to_string()`: a variant whose cause's words were always part of the message keeps them in its
+/// own text (a chain printer sees the cause is already there and skips it).
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No answer within the route's limit.
+    #[error("no answer in {}s", .limit.as_secs())]
+    TimedOut {
+        limit: Duration,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The request failed before an answer: the connection refused or broken.
+    #[error(transparent)]
+    Request(reqwest::Error),
+    /// A POST answered a failed status; `start` is the start of its body.
+    #[error("{what} answered {status}: {start}")]
+    Refused {
+        what: String,
+        status: reqwest::StatusCode,
+        start: String,
+    },
+    /// A GET answered another status than success, 401 or 404.
+    #[error("{path} answered {status}")]
+    Status {
+        path: String,
+        status: reqwest::StatusCode,
+    },
+    /// `/metrics` answered another status than success or 404.
+    #[error("/metrics answered {code}")]
+    MetricsStatus { code: u16 },
+    /// 401 from a server whose unit sets no key.
+    #[error(
+        "{path} answered {status}: the server wants an API key and its unit sets no --api-key"
+    )]
+    KeyWanted {
+        path: String,
+        status: reqwest::StatusCode,
+    },
+    /// 401 to the unit's own key.
+    #[error("{path} answered {status}: the server refused the unit's --api-key")]
+    KeyRefused {
+        path: String,
+        status: reqwest::StatusCode,
+    },
+    /// The route is not there: another SGLang version, or not SGLang.
+    #[error("{path} answered 404 Not Found")]
+    NotFound { path: String },
+    /// The body was not read whole.
+    #[error("{}", error_chain(.0))]
+    Body(#[from] BodyError),
+    /// A streamed completion's first bytes were no event stream.
+    #[error("the answer is not a stream of server-sent events (does the server stream?): {start}")]
+    NotAStream { start: String },
+    /// The body was read but is not the answer expected.
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
+}
+
+/// Why an answer's body is not what its route returns.
+#[derive(Debug, thiserror::Error)]
+pub enum AnswerError {
+    /// Not JSON at all (an error page, a proxy's answer); `what` names the answer.
+    #[error("{what} is not JSON: {source}")]
+    NotJson {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// `/v1/models` without its list.
+    #[error("/v1/models has no `data` list")]
+    NoModelList,
+    /// A chat completion without its message.
+    #[error("chat completion has no choices[0].message")]
+    NoMessage,
 }
 
 /// How to reach the server, read from its unit.
@@ -240,7 +318,7 @@ impl Server {
         &self,
         request: &serde_json::Value,
         mut on_data: impl FnMut(Instant, &str),
-    ) -> Result<(), String> {
+    ) -> Result<(), ApiError> {
         let mut response = self
             .authorized(
                 self.client
@@ -255,10 +333,11 @@ impl Server {
             .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!(
-                "chat completion answered {status}: {}",
-                error_start(response).await
-            ));
+            return Err(ApiError::Refused {
+                what: "chat completion".into(),
+                status,
+                start: error_start(response).await,
+            });
         }
         let mut events = SseLines::default();
         let (mut any, mut start) = (false, Vec::new());
@@ -271,16 +350,15 @@ impl Server {
             if !any && start.len() < 200 {
                 start.extend_from_slice(&chunk[..chunk.len().min(200 - start.len())]);
             }
-            for data in events.push(&chunk).map_err(|e| e.to_string())? {
+            for data in events.push(&chunk)? {
                 any = true;
                 on_data(now, &data);
             }
         }
         if !any && !start.is_empty() {
-            return Err(format!(
-                "the answer is not a stream of server-sent events (does the server stream?): {}",
-                String::from_utf8_lossy(&start)
-            ));
+            return Err(ApiError::NotAStream {
+                start: String::from_utf8_lossy(&start).into_owned(),
+            });
         }
         Ok(())
     }
@@ -331,7 +409,7 @@ impl Server {
 
     /// `/metrics` (Prometheus text; SGLang serves it only with `--enable-metrics`, and needs no
     /// API key for it): `Ok(None)` when it answers 404.
-    pub async fn metrics(&self) -> Result<Option<String>, String> {
+    pub async fn metrics(&self) -> Result<Option<String>, ApiError> {
         let response = self
             .authorized(self.client.get(format!("{}/metrics", self.base)))
             .timeout(METRICS_TIMEOUT)
@@ -340,17 +418,16 @@ impl Server {
             .map_err(|e| request_error(e, METRICS_TIMEOUT))?;
         match response.status().as_u16() {
             404 => Ok(None),
-            200..=299 => read_body(response, "the answer to /metrics", BODY_LIMIT)
-                .await
-                .map(Some)
-                .map_err(|e| error_chain(&e)),
-            code => Err(format!("/metrics answered {code}")),
+            200..=299 => Ok(Some(
+                read_body(response, "the answer to /metrics", BODY_LIMIT).await?,
+            )),
+            code => Err(ApiError::MetricsStatus { code }),
         }
     }
 
-    pub async fn models(&self) -> Result<Vec<Model>, String> {
-        let body = self.get_text("/v1/models", MODELS_TIMEOUT).await?;
-        parse_models(&body)
+    pub async fn models(&self) -> Result<Vec<Model>, ApiError> {
+        let body = self.get("/v1/models", MODELS_TIMEOUT).await?;
+        Ok(parse_models(&body)?)
     }
 
     /// One deterministic chat completion (temperature 0). A reasoning model is asked not to think
@@ -362,7 +439,7 @@ impl Server {
         prompt: &str,
         max_tokens: u32,
         reasoning: bool,
-    ) -> Result<Answer, String> {
+    ) -> Result<Answer, ApiError> {
         let mut request = serde_json::json!({
             "model": model,
             "messages": [{"role": "user", "content": prompt}],
@@ -385,21 +462,24 @@ impl Server {
             .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!(
-                "chat completion answered {status}: {}",
-                error_start(response).await
-            ));
+            return Err(ApiError::Refused {
+                what: "chat completion".into(),
+                status,
+                start: error_start(response).await,
+            });
         }
-        let body = read_body(response, "the chat completion", BODY_LIMIT)
-            .await
-            .map_err(|e| error_chain(&e))?;
-        parse_answer(&body)
+        let body = read_body(response, "the chat completion", BODY_LIMIT).await?;
+        Ok(parse_answer(&body)?)
     }
 
     /// One JSON request to SGLang's native API (`/generate`): the answer's body, or why there was
     /// none (the status and the start of the body). The same limit as a chat completion: SGLang
     /// answers when the whole batch is done.
-    pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> Result<String, String> {
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<String, ApiError> {
         self.post_json_within(path, body, CHAT_TIMEOUT).await
     }
 
@@ -410,7 +490,7 @@ impl Server {
         path: &str,
         body: &serde_json::Value,
         limit: Duration,
-    ) -> Result<String, String> {
+    ) -> Result<String, ApiError> {
         let response = self
             .authorized(self.client.post(format!("{}{path}", self.base)))
             .timeout(limit)
@@ -421,18 +501,18 @@ impl Server {
             .map_err(|e| request_error(e, limit))?;
         let status = response.status();
         if !status.is_success() {
-            return Err(format!(
-                "{path} answered {status}: {}",
-                error_start(response).await
-            ));
+            return Err(ApiError::Refused {
+                what: path.to_string(),
+                status,
+                start: error_start(response).await,
+            });
         }
-        read_body(
+        Ok(read_body(
             response,
             &format!("the answer to {path}"),
             NATIVE_BODY_LIMIT,
         )
-        .await
-        .map_err(|e| error_chain(&e))
+        .await?)
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -442,37 +522,32 @@ impl Server {
         }
     }
 
-    async fn get_text(&self, path: &str, timeout: Duration) -> Result<String, String> {
-        self.get_within(path, timeout)
-            .await
-            .map_err(|e| e.to_string())
-    }
-
     /// One GET of the server's API (`/server_info`) that gives up after `limit`: the answer's
     /// body (at most [`BODY_LIMIT`]), or why there is none, a route the server lacks apart.
     pub async fn get_within(&self, path: &str, limit: Duration) -> Result<String, GetError> {
-        let failed = GetError::Failed;
+        self.get(path, limit).await.map_err(|e| match e {
+            ApiError::NotFound { path } => GetError::NotFound { path },
+            e => GetError::Failed(Arc::new(e)),
+        })
+    }
+
+    async fn get(&self, path: &str, limit: Duration) -> Result<String, ApiError> {
         let response = self
             .authorized(self.client.get(format!("{}{path}", self.base)))
             .timeout(limit)
             .send()
             .await
-            .map_err(|e| failed(request_error(e, limit)))?;
+            .map_err(|e| request_error(e, limit))?;
         let status = response.status();
+        let path = path.to_string();
         match status.as_u16() {
-            200..=299 => read_body(response, &format!("the answer to {path}"), BODY_LIMIT)
-                .await
-                .map_err(|e| failed(error_chain(&e))),
-            401 if self.api_key.is_none() => Err(failed(format!(
-                "{path} answered {status}: the server wants an API key and its unit sets no --api-key"
-            ))),
-            401 => Err(failed(format!(
-                "{path} answered {status}: the server refused the unit's --api-key"
-            ))),
-            404 => Err(GetError::NotFound {
-                path: path.to_string(),
-            }),
-            _ => Err(failed(format!("{path} answered {status}"))),
+            200..=299 => {
+                Ok(read_body(response, &format!("the answer to {path}"), BODY_LIMIT).await?)
+            }
+            401 if self.api_key.is_none() => Err(ApiError::KeyWanted { path, status }),
+            401 => Err(ApiError::KeyRefused { path, status }),
+            404 => Err(ApiError::NotFound { path }),
+            _ => Err(ApiError::Status { path, status }),
         }
     }
 }
@@ -575,21 +650,23 @@ enum Probe {
     Closed(String),
 }
 
-fn request_error(e: reqwest::Error, timeout: Duration) -> String {
+fn request_error(e: reqwest::Error, limit: Duration) -> ApiError {
+    let e = e.without_url();
     if e.is_timeout() {
-        format!("no answer in {}s", timeout.as_secs())
+        ApiError::TimedOut { limit, source: e }
     } else {
-        e.without_url().to_string()
+        ApiError::Request(e)
     }
 }
 
 /// Parses SGLang's `/v1/models` answer.
-pub fn parse_models(body: &str) -> Result<Vec<Model>, String> {
+pub fn parse_models(body: &str) -> Result<Vec<Model>, AnswerError> {
     let json: serde_json::Value =
-        serde_json::from_str(body).map_err(|e| format!("/v1/models is not JSON: {e}"))?;
-    let data = json["data"]
-        .as_array()
-        .ok_or("/v1/models has no `data` list")?;
+        serde_json::from_str(body).map_err(|source| AnswerError::NotJson {
+            what: "/v1/models",
+            source,
+        })?;
+    let data = json["data"].as_array().ok_or(AnswerError::NoModelList)?;
     Ok(data
         .iter()
         .filter_map(|m| {
@@ -604,14 +681,17 @@ pub fn parse_models(body: &str) -> Result<Vec<Model>, String> {
 /// Parses a `chat.completion`: with `--reasoning-parser`, SGLang moves the thinking to
 /// `message.reasoning_content` and `content` may be `""` or null
 /// (`sglang/srt/entrypoints/openai/serving_chat.py`).
-pub fn parse_answer(body: &str) -> Result<Answer, String> {
+pub fn parse_answer(body: &str) -> Result<Answer, AnswerError> {
     let json: serde_json::Value =
-        serde_json::from_str(body).map_err(|e| format!("chat completion is not JSON: {e}"))?;
+        serde_json::from_str(body).map_err(|source| AnswerError::NotJson {
+            what: "chat completion",
+            source,
+        })?;
     let choice = &json["choices"][0];
     let message = choice
         .get("message")
         .filter(|m| m.is_object())
-        .ok_or("chat completion has no choices[0].message")?;
+        .ok_or(AnswerError::NoMessage)?;
     let text = |key: &str| message[key].as_str().map(str::to_string);
     Ok(Answer {
         content: text("content").unwrap_or_default(),
@@ -726,8 +806,13 @@ mod tests {
         for chunked in [false, true] {
             let server = Server::at(&answer_once(big.clone(), chunked).await, None).unwrap();
             let e = server.metrics().await.unwrap_err();
+            assert!(
+                matches!(e, ApiError::Body(BodyError::TooLarge { .. })),
+                "{e:?}"
+            );
             assert_eq!(
-                e, "the answer to /metrics is larger than 16 MiB, the most reconcile reads of it",
+                e.to_string(),
+                "the answer to /metrics is larger than 16 MiB, the most reconcile reads of it",
                 "chunked: {chunked}"
             );
         }

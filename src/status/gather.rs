@@ -348,7 +348,7 @@ async fn held_by(
         let server = host
             .server(&endpoint, url)
             .await
-            .map_err(|e| AskError::Unreachable(error_chain(&e)))?;
+            .map_err(|e| AskError::Unreachable(e.into()))?;
         let mut held = Held::default();
         if change.weights.is_some() {
             let info = get(&server, "/model_info", "/get_model_info").await?;

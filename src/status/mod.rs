@@ -149,10 +149,11 @@ pub struct Facts {
 }
 
 /// Why the server could not say what it holds.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum AskError {
-    #[error("it could not be reached: {0}")]
-    Unreachable(String),
+    /// No forward to the server's port (shared: `Facts` are cloned).
+    #[error("it could not be reached: {}", crate::remote::error_chain(.0))]
+    Unreachable(#[source] std::sync::Arc<crate::remote::RemoteError>),
     #[error("it did not answer within {}s", .0.as_secs())]
     TimedOut(std::time::Duration),
     #[error(transparent)]

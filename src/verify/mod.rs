@@ -22,6 +22,7 @@
 
 mod probes;
 mod progress;
+mod reason;
 mod stages;
 
 use std::time::Duration;
@@ -31,6 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub use progress::Progress;
+pub use reason::Reason;
 pub use reconcile_core::verify::judge::{
     self, bytes, crash_reason, sparkline, MemoryPolicy, Sample,
 };
@@ -39,7 +41,7 @@ pub use reconcile_core::verify::Stage;
 use crate::flags::flags;
 use crate::manifest::VerifySpec;
 use crate::observed::UnitState;
-use crate::remote::{error_chain, Endpoint, Host};
+use crate::remote::{Endpoint, Host, RemoteError};
 use crate::sglang::human_readable_int_value;
 use crate::systemd::Systemd as _;
 use crate::unit::UnitModel;
@@ -174,7 +176,7 @@ impl Verification {
 #[error("{stage}: {reason}")]
 pub struct Failure {
     pub stage: Stage,
-    pub reason: String,
+    pub reason: Reason,
     /// Boxed: a `Failure` is the error of every verification's `Result`, kept small to move.
     pub verification: Box<Verification>,
 }
@@ -290,7 +292,7 @@ impl<P: Probes> Driver<'_, P> {
     /// the crash: a worker's death takes its main process down within a second or two.
     async fn confirm(&mut self) -> Decision {
         let systemd = judged(&self.first, self.probes.unit_state().await).0;
-        if systemd == Systemd::Healthy {
+        if matches!(systemd, Systemd::Healthy) {
             tokio::time::sleep(POLL_INTERVAL).await;
         }
         self.stages.confirmed(self.run.since(), systemd)
@@ -308,7 +310,7 @@ impl<P: Probes> Driver<'_, P> {
         .await;
         let took = match sampled {
             Err(broke) => Took::BrokeOff(broke),
-            Ok(Err(reason)) => Took::Failed(reason),
+            Ok(Err(e)) => Took::Failed(e),
             Ok(Ok(sample)) => {
                 self.probes.listening(sample.listening);
                 let (phase, run) = (self.stages.phase(), &self.run);
@@ -329,12 +331,14 @@ async fn final_steps<P: Probes>(
     first: &UnitState,
     now: &UnitState,
 ) -> Decision {
-    let loaded = take_sample(probes, run, first, now).await;
-    let decision = stages.plateau(loaded.as_ref().map_err(String::clone));
+    let (decision, loaded) = match take_sample(probes, run, first, now).await {
+        Ok(sample) => (stages.plateau(Ok(&sample)), Some(sample)),
+        Err(e) => (stages.plateau(Err(e)), None),
+    };
     if !matches!(decision.next, Next::Fail(_)) {
-        run.record.plateau = loaded.ok();
+        run.record.plateau = loaded;
     }
-    if decision.next != Next::Smoke {
+    if !matches!(decision.next, Next::Smoke) {
         return decision;
     }
     // The memory stage is recorded as it passes, before the smoke completion takes its time.
@@ -349,7 +353,7 @@ async fn take_sample<P: Probes>(
     run: &mut Run<'_>,
     first: &UnitState,
     now: &UnitState,
-) -> Result<Sample, String> {
+) -> Result<Sample, RemoteError> {
     let Sampled { notes, sample } = probes.sample(first, now).await;
     for note in notes {
         run.note(note);
@@ -361,7 +365,10 @@ async fn take_sample<P: Probes>(
 }
 
 /// systemd's answer judged against the state at the restart, and the state when there is one.
-fn judged(first: &UnitState, asked: Result<UnitState, String>) -> (Systemd, Option<UnitState>) {
+fn judged(
+    first: &UnitState,
+    asked: Result<UnitState, RemoteError>,
+) -> (Systemd, Option<UnitState>) {
     match asked {
         Err(e) => (Systemd::Unreachable(e), None),
         Ok(state) => {
@@ -437,14 +444,15 @@ impl Run<'_> {
         });
     }
 
-    fn fail(&mut self, name: Stage, reason: String) -> Failure {
-        self.progress.stage(name, false, &reason);
+    fn fail(&mut self, name: Stage, reason: Reason) -> Failure {
+        let detail = reason.to_string();
+        self.progress.stage(name, false, &detail);
         self.record.stages.push(StageResult {
             name,
             passed: false,
             seconds: self.elapsed(),
             at_unix: unix_now(),
-            detail: reason.clone(),
+            detail,
         });
         Failure {
             stage: name,
@@ -453,12 +461,8 @@ impl Run<'_> {
         }
     }
 
-    fn remote<T, E: std::error::Error + 'static>(
-        &mut self,
-        stage: Stage,
-        r: Result<T, E>,
-    ) -> Result<T, Failure> {
-        r.map_err(|e| self.fail(stage, error_chain(&e)))
+    fn remote<T>(&mut self, stage: Stage, r: Result<T, RemoteError>) -> Result<T, Failure> {
+        r.map_err(|e| self.fail(stage, Reason::Start(e)))
     }
 
     fn note(&mut self, note: String) {
@@ -478,7 +482,7 @@ fn unix_now() -> f64 {
 mod tests {
     use super::*;
     use crate::manifest::Smoke;
-    use crate::remote::http::Answer;
+    use crate::remote::http::{Answer, ApiError};
     use crate::remote::{Health, Model};
     use crate::unit::parse_unit;
     use stages::Seen;
@@ -519,7 +523,7 @@ mod tests {
     }
 
     impl Probes for Fake {
-        async fn unit_state(&self) -> Result<UnitState, String> {
+        async fn unit_state(&self) -> Result<UnitState, RemoteError> {
             self.polls.set(self.polls.get() + 1);
             let crashed = self.crash_at.is_some_and(|c| self.t() >= c);
             let (active, sub) = if crashed {
@@ -578,7 +582,7 @@ mod tests {
             self.told.borrow_mut().push(open);
         }
 
-        async fn smoke(&self, smoke: &Smoke) -> Result<Answer, String> {
+        async fn smoke(&self, smoke: &Smoke) -> Result<Answer, ApiError> {
             tokio::time::sleep(Duration::from_secs(2)).await;
             Ok(Answer {
                 content: format!("{}.", smoke.expect),
@@ -674,7 +678,8 @@ mod tests {
         let f = drive(&fake, &spec(), never).await.expect_err("crashed");
         assert_eq!(f.stage.name(), "crash window");
         assert!(
-            f.reason.starts_with("crashed 3.") && f.reason.contains("it is failed (failed)"),
+            f.reason.to_string().starts_with("crashed 3.")
+                && f.reason.to_string().contains("it is failed (failed)"),
             "{}",
             f.reason
         );
@@ -693,7 +698,11 @@ mod tests {
         let never = CancellationToken::new();
         let f = drive(&fake, &spec(), never).await.expect_err("crashed");
         assert_eq!(f.stage.name(), "loading");
-        assert!(f.reason.starts_with("crashed 12.5s"), "{}", f.reason);
+        assert!(
+            f.reason.to_string().starts_with("crashed 12.5s"),
+            "{}",
+            f.reason
+        );
         // Without an exit, the worker's death is reported after CONFIRM_POLLS polls.
         let fake = Fake {
             schedulers: |t| if t < 12.0 { 2 } else { 1 },
@@ -703,7 +712,7 @@ mod tests {
         let f = drive(&fake, &spec(), never).await.expect_err("dead worker");
         assert_eq!(f.stage.name(), "loading");
         assert_eq!(
-            f.reason,
+            f.reason.to_string(),
             "a worker process died: 1 of 2 `sglang::scheduler` processes are left while the main process lives"
         );
         let at = f.verification.stages[1].seconds;
@@ -725,7 +734,7 @@ mod tests {
         });
         let f = drive(&fake, &spec(), cancel).await.expect_err("cancelled");
         assert_eq!(
-            (f.stage.name(), f.reason.as_str()),
+            (f.stage.name(), f.reason.to_string().as_str()),
             ("loading", "interrupted (cancelled)")
         );
         let at = f.verification.stages[1].seconds;
@@ -747,7 +756,7 @@ mod tests {
         let f = drive(&fake, &spec, never).await.expect_err("not ready");
         assert_eq!(f.stage.name(), "readiness");
         assert_eq!(
-            f.reason,
+            f.reason.to_string(),
             "not ready after the 120s load deadline; last: the port is not open yet (connection refused)"
         );
     }

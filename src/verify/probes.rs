@@ -2,7 +2,7 @@
 //! over a scripted fake. `HostProbes` is the real one: systemd and the samples over the host's
 //! connection, the HTTP port from a task of its own.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -14,21 +14,21 @@ use super::Expect;
 use crate::manifest::Smoke;
 use crate::observed::UnitState;
 use crate::probe::liveness::ReadLiveness;
-use crate::remote::http::Answer;
-use crate::remote::{error_chain, GpuReading, Health, Host, RemoteError, Server};
+use crate::remote::http::{Answer, ApiError};
+use crate::remote::{GpuReading, Health, Host, RemoteError, Server};
 use crate::systemd::Systemd as _;
 
 /// One sample's readings, and the notes they gave rise to (kept even when the sample fails).
 pub struct Sampled {
     pub notes: Vec<String>,
     /// `seconds` is left to the caller, who owns the clock.
-    pub sample: Result<Sample, String>,
+    pub sample: Result<Sample, RemoteError>,
 }
 
-/// The remote side of verification. Errors come as their full chain of causes, as reported.
+/// The remote side of verification.
 pub trait Probes {
     /// The unit as `systemctl show` sees it.
-    async fn unit_state(&self) -> Result<UnitState, String>;
+    async fn unit_state(&self) -> Result<UnitState, RemoteError>;
     /// Memory, GPU memory and the other signs of life. `first` is the state at the restart (its
     /// invocation's journal is read), `now` the latest (its `MemoryCurrent`).
     async fn sample(&self, first: &UnitState, now: &UnitState) -> Sampled;
@@ -38,7 +38,7 @@ pub trait Probes {
     /// while nothing does.
     fn listening(&self, open: Option<bool>);
     /// The smoke completion.
-    async fn smoke(&self, smoke: &Smoke) -> Result<Answer, String>;
+    async fn smoke(&self, smoke: &Smoke) -> Result<Answer, ApiError>;
 }
 
 /// Where the journal reading continues, and what the GPUs did.
@@ -103,7 +103,7 @@ impl<'a> HostProbes<'a> {
         &self,
         gpus: Option<Result<GpuReading, RemoteError>>,
         notes: &mut Vec<String>,
-    ) -> Result<Vec<u64>, String> {
+    ) -> Result<Vec<u64>, RemoteError> {
         Ok(match gpus {
             None => Vec::new(),
             // A GPU that fell off the bus hangs nvidia-smi.
@@ -114,7 +114,7 @@ impl<'a> HostProbes<'a> {
                 ));
                 Vec::new()
             }
-            Some(Err(e)) => return Err(error_chain(&e)),
+            Some(Err(e)) => return Err(e),
             Some(Ok(GpuReading::Gpus(all))) => all
                 .iter()
                 .filter(|g| {
@@ -139,7 +139,7 @@ impl<'a> HostProbes<'a> {
         first: &UnitState,
         now: &UnitState,
         notes: &mut Vec<String>,
-    ) -> Result<Sample, String> {
+    ) -> Result<Sample, RemoteError> {
         let (gpus_hung, cursor) = {
             let r = self.readings();
             (r.gpus_hung, r.journal_cursor.clone())
@@ -162,7 +162,7 @@ impl<'a> HostProbes<'a> {
             )
         );
         let gpu_mib = self.gpu_mib(gpus, notes)?;
-        let life = life.map_err(|e| error_chain(&e))?;
+        let life = life?;
         if life.cpu_usec.is_none() {
             notes.push(
                 "the host reports no CPU time for the unit's cgroup; a stall is judged without it"
@@ -187,11 +187,8 @@ impl<'a> HostProbes<'a> {
 }
 
 impl Probes for HostProbes<'_> {
-    async fn unit_state(&self) -> Result<UnitState, String> {
-        self.host
-            .unit_state(self.unit)
-            .await
-            .map_err(|e| error_chain(&e))
+    async fn unit_state(&self) -> Result<UnitState, RemoteError> {
+        self.host.unit_state(self.unit).await
     }
 
     async fn sample(&self, first: &UnitState, now: &UnitState) -> Sampled {
@@ -208,7 +205,7 @@ impl Probes for HostProbes<'_> {
         self.listening.send_replace(open);
     }
 
-    async fn smoke(&self, smoke: &Smoke) -> Result<Answer, String> {
+    async fn smoke(&self, smoke: &Smoke) -> Result<Answer, ApiError> {
         let reasoning = self.expect.reasoning;
         self.server
             .chat(
@@ -255,7 +252,7 @@ fn probe(
                 asked_models += 1;
                 match server.models().await {
                     Err(_) if asked_models < MODELS_TRIES => {}
-                    answer => seen.models = Some(answer),
+                    answer => seen.models = Some(answer.map_err(Arc::new)),
                 }
             }
             let ready = matches!(health, Health::Ready(_));

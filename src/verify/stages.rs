@@ -5,12 +5,15 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use super::judge::{self, bytes, Sample};
+use super::reason::Reason;
 use super::CONFIRM_POLLS;
 use super::{MemoryPolicy, Stage};
 use crate::manifest::{Smoke, VerifySpec};
-use crate::remote::http::Answer;
-use crate::remote::{Health, Model};
+use crate::remote::http::{Answer, ApiError};
+use crate::remote::{Health, Model, RemoteError};
 
 /// What the manifest and the unit ask of this verification.
 #[derive(Debug, Clone)]
@@ -58,27 +61,29 @@ pub struct Seen {
     /// Since the restart, when the port first answered.
     pub opened: Option<f64>,
     /// `/v1/models`, asked once the port answers (it answers during warmup).
-    pub models: Option<Result<Vec<Model>, String>>,
+    /// Shared: every poll gets a copy of what the probe task saw.
+    pub models: Option<Result<Vec<Model>, Arc<ApiError>>>,
 }
 
 /// What systemd said when asked, judged by `crash_reason` against the state at the restart; or
 /// why it could not tell.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum Systemd {
     Healthy,
+    // typed at merge: `crash_reason` returns a String.
     Crashed(String),
-    /// It could not be asked (the error chain).
-    Unreachable(String),
+    /// It could not be asked.
+    Unreachable(RemoteError),
     /// Verification was cancelled (Ctrl-C) before or while asking; the reason to report.
     Cancelled(String),
 }
 
 /// How a step that takes a while (a sample, the final steps) ended.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Took<T> {
     Done(T),
-    /// The step itself failed (a remote error, as text).
-    Failed(String),
+    /// The step itself failed.
+    Failed(RemoteError),
     /// systemd was polled meanwhile and showed a crash or could not be asked, or verification
     /// was cancelled.
     BrokeOff(Systemd),
@@ -108,10 +113,18 @@ pub struct Passed {
     pub detail: String,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Failed {
     pub stage: Stage,
-    pub reason: String,
+    pub reason: Reason,
+}
+
+/// Tests compare failures by what the report shows.
+#[cfg(test)]
+impl PartialEq for Failed {
+    fn eq(&self, other: &Failed) -> bool {
+        self.stage == other.stage && self.reason.to_string() == other.reason.to_string()
+    }
 }
 
 /// `/health` answered 200: the times for the record.
@@ -122,7 +135,8 @@ pub struct Loaded {
 }
 
 /// What to do next.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
+#[cfg_attr(test, derive(PartialEq))]
 pub enum Next {
     /// Wait a poll interval (or for a cancel), ask systemd, report with `polled`.
     Poll,
@@ -143,7 +157,8 @@ pub enum Next {
 }
 
 /// Stages passed (in the order to record them), then what to do next.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
+#[cfg_attr(test, derive(PartialEq))]
 pub struct Decision {
     pub passed: Vec<Passed>,
     pub loaded: Option<Loaded>,
@@ -159,7 +174,7 @@ impl Decision {
         }
     }
 
-    fn fail(stage: Stage, reason: String) -> Decision {
+    fn fail(stage: Stage, reason: Reason) -> Decision {
         Decision::next(Next::Fail(Failed { stage, reason }))
     }
 
@@ -169,7 +184,7 @@ impl Decision {
 }
 
 /// What verification has established so far.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Stages {
     rules: Rules,
     crash_passed: bool,
@@ -227,11 +242,12 @@ impl Stages {
     fn systemd_failed(stage: Stage, elapsed: Duration, systemd: Systemd) -> Decision {
         let reason = match systemd {
             Systemd::Healthy => unreachable!("a healthy unit fails nothing"),
-            Systemd::Crashed(crash) => format!(
-                "crashed {:.1}s after the restart: {crash}",
-                elapsed.as_secs_f64()
-            ),
-            Systemd::Unreachable(reason) | Systemd::Cancelled(reason) => reason,
+            Systemd::Crashed(crash) => Reason::Crashed {
+                after: elapsed,
+                crash,
+            },
+            Systemd::Unreachable(e) => Reason::Unreachable(e),
+            Systemd::Cancelled(why) => Reason::Cancelled(why),
         };
         Decision::fail(stage, reason)
     }
@@ -239,7 +255,7 @@ impl Stages {
     /// systemd was polled `elapsed` after the restart, and the probe has `seen` this.
     pub fn polled(&mut self, elapsed: Duration, systemd: Systemd, seen: &Seen) -> Decision {
         self.round = self.stage();
-        if systemd != Systemd::Healthy {
+        if !matches!(systemd, Systemd::Healthy) {
             return Self::systemd_failed(self.round, elapsed, systemd);
         }
         let mut d = Decision::next(Next::Poll);
@@ -318,15 +334,18 @@ impl Stages {
         let stage = self.round;
         let findings = match took {
             Took::Done(findings) => findings,
-            Took::Failed(reason) => return Decision::fail(Stage::Memory, reason),
+            Took::Failed(e) => return Decision::fail(Stage::Memory, Reason::Sample(e)),
             Took::BrokeOff(systemd) => return Self::systemd_failed(stage, elapsed, systemd),
         };
         let suspect = match (findings.memory, findings.dead_worker) {
             (Some(reason), _) => Some(Failed {
                 stage: Stage::Memory,
-                reason,
+                reason: Reason::Judged(reason),
             }),
-            (None, Some(reason)) => Some(Failed { stage, reason }),
+            (None, Some(reason)) => Some(Failed {
+                stage,
+                reason: Reason::Judged(reason),
+            }),
             (None, None) => None,
         };
         if let Some(failed) = suspect {
@@ -337,7 +356,7 @@ impl Stages {
             return Decision::next(Next::Confirm);
         }
         if let (None, Some(reason)) = (self.seen.opened, findings.stall) {
-            return Decision::fail(Stage::Loading, reason);
+            return Decision::fail(Stage::Loading, Reason::Judged(reason));
         }
         Decision::next(self.deadlines(elapsed))
     }
@@ -347,7 +366,7 @@ impl Stages {
         let Some((polls, failed)) = self.suspect.take() else {
             unreachable!("confirmed without a suspect");
         };
-        if systemd != Systemd::Healthy {
+        if !matches!(systemd, Systemd::Healthy) {
             return Self::systemd_failed(self.round, elapsed, systemd);
         }
         if polls + 1 < CONFIRM_POLLS {
@@ -371,10 +390,11 @@ impl Stages {
         if let Some(opened) = self.seen.opened.filter(|_| !self.ready) {
             let warming = elapsed - opened;
             if warming >= self.rules.warmup_timeout.as_secs_f64() {
-                let reason = format!(
-                    "still warming up {warming:.0}s after the port opened (warmup timeout {:?}); last: {last}",
-                    self.rules.warmup_timeout
-                );
+                let reason = Reason::WarmupTimeout {
+                    warming,
+                    timeout: self.rules.warmup_timeout,
+                    last,
+                };
                 return Next::Fail(Failed {
                     stage: Stage::Warmup,
                     reason,
@@ -385,10 +405,10 @@ impl Stages {
         // window, which the next poll of systemd settles (a verifier held up past the deadline
         // under load, its last poll before the window's end, is no failure of the server's).
         if elapsed >= self.rules.load_deadline.as_secs_f64() && !(self.ready && self.identified) {
-            let reason = format!(
-                "not ready after the {:?} load deadline; last: {last}",
-                self.rules.load_deadline
-            );
+            let reason = Reason::LoadDeadline {
+                deadline: self.rules.load_deadline,
+                last,
+            };
             let stage = if self.seen.opened.is_some() {
                 Stage::Warmup
             } else {
@@ -400,13 +420,13 @@ impl Stages {
     }
 
     /// The loaded server's sample: its memory plateau.
-    pub fn plateau(&mut self, loaded: Result<&Sample, String>) -> Decision {
+    pub fn plateau(&mut self, loaded: Result<&Sample, RemoteError>) -> Decision {
         let loaded = match loaded {
             Ok(sample) => sample,
-            Err(reason) => return Decision::fail(Stage::Memory, reason),
+            Err(e) => return Decision::fail(Stage::Memory, Reason::Sample(e)),
         };
         if let Some(reason) = judge::plateau_failure(loaded, &self.rules.policy) {
-            return Decision::fail(Stage::Memory, reason);
+            return Decision::fail(Stage::Memory, Reason::Judged(reason));
         }
         let plateau = format!(
             "plateau: service {}{}",
@@ -426,7 +446,7 @@ impl Stages {
     }
 
     /// What the smoke completion answered.
-    pub fn smoke(&mut self, asked: Result<Answer, String>) -> Decision {
+    pub fn smoke(&mut self, asked: Result<Answer, ApiError>) -> Decision {
         let Some(smoke) = &self.rules.smoke else {
             unreachable!("a smoke answer without a smoke test");
         };
@@ -446,20 +466,14 @@ impl Stages {
                 )
             }
             Ok(answer) => {
-                let cut = if answer.finish_reason.as_deref() == Some("length") {
-                    " (cut at max_tokens: raise verify.smoke.max_tokens)"
-                } else {
-                    ""
+                let reason = Reason::SmokeLacks {
+                    cut: answer.finish_reason.as_deref() == Some("length"),
+                    content: answer.content,
+                    expect: smoke.expect.clone(),
                 };
-                return Decision::fail(
-                    Stage::Smoke,
-                    format!(
-                        "answered {:?}, which lacks {:?}{cut}",
-                        answer.content, smoke.expect
-                    ),
-                );
+                return Decision::fail(Stage::Smoke, reason);
             }
-            Err(e) => return Decision::fail(Stage::Smoke, e),
+            Err(e) => return Decision::fail(Stage::Smoke, Reason::Smoke(e)),
         };
         let mut d = Decision::next(Next::Done);
         d.pass(Stage::Smoke, detail);
@@ -480,22 +494,20 @@ impl Stages {
 /// `/v1/models` must name the expected model, with the expected context length: the identity
 /// stage's detail, or why it fails.
 fn identity(
-    models: &Result<Vec<Model>, String>,
+    models: &Result<Vec<Model>, Arc<ApiError>>,
     model_id: &str,
     context_length: Option<u64>,
-) -> Result<String, String> {
-    let models = models.as_ref().map_err(String::clone)?;
+) -> Result<String, Reason> {
+    let models = models.as_ref().map_err(|e| Reason::Models(e.clone()))?;
     let Some(model) = models.iter().find(|m| m.id == model_id) else {
-        let serving: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
-        return Err(format!(
-            "/v1/models lists {serving:?}, not the expected `{model_id}`: wrong model"
-        ));
+        return Err(Reason::WrongModel {
+            serving: models.iter().map(|m| m.id.clone()).collect(),
+            expected: model_id.to_string(),
+        });
     };
     if let (Some(want), Some(got)) = (context_length, model.max_model_len) {
         if want != got {
-            return Err(format!(
-                "max_model_len is {got}, the manifest sets context-length {want}"
-            ));
+            return Err(Reason::ContextLength { got, want });
         }
     }
     Ok(format!("/v1/models serves `{}`", model.id))
@@ -548,7 +560,7 @@ mod tests {
         }
     }
 
-    fn serving(id: &str, max_model_len: u64) -> Option<Result<Vec<Model>, String>> {
+    fn serving(id: &str, max_model_len: u64) -> Option<Result<Vec<Model>, Arc<ApiError>>> {
         Some(Ok(vec![Model {
             id: id.into(),
             max_model_len: Some(max_model_len),
@@ -578,12 +590,24 @@ mod tests {
             .expect("a stage of that name")
     }
 
+    /// A failure of the stage named `name`, its reason reading `reason` in the report.
     fn fail(stage: &str, reason: &str) -> Next {
         Next::Fail(Failed {
             stage: named(stage),
-            reason: reason.into(),
+            reason: Reason::Judged(reason.into()),
         })
     }
+
+    /// The connection to the host broke.
+    fn gone() -> RemoteError {
+        RemoteError::Transport {
+            host: "gpu1".into(),
+            command: "systemctl show".into(),
+            source: "broken pipe".into(),
+        }
+    }
+
+    const GONE: &str = "gpu1: `systemctl show` could not run: broken pipe";
 
     fn names(d: &Decision) -> Vec<&'static str> {
         d.passed.iter().map(|p| p.stage.name()).collect()
@@ -733,7 +757,7 @@ mod tests {
         assert_eq!(s.phase(), "crash window");
         let d = s.sampled(at(10.3), Took::BrokeOff(crashed()));
         assert!(
-            matches!(&d.next, Next::Fail(f) if f.stage.name() == "crash window" && f.reason.starts_with("crashed 10.3s")),
+            matches!(&d.next, Next::Fail(f) if f.stage.name() == "crash window" && f.reason.to_string().starts_with("crashed 10.3s")),
             "{d:?}"
         );
         let d = s.polled(at(10.5), Systemd::Healthy, &closed());
@@ -744,12 +768,8 @@ mod tests {
     #[test]
     fn systemd_unreachable_or_a_cancel_fails_the_current_stage_as_told() {
         let mut s = Stages::new(rules());
-        let d = s.polled(
-            at(1.0),
-            Systemd::Unreachable("ssh: broken pipe".into()),
-            &closed(),
-        );
-        assert_eq!(d.next, fail("crash window", "ssh: broken pipe"));
+        let d = s.polled(at(1.0), Systemd::Unreachable(gone()), &closed());
+        assert_eq!(d.next, fail("crash window", GONE));
         let mut s = loading();
         let d = s.polled(
             at(11.0),
@@ -789,8 +809,8 @@ mod tests {
     fn a_failed_sample_fails_memory() {
         let mut s = loading();
         s.polled(at(11.0), Systemd::Healthy, &closed());
-        let d = s.sampled(at(11.1), Took::Failed("liveness: exited with 1".into()));
-        assert_eq!(d.next, fail("memory", "liveness: exited with 1"));
+        let d = s.sampled(at(11.1), Took::Failed(gone()));
+        assert_eq!(d.next, fail("memory", GONE));
     }
 
     #[test]
@@ -825,7 +845,7 @@ mod tests {
         assert_eq!(s.confirmed(at(20.2), Systemd::Healthy).next, Next::Confirm);
         let d = s.confirmed(at(20.5), crashed());
         assert!(
-            matches!(&d.next, Next::Fail(f) if f.stage.name() == "loading" && f.reason.starts_with("crashed 20.5s after the restart: it is failed")),
+            matches!(&d.next, Next::Fail(f) if f.stage.name() == "loading" && f.reason.to_string().starts_with("crashed 20.5s after the restart: it is failed")),
             "{d:?}"
         );
     }
@@ -845,7 +865,7 @@ mod tests {
                     .next
             })
             .collect();
-        let mut want = vec![Next::Confirm; CONFIRM_POLLS as usize - 1];
+        let mut want: Vec<Next> = (1..CONFIRM_POLLS).map(|_| Next::Confirm).collect();
         want.push(fail("loading", "a worker process died: 3 of 4"));
         assert_eq!(nexts, want);
     }
@@ -913,11 +933,17 @@ mod tests {
         );
         let mut s = loading();
         let broken = Seen {
-            models: Some(Err("/v1/models answered 500".into())),
+            models: Some(Err(Arc::new(ApiError::Status {
+                path: "/v1/models".into(),
+                status: reqwest::StatusCode::INTERNAL_SERVER_ERROR,
+            }))),
             ..warming(11.0)
         };
         let d = s.polled(at(12.0), Systemd::Healthy, &broken);
-        assert_eq!(d.next, fail("identity", "/v1/models answered 500"));
+        assert_eq!(
+            d.next,
+            fail("identity", "/v1/models answered 500 Internal Server Error")
+        );
         // Passed once, while still warming up.
         let mut s = loading();
         let d = s.polled(at(12.0), Systemd::Healthy, &warming(11.0));
@@ -1129,12 +1155,9 @@ mod tests {
             ..Sample::default()
         };
         assert!(
-            matches!(s.plateau(Ok(&wrong_tp)).next, Next::Fail(f) if f.stage.name() == "memory" && f.reason.contains("wrong tp"))
+            matches!(s.plateau(Ok(&wrong_tp)).next, Next::Fail(f) if f.stage.name() == "memory" && f.reason.to_string().contains("wrong tp"))
         );
-        assert_eq!(
-            s.plateau(Err("ssh: gone".into())).next,
-            fail("memory", "ssh: gone")
-        );
+        assert_eq!(s.plateau(Err(gone())).next, fail("memory", GONE));
         let right = Sample {
             gpu_mib: vec![75500],
             ..Sample::default()
@@ -1168,8 +1191,16 @@ mod tests {
             "the expected \"Paris\" came in the model's thinking (reasoning_content); content \"\""
         );
         assert_eq!(
-            s.smoke(Err("chat completion answered 500".into())).next,
-            fail("smoke", "chat completion answered 500")
+            s.smoke(Err(ApiError::Refused {
+                what: "chat completion".into(),
+                status: reqwest::StatusCode::INTERNAL_SERVER_ERROR,
+                start: "{}".into(),
+            }))
+            .next,
+            fail(
+                "smoke",
+                "chat completion answered 500 Internal Server Error: {}"
+            )
         );
     }
 
@@ -1178,12 +1209,12 @@ mod tests {
         let s = Stages::new(rules());
         assert!(matches!(
             s.final_broke_off(at(30.0), crashed()).next,
-            Next::Fail(f) if f.stage.name() == "loading" && f.reason.starts_with("crashed 30.0s after the restart")
+            Next::Fail(f) if f.stage.name() == "loading" && f.reason.to_string().starts_with("crashed 30.0s after the restart")
         ));
         assert_eq!(
-            s.final_broke_off(at(30.0), Systemd::Unreachable("ssh: gone".into()))
+            s.final_broke_off(at(30.0), Systemd::Unreachable(gone()))
                 .next,
-            fail("loading", "ssh: gone")
+            fail("loading", GONE)
         );
         assert_eq!(
             s.final_broke_off(at(30.0), Systemd::Cancelled("interrupted (SIGTERM)".into()))

@@ -49,7 +49,7 @@ fn passed() -> Result<Verification, Failure> {
 fn failed(stage: Stage) -> Result<Verification, Failure> {
     Err(Failure {
         stage,
-        reason: "503".into(),
+        reason: crate::verify::Reason::Judged("503".into()),
         verification: Box::default(),
     })
 }

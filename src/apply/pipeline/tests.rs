@@ -8,7 +8,7 @@ use super::*;
 use crate::apply::verifier::Check;
 use crate::remote::fake::FakeHost;
 use crate::unit::UnitModel;
-use crate::verify::{Expect, Failure};
+use crate::verify::{Expect, Failure, Reason};
 
 /// Rank `fails` fails its loading at once; every other rank verifies until its token is
 /// cancelled, then fails as a cancelled verification does.
@@ -22,7 +22,7 @@ impl Verifier for OneFails {
         _host: &'a dyn Host,
         check: Check<'a>,
     ) -> BoxFuture<'a, Result<Verification, Failure>> {
-        let failure = |reason: String| Failure {
+        let failure = |reason: Reason| Failure {
             stage: Stage::Loading,
             reason,
             verification: Box::default(),
@@ -32,10 +32,10 @@ impl Verifier for OneFails {
                 .fails
                 .is_some_and(|i| check.label == format!("rank {i}"))
             {
-                return Err(failure("a worker process died".into()));
+                return Err(failure(Reason::Judged("a worker process died".into())));
             }
             check.cancel.cancelled().await;
-            Err(failure(crate::signals::interrupted()))
+            Err(failure(Reason::Cancelled(crate::signals::interrupted())))
         })
     }
 }

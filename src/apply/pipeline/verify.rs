@@ -11,7 +11,7 @@ use super::{Carried, Cause, Failed, Rank};
 use crate::apply::guard::{self, Armed};
 use crate::apply::verifier::{Check, Verifier};
 use crate::remote::Host;
-use crate::verify::{Expect, Failure, Stage, Verification};
+use crate::verify::{Expect, Failure, Reason, Stage, Verification};
 
 /// `Step::Verify`: every rank's verification kept for the gates and the confirm, or what failed.
 pub(super) async fn verify(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_>) -> Went {
@@ -89,11 +89,10 @@ async fn verify_all(ranks: &mut [Rank<'_>]) -> Result<Vec<Verification>, Failed>
     }
     // A rank whose verification ended on the group's cancel was cut short by a peer; the others
     // failed in their own right, in the order seen (the first to fail first).
-    let interrupted = crate::signals::interrupted();
     let ctrl_c = options.cancel.is_cancelled();
     let (own, cut): (Vec<_>, Vec<_>) = failures
         .iter()
-        .partition(|(_, f)| ctrl_c || f.reason != interrupted);
+        .partition(|(_, f)| ctrl_c || !matches!(f.reason, Reason::Cancelled(_)));
     let mut own: Vec<&(usize, Failure)> = if own.is_empty() {
         failures.iter().collect()
     } else {
@@ -104,7 +103,7 @@ async fn verify_all(ranks: &mut [Rank<'_>]) -> Result<Vec<Verification>, Failed>
     }
     let causes = own
         .iter()
-        .map(|(i, f)| Cause::stage(*i, f.stage, f.reason.clone()))
+        .map(|(i, f)| Cause::stage(*i, f.stage, f.reason.to_string()))
         .collect();
     for (i, f) in &failures {
         ranks[*i].report.report.failed_stage = Some(f.stage);
