@@ -172,7 +172,7 @@ impl Router {
         if !status.is_success() {
             return Err(self.fail("GET /workers", format!("answered {status}")));
         }
-        decide::parse_workers(&body).map_err(|e| self.fail("GET /workers", e))
+        decide::parse_workers(&body).map_err(|e| self.fail("GET /workers", e.to_string()))
     }
 
     async fn remove(&self, id: &str) -> Result<(), RouterError> {

@@ -98,7 +98,7 @@ pub fn read(
                 (name, canonical)
             }
             Err(problem) => {
-                problems.push(problem);
+                problems.push(problem.to_string());
                 continue;
             }
         };
@@ -123,7 +123,7 @@ pub fn read(
             "port" => port = Some(one(&written, &values, &mut problems)),
             _ => match flag(&name, &values, catalog, redactor) {
                 Ok(value) => command.flags.push((name, value)),
-                Err(problem) => problems.push(problem),
+                Err(problem) => problems.push(problem.to_string()),
             },
         }
     }
@@ -220,13 +220,46 @@ fn one(name: &str, values: &[String], problems: &mut Vec<String>) -> String {
     }
 }
 
+/// Why one flag of ExecStart cannot be written in a manifest; the message is one of the
+/// ExecStart line's problems.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagProblem {
+    /// The host's SGLang has no such flag (nor one it abbreviates).
+    #[error("SGLang {version} has no flag --{name}, so a manifest for it cannot carry it")]
+    Unknown { version: &'static str, name: String },
+    /// An abbreviation of more than one flag: argparse refuses it.
+    #[error(
+        "--{written} is ambiguous in SGLang {version}: argparse stops, since it could mean --{}",
+        .options.join(", --")
+    )]
+    Ambiguous {
+        written: String,
+        version: &'static str,
+        /// The option strings it could mean, sorted.
+        options: Vec<&'static str>,
+    },
+    /// A switch given values.
+    #[error("--{name} is a switch in this SGLang, yet ExecStart gives it `{}`", .values.join(" "))]
+    SwitchGiven { name: String, values: Vec<String> },
+    /// A flag that needs a value given none.
+    #[error("--{name} has no value, and SGLang needs one")]
+    NoValue { name: String },
+    /// A one-value flag given several.
+    #[error(
+        "--{name} takes one value, and ExecStart gives it {}: `{}`",
+        .values.len(),
+        .values.join(" ")
+    )]
+    NotOneValue { name: String, values: Vec<String> },
+}
+
 /// One flag, typed by the catalog's entry for it (or, without a catalog, by its shape).
 fn flag(
     name: &str,
     values: &[String],
     catalog: Option<&Catalog>,
     redactor: &Redactor,
-) -> Result<Written, String> {
+) -> Result<Written, FlagProblem> {
     let (kind, value_type, nargs) = match catalog {
         None => {
             let kind = match values.len() {
@@ -239,10 +272,10 @@ fn flag(
         Some(c) => match c.option(name) {
             Some(f) => (f.kind, f.value_type, f.nargs),
             None => {
-                return Err(format!(
-                    "SGLang {} has no flag --{name}, so a manifest for it cannot carry it",
-                    c.version
-                ))
+                return Err(FlagProblem::Unknown {
+                    version: c.version,
+                    name: name.to_string(),
+                })
             }
         },
     };
@@ -260,18 +293,19 @@ fn flag(
     let item = |v: &String| typed(v, value_type);
     match (kind, values) {
         (Kind::Switch, []) => Ok(Written::True),
-        (Kind::Switch, _) => Err(format!(
-            "--{name} is a switch in this SGLang, yet ExecStart gives it `{}`",
-            values.join(" ")
-        )),
+        (Kind::Switch, _) => Err(FlagProblem::SwitchGiven {
+            name: name.to_string(),
+            values: values.to_vec(),
+        }),
         (_, []) if matches!(nargs, "?" | "*") => Ok(Written::True),
-        (_, []) => Err(format!("--{name} has no value, and SGLang needs one")),
+        (_, []) => Err(FlagProblem::NoValue {
+            name: name.to_string(),
+        }),
         (Kind::Value, [v]) => Ok(Written::One(item(v))),
-        (Kind::Value, _) => Err(format!(
-            "--{name} takes one value, and ExecStart gives it {}: `{}`",
-            values.len(),
-            values.join(" ")
-        )),
+        (Kind::Value, _) => Err(FlagProblem::NotOneValue {
+            name: name.to_string(),
+            values: values.to_vec(),
+        }),
         (Kind::List, _) => Ok(Written::List(values.iter().map(item).collect())),
     }
 }
@@ -288,7 +322,7 @@ struct Spelled {
 /// becomes the option it stands for, and `--model` the manifest's `model_path` (rendered
 /// `--model-path`): text the plan shows, a setting it reads as the same. Without a catalog,
 /// every name stays as written.
-fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, String> {
+fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, FlagProblem> {
     let as_written = |canonical: &str| Spelled {
         name: written.to_string(),
         canonical: canonical.to_string(),
@@ -319,16 +353,16 @@ fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, String> 
         Resolved::Prefix { flag, option } => Ok(renamed(option, flag.name)),
         Resolved::Ambiguous(mut options) => {
             options.sort_unstable();
-            Err(format!(
-                "--{written} is ambiguous in SGLang {}: argparse stops, since it could mean --{}",
-                c.version,
-                options.join(", --")
-            ))
+            Err(FlagProblem::Ambiguous {
+                written: written.to_string(),
+                version: c.version,
+                options,
+            })
         }
-        Resolved::Unknown => Err(format!(
-            "SGLang {} has no flag --{written}, so a manifest for it cannot carry it",
-            c.version
-        )),
+        Resolved::Unknown => Err(FlagProblem::Unknown {
+            version: c.version,
+            name: written.to_string(),
+        }),
     }
 }
 
@@ -493,5 +527,22 @@ mod tests {
         assert!(p[3].contains("SGLang 0.5.23 has no flag --no-such"));
         assert!(p[4].contains("--enable-metrics is a switch"));
         assert!(p[5].contains("no --port"));
+        // The same problems, by kind.
+        assert!(matches!(
+            spelled(catalog(), "enable"),
+            Err(FlagProblem::Ambiguous { .. })
+        ));
+        let r = Redactor::default();
+        assert_eq!(
+            flag("enable-metrics", &["yes".into()], catalog(), &r).unwrap_err(),
+            FlagProblem::SwitchGiven {
+                name: "enable-metrics".into(),
+                values: vec!["yes".into()]
+            }
+        );
+        assert!(matches!(
+            flag("no-such", &[], catalog(), &r),
+            Err(FlagProblem::Unknown { .. })
+        ));
     }
 }

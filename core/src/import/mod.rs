@@ -25,7 +25,7 @@ use crate::redact::Redactor;
 use crate::sglang::Catalog;
 use crate::unit::{current_spelling, parse_unit, section_of, specifier, UnitModel};
 
-pub use lines::split_cat;
+pub use lines::{split_cat, MissingHeader};
 
 use argv::Written;
 use lines::Assignment;

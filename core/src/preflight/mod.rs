@@ -26,7 +26,9 @@ pub use deep::{
     kept_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
 };
 pub use fleet::{gpu_conflicts, split_devices};
-pub use weights::{judge_weights, read_weights, WeightProblem, Weights, WeightsCheck};
+pub use weights::{
+    judge_weights, read_weights, WeightProblem, Weights, WeightsCheck, WeightsReadError,
+};
 
 use crate::flags::flags;
 use crate::sglang::{self, Catalog};
