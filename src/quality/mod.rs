@@ -159,7 +159,9 @@ async fn generate_timed(
         let body = clock.client(|| quality::generation_request(batch, max_new_tokens));
         let answer = server.post_json("/generate", &body).await?;
         clock.generate_answer(&answer);
-        all.extend(clock.client(|| quality::read_generations(&answer, batch.len()))?);
+        all.extend(clock.client(|| {
+            quality::read_generations(&answer, batch.len()).map_err(|e| e.to_string())
+        })?);
     }
     Ok(all)
 }
@@ -187,7 +189,9 @@ async fn score_timed(
         });
         let answer = server.post_json("/generate", &body).await?;
         clock.generate_answer(&answer);
-        all.extend(clock.client(|| quality::read_scores(&answer, &lengths))?);
+        all.extend(
+            clock.client(|| quality::read_scores(&answer, &lengths).map_err(|e| e.to_string()))?,
+        );
     }
     Ok(all)
 }
