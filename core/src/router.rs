@@ -49,8 +49,7 @@ pub struct WorkersError {
 
 /// The workers of a `GET /workers` answer.
 pub fn parse_workers(body: &str) -> Result<Vec<Worker>, WorkersError> {
-    let list: RawList =
-        serde_json::from_str(body).map_err(|source| WorkersError { source })?;
+    let list: RawList = serde_json::from_str(body).map_err(|source| WorkersError { source })?;
     Ok(list
         .workers
         .into_iter()

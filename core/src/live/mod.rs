@@ -149,9 +149,7 @@ fn setting_change(
                     value: t.clone(),
                     source,
                 })?,
-            None => setting
-                .default
-                .ok_or(RestartNeeded::NoDefault { flag })?,
+            None => setting.default.ok_or(RestartNeeded::NoDefault { flag })?,
         };
         Ok(if setting.integer {
             Value::from(number as i64)
@@ -260,12 +258,13 @@ const NOT_SHAPE: [&str; 3] = ["_name_or_path", "transformers_version", "_commit_
 /// Whether two checkpoints' `config.json` describe one model shape; `Err` names the first field
 /// that differs (`hidden_size: 4096 -> 5120`).
 pub fn same_shape(old_config: &str, new_config: &str) -> Result<(), ShapeError> {
-    let read = |text: &str, which: &'static str| -> Result<serde_json::Map<String, Value>, ShapeError> {
-        match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(map)) => Ok(map),
-            _ => Err(ShapeError::Unreadable { which }),
-        }
-    };
+    let read =
+        |text: &str, which: &'static str| -> Result<serde_json::Map<String, Value>, ShapeError> {
+            match serde_json::from_str::<Value>(text) {
+                Ok(Value::Object(map)) => Ok(map),
+                _ => Err(ShapeError::Unreadable { which }),
+            }
+        };
     let (old, new) = (read(old_config, "old")?, read(new_config, "new")?);
     let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
     keys.sort();
@@ -375,10 +374,7 @@ mod tests {
             e.to_string().contains("not under --served-model-name q"),
             "{e}"
         );
-        assert_eq!(
-            e,
-            RestartNeeded::ServedModelName { name: "q".into() }
-        );
+        assert_eq!(e, RestartNeeded::ServedModelName { name: "q".into() });
         assert_eq!(
             live_change(&old, &unit("--mem-fraction-static 0.8", ""), parser()),
             Err(RestartNeeded::Flag {
@@ -509,7 +505,10 @@ mod tests {
         );
         let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &checkpoint(128, "t1")).unwrap_err();
         assert!(why.to_string().contains("hidden_size"), "{why}");
-        assert!(matches!(why, RestartNeeded::Shape(ShapeError::Differs { .. })));
+        assert!(matches!(
+            why,
+            RestartNeeded::Shape(ShapeError::Differs { .. })
+        ));
         let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &checkpoint(64, "t2")).unwrap_err();
         assert_eq!(
             why.to_string(),

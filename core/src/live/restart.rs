@@ -37,7 +37,9 @@ pub enum RestartNeeded {
         source: std::num::ParseFloatError,
     },
     /// A setting left out on one side whose SGLang default (`None`) cannot be set back live.
-    #[error("--{flag} must be set before and after: SGLang's default for it (None) cannot be set live")]
+    #[error(
+        "--{flag} must be set before and after: SGLang's default for it (None) cannot be set live"
+    )]
     NoDefault { flag: &'static str },
     /// systemd runs drop-ins or a unit file besides the managed one.
     #[error("systemd runs more than the managed unit file")]

@@ -244,7 +244,10 @@ mod tests {
             Err(super::UrlError::NotHttp { .. })
         ));
         let no_host = super::http_url("http://a@b/").unwrap_err();
-        assert_eq!(no_host.to_string(), "`http://a@b/` has no plain host[:port] after http://");
+        assert_eq!(
+            no_host.to_string(),
+            "`http://a@b/` has no plain host[:port] after http://"
+        );
         assert!(matches!(no_host, super::UrlError::NoHost { .. }));
         let e = errors("router:\n  url: http://r:1\n  via: rl18\n  admin_key_env: K\n  admin_key_file: /k\n  workers: { rl99: \"http://x:1\" }\n  drain_timeout: 0s\n");
         assert_eq!(e.len(), 3, "{e:?}");

@@ -195,7 +195,10 @@ mod tests {
         );
         assert!(!message.contains("s5"), "{message}");
         let e = read_weights("Traceback (most recent call last):").unwrap_err();
-        assert_eq!(e.to_string(), r#"no answer in "Traceback (most recent call last):""#);
+        assert_eq!(
+            e.to_string(),
+            r#"no answer in "Traceback (most recent call last):""#
+        );
         assert!(matches!(e, WeightsReadError::NoAnswer { .. }));
         assert!(matches!(
             read_weights("{\"files\": 3}"),

@@ -146,7 +146,9 @@ pub enum ItemFault {
     #[error("{ids} output_ids but {logprobs} output_token_logprobs")]
     OutputCount { ids: usize, logprobs: usize },
     /// A scored sequence shorter than its reference output.
-    #[error("input_token_logprobs has {scored} entries, fewer than the {reference} reference tokens")]
+    #[error(
+        "input_token_logprobs has {scored} entries, fewer than the {reference} reference tokens"
+    )]
     TooFewScored { scored: usize, reference: usize },
 }
 
@@ -156,7 +158,9 @@ pub fn read_generations(body: &str, expected: usize) -> Result<Vec<Generated>, G
     items(body, expected)?
         .iter()
         .enumerate()
-        .map(|(index, item)| generated(item).map_err(|fault| GenerateError::Answer { index, fault }))
+        .map(|(index, item)| {
+            generated(item).map_err(|fault| GenerateError::Answer { index, fault })
+        })
         .collect()
 }
 
@@ -220,7 +224,10 @@ fn generated(item: &Value) -> Result<Generated, ItemFault> {
 /// The scores of an answer to [`scoring_request`]: for each sequence, the logprobs of its last
 /// `reference_lengths[i]` input tokens (the reference output's), as `_get_input_logprobs` takes
 /// them.
-pub fn read_scores(body: &str, reference_lengths: &[usize]) -> Result<Vec<Vec<f64>>, GenerateError> {
+pub fn read_scores(
+    body: &str,
+    reference_lengths: &[usize],
+) -> Result<Vec<Vec<f64>>, GenerateError> {
     let items = items(body, reference_lengths.len())?;
     items
         .iter()

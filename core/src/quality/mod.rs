@@ -47,12 +47,12 @@ mod spec;
 pub use cases::{case_rate, parse_cases, passes};
 pub use fixed_text::{
     compare_texts, parse_texts, position_kl, read_text_scores, read_tokens, text_scoring_request,
-    texts, tokenize_request, AnswerError, Moved, ScoredText, TextAnswer, TextComparison,
-    TextFault, Top, MAX_TEXT_TOKENS,
+    texts, tokenize_request, AnswerError, Moved, ScoredText, TextAnswer, TextComparison, TextFault,
+    Top, MAX_TEXT_TOKENS,
 };
 pub use generate::{
     answer_request, generation_request, generation_request_ids, read_answers, read_generations,
-    read_scores, scoring_request, Generated, GenerateError, ItemFault,
+    read_scores, scoring_request, GenerateError, Generated, ItemFault,
 };
 pub use jsonl::QualityFileError;
 pub use judge::{judge, Cost, Floors, Measures, QualityReport, RateChange, Verdict};

@@ -230,8 +230,7 @@ pub fn parse_reference(text: &str) -> Result<Reference, ReferenceError> {
     if text.len() > MAX_REFERENCE_BYTES {
         return Err(ReferenceError::TooBig { bytes: text.len() });
     }
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(ReferenceError::NotJson)?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ReferenceError::NotJson)?;
     let format = value
         .get("format")
         .and_then(serde_json::Value::as_u64)
@@ -413,7 +412,10 @@ mod tests {
         // Too big to read.
         let padded = format!("{json}{}", " ".repeat(MAX_REFERENCE_BYTES));
         let too_big = parse_reference(&padded).unwrap_err();
-        assert!(too_big.to_string().contains("over the 4194304"), "{too_big}");
+        assert!(
+            too_big.to_string().contains("over the 4194304"),
+            "{too_big}"
+        );
         assert!(matches!(too_big, ReferenceError::TooBig { .. }));
     }
 

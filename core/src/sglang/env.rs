@@ -77,7 +77,7 @@ impl EnvCatalog {
                 let why = if message.is_empty() { "" } else { ": " };
                 Ok(Some(format!("SGLang no longer reads {name}{why}{message}")))
             }
-            Some(EnvVar::Typed { ty, default }) => typed(name, ty, *default, value).map(|()| None),
+            Some(EnvVar::Typed { ty, default }) => typed(name, ty, default, value).map(|()| None),
         }
     }
 
@@ -115,12 +115,7 @@ fn var(second: &'static str, third: Option<&'static str>) -> EnvVar {
 }
 
 /// SGLang's `EnvBool`/`EnvInt`/`EnvFloat` parsers; a rejected value falls back to the default.
-fn typed(
-    name: &str,
-    ty: &str,
-    default: &'static str,
-    value: &str,
-) -> Result<(), EnvValueError> {
+fn typed(name: &str, ty: &str, default: &'static str, value: &str) -> Result<(), EnvValueError> {
     let (ok, expected) = match ty {
         "bool" => (
             matches!(

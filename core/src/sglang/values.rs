@@ -15,7 +15,9 @@ pub enum FlagValueError {
     #[error("--{name} is a switch and takes no value (got `{value}`): write true to set it, false to leave it out")]
     SwitchGivenValue { name: &'static str, value: String },
     /// A switch given a list.
-    #[error("--{name} is a switch and takes no values: write true to set it, false to leave it out")]
+    #[error(
+        "--{name} is a switch and takes no values: write true to set it, false to leave it out"
+    )]
     SwitchGivenList { name: &'static str },
     /// `true` for a flag whose value is not optional.
     #[error("--{name} needs {needs}; true would render the flag without one")]
@@ -212,7 +214,10 @@ mod tests {
         let c = crate::sglang::Catalog::for_version("0.5.23").unwrap();
         let length = c.option("context-length").unwrap();
         let e = check_value(length, &FlagValue::Value("lots".into())).unwrap_err();
-        assert_eq!(e.to_string(), "--context-length needs an integer, not `lots`");
+        assert_eq!(
+            e.to_string(),
+            "--context-length needs an integer, not `lots`"
+        );
         assert!(matches!(e, FlagValueError::Unconverted { .. }));
         let metrics = c.option("enable-metrics").unwrap();
         assert_eq!(
