@@ -258,7 +258,7 @@ pub fn read_tokens(
             vec![Value::Array(l.clone())]
         }
         Some(Value::Array(l)) => l.clone(),
-        _ => return Err(AnswerError::Shape("`tokens` is not a list".into())),
+        _ => return Err(AnswerError::NoTokens),
     };
     if lists.len() != expected {
         return Err(AnswerError::Count {
@@ -275,11 +275,11 @@ pub fn read_tokens(
         .map(|(i, l)| {
             let ids = l
                 .as_array()
-                .ok_or_else(|| AnswerError::Shape(format!("tokens[{i}] is not a list")))?
+                .ok_or(AnswerError::TokensNotList { index: i })?
                 .iter()
                 .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
                 .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| AnswerError::Shape(format!("tokens[{i}] holds a non-id")))?;
+                .ok_or(AnswerError::NonId { index: i })?;
             Ok(ids.into_iter().take(room).collect())
         })
         .collect()
@@ -308,11 +308,7 @@ pub fn read_text_scores(body: &str, ids: &[Vec<u32>]) -> Result<Vec<TextAnswer>,
     let items = match value {
         Value::Array(items) => items,
         one @ Value::Object(_) => vec![one],
-        _ => {
-            return Err(AnswerError::Shape(
-                "the answer is not a list of objects".into(),
-            ))
-        }
+        _ => return Err(AnswerError::NotList),
     };
     if items.len() != ids.len() {
         return Err(AnswerError::Count {
@@ -405,14 +401,27 @@ fn server_error(value: &Value) -> Option<String> {
 /// What is wrong with a server's answer to a fixed-text request.
 #[derive(Debug, thiserror::Error)]
 pub enum AnswerError {
+    /// The body is not JSON.
     #[error("the answer is not JSON: {0}")]
     NotJson(#[source] serde_json::Error),
+    /// The server answered an error object.
     #[error("the server answered an error: {0}")]
     Server(String),
+    /// Not one answer per text.
     #[error("{got} answers for {expected} texts")]
     Count { got: usize, expected: usize },
-    #[error("{0}")]
-    Shape(String),
+    /// A `/tokenize` answer without a `tokens` list.
+    #[error("`tokens` is not a list")]
+    NoTokens,
+    /// A text's `tokens` entry is not a list.
+    #[error("tokens[{index}] is not a list")]
+    TokensNotList { index: usize },
+    /// A text's tokens hold something other than a u32 id.
+    #[error("tokens[{index}] holds a non-id")]
+    NonId { index: usize },
+    /// A scoring answer that is neither a list nor an object.
+    #[error("the answer is not a list of objects")]
+    NotList,
     /// One answer's fields are not those of a scored text.
     #[error("answer {index}: {fault}")]
     Text { index: usize, fault: TextFault },
@@ -616,6 +625,13 @@ mod tests {
             read_text_scores("[]", &[vec![1]]).unwrap_err().to_string(),
             "0 answers for 1 texts"
         );
+        assert!(matches!(
+            read_text_scores("3", &[vec![1]]),
+            Err(AnswerError::NotList)
+        ));
+        let non_id = read_tokens(r#"{"tokens": [[1, "x"]]}"#, 1, None).unwrap_err();
+        assert_eq!(non_id.to_string(), "tokens[0] holds a non-id");
+        assert!(matches!(non_id, AnswerError::NonId { index: 0 }));
         let r = text_scoring_request(&[vec![5, 6, 7]], 40);
         assert_eq!(r["top_logprobs_num"], 40);
         assert_eq!(r["sampling_params"]["max_new_tokens"], 0);
