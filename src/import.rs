@@ -166,9 +166,13 @@ async fn unit_files(host: &dyn Host, unit: &str) -> Result<Vec<UnitFile>, Error>
             .map(str::to_string),
     );
     let cat = host.run_ok(&["systemctl", "cat", "--", unit]).await?;
-    core_import::split_cat(&cat, &paths).map_err(|path| {
+    core_import::split_cat(&cat, &paths).map_err(|e| {
         let (host, unit) = who();
-        Error::Cat { host, unit, path }
+        Error::Cat {
+            host,
+            unit,
+            path: e.path,
+        }
     })
 }
 

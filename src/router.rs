@@ -105,11 +105,11 @@ pub enum RouterError {
         body: Option<String>,
     },
     /// `GET /workers` answered a list that does not read.
-    #[error("router {router}: GET /workers: {cause}")]
+    #[error("router {router}: GET /workers: {source}")]
     Workers {
         router: String,
-        // typed at merge: `reconcile_core::router::parse_workers`'s error.
-        cause: String,
+        #[source]
+        source: reconcile_core::router::WorkersError,
     },
     /// A queued change did not show in the list in time.
     #[error("router {router}: {what} within {}s", .within.as_secs())]
@@ -254,9 +254,9 @@ impl Router {
         if !status.is_success() {
             return Err(self.status("GET /workers", status, None));
         }
-        decide::parse_workers(&body).map_err(|cause| RouterError::Workers {
+        decide::parse_workers(&body).map_err(|source| RouterError::Workers {
             router: self.url.clone(),
-            cause,
+            source,
         })
     }
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::manifest::{DrainSpec, OnTimeout};
-use crate::prometheus::split_sample;
+use crate::prometheus::{split_sample, SampleFault};
 
 pub const RUNNING: &str = "sglang:num_running_reqs";
 pub const QUEUED: &str = "sglang:num_queue_reqs";
@@ -47,7 +47,7 @@ pub enum MetricsError {
     #[error("/metrics line {line}: {why}: `{text}`")]
     BadLine {
         line: usize,
-        why: &'static str,
+        why: SampleFault,
         text: String,
     },
 }
@@ -73,7 +73,7 @@ pub fn parse_metrics(text: &str) -> Result<Load, MetricsError> {
             text: line.chars().take(200).collect(),
         };
         let (labels, value) = split_sample(rest).map_err(bad)?;
-        let value = count(value).ok_or_else(|| bad("the value is not a count of requests"))?;
+        let value = count(value).ok_or_else(|| bad(SampleFault::NotACount))?;
         if labels.iter().any(|(k, v)| k == "priority" && !v.is_empty()) {
             continue;
         }
@@ -334,10 +334,17 @@ mod tests {
             match parse_metrics(&format!("# x\n{text}")) {
                 Err(MetricsError::BadLine {
                     line: 2, why: w, ..
-                }) => assert_eq!(w, why, "{text}"),
+                }) => assert_eq!(w.to_string(), why, "{text}"),
                 other => panic!("{text}: {other:?}"),
             }
         }
+        assert!(matches!(
+            parse_metrics("sglang:num_running_reqs 1 x\n"),
+            Err(MetricsError::BadLine {
+                why: SampleFault::Timestamp(_),
+                ..
+            })
+        ));
     }
 
     #[test]

@@ -266,7 +266,7 @@ impl UnitPlan {
     }
 
     /// The manifest asks for live changes, and this one is not: the plan says why it restarts.
-    pub fn not_live(&mut self, why: &str) {
+    pub fn not_live(&mut self, why: impl std::fmt::Display) {
         self.notes
             .push(format!("not applied live ({why}): the server restarts"));
     }

@@ -5,20 +5,58 @@
 /// A sample's labels, sorted by name.
 pub type Labels = Vec<(String, String)>;
 
+/// What is wrong with a sample line, as a [`BadLine`] (or the drain's `MetricsError::BadLine`)
+/// names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SampleFault {
+    /// Nothing after the name and labels.
+    #[error("no value")]
+    NoValue,
+    /// The optional timestamp is not an integer.
+    #[error("the timestamp is not a number")]
+    Timestamp(#[source] std::num::ParseIntError),
+    /// More fields than a value and a timestamp.
+    #[error("more than a value and a timestamp")]
+    ExtraFields,
+    /// A label with no `=`.
+    #[error("a label without `=`")]
+    NoEquals,
+    /// A label name that is no identifier.
+    #[error("a label name that is not one")]
+    LabelName,
+    /// A label value that does not open with `"`.
+    #[error("a label value without quotes")]
+    Unquoted,
+    /// Labels not separated by commas.
+    #[error("labels not separated by commas")]
+    NoComma,
+    /// An escape other than `\\`, `\"` and `\n`.
+    #[error("an unknown escape in a label value")]
+    Escape,
+    /// A label value that does not close.
+    #[error("a label value without its closing quote")]
+    Unclosed,
+    /// The value is not a float as prometheus_client writes one.
+    #[error("the value is not a number")]
+    NotANumber,
+    /// A request gauge's value that is not a whole, non-negative count.
+    #[error("the value is not a count of requests")]
+    NotACount,
+}
+
 /// `{k="v",...} VALUE [TIMESTAMP]` or ` VALUE [TIMESTAMP]`: the labels (sorted) and the value.
-pub fn split_sample(rest: &str) -> Result<(Labels, &str), &'static str> {
+pub fn split_sample(rest: &str) -> Result<(Labels, &str), SampleFault> {
     let (mut labels, after) = match rest.strip_prefix('{') {
         Some(inner) => parse_labels(inner)?,
         None => (Vec::new(), rest),
     };
     let mut fields = after.split_whitespace();
-    let value = fields.next().ok_or("no value")?;
+    let value = fields.next().ok_or(SampleFault::NoValue)?;
     if let Some(ts) = fields.next() {
-        ts.parse::<i64>()
-            .map_err(|_| "the timestamp is not a number")?;
+        ts.parse::<i64>().map_err(SampleFault::Timestamp)?;
     }
     if fields.next().is_some() {
-        return Err("more than a value and a timestamp");
+        return Err(SampleFault::ExtraFields);
     }
     labels.sort();
     Ok((labels, value))
@@ -26,35 +64,35 @@ pub fn split_sample(rest: &str) -> Result<(Labels, &str), &'static str> {
 
 /// The labels up to the closing `}`, with the text after it. Values are quoted, with `\\`, `\"`
 /// and `\n` escaped (the exposition format's only escapes); a trailing comma is allowed.
-fn parse_labels(mut s: &str) -> Result<(Labels, &str), &'static str> {
+fn parse_labels(mut s: &str) -> Result<(Labels, &str), SampleFault> {
     let mut labels = Vec::new();
     loop {
         s = s.trim_start();
         if let Some(after) = s.strip_prefix('}') {
             return Ok((labels, after));
         }
-        let eq = s.find('=').ok_or("a label without `=`")?;
+        let eq = s.find('=').ok_or(SampleFault::NoEquals)?;
         let name = s[..eq].trim();
         if !crate::is_identifier(name) {
-            return Err("a label name that is not one");
+            return Err(SampleFault::LabelName);
         }
         let quoted = s[eq + 1..]
             .trim_start()
             .strip_prefix('"')
-            .ok_or("a label value without quotes")?;
+            .ok_or(SampleFault::Unquoted)?;
         let (value, after) = unquote(quoted)?;
         labels.push((name.to_string(), value));
         s = after.trim_start();
         if let Some(after) = s.strip_prefix(',') {
             s = after;
         } else if !s.starts_with('}') {
-            return Err("labels not separated by commas");
+            return Err(SampleFault::NoComma);
         }
     }
 }
 
 /// The value of a label up to its closing quote, and the text after it.
-fn unquote(s: &str) -> Result<(String, &str), &'static str> {
+fn unquote(s: &str) -> Result<(String, &str), SampleFault> {
     let mut value = String::new();
     let mut chars = s.char_indices();
     while let Some((i, c)) = chars.next() {
@@ -64,12 +102,12 @@ fn unquote(s: &str) -> Result<(String, &str), &'static str> {
                 Some((_, '\\')) => value.push('\\'),
                 Some((_, '"')) => value.push('"'),
                 Some((_, 'n')) => value.push('\n'),
-                _ => return Err("an unknown escape in a label value"),
+                _ => return Err(SampleFault::Escape),
             },
             c => value.push(c),
         }
     }
-    Err("a label value without its closing quote")
+    Err(SampleFault::Unclosed)
 }
 
 /// The samples of the metric `name` in an exposition (`name{labels} value`, not `name_suffix`):
@@ -90,7 +128,7 @@ pub fn samples(text: &str, name: &str) -> Result<Vec<(Labels, f64)>, BadLine> {
             text: line.chars().take(200).collect(),
         };
         let (labels, value) = split_sample(rest).map_err(bad)?;
-        let value = parse_value(value).ok_or_else(|| bad("the value is not a number"))?;
+        let value = parse_value(value).ok_or_else(|| bad(SampleFault::NotANumber))?;
         found.push((labels, value));
     }
     Ok(found)
@@ -110,6 +148,6 @@ fn parse_value(value: &str) -> Option<f64> {
 #[error("/metrics line {line}: {why}: `{text}`")]
 pub struct BadLine {
     pub line: usize,
-    pub why: &'static str,
+    pub why: SampleFault,
     pub text: String,
 }

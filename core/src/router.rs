@@ -38,10 +38,18 @@ struct RawWorker {
     is_healthy: bool,
 }
 
+/// A `GET /workers` answer that is not the router's worker list (an error object, a proxy's
+/// page).
+#[derive(Debug, thiserror::Error)]
+#[error("the router's /workers answer is not a worker list: {source}")]
+pub struct WorkersError {
+    #[source]
+    pub source: serde_json::Error,
+}
+
 /// The workers of a `GET /workers` answer.
-pub fn parse_workers(body: &str) -> Result<Vec<Worker>, String> {
-    let list: RawList = serde_json::from_str(body)
-        .map_err(|e| format!("the router's /workers answer is not a worker list: {e}"))?;
+pub fn parse_workers(body: &str) -> Result<Vec<Worker>, WorkersError> {
+    let list: RawList = serde_json::from_str(body).map_err(|source| WorkersError { source })?;
     Ok(list
         .workers
         .into_iter()
@@ -140,7 +148,8 @@ mod tests {
         let empty = r#"{"workers":[],"total":0,"stats":{"prefill_count":0,"decode_count":0,"regular_count":0}}"#;
         assert_eq!(parse_workers(empty).unwrap(), vec![]);
         let e = parse_workers(r#"{"error":"Unauthorized"}"#).unwrap_err();
-        assert!(e.contains("not a worker list"), "{e}");
+        assert!(e.to_string().contains("not a worker list"), "{e}");
+        assert!(e.source.is_data(), "{e:?}");
     }
 
     #[test]

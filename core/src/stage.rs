@@ -33,32 +33,53 @@ pub struct StagePlan {
     pub limit: Duration,
 }
 
+/// Why the weights are not staged; the report words a skipped staging by it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotStaged {
+    /// The weights check did not run or did not answer.
+    #[error("the weights were not checked: {why}")]
+    NotChecked { why: String },
+    /// The check found nothing to check (a hub id, no safetensors): the host's own words.
+    #[error("{why}")]
+    Unchecked { why: String },
+    /// A file is missing or cut short, or there are none.
+    #[error("no whole weight files to read")]
+    NoWholeFiles,
+    /// The host's `MemAvailable` did not read.
+    #[error("the host's available memory (MemAvailable in /proc/meminfo) did not read")]
+    NoMemAvailable,
+    /// The weights need more than [`STAGE_SHARE_PERCENT`] of `available`.
+    #[error(
+        "the weights ({}) need more than {STAGE_SHARE_PERCENT} % of the host's available memory ({}): pages staged now would be evicted before the load reads them",
+        gigabytes(*.bytes),
+        gigabytes(*.available)
+    )]
+    TooBig { bytes: u64, available: u64 },
+}
+
 /// Whether to stage, from the weights check: `Err` says why not. `limit` bounds the read: the
 /// manifest's load deadline, the time it allows the load itself, so that staging never costs
 /// more than the load it shortens.
-pub fn plan(weights: &WeightsCheck, limit: Duration) -> Result<StagePlan, String> {
+pub fn plan(weights: &WeightsCheck, limit: Duration) -> Result<StagePlan, NotStaged> {
     let w: &Weights = match weights {
         WeightsCheck::Read(w) => w,
-        WeightsCheck::Failed(why) => return Err(format!("the weights were not checked: {why}")),
+        WeightsCheck::Failed(why) => return Err(NotStaged::NotChecked { why: why.clone() }),
     };
     if let Some(why) = &w.unchecked {
-        return Err(why.clone());
+        return Err(NotStaged::Unchecked { why: why.clone() });
     }
     if !w.problems.is_empty() || w.files.is_empty() {
-        return Err("no whole weight files to read".into());
+        return Err(NotStaged::NoWholeFiles);
     }
     let Some(available) = w.mem_available else {
-        return Err(
-            "the host's available memory (MemAvailable in /proc/meminfo) did not read".into(),
-        );
+        return Err(NotStaged::NoMemAvailable);
     };
     let room = available / 100 * STAGE_SHARE_PERCENT;
     if w.bytes > room {
-        return Err(format!(
-            "the weights ({}) need more than {STAGE_SHARE_PERCENT} % of the host's available memory ({}): pages staged now would be evicted before the load reads them",
-            gigabytes(w.bytes),
-            gigabytes(available)
-        ));
+        return Err(NotStaged::TooBig {
+            bytes: w.bytes,
+            available,
+        });
     }
     Ok(StagePlan {
         files: w.files.clone(),
@@ -182,9 +203,19 @@ mod tests {
         let why = super::plan(&weights(234_000_000_000, Some(256_000_000_000)), LIMIT).unwrap_err();
         assert_eq!(
             why,
+            NotStaged::TooBig {
+                bytes: 234_000_000_000,
+                available: 256_000_000_000
+            }
+        );
+        assert_eq!(
+            why.to_string(),
             "the weights (234.0 GB) need more than 90 % of the host's available memory (256.0 GB): pages staged now would be evicted before the load reads them"
         );
-        assert!(super::plan(&weights(1, None), LIMIT).is_err());
+        assert_eq!(
+            super::plan(&weights(1, None), LIMIT),
+            Err(NotStaged::NoMemAvailable)
+        );
     }
 
     #[test]
@@ -197,12 +228,12 @@ mod tests {
             }
         });
         assert_eq!(
-            plan(&hub, LIMIT).unwrap_err(),
+            plan(&hub, LIMIT).unwrap_err().to_string(),
             "the model path is not a folder on the host"
         );
         let failed = WeightsCheck::Failed("exit status 1".into());
         assert_eq!(
-            plan(&failed, LIMIT).unwrap_err(),
+            plan(&failed, LIMIT).unwrap_err().to_string(),
             "the weights were not checked: exit status 1"
         );
     }

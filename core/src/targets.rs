@@ -56,9 +56,17 @@ pub enum Selector {
     Has(String),
 }
 
+/// A `--selector` whose label name is empty or has characters a label name cannot have.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a selector like role=canary, zone!=b or gpu")]
+pub struct BadSelector {
+    /// As written.
+    pub text: String,
+}
+
 impl std::str::FromStr for Selector {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Selector, String> {
+    type Err = BadSelector;
+    fn from_str(s: &str) -> Result<Selector, BadSelector> {
         let valid = |k: &str| {
             !k.is_empty()
                 && k.chars()
@@ -75,9 +83,7 @@ impl std::str::FromStr for Selector {
         if valid(k) {
             Ok(selector)
         } else {
-            Err(format!(
-                "`{s}` is not a selector like role=canary, zone!=b or gpu"
-            ))
+            Err(BadSelector { text: s.into() })
         }
     }
 }
@@ -322,6 +328,12 @@ mod tests {
             hosts: vec![],
             selectors: vec![s.parse().unwrap()],
         };
+        let bad = "=b".parse::<Selector>().unwrap_err();
+        assert_eq!(bad, BadSelector { text: "=b".into() });
+        assert_eq!(
+            bad.to_string(),
+            "`=b` is not a selector like role=canary, zone!=b or gpu"
+        );
         assert_eq!(
             hosts(filter("zone=b")).unwrap(),
             [

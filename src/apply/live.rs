@@ -33,7 +33,7 @@ pub(crate) async fn plan(host: &dyn Host, t: &Target, observed: &Observed, plann
         // Both read at once: each is two round trips.
         let read = futures::future::join(checkpoint(host, &m.from), checkpoint(host, &m.to));
         let agree = match read.await {
-            (Ok(old), Ok(new)) => live::checkpoints_agree(m, &old, &new),
+            (Ok(old), Ok(new)) => live::checkpoints_agree(m, &old, &new).map_err(|e| e.to_string()),
             (Err(e), _) | (_, Err(e)) => Err(format!(
                 "the checkpoints could not be read: {}",
                 error_chain(&e)

@@ -45,16 +45,16 @@ pub enum MeasureError {
         source: ApiError,
     },
     /// A greedy generation's answer did not read.
-    #[error("{cause}")]
+    #[error("{source}")]
     Generations {
-        // typed at merge: `reconcile_core::quality::read_generations`'s error.
-        cause: String,
+        #[source]
+        source: quality::GenerateError,
     },
     /// A teacher-forced scoring's answer did not read.
-    #[error("{cause}")]
+    #[error("{source}")]
     Scores {
-        // typed at merge: `reconcile_core::quality::read_scores`'s error.
-        cause: String,
+        #[source]
+        source: quality::GenerateError,
     },
     /// `/tokenize`'s answer for the fixed texts did not read.
     #[error("/tokenize: {source}")]
@@ -215,7 +215,7 @@ async fn generate_timed(
         all.extend(
             clock
                 .client(|| quality::read_generations(&answer, batch.len()))
-                .map_err(|cause| MeasureError::Generations { cause })?,
+                .map_err(|source| MeasureError::Generations { source })?,
         );
     }
     Ok(all)
@@ -250,7 +250,7 @@ async fn score_timed(
         all.extend(
             clock
                 .client(|| quality::read_scores(&answer, &lengths))
-                .map_err(|cause| MeasureError::Scores { cause })?,
+                .map_err(|source| MeasureError::Scores { source })?,
         );
     }
     Ok(all)

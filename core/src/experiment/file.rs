@@ -358,7 +358,7 @@ pub fn parse(source: &str, text: &str) -> Result<Experiment, ManifestErrors> {
                         position: locate(text, &full),
                         field,
                     }),
-                    Err(why) => err(&mut errors, &full, field, why),
+                    Err(why) => err(&mut errors, &full, field, why.to_string()),
                 }
             }
         }
@@ -409,7 +409,7 @@ pub fn parse(source: &str, text: &str) -> Result<Experiment, ManifestErrors> {
                         });
                         next.push(c);
                     }
-                    Err(why) => err(&mut errors, &path, format!("grid.{name}"), why),
+                    Err(why) => err(&mut errors, &path, format!("grid.{name}"), why.to_string()),
                 }
             }
         }
@@ -480,16 +480,28 @@ pub fn parse(source: &str, text: &str) -> Result<Experiment, ManifestErrors> {
     })
 }
 
+/// A variant's or the grid's value that cannot be written on one manifest line; the message
+/// becomes the field's [`ManifestError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ValueShape {
+    /// A flag's value is a map, a null, or a list holding one.
+    #[error("a flag value is a scalar or a list of scalars")]
+    FlagNotScalar,
+    /// An env value is not a scalar.
+    #[error("an env value is a scalar")]
+    EnvNotScalar,
+}
+
 /// A YAML value as the one-line text written into the manifest. Env values are strings in
 /// systemd, so they are always written quoted.
-fn yaml_text(value: &serde_yaml::Value, section: Section) -> Result<String, String> {
+fn yaml_text(value: &serde_yaml::Value, section: Section) -> Result<String, ValueShape> {
     use serde_yaml::Value;
-    let scalar = |v: &Value| -> Result<String, String> {
+    let scalar = |v: &Value| -> Result<String, ValueShape> {
         match v {
             Value::Bool(b) => Ok(b.to_string()),
             Value::Number(n) => Ok(n.to_string()),
             Value::String(s) => Ok(serde_json::to_string(s).expect("a string serialises")),
-            _ => Err("a flag value is a scalar or a list of scalars".to_string()),
+            _ => Err(ValueShape::FlagNotScalar),
         }
     };
     match (value, section) {
@@ -505,13 +517,26 @@ fn yaml_text(value: &serde_yaml::Value, section: Section) -> Result<String, Stri
         (Value::Bool(_) | Value::Number(_), Section::Env) => {
             Ok(serde_json::to_string(&scalar(value)?).expect("a string serialises"))
         }
-        _ => Err("an env value is a scalar".into()),
+        _ => Err(ValueShape::EnvNotScalar),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_that_is_no_scalar_is_named_by_its_section() {
+        let map: serde_yaml::Value = serde_yaml::from_str("{ a: 1 }").unwrap();
+        let e = yaml_text(&map, Section::Env).unwrap_err();
+        assert_eq!(e, ValueShape::EnvNotScalar);
+        assert_eq!(e.to_string(), "an env value is a scalar");
+        let list: serde_yaml::Value = serde_yaml::from_str("[1, [2]]").unwrap();
+        assert_eq!(
+            yaml_text(&list, Section::Flags),
+            Err(ValueShape::FlagNotScalar)
+        );
+    }
 
     const GOOD: &str = "manifest: svc.yaml\nhost: gpu-7\nbenchmark: { levels: [1, 4], output_tokens: 16, requests: 8 }\nobjective: { metric: output_tokens_per_s, concurrency: 4 }\nconstraints: { ttft_p99: 2s, quality: true }\nbudget: 2h\nvariants:\n  - name: mixed\n    flags: { enable-mixed-chunk: true }\n  - name: env\n    env: { SGLANG_X: 1 }\ngrid:\n  speculative-num-steps: [2, 3]\n";
 

@@ -53,7 +53,7 @@ pub fn read(
     interpreter: Option<&str>,
     catalog: Option<&Catalog>,
     redactor: &Redactor,
-) -> Result<Command, Vec<String>> {
+) -> Result<Command, Vec<ExecStartProblem>> {
     let mut problems = Vec::new();
     let mut command = Command::default();
     let rest = match argv {
@@ -63,15 +63,15 @@ pub fn read(
         }
         [script, serve, rest @ ..] if serve == "serve" && is_console_script(script) => {
             if !script.starts_with('/') {
-                problems.push(format!(
-                    "ExecStart's `{script}` is not an absolute path, which a manifest's sglang.console_script must be"
-                ));
+                problems.push(ExecStartProblem::ScriptNotAbsolute {
+                    script: script.clone(),
+                });
             }
             match interpreter {
                 Some(python) => command.python = python.to_string(),
-                None => problems.push(format!(
-                    "the Python of `{script}` (its `#!` line) could not be read, and a manifest names it as sglang.python"
-                )),
+                None => problems.push(ExecStartProblem::NoInterpreter {
+                    script: script.clone(),
+                }),
             }
             command.console_script = Some(script.clone());
             rest
@@ -80,9 +80,9 @@ pub fn read(
     };
     let python = &command.python;
     if !python.is_empty() && !python.starts_with('/') {
-        problems.push(format!(
-            "ExecStart's Python `{python}` is not an absolute path, which a manifest's sglang.python must be"
-        ));
+        problems.push(ExecStartProblem::PythonNotAbsolute {
+            python: python.clone(),
+        });
     }
     // By the flag each name means, with the name written first, to tell a repeat.
     let mut seen: Vec<(String, String)> = Vec::new();
@@ -98,19 +98,16 @@ pub fn read(
                 (name, canonical)
             }
             Err(problem) => {
-                problems.push(problem);
+                problems.push(problem.into());
                 continue;
             }
         };
         if let Some((_, first)) = seen.iter().find(|(c, _)| *c == canonical) {
-            let as_what = if *first == written {
-                String::new()
-            } else {
-                format!(" (as --{first} and --{written})")
-            };
-            problems.push(format!(
-                "--{canonical} is given twice{as_what}; a manifest sets each flag once (merge them in the unit first)"
-            ));
+            problems.push(ExecStartProblem::Twice {
+                canonical,
+                first: first.clone(),
+                written,
+            });
             continue;
         }
         seen.push((canonical, written.clone()));
@@ -123,22 +120,18 @@ pub fn read(
             "port" => port = Some(one(&written, &values, &mut problems)),
             _ => match flag(&name, &values, catalog, redactor) {
                 Ok(value) => command.flags.push((name, value)),
-                Err(problem) => problems.push(problem),
+                Err(problem) => problems.push(problem.into()),
             },
         }
     }
     if command.model_path.is_empty() && !seen.iter().any(|(n, _)| n == "model-path") {
-        problems.push("ExecStart has no --model-path, which every manifest renders".into());
+        problems.push(ExecStartProblem::NoModelPath);
     }
     match port {
-        None => problems.push(
-            "ExecStart has no --port, which every manifest renders: add SGLang's default, --port 30000, to the unit first".into(),
-        ),
+        None => problems.push(ExecStartProblem::NoPort),
         Some(text) => match text.parse::<u16>() {
             Ok(p) if p > 0 && p.to_string() == text => command.port = p,
-            _ => problems.push(format!(
-                "--port `{text}` is not a port a manifest can write (1 to 65535, as digits)"
-            )),
+            _ => problems.push(ExecStartProblem::BadPort { text }),
         },
     }
     if problems.is_empty() {
@@ -155,19 +148,79 @@ pub fn is_console_script(program: &str) -> bool {
 
 /// Why an ExecStart is not one a manifest renders; a container runtime is named as such, since
 /// the SGLang inside it (its image, its Python) is out of reconcile's reach.
-fn not_sglang(argv: &[String]) -> String {
+fn not_sglang(argv: &[String]) -> ExecStartProblem {
     let shown = argv.iter().take(3).cloned().collect::<Vec<_>>().join(" ");
     let program = argv
         .first()
         .map_or("", |p| p.rsplit('/').next().unwrap_or(p));
     if CONTAINER_RUNTIMES.contains(&program) {
-        return format!(
-            "ExecStart runs a container (`{shown} ...`), not SGLang itself: reconcile renders `<python> -m sglang.launch_server` run on the host, so a containerised server cannot be adopted (install SGLang on the host, or keep this unit out of reconcile)"
-        );
+        return ExecStartProblem::Container { shown };
     }
-    format!(
-        "ExecStart runs `{shown}`, not `<python> -m sglang.launch_server ...` or `<venv>/bin/sglang serve ...`, the commands reconcile renders"
-    )
+    ExecStartProblem::NotSglang { shown }
+}
+
+/// What keeps an ExecStart from being written as a manifest's `sglang:`; each is one message
+/// for the ExecStart line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecStartProblem {
+    /// A container runtime runs the server.
+    #[error("ExecStart runs a container (`{shown} ...`), not SGLang itself: reconcile renders `<python> -m sglang.launch_server` run on the host, so a containerised server cannot be adopted (install SGLang on the host, or keep this unit out of reconcile)")]
+    Container {
+        /// ExecStart's first three words.
+        shown: String,
+    },
+    /// Some other program than the two commands reconcile renders.
+    #[error("ExecStart runs `{shown}`, not `<python> -m sglang.launch_server ...` or `<venv>/bin/sglang serve ...`, the commands reconcile renders")]
+    NotSglang { shown: String },
+    /// A console script named by a relative path.
+    #[error("ExecStart's `{script}` is not an absolute path, which a manifest's sglang.console_script must be")]
+    ScriptNotAbsolute { script: String },
+    /// The console script's `#!` line did not read.
+    #[error("the Python of `{script}` (its `#!` line) could not be read, and a manifest names it as sglang.python")]
+    NoInterpreter { script: String },
+    /// A Python named by a relative path.
+    #[error("ExecStart's Python `{python}` is not an absolute path, which a manifest's sglang.python must be")]
+    PythonNotAbsolute { python: String },
+    /// One flag given twice, perhaps under two of its names.
+    #[error(
+        "--{canonical} is given twice{}; a manifest sets each flag once (merge them in the unit first)",
+        as_what(.first, .written)
+    )]
+    Twice {
+        canonical: String,
+        /// The name it was written under first, and the second time.
+        first: String,
+        written: String,
+    },
+    /// No `--model-path`.
+    #[error("ExecStart has no --model-path, which every manifest renders")]
+    NoModelPath,
+    /// No `--port`.
+    #[error("ExecStart has no --port, which every manifest renders: add SGLang's default, --port 30000, to the unit first")]
+    NoPort,
+    /// A `--port` that is not 1 to 65535 written as plain digits.
+    #[error("--port `{text}` is not a port a manifest can write (1 to 65535, as digits)")]
+    BadPort { text: String },
+    /// A word after `--name=value`, which argparse takes as positional.
+    #[error("`{arg}` follows --{name}=..., so SGLang reads it as a positional argument, which a manifest cannot write")]
+    AfterJoined { arg: String, name: String },
+    /// A word before the first flag.
+    #[error("`{arg}` comes before any flag: a positional argument, which a manifest cannot write")]
+    Positional { arg: String },
+    /// A field the manifest renders itself given other than one value.
+    #[error("--{name} takes one value here, and ExecStart gives it {count}")]
+    NotOne { name: String, count: usize },
+    /// A flag the host's SGLang would not read so.
+    #[error(transparent)]
+    Flag(#[from] FlagProblem),
+}
+
+fn as_what(first: &str, written: &str) -> String {
+    if first == written {
+        String::new()
+    } else {
+        format!(" (as --{first} and --{written})")
+    }
 }
 
 /// Programs that run a server inside a container image.
@@ -181,7 +234,7 @@ const CONTAINER_RUNTIMES: [&str; 6] = [
 ];
 
 /// The flags with their values: `--name=value` (one value) or `--name v1 v2 ...`.
-fn group(args: &[String], problems: &mut Vec<String>) -> Vec<(String, Vec<String>)> {
+fn group(args: &[String], problems: &mut Vec<ExecStartProblem>) -> Vec<(String, Vec<String>)> {
     let mut flags: Vec<(String, Vec<String>)> = Vec::new();
     let mut joined = false;
     for arg in args {
@@ -195,29 +248,61 @@ fn group(args: &[String], problems: &mut Vec<String>) -> Vec<(String, Vec<String
         } else {
             match flags.last_mut() {
                 Some((_, values)) if !joined => values.push(arg.clone()),
-                Some((name, _)) => problems.push(format!(
-                    "`{arg}` follows --{name}=..., so SGLang reads it as a positional argument, which a manifest cannot write"
-                )),
-                None => problems.push(format!(
-                    "`{arg}` comes before any flag: a positional argument, which a manifest cannot write"
-                )),
+                Some((name, _)) => problems.push(ExecStartProblem::AfterJoined {
+                    arg: arg.clone(),
+                    name: name.clone(),
+                }),
+                None => problems.push(ExecStartProblem::Positional { arg: arg.clone() }),
             }
         }
     }
     flags
 }
 
-fn one(name: &str, values: &[String], problems: &mut Vec<String>) -> String {
+fn one(name: &str, values: &[String], problems: &mut Vec<ExecStartProblem>) -> String {
     match values {
         [v] => v.clone(),
         _ => {
-            problems.push(format!(
-                "--{name} takes one value here, and ExecStart gives it {}",
-                values.len()
-            ));
+            problems.push(ExecStartProblem::NotOne {
+                name: name.to_string(),
+                count: values.len(),
+            });
             String::new()
         }
     }
+}
+
+/// Why one flag of ExecStart cannot be written in a manifest; the message is one of the
+/// ExecStart line's problems.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagProblem {
+    /// The host's SGLang has no such flag (nor one it abbreviates).
+    #[error("SGLang {version} has no flag --{name}, so a manifest for it cannot carry it")]
+    Unknown { version: &'static str, name: String },
+    /// An abbreviation of more than one flag: argparse refuses it.
+    #[error(
+        "--{written} is ambiguous in SGLang {version}: argparse stops, since it could mean --{}",
+        .options.join(", --")
+    )]
+    Ambiguous {
+        written: String,
+        version: &'static str,
+        /// The option strings it could mean, sorted.
+        options: Vec<&'static str>,
+    },
+    /// A switch given values.
+    #[error("--{name} is a switch in this SGLang, yet ExecStart gives it `{}`", .values.join(" "))]
+    SwitchGiven { name: String, values: Vec<String> },
+    /// A flag that needs a value given none.
+    #[error("--{name} has no value, and SGLang needs one")]
+    NoValue { name: String },
+    /// A one-value flag given several.
+    #[error(
+        "--{name} takes one value, and ExecStart gives it {}: `{}`",
+        .values.len(),
+        .values.join(" ")
+    )]
+    NotOneValue { name: String, values: Vec<String> },
 }
 
 /// One flag, typed by the catalog's entry for it (or, without a catalog, by its shape).
@@ -226,7 +311,7 @@ fn flag(
     values: &[String],
     catalog: Option<&Catalog>,
     redactor: &Redactor,
-) -> Result<Written, String> {
+) -> Result<Written, FlagProblem> {
     let (kind, value_type, nargs) = match catalog {
         None => {
             let kind = match values.len() {
@@ -239,10 +324,10 @@ fn flag(
         Some(c) => match c.option(name) {
             Some(f) => (f.kind, f.value_type, f.nargs),
             None => {
-                return Err(format!(
-                    "SGLang {} has no flag --{name}, so a manifest for it cannot carry it",
-                    c.version
-                ))
+                return Err(FlagProblem::Unknown {
+                    version: c.version,
+                    name: name.to_string(),
+                })
             }
         },
     };
@@ -260,18 +345,19 @@ fn flag(
     let item = |v: &String| typed(v, value_type);
     match (kind, values) {
         (Kind::Switch, []) => Ok(Written::True),
-        (Kind::Switch, _) => Err(format!(
-            "--{name} is a switch in this SGLang, yet ExecStart gives it `{}`",
-            values.join(" ")
-        )),
+        (Kind::Switch, _) => Err(FlagProblem::SwitchGiven {
+            name: name.to_string(),
+            values: values.to_vec(),
+        }),
         (_, []) if matches!(nargs, "?" | "*") => Ok(Written::True),
-        (_, []) => Err(format!("--{name} has no value, and SGLang needs one")),
+        (_, []) => Err(FlagProblem::NoValue {
+            name: name.to_string(),
+        }),
         (Kind::Value, [v]) => Ok(Written::One(item(v))),
-        (Kind::Value, _) => Err(format!(
-            "--{name} takes one value, and ExecStart gives it {}: `{}`",
-            values.len(),
-            values.join(" ")
-        )),
+        (Kind::Value, _) => Err(FlagProblem::NotOneValue {
+            name: name.to_string(),
+            values: values.to_vec(),
+        }),
         (Kind::List, _) => Ok(Written::List(values.iter().map(item).collect())),
     }
 }
@@ -288,7 +374,7 @@ struct Spelled {
 /// becomes the option it stands for, and `--model` the manifest's `model_path` (rendered
 /// `--model-path`): text the plan shows, a setting it reads as the same. Without a catalog,
 /// every name stays as written.
-fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, String> {
+fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, FlagProblem> {
     let as_written = |canonical: &str| Spelled {
         name: written.to_string(),
         canonical: canonical.to_string(),
@@ -319,16 +405,16 @@ fn spelled(catalog: Option<&Catalog>, written: &str) -> Result<Spelled, String> 
         Resolved::Prefix { flag, option } => Ok(renamed(option, flag.name)),
         Resolved::Ambiguous(mut options) => {
             options.sort_unstable();
-            Err(format!(
-                "--{written} is ambiguous in SGLang {}: argparse stops, since it could mean --{}",
-                c.version,
-                options.join(", --")
-            ))
+            Err(FlagProblem::Ambiguous {
+                written: written.to_string(),
+                version: c.version,
+                options,
+            })
         }
-        Resolved::Unknown => Err(format!(
-            "SGLang {} has no flag --{written}, so a manifest for it cannot carry it",
-            c.version
-        )),
+        Resolved::Unknown => Err(FlagProblem::Unknown {
+            version: c.version,
+            name: written.to_string(),
+        }),
     }
 }
 
@@ -420,15 +506,22 @@ mod tests {
             &Redactor::default(),
         );
         // --tp and --tensor-parallel-size are one flag: argparse keeps the last, a manifest one.
-        assert!(c.unwrap_err()[0]
+        let twice = &c.unwrap_err()[0];
+        assert!(twice
+            .to_string()
             .contains("--tp-size is given twice (as --tp and --tensor-parallel-size)"));
+        assert!(
+            matches!(twice, ExecStartProblem::Twice { canonical, .. } if canonical == "tp-size")
+        );
         let c = read(
             &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --dp-size 2 --data-parallel 1 --served q --port 30000"),
             None,
             catalog(),
             &Redactor::default(),
         );
-        assert!(c.unwrap_err()[0].contains("--dp-size is given twice"));
+        assert!(c.unwrap_err()[0]
+            .to_string()
+            .contains("--dp-size is given twice"));
         let c = read(
             &argv("/v/bin/python -m sglang.launch_server --model /m --tp 4 --data-parallel-size 2 --served q --port 30000"),
             None,
@@ -473,8 +566,13 @@ mod tests {
 
     #[test]
     fn what_a_manifest_cannot_write_is_named() {
-        let problems =
-            |line: &str| read(&argv(line), None, catalog(), &Redactor::default()).unwrap_err();
+        let problems = |line: &str| -> Vec<String> {
+            read(&argv(line), None, catalog(), &Redactor::default())
+                .unwrap_err()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
         let p = problems("/bin/sh -c true");
         assert!(
             p[0].contains("not `<python> -m sglang.launch_server"),
@@ -493,5 +591,34 @@ mod tests {
         assert!(p[3].contains("SGLang 0.5.23 has no flag --no-such"));
         assert!(p[4].contains("--enable-metrics is a switch"));
         assert!(p[5].contains("no --port"));
+        let kinds = read(
+            &argv("python3 -m sglang.launch_server --model-path /m --tp 2 --tp-size 1 --enable 1 --no-such 1 --enable-metrics yes"),
+            None,
+            catalog(),
+            &Redactor::default(),
+        )
+        .unwrap_err();
+        assert_eq!(kinds[5], ExecStartProblem::NoPort);
+        assert!(matches!(
+            kinds[3],
+            ExecStartProblem::Flag(FlagProblem::Unknown { .. })
+        ));
+        // The same problems, by kind.
+        assert!(matches!(
+            spelled(catalog(), "enable"),
+            Err(FlagProblem::Ambiguous { .. })
+        ));
+        let r = Redactor::default();
+        assert_eq!(
+            flag("enable-metrics", &["yes".into()], catalog(), &r).unwrap_err(),
+            FlagProblem::SwitchGiven {
+                name: "enable-metrics".into(),
+                values: vec!["yes".into()]
+            }
+        );
+        assert!(matches!(
+            flag("no-such", &[], catalog(), &r),
+            Err(FlagProblem::Unknown { .. })
+        ));
     }
 }

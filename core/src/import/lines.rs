@@ -115,10 +115,18 @@ fn logical_lines(text: &str) -> Vec<(usize, String)> {
     lines
 }
 
+/// A file systemd names for the unit whose `# <path>` header `systemctl cat` did not print (the
+/// unit changed between the two reads).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`systemctl cat` printed no `# {path}` header")]
+pub struct MissingHeader {
+    pub path: String,
+}
+
 /// `systemctl cat -- UNIT`'s output cut into its files: each starts with a `# <path>` line, in
 /// the order of `paths` (`FragmentPath`, then `DropInPaths`). `Err` names the path whose header
 /// is missing.
-pub fn split_cat(output: &str, paths: &[String]) -> Result<Vec<UnitFile>, String> {
+pub fn split_cat(output: &str, paths: &[String]) -> Result<Vec<UnitFile>, MissingHeader> {
     let lines: Vec<&str> = output.split_inclusive('\n').collect();
     let mut starts = Vec::new();
     let mut from = 0;
@@ -126,7 +134,7 @@ pub fn split_cat(output: &str, paths: &[String]) -> Result<Vec<UnitFile>, String
         let header = format!("# {path}");
         let at = (from..lines.len())
             .find(|&i| lines[i].trim_end_matches(['\n', '\r']) == header)
-            .ok_or_else(|| path.clone())?;
+            .ok_or_else(|| MissingHeader { path: path.clone() })?;
         starts.push(at);
         from = at + 1;
     }
@@ -192,6 +200,11 @@ mod tests {
         let files = split_cat(out, &paths).unwrap();
         assert_eq!(files[0].text, "[Service]\n# /not/a/header\nUser=root\n\n");
         assert_eq!(files[1].text, "[Service]\nNice=1\n");
-        assert_eq!(split_cat("[Service]\n", &paths[..1]), Err(paths[0].clone()));
+        assert_eq!(
+            split_cat("[Service]\n", &paths[..1]),
+            Err(MissingHeader {
+                path: paths[0].clone()
+            })
+        );
     }
 }

@@ -25,7 +25,8 @@ use crate::redact::Redactor;
 use crate::sglang::Catalog;
 use crate::unit::{current_spelling, parse_unit, section_of, specifier, UnitModel};
 
-pub use lines::split_cat;
+pub use argv::{ExecStartProblem, FlagProblem};
+pub use lines::{split_cat, MissingHeader};
 
 use argv::Written;
 use lines::Assignment;
@@ -379,7 +380,7 @@ impl<'a> Reader<'a> {
             Ok(_) => None,
             Err(problems) => {
                 for p in problems {
-                    self.fail_at(exec, p);
+                    self.fail_at(exec, p.to_string());
                 }
                 None
             }

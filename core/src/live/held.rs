@@ -16,7 +16,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{live_change, LiveChange};
+use super::{live_change, LiveChange, RestartNeeded};
 use crate::record::{argv_sha256, LiveRecord};
 use crate::sglang::Catalog;
 use crate::unit::UnitModel;
@@ -45,8 +45,8 @@ pub enum HeldError {
 pub enum NotLive {
     #[error("SGLang {0} is not cataloged, so the command lines cannot be compared flag by flag")]
     Uncataloged(String),
-    #[error("{0}")]
-    Differs(String),
+    #[error(transparent)]
+    Differs(RestartNeeded),
 }
 
 /// The start of an answer that is not what was expected, for the error.
@@ -361,9 +361,9 @@ mod tests {
             .collect();
         assert_eq!(
             must_hold(&other, &unit, parser, "0.5.23"),
-            Err(NotLive::Differs(
-                "the flag --port changes, which only a restart applies".into()
-            ))
+            Err(NotLive::Differs(RestartNeeded::Flag {
+                name: "port".into()
+            }))
         );
         // A console script runs under its interpreter.
         let script = parse_unit(

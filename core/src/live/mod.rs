@@ -30,7 +30,9 @@ use crate::sglang::Catalog;
 use crate::unit::{parse_unit, Desired, UnitModel};
 
 pub mod held;
+mod restart;
 pub use crate::live_change::{LiveChange, Move, SettingChange};
+pub use restart::{RestartNeeded, ShapeError};
 
 /// A flag `/set_internal_state` takes: its server-args key, whether its value is an integer, and
 /// SGLang 0.5.23's default for it (`srt/server_args.py`), which a unit without the flag runs with.
@@ -72,26 +74,26 @@ pub fn live_change(
     old: &UnitModel,
     new: &UnitModel,
     parser: &Catalog,
-) -> Result<LiveChange, String> {
+) -> Result<LiveChange, RestartNeeded> {
     // The environment and the unit's settings, compared with the flags held equal.
     let same_command = UnitModel {
         exec_start: old.exec_start.clone(),
         ..new.clone()
     };
     if let Some(reason) = restart_reason(old, &same_command, Some(parser)) {
-        return Err(format!("{reason} changes, which only a restart applies"));
+        return Err(RestartNeeded::Unit { reason });
     }
     let (old_cmd, old_flags) = flags(&old.exec_start);
     let (new_cmd, new_flags) = flags(&new.exec_start);
     if old_cmd != new_cmd {
-        return Err("the command changes".into());
+        return Err(RestartNeeded::Command);
     }
     let (old_flags, new_flags) = (as_parsed(parser, &old_flags), as_parsed(parser, &new_flags));
     if new_flags
         .get("nnodes")
         .is_some_and(|n| n.parse::<u32>().is_ok_and(|n| n > 1))
     {
-        return Err("a server over several hosts takes changes by a restart of its ranks".into());
+        return Err(RestartNeeded::Group);
     }
     let mut change = LiveChange {
         weights: None,
@@ -102,7 +104,7 @@ pub fn live_change(
         let (before, after) = (old_flags.get(name), new_flags.get(name));
         if name == "model-path" {
             let (Some(from), Some(to)) = (before, after) else {
-                return Err("the unit names no --model-path".into());
+                return Err(RestartNeeded::NoModelPath);
             };
             change.weights = Some(Move {
                 from: from.clone(),
@@ -114,9 +116,7 @@ pub fn live_change(
                 .settings
                 .push(setting_change(setting, before, after)?);
         } else {
-            return Err(format!(
-                "the flag --{name} changes, which only a restart applies"
-            ));
+            return Err(RestartNeeded::Flag { name: name.clone() });
         }
     }
     if change.weights.is_some() {
@@ -124,13 +124,11 @@ pub fn live_change(
         // (`tokenizer_manager.py` `_update_model_path_info` sets `served_model_name` to it),
         // where a restart would answer under --served-model-name: clients would see another name.
         if let Some(name) = new_flags.get("served-model-name") {
-            return Err(format!(
-                "SGLang answers under the new model path after a weight update, not under --served-model-name {name} as a restart would"
-            ));
+            return Err(RestartNeeded::ServedModelName { name: name.clone() });
         }
     }
     if change.weights.is_none() && change.settings.is_empty() {
-        return Err("nothing SGLang takes live changes".into());
+        return Err(RestartNeeded::Nothing);
     }
     Ok(change)
 }
@@ -139,18 +137,18 @@ fn setting_change(
     setting: &Setting,
     before: Option<&String>,
     after: Option<&String>,
-) -> Result<SettingChange, String> {
-    let value = |text: Option<&String>| -> Result<Value, String> {
+) -> Result<SettingChange, RestartNeeded> {
+    let flag = setting.flag;
+    let value = |text: Option<&String>| -> Result<Value, RestartNeeded> {
         let number = match text {
             Some(t) => t
                 .parse::<f64>()
-                .map_err(|_| format!("--{} {t} is not a number", setting.flag))?,
-            None => setting.default.ok_or_else(|| {
-                format!(
-                    "--{} must be set before and after: SGLang's default for it (None) cannot be set live",
-                    setting.flag
-                )
-            })?,
+                .map_err(|source| RestartNeeded::NotANumber {
+                    flag,
+                    value: t.clone(),
+                    source,
+                })?,
+            None => setting.default.ok_or(RestartNeeded::NoDefault { flag })?,
         };
         Ok(if setting.integer {
             Value::from(number as i64)
@@ -174,7 +172,7 @@ pub fn candidate(
     plan: &UnitPlan,
     observed: &Observed,
     desired: &Desired,
-) -> Option<Result<LiveChange, String>> {
+) -> Option<Result<LiveChange, RestartNeeded>> {
     if !desired.live || plan.verdict != Verdict::Restart {
         return None;
     }
@@ -185,24 +183,20 @@ fn live_candidate(
     plan: &UnitPlan,
     observed: &Observed,
     desired: &Desired,
-) -> Result<LiveChange, String> {
+) -> Result<LiveChange, RestartNeeded> {
     if !plan.drift.is_empty() {
-        return Err("systemd runs more than the managed unit file".into());
+        return Err(RestartNeeded::Drift);
     }
     if observed.state.active_state != "active" {
-        return Err(format!(
-            "the server is {}, not running",
-            observed.state.active_state
-        ));
+        return Err(RestartNeeded::NotRunning {
+            state: observed.state.active_state.clone(),
+        });
     }
     let Some(current) = observed.unit_text.as_deref() else {
-        return Err("the host has no unit file".into());
+        return Err(RestartNeeded::NoUnitFile);
     };
-    let parser = parser(desired).ok_or_else(|| {
-        format!(
-            "SGLang {} is not cataloged, so its flags cannot be compared",
-            desired.sglang_version
-        )
+    let parser = parser(desired).ok_or_else(|| RestartNeeded::Uncataloged {
+        version: desired.sglang_version.clone(),
     })?;
     live_change(&parse_unit(current), &desired.model, parser)
 }
@@ -232,11 +226,15 @@ pub struct Checkpoint {
 
 /// Whether a weight update from `old` to `new` leaves the server as a restart with the new unit
 /// would build it: one model shape, and the files the update does not read again the same.
-pub fn checkpoints_agree(m: &Move, old: &Checkpoint, new: &Checkpoint) -> Result<(), String> {
+pub fn checkpoints_agree(
+    m: &Move,
+    old: &Checkpoint,
+    new: &Checkpoint,
+) -> Result<(), RestartNeeded> {
     let config = |c: &Checkpoint, path: &str| {
-        c.config.clone().ok_or_else(|| {
-            format!("{path} has no config.json (a weight update loads a local checkpoint)")
-        })
+        c.config
+            .clone()
+            .ok_or_else(|| RestartNeeded::NoConfig { path: path.into() })
     };
     same_shape(&config(old, &m.from)?, &config(new, &m.to)?)?;
     let mut files = vec![SAMPLING_FILE];
@@ -245,12 +243,7 @@ pub fn checkpoints_agree(m: &Move, old: &Checkpoint, new: &Checkpoint) -> Result
     }
     for file in files {
         if old.hashes.get(file) != new.hashes.get(file) {
-            let why = if file == SAMPLING_FILE {
-                "the default sampling parameters are read at start-up only"
-            } else {
-                "the tokenizer is read at start-up only"
-            };
-            return Err(format!("{file} differs between the checkpoints ({why})"));
+            return Err(RestartNeeded::FileDiffers { file });
         }
     }
     Ok(())
@@ -263,15 +256,14 @@ const NOT_SHAPE: [&str; 3] = ["_name_or_path", "transformers_version", "_commit_
 
 /// Whether two checkpoints' `config.json` describe one model shape; `Err` names the first field
 /// that differs (`hidden_size: 4096 -> 5120`).
-pub fn same_shape(old_config: &str, new_config: &str) -> Result<(), String> {
-    let read = |text: &str, which: &str| -> Result<serde_json::Map<String, Value>, String> {
-        match serde_json::from_str::<Value>(text) {
-            Ok(Value::Object(map)) => Ok(map),
-            _ => Err(format!(
-                "the {which} checkpoint's config.json does not read"
-            )),
-        }
-    };
+pub fn same_shape(old_config: &str, new_config: &str) -> Result<(), ShapeError> {
+    let read =
+        |text: &str, which: &'static str| -> Result<serde_json::Map<String, Value>, ShapeError> {
+            match serde_json::from_str::<Value>(text) {
+                Ok(Value::Object(map)) => Ok(map),
+                _ => Err(ShapeError::Unreadable { which }),
+            }
+        };
     let (old, new) = (read(old_config, "old")?, read(new_config, "new")?);
     let mut keys: Vec<&String> = old.keys().chain(new.keys()).collect();
     keys.sort();
@@ -283,11 +275,11 @@ pub fn same_shape(old_config: &str, new_config: &str) -> Result<(), String> {
         let (a, b) = (old.get(key), new.get(key));
         if a != b {
             let show = |v: Option<&Value>| v.map_or("(none)".to_string(), Value::to_string);
-            return Err(format!(
-                "config.json's {key} differs: {} -> {}",
-                show(a),
-                show(b)
-            ));
+            return Err(ShapeError::Differs {
+                key: key.clone(),
+                old: show(a),
+                new: show(b),
+            });
         }
     }
     Ok(())
@@ -353,7 +345,7 @@ mod tests {
     #[test]
     fn anything_else_a_restart_applies_is_not_live_and_says_what() {
         let old = unit("", "");
-        let why = |new: UnitModel| live_change(&old, &new, parser()).unwrap_err();
+        let why = |new: UnitModel| live_change(&old, &new, parser()).unwrap_err().to_string();
         assert_eq!(
             why(unit("--mem-fraction-static 0.8", "")),
             "the flag --mem-fraction-static changes, which only a restart applies"
@@ -376,10 +368,17 @@ mod tests {
                 "[Service]\nExecStart=/venv/bin/python3 -m sglang.launch_server --model-path {path} --port 30000 --served-model-name q\n"
             ))
         };
+        let e = live_change(&named("/models/a"), &named("/models/b"), parser()).unwrap_err();
         assert!(
-            live_change(&named("/models/a"), &named("/models/b"), parser())
-                .unwrap_err()
-                .contains("not under --served-model-name q")
+            e.to_string().contains("not under --served-model-name q"),
+            "{e}"
+        );
+        assert_eq!(e, RestartNeeded::ServedModelName { name: "q".into() });
+        assert_eq!(
+            live_change(&old, &unit("--mem-fraction-static 0.8", ""), parser()),
+            Err(RestartNeeded::Flag {
+                name: "mem-fraction-static".into()
+            })
         );
     }
 
@@ -409,18 +408,27 @@ mod tests {
         assert_eq!(same_shape(&config(64, "a"), &config(64, "b")), Ok(()));
         assert_eq!(
             same_shape(&config(64, "a"), &config(128, "a")),
-            Err("config.json's hidden_size differs: 64 -> 128".into())
+            Err(ShapeError::Differs {
+                key: "hidden_size".into(),
+                old: "64".into(),
+                new: "128".into()
+            })
         );
         assert_eq!(
-            same_shape("{}", r#"{"quantization_config": {"quant_method": "fp8"}}"#),
-            Err(
-                r#"config.json's quantization_config differs: (none) -> {"quant_method":"fp8"}"#
-                    .into()
-            )
+            same_shape(&config(64, "a"), &config(128, "a"))
+                .unwrap_err()
+                .to_string(),
+            "config.json's hidden_size differs: 64 -> 128"
         );
-        assert!(same_shape("not json", "{}")
-            .unwrap_err()
-            .contains("old checkpoint"));
+        assert_eq!(
+            same_shape("{}", r#"{"quantization_config": {"quant_method": "fp8"}}"#)
+                .unwrap_err()
+                .to_string(),
+            r#"config.json's quantization_config differs: (none) -> {"quant_method":"fp8"}"#
+        );
+        let unread = same_shape("not json", "{}").unwrap_err();
+        assert!(unread.to_string().contains("old checkpoint"), "{unread}");
+        assert_eq!(unread, ShapeError::Unreadable { which: "old" });
     }
     /// A manifest of one server on `h` with `model` and `flags` (a YAML map's body), live
     /// changes asked for when `live`.
@@ -448,7 +456,7 @@ mod tests {
         old: &Desired,
         new: &Desired,
         active: &str,
-    ) -> Option<Result<LiveChange, String>> {
+    ) -> Option<Result<LiveChange, RestartNeeded>> {
         let observed = running(old, active);
         let plan = crate::plan::plan("h", "m.yaml", new, &observed, &Default::default());
         candidate(&plan, &observed, new)
@@ -469,12 +477,14 @@ mod tests {
         // A server that does not run has nothing to take the change.
         assert_eq!(
             candidate_of(&old, &moved, "failed"),
-            Some(Err("the server is failed, not running".into()))
+            Some(Err(RestartNeeded::NotRunning {
+                state: "failed".into()
+            }))
         );
         // Anything else a restart applies keeps it a restart, named.
         let more = desired("/models/b", "pp-max-micro-batch-size: 8, tp-size: 2", true);
         let why = candidate_of(&old, &more, "active").unwrap().unwrap_err();
-        assert!(why.contains("tp-size"), "{why}");
+        assert!(why.to_string().contains("tp-size"), "{why}");
     }
 
     #[test]
@@ -493,11 +503,21 @@ mod tests {
             Ok(())
         );
         let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &checkpoint(128, "t1")).unwrap_err();
-        assert!(why.contains("hidden_size"), "{why}");
+        assert!(why.to_string().contains("hidden_size"), "{why}");
+        assert!(matches!(
+            why,
+            RestartNeeded::Shape(ShapeError::Differs { .. })
+        ));
         let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &checkpoint(64, "t2")).unwrap_err();
         assert_eq!(
-            why,
+            why.to_string(),
             "tokenizer.json differs between the checkpoints (the tokenizer is read at start-up only)"
+        );
+        assert_eq!(
+            why,
+            RestartNeeded::FileDiffers {
+                file: "tokenizer.json"
+            }
         );
         // With a --tokenizer-path of its own, the tokenizer stays where it is.
         let own = Move {
@@ -511,6 +531,9 @@ mod tests {
         // A hub id is no local checkpoint to load.
         let hub = Checkpoint::default();
         let why = checkpoints_agree(&m, &checkpoint(64, "t1"), &hub).unwrap_err();
-        assert!(why.starts_with("/models/b has no config.json"), "{why}");
+        assert!(
+            why.to_string().starts_with("/models/b has no config.json"),
+            "{why}"
+        );
     }
 }

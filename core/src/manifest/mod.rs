@@ -24,7 +24,7 @@ pub(crate) use parse::deserialize_located;
 pub use parse::parse;
 pub use reference::{RefTarget, Reference};
 pub use rollout::RolloutSpec;
-pub use router::{AdminKey, RouterSpec};
+pub use router::{AdminKey, RouterSpec, UrlError};
 #[cfg(test)]
 pub(crate) use validate::group_flags;
 pub use validate::{validate, validate_fleet};

@@ -84,7 +84,7 @@ pub(super) fn check(m: &Manifest, text: &str, fail: &mut dyn FnMut(&[Seg], Strin
     };
     let at = |key| [Seg::Key("router"), Seg::Key(key)];
     if let Err(why) = http_url(&r.url) {
-        fail(&at("url"), why);
+        fail(&at("url"), why.to_string());
     }
     if both_keys(text) {
         fail(
@@ -131,7 +131,7 @@ pub(super) fn check(m: &Manifest, text: &str, fail: &mut dyn FnMut(&[Seg], Strin
                 ),
             );
         } else if let Err(why) = http_url(url) {
-            fail(&path, why);
+            fail(&path, why.to_string());
         }
     }
     for (key, d) in [
@@ -144,14 +144,26 @@ pub(super) fn check(m: &Manifest, text: &str, fail: &mut dyn FnMut(&[Seg], Strin
     }
 }
 
+/// Why a router or worker URL is not one reconcile's HTTP client can reach; the message becomes
+/// the field's [`super::ManifestError::Invalid`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlError {
+    /// Another scheme than `http://` (`https://` included).
+    #[error("`{url}` is not an http:// URL (reconcile speaks no TLS)")]
+    NotHttp { url: String },
+    /// Nothing, a space or user info where the host should be.
+    #[error("`{url}` has no plain host[:port] after http://")]
+    NoHost { url: String },
+}
+
 /// reconcile's HTTP client speaks plain HTTP only (no TLS: the same limit as `verify.url`).
-fn http_url(url: &str) -> Result<(), String> {
+fn http_url(url: &str) -> Result<(), UrlError> {
     let rest = url
         .strip_prefix("http://")
-        .ok_or_else(|| format!("`{url}` is not an http:// URL (reconcile speaks no TLS)"))?;
+        .ok_or_else(|| UrlError::NotHttp { url: url.into() })?;
     let authority = rest.split('/').next().unwrap_or("");
     if authority.is_empty() || authority.contains(char::is_whitespace) || authority.contains('@') {
-        return Err(format!("`{url}` has no plain host[:port] after http://"));
+        return Err(UrlError::NoHost { url: url.into() });
     }
     Ok(())
 }
@@ -227,6 +239,16 @@ mod tests {
             ),
             "{e:?}"
         );
+        assert!(matches!(
+            super::http_url("https://r:1"),
+            Err(super::UrlError::NotHttp { .. })
+        ));
+        let no_host = super::http_url("http://a@b/").unwrap_err();
+        assert_eq!(
+            no_host.to_string(),
+            "`http://a@b/` has no plain host[:port] after http://"
+        );
+        assert!(matches!(no_host, super::UrlError::NoHost { .. }));
         let e = errors("router:\n  url: http://r:1\n  via: rl18\n  admin_key_env: K\n  admin_key_file: /k\n  workers: { rl99: \"http://x:1\" }\n  drain_timeout: 0s\n");
         assert_eq!(e.len(), 3, "{e:?}");
         assert!(

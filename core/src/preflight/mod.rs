@@ -25,7 +25,9 @@ pub use crate::gpu_claims::{gpu_conflicts, split_devices};
 pub use deep::{
     kept_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
 };
-pub use weights::{judge_weights, read_weights, WeightProblem, Weights, WeightsCheck};
+pub use weights::{
+    judge_weights, read_weights, WeightProblem, Weights, WeightsCheck, WeightsReadError,
+};
 
 use crate::flags::flags;
 use crate::sglang::{self, Catalog};

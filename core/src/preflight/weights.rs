@@ -33,7 +33,11 @@ impl WeightsCheck {
             Ok(_) => WeightsCheck::Failed(format!("exit status {status}")),
             Err(why) => {
                 let last = super::last_line(stderr);
-                WeightsCheck::Failed(if last.is_empty() { why } else { last })
+                WeightsCheck::Failed(if last.is_empty() {
+                    why.to_string()
+                } else {
+                    last
+                })
             }
         }
     }
@@ -82,11 +86,30 @@ pub struct WeightProblem {
     pub problem: String,
 }
 
+/// Why the weights check's output gave no [`Weights`].
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsReadError {
+    /// No line of the output is a JSON object (the script died before it answered).
+    #[error("no answer in {stdout:?}")]
+    NoAnswer {
+        /// The whole output, trimmed.
+        stdout: String,
+    },
+    /// The answer line is not the script's JSON.
+    #[error("its answer does not read: {source}")]
+    Unreadable {
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
 /// Reads the host's answer (one JSON line); `Err` names what did not read.
-pub fn read_weights(stdout: &str) -> Result<Weights, String> {
+pub fn read_weights(stdout: &str) -> Result<Weights, WeightsReadError> {
     let line = stdout.lines().rev().find(|l| l.starts_with('{'));
-    let line = line.ok_or_else(|| format!("no answer in {:?}", stdout.trim()))?;
-    serde_json::from_str(line).map_err(|e| format!("its answer does not read: {e}"))
+    let line = line.ok_or_else(|| WeightsReadError::NoAnswer {
+        stdout: stdout.trim().to_string(),
+    })?;
+    serde_json::from_str(line).map_err(|source| WeightsReadError::Unreadable { source })
 }
 
 /// How many problem files a finding names before it counts the rest.
@@ -171,7 +194,16 @@ mod tests {
             "{message}"
         );
         assert!(!message.contains("s5"), "{message}");
-        assert!(read_weights("Traceback (most recent call last):").is_err());
+        let e = read_weights("Traceback (most recent call last):").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"no answer in "Traceback (most recent call last):""#
+        );
+        assert!(matches!(e, WeightsReadError::NoAnswer { .. }));
+        assert!(matches!(
+            read_weights("{\"files\": 3}"),
+            Err(WeightsReadError::Unreadable { .. })
+        ));
         let failed = WeightsCheck::of(1, "", "Traceback ...\nPermissionError: [Errno 13]\n");
         assert_eq!(
             failed.judge("/m", None).map(|f| f.message),

@@ -258,7 +258,7 @@ pub fn read_tokens(
             vec![Value::Array(l.clone())]
         }
         Some(Value::Array(l)) => l.clone(),
-        _ => return Err(AnswerError::Shape("`tokens` is not a list".into())),
+        _ => return Err(AnswerError::NoTokens),
     };
     if lists.len() != expected {
         return Err(AnswerError::Count {
@@ -275,11 +275,11 @@ pub fn read_tokens(
         .map(|(i, l)| {
             let ids = l
                 .as_array()
-                .ok_or_else(|| AnswerError::Shape(format!("tokens[{i}] is not a list")))?
+                .ok_or(AnswerError::TokensNotList { index: i })?
                 .iter()
                 .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
                 .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| AnswerError::Shape(format!("tokens[{i}] holds a non-id")))?;
+                .ok_or(AnswerError::NonId { index: i })?;
             Ok(ids.into_iter().take(room).collect())
         })
         .collect()
@@ -308,11 +308,7 @@ pub fn read_text_scores(body: &str, ids: &[Vec<u32>]) -> Result<Vec<TextAnswer>,
     let items = match value {
         Value::Array(items) => items,
         one @ Value::Object(_) => vec![one],
-        _ => {
-            return Err(AnswerError::Shape(
-                "the answer is not a list of objects".into(),
-            ))
-        }
+        _ => return Err(AnswerError::NotList),
     };
     if items.len() != ids.len() {
         return Err(AnswerError::Count {
@@ -325,28 +321,25 @@ pub fn read_text_scores(body: &str, ids: &[Vec<u32>]) -> Result<Vec<TextAnswer>,
         .zip(ids)
         .enumerate()
         .map(|(i, (item, ids))| {
-            scored_text(item, ids).map_err(|why| AnswerError::Shape(format!("answer {i}: {why}")))
+            scored_text(item, ids).map_err(|fault| AnswerError::Text { index: i, fault })
         })
         .collect()
 }
 
-fn scored_text(item: &Value, ids: &[u32]) -> Result<TextAnswer, String> {
-    let meta = item.get("meta_info").ok_or("no `meta_info`")?;
-    let list = |key: &str| match meta.get(key) {
+fn scored_text(item: &Value, ids: &[u32]) -> Result<TextAnswer, TextFault> {
+    let meta = item.get("meta_info").ok_or(TextFault::NoMeta)?;
+    let list = |key: &'static str| match meta.get(key) {
         Some(Value::Array(v)) => Ok(v),
-        _ => Err(format!(
-            "no meta_info.{key} list (was return_logprob sent?)"
-        )),
+        _ => Err(TextFault::NoList { key }),
     };
     let input = list("input_token_logprobs")?;
     let tops = list("input_top_logprobs")?;
     if input.len() != ids.len() || tops.len() != ids.len() {
-        return Err(format!(
-            "{} input logprobs and {} top lists for {} tokens",
-            input.len(),
-            tops.len(),
-            ids.len()
-        ));
+        return Err(TextFault::Count {
+            input: input.len(),
+            tops: tops.len(),
+            tokens: ids.len(),
+        });
     }
     let tokens = input
         .iter()
@@ -358,7 +351,7 @@ fn scored_text(item: &Value, ids: &[u32]) -> Result<TextAnswer, String> {
         .map(|(t, entries)| {
             let entries = entries
                 .as_array()
-                .ok_or_else(|| format!("input_top_logprobs[{}] is not a list", t + 1))?;
+                .ok_or(TextFault::TopNotList { position: t + 1 })?;
             let mut pairs = Vec::with_capacity(entries.len());
             for e in entries {
                 let lp = e.get(0).and_then(Value::as_f64);
@@ -368,7 +361,12 @@ fn scored_text(item: &Value, ids: &[u32]) -> Result<TextAnswer, String> {
                     .and_then(|i| u32::try_from(i).ok());
                 match (lp, id) {
                     (Some(lp), Some(id)) => pairs.push((id, lp)),
-                    _ => return Err(format!("input_top_logprobs[{}] holds {e}", t + 1)),
+                    _ => {
+                        return Err(TextFault::TopEntry {
+                            position: t + 1,
+                            entry: e.clone(),
+                        })
+                    }
                 }
             }
             pairs.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -377,7 +375,7 @@ fn scored_text(item: &Value, ids: &[u32]) -> Result<TextAnswer, String> {
                 pairs.iter().map(|p| p.1).collect(),
             ))
         })
-        .collect::<Result<Vec<Top>, String>>()?;
+        .collect::<Result<Vec<Top>, TextFault>>()?;
     Ok(TextAnswer {
         scored: ScoredText {
             ids: ids.to_vec(),
@@ -403,14 +401,54 @@ fn server_error(value: &Value) -> Option<String> {
 /// What is wrong with a server's answer to a fixed-text request.
 #[derive(Debug, thiserror::Error)]
 pub enum AnswerError {
+    /// The body is not JSON.
     #[error("the answer is not JSON: {0}")]
     NotJson(#[source] serde_json::Error),
+    /// The server answered an error object.
     #[error("the server answered an error: {0}")]
     Server(String),
+    /// Not one answer per text.
     #[error("{got} answers for {expected} texts")]
     Count { got: usize, expected: usize },
-    #[error("{0}")]
-    Shape(String),
+    /// A `/tokenize` answer without a `tokens` list.
+    #[error("`tokens` is not a list")]
+    NoTokens,
+    /// A text's `tokens` entry is not a list.
+    #[error("tokens[{index}] is not a list")]
+    TokensNotList { index: usize },
+    /// A text's tokens hold something other than a u32 id.
+    #[error("tokens[{index}] holds a non-id")]
+    NonId { index: usize },
+    /// A scoring answer that is neither a list nor an object.
+    #[error("the answer is not a list of objects")]
+    NotList,
+    /// One answer's fields are not those of a scored text.
+    #[error("answer {index}: {fault}")]
+    Text { index: usize, fault: TextFault },
+}
+
+/// What is wrong inside one answer to [`text_scoring_request`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TextFault {
+    /// No `meta_info` object.
+    #[error("no `meta_info`")]
+    NoMeta,
+    /// A logprob list is missing: the request asked for none.
+    #[error("no meta_info.{key} list (was return_logprob sent?)")]
+    NoList { key: &'static str },
+    /// Not one logprob and one top list per token sent.
+    #[error("{input} input logprobs and {tops} top lists for {tokens} tokens")]
+    Count {
+        input: usize,
+        tops: usize,
+        tokens: usize,
+    },
+    /// A position's top list is not a list.
+    #[error("input_top_logprobs[{position}] is not a list")]
+    TopNotList { position: usize },
+    /// A top list's entry is not `[logprob, token_id, ...]`.
+    #[error("input_top_logprobs[{position}] holds {entry}")]
+    TopEntry { position: usize, entry: Value },
 }
 
 #[cfg(test)]
@@ -576,10 +614,24 @@ mod tests {
             err,
             "answer 0: 3 input logprobs and 3 top lists for 2 tokens"
         );
+        assert!(matches!(
+            read_text_scores(ANSWER, &[vec![5, 6]]),
+            Err(AnswerError::Text {
+                index: 0,
+                fault: TextFault::Count { tokens: 2, .. }
+            })
+        ));
         assert_eq!(
             read_text_scores("[]", &[vec![1]]).unwrap_err().to_string(),
             "0 answers for 1 texts"
         );
+        assert!(matches!(
+            read_text_scores("3", &[vec![1]]),
+            Err(AnswerError::NotList)
+        ));
+        let non_id = read_tokens(r#"{"tokens": [[1, "x"]]}"#, 1, None).unwrap_err();
+        assert_eq!(non_id.to_string(), "tokens[0] holds a non-id");
+        assert!(matches!(non_id, AnswerError::NonId { index: 0 }));
         let r = text_scoring_request(&[vec![5, 6, 7]], 40);
         assert_eq!(r["top_logprobs_num"], 40);
         assert_eq!(r["sampling_params"]["max_new_tokens"], 0);

@@ -73,30 +73,111 @@ pub fn answer_request(prompts: &[String], max_new_tokens: u32) -> Value {
     })
 }
 
+/// What is wrong with a server's answer to a `/generate` request.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    /// The body is not JSON.
+    #[error("the answer is not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// The server answered an error object, not generations.
+    #[error("the server answered an error: {message}")]
+    Server { message: String },
+    /// Neither a list nor an object.
+    #[error("the answer is {value}, not a list of objects")]
+    NotList { value: Value },
+    /// Not one answer per prompt.
+    #[error("{got} answers for {expected} {}", if *.expected == 1 { "prompt" } else { "prompts" })]
+    Count { got: usize, expected: usize },
+    /// An element of the list is not an object.
+    #[error("answer {index} is {value}, not an object")]
+    NotObject { index: usize, value: Value },
+    /// One answer's fields are wrong.
+    #[error("answer {index}: {fault}")]
+    Answer { index: usize, fault: ItemFault },
+}
+
+/// What is wrong inside one answer object; `key` is the `meta_info` list, `t` the position in
+/// it.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ItemFault {
+    /// No `meta_info` object.
+    #[error("no `meta_info`")]
+    NoMeta,
+    /// A logprob list is missing: the request asked for none.
+    #[error("no meta_info.{key} (was return_logprob sent?)")]
+    NoList { key: &'static str },
+    /// A logprob list is something else.
+    #[error("meta_info.{key} is {value}, not a list")]
+    NotList { key: &'static str, value: Value },
+    /// The server scored fewer or more prompt tokens than it counted.
+    #[error("meta_info.prompt_tokens is {counted} but input_token_logprobs has {scored} entries (was logprob_start_len 0 ignored?)")]
+    PromptTokens { counted: u64, scored: usize },
+    /// A logprob is null (the prompt's first token has none).
+    #[error("meta_info.{key}[{t}][0] is null, not a logprob")]
+    NullLogprob { key: &'static str, t: usize },
+    /// A logprob is not a number.
+    #[error("meta_info.{key}[{t}][0] is {value}, not a logprob")]
+    NotLogprob {
+        key: &'static str,
+        t: usize,
+        value: Value,
+    },
+    /// An entry is not `[logprob, token_id, text]`.
+    #[error("meta_info.{key}[{t}] is {entry}, not [logprob, token_id, text]")]
+    NotEntry {
+        key: &'static str,
+        t: usize,
+        entry: Value,
+    },
+    /// An entry's token id is not a u32.
+    #[error("meta_info.{key}[{t}][1] is {value}, not a token id")]
+    NotTokenId {
+        key: &'static str,
+        t: usize,
+        value: Value,
+    },
+    /// An `output_ids` item is not a u32.
+    #[error("output_ids[{t}] is {value}, not a token id")]
+    NotOutputId { t: usize, value: Value },
+    /// `output_ids` is not a list.
+    #[error("`output_ids` is {value}, not a list")]
+    OutputIdsNotList { value: Value },
+    /// Not one output logprob per output id.
+    #[error("{ids} output_ids but {logprobs} output_token_logprobs")]
+    OutputCount { ids: usize, logprobs: usize },
+    /// A scored sequence shorter than its reference output.
+    #[error(
+        "input_token_logprobs has {scored} entries, fewer than the {reference} reference tokens"
+    )]
+    TooFewScored { scored: usize, reference: usize },
+}
+
 /// The generations of an answer to [`generation_request`] for `expected` prompts. `output_ids`
 /// may be missing (the ids of `output_token_logprobs` are taken).
-pub fn read_generations(body: &str, expected: usize) -> Result<Vec<Generated>, String> {
+pub fn read_generations(body: &str, expected: usize) -> Result<Vec<Generated>, GenerateError> {
     items(body, expected)?
         .iter()
         .enumerate()
-        .map(|(i, item)| generated(item).map_err(|e| format!("answer {i}: {e}")))
+        .map(|(index, item)| {
+            generated(item).map_err(|fault| GenerateError::Answer { index, fault })
+        })
         .collect()
 }
 
-fn generated(item: &Value) -> Result<Generated, String> {
-    let meta = item.get("meta_info").ok_or("no `meta_info`")?;
+fn generated(item: &Value) -> Result<Generated, ItemFault> {
+    let meta = item.get("meta_info").ok_or(ItemFault::NoMeta)?;
     let input = entries(meta, "input_token_logprobs")?;
     let prompt_ids = input
         .iter()
         .enumerate()
         .map(|(t, e)| token_id(e, "input_token_logprobs", t))
-        .collect::<Result<Vec<u32>, String>>()?;
+        .collect::<Result<Vec<u32>, ItemFault>>()?;
     if let Some(n) = meta.get("prompt_tokens").and_then(Value::as_u64) {
         if n as usize != prompt_ids.len() {
-            return Err(format!(
-                "meta_info.prompt_tokens is {n} but input_token_logprobs has {} entries (was logprob_start_len 0 ignored?)",
-                prompt_ids.len()
-            ));
+            return Err(ItemFault::PromptTokens {
+                counted: n,
+                scored: prompt_ids.len(),
+            });
         }
     }
     let output = entries(meta, "output_token_logprobs")?;
@@ -104,28 +185,34 @@ fn generated(item: &Value) -> Result<Generated, String> {
         .iter()
         .enumerate()
         .map(|(t, e)| logprob(e, "output_token_logprobs", t))
-        .collect::<Result<Vec<f64>, String>>()?;
+        .collect::<Result<Vec<f64>, ItemFault>>()?;
     let output_ids = match item.get("output_ids") {
         None | Some(Value::Null) => output
             .iter()
             .enumerate()
             .map(|(t, e)| token_id(e, "output_token_logprobs", t))
-            .collect::<Result<Vec<u32>, String>>()?,
+            .collect::<Result<Vec<u32>, ItemFault>>()?,
         Some(Value::Array(ids)) => ids
             .iter()
             .enumerate()
             .map(|(t, id)| {
-                id_of(id).ok_or_else(|| format!("output_ids[{t}] is {id}, not a token id"))
+                id_of(id).ok_or_else(|| ItemFault::NotOutputId {
+                    t,
+                    value: id.clone(),
+                })
             })
-            .collect::<Result<Vec<u32>, String>>()?,
-        Some(other) => return Err(format!("`output_ids` is {other}, not a list")),
+            .collect::<Result<Vec<u32>, ItemFault>>()?,
+        Some(other) => {
+            return Err(ItemFault::OutputIdsNotList {
+                value: other.clone(),
+            })
+        }
     };
     if output_ids.len() != output_logprobs.len() {
-        return Err(format!(
-            "{} output_ids but {} output_token_logprobs",
-            output_ids.len(),
-            output_logprobs.len()
-        ));
+        return Err(ItemFault::OutputCount {
+            ids: output_ids.len(),
+            logprobs: output_logprobs.len(),
+        });
     }
     Ok(Generated {
         prompt_ids,
@@ -137,24 +224,29 @@ fn generated(item: &Value) -> Result<Generated, String> {
 /// The scores of an answer to [`scoring_request`]: for each sequence, the logprobs of its last
 /// `reference_lengths[i]` input tokens (the reference output's), as `_get_input_logprobs` takes
 /// them.
-pub fn read_scores(body: &str, reference_lengths: &[usize]) -> Result<Vec<Vec<f64>>, String> {
+pub fn read_scores(
+    body: &str,
+    reference_lengths: &[usize],
+) -> Result<Vec<Vec<f64>>, GenerateError> {
     let items = items(body, reference_lengths.len())?;
     items
         .iter()
         .zip(reference_lengths)
         .enumerate()
-        .map(|(i, (item, &n))| scores(item, n).map_err(|e| format!("answer {i}: {e}")))
+        .map(|(index, (item, &n))| {
+            scores(item, n).map_err(|fault| GenerateError::Answer { index, fault })
+        })
         .collect()
 }
 
-fn scores(item: &Value, n: usize) -> Result<Vec<f64>, String> {
-    let meta = item.get("meta_info").ok_or("no `meta_info`")?;
+fn scores(item: &Value, n: usize) -> Result<Vec<f64>, ItemFault> {
+    let meta = item.get("meta_info").ok_or(ItemFault::NoMeta)?;
     let input = entries(meta, "input_token_logprobs")?;
     if input.len() < n {
-        return Err(format!(
-            "input_token_logprobs has {} entries, fewer than the {n} reference tokens",
-            input.len()
-        ));
+        return Err(ItemFault::TooFewScored {
+            scored: input.len(),
+            reference: n,
+        });
     }
     let from = input.len() - n;
     input[from..]
@@ -166,7 +258,7 @@ fn scores(item: &Value, n: usize) -> Result<Vec<f64>, String> {
 
 /// The answers' texts of an answer to [`answer_request`]; a null or missing text reads as empty
 /// (an answer that finds nothing).
-pub fn read_answers(body: &str, expected: usize) -> Result<Vec<String>, String> {
+pub fn read_answers(body: &str, expected: usize) -> Result<Vec<String>, GenerateError> {
     Ok(items(body, expected)?
         .iter()
         .map(|item| {
@@ -179,9 +271,8 @@ pub fn read_answers(body: &str, expected: usize) -> Result<Vec<String>, String> 
 }
 
 /// The answer's objects: a list, or one object; an error the server answered is said as such.
-fn items(body: &str, expected: usize) -> Result<Vec<Value>, String> {
-    let value: Value =
-        serde_json::from_str(body).map_err(|e| format!("the answer is not JSON: {e}"))?;
+fn items(body: &str, expected: usize) -> Result<Vec<Value>, GenerateError> {
+    let value: Value = serde_json::from_str(body).map_err(GenerateError::NotJson)?;
     let items = match value {
         Value::Array(items) => items,
         Value::Object(ref o)
@@ -193,49 +284,65 @@ fn items(body: &str, expected: usize) -> Result<Vec<Value>, String> {
                 .or(o.get("message"))
                 .map(|m| m.as_str().map_or_else(|| m.to_string(), str::to_string))
                 .unwrap_or_default();
-            return Err(format!("the server answered an error: {message}"));
+            return Err(GenerateError::Server { message });
         }
         Value::Object(_) => vec![value],
-        other => return Err(format!("the answer is {other}, not a list of objects")),
+        other => return Err(GenerateError::NotList { value: other }),
     };
     if items.len() != expected {
-        let prompts = if expected == 1 { "prompt" } else { "prompts" };
-        return Err(format!("{} answers for {expected} {prompts}", items.len()));
+        return Err(GenerateError::Count {
+            got: items.len(),
+            expected,
+        });
     }
-    if let Some(i) = items.iter().position(|v| !v.is_object()) {
-        return Err(format!("answer {i} is {}, not an object", items[i]));
+    if let Some(index) = items.iter().position(|v| !v.is_object()) {
+        return Err(GenerateError::NotObject {
+            index,
+            value: items[index].clone(),
+        });
     }
     Ok(items)
 }
 
-fn entries<'a>(meta: &'a Value, key: &str) -> Result<&'a Vec<Value>, String> {
+fn entries<'a>(meta: &'a Value, key: &'static str) -> Result<&'a Vec<Value>, ItemFault> {
     match meta.get(key) {
         Some(Value::Array(v)) => Ok(v),
-        None | Some(Value::Null) => Err(format!("no meta_info.{key} (was return_logprob sent?)")),
-        Some(other) => Err(format!("meta_info.{key} is {other}, not a list")),
+        None | Some(Value::Null) => Err(ItemFault::NoList { key }),
+        Some(other) => Err(ItemFault::NotList {
+            key,
+            value: other.clone(),
+        }),
     }
 }
 
-fn logprob(entry: &Value, key: &str, t: usize) -> Result<f64, String> {
+fn logprob(entry: &Value, key: &'static str, t: usize) -> Result<f64, ItemFault> {
     match entry.get(0) {
-        Some(Value::Null) => Err(format!("meta_info.{key}[{t}][0] is null, not a logprob")),
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| format!("meta_info.{key}[{t}][0] is {v}, not a logprob")),
-        None => Err(format!(
-            "meta_info.{key}[{t}] is {entry}, not [logprob, token_id, text]"
-        )),
+        Some(Value::Null) => Err(ItemFault::NullLogprob { key, t }),
+        Some(v) => v.as_f64().ok_or_else(|| ItemFault::NotLogprob {
+            key,
+            t,
+            value: v.clone(),
+        }),
+        None => Err(ItemFault::NotEntry {
+            key,
+            t,
+            entry: entry.clone(),
+        }),
     }
 }
 
-fn token_id(entry: &Value, key: &str, t: usize) -> Result<u32, String> {
+fn token_id(entry: &Value, key: &'static str, t: usize) -> Result<u32, ItemFault> {
     match entry.get(1) {
-        Some(v) => {
-            id_of(v).ok_or_else(|| format!("meta_info.{key}[{t}][1] is {v}, not a token id"))
-        }
-        None => Err(format!(
-            "meta_info.{key}[{t}] is {entry}, not [logprob, token_id, text]"
-        )),
+        Some(v) => id_of(v).ok_or_else(|| ItemFault::NotTokenId {
+            key,
+            t,
+            value: v.clone(),
+        }),
+        None => Err(ItemFault::NotEntry {
+            key,
+            t,
+            entry: entry.clone(),
+        }),
     }
 }
 
@@ -307,7 +414,7 @@ mod tests {
 
     #[test]
     fn what_is_wrong_with_an_answer_is_said() {
-        let err = |body: &str, n| read_generations(body, n).unwrap_err();
+        let err = |body: &str, n| read_generations(body, n).unwrap_err().to_string();
         assert!(err("<html>", 1).starts_with("the answer is not JSON"));
         assert_eq!(err(LIST, 3), "2 answers for 3 prompts");
         assert_eq!(err("[1]", 1), "answer 0 is 1, not an object");
@@ -329,6 +436,16 @@ mod tests {
             err(&mismatch, 2),
             "answer 0: 1 output_ids but 2 output_token_logprobs"
         );
+        assert!(matches!(
+            read_generations(&mismatch, 2),
+            Err(GenerateError::Answer {
+                index: 0,
+                fault: ItemFault::OutputCount {
+                    ids: 1,
+                    logprobs: 2
+                }
+            })
+        ));
         assert_eq!(
             err(r#"{"object": "error", "message": "context too long"}"#, 1),
             "the server answered an error: context too long"
@@ -337,6 +454,17 @@ mod tests {
             err(r#"{"error": {"message": "bad input_ids"}}"#, 1),
             "the server answered an error: bad input_ids"
         );
+        assert!(matches!(
+            read_generations("<html>", 1),
+            Err(GenerateError::NotJson(_))
+        ));
+        assert!(matches!(
+            read_generations(LIST, 3),
+            Err(GenerateError::Count {
+                got: 2,
+                expected: 3
+            })
+        ));
     }
 
     #[test]
@@ -350,15 +478,25 @@ mod tests {
             vec![vec![-0.11, -0.26], vec![-1.5]]
         );
         assert_eq!(
-            read_scores(body, &[2, 2]).unwrap_err(),
+            read_scores(body, &[2, 2]).unwrap_err().to_string(),
             "answer 1: meta_info.input_token_logprobs[0][0] is null, not a logprob"
         );
         assert_eq!(
-            read_scores(body, &[5, 1]).unwrap_err(),
+            read_scores(body, &[5, 1]).unwrap_err().to_string(),
             "answer 0: input_token_logprobs has 4 entries, fewer than the 5 reference tokens"
         );
+        assert!(matches!(
+            read_scores(body, &[5, 1]),
+            Err(GenerateError::Answer {
+                index: 0,
+                fault: ItemFault::TooFewScored {
+                    scored: 4,
+                    reference: 5
+                }
+            })
+        ));
         assert_eq!(
-            read_scores(body, &[1]).unwrap_err(),
+            read_scores(body, &[1]).unwrap_err().to_string(),
             "2 answers for 1 prompt"
         );
     }

@@ -47,12 +47,12 @@ mod spec;
 pub use cases::{case_rate, parse_cases, passes};
 pub use fixed_text::{
     compare_texts, parse_texts, position_kl, read_text_scores, read_tokens, text_scoring_request,
-    texts, tokenize_request, AnswerError, Moved, ScoredText, TextAnswer, TextComparison, Top,
-    MAX_TEXT_TOKENS,
+    texts, tokenize_request, AnswerError, Moved, ScoredText, TextAnswer, TextComparison, TextFault,
+    Top, MAX_TEXT_TOKENS,
 };
 pub use generate::{
     answer_request, generation_request, generation_request_ids, read_answers, read_generations,
-    read_scores, scoring_request, Generated,
+    read_scores, scoring_request, GenerateError, Generated, ItemFault,
 };
 pub use jsonl::QualityFileError;
 pub use judge::{
@@ -63,6 +63,6 @@ pub use needle::{found, needles, rates, Needle, QUESTION};
 pub use prompts::{builtin_prompts, parse_prompts};
 pub use reference::{
     oversize_note, parse_reference, reference_json, settings_key, NeedleRate, Rate, Reference,
-    Sequence, TaskRate, MAX_REFERENCE_BYTES, REFERENCE_FORMAT,
+    ReferenceError, Sequence, TaskRate, MAX_REFERENCE_BYTES, REFERENCE_FORMAT,
 };
 pub use spec::{Case, Expected, LoadedFile, LongContextSpec, LongTask, NeedleSpec, QualitySpec};

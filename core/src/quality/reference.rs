@@ -190,48 +190,74 @@ pub fn oversize_note(reference: &Reference) -> Option<String> {
     })
 }
 
+/// Why a kept reference cannot be read; the caller names the file and records a new one.
+#[derive(Debug, thiserror::Error)]
+pub enum ReferenceError {
+    /// Larger than any reference reconcile writes.
+    #[error("is {bytes} bytes, over the {MAX_REFERENCE_BYTES} a reference may have")]
+    TooBig { bytes: usize },
+    /// Not JSON.
+    #[error("does not parse: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// No positive `format` number.
+    #[error("does not parse: no `format` number")]
+    NoFormat,
+    /// Written by a newer reconcile, in a format this one does not know.
+    #[error("was written by a newer reconcile (format {format}); upgrade reconcile")]
+    Newer { format: u64 },
+    /// JSON, but not a reference's fields.
+    #[error("does not parse: {0}")]
+    Fields(#[source] serde_json::Error),
+    /// A sequence without one logprob per output token.
+    #[error("does not parse: sequence {index} has {tokens} output tokens but {logprobs} logprobs")]
+    SequenceLogprobs {
+        index: usize,
+        tokens: usize,
+        logprobs: usize,
+    },
+    /// A text without one scored position per token after the first.
+    #[error("does not parse: text {index} has {tokens} tokens but {positions} scored positions (or a position's ids and logprobs differ in number)")]
+    TextPositions {
+        index: usize,
+        tokens: usize,
+        positions: usize,
+    },
+}
+
 /// Reads a reference. Its size and format are judged first: a newer reference is refused by name,
 /// not as damaged. Each sequence must have a logprob per output token.
-pub fn parse_reference(text: &str) -> Result<Reference, String> {
+pub fn parse_reference(text: &str) -> Result<Reference, ReferenceError> {
     if text.len() > MAX_REFERENCE_BYTES {
-        return Err(format!(
-            "is {} bytes, over the {} a reference may have",
-            text.len(),
-            MAX_REFERENCE_BYTES
-        ));
+        return Err(ReferenceError::TooBig { bytes: text.len() });
     }
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| format!("does not parse: {e}"))?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ReferenceError::NotJson)?;
     let format = value
         .get("format")
         .and_then(serde_json::Value::as_u64)
         .filter(|f| *f >= 1)
-        .ok_or("does not parse: no `format` number")?;
+        .ok_or(ReferenceError::NoFormat)?;
     if format > u64::from(REFERENCE_FORMAT) {
-        return Err(format!(
-            "was written by a newer reconcile (format {format}); upgrade reconcile"
-        ));
+        return Err(ReferenceError::Newer { format });
     }
-    let reference: Reference =
-        serde_json::from_value(value).map_err(|e| format!("does not parse: {e}"))?;
-    for (i, s) in reference.sequences.iter().enumerate() {
+    let reference: Reference = serde_json::from_value(value).map_err(ReferenceError::Fields)?;
+    for (index, s) in reference.sequences.iter().enumerate() {
         if s.logprobs.len() != s.output_ids.len() {
-            return Err(format!(
-                "does not parse: sequence {i} has {} output tokens but {} logprobs",
-                s.output_ids.len(),
-                s.logprobs.len()
-            ));
+            return Err(ReferenceError::SequenceLogprobs {
+                index,
+                tokens: s.output_ids.len(),
+                logprobs: s.logprobs.len(),
+            });
         }
     }
-    for (i, t) in reference.texts.iter().enumerate() {
+    for (index, t) in reference.texts.iter().enumerate() {
         if t.top.len() + 1 != t.ids.len().max(1)
             || t.top.iter().any(|top| top.0.len() != top.1.len())
         {
-            return Err(format!(
-                "does not parse: text {i} has {} tokens but {} scored positions (or a position's ids and logprobs differ in number)",
-                t.ids.len(),
-                t.top.len()
-            ));
+            return Err(ReferenceError::TextPositions {
+                index,
+                tokens: t.ids.len(),
+                positions: t.top.len(),
+            });
         }
     }
     Ok(reference)
@@ -385,28 +411,34 @@ mod tests {
         );
         // Too big to read.
         let padded = format!("{json}{}", " ".repeat(MAX_REFERENCE_BYTES));
-        assert!(parse_reference(&padded)
-            .unwrap_err()
-            .contains("over the 4194304"));
+        let too_big = parse_reference(&padded).unwrap_err();
+        assert!(
+            too_big.to_string().contains("over the 4194304"),
+            "{too_big}"
+        );
+        assert!(matches!(too_big, ReferenceError::TooBig { .. }));
     }
 
     #[test]
     fn a_newer_or_damaged_reference_is_refused_by_name() {
+        let newer = parse_reference(r#"{"format":2,"whatever":true}"#).unwrap_err();
         assert_eq!(
-            parse_reference(r#"{"format":2,"whatever":true}"#).unwrap_err(),
+            newer.to_string(),
             "was written by a newer reconcile (format 2); upgrade reconcile"
         );
-        assert!(parse_reference("{")
-            .unwrap_err()
-            .starts_with("does not parse"));
+        assert!(matches!(newer, ReferenceError::Newer { format: 2 }));
+        let damaged = parse_reference("{").unwrap_err();
+        assert!(damaged.to_string().starts_with("does not parse"));
+        assert!(matches!(damaged, ReferenceError::NotJson(_)));
         assert!(parse_reference(r#"{"format":"1"}"#)
             .unwrap_err()
+            .to_string()
             .contains("no `format`"));
         let mut r = reference(2, 4);
         r.sequences[1].logprobs.pop();
         let json = serde_json::to_string(&r).unwrap();
         assert_eq!(
-            parse_reference(&json).unwrap_err(),
+            parse_reference(&json).unwrap_err().to_string(),
             "does not parse: sequence 1 has 4 output tokens but 3 logprobs"
         );
         // Older readers' fields may be absent.

@@ -92,8 +92,8 @@ impl Checker<'_> {
             let message = format!("--{} is deprecated in SGLang {version}{instead}", flag.name);
             self.push(Severity::Warning, path, message);
         }
-        if let Err(message) = check_value(flag, value) {
-            self.push(Severity::Error, path, message);
+        if let Err(problem) = check_value(flag, value) {
+            self.push(Severity::Error, path, problem.to_string());
         }
         if crate::redact::Redactor::default().is_secret(flag.name) {
             self.push(Severity::Warning, path, on_the_command_line(flag.name));
@@ -125,7 +125,7 @@ impl Checker<'_> {
             match catalog.check(name, value) {
                 Ok(None) => {}
                 Ok(Some(warning)) => self.push(Severity::Warning, &path, warning),
-                Err(error) => self.push(Severity::Error, &path, error),
+                Err(error) => self.push(Severity::Error, &path, error.to_string()),
             }
         }
     }

@@ -30,8 +30,21 @@ pub struct EnvCatalog {
     vars: BTreeMap<&'static str, EnvVar>,
 }
 
-/// What a value or name problem amounts to: `Err` stops SGLang from doing what was meant.
-pub type Verdict = Result<Option<String>, String>;
+/// What a value or name problem amounts to: `Err` stops SGLang from doing what was meant. A
+/// warning (`Ok(Some(_))`) is only ever shown, so it stays a message.
+pub type Verdict = Result<Option<String>, EnvValueError>;
+
+/// A typed variable's value SGLang's parser refuses: it falls back to the default silently.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{value}` is not {expected}; SGLang would ignore it and use the default for {name} ({default})")]
+pub struct EnvValueError {
+    pub name: String,
+    pub value: String,
+    /// What the parser takes: `an integer`.
+    pub expected: &'static str,
+    /// SGLang's default, as its table writes it.
+    pub default: &'static str,
+}
 
 impl EnvCatalog {
     pub fn parse(text: &'static str) -> EnvCatalog {
@@ -102,7 +115,7 @@ fn var(second: &'static str, third: Option<&'static str>) -> EnvVar {
 }
 
 /// SGLang's `EnvBool`/`EnvInt`/`EnvFloat` parsers; a rejected value falls back to the default.
-fn typed(name: &str, ty: &str, default: &str, value: &str) -> Result<(), String> {
+fn typed(name: &str, ty: &str, default: &'static str, value: &str) -> Result<(), EnvValueError> {
     let (ok, expected) = match ty {
         "bool" => (
             matches!(
@@ -118,9 +131,12 @@ fn typed(name: &str, ty: &str, default: &str, value: &str) -> Result<(), String>
     if ok {
         return Ok(());
     }
-    Err(format!(
-        "`{value}` is not {expected}; SGLang would ignore it and use the default for {name} ({default})"
-    ))
+    Err(EnvValueError {
+        name: name.to_string(),
+        value: value.to_string(),
+        expected,
+        default,
+    })
 }
 
 #[cfg(test)]
@@ -158,7 +174,16 @@ mod tests {
             e.check("SGLANG_ENABLE_TORCH_INFERENCE_MODE", "YES"),
             Ok(None)
         );
-        assert!(e.check("SGLANG_ENABLE_TORCH_INFERENCE_MODE", "on").is_err());
+        let refused = e
+            .check("SGLANG_ENABLE_TORCH_INFERENCE_MODE", "on")
+            .unwrap_err();
+        assert_eq!(refused.value, "on");
+        assert!(
+            refused
+                .to_string()
+                .starts_with("`on` is not a boolean: 1, true, yes, y or 0, false, no, n; SGLang would ignore it and use the default for SGLANG_ENABLE_TORCH_INFERENCE_MODE ("),
+            "{refused}"
+        );
         assert!(e.check("CUDA_VISIBLE_DEVICES", "0,1").unwrap().is_none());
         let unknown = e
             .check("SGLANG_ENABLE_TORCH_INFERENCE_MOD", "1")

@@ -21,7 +21,8 @@ mod values;
 
 pub use catalog::Catalog;
 pub use check::{check, Checked, ManifestFinding, Severity};
-pub use values::human_readable_int_value;
+pub use env::EnvValueError;
+pub use values::{human_readable_int_value, FlagValueError};
 
 use crate::manifest::locate::{locate, Seg};
 use crate::manifest::Manifest;

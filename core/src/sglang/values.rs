@@ -7,28 +7,73 @@ use super::catalog::{Flag, Kind, ValueType};
 use super::python::{python_float, python_int};
 use crate::manifest::FlagValue;
 
+/// Why SGLang's argparse would refuse a flag's value as the unit renders it; the message is the
+/// manifest field's error.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FlagValueError {
+    /// A switch given a value.
+    #[error("--{name} is a switch and takes no value (got `{value}`): write true to set it, false to leave it out")]
+    SwitchGivenValue { name: &'static str, value: String },
+    /// A switch given a list.
+    #[error(
+        "--{name} is a switch and takes no values: write true to set it, false to leave it out"
+    )]
+    SwitchGivenList { name: &'static str },
+    /// `true` for a flag whose value is not optional.
+    #[error("--{name} needs {needs}; true would render the flag without one")]
+    NoValue {
+        name: &'static str,
+        /// What it takes: `an integer`, `one of a, b`.
+        needs: String,
+    },
+    /// A list for a one-value flag.
+    #[error("--{name} takes one value, not a list")]
+    NotAList { name: &'static str },
+    /// An empty list for a flag that needs one item at least (`nargs="+"`).
+    #[error("--{name} needs at least one value")]
+    EmptyList { name: &'static str },
+    /// A value this SGLang no longer takes.
+    #[error("--{name}: {value} was removed; use {instead}")]
+    Removed {
+        name: &'static str,
+        value: String,
+        instead: String,
+    },
+    /// The flag's converter refuses the value.
+    #[error("--{name} needs {needs}, not `{value}`")]
+    Unconverted {
+        name: &'static str,
+        needs: String,
+        value: String,
+    },
+    /// Not one of the flag's choices.
+    #[error("`{value}` is not a choice of --{name}: {}", .choices.join(", "))]
+    NotAChoice {
+        name: &'static str,
+        value: String,
+        choices: Vec<&'static str>,
+    },
+}
+
 /// The problem with `value` for `flag`, if SGLang would refuse it.
-pub fn check_value(flag: &Flag, value: &FlagValue) -> Result<(), String> {
+pub fn check_value(flag: &Flag, value: &FlagValue) -> Result<(), FlagValueError> {
     let name = flag.name;
     match (flag.kind, value) {
         (_, FlagValue::Switch(false)) | (Kind::Switch, FlagValue::Switch(true)) => Ok(()),
-        (Kind::Switch, FlagValue::Value(v)) => Err(format!(
-            "--{name} is a switch and takes no value (got `{v}`): write true to set it, false to leave it out"
-        )),
-        (Kind::Switch, FlagValue::List(_)) => Err(format!(
-            "--{name} is a switch and takes no values: write true to set it, false to leave it out"
-        )),
+        (Kind::Switch, FlagValue::Value(v)) => Err(FlagValueError::SwitchGivenValue {
+            name,
+            value: v.clone(),
+        }),
+        (Kind::Switch, FlagValue::List(_)) => Err(FlagValueError::SwitchGivenList { name }),
         // A bare flag is fine when the value is optional (`?`) or the list may be empty (`*`).
         (_, FlagValue::Switch(true)) if matches!(flag.nargs, "?" | "*") => Ok(()),
-        (_, FlagValue::Switch(true)) => Err(format!(
-            "--{name} needs {}; true would render the flag without one",
-            what(flag)
-        )),
-        (Kind::Value, FlagValue::List(_)) => {
-            Err(format!("--{name} takes one value, not a list"))
-        }
+        (_, FlagValue::Switch(true)) => Err(FlagValueError::NoValue {
+            name,
+            needs: what(flag),
+        }),
+        (Kind::Value, FlagValue::List(_)) => Err(FlagValueError::NotAList { name }),
         (Kind::List, FlagValue::List(items)) if items.is_empty() && flag.nargs == "+" => {
-            Err(format!("--{name} needs at least one value"))
+            Err(FlagValueError::EmptyList { name })
         }
         (_, FlagValue::Value(v)) => check_item(flag, v),
         (Kind::List, FlagValue::List(items)) => items.iter().try_for_each(|v| check_item(flag, v)),
@@ -49,7 +94,7 @@ fn what(flag: &Flag) -> String {
     }
 }
 
-fn check_item(flag: &Flag, value: &str) -> Result<(), String> {
+fn check_item(flag: &Flag, value: &str) -> Result<(), FlagValueError> {
     let name = flag.name;
     let converted = match (flag.parser, flag.value_type) {
         ("human_readable_int", _) => human_readable_int(value),
@@ -61,10 +106,11 @@ fn check_item(flag: &Flag, value: &str) -> Result<(), String> {
             )
         }
         ("parse_cuda_graph_backend_arg", _) if value == "tc_piecewise" => {
-            return Err(format!(
-                "--{name}: tc_piecewise was removed; use {}",
-                flag.choices.join(", ")
-            ));
+            return Err(FlagValueError::Removed {
+                name,
+                value: value.to_string(),
+                instead: flag.choices.join(", "),
+            });
         }
         (_, ValueType::Json) => serde_json::from_str::<serde_json::Value>(value).is_ok(),
         (_, ValueType::Int) => python_int(value).is_some(),
@@ -72,13 +118,18 @@ fn check_item(flag: &Flag, value: &str) -> Result<(), String> {
         (_, ValueType::Str | ValueType::Bool) => true,
     };
     if !converted {
-        return Err(format!("--{name} needs {}, not `{value}`", what(flag)));
+        return Err(FlagValueError::Unconverted {
+            name,
+            needs: what(flag),
+            value: value.to_string(),
+        });
     }
     if !flag.choices.is_empty() && !in_choices(flag, value) {
-        return Err(format!(
-            "`{value}` is not a choice of --{name}: {}",
-            flag.choices.join(", ")
-        ));
+        return Err(FlagValueError::NotAChoice {
+            name,
+            value: value.to_string(),
+            choices: flag.choices.clone(),
+        });
     }
     Ok(())
 }
@@ -157,6 +208,25 @@ fn human_readable_int(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_value_says_its_kind_and_what_sglang_would_stop_on() {
+        let c = crate::sglang::Catalog::for_version("0.5.23").unwrap();
+        let length = c.option("context-length").unwrap();
+        let e = check_value(length, &FlagValue::Value("lots".into())).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--context-length needs an integer, not `lots`"
+        );
+        assert!(matches!(e, FlagValueError::Unconverted { .. }));
+        let metrics = c.option("enable-metrics").unwrap();
+        assert_eq!(
+            check_value(metrics, &FlagValue::List(vec![])),
+            Err(FlagValueError::SwitchGivenList {
+                name: "enable-metrics"
+            })
+        );
+    }
 
     #[test]
     fn python_numbers() {

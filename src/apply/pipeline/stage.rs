@@ -26,7 +26,10 @@ pub(super) async fn stage(ranks: &mut [Rank<'_>]) -> Went {
             .weights
             .as_ref()
             .ok_or_else(|| "the weights were not checked".to_string())
-            .and_then(|w| reconcile_core::stage::plan(w, job.t.verify.load_deadline));
+            .and_then(|w| {
+                reconcile_core::stage::plan(w, job.t.verify.load_deadline)
+                    .map_err(|e| e.to_string())
+            });
         Some(match plan {
             Ok(plan) => {
                 let model = &job.t.manifest.sglang.model_path;
