@@ -11,6 +11,7 @@
 //! The record's model and its parsing and formatting are pure, in `reconcile_core::record`
 //! (re-exported here); this module reads and writes them, and everything else, on the host.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub use crate::digest::sha256;
@@ -86,7 +87,7 @@ pub async fn lock(
     ];
     let mut note = None;
     for attempt in 0..2 {
-        let failed = |e: RemoteError| ApplyError::LockFailed(error_chain(&e));
+        let failed = |e: RemoteError| ApplyError::LockFailed(Arc::new(e));
         let out = host.run(&take).await.map_err(failed)?;
         if out.status == 0 {
             return Ok(note);

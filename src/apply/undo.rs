@@ -13,7 +13,7 @@ use super::{state, ApplyOptions, GitInfo, Outcome, Restoring, UnitReport};
 use crate::flags::{console_script, flags};
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
 use crate::plan::Verdict;
-use crate::remote::{error_chain, Host, RemoteError};
+use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
 use crate::unit::{parse_unit, Desired};
 
@@ -23,7 +23,7 @@ pub(super) enum UndoError {
     #[error("its host cannot be reached")]
     Unreachable(#[source] RemoteError),
     #[error("it could not be taken out of its router: {0}")]
-    NotTakenOut(String),
+    NotTakenOut(#[source] super::ApplyError),
     #[error("what the host keeps cannot be read")]
     Read(#[source] RemoteError),
     #[error("the host keeps no unit from before this rollout")]
@@ -48,7 +48,9 @@ pub(super) fn report(
         &r.detail,
         why,
         by,
-        restored.as_ref().map_err(|e| error_chain(e)),
+        restored
+            .as_ref()
+            .map_err(|e| e as &(dyn std::error::Error + 'static)),
     );
     if let Ok(Restored::Verified(v)) = restored {
         r.rollback = Some(*v);

@@ -3,19 +3,21 @@
 //! aside: `Step::Arm` calls it before it arms the guards, and a reload-only change, which arms
 //! none, calls it here.
 
+use std::sync::Arc;
+
 use futures::future::join_all;
 use reconcile_core::transaction::{Kind, Went};
 
 use super::put_back::PutBack;
 use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
-use crate::apply::error::ApplyError;
+use crate::apply::error::{ApplyError, InstallFailure};
 use crate::apply::install;
 use crate::apply::state;
 use crate::apply::Outcome;
 use crate::plan::Verdict;
 use crate::record::LiveRecord;
-use crate::remote::{error_chain, RemoteError};
+use crate::remote::RemoteError;
 
 /// `Step::Write`: the last moment to stop without a restart. A signal before the write, or during
 /// it, leaves the servers as they were.
@@ -31,12 +33,7 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
         Kind::ReloadOnly => keep_previous(ranks).await,
         _ => super::guards_hold(ranks, &c.armed)
             .await
-            .map_err(|(i, why)| {
-                (
-                    i,
-                    ApplyError::InstallFailed(format!("nothing was written: {why}")),
-                )
-            }),
+            .map_err(|(i, why)| (i, ApplyError::InstallFailed(InstallFailure::NotWritten(why)))),
     };
     let written = match ready {
         Ok(()) => write_units(ranks).await,
@@ -99,7 +96,7 @@ fn first_failed(done: Vec<Result<(), RemoteError>>) -> Result<(), (usize, ApplyE
         .enumerate()
         .find_map(|(i, w)| w.err().map(|e| (i, e)))
     {
-        Some((i, e)) => Err((i, ApplyError::InstallFailed(error_chain(&e)))),
+        Some((i, e)) => Err((i, ApplyError::InstallFailed(InstallFailure::Host(Arc::new(e))))),
         None => Ok(()),
     }
 }
