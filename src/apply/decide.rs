@@ -358,7 +358,9 @@ pub fn rolled_back(
     let back = |detail: String| Ending::failed(Outcome::RolledBack, detail, cause);
     let failed_too = Ending::rollback_failed;
     match result {
-        Err(NotRestored::Restore(e)) => failed_too(format!("{failed}; rollback failed: {e}")),
+        Err(e @ (NotRestored::Restore(_) | NotRestored::NotDone)) => {
+            failed_too(format!("{failed}; rollback failed: {e}"))
+        }
         Err(NotRestored::Verify(f)) => failed_too(format!(
             "{failed}; the restored previous unit failed too: {}: {}",
             f.stage, f.reason
@@ -424,14 +426,6 @@ pub fn left_behind(unit: &str, new: bool, kept: Option<&str>, tried: bool) -> St
         ),
     };
     format!("{installed}; {next}; the lock {dir}/lock stays (an apply from this machine breaks it; from elsewhere, use --break-stale-lock)")
-}
-
-/// Why `--rollback-all` could not put a unit back, as its detail says it.
-pub fn not_restored(e: &NotRestored) -> String {
-    match e {
-        NotRestored::Restore(e) => e.clone(),
-        NotRestored::Verify(f) => format!("the restored unit failed {}: {}", f.stage, f.reason),
-    }
 }
 
 /// What undid a unit after it converged.
@@ -844,12 +838,12 @@ mod tests {
             back(Ok(Restored::LeftStopped)).detail,
             "health failed: 503; the previous unit was restored and left stopped, as it was"
         );
-        let end = back(Err(NotRestored::Restore("write failed".into())));
+        let end = back(Err(NotRestored::NotDone));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
                 Outcome::RollbackFailed,
-                "health failed: 503; rollback failed: write failed",
+                "health failed: 503; rollback failed: not restored",
                 Some(ApplyErrorKind::RollbackFailed)
             )
         );
@@ -937,10 +931,19 @@ mod tests {
             verification: Box::default(),
         };
         assert_eq!(
-            not_restored(&NotRestored::Verify(failure)),
+            NotRestored::Verify(failure).to_string(),
             "the restored unit failed readiness: 503"
         );
-        assert_eq!(not_restored(&NotRestored::Restore("e".into())), "e");
+        let e = crate::remote::RemoteError::Failed {
+            host: "gpu-a".into(),
+            command: "mv".into(),
+            status: 1,
+            stderr: "e".into(),
+        };
+        assert_eq!(
+            NotRestored::Restore(e).to_string(),
+            "gpu-a: `mv` exited with 1: e"
+        );
     }
 
     #[test]

@@ -103,6 +103,13 @@ pub enum ApplyError {
     /// deployment that cannot be restored), in that place's words.
     #[error("nothing was changed: {0}")]
     Refused(String),
+    /// Another rank of the server group was refused, so none of it is applied.
+    #[error("nothing was changed: the server group is applied whole, and its rank {rank} ({host}) was refused: {source}")]
+    PeerRefused {
+        rank: usize,
+        host: String,
+        source: Box<ApplyError>,
+    },
     /// The router could not be reached or did not take the replica back.
     #[error("{0}")]
     Router(#[source] RouterFailure),
@@ -270,7 +277,7 @@ impl ApplyError {
             ApplyError::RollbackFailed(_) => K::RollbackFailed,
             ApplyError::InterruptedBeforeHost | ApplyError::Interrupted(_) => K::Interrupted,
             ApplyError::NotStarted(_) => K::NotStarted,
-            ApplyError::Refused(_) => K::Refused,
+            ApplyError::Refused(_) | ApplyError::PeerRefused { .. } => K::Refused,
             ApplyError::Router(_) => K::RouterFailed,
             ApplyError::Overridden(_) => K::OverriddenOnHost,
         }
@@ -363,7 +370,9 @@ mod tests {
         let peer = InstallFailure::Peer {
             rank: 1,
             host: "gpu-b".into(),
-            source: Box::new(ApplyError::InstallFailed(InstallFailure::Host(failed("full")))),
+            source: Box::new(ApplyError::InstallFailed(InstallFailure::Host(failed(
+                "full",
+            )))),
         };
         assert_eq!(
             ApplyError::InstallFailed(peer).to_string(),

@@ -50,8 +50,9 @@ impl Ahead {
             .iter()
             .map(
                 |t| match self.failed.get(&(t.host.clone(), t.desired.unit.clone())) {
-                    Some(why) => Report::new(t, started)
-                        .fail(&ApplyError::FetchFailed(why.clone())),
+                    Some(why) => {
+                        Report::new(t, started).fail(&ApplyError::FetchFailed(why.clone()))
+                    }
                     None => Report::new(t, started).fail(&others),
                 },
             )

@@ -549,11 +549,7 @@ pub(crate) fn unchanged(t: &Target, started: Instant) -> UnitReport {
 }
 
 /// The reports of a host that could not be reached: nothing was changed.
-pub(super) fn unreachable(
-    targets: &[Target],
-    e: RemoteError,
-    started: Instant,
-) -> Vec<UnitReport> {
+pub(super) fn unreachable(targets: &[Target], e: RemoteError, started: Instant) -> Vec<UnitReport> {
     let e = ApplyError::Unreachable(Arc::new(e));
     targets
         .iter()
@@ -923,6 +919,9 @@ mod tests {
         let json = serde_json::to_value(&failed).unwrap();
         assert_eq!(json["error"], "unreachable");
         assert_eq!(json["outcome"], "error");
-        assert_eq!(json["detail"], "gpu-a: `ssh` exited with 255: cannot connect");
+        assert_eq!(
+            json["detail"],
+            "gpu-a: `ssh` exited with 255: cannot connect"
+        );
     }
 }

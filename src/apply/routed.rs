@@ -144,10 +144,7 @@ fn router_failed(report: &mut UnitReport, why: RouterError) {
         report.error = Some(e.kind());
         report.detail = e.to_string();
     } else {
-        report.detail = format!(
-            "{}; the router did not take it back: {why}",
-            report.detail
-        );
+        report.detail = format!("{}; the router did not take it back: {why}", report.detail);
     }
 }
 

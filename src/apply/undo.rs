@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use super::decide::{self, UndoneBy};
-use super::restore::{restore_and_verify, Restore, Restored, Then};
+use super::restore::{restore_and_verify, NotRestored, Restore, Restored, Then};
 use super::verifier::Live;
 use super::{state, ApplyOptions, GitInfo, Outcome, Restoring, UnitReport};
 use crate::flags::{console_script, flags};
@@ -28,8 +28,12 @@ pub(super) enum UndoError {
     Read(#[source] RemoteError),
     #[error("the host keeps no unit from before this rollout")]
     NothingKept,
+    /// The unit's lock could not be taken to remove it.
     #[error("{0}")]
-    NotRemoved(String),
+    NotLocked(#[source] super::ApplyError),
+    /// The unit could not be stopped and removed, or what systemd has beneath it failed.
+    #[error("{0}")]
+    NotRemoved(#[source] NotRestored),
     /// The apply of the previous unit did not converge: `detail` says what it did instead (a
     /// restored unit that fails its verification is rolled back to the one it replaced).
     #[error("putting the previous unit back ended {}: {detail}", outcome.name())]
@@ -139,7 +143,7 @@ async fn remove(
     let unit = r.unit.clone();
     state::lock(host, &unit, &options.owner, options.lock)
         .await
-        .map_err(|e| UndoError::NotRemoved(e.to_string()))?;
+        .map_err(UndoError::NotLocked)?;
     let restore = Restore {
         host,
         unit: &unit,
@@ -157,7 +161,7 @@ async fn remove(
     };
     let removed = restore_and_verify(restore, &verifier).await;
     let _ = state::unlock(host, &unit).await;
-    removed.map_err(|e| UndoError::NotRemoved(decide::not_restored(&e)))
+    removed.map_err(UndoError::NotRemoved)
 }
 
 /// An apply target whose desired unit is `text`, a kept one, from the manifest at `source` whose

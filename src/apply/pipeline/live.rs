@@ -126,11 +126,7 @@ async fn tell_live(r: &mut Rank<'_>) -> Result<(), LiveFailure> {
 /// previous unit is restarted instead.
 async fn undo_live(r: &mut Rank<'_>) -> Result<(String, Verification), LiveBackError> {
     let (host, t) = (r.job.host, r.job.t);
-    let back = r
-        .live
-        .as_ref()
-        .ok_or(LiveBackError::NotPlanned)?
-        .reverse();
+    let back = r.live.as_ref().ok_or(LiveBackError::NotPlanned)?.reverse();
     let expect = r
         .fallback
         .previous_expect()

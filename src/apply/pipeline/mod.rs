@@ -137,18 +137,18 @@ fn refuse_all(
                 r.fail(e)
             } else {
                 r.report.error = None;
-                r.fail(&ApplyError::Refused(peer_refused(
-                    failed,
-                    &targets[failed].host,
-                    e,
-                )))
+                r.fail(&peer_refused(failed, &targets[failed].host, e))
             }
         })
         .collect()
 }
 
-fn peer_refused(rank: usize, host: &str, e: &ApplyError) -> String {
-    format!("the server group is applied whole, and its rank {rank} ({host}) was refused: {e}")
+fn peer_refused(rank: usize, host: &str, e: &ApplyError) -> ApplyError {
+    ApplyError::PeerRefused {
+        rank,
+        host: host.to_string(),
+        source: Box::new(e.clone()),
+    }
 }
 
 /// A rank of the server as its apply goes on.
@@ -530,7 +530,7 @@ fn refused_endings(ranks: &[Rank<'_>], failed: usize, e: &ApplyError) -> Vec<End
                 Ending::refused(e)
             } else {
                 let host = &ranks[failed].job.t.host;
-                Ending::refused(&ApplyError::Refused(peer_refused(failed, host, e)))
+                Ending::refused(&peer_refused(failed, host, e))
             }
         })
         .collect()
@@ -574,10 +574,7 @@ async fn prepared(
 /// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first rank
 /// whose guard does not and why: a step that changes the host (the write, the restart, a live
 /// change) goes ahead only under guards that watch it.
-async fn guards_hold(
-    ranks: &[Rank<'_>],
-    armed: &[Armed<'_>],
-) -> Result<(), (usize, GuardNotHeld)> {
+async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usize, GuardNotHeld)> {
     let held = join_all(armed.iter().map(|a| a.holds())).await;
     for (i, held) in held.into_iter().enumerate() {
         let why = match held {

@@ -2,9 +2,9 @@
 //! verified; preflight on every rank (and the rendezvous port free on rank 0); then every rank's
 //! lock.
 
-use std::sync::Arc;
 use futures::future::join_all;
 use reconcile_core::transaction::Went;
+use std::sync::Arc;
 
 use super::{refused_endings, Carried, Rank};
 use crate::apply::decide;

@@ -63,20 +63,24 @@ async fn put_back_endings(ranks: &[Rank<'_>], why: PutBack) -> Vec<Ending> {
         .into_iter()
         .enumerate()
         .map(|(j, back)| {
-            let back = back.as_ref().copied().map_err(|e| e as &(dyn std::error::Error + 'static));
+            let back = back
+                .as_ref()
+                .copied()
+                .map_err(|e| e as &(dyn std::error::Error + 'static));
             match &why {
-            PutBack::Cancelled => decide::cancelled_before_restart(&interrupted, back),
-            PutBack::Arm { error, .. } => decide::install_failed(error, back),
-            PutBack::Write { rank, error } if j == *rank => decide::install_failed(error, back),
-            PutBack::Write { rank, error } => {
-                let peer = ApplyError::InstallFailed(InstallFailure::Peer {
-                    rank: *rank,
-                    host: ranks[*rank].job.t.host.clone(),
-                    source: Box::new(error.clone()),
-                });
-                decide::install_failed(&peer, back)
+                PutBack::Cancelled => decide::cancelled_before_restart(&interrupted, back),
+                PutBack::Arm { error, .. } => decide::install_failed(error, back),
+                PutBack::Write { rank, error } if j == *rank => decide::install_failed(error, back),
+                PutBack::Write { rank, error } => {
+                    let peer = ApplyError::InstallFailed(InstallFailure::Peer {
+                        rank: *rank,
+                        host: ranks[*rank].job.t.host.clone(),
+                        source: Box::new(error.clone()),
+                    });
+                    decide::install_failed(&peer, back)
+                }
             }
-        }})
+        })
         .collect()
 }
 

@@ -120,10 +120,7 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, RemoteEr
 /// that fails for a rank ends the stop there (the later steps wait on it): the ranks that could
 /// not be stopped, with why. A SIGTERM that could not be sent is no failure: the stop after it
 /// says whether the rank stopped.
-pub(super) async fn stop_ranks(
-    ranks: &[Rank<'_>],
-    which: &[usize],
-) -> Vec<(usize, RemoteError)> {
+pub(super) async fn stop_ranks(ranks: &[Rank<'_>], which: &[usize]) -> Vec<(usize, RemoteError)> {
     for step in stop_steps(which) {
         let (verb, is, fatal): (&[&str], Vec<usize>, bool) = match step {
             StopStep::Begin(is) => (&["stop", "--no-block"], is, true),
@@ -150,7 +147,11 @@ pub(super) async fn stop_ranks(
             return failed;
         }
         for (i, e) in &failed {
-            tracing::debug!(rank = i, "SIGTERM to the rank's processes: {}", error_chain(e));
+            tracing::debug!(
+                rank = i,
+                "SIGTERM to the rank's processes: {}",
+                error_chain(e)
+            );
         }
     }
     Vec::new()

@@ -123,9 +123,7 @@ async fn roll_back_ranks(
         if let Some(e) = &back.stop_failed {
             text.push_str(&format!("; stopping it failed: {}", error_chain(e)));
         }
-        let result = back
-            .restored
-            .unwrap_or(Err(NotRestored::Restore("not restored".into())));
+        let result = back.restored.unwrap_or(Err(NotRestored::NotDone));
         let ending = decide::rolled_back(&text, kind, &result);
         match result {
             Ok(Restored::Verified(v)) => report.rollback = Some(*v),
@@ -398,7 +396,7 @@ async fn restore_ranks(
     for i in start_order(n) {
         if which.contains(&i) {
             if let Err(e) = restore(&restores[i]).await {
-                results[i] = Some(Err(NotRestored::Restore(error_chain(&e))));
+                results[i] = Some(Err(NotRestored::Restore(e)));
             }
         } else if with_group.contains(&i) {
             let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);

@@ -33,7 +33,12 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
         Kind::ReloadOnly => keep_previous(ranks).await,
         _ => super::guards_hold(ranks, &c.armed)
             .await
-            .map_err(|(i, why)| (i, ApplyError::InstallFailed(InstallFailure::NotWritten(why)))),
+            .map_err(|(i, why)| {
+                (
+                    i,
+                    ApplyError::InstallFailed(InstallFailure::NotWritten(why)),
+                )
+            }),
     };
     let written = match ready {
         Ok(()) => write_units(ranks).await,
@@ -96,7 +101,10 @@ fn first_failed(done: Vec<Result<(), RemoteError>>) -> Result<(), (usize, ApplyE
         .enumerate()
         .find_map(|(i, w)| w.err().map(|e| (i, e)))
     {
-        Some((i, e)) => Err((i, ApplyError::InstallFailed(InstallFailure::Host(Arc::new(e))))),
+        Some((i, e)) => Err((
+            i,
+            ApplyError::InstallFailed(InstallFailure::Host(Arc::new(e))),
+        )),
         None => Ok(()),
     }
 }
