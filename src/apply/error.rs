@@ -10,11 +10,10 @@
 
 use std::sync::Arc;
 
+use reconcile_core::record::RecordError;
 use serde::Serialize;
 
-use super::guard::ArmError;
 use super::live::TellError;
-use super::state::RecordError;
 use crate::pinned::PinnedError;
 use crate::remote::{error_chain, RemoteError};
 use crate::router::RouterError;
@@ -117,6 +116,30 @@ pub enum ApplyError {
     /// manifest does not say to move it aside: each reason, then the fix.
     #[error("nothing was changed: {}", .0.join("; "))]
     Overridden(Vec<String>),
+}
+
+/// Why a guard could not be armed.
+#[derive(Debug, thiserror::Error)]
+pub enum ArmError {
+    /// The guard program is not beside reconcile, or cannot be read.
+    #[error("cannot read the guard program {} (reconcile-guard is built and installed beside reconcile)", path.display())]
+    Program {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The guard of a run that died is still at work on the unit.
+    #[error("the host's guard of the apply by {armed_by} at {armed_at} is still at work ({state}): nothing was changed; apply again once it settles (within its deadline)")]
+    Busy {
+        armed_by: String,
+        armed_at: String,
+        state: &'static str,
+    },
+    /// The unit to confirm is no longer the one the host's guard kept: it acted since the plan.
+    #[error("the host's guard acted since this run planned (its record is {state} now): nothing to confirm; plan again")]
+    Moved { state: &'static str },
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
 }
 
 /// A host's guard that no longer holds for this run: no step that needs it goes on.
