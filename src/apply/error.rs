@@ -6,7 +6,9 @@
 //! unit's detail goes on after the error (what was put back, how the rollback went), the error is
 //! the detail's first part. The cause a variant stands for is kept whole (as its `source`) until
 //! the report writes it; the kind and the words both come from the variant, never from text.
-//! Sources sit behind an `Arc`: one host's failure is the error of each of its units.
+//! Sources sit behind an `Arc`: one host's failure is the error of each of its units. A message
+//! writes its cause's own chain (`error_chain`), as the detail always had it, so the detail is
+//! `to_string()`, never an `error_chain` of these, which would walk the causes a second time.
 
 use std::sync::Arc;
 

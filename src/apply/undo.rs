@@ -17,23 +17,30 @@ use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
 use crate::unit::{parse_unit, Desired};
 
-/// Why a unit could not be put back.
+/// Why a unit could not be put back. The report writes it with its causes (`error_chain`); an
+/// `ApplyError` or a `NotRestored` held here writes its own cause's chain already, so it is kept
+/// whole but not as a `source`, which that would walk and write again.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum UndoError {
+    /// Its host could not be reached.
     #[error("its host cannot be reached")]
     Unreachable(#[source] RemoteError),
+    /// Its router was unreachable, or did not let it out.
     #[error("it could not be taken out of its router: {0}")]
-    NotTakenOut(#[source] super::ApplyError),
+    NotTakenOut(super::ApplyError),
+    /// The generations or deployment records on the host could not be read.
     #[error("what the host keeps cannot be read")]
     Read(#[source] RemoteError),
+    /// The host keeps no generation to go back to.
     #[error("the host keeps no unit from before this rollout")]
     NothingKept,
     /// The unit's lock could not be taken to remove it.
     #[error("{0}")]
-    NotLocked(#[source] super::ApplyError),
-    /// The unit could not be stopped and removed, or what systemd has beneath it failed.
+    NotLocked(super::ApplyError),
+    /// The unit this rollout installed could not be removed (or what systemd has beneath it
+    /// failed its verification).
     #[error("{0}")]
-    NotRemoved(#[source] NotRestored),
+    NotRemoved(NotRestored),
     /// The apply of the previous unit did not converge: `detail` says what it did instead (a
     /// restored unit that fails its verification is rolled back to the one it replaced).
     #[error("putting the previous unit back ended {}: {detail}", outcome.name())]
