@@ -320,7 +320,7 @@ async fn read_fleet(
 ) -> Result<std::collections::BTreeMap<String, crate::rollout::ledger::ServiceLedger>, Error> {
     let unreachable = |e: remote::etcd::EtcdError| {
         let mut why = remote::error_chain(&e);
-        if why.contains("is TLS on?") {
+        if e.plain_to_tls() {
             why.push_str(" give its CA with --coordinator-ca");
         }
         Error::CoordinatorUnreachable(why)

@@ -11,6 +11,7 @@
 //! The record's model and its parsing and formatting are pure, in `reconcile_core::record`
 //! (re-exported here); this module reads and writes them, and everything else, on the host.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 pub use crate::digest::sha256;
@@ -61,7 +62,7 @@ pub struct LockPolicy {
 
 /// Why a unit's lock was not taken. Apply reports each as its own kind (`ApplyError`'s `Locked`,
 /// `LockNotTaken` and `LockFailed`), with these words.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum LockError {
     /// Another run holds the lock.
     #[error("{unit} on {host} is locked by another apply ({holder}); if that run is dead, rerun with --break-stale-lock")]
@@ -73,9 +74,9 @@ pub enum LockError {
     /// A stale lock was broken, and another run took the lock before this one got it.
     #[error("{unit} on {host}: could not take the lock")]
     NotTaken { unit: String, host: String },
-    /// The host failed while the lock was being taken (the error chain of the command).
-    #[error("{0}")]
-    Failed(String),
+    /// The host failed while the lock was being taken.
+    #[error("{}", error_chain(&**.0))]
+    Failed(#[source] Arc<RemoteError>),
 }
 
 /// Takes the unit's lock (`mkdir` is atomic: of two runs exactly one gets it). A lock whose owner
@@ -104,7 +105,7 @@ pub async fn lock(
     ];
     let mut note = None;
     for attempt in 0..2 {
-        let failed = |e: RemoteError| LockError::Failed(error_chain(&e));
+        let failed = |e: RemoteError| LockError::Failed(Arc::new(e));
         let out = host.run(&take).await.map_err(failed)?;
         if out.status == 0 {
             return Ok(note);

@@ -14,11 +14,12 @@ use reconcile_core::bake::{self, Judged, Snapshot, Verdict, Window};
 use serde::Serialize;
 
 use super::decide::UndoneBy;
+use super::error::{ApplyError, RouterFailure};
 use super::routed::TakenOut;
 use super::undo::{self, undo, UndoError};
 use super::{ApplyOptions, Outcome, UnitReport};
 use crate::remote::http::Server;
-use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::targets::Target;
 use crate::unit::parse_unit;
 use crate::verify::{Expect, Progress};
@@ -43,10 +44,43 @@ pub struct BakeReport {
 /// timeouts. A look that fails once says nothing of the canary.
 const LOOK_FOR: Duration = Duration::from_secs(30);
 
-/// Why a look failed: worth another try, or not (no `--enable-metrics`, figures it cannot read).
+/// Why a look failed: worth another try ([`LookFailed::again`]), or not (no `--enable-metrics`,
+/// figures it cannot read).
+#[derive(Debug, thiserror::Error)]
 enum LookFailed {
-    Again(String),
-    Final(String),
+    /// The replica's host or server could not be reached.
+    #[error("{}", error_chain(.0))]
+    Unreached(#[source] RemoteError),
+    /// `/metrics` did not answer.
+    #[error("{0}")]
+    Metrics(#[source] crate::remote::http::ApiError),
+    /// `/metrics` answered 404: the server runs without `--enable-metrics`.
+    #[error("/metrics answered 404 (no --enable-metrics)")]
+    NoMetrics,
+    /// `/metrics` answered figures that do not read.
+    #[error("{0}")]
+    Unreadable(#[source] reconcile_core::prometheus::BadLine),
+}
+
+impl LookFailed {
+    /// Whether the look may pass when taken again.
+    fn again(&self) -> bool {
+        matches!(self, LookFailed::Unreached(_) | LookFailed::Metrics(_))
+    }
+}
+
+/// Why the bake could not look at its replicas over the window: it is then inconclusive.
+#[derive(Debug, thiserror::Error)]
+enum WatchError {
+    /// A look that will not pass when taken again.
+    #[error("{host}'s /metrics: {source}")]
+    Look { host: String, source: LookFailed },
+    /// A look that kept failing for [`LOOK_FOR`].
+    #[error("{host}'s /metrics, tried for {}s: {source}", LOOK_FOR.as_secs())]
+    GaveUp { host: String, source: LookFailed },
+    /// A signal ended the window (the signals module's words for it).
+    #[error("interrupted: {0}")]
+    Interrupted(String),
 }
 
 /// One replica's `/metrics`, reached as verification reaches a server; reached again after a
@@ -73,14 +107,11 @@ impl<'t> Replica<'t> {
 
     /// The server as its host runs it now: the endpoint of the unit on disk, which for a stable
     /// replica is the one before this rollout.
-    async fn reach(t: &Target, ssh: &SshOptions) -> Result<(Box<dyn Host>, Server), String> {
-        let host = remote::connect(&t.host, ssh)
-            .await
-            .map_err(|e| error_chain(&e))?;
+    async fn reach(t: &Target, ssh: &SshOptions) -> Result<(Box<dyn Host>, Server), RemoteError> {
+        let host = remote::connect(&t.host, ssh).await?;
         let running = host
             .read_file(&format!("{}/{}", crate::plan::UNIT_DIR, t.desired.unit))
-            .await
-            .map_err(|e| error_chain(&e))?
+            .await?
             .map(|text| parse_unit(&text))
             .unwrap_or_else(|| t.desired.model.clone());
         let endpoint = Expect::from_unit(&running).endpoint;
@@ -88,7 +119,7 @@ impl<'t> Replica<'t> {
             Ok(server) => Ok((host, server)),
             Err(e) => {
                 host.close().await;
-                Err(error_chain(&e))
+                Err(e)
             }
         }
     }
@@ -98,39 +129,36 @@ impl<'t> Replica<'t> {
             self.reached = Some(
                 Self::reach(self.target, ssh)
                     .await
-                    .map_err(LookFailed::Again)?,
+                    .map_err(LookFailed::Unreached)?,
             );
         }
         let (_, server) = self.reached.as_ref().expect("reached just above");
         match server.metrics().await {
-            Ok(Some(text)) => Snapshot::parse(&text).map_err(|e| LookFailed::Final(e.to_string())),
-            Ok(None) => Err(LookFailed::Final(
-                "/metrics answered 404 (no --enable-metrics)".into(),
-            )),
+            Ok(Some(text)) => Snapshot::parse(&text).map_err(LookFailed::Unreadable),
+            Ok(None) => Err(LookFailed::NoMetrics),
             Err(e) => {
                 self.close().await;
-                Err(LookFailed::Again(e.to_string()))
+                Err(LookFailed::Metrics(e))
             }
         }
     }
 
     /// A look, tried again for up to [`LOOK_FOR`] while it fails for a reason that may pass.
-    async fn look(&mut self, ssh: &SshOptions, options: &ApplyOptions) -> Result<Snapshot, String> {
+    async fn look(
+        &mut self,
+        ssh: &SshOptions,
+        options: &ApplyOptions,
+    ) -> Result<Snapshot, WatchError> {
         let until = Instant::now() + LOOK_FOR;
         loop {
+            let host = self.name().to_string();
             let why = match self.look_once(ssh).await {
                 Ok(snapshot) => return Ok(snapshot),
-                Err(LookFailed::Final(why)) => {
-                    return Err(format!("{}'s /metrics: {why}", self.name()))
-                }
-                Err(LookFailed::Again(why)) => why,
+                Err(source) if !source.again() => return Err(WatchError::Look { host, source }),
+                Err(why) => why,
             };
             if Instant::now() >= until {
-                return Err(format!(
-                    "{}'s /metrics, tried for {}s: {why}",
-                    self.name(),
-                    LOOK_FOR.as_secs()
-                ));
+                return Err(WatchError::GaveUp { host, source: why });
             }
             // Only a look taken again is listed: the last one, given up on, is the bake's error.
             self.failed
@@ -138,7 +166,7 @@ impl<'t> Replica<'t> {
             tracing::info!(host = self.name(), error = %why, "bake: a look failed; trying again");
             let slept = tokio::time::sleep(Duration::from_secs(1));
             if options.cancel.run_until_cancelled(slept).await.is_none() {
-                return Err(format!("interrupted: {}", crate::signals::interrupted()));
+                return Err(WatchError::Interrupted(crate::signals::interrupted()));
             }
         }
     }
@@ -205,15 +233,7 @@ pub(super) async fn canary(
     }
     report.notes.push(detail.clone());
     if judged.verdict == Verdict::Failed {
-        take_back(
-            report,
-            t,
-            router.map_err(|e| e.to_string()),
-            &detail,
-            ssh,
-            options,
-        )
-        .await;
+        take_back(report, t, router, &detail, ssh, options).await;
     }
     report.bake = Some(BakeReport {
         seconds: started.elapsed().as_secs_f64(),
@@ -314,7 +334,7 @@ async fn watch(
     spec: &crate::manifest::BakeSpec,
     ssh: &SshOptions,
     options: &ApplyOptions,
-) -> Result<(Vec<Snapshot>, Vec<Snapshot>), String> {
+) -> Result<(Vec<Snapshot>, Vec<Snapshot>), WatchError> {
     let (canary, stable) = replicas.split_first().expect("the canary comes first");
     // Shown as it goes: a spinner's text on a terminal, a line at the start elsewhere.
     let show = Progress::new(
@@ -347,7 +367,7 @@ async fn count_down(
     doing: &str,
     span: Duration,
     options: &ApplyOptions,
-) -> Result<(), String> {
+) -> Result<(), WatchError> {
     let until = Instant::now() + span;
     loop {
         let left = until.saturating_duration_since(Instant::now());
@@ -357,7 +377,7 @@ async fn count_down(
         show.status(&format!("{doing}: {}s left", left.as_secs()));
         let slept = tokio::time::sleep(left.min(Duration::from_secs(1)));
         if options.cancel.run_until_cancelled(slept).await.is_none() {
-            return Err(format!("interrupted: {}", crate::signals::interrupted()));
+            return Err(WatchError::Interrupted(crate::signals::interrupted()));
         }
     }
 }
@@ -367,7 +387,7 @@ async fn looks(
     replicas: &mut [Replica<'_>],
     ssh: &SshOptions,
     options: &ApplyOptions,
-) -> Result<Vec<Snapshot>, String> {
+) -> Result<Vec<Snapshot>, WatchError> {
     join_all(replicas.iter_mut().map(|r| r.look(ssh, options)))
         .await
         .into_iter()
@@ -379,7 +399,7 @@ async fn looks(
 async fn take_back(
     report: &mut UnitReport,
     t: &Target,
-    router: Result<std::sync::Arc<crate::router::Router>, String>,
+    router: crate::router::Connected,
     why: &str,
     ssh: &SshOptions,
     options: &ApplyOptions,
@@ -387,8 +407,10 @@ async fn take_back(
     let out = match router {
         Ok(router) => TakenOut::take_out(router, t)
             .await
-            .map_err(|e| UndoError::NotTakenOut(e.to_string())),
-        Err(e) => Err(UndoError::NotTakenOut(e)),
+            .map_err(UndoError::NotTakenOut),
+        Err(e) => Err(UndoError::NotTakenOut(ApplyError::Router(
+            RouterFailure::Unreachable(e),
+        ))),
     };
     let (restored, out) = match out {
         Err(e) => (Err(e), None),

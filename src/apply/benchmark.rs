@@ -9,7 +9,7 @@ use super::Job;
 use crate::bench;
 use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
-use crate::remote::error_chain;
+use crate::remote::{error_chain, RemoteError};
 use crate::state::Record;
 use crate::verify::{Expect, Progress, Stage, Verification};
 
@@ -32,10 +32,9 @@ pub async fn stage(
         let server = job
             .host
             .server(&expect.endpoint, t.verify.url.as_deref())
-            .await
-            .map_err(|e| error_chain(&e))?;
+            .await?;
         let on_level = |l: &Level| progress.line(&bench::level_line(l));
-        Ok::<_, String>(bench::run(&server, &expect.model_id, spec, &on_level).await)
+        Ok::<_, RemoteError>(bench::run(&server, &expect.model_id, spec, &on_level).await)
     };
     let report = tokio::select! {
         m = measured => match m {
@@ -45,7 +44,7 @@ pub async fn stage(
                 before.and_then(|r| r.benchmark.as_ref()),
                 m.first_error.as_deref(),
             ),
-            Err(e) => BenchmarkReport::could_not_run(spec, &e),
+            Err(e) => BenchmarkReport::could_not_run(spec, &error_chain(&e)),
         },
         _ = job.options.cancel.cancelled() => BenchmarkReport::could_not_run(spec, &crate::signals::interrupted()),
     };

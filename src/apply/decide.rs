@@ -3,6 +3,9 @@
 //! each outcome's detail text is written here and only here (reports, JSON and integration tests
 //! read it byte for byte).
 
+use std::error::Error;
+use std::sync::Arc;
+
 use super::error::{ApplyError, ApplyErrorKind};
 use super::restore::{NotRestored, Restored};
 use super::Outcome;
@@ -12,6 +15,7 @@ use crate::observed::Observed;
 use crate::plan::Verdict;
 use crate::plan_file;
 use crate::preflight;
+use crate::remote::error_chain;
 use crate::state;
 use crate::targets::Target;
 use crate::verify::Verification;
@@ -87,7 +91,7 @@ pub struct Install {
     pub confirm: bool,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Start {
     /// Nothing differs and the last apply finished: touch nothing.
     Unchanged,
@@ -118,7 +122,7 @@ pub fn start(
     }
     match unfinished {
         None | Some(Ok(false)) => Start::Unchanged,
-        Some(Err(e)) => Start::Refuse(ApplyError::RecordUnreadable(e.to_string())),
+        Some(Err(e)) => Start::Refuse(ApplyError::RecordUnreadable(Arc::new(e))),
         // The unit on disk is the desired one but no run recorded it: an apply died after the
         // rename. Finish that apply, with the generation it kept to fall back on.
         // The apply died after its restart took: the host's guard kept the new unit healthy at
@@ -214,7 +218,7 @@ pub fn preflight(
 
 /// Writing the new unit failed; `put_back`: whether the previous file had to be put back, or why
 /// that failed.
-pub fn install_failed(e: &ApplyError, put_back: Result<bool, String>) -> Ending {
+pub fn install_failed(e: &ApplyError, put_back: Result<bool, &(dyn Error + 'static)>) -> Ending {
     match put_back {
         Ok(false) => Ending::failed(
             Outcome::Error,
@@ -227,7 +231,8 @@ pub fn install_failed(e: &ApplyError, put_back: Result<bool, String>) -> Ending 
             e.kind(),
         ),
         Err(e2) => Ending::rollback_failed(format!(
-            "{e}; putting the previous unit back failed too: {e2}"
+            "{e}; putting the previous unit back failed too: {}",
+            error_chain(e2)
         )),
     }
 }
@@ -241,7 +246,10 @@ pub fn reloaded() -> Ending {
 
 /// A signal (`interrupted`: the signals module's words for it) came after the install and before
 /// the restart, and the previous file was put back (or not).
-pub fn cancelled_before_restart(interrupted: &str, put_back: Result<bool, String>) -> Ending {
+pub fn cancelled_before_restart(
+    interrupted: &str,
+    put_back: Result<bool, &(dyn Error + 'static)>,
+) -> Ending {
     let detail = format!("not started: {interrupted} before the restart");
     match put_back {
         Ok(_) => Ending::failed(
@@ -252,7 +260,8 @@ pub fn cancelled_before_restart(interrupted: &str, put_back: Result<bool, String
             ApplyErrorKind::Interrupted,
         ),
         Err(e) => Ending::rollback_failed(format!(
-            "{detail}; putting the previous unit back failed: {e}"
+            "{detail}; putting the previous unit back failed: {}",
+            error_chain(e)
         )),
     }
 }
@@ -350,7 +359,9 @@ pub fn rolled_back(
     let back = |detail: String| Ending::failed(Outcome::RolledBack, detail, cause);
     let failed_too = Ending::rollback_failed;
     match result {
-        Err(NotRestored::Restore(e)) => failed_too(format!("{failed}; rollback failed: {e}")),
+        Err(e @ (NotRestored::Restore(_) | NotRestored::NotDone)) => {
+            failed_too(format!("{failed}; rollback failed: {e}"))
+        }
         Err(NotRestored::Verify(f)) => failed_too(format!(
             "{failed}; the restored previous unit failed too: {}: {}",
             f.stage, f.reason
@@ -418,14 +429,6 @@ pub fn left_behind(unit: &str, new: bool, kept: Option<&str>, tried: bool) -> St
     format!("{installed}; {next}; the lock {dir}/lock stays (an apply from this machine breaks it; from elsewhere, use --break-stale-lock)")
 }
 
-/// Why `--rollback-all` could not put a unit back, as its detail says it.
-pub fn not_restored(e: &NotRestored) -> String {
-    match e {
-        NotRestored::Restore(e) => e.clone(),
-        NotRestored::Verify(f) => format!("the restored unit failed {}: {}", f.stage, f.reason),
-    }
-}
-
 /// What undid a unit after it converged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UndoneBy {
@@ -453,7 +456,12 @@ impl UndoneBy {
 
 /// A unit this rollout had changed (`before`: its detail then), after `by` put it back or failed
 /// to (`result`), for `why`.
-pub fn undone(before: &str, why: &str, by: UndoneBy, result: Result<&Restored, String>) -> Ending {
+pub fn undone(
+    before: &str,
+    why: &str,
+    by: UndoneBy,
+    result: Result<&Restored, &(dyn Error + 'static)>,
+) -> Ending {
     let by_name = by.name();
     match result {
         Ok(restored) => {
@@ -470,13 +478,17 @@ pub fn undone(before: &str, why: &str, by: UndoneBy, result: Result<&Restored, S
                 by.kind(),
             )
         }
-        Err(e) => Ending::rollback_failed(format!("{before}; {why}, and {by_name} failed: {e}")),
+        Err(e) => Ending::rollback_failed(format!(
+            "{before}; {why}, and {by_name} failed: {}",
+            error_chain(e)
+        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::apply::error::InstallFailure;
     use crate::apply::testing::{observed, target};
     use crate::preflight::{Finding, Severity};
     use crate::verify::{Failure, Stage, StageResult};
@@ -489,12 +501,30 @@ mod tests {
         }
     }
 
+    /// A command on gpu-a that failed, saying `stderr`.
+    fn host_failed(stderr: &str) -> Arc<crate::remote::RemoteError> {
+        Arc::new(crate::remote::RemoteError::Failed {
+            host: "gpu-a".into(),
+            command: "mv".into(),
+            status: 1,
+            stderr: stderr.into(),
+        })
+    }
+
+    /// The install `s` says to do.
+    fn installs(s: Start) -> Install {
+        match s {
+            Start::Install(i) => i,
+            other => panic!("not an install: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_changed_unit_is_installed_against_what_the_host_has() {
         let running = observed(Some("old"), "activating");
         assert_eq!(
-            start(Verdict::Restart, &running, None, None),
-            Start::Install(Install {
+            installs(start(Verdict::Restart, &running, None, None)),
+            (Install {
                 verdict: Verdict::Restart,
                 previous: Previous::Observed,
                 was_running: true,
@@ -512,13 +542,13 @@ mod tests {
     #[test]
     fn no_change_is_unchanged_unless_the_last_apply_did_not_finish() {
         let o = observed(Some("u"), "failed");
-        assert_eq!(
+        assert!(matches!(
             start(Verdict::NoChange, &o, Some(Ok(false)), None),
             Start::Unchanged
-        );
+        ));
         assert_eq!(
-            start(Verdict::NoChange, &o, Some(Ok(true)), None),
-            Start::Install(Install {
+            installs(start(Verdict::NoChange, &o, Some(Ok(true)), None)),
+            (Install {
                 verdict: Verdict::Restart,
                 previous: Previous::NewestGeneration,
                 was_running: true,
@@ -614,7 +644,7 @@ mod tests {
             current_sha256: Some(state::sha256("old")),
             sglang_version: None,
         });
-        assert_eq!(stale_plan(&t, &observed(Some("old"), "active")), None);
+        assert!(stale_plan(&t, &observed(Some("old"), "active")).is_none());
         let e = stale_plan(&t, &observed(None, "inactive")).expect("stale");
         assert_eq!(e.kind(), ApplyErrorKind::PlanStale);
         assert!(
@@ -624,7 +654,7 @@ mod tests {
             "{e}"
         );
         t.expected = None;
-        assert_eq!(stale_plan(&t, &observed(None, "inactive")), None);
+        assert!(stale_plan(&t, &observed(None, "inactive")).is_none());
     }
 
     fn finding(severity: Severity, check: &'static str, message: &str) -> Finding {
@@ -655,40 +685,44 @@ mod tests {
             notes,
             ["preflight: 0.5.1 installed", "preflight: no nvidia-smi"]
         );
+        let refusal = refusal.unwrap();
+        assert_eq!(refusal.kind(), ApplyErrorKind::PreflightFailed);
         assert_eq!(
-            refusal.unwrap(),
-            ApplyError::PreflightFailed(vec!["port 30000 is taken".into()])
+            refusal.to_string(),
+            "preflight failed, nothing was changed: port 30000 is taken"
         );
         assert!(!blocks(
             &finding(Severity::Error, "flags", "x"),
             Some(crate::apply::Restoring::Unrecorded)
         ));
         assert!(blocks(&finding(Severity::Error, "flags", "x"), None));
-        assert_eq!(preflight(Vec::new(), None), (Vec::new(), None));
+        let (notes, refusal) = preflight(Vec::new(), None);
+        assert!(notes.is_empty() && refusal.is_none());
     }
 
     #[test]
     fn a_failed_install_says_what_was_put_back() {
-        let e = ApplyError::InstallFailed("disk full".into());
+        let e = ApplyError::InstallFailed(InstallFailure::Host(host_failed("disk full")));
         let end = install_failed(&e, Ok(false));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
                 Outcome::Error,
-                "installing failed: disk full; nothing changed on the host",
+                "installing failed: gpu-a: `mv` exited with 1: disk full; nothing changed on the host",
                 Some(ApplyErrorKind::InstallFailed)
             )
         );
         assert_eq!(
             install_failed(&e, Ok(true)).detail,
-            "installing failed: disk full; the previous unit is back in place (the server was not restarted)"
+            "installing failed: gpu-a: `mv` exited with 1: disk full; the previous unit is back in place (the server was not restarted)"
         );
-        let end = install_failed(&e, Err("gone".into()));
+        let gone = std::io::Error::other("gone");
+        let end = install_failed(&e, Err(&gone));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
                 Outcome::RollbackFailed,
-                "installing failed: disk full; putting the previous unit back failed too: gone",
+                "installing failed: gpu-a: `mv` exited with 1: disk full; putting the previous unit back failed too: gone",
                 Some(ApplyErrorKind::RollbackFailed)
             )
         );
@@ -716,7 +750,8 @@ mod tests {
                 )
             );
         }
-        let end = cancelled_before_restart(i, Err("gone".into()));
+        let gone = std::io::Error::other("gone");
+        let end = cancelled_before_restart(i, Err(&gone));
         assert_eq!(
             (end.outcome, end.detail.as_str()),
             (
@@ -804,12 +839,12 @@ mod tests {
             back(Ok(Restored::LeftStopped)).detail,
             "health failed: 503; the previous unit was restored and left stopped, as it was"
         );
-        let end = back(Err(NotRestored::Restore("write failed".into())));
+        let end = back(Err(NotRestored::NotDone));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
                 Outcome::RollbackFailed,
-                "health failed: 503; rollback failed: write failed",
+                "health failed: 503; rollback failed: not restored",
                 Some(ApplyErrorKind::RollbackFailed)
             )
         );
@@ -881,7 +916,8 @@ mod tests {
         assert!(done(Restored::Reloaded)
             .detail
             .ends_with("--rollback-all restored the previous unit (daemon-reload only)"));
-        let end = undone("d", why, UndoneBy::RollbackAll, Err("locked".into()));
+        let locked = std::io::Error::other("locked");
+        let end = undone("d", why, UndoneBy::RollbackAll, Err(&locked));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
@@ -896,20 +932,29 @@ mod tests {
             verification: Box::default(),
         };
         assert_eq!(
-            not_restored(&NotRestored::Verify(failure)),
+            NotRestored::Verify(failure).to_string(),
             "the restored unit failed readiness: 503"
         );
-        assert_eq!(not_restored(&NotRestored::Restore("e".into())), "e");
+        let e = crate::remote::RemoteError::Failed {
+            host: "gpu-a".into(),
+            command: "mv".into(),
+            status: 1,
+            stderr: "e".into(),
+        };
+        assert_eq!(
+            NotRestored::Restore(e).to_string(),
+            "gpu-a: `mv` exited with 1: e"
+        );
     }
 
     #[test]
     fn refusals_are_errors_and_interruptions_not_started() {
-        let end = Ending::refused(&ApplyError::Unreachable("cannot connect to gpu-a".into()));
+        let end = Ending::refused(&ApplyError::Unreachable(host_failed("cannot connect")));
         assert_eq!(
             (end.outcome, end.detail.as_str(), end.error),
             (
                 Outcome::Error,
-                "cannot connect to gpu-a",
+                "gpu-a: `mv` exited with 1: cannot connect",
                 Some(ApplyErrorKind::Unreachable)
             )
         );

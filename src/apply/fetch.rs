@@ -20,7 +20,7 @@ use super::error::ApplyError;
 use super::{ApplyOptions, Report, UnitReport};
 use crate::fleet;
 use crate::pinned::{self, PinnedError, Seeder};
-use crate::remote::{error_chain, Host, SshOptions};
+use crate::remote::{Host, SshOptions};
 use crate::targets::Target;
 
 /// What the fetch ahead did, by (host, unit).
@@ -50,8 +50,9 @@ impl Ahead {
             .iter()
             .map(
                 |t| match self.failed.get(&(t.host.clone(), t.desired.unit.clone())) {
-                    Some(why) => Report::new(t, started)
-                        .fail(&ApplyError::FetchFailed(error_chain(why.as_ref()))),
+                    Some(why) => {
+                        Report::new(t, started).fail(&ApplyError::FetchFailed(why.clone()))
+                    }
                     None => Report::new(t, started).fail(&others),
                 },
             )

@@ -48,29 +48,7 @@ pub struct Armed<'a> {
     guard_unit: String,
 }
 
-/// Why a guard could not be armed.
-#[derive(Debug, thiserror::Error)]
-pub enum ArmError {
-    /// The guard program is not beside reconcile, or cannot be read.
-    #[error("cannot read the guard program {} (reconcile-guard is built and installed beside reconcile)", path.display())]
-    Program {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The guard of a run that died is still at work on the unit.
-    #[error("the host's guard of the apply by {armed_by} at {armed_at} is still at work ({state}): nothing was changed; apply again once it settles (within its deadline)")]
-    Busy {
-        armed_by: String,
-        armed_at: String,
-        state: &'static str,
-    },
-    /// The unit to confirm is no longer the one the host's guard kept: it acted since the plan.
-    #[error("the host's guard acted since this run planned (its record is {state} now): nothing to confirm; plan again")]
-    Moved { state: &'static str },
-    #[error(transparent)]
-    Remote(#[from] RemoteError),
-}
+pub use super::error::ArmError;
 
 /// The guard program this run copies to hosts, read once.
 struct Program {

@@ -162,6 +162,13 @@ pub(super) async fn disarm(
     }
 }
 
+/// The quality gate failed: the stage's reason is its report's detail (the judge's words).
+#[derive(Debug, thiserror::Error)]
+#[error("{detail}")]
+pub(super) struct QualityFailed {
+    pub detail: String,
+}
+
 /// The quality gate, when the manifest asks for one (`verify.quality`): its figures go into the
 /// report; `Err` is why the stage failed, `Ok` the reference to keep once the unit converges.
 pub(super) async fn quality_gate(
@@ -169,7 +176,7 @@ pub(super) async fn quality_gate(
     v: &mut Verification,
     before: Option<&super::quality::Before>,
     report: &mut UnitReport,
-) -> Result<Option<reconcile_core::quality::Reference>, String> {
+) -> Result<Option<reconcile_core::quality::Reference>, QualityFailed> {
     let Some(spec) = job.t.verify.quality.as_ref() else {
         return Ok(None);
     };
@@ -181,7 +188,7 @@ pub(super) async fn quality_gate(
     let failed = q.fails().then(|| q.detail.clone());
     report.quality = Some(q);
     match failed {
-        Some(reason) => Err(reason),
+        Some(detail) => Err(QualityFailed { detail }),
         None => Ok(keep),
     }
 }

@@ -80,25 +80,25 @@ pub(super) async fn tell(
     url: Option<&str>,
     change: &LiveChange,
     limit: Duration,
-) -> Result<String, String> {
+) -> Result<String, TellError> {
     let server = host
         .server(endpoint, url)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(TellError::Unreached)?;
     let mut done = Vec::new();
     if let (Some(body), Some(m)) = (change.weights_body(), &change.weights) {
         let started = Instant::now();
         let answer = server
             .post_json_within("/update_weights_from_disk", &body, limit)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(TellError::Post)?;
         // SGLang answers 400 with `success: false` when it kept its weights; a 200 must say
         // `success: true` as well.
         let success = serde_json::from_str::<Value>(&answer)
             .ok()
             .and_then(|v| v.get("success")?.as_bool());
         if success != Some(true) {
-            return Err(format!("/update_weights_from_disk answered {answer}"));
+            return Err(TellError::WeightsRefused { answer });
         }
         done.push(format!(
             "weights loaded from {} in {:.2}s",
@@ -110,15 +110,15 @@ pub(super) async fn tell(
         let answer = server
             .post_json_within("/set_internal_state", &body, SETTINGS_TIMEOUT)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(TellError::Post)?;
         // One boolean per data-parallel rank; a `false` rank refused a value and changed nothing.
         match serde_json::from_str::<Vec<bool>>(&answer) {
             Ok(ranks) if !ranks.is_empty() && ranks.iter().all(|r| *r) => {}
             _ => {
-                return Err(format!(
-                    "/set_internal_state did not take {} (it answered {answer})",
-                    body["server_args"]
-                ))
+                return Err(TellError::SettingsRefused {
+                    values: body["server_args"].to_string(),
+                    answer,
+                })
             }
         }
         let values: Vec<String> = change
@@ -139,17 +139,38 @@ pub(crate) async fn process_argv(host: &dyn Host, pid: u32) -> Result<Vec<String
     match host.read_file(&format!("/proc/{pid}/cmdline")).await {
         Ok(Some(cmdline)) if !cmdline.is_empty() => Ok(split_nul(&cmdline)),
         Ok(_) => Err(ArgvError::Gone(pid)),
-        Err(e) => Err(ArgvError::Unreadable(error_chain(&e))),
+        Err(e) => Err(ArgvError::Unreadable(e)),
     }
 }
 
 /// Why a server's command line could not be read.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ArgvError {
+    /// systemd's `MainPID` is 0.
     #[error("systemd names no main process")]
     NoProcess,
+    /// `/proc/<pid>/cmdline` is gone or empty.
     #[error("process {0} is gone")]
     Gone(u32),
+    /// The host could not be asked.
+    #[error("{}", error_chain(.0))]
+    Unreadable(#[source] RemoteError),
+}
+
+/// Why a running server did not take a live change told to it; a part it did not take may
+/// follow parts it did, so the change is undone whole.
+#[derive(Debug, thiserror::Error)]
+pub enum TellError {
+    /// The server's endpoint could not be reached through its host.
+    #[error("{}", error_chain(.0))]
+    Unreached(#[source] RemoteError),
+    /// The request itself failed (no answer, an HTTP error, past its time).
     #[error("{0}")]
-    Unreadable(String),
+    Post(#[source] crate::remote::http::ApiError),
+    /// `/update_weights_from_disk` answered without `success: true`: the server kept its weights.
+    #[error("/update_weights_from_disk answered {answer}")]
+    WeightsRefused { answer: String },
+    /// A data-parallel rank refused a value of `/set_internal_state` (`values`: what it was sent).
+    #[error("/set_internal_state did not take {values} (it answered {answer})")]
+    SettingsRefused { values: String, answer: String },
 }

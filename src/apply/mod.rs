@@ -38,6 +38,7 @@ mod testing;
 pub(crate) mod undo;
 mod verifier;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use indicatif::MultiProgress;
@@ -440,7 +441,7 @@ pub(super) async fn apply_hosts(
             )
             .await
         },
-        |visit, targets, e| unreachable(&targets, &e, visit.started),
+        |visit, targets, e| unreachable(&targets, e, visit.started),
     )
     .await
 }
@@ -548,12 +549,8 @@ pub(crate) fn unchanged(t: &Target, started: Instant) -> UnitReport {
 }
 
 /// The reports of a host that could not be reached: nothing was changed.
-pub(super) fn unreachable(
-    targets: &[Target],
-    e: &RemoteError,
-    started: Instant,
-) -> Vec<UnitReport> {
-    let e = ApplyError::Unreachable(error_chain(e));
+pub(super) fn unreachable(targets: &[Target], e: RemoteError, started: Instant) -> Vec<UnitReport> {
+    let e = ApplyError::Unreachable(Arc::new(e));
     targets
         .iter()
         .map(|t| Report::new(t, started).fail(&e))
@@ -677,7 +674,7 @@ async fn run_preflight(
         Some(s) => preflight::check_surveyed(host, t, s, state, verdict, options.deep).await,
         None => preflight::check(host, t, state, verdict, options.deep).await,
     }
-    .map_err(|e| ApplyError::PreflightCouldNotRun(error_chain(&e)))?;
+    .map_err(|e| ApplyError::PreflightCouldNotRun(Arc::new(e)))?;
     let mut findings = checked.findings;
     if options.strict {
         preflight::strictly(&mut findings);
@@ -711,7 +708,7 @@ async fn still_as_planned(
         async { tokio::try_join!(host.read_file(&path), preflight::installed_sglang(host, t)) };
     let (text, sglang) = read
         .await
-        .map_err(|e| ApplyError::PlanCheckFailed(error_chain(&e)))?;
+        .map_err(|e| ApplyError::PlanCheckFailed(Arc::new(e)))?;
     let now = plan_file::PlannedState {
         desired_sha256: state::sha256(&t.desired.text),
         current_sha256: text.as_deref().map(state::sha256),
@@ -912,11 +909,19 @@ mod tests {
         assert!(!json.contains("\"error\""), "{json}");
         // A unit without a benchmark has no `benchmark` field: its JSON is as before.
         assert!(!json.contains("benchmark"), "{json}");
-        let e = ApplyError::Unreachable("cannot connect to gpu-a".into());
+        let e = ApplyError::Unreachable(Arc::new(RemoteError::Failed {
+            host: "gpu-a".into(),
+            command: "ssh".into(),
+            status: 255,
+            stderr: "cannot connect".into(),
+        }));
         let failed = refused_for("gpu-a", "s.service", "m.yaml", &e);
         let json = serde_json::to_value(&failed).unwrap();
         assert_eq!(json["error"], "unreachable");
         assert_eq!(json["outcome"], "error");
-        assert_eq!(json["detail"], "cannot connect to gpu-a");
+        assert_eq!(
+            json["detail"],
+            "gpu-a: `ssh` exited with 255: cannot connect"
+        );
     }
 }

@@ -18,7 +18,7 @@ use reconcile_core::quality::{self, Floors, QualityReport, QualitySpec, Referenc
 
 use super::Job;
 use crate::quality::{self as measure, Measured};
-use crate::remote::error_chain;
+use crate::remote::{error_chain, RemoteError};
 use crate::verify::{Expect, Progress, Stage, Verification};
 
 /// What was measured before the restart.
@@ -137,7 +137,7 @@ pub async fn stage(
             .host
             .server(&expect.endpoint, t.verify.url.as_deref())
             .await
-            .map_err(|e| error_chain(&e))?;
+            .map_err(NotMeasured::Unreached)?;
         let context = expect.context_length.map(|c| c as u32);
         measure::measure(
             &server,
@@ -148,24 +148,38 @@ pub async fn stage(
             expect.reasoning,
         )
         .await
-        .map_err(|e| e.to_string())
+        .map_err(NotMeasured::Measure)
     };
-    let measured: Result<Measured, String> = job
+    let measured: Result<Measured, NotMeasured> = job
         .options
         .cancel
         .run_until_cancelled(measured)
         .await
-        .unwrap_or_else(|| Err(crate::signals::interrupted()));
+        .unwrap_or_else(|| Err(NotMeasured::Interrupted(crate::signals::interrupted())));
     let (mut report, keep) = match measured {
         Ok(m) => (
             m.judge(spec, before.reference.as_ref(), before.floors),
             Some(measure::reference_of(spec, &expect.model_id, &m)),
         ),
-        Err(e) => (QualityReport::could_not_run(spec, &e), None),
+        Err(e) => (QualityReport::could_not_run(spec, &e.to_string()), None),
     };
     report.notes.extend(before.notes.iter().cloned());
     report.before_seconds = before.seconds;
     v.push_after(Stage::Quality, !report.fails(), started, &report.detail);
     progress.stage(Stage::Quality, !report.fails(), &report.detail);
     (report, keep)
+}
+
+/// Why the unit just verified could not be measured: the gate then could not run.
+#[derive(Debug, thiserror::Error)]
+enum NotMeasured {
+    /// Its server could not be reached through its host.
+    #[error("{}", error_chain(.0))]
+    Unreached(#[source] RemoteError),
+    /// The measurement failed.
+    #[error("{0}")]
+    Measure(#[source] crate::quality::MeasureError),
+    /// A signal came first (the signals module's words for it).
+    #[error("{0}")]
+    Interrupted(String),
 }

@@ -104,11 +104,17 @@ pub enum Restored {
     Verified(Box<Verification>),
 }
 
-#[derive(Debug)]
+/// Why a unit is not back on its previous unit: as `--rollback-all` says it.
+#[derive(Debug, thiserror::Error)]
 pub enum NotRestored {
-    /// Putting the unit back failed (the error chain).
-    Restore(String),
+    /// Putting the unit back failed on its host.
+    #[error("{}", error_chain(.0))]
+    Restore(#[source] RemoteError),
+    /// No restore of it was done by this run (a group's rank whose turn never came).
+    #[error("not restored")]
+    NotDone,
     /// The restored unit failed its verification.
+    #[error("the restored unit failed {}: {}", .0.stage, .0.reason)]
     Verify(Failure),
 }
 
@@ -138,9 +144,7 @@ pub async fn restore_and_verify(
     r: Restore<'_>,
     verifier: &dyn Verifier,
 ) -> Result<Restored, NotRestored> {
-    restore(&r)
-        .await
-        .map_err(|e| NotRestored::Restore(error_chain(&e)))?;
+    restore(&r).await.map_err(NotRestored::Restore)?;
     // Its own token, which nothing cancels: a signal does not cut the way back short.
     let never = CancellationToken::new();
     match restored_check(&r, &never) {
@@ -241,7 +245,7 @@ mod tests {
             .on(&["systemctl", "restart"], Reply::exit(1, "", "failed"));
         let failed = run(&host, Some("old"), Then::Restart).await;
         assert!(
-            matches!(&failed, Err(NotRestored::Restore(e)) if e.ends_with("failed")),
+            matches!(&failed, Err(NotRestored::Restore(e)) if error_chain(e).ends_with("failed")),
             "{failed:?}"
         );
     }

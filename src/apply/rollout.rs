@@ -10,7 +10,7 @@
 use futures::future::join_all;
 
 use super::decide;
-use super::error::ApplyError;
+use super::error::{ApplyError, RouterFailure};
 use super::routed::TakenOut;
 use super::undo;
 use super::{apply_hosts, ApplyOptions, Outcome, UnitReport};
@@ -66,7 +66,7 @@ async fn survey(
         |visit, targets, e| {
             Survey::Turn(Turn::Unreachable(super::unreachable(
                 &targets,
-                &e,
+                e,
                 visit.started,
             )))
         },
@@ -364,7 +364,7 @@ pub(super) async fn behind_router(
     let refuse = |e: ApplyError| super::refused_for(&t.host, &t.desired.unit, &t.source, &e);
     let router = match router {
         Ok(router) => router,
-        Err(e) => return refuse(ApplyError::Router(e.to_string())),
+        Err(e) => return refuse(ApplyError::Router(RouterFailure::Unreachable(e))),
     };
     if !restarts(host, t, options).await {
         return super::apply_one(host, t, options).await;

@@ -4,10 +4,12 @@
 //! and goes back once its apply ended on a verified unit, new or old. Its own room, so that the
 //! rollout and the group apply both use it without importing each other.
 
-use super::error::ApplyError;
+use std::sync::Arc;
+
+use super::error::{ApplyError, RouterFailure};
 use super::{Outcome, UnitReport};
 use crate::manifest::RouterSpec;
-use crate::router::{Router, TakeOutError};
+use crate::router::{Router, RouterError, TakeOutError};
 use crate::targets::Target;
 
 /// A server taken out of its router for a restart: a replica, or a server group's rank 0 (the
@@ -34,17 +36,20 @@ impl TakenOut {
         let endpoint = crate::verify::Expect::from_unit(&t.desired.model).endpoint;
         // `Routers::of` finds a router only through the manifest's `router:`.
         let Some(spec) = t.manifest.router.clone() else {
-            return Err(ApplyError::Router(format!(
-                "{} has no `router:` to take {} out of {}",
-                t.source, t.host, router.url
-            )));
+            return Err(ApplyError::Router(RouterFailure::NoSpec {
+                manifest: t.source.clone(),
+                host: t.host.clone(),
+                url: router.url.clone(),
+            }));
         };
         let url = spec.worker_url(&t.host, endpoint.port);
         let started = std::time::Instant::now();
         let listed = match router.take_out(&url, spec.min_available).await {
             Ok(listed) => listed.is_some(),
             Err(TakeOutError::Refused(why)) => return Err(ApplyError::Refused(why)),
-            Err(TakeOutError::Router(e)) => return Err(ApplyError::Router(e.to_string())),
+            Err(TakeOutError::Router(e)) => {
+                return Err(ApplyError::Router(RouterFailure::TakeOut(Arc::new(e))))
+            }
         };
         Ok(TakenOut {
             router,
@@ -88,7 +93,7 @@ impl TakenOut {
                         out.as_secs_f64() + drained + back
                     ));
                 }
-                Err(e) => router_failed(report, &e.to_string()),
+                Err(e) => router_failed(report, e),
             }
         } else if listed {
             report.notes.push(format!(
@@ -126,18 +131,20 @@ pub(super) fn draining(t: &Target, router: &RouterSpec) -> Target {
 
 /// The server was applied but the router did not take it back: a converged one counts as
 /// failed (the rollout stops); a rolled-back one keeps its outcome and says so.
-fn router_failed(report: &mut UnitReport, why: &str) {
-    let what = format!("the router did not take it back: {why}");
+fn router_failed(report: &mut UnitReport, why: RouterError) {
     if matches!(
         report.outcome,
         Outcome::Converged | Outcome::Reloaded | Outcome::Unchanged
     ) {
-        let e = ApplyError::Router(format!("{}; but {what}", report.detail));
+        let e = ApplyError::Router(RouterFailure::NotTakenBack {
+            detail: std::mem::take(&mut report.detail),
+            source: Arc::new(why),
+        });
         report.outcome = Outcome::Error;
         report.error = Some(e.kind());
         report.detail = e.to_string();
     } else {
-        report.detail = format!("{}; {what}", report.detail);
+        report.detail = format!("{}; the router did not take it back: {why}", report.detail);
     }
 }
 

@@ -7,30 +7,41 @@
 use std::sync::Arc;
 
 use super::decide::{self, UndoneBy};
-use super::restore::{restore_and_verify, Restore, Restored, Then};
+use super::restore::{restore_and_verify, NotRestored, Restore, Restored, Then};
 use super::verifier::Live;
 use super::{ApplyOptions, GitInfo, Outcome, Restoring, UnitReport};
 use crate::flags::{console_script, flags};
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
 use crate::plan::Verdict;
-use crate::remote::{error_chain, Host, RemoteError};
+use crate::remote::{Host, RemoteError};
 use crate::state;
 use crate::targets::Target;
 use crate::unit::{parse_unit, Desired};
 
-/// Why a unit could not be put back.
+/// Why a unit could not be put back. The report writes it with its causes (`error_chain`); an
+/// `ApplyError` or a `NotRestored` held here writes its own cause's chain already, so it is kept
+/// whole but not as a `source`, which that would walk and write again.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum UndoError {
+    /// Its host could not be reached.
     #[error("its host cannot be reached")]
     Unreachable(#[source] RemoteError),
+    /// Its router was unreachable, or did not let it out.
     #[error("it could not be taken out of its router: {0}")]
-    NotTakenOut(String),
+    NotTakenOut(super::ApplyError),
+    /// The generations or deployment records on the host could not be read.
     #[error("what the host keeps cannot be read")]
     Read(#[source] RemoteError),
+    /// The host keeps no generation to go back to.
     #[error("the host keeps no unit from before this rollout")]
     NothingKept,
+    /// The unit's lock could not be taken to remove it.
     #[error("{0}")]
-    NotRemoved(String),
+    NotLocked(crate::state::LockError),
+    /// The unit this rollout installed could not be removed (or what systemd has beneath it
+    /// failed its verification).
+    #[error("{0}")]
+    NotRemoved(NotRestored),
     /// The apply of the previous unit did not converge: `detail` says what it did instead (a
     /// restored unit that fails its verification is rolled back to the one it replaced).
     #[error("putting the previous unit back ended {}: {detail}", outcome.name())]
@@ -49,7 +60,9 @@ pub(super) fn report(
         &r.detail,
         why,
         by,
-        restored.as_ref().map_err(|e| error_chain(e)),
+        restored
+            .as_ref()
+            .map_err(|e| e as &(dyn std::error::Error + 'static)),
     );
     if let Ok(Restored::Verified(v)) = restored {
         r.rollback = Some(*v);
@@ -138,7 +151,7 @@ async fn remove(
     let unit = r.unit.clone();
     state::lock(host, &unit, &options.owner, options.lock)
         .await
-        .map_err(|e| UndoError::NotRemoved(e.to_string()))?;
+        .map_err(UndoError::NotLocked)?;
     let restore = Restore {
         host,
         unit: &unit,
@@ -156,7 +169,7 @@ async fn remove(
     };
     let removed = restore_and_verify(restore, &verifier).await;
     let _ = state::unlock(host, &unit).await;
-    removed.map_err(|e| UndoError::NotRemoved(decide::not_restored(&e)))
+    removed.map_err(UndoError::NotRemoved)
 }
 
 /// An apply target whose desired unit is `text`, a kept one, from the manifest at `source` whose

@@ -223,7 +223,7 @@ async fn rollback_host(
     let error = |e: ApplyError| apply::refused_for(name, unit, "", &e);
     let host = match remote::connect(name, ssh).await {
         Ok(host) => host,
-        Err(e) => return error(ApplyError::Unreachable(error_chain(&e))),
+        Err(e) => return error(ApplyError::Unreachable(std::sync::Arc::new(e))),
     };
     let report = match prepare(&*host, name, unit, to, manifest).await {
         Ok(Prepared {

@@ -60,14 +60,30 @@ pub enum EtcdError {
         what: &'static str,
         timeout: Duration,
     },
-    #[error("{what} to etcd at {endpoints} failed: {message}")]
+    #[error("{what} to etcd at {endpoints} failed: {message}{}", if *.closed_plain { " (a member that serves TLS closes plain http connections: is TLS on?)" } else { "" })]
     Request {
         endpoints: String,
         what: &'static str,
         message: String,
+        /// A plain-http connection the member accepted, then closed: what one that serves TLS
+        /// does (callers say how to give its CA).
+        closed_plain: bool,
     },
     #[error("{key} in etcd is not UTF-8 text")]
     NotText { key: String },
+}
+
+impl EtcdError {
+    /// A member that serves TLS was asked in plain http.
+    pub fn plain_to_tls(&self) -> bool {
+        matches!(
+            self,
+            EtcdError::Request {
+                closed_plain: true,
+                ..
+            }
+        )
+    }
 }
 
 /// A key and its value, as one read saw them.
@@ -200,21 +216,18 @@ impl Etcd {
                 timeout: self.timeout,
             }),
             Ok(Err(e)) => {
-                let mut message = e.to_string();
+                let message = e.to_string();
                 // What a member that serves TLS does to a plain connection: it accepts, then
-                // closes it (a member that is down refuses the connection instead).
+                // closes it (a member that is down refuses the connection instead). etcd-client
+                // says which only in its text.
                 let closed = message.contains("Error(Transport")
                     && !message.contains("refused")
                     && !message.contains("ConnectError");
-                if closed && self.endpoints.starts_with("http://") {
-                    message.push_str(
-                        " (a member that serves TLS closes plain http connections: is TLS on?)",
-                    );
-                }
                 Err(EtcdError::Request {
                     endpoints: self.endpoints.clone(),
                     what,
                     message,
+                    closed_plain: closed && self.endpoints.starts_with("http://"),
                 })
             }
             Ok(Ok(v)) => Ok(v),

@@ -2,6 +2,8 @@
 //! guard armed on its host, before the new file is written and before any server stops. Also
 //! `learn_deadlines`, which the driver calls as the step begins.
 
+use std::sync::Arc;
+
 use futures::future::join_all;
 use reconcile_core::guard::Change;
 use reconcile_core::transaction::{Kind, Went};
@@ -11,10 +13,9 @@ use super::put_back::PutBack;
 use super::write::keep_previous;
 use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
-use crate::apply::error::ApplyError;
+use crate::apply::error::{ApplyError, InstallFailure};
 use crate::apply::guard::{self, Armed};
 use crate::apply::install;
-use crate::remote::error_chain;
 use crate::systemd::Systemd as _;
 
 /// Every rank's verification settings, learned from its past loads where the manifest left them
@@ -91,22 +92,29 @@ async fn arm_guards<'a>(
         guard::arm(&r.job, back, &r.spec, change)
     }))
     .await;
-    let failed = armed
-        .iter()
-        .enumerate()
-        .find_map(|(i, a)| a.as_ref().err().map(|e| (i, error_chain(e))));
-    let armed: Vec<Armed<'a>> = armed.into_iter().flatten().collect();
-    if let Some((i, e)) = failed {
+    let mut failed = None;
+    let mut held = Vec::new();
+    for (i, a) in armed.into_iter().enumerate() {
+        match a {
+            Ok(a) => held.push(a),
+            Err(e) => {
+                failed.get_or_insert((i, Arc::new(e)));
+            }
+        }
+    }
+    let armed = held;
+    if let Some((i, source)) = failed {
         for a in &armed {
             let _ = a.disarm().await;
         }
         let e = if n == 1 {
-            format!("the host's guard could not be armed: {e}")
+            InstallFailure::NotArmed(source)
         } else {
-            format!(
-                "the host's guard could not be armed on rank {i} ({}): {e}",
-                ranks[i].job.t.host
-            )
+            InstallFailure::RankNotArmed {
+                rank: i,
+                host: ranks[i].job.t.host.clone(),
+                source,
+            }
         };
         return Err((i, ApplyError::InstallFailed(e)));
     }
@@ -120,7 +128,7 @@ async fn arm_guards<'a>(
                     for a in &armed {
                         let _ = a.disarm().await;
                     }
-                    return Err((i, ApplyError::ObserveFailed(error_chain(&e))));
+                    return Err((i, ApplyError::ObserveFailed(Arc::new(e))));
                 }
             }
         }

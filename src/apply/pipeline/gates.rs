@@ -82,9 +82,9 @@ async fn rank0_gates(
         return Err(Cause::stage(0, Stage::Benchmark, reason));
     }
     match install::quality_gate(job, v, quality_before, &mut report.report).await {
-        Err(reason) => {
+        Err(install::QualityFailed { detail }) => {
             report.report.verification = Some(v.clone());
-            Err(Cause::stage(0, Stage::Quality, reason))
+            Err(Cause::stage(0, Stage::Quality, detail))
         }
         Ok(keep) => Ok(keep),
     }

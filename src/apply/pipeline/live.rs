@@ -1,6 +1,8 @@
 //! `Step::Live` and `Step::LiveBack`: a server of one told its change as it runs, and told the
 //! previous one back should the change fail. What the server is told is `crate::apply::live`'s.
 
+use std::sync::Arc;
+
 use reconcile_core::live::held;
 use reconcile_core::transaction::Went;
 use tokio_util::sync::CancellationToken;
@@ -8,14 +10,15 @@ use tokio_util::sync::CancellationToken;
 use super::confirm::guard_acted;
 use super::{Carried, Cause, Rank};
 use crate::apply::decide::{self, Ending};
-use crate::apply::error::ApplyError;
+use crate::apply::error::{ApplyError, LiveFailure};
 use crate::apply::guard::{self, Armed};
 use crate::apply::install;
+use crate::apply::live::TellError;
 use crate::apply::restore::put_back_file;
 use crate::apply::verifier::Check;
-use crate::remote::error_chain;
+use crate::remote::{error_chain, RemoteError};
 use crate::systemd::Systemd as _;
-use crate::verify::{Expect, Stage, Verification};
+use crate::verify::{Expect, Failure, Stage, Verification};
 
 /// `Step::Live`: rank 0 told its change, under the guards' lease.
 pub(super) async fn live(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
@@ -25,7 +28,7 @@ pub(super) async fn live(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went {
         let cause = Cause {
             rank: 0,
             stage: Stage::Live,
-            error: ApplyError::LiveFailed(format!("the server was not told: {why}")),
+            error: ApplyError::LiveFailed(LiveFailure::NotTold(why)),
         };
         c.failed = Some((vec![cause], Vec::new()));
         return Went::Failed;
@@ -89,13 +92,14 @@ pub(super) async fn live_back(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> We
 
 /// Rank 0, a server of one, told its live change; its invocation (unchanged: no restart) kept
 /// for verification and the journal. `Err`: why the server did not take it.
-async fn tell_live(r: &mut Rank<'_>) -> Result<(), String> {
+async fn tell_live(r: &mut Rank<'_>) -> Result<(), LiveFailure> {
     let (host, t) = (r.job.host, r.job.t);
-    let change = r.live.as_ref().ok_or("no live change was planned")?;
+    let change = r.live.as_ref().ok_or(LiveFailure::NotPlanned)?;
     let endpoint = Expect::from_unit(&t.desired.model).endpoint;
     let limit = t.verify.load_deadline;
-    r.told =
-        crate::apply::live::tell(host, &endpoint, t.verify.url.as_deref(), change, limit).await?;
+    r.told = crate::apply::live::tell(host, &endpoint, t.verify.url.as_deref(), change, limit)
+        .await
+        .map_err(|e| LiveFailure::Tell(Arc::new(e)))?;
     r.report
         .report
         .notes
@@ -103,7 +107,7 @@ async fn tell_live(r: &mut Rank<'_>) -> Result<(), String> {
     let state = host
         .unit_state(&t.desired.unit)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|e| LiveFailure::Host(Arc::new(e)))?;
     r.invocation = state.invocation_id;
     // The process told, for the record: `status` believes the change only of that process.
     match crate::apply::live::process_argv(host, state.main_pid).await {
@@ -120,17 +124,13 @@ async fn tell_live(r: &mut Rank<'_>) -> Result<(), String> {
 /// the new path), the previous unit file put back, and the server verified as it runs against
 /// the previous unit. What the server did, and what verification saw; `Err`: why not, and the
 /// previous unit is restarted instead.
-async fn undo_live(r: &mut Rank<'_>) -> Result<(String, Verification), String> {
+async fn undo_live(r: &mut Rank<'_>) -> Result<(String, Verification), LiveBackError> {
     let (host, t) = (r.job.host, r.job.t);
-    let back = r
-        .live
-        .as_ref()
-        .ok_or("no live change was planned")?
-        .reverse();
+    let back = r.live.as_ref().ok_or(LiveBackError::NotPlanned)?.reverse();
     let expect = r
         .fallback
         .previous_expect()
-        .ok_or("the previous unit is not known")?;
+        .ok_or(LiveBackError::PreviousUnknown)?;
     let limit = t.verify.load_deadline;
     let url = t.verify.url.as_deref();
     let told = crate::apply::live::tell(host, &expect.endpoint, url, &back, limit).await?;
@@ -140,7 +140,7 @@ async fn undo_live(r: &mut Rank<'_>) -> Result<(String, Verification), String> {
     );
     put_back_file(host, &t.desired.unit, previous, aside)
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(LiveBackError::File)?;
     let never = CancellationToken::new();
     let check = Check {
         unit: &t.desired.unit,
@@ -155,9 +155,29 @@ async fn undo_live(r: &mut Rank<'_>) -> Result<(String, Verification), String> {
         .verifier
         .verify(host, check)
         .await
-        .map_err(|f| format!("the server failed its {} after: {}", f.stage, f.reason))?;
+        .map_err(|f| LiveBackError::Unverified(Box::new(f)))?;
     v.load_seconds = None;
     Ok((told, v))
+}
+
+/// Why a failed live change could not be undone live (the previous unit is restarted instead).
+#[derive(Debug, thiserror::Error)]
+enum LiveBackError {
+    /// No live change was planned to undo.
+    #[error("no live change was planned")]
+    NotPlanned,
+    /// What the server ran before is not known, so there is nothing to tell it back.
+    #[error("the previous unit is not known")]
+    PreviousUnknown,
+    /// The server did not take the previous weights and values back.
+    #[error(transparent)]
+    Tell(#[from] TellError),
+    /// The previous unit file could not be put back.
+    #[error("{}", error_chain(.0))]
+    File(#[source] RemoteError),
+    /// The server, told back, failed a stage of its verification against the previous unit.
+    #[error("the server failed its {} after: {}", .0.stage, .0.reason)]
+    Unverified(Box<Failure>),
 }
 
 /// The ending of a live change undone live: the guard disarmed (or its own rollback reported, had

@@ -29,6 +29,7 @@
 //! `restart`, `live` (and `live_back`), `verify`, `gates`, `confirm`, `put_back`, `roll_back`.
 //! What a step leaves for the later ones travels in `Carried`.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::join_all;
@@ -39,7 +40,7 @@ use reconcile_core::record::LiveRecord;
 use reconcile_core::transaction::{Kind, Step, Transaction};
 
 use super::decide::{self, Ending, Previous, Start};
-use super::error::ApplyError;
+use super::error::{ApplyError, GuardLost, GuardNotHeld, RouterFailure};
 use super::guard::{self, Armed};
 use super::install::Fallback;
 use super::verifier::{Live, Verifier};
@@ -48,7 +49,7 @@ use crate::manifest::VerifySpec;
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict};
 use crate::preflight::{self, Survey};
-use crate::remote::{self, error_chain, Host, SshOptions};
+use crate::remote::{self, Host, SshOptions};
 use crate::state;
 use crate::systemd::Systemd as _;
 use crate::targets::Target;
@@ -100,7 +101,7 @@ pub(crate) async fn apply_group(
         match c {
             Ok(h) => hosts.push(h),
             Err(e) => {
-                unreachable.get_or_insert((i, ApplyError::Unreachable(error_chain(&e))));
+                unreachable.get_or_insert((i, ApplyError::Unreachable(Arc::new(e))));
             }
         }
     }
@@ -137,18 +138,18 @@ fn refuse_all(
                 r.fail(e)
             } else {
                 r.report.error = None;
-                r.fail(&ApplyError::Refused(peer_refused(
-                    failed,
-                    &targets[failed].host,
-                    e,
-                )))
+                r.fail(&peer_refused(failed, &targets[failed].host, e))
             }
         })
         .collect()
 }
 
-fn peer_refused(rank: usize, host: &str, e: &ApplyError) -> String {
-    format!("the server group is applied whole, and its rank {rank} ({host}) was refused: {e}")
+fn peer_refused(rank: usize, host: &str, e: &ApplyError) -> ApplyError {
+    ApplyError::PeerRefused {
+        rank,
+        host: host.to_string(),
+        source: Box::new(e.clone()),
+    }
 }
 
 /// A rank of the server as its apply goes on.
@@ -302,7 +303,7 @@ async fn take_out(
         Some(Ok(router)) => super::routed::TakenOut::take_out(router, &targets[0])
             .await
             .map(Some),
-        Some(Err(e)) => Err(ApplyError::Router(e.to_string())),
+        Some(Err(e)) => Err(ApplyError::Router(RouterFailure::Unreachable(e))),
     }
 }
 
@@ -406,7 +407,7 @@ async fn look(job: &Job<'_>) -> Result<Looked, ApplyError> {
         Ok(None) => host.observe(unit).await.map(|o| (o, None)),
         Err(e) => Err(e),
     }
-    .map_err(|e| ApplyError::ObserveFailed(error_chain(&e)))?;
+    .map_err(|e| ApplyError::ObserveFailed(Arc::new(e)))?;
     // A plan file's unit: the host must still have what the plan was made against. Checked here
     // for an early refusal (and for a unit with nothing to do, which takes no lock), and again
     // under the lock (`prepare`), where nothing else can change it before the install.
@@ -530,7 +531,7 @@ fn refused_endings(ranks: &[Rank<'_>], failed: usize, e: &ApplyError) -> Vec<End
                 Ending::refused(e)
             } else {
                 let host = &ranks[failed].job.t.host;
-                Ending::refused(&ApplyError::Refused(peer_refused(failed, host, e)))
+                Ending::refused(&peer_refused(failed, host, e))
             }
         })
         .collect()
@@ -574,22 +575,16 @@ async fn prepared(
 /// Every rank's guard still holds for this run (`Armed::holds`), or `Err` naming the first rank
 /// whose guard does not and why: a step that changes the host (the write, the restart, a live
 /// change) goes ahead only under guards that watch it.
-async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usize, String)> {
+async fn guards_hold(ranks: &[Rank<'_>], armed: &[Armed<'_>]) -> Result<(), (usize, GuardNotHeld)> {
     let held = join_all(armed.iter().map(|a| a.holds())).await;
     for (i, held) in held.into_iter().enumerate() {
         let why = match held {
             Ok(true) => continue,
-            Ok(false) => {
-                "it acted already (its lease ran out while this run could not reach the host)"
-                    .to_string()
-            }
-            Err(e) => format!("it could not be reached: {}", error_chain(&e)),
+            Ok(false) => GuardLost::Acted,
+            Err(e) => GuardLost::Unreachable(Arc::new(e)),
         };
-        let host = &ranks[i].job.t.host;
-        return Err((
-            i,
-            format!("the guard on {host} does not hold for this run, {why}"),
-        ));
+        let host = ranks[i].job.t.host.clone();
+        return Err((i, GuardNotHeld { host, why }));
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 
 use futures::future::join_all;
 use reconcile_core::transaction::Went;
+use std::sync::Arc;
 
 use super::{refused_endings, Carried, Rank};
 use crate::apply::decide;
@@ -11,7 +12,6 @@ use crate::apply::error::ApplyError;
 use crate::pinned;
 use crate::plan::Verdict;
 use crate::preflight;
-use crate::remote::error_chain;
 use crate::state;
 
 /// `Step::Prepare`. A rank refused stops the group, touching nothing: every rank's ending says
@@ -58,7 +58,7 @@ async fn fetch_pinned(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)>
                 ranks[i].report.report.fetch = Some(f);
             }
             Ok(None) => {}
-            Err(e) => return Err((i, ApplyError::FetchFailed(error_chain(&e)))),
+            Err(e) => return Err((i, ApplyError::FetchFailed(Arc::new(e)))),
         }
     }
     Ok(())
@@ -89,7 +89,7 @@ async fn preflight_and_lock(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyE
         let found =
             preflight::rendezvous_free(rank0.job.host, unit, port, rank0.observed.state.main_pid)
                 .await
-                .map_err(|e| (0, ApplyError::PreflightCouldNotRun(error_chain(&e))))?;
+                .map_err(|e| (0, ApplyError::PreflightCouldNotRun(Arc::new(e))))?;
         let (notes, refusal) = decide::preflight(found, rank0.job.options.restoring);
         ranks[0].report.report.notes.extend(notes);
         if let Some(e) = refusal {

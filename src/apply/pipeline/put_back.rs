@@ -6,9 +6,9 @@ use reconcile_core::transaction::Went;
 
 use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
-use crate::apply::error::ApplyError;
+use crate::apply::error::{ApplyError, InstallFailure};
 use crate::apply::restore::put_back_file;
-use crate::remote::error_chain;
+use crate::remote::RemoteError;
 
 /// Why files were put back before any restart.
 pub(super) enum PutBack {
@@ -62,16 +62,23 @@ async fn put_back_endings(ranks: &[Rank<'_>], why: PutBack) -> Vec<Ending> {
     put_back
         .into_iter()
         .enumerate()
-        .map(|(j, back)| match &why {
-            PutBack::Cancelled => decide::cancelled_before_restart(&interrupted, back),
-            PutBack::Arm { error, .. } => decide::install_failed(error, back),
-            PutBack::Write { rank, error } if j == *rank => decide::install_failed(error, back),
-            PutBack::Write { rank, error } => {
-                let peer = ApplyError::InstallFailed(format!(
-                    "rank {rank} ({}) of the server group could not be installed: {error}",
-                    ranks[*rank].job.t.host
-                ));
-                decide::install_failed(&peer, back)
+        .map(|(j, back)| {
+            let back = back
+                .as_ref()
+                .copied()
+                .map_err(|e| e as &(dyn std::error::Error + 'static));
+            match &why {
+                PutBack::Cancelled => decide::cancelled_before_restart(&interrupted, back),
+                PutBack::Arm { error, .. } => decide::install_failed(error, back),
+                PutBack::Write { rank, error } if j == *rank => decide::install_failed(error, back),
+                PutBack::Write { rank, error } => {
+                    let peer = ApplyError::InstallFailed(InstallFailure::Peer {
+                        rank: *rank,
+                        host: ranks[*rank].job.t.host.clone(),
+                        source: Box::new(error.clone()),
+                    });
+                    decide::install_failed(&peer, back)
+                }
             }
         })
         .collect()
@@ -79,7 +86,7 @@ async fn put_back_endings(ranks: &[Rank<'_>], why: PutBack) -> Vec<Ending> {
 
 /// Every rank's file put back after a failed install or a cancel before the restart: each
 /// rank's `Ok(whether anything was put back)`, or why it could not be.
-async fn put_back_all(ranks: &[Rank<'_>]) -> Vec<Result<bool, String>> {
+async fn put_back_all(ranks: &[Rank<'_>]) -> Vec<Result<bool, RemoteError>> {
     join_all(ranks.iter().map(|r| async move {
         put_back_file(
             r.job.host,
@@ -88,7 +95,6 @@ async fn put_back_all(ranks: &[Rank<'_>]) -> Vec<Result<bool, String>> {
             r.fallback.layers.aside.as_ref(),
         )
         .await
-        .map_err(|e| error_chain(&e))
     }))
     .await
 }

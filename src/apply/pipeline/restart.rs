@@ -1,16 +1,18 @@
 //! `Step::Restart`: every rank stopped and started in SGLang's order, under the guards' lease.
 //! The group's stop (`stop_ranks`) is `Step::RollBack`'s too.
 
+use std::sync::Arc;
+
 use futures::future::join_all;
 use reconcile_core::group::{start_order, stop_steps, StopStep};
 use reconcile_core::transaction::Went;
 
 use super::{Carried, Cause, Rank};
 use crate::apply::decide;
-use crate::apply::error::ApplyError;
+use crate::apply::error::{ApplyError, RestartFailure};
 use crate::apply::guard::{self, Armed};
 use crate::plan::Verdict;
-use crate::remote::{self, error_chain, Host};
+use crate::remote::{error_chain, Host, RemoteError};
 use crate::systemd::Systemd as _;
 use crate::verify::Stage;
 
@@ -23,7 +25,7 @@ pub(super) async fn restart(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went
         let cause = Cause {
             rank,
             stage: Stage::Restart,
-            error: ApplyError::RestartFailed(format!("nothing was restarted: {why}")),
+            error: ApplyError::RestartFailed(RestartFailure::NotRestarted(why)),
         };
         c.failed = Some((vec![cause], Vec::new()));
         return Went::Failed;
@@ -35,7 +37,7 @@ pub(super) async fn restart(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went
             let cause = Cause {
                 rank,
                 stage: Stage::Restart,
-                error: ApplyError::RestartFailed(e),
+                error: ApplyError::RestartFailed(RestartFailure::Host(Arc::new(e))),
             };
             c.failed = Some((vec![cause], Vec::new()));
             Went::Failed
@@ -49,13 +51,13 @@ pub(super) async fn restart(ranks: &mut [Rank<'_>], c: &mut Carried<'_>) -> Went
 /// once, so their starts lie as close together as one `systemctl start` on rank 0 allows (a rank
 /// waits at the rendezvous for the others, and loads only when all are there). Each invocation
 /// is noted. `Err` names the rank that could not be stopped or started.
-async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)> {
+async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, RemoteError)> {
     if let [r] = ranks {
         // A server of one: one `systemctl restart`, a job systemd runs whole.
         let (host, unit) = (r.job.host, &r.job.t.desired.unit);
         r.invocation = restart_unit(host, unit, r.verdict)
             .await
-            .map_err(|e| (0, error_chain(&e)))?;
+            .map_err(|e| (0, e))?;
         note_stop(r).await;
         return Ok(());
     }
@@ -74,7 +76,7 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
                 .run_ok(&["systemctl", "enable", "--", &r.job.t.desired.unit])
                 .await?;
         }
-        Ok::<(), remote::RemoteError>(())
+        Ok::<(), RemoteError>(())
     }))
     .await;
     first_error(enabled)?;
@@ -88,18 +90,18 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
     };
     let order = start_order(ranks.len());
     if let Some((&first, rest)) = order.split_first() {
-        start(first).await.map_err(|e| (first, error_chain(&e)))?;
+        start(first).await.map_err(|e| (first, e))?;
         let started = join_all(rest.iter().map(|&i| start(i))).await;
         if let Some((j, e)) = started
             .into_iter()
             .enumerate()
             .find_map(|(j, r)| r.err().map(|e| (j, e)))
         {
-            return Err((rest[j], error_chain(&e)));
+            return Err((rest[j], e));
         }
     }
     let invocations = join_all(ranks.iter().map(|r| async move {
-        Ok::<String, remote::RemoteError>(
+        Ok::<String, RemoteError>(
             r.job
                 .host
                 .unit_state(&r.job.t.desired.unit)
@@ -109,7 +111,7 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
     }))
     .await;
     for (i, invocation) in invocations.into_iter().enumerate() {
-        ranks[i].invocation = invocation.map_err(|e| (i, error_chain(&e)))?;
+        ranks[i].invocation = invocation.map_err(|e| (i, e))?;
     }
     Ok(())
 }
@@ -118,7 +120,7 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, String)>
 /// that fails for a rank ends the stop there (the later steps wait on it): the ranks that could
 /// not be stopped, with why. A SIGTERM that could not be sent is no failure: the stop after it
 /// says whether the rank stopped.
-pub(super) async fn stop_ranks(ranks: &[Rank<'_>], which: &[usize]) -> Vec<(usize, String)> {
+pub(super) async fn stop_ranks(ranks: &[Rank<'_>], which: &[usize]) -> Vec<(usize, RemoteError)> {
     for step in stop_steps(which) {
         let (verb, is, fatal): (&[&str], Vec<usize>, bool) = match step {
             StopStep::Begin(is) => (&["stop", "--no-block"], is, true),
@@ -136,16 +138,20 @@ pub(super) async fn stop_ranks(ranks: &[Rank<'_>], which: &[usize]) -> Vec<(usiz
             async move { host.run_ok(&argv).await }
         }))
         .await;
-        let failed: Vec<(usize, String)> = is
+        let failed: Vec<(usize, RemoteError)> = is
             .iter()
             .zip(results)
-            .filter_map(|(&i, r)| Some((i, error_chain(&r.err()?))))
+            .filter_map(|(&i, r)| Some((i, r.err()?)))
             .collect();
         if fatal && !failed.is_empty() {
             return failed;
         }
         for (i, e) in &failed {
-            tracing::debug!(rank = i, "SIGTERM to the rank's processes: {e}");
+            tracing::debug!(
+                rank = i,
+                "SIGTERM to the rank's processes: {}",
+                error_chain(e)
+            );
         }
     }
     Vec::new()
@@ -169,7 +175,7 @@ async fn restart_unit(
     host: &dyn Host,
     unit: &str,
     verdict: Verdict,
-) -> Result<String, remote::RemoteError> {
+) -> Result<String, RemoteError> {
     if verdict == Verdict::Install {
         host.run_ok(&["systemctl", "enable", "--", unit]).await?;
     }
@@ -178,13 +184,13 @@ async fn restart_unit(
 }
 
 /// The first rank whose step failed, with why.
-fn first_error(results: Vec<Result<(), remote::RemoteError>>) -> Result<(), (usize, String)> {
+fn first_error(results: Vec<Result<(), RemoteError>>) -> Result<(), (usize, RemoteError)> {
     match results
         .into_iter()
         .enumerate()
         .find_map(|(i, r)| r.err().map(|e| (i, e)))
     {
-        Some((i, e)) => Err((i, error_chain(&e))),
+        Some((i, e)) => Err((i, e)),
         None => Ok(()),
     }
 }

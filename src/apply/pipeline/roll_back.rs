@@ -16,7 +16,7 @@ use crate::apply::error::ApplyError;
 use crate::apply::guard::{self, Armed};
 use crate::apply::install;
 use crate::apply::restore::{restore, restored_check, NotRestored, Restored};
-use crate::remote::{self, error_chain, Host};
+use crate::remote::{self, error_chain, Host, RemoteError};
 use crate::verify::Stage;
 
 /// `Step::RollBack`: every rank's ending, from what failed and how its way back went.
@@ -41,7 +41,7 @@ struct Back {
     /// This run's restore and its verification.
     restored: Option<Result<Restored, NotRestored>>,
     /// Stopping it before the restore failed.
-    stop_failed: Option<String>,
+    stop_failed: Option<RemoteError>,
     reached: bool,
     /// Its guard restored it, and this run does not again; a group's restore starts it with the
     /// other ranks (a rank 0 stopped gracefully ends its followers, and systemd does not start a
@@ -121,11 +121,9 @@ async fn roll_back_ranks(
         let mut text = failure_text(i, &cause, &failed_host);
         text.push_str(&back.path);
         if let Some(e) = &back.stop_failed {
-            text.push_str(&format!("; stopping it failed: {e}"));
+            text.push_str(&format!("; stopping it failed: {}", error_chain(e)));
         }
-        let result = back
-            .restored
-            .unwrap_or(Err(NotRestored::Restore("not restored".into())));
+        let result = back.restored.unwrap_or(Err(NotRestored::NotDone));
         let ending = decide::rolled_back(&text, kind, &result);
         match result {
             Ok(Restored::Verified(v)) => report.rollback = Some(*v),
@@ -398,7 +396,7 @@ async fn restore_ranks(
     for i in start_order(n) {
         if which.contains(&i) {
             if let Err(e) = restore(&restores[i]).await {
-                results[i] = Some(Err(NotRestored::Restore(error_chain(&e))));
+                results[i] = Some(Err(NotRestored::Restore(e)));
             }
         } else if with_group.contains(&i) {
             let (host, unit) = (ranks[i].job.host, &ranks[i].job.t.desired.unit);

@@ -3,18 +3,20 @@
 //! aside: `Step::Arm` calls it before it arms the guards, and a reload-only change, which arms
 //! none, calls it here.
 
+use std::sync::Arc;
+
 use futures::future::join_all;
 use reconcile_core::transaction::{Kind, Went};
 
 use super::put_back::PutBack;
 use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
-use crate::apply::error::ApplyError;
+use crate::apply::error::{ApplyError, InstallFailure};
 use crate::apply::install;
 use crate::apply::Outcome;
 use crate::plan::Verdict;
 use crate::record::LiveRecord;
-use crate::remote::{error_chain, RemoteError};
+use crate::remote::RemoteError;
 use crate::state;
 
 /// `Step::Write`: the last moment to stop without a restart. A signal before the write, or during
@@ -34,7 +36,7 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
             .map_err(|(i, why)| {
                 (
                     i,
-                    ApplyError::InstallFailed(format!("nothing was written: {why}")),
+                    ApplyError::InstallFailed(InstallFailure::NotWritten(why)),
                 )
             }),
     };
@@ -99,7 +101,10 @@ fn first_failed(done: Vec<Result<(), RemoteError>>) -> Result<(), (usize, ApplyE
         .enumerate()
         .find_map(|(i, w)| w.err().map(|e| (i, e)))
     {
-        Some((i, e)) => Err((i, ApplyError::InstallFailed(error_chain(&e)))),
+        Some((i, e)) => Err((
+            i,
+            ApplyError::InstallFailed(InstallFailure::Host(Arc::new(e))),
+        )),
         None => Ok(()),
     }
 }
