@@ -479,14 +479,19 @@ mod tests {
         }
     }
 
-    fn plan_between(old: &str, new: &str) -> UnitPlan {
+    /// The plan from the host's unit text (`None`: no unit) to the manifest `new`.
+    fn plan_onto(new: &str, host: Option<&str>) -> UnitPlan {
         plan(
             "h",
             "m.yaml",
             &desired(new),
-            &observed(Some(&desired(old).text)),
+            &observed(host),
             &Redactor::default(),
         )
+    }
+
+    fn plan_between(old: &str, new: &str) -> UnitPlan {
+        plan_onto(new, Some(&desired(old).text))
     }
 
     /// BASE with its flags as `flags` (a YAML map's body).
@@ -544,13 +549,7 @@ mod tests {
 
     #[test]
     fn a_missing_unit_is_installed() {
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(BASE),
-            &observed(None),
-            &Redactor::default(),
-        );
+        let p = plan_onto(BASE, None);
         assert_eq!(p.verdict, Verdict::Install);
         assert!(
             p.diff.starts_with("--- /dev/null\n+++ m.yaml\n"),
@@ -625,22 +624,10 @@ mod tests {
     #[test]
     fn a_hand_written_unit_without_type_runs_as_simple_and_only_reloads() {
         let hand = "[Service]\nEnvironment=A=1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n";
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(&plain()),
-            &observed(Some(hand)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(&plain(), Some(hand));
         assert_eq!(p.verdict, Verdict::ReloadOnly, "{:#?}", p.summary);
         let forking = hand.replace("[Service]\n", "[Service]\nType=forking\n");
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(&plain()),
-            &observed(Some(&forking)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(&plain(), Some(&forking));
         assert_eq!(p.verdict, Verdict::Restart);
         assert_eq!(
             restart_reason(&parse_unit(&forking), &desired(&plain()).model, None).as_deref(),
@@ -651,13 +638,7 @@ mod tests {
     #[test]
     fn a_hand_written_unit_with_the_same_meaning_only_reloads() {
         let hand = "[Unit]\nDescription=first\nAfter=network-online.target\nWants=network-online.target\n[Service]\nType=simple\nEnvironment=A=1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n[Install]\nWantedBy=multi-user.target\n";
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(&plain()),
-            &observed(Some(hand)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(&plain(), Some(hand));
         assert_eq!(p.verdict, Verdict::ReloadOnly, "{:#?}", p.summary);
         assert!(p
             .notes
@@ -693,13 +674,7 @@ mod tests {
             hand.env["HF_TOKEN"],
             hand.exec_start.join(" ")
         );
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(BASE),
-            &observed(Some(&inline)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(BASE, Some(&inline));
         assert!(
             !format!("{}{:?}", p.diff, p.summary).contains("hf_supersecret"),
             "{}",

@@ -201,6 +201,17 @@ impl Checker<'_> {
             .push(invalid(self.file, self.text, path, &field, message.into()));
     }
 
+    /// Fails each item of the list at `path` that is `bad`, at its index.
+    fn fail_each<T>(&mut self, path: &[Seg], items: &[T], bad: impl Fn(&T) -> bool, message: &str) {
+        for (i, item) in items.iter().enumerate() {
+            if bad(item) {
+                let mut at = path.to_vec();
+                at.push(Seg::Index(i));
+                self.fail(&at, message);
+            }
+        }
+    }
+
     fn unit_name(&mut self, name: &str) {
         let ok = !name.is_empty()
             && name.len() <= 200
@@ -678,22 +689,18 @@ impl Checker<'_> {
                 "top_logprobs is how many tokens a position keeps, between 1 and 100",
             );
         }
+        // `verify.quality.<part>.<key>`.
+        let part = |part, key| {
+            [
+                Seg::Key("verify"),
+                Seg::Key("quality"),
+                Seg::Key(part),
+                Seg::Key(key),
+            ]
+        };
         if let Some(l) = &q.long_context {
-            let long = |key| {
-                [
-                    Seg::Key("verify"),
-                    Seg::Key("quality"),
-                    Seg::Key("long_context"),
-                    Seg::Key(key),
-                ]
-            };
-            for (i, length) in l.lengths.iter().enumerate() {
-                if *length < 256 {
-                    let mut path = long("lengths").to_vec();
-                    path.push(Seg::Index(i));
-                    self.fail(&path, "a long-context length is at least 256 words (several keys, a chain and a list need room)");
-                }
-            }
+            let long = |key| part("long_context", key);
+            self.fail_each(&long("lengths"), &l.lengths, |length| *length < 256, "a long-context length is at least 256 words (several keys, a chain and a list need room)");
             if l.tasks.is_empty() {
                 self.fail(
                     &long("tasks"),
@@ -708,34 +715,22 @@ impl Checker<'_> {
             }
         }
         if let Some(n) = &q.needle {
-            let needle = |key| {
-                [
-                    Seg::Key("verify"),
-                    Seg::Key("quality"),
-                    Seg::Key("needle"),
-                    Seg::Key(key),
-                ]
-            };
-            for (i, length) in n.lengths.iter().enumerate() {
-                if *length < 64 {
-                    let mut path = needle("lengths").to_vec();
-                    path.push(Seg::Index(i));
-                    self.fail(&path, "a needle length is at least 64 tokens (the key and the question need room)");
-                }
-            }
+            let needle = |key| part("needle", key);
+            self.fail_each(
+                &needle("lengths"),
+                &n.lengths,
+                |length| *length < 64,
+                "a needle length is at least 64 tokens (the key and the question need room)",
+            );
             if n.depths.is_empty() {
                 self.fail(&needle("depths"), "list at least one depth (0.1, 0.5, 0.9)");
             }
-            for (i, depth) in n.depths.iter().enumerate() {
-                if !(depth.is_finite() && *depth > 0.0 && *depth < 1.0) {
-                    let mut path = needle("depths").to_vec();
-                    path.push(Seg::Index(i));
-                    self.fail(
-                        &path,
-                        "a depth is a fraction of the prompt, above 0 and below 1",
-                    );
-                }
-            }
+            self.fail_each(
+                &needle("depths"),
+                &n.depths,
+                |depth| !(depth.is_finite() && *depth > 0.0 && *depth < 1.0),
+                "a depth is a fraction of the prompt, above 0 and below 1",
+            );
         }
     }
 
@@ -744,17 +739,12 @@ impl Checker<'_> {
         if b.levels.is_empty() {
             self.fail(&at("levels"), "list at least one concurrency level");
         }
-        for (i, level) in b.levels.iter().enumerate() {
-            if !(1..=4096).contains(level) {
-                let path = [
-                    Seg::Key("verify"),
-                    Seg::Key("benchmark"),
-                    Seg::Key("levels"),
-                    Seg::Index(i),
-                ];
-                self.fail(&path, "a concurrency level must be between 1 and 4096");
-            }
-        }
+        self.fail_each(
+            &at("levels"),
+            &b.levels,
+            |level| !(1..=4096).contains(level),
+            "a concurrency level must be between 1 and 4096",
+        );
         let mut sorted = b.levels.clone();
         sorted.sort_unstable();
         sorted.dedup();
