@@ -457,6 +457,7 @@ fn deltas(
 mod tests {
     use super::*;
     use crate::manifest::parse;
+    use crate::testing::{assert_any, assert_holds};
     use crate::unit::render;
 
     const BASE: &str = "service: s\nhosts: [h]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n  flags: { tp-size: 4, context-length: 8192, trust-remote-code: true }\nenv: { HF_TOKEN: hf_supersecret_1, A: \"1\" }\ndescription: first\n";
@@ -660,13 +661,7 @@ mod tests {
             "{}",
             p.diff
         );
-        assert!(
-            p.notes
-                .iter()
-                .any(|n| n.contains("secret environment (HF_TOKEN)")),
-            "{:?}",
-            p.notes
-        );
+        assert_any(&p.notes, "secret environment (HF_TOKEN)");
         // A unit that had it inline moves it, its value shown nowhere.
         let hand = desired(BASE).inline_model();
         let inline = format!(
@@ -680,11 +675,6 @@ mod tests {
             "{}",
             p.diff
         );
-        assert!(
-            p.diff
-                .contains("-Environment=\"A=1\" \"HF_TOKEN=<redacted>\""),
-            "{}",
-            p.diff
-        );
+        assert_holds(&p.diff, "-Environment=\"A=1\" \"HF_TOKEN=<redacted>\"");
     }
 }

@@ -6,6 +6,7 @@ use crate::manifest::{parse, FlagValue};
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict};
 use crate::sglang::check_manifest;
+use crate::testing::{assert_any, assert_each_holds, assert_holds};
 use crate::unit::render;
 
 const UNIT: &str = "sglang-qwen.service";
@@ -198,11 +199,8 @@ fn the_seeds_unit_round_trips_with_its_secrets_as_references() {
         !yaml.contains("hf_abcdefghijklmnop") && !yaml.contains("sk-secret-key-123"),
         "{yaml}"
     );
-    assert!(yaml.contains("HF_TOKEN: { from_env: HF_TOKEN }"), "{yaml}");
-    assert!(
-        yaml.contains("api-key: { from_env: SGLANG_API_KEY }"),
-        "{yaml}"
-    );
+    assert_holds(&yaml, "HF_TOKEN: { from_env: HF_TOKEN }");
+    assert_holds(&yaml, "api-key: { from_env: SGLANG_API_KEY }");
     assert_eq!(
         imported.exports,
         [
@@ -262,16 +260,8 @@ fn list_flags_round_trip_as_yaml_lists() {
         "{}",
         imported.yaml
     );
-    assert!(
-        imported.yaml.contains("    numa-node: [0]\n"),
-        "{}",
-        imported.yaml
-    );
-    assert!(
-        imported.yaml.contains("    mem-fraction-static: 0.5\n"),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "    numa-node: [0]\n");
+    assert_holds(&imported.yaml, "    mem-fraction-static: 0.5\n");
 }
 
 #[test]
@@ -291,7 +281,7 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
     let both = files(&[(FRAGMENT, ENVFILE), (DROPIN, OVERRIDE)]);
     let (_, imported) = round_trip(&both);
     let yaml = &imported.yaml;
-    assert!(yaml.contains("    tp-size: 1\n"), "{yaml}");
+    assert_holds(&yaml, "    tp-size: 1\n");
     assert!(
         yaml.contains(&format!(
             "  python: /usr/bin/python3  # ExecStart from {DROPIN}:3\n"
@@ -306,7 +296,7 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
         yaml.contains(&format!("  Nice: 5  # from {DROPIN}:5\n")),
         "{yaml}"
     );
-    assert!(yaml.contains("  dropins: replace\n"), "{yaml}");
+    assert_holds(&yaml, "  dropins: replace\n");
     let m = parse("m.yaml", yaml).unwrap();
     assert_eq!(m.dropins, crate::manifest::DropInPolicy::Replace);
     assert_eq!(python(UNIT, &both).as_deref(), Some("/usr/bin/python3"));
@@ -318,11 +308,7 @@ fn drop_ins_shared_with_other_units_are_not_folded_in() {
     let all = files(&[(FRAGMENT, ENVFILE), (shared, "[Service]\nLimitCORE=0\n")]);
     let imported = import(&request(&all, &[])).unwrap();
     assert!(!imported.yaml.contains("LimitCORE"), "{}", imported.yaml);
-    assert!(
-        imported.notes.iter().any(|n| n.contains(shared)),
-        "{:?}",
-        imported.notes
-    );
+    assert_any(&imported.notes, shared);
 }
 
 #[test]
@@ -332,16 +318,8 @@ fn a_declared_secret_env_is_a_reference_and_stays_declared() {
     let declared = ["MY_DSN".to_string()];
     let imported = import(&request(&fs, &declared)).unwrap();
     assert!(!imported.yaml.contains("postgres://"), "{}", imported.yaml);
-    assert!(
-        imported.yaml.contains("MY_DSN: { from_env: MY_DSN }"),
-        "{}",
-        imported.yaml
-    );
-    assert!(
-        imported.yaml.contains("secret_env: [MY_DSN]"),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "MY_DSN: { from_env: MY_DSN }");
+    assert_holds(&imported.yaml, "secret_env: [MY_DSN]");
 }
 
 /// Each problem, with the file and line it is on.
@@ -411,10 +389,7 @@ fn what_a_manifest_cannot_express_is_refused_with_its_line() {
         !e.iter().any(|e| e.contains("Type")),
         "no Type= is Type=simple, systemd's default: {e:#?}"
     );
-    assert!(
-        e.iter().any(|e| e.contains(":2: ExecStart's `-` prefix")),
-        "{e:#?}"
-    );
+    assert_any(&e, ":2: ExecStart's `-` prefix");
     assert!(
         e.iter().any(
             |e| e.contains(":2: --tp-size is given twice (as --tp and --tensor-parallel-size)")
@@ -483,11 +458,7 @@ fn aliases_abbreviations_and_old_spellings_are_adopted_restarting_nothing() {
     // An alias stays as written: the unit's text is the manifest's.
     let unit = OPERATORS.replace(" --tp 4", "");
     let (_, imported) = round_trip(&files(&[(FRAGMENT, &unit)]));
-    assert!(
-        imported.yaml.contains("    tensor-parallel-size: 4\n"),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "    tensor-parallel-size: 4\n");
 }
 
 #[test]
@@ -541,12 +512,9 @@ fn a_unit_that_runs_sglang_serve_round_trips_with_its_console_script() {
             "/models/test"
         ]
     );
-    assert!(
-        desired.text.contains(
-            "\nExecStart=/opt/sglang/.venv/bin/sglang serve \\\n\t--model-path /models/test \\\n"
-        ),
-        "{}",
-        desired.text
+    assert_holds(
+        &desired.text,
+        "\nExecStart=/opt/sglang/.venv/bin/sglang serve \\\n\t--model-path /models/test \\\n",
     );
     assert_eq!(
         crate::flags::server_args(&desired.model.exec_start)[..2],
@@ -555,12 +523,9 @@ fn a_unit_that_runs_sglang_serve_round_trips_with_its_console_script() {
 
     // Without the script's interpreter there is no python to name.
     let e = refused(&[(FRAGMENT, unit)]);
-    assert_eq!(e.len(), 1, "{e:#?}");
-    assert!(
-        e[0].contains(
-            "the Python of `/opt/sglang/.venv/bin/sglang` (its `#!` line) could not be read"
-        ),
-        "{e:#?}"
+    assert_each_holds(
+        &e,
+        &["the Python of `/opt/sglang/.venv/bin/sglang` (its `#!` line) could not be read"],
     );
 }
 

@@ -1248,6 +1248,7 @@ impl JsonSchema for HumanDuration {
 mod tests {
     use super::*;
     use crate::manifest::NodeGroup;
+    use crate::testing::{assert_holds, assert_starts};
 
     const MINIMAL: &str = "service: s\nhosts: [a]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n";
 
@@ -1381,7 +1382,7 @@ mod tests {
             (position.unwrap(), field.as_str()),
             (Position { line: 3, column: 8 }, "nodes")
         );
-        assert!(message.contains("not both"), "{message}");
+        assert_holds(&message, "not both");
         let neither = MINIMAL.replace("hosts: [a]\n", "");
         let e = parse("m.yaml", &neither).unwrap_err().0[0].to_string();
         assert_eq!(
@@ -1404,15 +1405,7 @@ mod tests {
             .iter()
             .map(|e| e.to_string())
             .collect();
-        assert_eq!(e.len(), 2, "{e:?}");
-        assert!(
-            e[0].starts_with("m.yaml:4:5: hosts[0].address: `address` is how the other ranks"),
-            "{e:?}"
-        );
-        assert!(
-            e[1].starts_with("m.yaml:10:3: sglang.dist_init_port: dist_init_port is the rendezvous port of a server group: it needs `nodes:`"),
-            "{e:?}"
-        );
+        assert_starts(&e, &["m.yaml:4:5: hosts[0].address: `address` is how the other ranks", "m.yaml:10:3: sglang.dist_init_port: dist_init_port is the rendezvous port of a server group: it needs `nodes:`"]);
     }
 
     #[test]
@@ -1421,7 +1414,7 @@ mod tests {
         let (position, field, message) = error_of(&text);
         assert_eq!(position.unwrap().line, 8);
         assert_eq!(field, "sglang.flgs");
-        assert!(message.contains("unknown field `flgs`"), "{message}");
+        assert_holds(&message, "unknown field `flgs`");
     }
 
     #[test]
@@ -1429,13 +1422,13 @@ mod tests {
         let (position, field, message) = error_of(&MINIMAL.replace("port: 30000", "port: high"));
         assert_eq!(position.unwrap(), Position { line: 7, column: 9 });
         assert_eq!(field, "sglang.port");
-        assert!(message.contains("invalid type"), "{message}");
+        assert_holds(&message, "invalid type");
     }
 
     #[test]
     fn missing_field_is_named() {
         let (_, _, message) = error_of(&MINIMAL.replace("  port: 30000\n", ""));
-        assert!(message.contains("missing field `port`"), "{message}");
+        assert_holds(&message, "missing field `port`");
     }
 
     #[test]
@@ -1459,7 +1452,7 @@ mod tests {
     fn bad_duration_says_what_is_expected() {
         let (_, field, message) = error_of(&format!("{MINIMAL}verify: {{ crash_window: soon }}\n"));
         assert_eq!(field, "verify.crash_window");
-        assert!(message.contains("not a duration"), "{message}");
+        assert_holds(&message, "not a duration");
     }
 
     #[test]
@@ -1490,10 +1483,10 @@ mod tests {
             (position.unwrap().line, field.as_str()),
             (9, "drain.on_timeout")
         );
-        assert!(message.contains("unknown variant `wait`"), "{message}");
+        assert_holds(&message, "unknown variant `wait`");
         let (_, field, message) = error_of(&format!("{MINIMAL}drain: {{ timeout: later }}\n"));
         assert_eq!(field, "drain.timeout");
-        assert!(message.contains("not a duration"), "{message}");
+        assert_holds(&message, "not a duration");
         let (_, field, _) = error_of(&format!("{MINIMAL}drain: {{ timout: 1m }}\n"));
         assert_eq!(field, "drain.timout");
     }

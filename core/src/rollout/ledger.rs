@@ -231,6 +231,7 @@ pub(crate) fn entry_for_test(revision: &str, state: State) -> HostEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
 
     #[test]
     fn keys_name_hosts_and_slots_and_parse_back() {
@@ -298,7 +299,7 @@ mod tests {
             detail: None,
         };
         let text = serde_json::to_string(&e).unwrap();
-        assert!(text.contains("\"state\":\"up_to_date\""), "{text}");
+        assert_holds(&text, "\"state\":\"up_to_date\"");
         assert!(!text.contains("detail"), "{text}");
         assert_eq!(serde_json::from_str::<HostEntry>(&text).unwrap(), e);
         let later = HostEntry { at: 9, ..e.clone() };

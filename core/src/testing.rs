@@ -1,0 +1,44 @@
+//! Assertions the unit tests share. Most tests check messages (errors, findings, notes, report
+//! text) by the part each must hold; these say which part is missing and show the whole text or
+//! list when one is, so each test states only what it expects.
+
+use std::fmt::Debug;
+
+/// `messages` are as many as `prefixes`, and each begins with its own.
+#[track_caller]
+pub(crate) fn assert_starts<S: AsRef<str> + Debug>(messages: &[S], prefixes: &[&str]) {
+    assert_eq!(messages.len(), prefixes.len(), "{messages:#?}");
+    for (i, (message, prefix)) in messages.iter().zip(prefixes).enumerate() {
+        assert!(
+            message.as_ref().starts_with(prefix),
+            "message {i} does not begin with {prefix:?}: {messages:#?}"
+        );
+    }
+}
+
+/// Some message of `messages` holds `part`.
+#[track_caller]
+pub(crate) fn assert_any<S: AsRef<str> + Debug>(messages: &[S], part: &str) {
+    assert!(
+        messages.iter().any(|m| m.as_ref().contains(part)),
+        "no message holds {part:?}: {messages:#?}"
+    );
+}
+
+/// `text` holds `part`.
+#[track_caller]
+pub(crate) fn assert_holds(text: &str, part: &str) {
+    assert!(text.contains(part), "{part:?} is not in:\n{text}");
+}
+
+/// `messages` are as many as `parts`, and each holds its own.
+#[track_caller]
+pub(crate) fn assert_each_holds<S: AsRef<str> + Debug>(messages: &[S], parts: &[&str]) {
+    assert_eq!(messages.len(), parts.len(), "{messages:#?}");
+    for (i, (message, part)) in messages.iter().zip(parts).enumerate() {
+        assert!(
+            message.as_ref().contains(part),
+            "message {i} does not hold {part:?}: {messages:#?}"
+        );
+    }
+}
