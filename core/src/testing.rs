@@ -7,11 +7,28 @@ use std::fmt::Debug;
 /// `messages` are as many as `prefixes`, and each begins with its own.
 #[track_caller]
 pub(crate) fn assert_starts<S: AsRef<str> + Debug>(messages: &[S], prefixes: &[&str]) {
-    assert_eq!(messages.len(), prefixes.len(), "{messages:#?}");
-    for (i, (message, prefix)) in messages.iter().zip(prefixes).enumerate() {
+    assert_each(messages, prefixes, "begin with", |m, p| m.starts_with(p));
+}
+
+/// `messages` are as many as `parts`, and each holds its own.
+#[track_caller]
+pub(crate) fn assert_each_holds<S: AsRef<str> + Debug>(messages: &[S], parts: &[&str]) {
+    assert_each(messages, parts, "hold", |m, p| m.contains(p));
+}
+
+/// `messages` are as many as `parts`, and each passes `test` against its own.
+#[track_caller]
+fn assert_each<S: AsRef<str> + Debug>(
+    messages: &[S],
+    parts: &[&str],
+    what: &str,
+    test: fn(&str, &str) -> bool,
+) {
+    assert_eq!(messages.len(), parts.len(), "{messages:#?}");
+    for (i, (message, part)) in messages.iter().zip(parts).enumerate() {
         assert!(
-            message.as_ref().starts_with(prefix),
-            "message {i} does not begin with {prefix:?}: {messages:#?}"
+            test(message.as_ref(), part),
+            "message {i} does not {what} {part:?}: {messages:#?}"
         );
     }
 }
@@ -29,16 +46,4 @@ pub(crate) fn assert_any<S: AsRef<str> + Debug>(messages: &[S], part: &str) {
 #[track_caller]
 pub(crate) fn assert_holds(text: &str, part: &str) {
     assert!(text.contains(part), "{part:?} is not in:\n{text}");
-}
-
-/// `messages` are as many as `parts`, and each holds its own.
-#[track_caller]
-pub(crate) fn assert_each_holds<S: AsRef<str> + Debug>(messages: &[S], parts: &[&str]) {
-    assert_eq!(messages.len(), parts.len(), "{messages:#?}");
-    for (i, (message, part)) in messages.iter().zip(parts).enumerate() {
-        assert!(
-            message.as_ref().contains(part),
-            "message {i} does not hold {part:?}: {messages:#?}"
-        );
-    }
 }

@@ -541,17 +541,17 @@ struct RawHost(RawHostEntry);
 /// A string, number or bool, kept as the text the unit will hold.
 struct Scalar(String);
 
-/// A flag as written: its value, or `{ from_env: VAR }` (see `reference.rs`).
-enum RawFlag {
-    Value(FlagValue),
+/// A value as written: the value itself, or `{ from_env: VAR }` (see `reference.rs`).
+enum Raw<T> {
+    Value(T),
     FromEnv(String),
 }
 
-/// An env value as written: a scalar (kept as its text), or `{ from_env: VAR }`.
-enum RawEnv {
-    Value(String),
-    FromEnv(String),
-}
+/// A flag as written.
+type RawFlag = Raw<FlagValue>;
+
+/// An env value as written: a scalar, kept as its text.
+type RawEnv = Raw<String>;
 
 /// `{ from_env: VAR }`.
 #[derive(Deserialize)]
@@ -723,8 +723,14 @@ impl RawManifest {
         };
         let labels = strings(self.labels);
         let mut references = Vec::new();
-        let env = env_values(self.env, None, text, &mut references);
-        let sglang_flags = flag_values(self.sglang.flags, None, text, &mut references);
+        let env = written(self.env, RefTarget::Env, None, text, &mut references);
+        let sglang_flags = written(
+            self.sglang.flags,
+            RefTarget::Flag,
+            None,
+            text,
+            &mut references,
+        );
         // `structure` has refused both or neither.
         let (list, entries) = match (self.hosts, self.nodes) {
             (_, Some(nodes)) => ("nodes", nodes),
@@ -870,8 +876,8 @@ impl RawHostEntry {
         HostSpec {
             name: self.name,
             labels,
-            env: env_values(self.env, Some(at), text, references),
-            flags: flag_values(self.flags, Some(at), text, references),
+            env: written(self.env, RefTarget::Env, Some(at), text, references),
+            flags: written(self.flags, RefTarget::Flag, Some(at), text, references),
             systemd,
             hardening,
         }
@@ -882,44 +888,23 @@ fn strings(map: BTreeMap<String, Scalar>) -> BTreeMap<String, String> {
     map.into_iter().map(|(k, v)| (k, v.0)).collect()
 }
 
-/// The values written in place; each `{ from_env }` goes to `references` instead. `host`: the
-/// list (`hosts` or `nodes`) and index of the host entry they are written in, if any.
-fn flag_values(
-    map: BTreeMap<String, RawFlag>,
+/// The values of `map` (flags or env) written in place; each `{ from_env }` goes to `references`
+/// instead, as a `target`. `host`: the list (`hosts` or `nodes`) and index of the host entry they
+/// are written in, if any.
+fn written<T>(
+    map: BTreeMap<String, Raw<T>>,
+    target: fn(String) -> RefTarget,
     host: Option<(&'static str, usize)>,
     text: &str,
     references: &mut Vec<Reference>,
-) -> BTreeMap<String, FlagValue> {
-    let mut values = BTreeMap::new();
-    for (name, flag) in map {
-        match flag {
-            RawFlag::Value(v) => {
-                values.insert(name, v);
-            }
-            RawFlag::FromEnv(var) => {
-                references.push(reference(RefTarget::Flag(name), host, var, text))
-            }
-        }
-    }
-    values
-}
-
-/// [`flag_values`] for `env:`.
-fn env_values(
-    map: BTreeMap<String, RawEnv>,
-    host: Option<(&'static str, usize)>,
-    text: &str,
-    references: &mut Vec<Reference>,
-) -> BTreeMap<String, String> {
+) -> BTreeMap<String, T> {
     let mut values = BTreeMap::new();
     for (name, value) in map {
         match value {
-            RawEnv::Value(v) => {
+            Raw::Value(v) => {
                 values.insert(name, v);
             }
-            RawEnv::FromEnv(var) => {
-                references.push(reference(RefTarget::Env(name), host, var, text))
-            }
+            Raw::FromEnv(var) => references.push(reference(target(name), host, var, text)),
         }
     }
     values
