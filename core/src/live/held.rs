@@ -176,14 +176,19 @@ pub fn summary(change: &LiveChange) -> String {
         parts.push(format!("weights from {}", m.to));
     }
     if !change.settings.is_empty() {
-        let values: Vec<String> = change
-            .settings
-            .iter()
-            .map(|s| format!("--{} {}", s.flag, s.to))
-            .collect();
-        parts.push(format!("{} set", values.join(", ")));
+        parts.push(settings_set(&change.settings));
     }
     parts.join(", ")
+}
+
+/// The values a live change sets, as its summary and the apply's account name them:
+/// `--pp-max-micro-batch-size 8 set`.
+pub fn settings_set(settings: &[super::SettingChange]) -> String {
+    let values: Vec<String> = settings
+        .iter()
+        .map(|s| format!("--{} {}", s.flag, s.to))
+        .collect();
+    format!("{} set", values.join(", "))
 }
 
 /// The deployment record's account of `change`, told to the process whose command line is
