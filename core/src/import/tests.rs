@@ -240,26 +240,14 @@ fn quoted_values_and_percent_signs_round_trip() {
     assert_eq!(m.env["RATIO"], "50%");
     assert_eq!(m.env["PLAIN"], "xAy");
     // No After/Wants/WantedBy in the unit: the manifest says so, rather than gaining reconcile's.
-    assert!(
-        imported
-            .yaml
-            .contains("  After: \"\"  # the unit has no After="),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "  After: \"\"  # the unit has no After=");
     assert_eq!(m.references[0].var, "SGLANG_API_KEY");
 }
 
 #[test]
 fn list_flags_round_trip_as_yaml_lists() {
     let (_, imported) = round_trip(&files(&[(FRAGMENT, LISTS)]));
-    assert!(
-        imported
-            .yaml
-            .contains("    cuda-graph-bs-decode: [1, 2, 4, 8]\n"),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "    cuda-graph-bs-decode: [1, 2, 4, 8]\n");
     assert_holds(&imported.yaml, "    numa-node: [0]\n");
     assert_holds(&imported.yaml, "    mem-fraction-static: 0.5\n");
 }
@@ -267,12 +255,9 @@ fn list_flags_round_trip_as_yaml_lists() {
 #[test]
 fn an_environment_file_is_carried_as_a_setting() {
     let (_, imported) = round_trip(&files(&[(FRAGMENT, ENVFILE)]));
-    assert!(
-        imported
-            .yaml
-            .contains("  EnvironmentFile: \"-/etc/sglang/qwen.env\"\n"),
-        "{}",
-        imported.yaml
+    assert_holds(
+        &imported.yaml,
+        "  EnvironmentFile: \"-/etc/sglang/qwen.env\"\n",
     );
 }
 
@@ -469,12 +454,9 @@ fn an_unknown_sglang_version_imports_untyped() {
         ..request(&fs, &[])
     })
     .unwrap();
-    assert!(
-        imported
-            .yaml
-            .contains("    cuda-graph-bs-decode: [\"1\", \"2\", \"4\", \"8\"]\n"),
-        "{}",
-        imported.yaml
+    assert_holds(
+        &imported.yaml,
+        "    cuda-graph-bs-decode: [\"1\", \"2\", \"4\", \"8\"]\n",
     );
     assert!(
         imported.notes[0].contains("no catalog of SGLang 9.9.9"),
