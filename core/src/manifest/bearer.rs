@@ -152,7 +152,12 @@ mod tests {
     fn a_server_key_over_plain_http_to_another_machine_is_refused_at_verify_url() {
         let text = format!("{WITH_KEY}verify:\n  url: http://10.0.0.5:30000\n");
         let e = errors(&text);
-        assert_starts(&e, &["m.yaml:10:3: verify.url: `http://10.0.0.5:30000` is plain HTTP to another machine, and every request to the server carries its --api-key"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:10:3: verify.url: `http://10.0.0.5:30000` is plain HTTP to another machine, and every request to the server carries its --api-key",
+            ],
+        );
         assert!(e[0].contains("SSH forward"), "{e:?}");
         // A key written on one host only counts too.
         let per_host = format!(
@@ -184,7 +189,12 @@ mod tests {
     fn a_router_key_over_plain_http_to_another_machine_is_refused_unless_it_goes_via_ssh() {
         let router = "router:\n  url: http://10.0.0.9:30000\n  admin_key_env: ROUTER_KEY\n";
         let e = errors(&format!("{BASE}{router}"));
-        assert_starts(&e, &["m.yaml:9:3: router.url: `http://10.0.0.9:30000` is plain HTTP to another machine, and the admin API's requests carry the router's admin key: set `via`"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:9:3: router.url: `http://10.0.0.9:30000` is plain HTTP to another machine, and the admin API's requests carry the router's admin key: set `via`",
+            ],
+        );
         // The worker's own key goes in the body of `POST /workers`.
         let e = errors(&format!(
             "{WITH_KEY}router:\n  url: http://10.0.0.9:30000\n"

@@ -1390,7 +1390,13 @@ mod tests {
             .iter()
             .map(|e| e.to_string())
             .collect();
-        assert_starts(&e, &["m.yaml:4:5: hosts[0].address: `address` is how the other ranks", "m.yaml:10:3: sglang.dist_init_port: dist_init_port is the rendezvous port of a server group: it needs `nodes:`"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:4:5: hosts[0].address: `address` is how the other ranks",
+                "m.yaml:10:3: sglang.dist_init_port: dist_init_port is the rendezvous port of a server group: it needs `nodes:`",
+            ],
+        );
     }
 
     #[test]

@@ -207,7 +207,12 @@ mod tests {
         };
         check("    rl22: \"http://10.0.0.22:30000\"\n").unwrap();
         let e = check("    rl23: \"http://10.0.0.23:30000\"\n").unwrap_err();
-        assert_starts(&e, &["m.yaml:7:5: router.workers.rl23: `rl23` is not rank 0 of this server group: only rank 0 (rl22) serves the API"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:7:5: router.workers.rl23: `rl23` is not rank 0 of this server group: only rank 0 (rl22) serves the API",
+            ],
+        );
     }
 
     #[test]

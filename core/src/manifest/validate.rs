@@ -1182,11 +1182,24 @@ mod tests {
             "nodes:\n  - a\n  - name: b\n    flags: { node_rank: 1, dist-init: x }",
         ) + "  flags:\n    nnodes: 2\n    nccl-init-addr: a:1\n    tp-size: 2\n    no-such: false\n";
         let e = errors(&text);
-        assert_starts(&e, &["m.yaml:13:5: sglang.flags.nccl-init-addr: `nccl-init-addr` (--nccl-init-addr, the alias of --dist-init-addr) is rendered from `nodes:`", "m.yaml:12:5: sglang.flags.nnodes: --nnodes is rendered from `nodes:`", "m.yaml:5:28: nodes[1].flags.dist-init: `dist-init` (an abbreviation of --dist-init-addr) is rendered from `nodes:`", "m.yaml:5:14: nodes[1].flags.node_rank: `node_rank` (--node-rank) is rendered from `nodes:`"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:13:5: sglang.flags.nccl-init-addr: `nccl-init-addr` (--nccl-init-addr, the alias of --dist-init-addr) is rendered from `nodes:`",
+                "m.yaml:12:5: sglang.flags.nnodes: --nnodes is rendered from `nodes:`",
+                "m.yaml:5:28: nodes[1].flags.dist-init: `dist-init` (an abbreviation of --dist-init-addr) is rendered from `nodes:`",
+                "m.yaml:5:14: nodes[1].flags.node_rank: `node_rank` (--node-rank) is rendered from `nodes:`",
+            ],
+        );
         // One written `{ from_env }`, not yet in the flags.
         let text = format!("{GROUP}  flags:\n    dist-init-addr: {{ from_env: ADDR }}\n");
         let e = errors(&text);
-        assert_starts(&e, &["m.yaml:9:21: sglang.flags.dist-init-addr: --dist-init-addr is rendered from `nodes:`"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:9:21: sglang.flags.dist-init-addr: --dist-init-addr is rendered from `nodes:`",
+            ],
+        );
     }
 
     #[test]
@@ -1196,7 +1209,14 @@ mod tests {
             "hosts:\n  - name: a\n    flags: { node-rank: 0 }",
         ) + "  flags:\n    nn: 2\n    dist-init-addr: a:5000\n";
         let e = errors(&text);
-        assert_starts(&e, &["m.yaml:12:5: sglang.flags.dist-init-addr: --dist-init-addr is for a server over several hosts, which is `nodes:`", "m.yaml:11:5: sglang.flags.nn: `nn` (an abbreviation of --nnodes) 2: a server over several hosts is `nodes:`", "m.yaml:4:14: hosts[0].flags.node-rank: --node-rank is for a server over several hosts, which is `nodes:`"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:12:5: sglang.flags.dist-init-addr: --dist-init-addr is for a server over several hosts, which is `nodes:`",
+                "m.yaml:11:5: sglang.flags.nn: `nn` (an abbreviation of --nnodes) 2: a server over several hosts is `nodes:`",
+                "m.yaml:4:14: hosts[0].flags.node-rank: --node-rank is for a server over several hosts, which is `nodes:`",
+            ],
+        );
         // One node is SGLang's default; `false` sets nothing.
         let fine = format!("{BASE}  flags: {{ nnodes: 1, node-rank: false }}\n");
         assert!(errors(&fine).is_empty(), "{:?}", errors(&fine));
@@ -1378,7 +1398,13 @@ mod tests {
     #[test]
     fn drain_needs_enable_metrics_on_every_host() {
         let e = errors(&format!("{BASE}drain:\n  timeout: 0s\n"));
-        assert_starts(&e, &["m.yaml:9:3: drain.timeout: timeout must be longer than 0s", "m.yaml:8:1: drain: drain reads the server's /metrics, which SGLang serves only with --enable-metrics: add `enable-metrics: true`"]);
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:9:3: drain.timeout: timeout must be longer than 0s",
+                "m.yaml:8:1: drain: drain reads the server's /metrics, which SGLang serves only with --enable-metrics: add `enable-metrics: true`",
+            ],
+        );
         let with = BASE.replace(
             "  port: 30000\n",
             "  port: 30000\n  flags: { enable-metrics: true }\n",
