@@ -199,8 +199,8 @@ fn the_seeds_unit_round_trips_with_its_secrets_as_references() {
         !yaml.contains("hf_abcdefghijklmnop") && !yaml.contains("sk-secret-key-123"),
         "{yaml}"
     );
-    assert_holds(&yaml, "HF_TOKEN: { from_env: HF_TOKEN }");
-    assert_holds(&yaml, "api-key: { from_env: SGLANG_API_KEY }");
+    assert_holds(yaml, "HF_TOKEN: { from_env: HF_TOKEN }");
+    assert_holds(yaml, "api-key: { from_env: SGLANG_API_KEY }");
     assert_eq!(
         imported.exports,
         [
@@ -266,7 +266,7 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
     let both = files(&[(FRAGMENT, ENVFILE), (DROPIN, OVERRIDE)]);
     let (_, imported) = round_trip(&both);
     let yaml = &imported.yaml;
-    assert_holds(&yaml, "    tp-size: 1\n");
+    assert_holds(yaml, "    tp-size: 1\n");
     assert!(
         yaml.contains(&format!(
             "  python: /usr/bin/python3  # ExecStart from {DROPIN}:3\n"
@@ -281,7 +281,7 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
         yaml.contains(&format!("  Nice: 5  # from {DROPIN}:5\n")),
         "{yaml}"
     );
-    assert_holds(&yaml, "  dropins: replace\n");
+    assert_holds(yaml, "  dropins: replace\n");
     let m = parse("m.yaml", yaml).unwrap();
     assert_eq!(m.dropins, crate::manifest::DropInPolicy::Replace);
     assert_eq!(python(UNIT, &both).as_deref(), Some("/usr/bin/python3"));

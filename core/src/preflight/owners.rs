@@ -257,9 +257,9 @@ mod tests {
         let findings = judge_owners(&unit(&[]), "/srv/venv/bin/python3", &found);
         assert_eq!(findings.len(), 1);
         let message = &findings[0].message;
-        assert_holds(&message, "evil.pth (writable by its owner, uid 65534)");
-        assert_holds(&message, "/opt/py (writable by its group and every user)");
-        assert_holds(&message, "runs as root");
+        assert_holds(message, "evil.pth (writable by its owner, uid 65534)");
+        assert_holds(message, "/opt/py (writable by its group and every user)");
+        assert_holds(message, "runs as root");
     }
 
     #[test]
