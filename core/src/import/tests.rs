@@ -6,7 +6,7 @@ use crate::manifest::{parse, FlagValue};
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict};
 use crate::sglang::check_manifest;
-use crate::testing::{assert_any, assert_each_holds, assert_holds};
+use crate::testing::{assert_any, assert_each_holds, assert_holds, assert_starts};
 use crate::unit::render;
 
 const UNIT: &str = "sglang-qwen.service";
@@ -267,20 +267,12 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
     let (_, imported) = round_trip(&both);
     let yaml = &imported.yaml;
     assert_holds(yaml, "    tp-size: 1\n");
-    assert!(
-        yaml.contains(&format!(
-            "  python: /usr/bin/python3  # ExecStart from {DROPIN}:3\n"
-        )),
-        "{yaml}"
+    assert_holds(
+        yaml,
+        &format!("  python: /usr/bin/python3  # ExecStart from {DROPIN}:3\n"),
     );
-    assert!(
-        yaml.contains(&format!("  EXTRA: \"1\"  # from {DROPIN}:4\n")),
-        "{yaml}"
-    );
-    assert!(
-        yaml.contains(&format!("  Nice: 5  # from {DROPIN}:5\n")),
-        "{yaml}"
-    );
+    assert_holds(yaml, &format!("  EXTRA: \"1\"  # from {DROPIN}:4\n"));
+    assert_holds(yaml, &format!("  Nice: 5  # from {DROPIN}:5\n"));
     assert_holds(yaml, "  dropins: replace\n");
     let m = parse("m.yaml", yaml).unwrap();
     assert_eq!(m.dropins, crate::manifest::DropInPolicy::Replace);
@@ -320,28 +312,15 @@ fn what_a_manifest_cannot_express_is_refused_with_its_line() {
         FRAGMENT,
         "[Service]\nType=simple\nExecStartPre=/bin/a\nExecStartPre=/bin/b\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp-size ${TP} --nope 1\n[X-Extra]\nKey=1\n",
     )]);
-    assert_eq!(e.len(), 5, "{e:#?}");
-    assert!(
-        e[0].starts_with(&format!(
-            "{FRAGMENT}:5: `${{TP}}` in ExecStart is expanded by systemd"
-        )),
-        "{e:#?}"
-    );
-    assert!(
-        e[1].starts_with(&format!("{FRAGMENT}:5: SGLang 0.5.23 has no flag --nope")),
-        "{e:#?}"
-    );
-    assert!(
-        e[2].starts_with(&format!("{FRAGMENT}:3: one of 2 ExecStartPre= lines")),
-        "{e:#?}"
-    );
-    assert!(
-        e[3].starts_with(&format!("{FRAGMENT}:4: one of 2 ExecStartPre= lines")),
-        "{e:#?}"
-    );
-    assert!(
-        e[4].starts_with(&format!("{FRAGMENT}:7: [X-Extra] is a section")),
-        "{e:#?}"
+    assert_starts(
+        &e,
+        &[
+            &format!("{FRAGMENT}:5: `${{TP}}` in ExecStart is expanded by systemd"),
+            &format!("{FRAGMENT}:5: SGLang 0.5.23 has no flag --nope"),
+            &format!("{FRAGMENT}:3: one of 2 ExecStartPre= lines"),
+            &format!("{FRAGMENT}:4: one of 2 ExecStartPre= lines"),
+            &format!("{FRAGMENT}:7: [X-Extra] is a section"),
+        ],
     );
 
     let e = refused(&[
