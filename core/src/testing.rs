@@ -36,9 +36,26 @@ fn assert_each<S: AsRef<str> + Debug>(
 /// Some message of `messages` holds `part`.
 #[track_caller]
 pub(crate) fn assert_any<S: AsRef<str> + Debug>(messages: &[S], part: &str) {
+    assert_some(messages, part, "holds", |m, p| m.contains(p));
+}
+
+/// Some message of `messages` begins with `prefix`.
+#[track_caller]
+pub(crate) fn assert_any_starts<S: AsRef<str> + Debug>(messages: &[S], prefix: &str) {
+    assert_some(messages, prefix, "begins with", |m, p| m.starts_with(p));
+}
+
+/// Some message of `messages` passes `test` against `part`.
+#[track_caller]
+fn assert_some<S: AsRef<str> + Debug>(
+    messages: &[S],
+    part: &str,
+    what: &str,
+    test: fn(&str, &str) -> bool,
+) {
     assert!(
-        messages.iter().any(|m| m.as_ref().contains(part)),
-        "no message holds {part:?}: {messages:#?}"
+        messages.iter().any(|m| test(m.as_ref(), part)),
+        "no message {what} {part:?}: {messages:#?}"
     );
 }
 

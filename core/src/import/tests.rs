@@ -6,7 +6,9 @@ use crate::manifest::{parse, FlagValue};
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict};
 use crate::sglang::check_manifest;
-use crate::testing::{assert_any, assert_each_holds, assert_holds, assert_starts};
+use crate::testing::{
+    assert_any, assert_any_starts, assert_each_holds, assert_holds, assert_starts,
+};
 use crate::unit::render;
 
 const UNIT: &str = "sglang-qwen.service";
@@ -327,26 +329,13 @@ fn what_a_manifest_cannot_express_is_refused_with_its_line() {
         (FRAGMENT, "[Service]\nType=notify\nExecStart=/bin/sleep infinity\n"),
         (DROPIN, "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1\nEnvironment=HOST=%H\n"),
     ]);
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{FRAGMENT}:3: one of several ExecStart= lines"))),
-        "{e:#?}"
+    assert_any_starts(
+        &e,
+        &format!("{FRAGMENT}:3: one of several ExecStart= lines"),
     );
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{DROPIN}:2: one of several ExecStart= lines"))),
-        "{e:#?}"
-    );
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{DROPIN}:3: `%H` in Environment="))),
-        "{e:#?}"
-    );
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{FRAGMENT}:2: Type=notify"))),
-        "{e:#?}"
-    );
+    assert_any_starts(&e, &format!("{DROPIN}:2: one of several ExecStart= lines"));
+    assert_any_starts(&e, &format!("{DROPIN}:3: `%H` in Environment="));
+    assert_any_starts(&e, &format!("{FRAGMENT}:2: Type=notify"));
 
     let e = refused(&[(FRAGMENT, "[Service]\nExecStart=-/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp 2 --tensor-parallel-size 2\n")]);
     assert!(

@@ -982,7 +982,9 @@ fn control_name(c: char) -> &'static str {
 mod tests {
     use super::*;
     use crate::manifest::parse;
-    use crate::testing::{assert_any, assert_each_holds, assert_holds, assert_starts};
+    use crate::testing::{
+        assert_any, assert_any_starts, assert_each_holds, assert_holds, assert_starts,
+    };
 
     fn errors(text: &str) -> Vec<String> {
         let m = parse("m.yaml", text).unwrap();
@@ -1070,12 +1072,11 @@ mod tests {
             "{}",
             e[0]
         );
-        assert!(
-            e.iter()
-                .any(|e| e.starts_with("m.yaml:4:3: sglang.python:")),
-            "{e:#?}"
+        assert_any_starts(&e, "m.yaml:4:3: sglang.python:");
+        assert_any_starts(
+            &e,
+            "m.yaml:7:3: sglang.port: port must be between 1 and 65535",
         );
-        assert!(e.iter().any(|e| e.starts_with("m.yaml:7:3: sglang.port: port must be between 1 and 65535")), "{e:#?}");
         assert_any(&e, "sglang.flags.port: --port is set through `sglang.port`");
         assert!(
             e.iter()
@@ -1083,11 +1084,7 @@ mod tests {
                     .starts_with("m.yaml:10:8: env.1X: `1X` is not an environment variable name")),
             "{e:#?}"
         );
-        assert!(
-            e.iter()
-                .any(|e| e.starts_with("m.yaml:10:15: env.OK: the value holds a newline")),
-            "{e:#?}"
-        );
+        assert_any_starts(&e, "m.yaml:10:15: env.OK: the value holds a newline");
     }
 
     #[test]

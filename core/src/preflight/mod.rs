@@ -625,6 +625,7 @@ fn users(line: &str) -> Vec<(String, u32)> {
 mod tests {
     use super::*;
     use crate::manifest::parse;
+    use crate::testing::assert_starts;
 
     pub(crate) fn manifest(service: &str, host: &str, extra: &str) -> String {
         format!(
@@ -919,13 +920,9 @@ mod tests {
         };
         let range = |low: u16| format!("#cgroups\n#ephemeral\n{low}\t60999\n\n");
         let warned = on(&range(port));
-        assert_eq!(warned.len(), 1, "{warned:?}");
-        assert!(
-            warned[0].starts_with(&format!(
+        assert_starts(&warned, &[&format!(
                 "port {port} is inside the host's ephemeral port range ({port}-60999) and not reserved"
-            )),
-            "{warned:?}"
-        );
+            )]);
         // Reserved (a range, or the port alone), below the range, or a range that cannot be
         // read: nothing to say.
         let reserved = format!("#ephemeral\n{port} 60999\n8080,{}-{}\n", port - 1, port + 1);
