@@ -558,6 +558,7 @@ pub fn judge(canary: &Window, stable: &Window, limits: &Limits) -> Judged {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_any_starts;
 
     /// A replica's `/metrics` as prometheus_client writes SGLang's: two series a histogram
     /// (streaming and not), cumulative buckets.
@@ -726,7 +727,7 @@ mod tests {
             ),
             "{why:?}"
         );
-        assert!(why.iter().any(|w| w.starts_with("TTFT p50 ")), "{why:?}");
+        assert_any_starts(&why, "TTFT p50 ");
         // The same as the stable replicas: passed.
         let same = served(
             [25.0, 95.0, 100.0, 100.0],

@@ -412,6 +412,7 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
     use std::time::Duration;
 
     fn at(concurrency: u32, tokens_per_s: f64) -> Level {
@@ -603,11 +604,7 @@ mod tests {
         };
         let rebased = judge(&spec, measured(100.0, 700.0), Some(&other), None);
         assert_eq!(rebased.verdict, Verdict::Baseline);
-        assert!(
-            rebased.detail.contains("other settings"),
-            "{}",
-            rebased.detail
-        );
+        assert_holds(&rebased.detail, "other settings");
 
         let mut broken = measured(100.0, 700.0);
         broken.levels[1].errors = 3;

@@ -109,22 +109,26 @@ mod tests {
             .collect()
     }
 
+    /// The conflicts of services `a` (port 30000) and `b` (30001) on one host, with these
+    /// `CUDA_VISIBLE_DEVICES`.
+    fn side_by_side(a: Option<&str>, b: Option<&str>) -> Vec<Vec<String>> {
+        let a = with_devices("a", 30000, a);
+        let b = with_devices("b", 30001, b);
+        messages(&[("a.yaml", &a), ("b.yaml", &b)])
+    }
+
     #[test]
     fn a_host_split_four_and_four_is_fine() {
-        let a = with_devices("a", 30000, Some("0,1,2,3"));
-        let b = with_devices("b", 30001, Some("4,5,6,7"));
         assert_eq!(
-            messages(&[("a.yaml", &a), ("b.yaml", &b)]),
+            side_by_side(Some("0,1,2,3"), Some("4,5,6,7")),
             [Vec::<String>::new(), Vec::new()]
         );
     }
 
     #[test]
     fn overlapping_devices_name_both_manifests() {
-        let a = with_devices("a", 30000, Some("0,1,2,3"));
-        let b = with_devices("b", 30001, Some("3, 4,5,6"));
         assert_eq!(
-            messages(&[("a.yaml", &a), ("b.yaml", &b)]),
+            side_by_side(Some("0,1,2,3"), Some("3, 4,5,6")),
             [
                 ["GPU 3 of gpu-a is also claimed by b.yaml (b.service): give each service its own CUDA_VISIBLE_DEVICES"],
                 ["GPU 3 of gpu-a is also claimed by a.yaml (a.service): give each service its own CUDA_VISIBLE_DEVICES"],
@@ -134,9 +138,7 @@ mod tests {
 
     #[test]
     fn a_service_without_cuda_visible_devices_claims_every_gpu() {
-        let a = with_devices("a", 30000, None);
-        let b = with_devices("b", 30001, Some("4,5,6,7"));
-        let found = messages(&[("a.yaml", &a), ("b.yaml", &b)]);
+        let found = side_by_side(None, Some("4,5,6,7"));
         assert!(
             found[0][0].starts_with("a.service sets no CUDA_VISIBLE_DEVICES"),
             "{found:?}"

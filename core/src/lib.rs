@@ -44,6 +44,8 @@ pub mod stage;
 pub mod survey;
 pub mod targets;
 pub mod terminal;
+#[cfg(test)]
+mod testing;
 pub mod transaction;
 pub mod unit;
 pub mod verify;

@@ -779,6 +779,7 @@ pub fn pins<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
 
     fn hub() -> PinnedModel {
         PinnedModel {
@@ -951,10 +952,7 @@ mod tests {
         let Holding::Refused { why } = judge(&spec, &wanted, &changed).holding else {
             panic!("not refused")
         };
-        assert!(
-            why.contains("(config.json: size 99 of 100, and 1 more)"),
-            "{why}"
-        );
+        assert_holds(&why, "(config.json: size 99 of 100, and 1 more)");
         let other = HostCopy {
             present: true,
             lock: Some("b".repeat(64)),

@@ -457,6 +457,7 @@ fn deltas(
 mod tests {
     use super::*;
     use crate::manifest::parse;
+    use crate::testing::{assert_any, assert_holds};
     use crate::unit::render;
 
     const BASE: &str = "service: s\nhosts: [h]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n  flags: { tp-size: 4, context-length: 8192, trust-remote-code: true }\nenv: { HF_TOKEN: hf_supersecret_1, A: \"1\" }\ndescription: first\n";
@@ -479,14 +480,19 @@ mod tests {
         }
     }
 
-    fn plan_between(old: &str, new: &str) -> UnitPlan {
+    /// The plan from the host's unit text (`None`: no unit) to the manifest `new`.
+    fn plan_onto(new: &str, host: Option<&str>) -> UnitPlan {
         plan(
             "h",
             "m.yaml",
             &desired(new),
-            &observed(Some(&desired(old).text)),
+            &observed(host),
             &Redactor::default(),
         )
+    }
+
+    fn plan_between(old: &str, new: &str) -> UnitPlan {
+        plan_onto(new, Some(&desired(old).text))
     }
 
     /// BASE with its flags as `flags` (a YAML map's body).
@@ -544,13 +550,7 @@ mod tests {
 
     #[test]
     fn a_missing_unit_is_installed() {
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(BASE),
-            &observed(None),
-            &Redactor::default(),
-        );
+        let p = plan_onto(BASE, None);
         assert_eq!(p.verdict, Verdict::Install);
         assert!(
             p.diff.starts_with("--- /dev/null\n+++ m.yaml\n"),
@@ -625,22 +625,10 @@ mod tests {
     #[test]
     fn a_hand_written_unit_without_type_runs_as_simple_and_only_reloads() {
         let hand = "[Service]\nEnvironment=A=1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n";
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(&plain()),
-            &observed(Some(hand)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(&plain(), Some(hand));
         assert_eq!(p.verdict, Verdict::ReloadOnly, "{:#?}", p.summary);
         let forking = hand.replace("[Service]\n", "[Service]\nType=forking\n");
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(&plain()),
-            &observed(Some(&forking)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(&plain(), Some(&forking));
         assert_eq!(p.verdict, Verdict::Restart);
         assert_eq!(
             restart_reason(&parse_unit(&forking), &desired(&plain()).model, None).as_deref(),
@@ -651,13 +639,7 @@ mod tests {
     #[test]
     fn a_hand_written_unit_with_the_same_meaning_only_reloads() {
         let hand = "[Unit]\nDescription=first\nAfter=network-online.target\nWants=network-online.target\n[Service]\nType=simple\nEnvironment=A=1\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 30000 --context-length 8192 --tp-size 4 --trust-remote-code\n[Install]\nWantedBy=multi-user.target\n";
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(&plain()),
-            &observed(Some(hand)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(&plain(), Some(hand));
         assert_eq!(p.verdict, Verdict::ReloadOnly, "{:#?}", p.summary);
         assert!(p
             .notes
@@ -679,13 +661,7 @@ mod tests {
             "{}",
             p.diff
         );
-        assert!(
-            p.notes
-                .iter()
-                .any(|n| n.contains("secret environment (HF_TOKEN)")),
-            "{:?}",
-            p.notes
-        );
+        assert_any(&p.notes, "secret environment (HF_TOKEN)");
         // A unit that had it inline moves it, its value shown nowhere.
         let hand = desired(BASE).inline_model();
         let inline = format!(
@@ -693,23 +669,12 @@ mod tests {
             hand.env["HF_TOKEN"],
             hand.exec_start.join(" ")
         );
-        let p = plan(
-            "h",
-            "m.yaml",
-            &desired(BASE),
-            &observed(Some(&inline)),
-            &Redactor::default(),
-        );
+        let p = plan_onto(BASE, Some(&inline));
         assert!(
             !format!("{}{:?}", p.diff, p.summary).contains("hf_supersecret"),
             "{}",
             p.diff
         );
-        assert!(
-            p.diff
-                .contains("-Environment=\"A=1\" \"HF_TOKEN=<redacted>\""),
-            "{}",
-            p.diff
-        );
+        assert_holds(&p.diff, "-Environment=\"A=1\" \"HF_TOKEN=<redacted>\"");
     }
 }

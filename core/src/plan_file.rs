@@ -340,6 +340,7 @@ pub fn staleness(host: &str, unit: &str, planned: &PlannedState, now: &PlannedSt
 mod tests {
     use super::*;
     use crate::manifest::parse;
+    use crate::testing::{assert_any, assert_holds};
 
     const A: &str = "service: s\nhosts: [h1, h2]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\nenv: { HF_TOKEN: hf_plan_secret_1 }\n";
 
@@ -430,11 +431,7 @@ mod tests {
             &observed,
             &crate::redact::Redactor::default(),
         );
-        assert!(
-            planned.notes.iter().any(|n| n.contains("HF_TOKEN")),
-            "{:?}",
-            planned.notes
-        );
+        assert_any(&planned.notes, "HF_TOKEN");
         planned.recorded = Some(state("d", Some("c"), Some("0.5.23")));
         let plan = PlanFile::new(
             &[PathBuf::from("manifests")],
@@ -445,9 +442,9 @@ mod tests {
         );
         let text = serde_json::to_string(&plan).unwrap();
         assert!(!text.contains("hf_plan_secret"), "{text}");
-        assert!(
-            text.contains("+EnvironmentFile=/var/lib/reconcile/secrets/s.service-"),
-            "{text}"
+        assert_holds(
+            &text,
+            "+EnvironmentFile=/var/lib/reconcile/secrets/s.service-",
         );
     }
 

@@ -238,6 +238,18 @@ mod tests {
         steps
     }
 
+    /// [`walk`], asserting that its last steps are `last`.
+    #[track_caller]
+    fn walk_to(kind: Kind, went: &[(Step, Went)], last: &[Step]) -> Vec<Step> {
+        let steps = walk(kind, went);
+        assert_eq!(
+            &steps[steps.len() - last.len()..],
+            last,
+            "{went:?}: {steps:?}"
+        );
+        steps
+    }
+
     #[test]
     fn a_restart_is_prepared_staged_drained_armed_written_restarted_verified_and_confirmed() {
         assert_eq!(
@@ -307,11 +319,10 @@ mod tests {
             (Arm, Went::Failed),
             (Arm, Went::Stopped),
         ] {
-            let steps = walk(Kind::Restart, &[(step, went)]);
-            assert_eq!(
-                &steps[steps.len() - 2..],
-                [PutBack, Done(End::PutBack)],
-                "{step:?} {went:?}"
+            let steps = walk_to(
+                Kind::Restart,
+                &[(step, went)],
+                &[PutBack, Done(End::PutBack)],
             );
             assert!(!steps.contains(&Restart) && !steps.contains(&RollBack));
         }
@@ -320,11 +331,10 @@ mod tests {
     #[test]
     fn after_the_restart_any_failure_rolls_back_once() {
         for step in [Restart, Verify, Gates] {
-            let steps = walk(Kind::Restart, &[(step, Went::Failed)]);
-            assert_eq!(
-                &steps[steps.len() - 2..],
-                [RollBack, Done(End::RolledBack)],
-                "{step:?}"
+            let steps = walk_to(
+                Kind::Restart,
+                &[(step, Went::Failed)],
+                &[RollBack, Done(End::RolledBack)],
             );
             assert_eq!(steps.iter().filter(|s| **s == RollBack).count(), 1);
             assert!(!steps.contains(&Confirm) && !steps.contains(&PutBack));
@@ -359,25 +369,23 @@ mod tests {
             (Verify, Went::Failed),
             (Gates, Went::Failed),
         ] {
-            let steps = walk(Kind::Live, &[(step, went)]);
-            assert_eq!(
-                &steps[steps.len() - 2..],
-                [LiveBack, Done(End::LivedBack)],
-                "{step:?} {went:?}"
+            let steps = walk_to(
+                Kind::Live,
+                &[(step, went)],
+                &[LiveBack, Done(End::LivedBack)],
             );
             assert!(!steps.contains(&Restart) && !steps.contains(&RollBack));
-            let worse = walk(Kind::Live, &[(step, went), (LiveBack, Went::Failed)]);
-            assert_eq!(
-                &worse[worse.len() - 3..],
-                [LiveBack, RollBack, Done(End::RolledBack)],
-                "{step:?} {went:?}"
+            walk_to(
+                Kind::Live,
+                &[(step, went), (LiveBack, Went::Failed)],
+                &[LiveBack, RollBack, Done(End::RolledBack)],
             );
         }
         // Before the server is told, the files go back as for a restart.
-        let unwritten = walk(Kind::Live, &[(Write, Went::Stopped)]);
-        assert_eq!(
-            &unwritten[unwritten.len() - 2..],
-            [PutBack, Done(End::PutBack)]
+        walk_to(
+            Kind::Live,
+            &[(Write, Went::Stopped)],
+            &[PutBack, Done(End::PutBack)],
         );
     }
 
@@ -404,8 +412,11 @@ mod tests {
 
     #[test]
     fn a_server_started_again_before_its_confirm_is_left_to_its_guard() {
-        let steps = walk(Kind::Restart, &[(Confirm, Went::Failed)]);
-        assert_eq!(&steps[steps.len() - 2..], [Confirm, Done(End::LeftToGuard)]);
+        let steps = walk_to(
+            Kind::Restart,
+            &[(Confirm, Went::Failed)],
+            &[Confirm, Done(End::LeftToGuard)],
+        );
         assert!(!steps.contains(&RollBack));
     }
 

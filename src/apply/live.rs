@@ -121,12 +121,7 @@ pub(super) async fn tell(
                 })
             }
         }
-        let values: Vec<String> = change
-            .settings
-            .iter()
-            .map(|s| format!("--{} {}", s.flag, s.to))
-            .collect();
-        done.push(format!("{} set", values.join(", ")));
+        done.push(live::held::settings_set(&change.settings));
     }
     Ok(done.join("; "))
 }

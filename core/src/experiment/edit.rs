@@ -343,6 +343,7 @@ fn insert(lines: &[&str], at: usize, add: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
 
     const BLOCK: &str = "service: a\n# the model\nsglang:\n  python: /usr/bin/python3\n  flags:\n    tp-size: 2   # two GPUs\n    # mixed chunk was slower in March\n    context-length: 8192\n\n  port: 30000\nenv: { A: \"1\", B: \"x,y\" }  # keep\n";
 
@@ -370,15 +371,9 @@ mod tests {
     #[test]
     fn a_flow_env_gains_or_changes_one_item() {
         let out = set(BLOCK, Section::Env, "C", "\"2\"").unwrap();
-        assert!(
-            out.contains("env: { A: \"1\", B: \"x,y\", C: \"2\" }  # keep\n"),
-            "{out}"
-        );
+        assert_holds(&out, "env: { A: \"1\", B: \"x,y\", C: \"2\" }  # keep\n");
         let out = set(BLOCK, Section::Env, "B", "\"z\"").unwrap();
-        assert!(
-            out.contains("env: { A: \"1\", B: \"z\" }  # keep\n"),
-            "{out}"
-        );
+        assert_holds(&out, "env: { A: \"1\", B: \"z\" }  # keep\n");
     }
 
     #[test]

@@ -731,6 +731,7 @@ pub fn nice_ceiling(max: f64) -> f64 {
 pub(crate) mod tests {
     use super::*;
     use crate::experiment::file::parse;
+    use crate::testing::assert_holds;
 
     pub fn level(c: u32, tps: f64, ttft: f64) -> Level {
         Level {
@@ -856,9 +857,9 @@ pub(crate) mod tests {
         assert_eq!(misses("chunked"), ["TTFT p99 2500 ms at 8 is over 2000 ms"]);
         assert_eq!(misses("big-batch"), ["TTFT p99 150 ms at 1 is over 100 ms"]);
         let summary = r.summary();
-        assert!(
-            summary.contains("best at 1: chunked (60.0)\nbest at 8: big-batch (420)\n"),
-            "{summary}"
+        assert_holds(
+            &summary,
+            "best at 1: chunked (60.0)\nbest at 8: big-batch (420)\n",
         );
     }
 
@@ -880,13 +881,13 @@ pub(crate) mod tests {
         ));
         let chart = r.trade_off_mermaid();
         assert!(chart.starts_with("quadrantChart\n"), "{chart}");
-        assert!(
-            chart.contains("    big-batch at 8: [0.714, 1.000] color: #0072B2, radius: 6\n"),
-            "{chart}"
+        assert_holds(
+            &chart,
+            "    big-batch at 8: [0.714, 1.000] color: #0072B2, radius: 6\n",
         );
-        assert!(
-            chart.contains("    worse at 8: [1.000, 0.595] color: #bbbbbb, radius: 6\n"),
-            "{chart}"
+        assert_holds(
+            &chart,
+            "    worse at 8: [1.000, 0.595] color: #bbbbbb, radius: 6\n",
         );
         let md = r.markdown(&[1, 8]);
         assert_eq!(md.matches("```mermaid").count(), 2, "{md}");
@@ -904,17 +905,13 @@ pub(crate) mod tests {
         .map(|e| e.to_string())
         .collect::<Vec<_>>()
         .join("\n");
-        assert!(
-            errors.contains(
-                "e.yaml:7:8: constraints.levels.4: 4 is not one of benchmark.levels ([1, 8])"
-            ),
-            "{errors}"
+        assert_holds(
+            &errors,
+            "e.yaml:7:8: constraints.levels.4: 4 is not one of benchmark.levels ([1, 8])",
         );
-        assert!(
-            errors.contains(
-                "e.yaml:8:10: constraints.levels.8.itl_p99: `soon` is not a duration above zero"
-            ),
-            "{errors}"
+        assert_holds(
+            &errors,
+            "e.yaml:8:10: constraints.levels.8.itl_p99: `soon` is not a duration above zero",
         );
     }
 
@@ -965,13 +962,13 @@ pub(crate) mod tests {
     #[test]
     fn markdown_has_the_table_and_a_mermaid_chart_of_every_measured_run() {
         let md = report().markdown(&[1, 4]);
-        assert!(md.contains("| 1 | fast | flags.fast: true |"), "{md}");
-        assert!(md.contains("```mermaid\nxychart-beta\n"), "{md}");
-        assert!(md.contains("x-axis \"concurrency\" [1, 4]"), "{md}");
-        assert!(md.contains("y-axis \"output tok/s\" 0 --> 2000"), "{md}");
+        assert_holds(&md, "| 1 | fast | flags.fast: true |");
+        assert_holds(&md, "```mermaid\nxychart-beta\n");
+        assert_holds(&md, "x-axis \"concurrency\" [1, 4]");
+        assert_holds(&md, "y-axis \"output tok/s\" 0 --> 2000");
         // baseline, slow, noisy, fast: the crashed variant has no line.
         assert_eq!(md.matches("    line [").count(), 4, "{md}");
-        assert!(md.contains("    line [533.3, 1600.0]"), "{md}");
+        assert_holds(&md, "    line [533.3, 1600.0]");
     }
 
     #[test]

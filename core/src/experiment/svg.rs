@@ -194,6 +194,7 @@ pub fn stacked(charts: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
 
     #[test]
     fn one_polyline_and_legend_entry_per_series() {
@@ -205,7 +206,7 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 2);
         assert!(svg.contains(">a&lt;b</text>"));
         // 900 tops the axis at 1000: the highest point sits at 90 % of the plot's height.
-        assert!(svg.contains("points=\"70.0,353.5 520.0,73.0\""), "{svg}");
+        assert_holds(&svg, "points=\"70.0,353.5 520.0,73.0\"");
         assert!(svg.starts_with("<svg ") && svg.ends_with("</svg>\n"));
     }
 

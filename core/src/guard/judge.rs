@@ -618,6 +618,19 @@ mod tests {
         }
     }
 
+    /// [`armed`] for a live change.
+    fn armed_live() -> Record {
+        Record {
+            change: Change::InPlace,
+            ..armed()
+        }
+    }
+
+    /// A case judging [`armed`], as most are.
+    fn case(f: Facts, at: f64, h: Health) -> (Record, Facts, f64, Health) {
+        (armed(), f, at, h)
+    }
+
     use Health::{Code, Silent, Unasked};
     use Verdict::*;
 
@@ -629,28 +642,12 @@ mod tests {
         };
         let cases = vec![
             // The controller's lease holds: nothing, whatever the unit does.
-            (
-                armed(),
-                facts("new", "failed", "failed", 0, 101.0),
-                105.0,
-                Unasked,
-            ),
+            case(facts("new", "failed", "failed", 0, 101.0), 105.0, Unasked),
             // Another change replaced the unit file: left alone.
-            (
-                armed(),
-                facts("other", "failed", "failed", 0, 101.0),
-                150.0,
-                Unasked,
-            ),
+            case(facts("other", "failed", "failed", 0, 101.0), 150.0, Unasked),
             // The new invocation failed, or systemd restarted it twice: restored before the deadline.
-            (
-                armed(),
-                facts("new", "failed", "failed", 0, 101.0),
-                150.0,
-                Unasked,
-            ),
-            (
-                armed(),
+            case(facts("new", "failed", "failed", 0, 101.0), 150.0, Unasked),
+            case(
                 facts("new", "activating", "auto-restart", 2, 130.0),
                 150.0,
                 Unasked,
@@ -669,38 +666,29 @@ mod tests {
                 150.0,
                 Code(200),
             ),
-            (
-                armed(),
+            case(
                 facts("new", "activating", "auto-restart", 1, 130.0),
                 150.0,
                 Unasked,
             ),
             // Loading, before the deadline: /health is not even asked.
-            (
-                armed(),
+            case(
                 facts("new", "activating", "start", 0, 101.0),
                 150.0,
                 Unasked,
             ),
             // At the deadline: healthy is kept, anything else restored.
-            (
-                armed(),
+            case(
                 facts("new", "active", "running", 0, 101.0),
                 200.0,
                 Code(200),
             ),
-            (
-                armed(),
+            case(
                 facts("new", "active", "running", 0, 101.0),
                 200.0,
                 Code(503),
             ),
-            (
-                armed(),
-                facts("new", "activating", "start", 0, 101.0),
-                200.0,
-                Silent,
-            ),
+            case(facts("new", "activating", "start", 0, 101.0), 200.0, Silent),
         ];
         let expected = [
             (Wait, "the controller renewed its lease"),
@@ -735,10 +723,7 @@ mod tests {
         // Armed before the write: the controller died before its write took (or mid-write,
         // files moved aside already). Put back, server untouched; for a restart, a live change
         // and a unit that was new alike.
-        let live = Record {
-            change: Change::InPlace,
-            ..armed()
-        };
+        let live = armed_live();
         let new_unit = Record {
             previous: None,
             previous_sha256: None,
@@ -759,18 +744,8 @@ mod tests {
             ..armed()
         };
         let cases = vec![
-            (
-                armed(),
-                facts("old", "active", "running", 0, 90.0),
-                105.0,
-                Unasked,
-            ),
-            (
-                armed(),
-                facts("old", "active", "running", 0, 90.0),
-                150.0,
-                Unasked,
-            ),
+            case(facts("old", "active", "running", 0, 90.0), 105.0, Unasked),
+            case(facts("old", "active", "running", 0, 90.0), 150.0, Unasked),
             (
                 live,
                 facts("old", "active", "running", 0, 90.0),
@@ -785,12 +760,7 @@ mod tests {
                 Unasked,
             ),
             // Started since the arming with the previous file on disk: restored, not trusted.
-            (
-                armed(),
-                facts("old", "active", "running", 0, 120.0),
-                150.0,
-                Unasked,
-            ),
+            case(facts("old", "active", "running", 0, 120.0), 150.0, Unasked),
         ];
         let never = "the new file was never written (the controller stopped before its write)";
         let expected = [
@@ -814,50 +784,25 @@ mod tests {
     fn a_new_unit_that_never_started_is_never_kept_as_if_it_ran() {
         // The controller died after arming and before its restart: the old server still runs,
         // healthy. Keeping it "unconfirmed" would let the next apply record a change never made.
-        let live = Record {
-            change: Change::InPlace,
-            ..armed()
-        };
+        let live = armed_live();
         let cases = vec![
-            (
-                armed(),
-                facts("new", "active", "running", 0, 90.0),
-                150.0,
-                Unasked,
-            ),
-            (
-                armed(),
-                facts("new", "active", "running", 0, 90.0),
-                250.0,
-                Unasked,
-            ),
+            case(facts("new", "active", "running", 0, 90.0), 150.0, Unasked),
+            case(facts("new", "active", "running", 0, 90.0), 250.0, Unasked),
             // Stopped by the controller, never started: the previous unit restored.
-            (
-                armed(),
-                facts("new", "inactive", "dead", 0, 90.0),
-                150.0,
-                Unasked,
-            ),
+            case(facts("new", "inactive", "dead", 0, 90.0), 150.0, Unasked),
             // The old server still stopping: waited for, up to the deadline.
-            (
-                armed(),
+            case(
                 facts("new", "deactivating", "stop-sigterm", 0, 90.0),
                 150.0,
                 Unasked,
             ),
-            (
-                armed(),
+            case(
                 facts("new", "deactivating", "stop-sigterm", 0, 90.0),
                 250.0,
                 Unasked,
             ),
             // The old invocation's state says nothing of the new one.
-            (
-                armed(),
-                facts("new", "failed", "failed", 5, 90.0),
-                150.0,
-                Unasked,
-            ),
+            case(facts("new", "failed", "failed", 5, 90.0), 150.0, Unasked),
             // The file was the new one already (a run finishing a dead one): what runs may be
             // the new unit, unverified, so it is restored rather than left under the old file.
             (
@@ -996,49 +941,36 @@ mod tests {
             state: GuardState::Disarmed,
             ..armed()
         };
+        // Most cases judge `taken()`.
+        let taken_case = |f, at, h| (taken(), f, at, h);
         let cases = vec![
             // The previous unit back and restarted since: waited for, then done.
-            (
-                taken(),
+            taken_case(
                 facts("old", "active", "running", 0, 151.0),
                 165.0,
                 Code(200),
             ),
-            (
-                taken(),
+            taken_case(
                 facts("old", "activating", "start", 0, 151.0),
                 165.0,
                 Code(503),
             ),
-            (
-                taken(),
+            taken_case(
                 facts("old", "activating", "start", 0, 151.0),
                 400.0,
                 Code(503),
             ),
             // Its file back, but the new server still runs (not restarted since): restored.
-            (
-                taken(),
-                facts("old", "active", "running", 0, 120.0),
-                165.0,
-                Unasked,
-            ),
-            (
-                taken(),
-                facts("new", "active", "running", 0, 120.0),
-                165.0,
-                Unasked,
-            ),
+            taken_case(facts("old", "active", "running", 0, 120.0), 165.0, Unasked),
+            taken_case(facts("new", "active", "running", 0, 120.0), 165.0, Unasked),
             // The previous file back but not loaded (apply died before daemon-reload): the new
             // definition still runs, crash-looping. Restored, not waited for.
-            (
-                taken(),
+            taken_case(
                 stale(facts("old", "activating", "auto-restart", 9, 155.0)),
                 165.0,
                 Unasked,
             ),
-            (
-                taken(),
+            taken_case(
                 facts("old", "activating", "auto-restart", 9, 155.0),
                 165.0,
                 Unasked,
@@ -1157,10 +1089,7 @@ mod tests {
         );
         g.saw(&facts("new", "active", "running", 0, 101.0));
         assert!(g.watch.new_started);
-        let mut live = Record {
-            change: Change::InPlace,
-            ..armed()
-        };
+        let mut live = armed_live();
         live.saw(&facts("new", "active", "running", 0, 101.0));
         assert!(!live.watch.new_started);
     }
@@ -1283,10 +1212,7 @@ mod tests {
     fn a_reboot_starts_a_kept_live_change_from_its_file_and_the_guard_judges_that_start() {
         // A live change kept healthy with nobody seeing the server take it: the boot is the
         // first start from its file, and judged as a restart's.
-        let mut live = Record {
-            change: Change::InPlace,
-            ..armed()
-        };
+        let mut live = armed_live();
         live.settle_on(Keep, "active and /health 200 at the deadline", "t1");
         live.start_watch(3.0, "boot-2", Some("new"));
         assert_eq!(
@@ -1305,10 +1231,7 @@ mod tests {
         restart.settle_on(Keep, "healthy", "t1");
         restart.start_watch(3.0, "boot-2", Some("new"));
         assert_eq!(restart.state, GuardState::Unconfirmed);
-        let mut confirm = Record {
-            change: Change::InPlace,
-            ..armed()
-        };
+        let mut confirm = armed_live();
         confirm.watch.new_started = true;
         confirm.settle_on(Keep, "healthy", "t1");
         confirm.start_watch(3.0, "boot-2", Some("new"));

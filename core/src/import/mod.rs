@@ -13,7 +13,7 @@ mod argv;
 mod check;
 mod lines;
 mod write;
-mod yaml;
+pub(crate) mod yaml;
 
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,9 @@ use crate::manifest::{parse, FlagValue};
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict};
 use crate::sglang::check_manifest;
+use crate::testing::{
+    assert_any, assert_any_starts, assert_each_holds, assert_holds, assert_starts,
+};
 use crate::unit::render;
 
 const UNIT: &str = "sglang-qwen.service";
@@ -198,11 +201,8 @@ fn the_seeds_unit_round_trips_with_its_secrets_as_references() {
         !yaml.contains("hf_abcdefghijklmnop") && !yaml.contains("sk-secret-key-123"),
         "{yaml}"
     );
-    assert!(yaml.contains("HF_TOKEN: { from_env: HF_TOKEN }"), "{yaml}");
-    assert!(
-        yaml.contains("api-key: { from_env: SGLANG_API_KEY }"),
-        "{yaml}"
-    );
+    assert_holds(yaml, "HF_TOKEN: { from_env: HF_TOKEN }");
+    assert_holds(yaml, "api-key: { from_env: SGLANG_API_KEY }");
     assert_eq!(
         imported.exports,
         [
@@ -242,47 +242,24 @@ fn quoted_values_and_percent_signs_round_trip() {
     assert_eq!(m.env["RATIO"], "50%");
     assert_eq!(m.env["PLAIN"], "xAy");
     // No After/Wants/WantedBy in the unit: the manifest says so, rather than gaining reconcile's.
-    assert!(
-        imported
-            .yaml
-            .contains("  After: \"\"  # the unit has no After="),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "  After: \"\"  # the unit has no After=");
     assert_eq!(m.references[0].var, "SGLANG_API_KEY");
 }
 
 #[test]
 fn list_flags_round_trip_as_yaml_lists() {
     let (_, imported) = round_trip(&files(&[(FRAGMENT, LISTS)]));
-    assert!(
-        imported
-            .yaml
-            .contains("    cuda-graph-bs-decode: [1, 2, 4, 8]\n"),
-        "{}",
-        imported.yaml
-    );
-    assert!(
-        imported.yaml.contains("    numa-node: [0]\n"),
-        "{}",
-        imported.yaml
-    );
-    assert!(
-        imported.yaml.contains("    mem-fraction-static: 0.5\n"),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "    cuda-graph-bs-decode: [1, 2, 4, 8]\n");
+    assert_holds(&imported.yaml, "    numa-node: [0]\n");
+    assert_holds(&imported.yaml, "    mem-fraction-static: 0.5\n");
 }
 
 #[test]
 fn an_environment_file_is_carried_as_a_setting() {
     let (_, imported) = round_trip(&files(&[(FRAGMENT, ENVFILE)]));
-    assert!(
-        imported
-            .yaml
-            .contains("  EnvironmentFile: \"-/etc/sglang/qwen.env\"\n"),
-        "{}",
-        imported.yaml
+    assert_holds(
+        &imported.yaml,
+        "  EnvironmentFile: \"-/etc/sglang/qwen.env\"\n",
     );
 }
 
@@ -291,22 +268,14 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
     let both = files(&[(FRAGMENT, ENVFILE), (DROPIN, OVERRIDE)]);
     let (_, imported) = round_trip(&both);
     let yaml = &imported.yaml;
-    assert!(yaml.contains("    tp-size: 1\n"), "{yaml}");
-    assert!(
-        yaml.contains(&format!(
-            "  python: /usr/bin/python3  # ExecStart from {DROPIN}:3\n"
-        )),
-        "{yaml}"
+    assert_holds(yaml, "    tp-size: 1\n");
+    assert_holds(
+        yaml,
+        &format!("  python: /usr/bin/python3  # ExecStart from {DROPIN}:3\n"),
     );
-    assert!(
-        yaml.contains(&format!("  EXTRA: \"1\"  # from {DROPIN}:4\n")),
-        "{yaml}"
-    );
-    assert!(
-        yaml.contains(&format!("  Nice: 5  # from {DROPIN}:5\n")),
-        "{yaml}"
-    );
-    assert!(yaml.contains("  dropins: replace\n"), "{yaml}");
+    assert_holds(yaml, &format!("  EXTRA: \"1\"  # from {DROPIN}:4\n"));
+    assert_holds(yaml, &format!("  Nice: 5  # from {DROPIN}:5\n"));
+    assert_holds(yaml, "  dropins: replace\n");
     let m = parse("m.yaml", yaml).unwrap();
     assert_eq!(m.dropins, crate::manifest::DropInPolicy::Replace);
     assert_eq!(python(UNIT, &both).as_deref(), Some("/usr/bin/python3"));
@@ -318,11 +287,7 @@ fn drop_ins_shared_with_other_units_are_not_folded_in() {
     let all = files(&[(FRAGMENT, ENVFILE), (shared, "[Service]\nLimitCORE=0\n")]);
     let imported = import(&request(&all, &[])).unwrap();
     assert!(!imported.yaml.contains("LimitCORE"), "{}", imported.yaml);
-    assert!(
-        imported.notes.iter().any(|n| n.contains(shared)),
-        "{:?}",
-        imported.notes
-    );
+    assert_any(&imported.notes, shared);
 }
 
 #[test]
@@ -332,16 +297,8 @@ fn a_declared_secret_env_is_a_reference_and_stays_declared() {
     let declared = ["MY_DSN".to_string()];
     let imported = import(&request(&fs, &declared)).unwrap();
     assert!(!imported.yaml.contains("postgres://"), "{}", imported.yaml);
-    assert!(
-        imported.yaml.contains("MY_DSN: { from_env: MY_DSN }"),
-        "{}",
-        imported.yaml
-    );
-    assert!(
-        imported.yaml.contains("secret_env: [MY_DSN]"),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "MY_DSN: { from_env: MY_DSN }");
+    assert_holds(&imported.yaml, "secret_env: [MY_DSN]");
 }
 
 /// Each problem, with the file and line it is on.
@@ -357,64 +314,35 @@ fn what_a_manifest_cannot_express_is_refused_with_its_line() {
         FRAGMENT,
         "[Service]\nType=simple\nExecStartPre=/bin/a\nExecStartPre=/bin/b\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp-size ${TP} --nope 1\n[X-Extra]\nKey=1\n",
     )]);
-    assert_eq!(e.len(), 5, "{e:#?}");
-    assert!(
-        e[0].starts_with(&format!(
-            "{FRAGMENT}:5: `${{TP}}` in ExecStart is expanded by systemd"
-        )),
-        "{e:#?}"
-    );
-    assert!(
-        e[1].starts_with(&format!("{FRAGMENT}:5: SGLang 0.5.23 has no flag --nope")),
-        "{e:#?}"
-    );
-    assert!(
-        e[2].starts_with(&format!("{FRAGMENT}:3: one of 2 ExecStartPre= lines")),
-        "{e:#?}"
-    );
-    assert!(
-        e[3].starts_with(&format!("{FRAGMENT}:4: one of 2 ExecStartPre= lines")),
-        "{e:#?}"
-    );
-    assert!(
-        e[4].starts_with(&format!("{FRAGMENT}:7: [X-Extra] is a section")),
-        "{e:#?}"
+    assert_starts(
+        &e,
+        &[
+            &format!("{FRAGMENT}:5: `${{TP}}` in ExecStart is expanded by systemd"),
+            &format!("{FRAGMENT}:5: SGLang 0.5.23 has no flag --nope"),
+            &format!("{FRAGMENT}:3: one of 2 ExecStartPre= lines"),
+            &format!("{FRAGMENT}:4: one of 2 ExecStartPre= lines"),
+            &format!("{FRAGMENT}:7: [X-Extra] is a section"),
+        ],
     );
 
     let e = refused(&[
         (FRAGMENT, "[Service]\nType=notify\nExecStart=/bin/sleep infinity\n"),
         (DROPIN, "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1\nEnvironment=HOST=%H\n"),
     ]);
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{FRAGMENT}:3: one of several ExecStart= lines"))),
-        "{e:#?}"
+    assert_any_starts(
+        &e,
+        &format!("{FRAGMENT}:3: one of several ExecStart= lines"),
     );
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{DROPIN}:2: one of several ExecStart= lines"))),
-        "{e:#?}"
-    );
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{DROPIN}:3: `%H` in Environment="))),
-        "{e:#?}"
-    );
-    assert!(
-        e.iter()
-            .any(|e| e.starts_with(&format!("{FRAGMENT}:2: Type=notify"))),
-        "{e:#?}"
-    );
+    assert_any_starts(&e, &format!("{DROPIN}:2: one of several ExecStart= lines"));
+    assert_any_starts(&e, &format!("{DROPIN}:3: `%H` in Environment="));
+    assert_any_starts(&e, &format!("{FRAGMENT}:2: Type=notify"));
 
     let e = refused(&[(FRAGMENT, "[Service]\nExecStart=-/usr/bin/python3 -m sglang.launch_server --model-path /m --port 1 --tp 2 --tensor-parallel-size 2\n")]);
     assert!(
         !e.iter().any(|e| e.contains("Type")),
         "no Type= is Type=simple, systemd's default: {e:#?}"
     );
-    assert!(
-        e.iter().any(|e| e.contains(":2: ExecStart's `-` prefix")),
-        "{e:#?}"
-    );
+    assert_any(&e, ":2: ExecStart's `-` prefix");
     assert!(
         e.iter().any(
             |e| e.contains(":2: --tp-size is given twice (as --tp and --tensor-parallel-size)")
@@ -483,11 +411,7 @@ fn aliases_abbreviations_and_old_spellings_are_adopted_restarting_nothing() {
     // An alias stays as written: the unit's text is the manifest's.
     let unit = OPERATORS.replace(" --tp 4", "");
     let (_, imported) = round_trip(&files(&[(FRAGMENT, &unit)]));
-    assert!(
-        imported.yaml.contains("    tensor-parallel-size: 4\n"),
-        "{}",
-        imported.yaml
-    );
+    assert_holds(&imported.yaml, "    tensor-parallel-size: 4\n");
 }
 
 #[test]
@@ -498,12 +422,9 @@ fn an_unknown_sglang_version_imports_untyped() {
         ..request(&fs, &[])
     })
     .unwrap();
-    assert!(
-        imported
-            .yaml
-            .contains("    cuda-graph-bs-decode: [\"1\", \"2\", \"4\", \"8\"]\n"),
-        "{}",
-        imported.yaml
+    assert_holds(
+        &imported.yaml,
+        "    cuda-graph-bs-decode: [\"1\", \"2\", \"4\", \"8\"]\n",
     );
     assert!(
         imported.notes[0].contains("no catalog of SGLang 9.9.9"),
@@ -541,12 +462,9 @@ fn a_unit_that_runs_sglang_serve_round_trips_with_its_console_script() {
             "/models/test"
         ]
     );
-    assert!(
-        desired.text.contains(
-            "\nExecStart=/opt/sglang/.venv/bin/sglang serve \\\n\t--model-path /models/test \\\n"
-        ),
-        "{}",
-        desired.text
+    assert_holds(
+        &desired.text,
+        "\nExecStart=/opt/sglang/.venv/bin/sglang serve \\\n\t--model-path /models/test \\\n",
     );
     assert_eq!(
         crate::flags::server_args(&desired.model.exec_start)[..2],
@@ -555,12 +473,9 @@ fn a_unit_that_runs_sglang_serve_round_trips_with_its_console_script() {
 
     // Without the script's interpreter there is no python to name.
     let e = refused(&[(FRAGMENT, unit)]);
-    assert_eq!(e.len(), 1, "{e:#?}");
-    assert!(
-        e[0].contains(
-            "the Python of `/opt/sglang/.venv/bin/sglang` (its `#!` line) could not be read"
-        ),
-        "{e:#?}"
+    assert_each_holds(
+        &e,
+        &["the Python of `/opt/sglang/.venv/bin/sglang` (its `#!` line) could not be read"],
     );
 }
 

@@ -107,7 +107,7 @@ fn plain(s: &str) -> bool {
 
 /// JSON's escapes, which YAML's double-quoted scalars share, and every character outside
 /// printable ASCII as `\u`/`\U`, so no YAML line break or BOM can fold or vanish.
-fn quoted(s: &str) -> String {
+pub(crate) fn quoted(s: &str) -> String {
     let json = serde_json::to_string(s).unwrap_or_default();
     let mut out = String::with_capacity(json.len());
     for c in json.chars() {

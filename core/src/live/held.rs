@@ -176,14 +176,19 @@ pub fn summary(change: &LiveChange) -> String {
         parts.push(format!("weights from {}", m.to));
     }
     if !change.settings.is_empty() {
-        let values: Vec<String> = change
-            .settings
-            .iter()
-            .map(|s| format!("--{} {}", s.flag, s.to))
-            .collect();
-        parts.push(format!("{} set", values.join(", ")));
+        parts.push(settings_set(&change.settings));
     }
     parts.join(", ")
+}
+
+/// The values a live change sets, as its summary and the apply's account name them:
+/// `--pp-max-micro-batch-size 8 set`.
+pub fn settings_set(settings: &[super::SettingChange]) -> String {
+    let values: Vec<String> = settings
+        .iter()
+        .map(|s| format!("--{} {}", s.flag, s.to))
+        .collect();
+    format!("{} set", values.join(", "))
 }
 
 /// The deployment record's account of `change`, told to the process whose command line is
@@ -205,6 +210,11 @@ mod tests {
     use super::*;
     use crate::live::{Move, SettingChange};
     use crate::unit::parse_unit;
+
+    /// A process's command line, as `/proc/<pid>/cmdline` reads, from its words with single spaces.
+    fn argv(line: &str) -> Vec<String> {
+        line.split(' ').map(String::from).collect()
+    }
 
     fn change() -> LiveChange {
         LiveChange {
@@ -340,11 +350,7 @@ mod tests {
             "[Service]\nExecStart=/venv/bin/python3 -m sglang.launch_server --model-path /models/b --port 30000 --pp-max-micro-batch-size 8\n",
         );
         // Two live applies since it started: the weights by one, the value by the other.
-        let running: Vec<String> =
-            "/venv/bin/python3 -m sglang.launch_server --model-path /models/a --port 30000 --pp-max-micro-batch-size 4"
-                .split(' ')
-                .map(String::from)
-                .collect();
+        let running = argv("/venv/bin/python3 -m sglang.launch_server --model-path /models/a --port 30000 --pp-max-micro-batch-size 4");
         let held = must_hold(&running, &unit, parser, "0.5.23").unwrap();
         assert_eq!(held.weights.unwrap().to, "/models/b");
         assert_eq!(held.settings[0].to, Value::from(8));
@@ -369,11 +375,8 @@ mod tests {
         let script = parse_unit(
             "[Service]\nExecStart=/venv/bin/sglang serve --model-path /models/b --port 30000\n",
         );
-        let under: Vec<String> =
-            "/venv/bin/python3 /venv/bin/sglang serve --model-path /models/a --port 30000"
-                .split(' ')
-                .map(String::from)
-                .collect();
+        let under =
+            argv("/venv/bin/python3 /venv/bin/sglang serve --model-path /models/a --port 30000");
         assert_eq!(as_run(&under, &script.exec_start), &under[1..]);
         assert_eq!(
             must_hold(&under, &script, parser, "0.5.23")

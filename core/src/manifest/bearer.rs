@@ -110,6 +110,7 @@ pub(super) fn check(m: &Manifest, fail: &mut dyn FnMut(&[Seg], String)) {
 mod tests {
     use super::in_clear_off_host;
     use crate::manifest::{parse, validate};
+    use crate::testing::{assert_each_holds, assert_starts};
 
     const BASE: &str = "service: q\nhosts: [rl19, rl20]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n";
     const WITH_KEY: &str = "service: q\nhosts: [rl19, rl20]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n  flags: { api-key: { from_env: SGLANG_API_KEY } }\n";
@@ -151,10 +152,11 @@ mod tests {
     fn a_server_key_over_plain_http_to_another_machine_is_refused_at_verify_url() {
         let text = format!("{WITH_KEY}verify:\n  url: http://10.0.0.5:30000\n");
         let e = errors(&text);
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].starts_with("m.yaml:10:3: verify.url: `http://10.0.0.5:30000` is plain HTTP to another machine, and every request to the server carries its --api-key"),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:10:3: verify.url: `http://10.0.0.5:30000` is plain HTTP to another machine, and every request to the server carries its --api-key",
+            ],
         );
         assert!(e[0].contains("SSH forward"), "{e:?}");
         // A key written on one host only counts too.
@@ -187,17 +189,17 @@ mod tests {
     fn a_router_key_over_plain_http_to_another_machine_is_refused_unless_it_goes_via_ssh() {
         let router = "router:\n  url: http://10.0.0.9:30000\n  admin_key_env: ROUTER_KEY\n";
         let e = errors(&format!("{BASE}{router}"));
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].starts_with("m.yaml:9:3: router.url: `http://10.0.0.9:30000` is plain HTTP to another machine, and the admin API's requests carry the router's admin key: set `via`"),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:9:3: router.url: `http://10.0.0.9:30000` is plain HTTP to another machine, and the admin API's requests carry the router's admin key: set `via`",
+            ],
         );
         // The worker's own key goes in the body of `POST /workers`.
         let e = errors(&format!(
             "{WITH_KEY}router:\n  url: http://10.0.0.9:30000\n"
         ));
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(e[0].contains("the server's --api-key"), "{e:?}");
+        assert_each_holds(&e, &["the server's --api-key"]);
         // Through an SSH forward, to loopback, or with no key at all: accepted.
         for ok in [
             format!(

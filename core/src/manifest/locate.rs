@@ -214,24 +214,17 @@ list: [a, b, c]
 
     #[test]
     fn flow_maps_and_lists() {
-        assert_eq!(
+        // Keys of the flow map `hosts[1].env`.
+        let env = |name| {
             at(&[
                 Seg::Key("hosts"),
                 Seg::Index(1),
                 Seg::Key("env"),
-                Seg::Key("CUDA_VISIBLE_DEVICES")
-            ]),
-            (6, 12)
-        );
-        assert_eq!(
-            at(&[
-                Seg::Key("hosts"),
-                Seg::Index(1),
-                Seg::Key("env"),
-                Seg::Key("BAD NAME")
-            ]),
-            (6, 41)
-        );
+                Seg::Key(name),
+            ])
+        };
+        assert_eq!(env("CUDA_VISIBLE_DEVICES"), (6, 12));
+        assert_eq!(env("BAD NAME"), (6, 41));
         assert_eq!(at(&[Seg::Key("list"), Seg::Index(2)]), (11, 14));
     }
 

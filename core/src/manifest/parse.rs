@@ -541,17 +541,17 @@ struct RawHost(RawHostEntry);
 /// A string, number or bool, kept as the text the unit will hold.
 struct Scalar(String);
 
-/// A flag as written: its value, or `{ from_env: VAR }` (see `reference.rs`).
-enum RawFlag {
-    Value(FlagValue),
+/// A value as written: the value itself, or `{ from_env: VAR }` (see `reference.rs`).
+enum Raw<T> {
+    Value(T),
     FromEnv(String),
 }
 
-/// An env value as written: a scalar (kept as its text), or `{ from_env: VAR }`.
-enum RawEnv {
-    Value(String),
-    FromEnv(String),
-}
+/// A flag as written.
+type RawFlag = Raw<FlagValue>;
+
+/// An env value as written: a scalar, kept as its text.
+type RawEnv = Raw<String>;
 
 /// `{ from_env: VAR }`.
 #[derive(Deserialize)]
@@ -723,8 +723,14 @@ impl RawManifest {
         };
         let labels = strings(self.labels);
         let mut references = Vec::new();
-        let env = env_values(self.env, None, text, &mut references);
-        let sglang_flags = flag_values(self.sglang.flags, None, text, &mut references);
+        let env = written(self.env, RefTarget::Env, None, text, &mut references);
+        let sglang_flags = written(
+            self.sglang.flags,
+            RefTarget::Flag,
+            None,
+            text,
+            &mut references,
+        );
         // `structure` has refused both or neither.
         let (list, entries) = match (self.hosts, self.nodes) {
             (_, Some(nodes)) => ("nodes", nodes),
@@ -870,8 +876,8 @@ impl RawHostEntry {
         HostSpec {
             name: self.name,
             labels,
-            env: env_values(self.env, Some(at), text, references),
-            flags: flag_values(self.flags, Some(at), text, references),
+            env: written(self.env, RefTarget::Env, Some(at), text, references),
+            flags: written(self.flags, RefTarget::Flag, Some(at), text, references),
             systemd,
             hardening,
         }
@@ -882,44 +888,23 @@ fn strings(map: BTreeMap<String, Scalar>) -> BTreeMap<String, String> {
     map.into_iter().map(|(k, v)| (k, v.0)).collect()
 }
 
-/// The values written in place; each `{ from_env }` goes to `references` instead. `host`: the
-/// list (`hosts` or `nodes`) and index of the host entry they are written in, if any.
-fn flag_values(
-    map: BTreeMap<String, RawFlag>,
+/// The values of `map` (flags or env) written in place; each `{ from_env }` goes to `references`
+/// instead, as a `target`. `host`: the list (`hosts` or `nodes`) and index of the host entry they
+/// are written in, if any.
+fn written<T>(
+    map: BTreeMap<String, Raw<T>>,
+    target: fn(String) -> RefTarget,
     host: Option<(&'static str, usize)>,
     text: &str,
     references: &mut Vec<Reference>,
-) -> BTreeMap<String, FlagValue> {
-    let mut values = BTreeMap::new();
-    for (name, flag) in map {
-        match flag {
-            RawFlag::Value(v) => {
-                values.insert(name, v);
-            }
-            RawFlag::FromEnv(var) => {
-                references.push(reference(RefTarget::Flag(name), host, var, text))
-            }
-        }
-    }
-    values
-}
-
-/// [`flag_values`] for `env:`.
-fn env_values(
-    map: BTreeMap<String, RawEnv>,
-    host: Option<(&'static str, usize)>,
-    text: &str,
-    references: &mut Vec<Reference>,
-) -> BTreeMap<String, String> {
+) -> BTreeMap<String, T> {
     let mut values = BTreeMap::new();
     for (name, value) in map {
         match value {
-            RawEnv::Value(v) => {
+            Raw::Value(v) => {
                 values.insert(name, v);
             }
-            RawEnv::FromEnv(var) => {
-                references.push(reference(RefTarget::Env(name), host, var, text))
-            }
+            Raw::FromEnv(var) => references.push(reference(target(name), host, var, text)),
         }
     }
     values
@@ -1248,6 +1233,7 @@ impl JsonSchema for HumanDuration {
 mod tests {
     use super::*;
     use crate::manifest::NodeGroup;
+    use crate::testing::{assert_holds, assert_starts};
 
     const MINIMAL: &str = "service: s\nhosts: [a]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model_path: /m\n  port: 30000\n";
 
@@ -1381,7 +1367,7 @@ mod tests {
             (position.unwrap(), field.as_str()),
             (Position { line: 3, column: 8 }, "nodes")
         );
-        assert!(message.contains("not both"), "{message}");
+        assert_holds(&message, "not both");
         let neither = MINIMAL.replace("hosts: [a]\n", "");
         let e = parse("m.yaml", &neither).unwrap_err().0[0].to_string();
         assert_eq!(
@@ -1404,14 +1390,12 @@ mod tests {
             .iter()
             .map(|e| e.to_string())
             .collect();
-        assert_eq!(e.len(), 2, "{e:?}");
-        assert!(
-            e[0].starts_with("m.yaml:4:5: hosts[0].address: `address` is how the other ranks"),
-            "{e:?}"
-        );
-        assert!(
-            e[1].starts_with("m.yaml:10:3: sglang.dist_init_port: dist_init_port is the rendezvous port of a server group: it needs `nodes:`"),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:4:5: hosts[0].address: `address` is how the other ranks",
+                "m.yaml:10:3: sglang.dist_init_port: dist_init_port is the rendezvous port of a server group: it needs `nodes:`",
+            ],
         );
     }
 
@@ -1421,7 +1405,7 @@ mod tests {
         let (position, field, message) = error_of(&text);
         assert_eq!(position.unwrap().line, 8);
         assert_eq!(field, "sglang.flgs");
-        assert!(message.contains("unknown field `flgs`"), "{message}");
+        assert_holds(&message, "unknown field `flgs`");
     }
 
     #[test]
@@ -1429,13 +1413,13 @@ mod tests {
         let (position, field, message) = error_of(&MINIMAL.replace("port: 30000", "port: high"));
         assert_eq!(position.unwrap(), Position { line: 7, column: 9 });
         assert_eq!(field, "sglang.port");
-        assert!(message.contains("invalid type"), "{message}");
+        assert_holds(&message, "invalid type");
     }
 
     #[test]
     fn missing_field_is_named() {
         let (_, _, message) = error_of(&MINIMAL.replace("  port: 30000\n", ""));
-        assert!(message.contains("missing field `port`"), "{message}");
+        assert_holds(&message, "missing field `port`");
     }
 
     #[test]
@@ -1459,7 +1443,7 @@ mod tests {
     fn bad_duration_says_what_is_expected() {
         let (_, field, message) = error_of(&format!("{MINIMAL}verify: {{ crash_window: soon }}\n"));
         assert_eq!(field, "verify.crash_window");
-        assert!(message.contains("not a duration"), "{message}");
+        assert_holds(&message, "not a duration");
     }
 
     #[test]
@@ -1490,10 +1474,10 @@ mod tests {
             (position.unwrap().line, field.as_str()),
             (9, "drain.on_timeout")
         );
-        assert!(message.contains("unknown variant `wait`"), "{message}");
+        assert_holds(&message, "unknown variant `wait`");
         let (_, field, message) = error_of(&format!("{MINIMAL}drain: {{ timeout: later }}\n"));
         assert_eq!(field, "drain.timeout");
-        assert!(message.contains("not a duration"), "{message}");
+        assert_holds(&message, "not a duration");
         let (_, field, _) = error_of(&format!("{MINIMAL}drain: {{ timout: 1m }}\n"));
         assert_eq!(field, "drain.timout");
     }

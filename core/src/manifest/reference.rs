@@ -100,7 +100,7 @@ impl Manifest {
 pub(super) fn check(m: &Manifest) -> Vec<ManifestError> {
     let mut errors = Vec::new();
     for r in &m.references {
-        if !is_env_name(&r.var) {
+        if !crate::is_identifier(&r.var) {
             errors.push(m.invalid(
                 r,
                 format!(
@@ -110,7 +110,7 @@ pub(super) fn check(m: &Manifest) -> Vec<ManifestError> {
             ));
         }
         let name_ok = match &r.target {
-            RefTarget::Env(name) => is_env_name(name),
+            RefTarget::Env(name) => crate::is_identifier(name),
             RefTarget::Flag(name) => {
                 !name.is_empty()
                     && !name.starts_with('-')
@@ -127,13 +127,6 @@ pub(super) fn check(m: &Manifest) -> Vec<ManifestError> {
         }
     }
     errors
-}
-
-fn is_env_name(name: &str) -> bool {
-    name.chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]

@@ -201,6 +201,17 @@ impl Checker<'_> {
             .push(invalid(self.file, self.text, path, &field, message.into()));
     }
 
+    /// Fails each item of the list at `path` that is `bad`, at its index.
+    fn fail_each<T>(&mut self, path: &[Seg], items: &[T], bad: impl Fn(&T) -> bool, message: &str) {
+        for (i, item) in items.iter().enumerate() {
+            if bad(item) {
+                let mut at = path.to_vec();
+                at.push(Seg::Index(i));
+                self.fail(&at, message);
+            }
+        }
+    }
+
     fn unit_name(&mut self, name: &str) {
         let ok = !name.is_empty()
             && name.len() <= 200
@@ -678,22 +689,18 @@ impl Checker<'_> {
                 "top_logprobs is how many tokens a position keeps, between 1 and 100",
             );
         }
+        // `verify.quality.<part>.<key>`.
+        let part = |part, key| {
+            [
+                Seg::Key("verify"),
+                Seg::Key("quality"),
+                Seg::Key(part),
+                Seg::Key(key),
+            ]
+        };
         if let Some(l) = &q.long_context {
-            let long = |key| {
-                [
-                    Seg::Key("verify"),
-                    Seg::Key("quality"),
-                    Seg::Key("long_context"),
-                    Seg::Key(key),
-                ]
-            };
-            for (i, length) in l.lengths.iter().enumerate() {
-                if *length < 256 {
-                    let mut path = long("lengths").to_vec();
-                    path.push(Seg::Index(i));
-                    self.fail(&path, "a long-context length is at least 256 words (several keys, a chain and a list need room)");
-                }
-            }
+            let long = |key| part("long_context", key);
+            self.fail_each(&long("lengths"), &l.lengths, |length| *length < 256, "a long-context length is at least 256 words (several keys, a chain and a list need room)");
             if l.tasks.is_empty() {
                 self.fail(
                     &long("tasks"),
@@ -708,34 +715,22 @@ impl Checker<'_> {
             }
         }
         if let Some(n) = &q.needle {
-            let needle = |key| {
-                [
-                    Seg::Key("verify"),
-                    Seg::Key("quality"),
-                    Seg::Key("needle"),
-                    Seg::Key(key),
-                ]
-            };
-            for (i, length) in n.lengths.iter().enumerate() {
-                if *length < 64 {
-                    let mut path = needle("lengths").to_vec();
-                    path.push(Seg::Index(i));
-                    self.fail(&path, "a needle length is at least 64 tokens (the key and the question need room)");
-                }
-            }
+            let needle = |key| part("needle", key);
+            self.fail_each(
+                &needle("lengths"),
+                &n.lengths,
+                |length| *length < 64,
+                "a needle length is at least 64 tokens (the key and the question need room)",
+            );
             if n.depths.is_empty() {
                 self.fail(&needle("depths"), "list at least one depth (0.1, 0.5, 0.9)");
             }
-            for (i, depth) in n.depths.iter().enumerate() {
-                if !(depth.is_finite() && *depth > 0.0 && *depth < 1.0) {
-                    let mut path = needle("depths").to_vec();
-                    path.push(Seg::Index(i));
-                    self.fail(
-                        &path,
-                        "a depth is a fraction of the prompt, above 0 and below 1",
-                    );
-                }
-            }
+            self.fail_each(
+                &needle("depths"),
+                &n.depths,
+                |depth| !(depth.is_finite() && *depth > 0.0 && *depth < 1.0),
+                "a depth is a fraction of the prompt, above 0 and below 1",
+            );
         }
     }
 
@@ -744,17 +739,12 @@ impl Checker<'_> {
         if b.levels.is_empty() {
             self.fail(&at("levels"), "list at least one concurrency level");
         }
-        for (i, level) in b.levels.iter().enumerate() {
-            if !(1..=4096).contains(level) {
-                let path = [
-                    Seg::Key("verify"),
-                    Seg::Key("benchmark"),
-                    Seg::Key("levels"),
-                    Seg::Index(i),
-                ];
-                self.fail(&path, "a concurrency level must be between 1 and 4096");
-            }
-        }
+        self.fail_each(
+            &at("levels"),
+            &b.levels,
+            |level| !(1..=4096).contains(level),
+            "a concurrency level must be between 1 and 4096",
+        );
         let mut sorted = b.levels.clone();
         sorted.sort_unstable();
         sorted.dedup();
@@ -992,6 +982,9 @@ fn control_name(c: char) -> &'static str {
 mod tests {
     use super::*;
     use crate::manifest::parse;
+    use crate::testing::{
+        assert_any, assert_any_starts, assert_each_holds, assert_holds, assert_starts,
+    };
 
     fn errors(text: &str) -> Vec<String> {
         let m = parse("m.yaml", text).unwrap();
@@ -1033,10 +1026,9 @@ mod tests {
     #[test]
     fn a_pin_by_branch_a_store_with_an_endpoint_and_keep_zero_are_refused_at_their_lines() {
         let branch = errors(&PINNED.replace("0123456789abcdef0123456789abcdef01234567", "main"));
-        assert_eq!(branch.len(), 1, "{branch:#?}");
-        assert!(
-            branch[0].starts_with("m.yaml:8:5: sglang.model.revision: `main` is not a commit"),
-            "{branch:#?}"
+        assert_starts(
+            &branch,
+            &["m.yaml:8:5: sglang.model.revision: `main` is not a commit"],
         );
         let zero = errors(&PINNED.replace("  port:", "    keep: 0\n    rate: 0\n  port:"));
         assert_eq!(zero.len(), 2, "{zero:#?}");
@@ -1052,10 +1044,10 @@ mod tests {
                 .join("\n")
         };
         let both = refused(&PINNED.replace("  port:", "  model_path: /m\n  port:"));
-        assert!(both.contains("sglang.model: give `model_path:`"), "{both}");
+        assert_holds(&both, "sglang.model: give `model_path:`");
         let store = "service: s\nhosts: [a]\nsglang:\n  python: /usr/bin/python3\n  version: 0.5.23\n  model:\n    store: /shared/models/Qwen3.5-122B-A10B\n    revision: 2026-11-30\n    endpoint: http://hub\n  port: 30000\n";
         let e = refused(store);
-        assert!(e.contains("m.yaml:9:5: sglang.model.endpoint"), "{e}");
+        assert_holds(&e, "m.yaml:9:5: sglang.model.endpoint");
         let plain = store.replace("    endpoint: http://hub\n", "");
         let m = parse("m.yaml", &plain).unwrap();
         assert_eq!(m.model_id(), "/shared/models/Qwen3.5-122B-A10B");
@@ -1071,64 +1063,42 @@ mod tests {
         let e = errors(text);
         assert_eq!(e.len(), 6, "{e:#?}");
         let script = errors(&BASE.replace("sglang:\n", "sglang:\n  console_script: sglang\n"));
-        assert_eq!(script.len(), 1, "{script:#?}");
-        assert!(
-            script[0].contains("sglang.console_script: `sglang` must be an absolute path"),
-            "{script:#?}"
+        assert_each_holds(
+            &script,
+            &["sglang.console_script: `sglang` must be an absolute path"],
         );
         assert!(
             e[0].starts_with("m.yaml:1:1: service: `bad/name` is not a valid unit name"),
             "{}",
             e[0]
         );
-        assert!(
-            e.iter()
-                .any(|e| e.starts_with("m.yaml:4:3: sglang.python:")),
-            "{e:#?}"
+        assert_any_starts(&e, "m.yaml:4:3: sglang.python:");
+        assert_any_starts(
+            &e,
+            "m.yaml:7:3: sglang.port: port must be between 1 and 65535",
         );
-        assert!(e.iter().any(|e| e.starts_with("m.yaml:7:3: sglang.port: port must be between 1 and 65535")), "{e:#?}");
-        assert!(
-            e.iter()
-                .any(|e| e.contains("sglang.flags.port: --port is set through `sglang.port`")),
-            "{e:#?}"
-        );
+        assert_any(&e, "sglang.flags.port: --port is set through `sglang.port`");
         assert!(
             e.iter()
                 .any(|e| e
                     .starts_with("m.yaml:10:8: env.1X: `1X` is not an environment variable name")),
             "{e:#?}"
         );
-        assert!(
-            e.iter()
-                .any(|e| e.starts_with("m.yaml:10:15: env.OK: the value holds a newline")),
-            "{e:#?}"
-        );
+        assert_any_starts(&e, "m.yaml:10:15: env.OK: the value holds a newline");
     }
 
     #[test]
     fn nul_and_managed_settings_are_refused() {
         let text = format!("{BASE}systemd: {{ ExecStart: /bin/x, User: \"ro\\0ot\" }}\n");
         let e = errors(&text);
-        assert!(
-            e.iter()
-                .any(|e| e.contains("systemd.ExecStart: ExecStart= is rendered")),
-            "{e:#?}"
-        );
-        assert!(
-            e.iter()
-                .any(|e| e.contains("systemd.User: the value holds a NUL byte")),
-            "{e:#?}"
-        );
+        assert_any(&e, "systemd.ExecStart: ExecStart= is rendered");
+        assert_any(&e, "systemd.User: the value holds a NUL byte");
     }
 
     #[test]
     fn host_destinations_cannot_smuggle_ssh_options() {
         let e = errors(&BASE.replace("hosts: [a]", "hosts: [\"-oProxyCommand=x\"]"));
-        assert!(
-            e.iter()
-                .any(|e| e.contains("hosts[0]: `-oProxyCommand=x` is not an ssh destination")),
-            "{e:#?}"
-        );
+        assert_any(&e, "hosts[0]: `-oProxyCommand=x` is not an ssh destination");
     }
 
     #[test]
@@ -1180,12 +1150,9 @@ mod tests {
             ["m.yaml:2:8: nodes: a server group needs at least 2 nodes; one host is `hosts:`"]
         );
         let e = errors(&GROUP.replace("nodes: [a, b]", "nodes:\n  - a\n  - b\n  - a"));
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].starts_with(
-                "m.yaml:5:5: nodes[2]: node `a` is listed twice (nodes[0] and nodes[2])"
-            ),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &["m.yaml:5:5: nodes[2]: node `a` is listed twice (nodes[0] and nodes[2])"],
         );
     }
 
@@ -1196,16 +1163,12 @@ mod tests {
             "nodes:\n  - local\n  - name: b\n    address: 10.0.0.2:20000",
         );
         let e = errors(&text);
-        assert_eq!(e.len(), 2, "{e:?}");
-        assert!(
-            e[0].starts_with("m.yaml:3:5: nodes[0]: `local` is this machine to reconcile"),
-            "{e:?}"
-        );
-        assert!(
-            e[1].starts_with(
-                "m.yaml:5:5: nodes[1].address: the address `10.0.0.2:20000` has a port"
-            ),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:3:5: nodes[0]: `local` is this machine to reconcile",
+                "m.yaml:5:5: nodes[1].address: the address `10.0.0.2:20000` has a port",
+            ],
         );
     }
 
@@ -1216,32 +1179,23 @@ mod tests {
             "nodes:\n  - a\n  - name: b\n    flags: { node_rank: 1, dist-init: x }",
         ) + "  flags:\n    nnodes: 2\n    nccl-init-addr: a:1\n    tp-size: 2\n    no-such: false\n";
         let e = errors(&text);
-        assert_eq!(e.len(), 4, "{e:#?}");
-        assert!(
-            e[0].starts_with("m.yaml:13:5: sglang.flags.nccl-init-addr: `nccl-init-addr` (--nccl-init-addr, the alias of --dist-init-addr) is rendered from `nodes:`"),
-            "{e:#?}"
-        );
-        assert!(
-            e[1].starts_with(
-                "m.yaml:12:5: sglang.flags.nnodes: --nnodes is rendered from `nodes:`"
-            ),
-            "{e:#?}"
-        );
-        assert!(
-            e[2].starts_with("m.yaml:5:28: nodes[1].flags.dist-init: `dist-init` (an abbreviation of --dist-init-addr) is rendered from `nodes:`"),
-            "{e:#?}"
-        );
-        assert!(
-            e[3].starts_with("m.yaml:5:14: nodes[1].flags.node_rank: `node_rank` (--node-rank) is rendered from `nodes:`"),
-            "{e:#?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:13:5: sglang.flags.nccl-init-addr: `nccl-init-addr` (--nccl-init-addr, the alias of --dist-init-addr) is rendered from `nodes:`",
+                "m.yaml:12:5: sglang.flags.nnodes: --nnodes is rendered from `nodes:`",
+                "m.yaml:5:28: nodes[1].flags.dist-init: `dist-init` (an abbreviation of --dist-init-addr) is rendered from `nodes:`",
+                "m.yaml:5:14: nodes[1].flags.node_rank: `node_rank` (--node-rank) is rendered from `nodes:`",
+            ],
         );
         // One written `{ from_env }`, not yet in the flags.
         let text = format!("{GROUP}  flags:\n    dist-init-addr: {{ from_env: ADDR }}\n");
         let e = errors(&text);
-        assert_eq!(e.len(), 1, "{e:#?}");
-        assert!(
-            e[0].starts_with("m.yaml:9:21: sglang.flags.dist-init-addr: --dist-init-addr is rendered from `nodes:`"),
-            "{e:#?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:9:21: sglang.flags.dist-init-addr: --dist-init-addr is rendered from `nodes:`",
+            ],
         );
     }
 
@@ -1252,39 +1206,30 @@ mod tests {
             "hosts:\n  - name: a\n    flags: { node-rank: 0 }",
         ) + "  flags:\n    nn: 2\n    dist-init-addr: a:5000\n";
         let e = errors(&text);
-        assert_eq!(e.len(), 3, "{e:#?}");
-        assert!(
-            e[0].starts_with("m.yaml:12:5: sglang.flags.dist-init-addr: --dist-init-addr is for a server over several hosts, which is `nodes:`"),
-            "{e:#?}"
-        );
-        assert!(
-            e[1].starts_with("m.yaml:11:5: sglang.flags.nn: `nn` (an abbreviation of --nnodes) 2: a server over several hosts is `nodes:`"),
-            "{e:#?}"
-        );
-        assert!(
-            e[2].starts_with("m.yaml:4:14: hosts[0].flags.node-rank: --node-rank is for a server over several hosts, which is `nodes:`"),
-            "{e:#?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:12:5: sglang.flags.dist-init-addr: --dist-init-addr is for a server over several hosts, which is `nodes:`",
+                "m.yaml:11:5: sglang.flags.nn: `nn` (an abbreviation of --nnodes) 2: a server over several hosts is `nodes:`",
+                "m.yaml:4:14: hosts[0].flags.node-rank: --node-rank is for a server over several hosts, which is `nodes:`",
+            ],
         );
         // One node is SGLang's default; `false` sets nothing.
         let fine = format!("{BASE}  flags: {{ nnodes: 1, node-rank: false }}\n");
         assert!(errors(&fine).is_empty(), "{:?}", errors(&fine));
         let e = errors(&format!("{BASE}  flags:\n    nnodes: {{ from_env: N }}\n"));
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].starts_with("m.yaml:9:13: sglang.flags.nnodes: --nnodes from the environment"),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &["m.yaml:9:13: sglang.flags.nnodes: --nnodes from the environment"],
         );
     }
 
     #[test]
     fn the_rendezvous_port_is_not_the_api_port() {
         let e = errors(&format!("{GROUP}  dist_init_port: 30000\n"));
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].starts_with(
-                "m.yaml:8:3: sglang.dist_init_port: dist_init_port 30000 is also sglang.port"
-            ),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &["m.yaml:8:3: sglang.dist_init_port: dist_init_port 30000 is also sglang.port"],
         );
         let e = errors(&format!("{GROUP}  dist_init_port: 70000\n"));
         assert_eq!(
@@ -1341,10 +1286,9 @@ mod tests {
         );
         let written = format!("{other}  dist_init_port: 20000\n");
         let e = fleet(&[("a.yaml", GROUP), ("b.yaml", &written)]);
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].starts_with("b.yaml:8:3: sglang.dist_init_port: dist-init port 20000"),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &["b.yaml:8:3: sglang.dist_init_port: dist-init port 20000"],
         );
         // Another port, or another rank 0, is another rendezvous.
         let moved = format!("{other}  dist_init_port: 20001\n");
@@ -1378,16 +1322,12 @@ mod tests {
         ))
         .is_empty());
         let e = errors(&format!("{two}rollout:\n  canary: c\n  max_parallel: 0\n"));
-        assert_eq!(e.len(), 2, "{e:?}");
-        assert!(
-            e[0].starts_with(
-                "m.yaml:9:3: rollout.canary: `c` is not one of this service's hosts (a, b)"
-            ),
-            "{e:?}"
-        );
-        assert!(
-            e[1].starts_with("m.yaml:10:3: rollout.max_parallel: max_parallel must be at least 1"),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:9:3: rollout.canary: `c` is not one of this service's hosts (a, b)",
+                "m.yaml:10:3: rollout.max_parallel: max_parallel must be at least 1",
+            ],
         );
         let m = parse("m.yaml", &format!("{two}rollout: {{ max_failures: 3 }}\n")).unwrap();
         assert_eq!(
@@ -1436,20 +1376,15 @@ mod tests {
             "{metrics}{router}verify:\n  bake:\n    duration: 0s\n    min_requests: 0\n    max_latency_ratio: 0.5\n    max_throughput_ratio: 0.9\n    confidence: 1\n"
         );
         let e = errors(&bad);
-        assert_eq!(e.len(), 5, "{e:?}");
-        assert!(
-            e[0].contains("verify.bake.duration: duration must be longer than 0s"),
-            "{e:?}"
-        );
-        assert!(e[1].contains("verify.bake.min_requests"), "{e:?}");
-        assert!(
-            e[2].contains("verify.bake.max_latency_ratio: max_latency_ratio must be at least 1"),
-            "{e:?}"
-        );
-        assert!(e[3].contains("verify.bake.max_throughput_ratio"), "{e:?}");
-        assert!(
-            e[4].contains("verify.bake.confidence: confidence is a probability"),
-            "{e:?}"
+        assert_each_holds(
+            &e,
+            &[
+                "verify.bake.duration: duration must be longer than 0s",
+                "verify.bake.min_requests",
+                "verify.bake.max_latency_ratio: max_latency_ratio must be at least 1",
+                "verify.bake.max_throughput_ratio",
+                "verify.bake.confidence: confidence is a probability",
+            ],
         );
         // A warm-up before the first look.
         let warm = format!("{metrics}{router}verify:\n  bake: {{ warmup: 30s, duration: 10m }}\n");
@@ -1460,14 +1395,12 @@ mod tests {
     #[test]
     fn drain_needs_enable_metrics_on_every_host() {
         let e = errors(&format!("{BASE}drain:\n  timeout: 0s\n"));
-        assert_eq!(e.len(), 2, "{e:?}");
-        assert!(
-            e[0].starts_with("m.yaml:9:3: drain.timeout: timeout must be longer than 0s"),
-            "{e:?}"
-        );
-        assert!(
-            e[1].starts_with("m.yaml:8:1: drain: drain reads the server's /metrics, which SGLang serves only with --enable-metrics: add `enable-metrics: true`"),
-            "{e:?}"
+        assert_starts(
+            &e,
+            &[
+                "m.yaml:9:3: drain.timeout: timeout must be longer than 0s",
+                "m.yaml:8:1: drain: drain reads the server's /metrics, which SGLang serves only with --enable-metrics: add `enable-metrics: true`",
+            ],
         );
         let with = BASE.replace(
             "  port: 30000\n",
@@ -1516,20 +1449,9 @@ mod tests {
                 .any(|e| e.contains("verify.quality.prompts") && e.contains("between 1 and 256")),
             "{e:?}"
         );
-        assert!(
-            e.iter().any(|e| e.contains("verify.quality.factor")),
-            "{e:?}"
-        );
-        assert!(
-            e.iter()
-                .any(|e| e.contains("verify.quality.needle.lengths[0]")),
-            "{e:?}"
-        );
-        assert!(
-            e.iter()
-                .any(|e| e.contains("verify.quality.needle.depths[0]")),
-            "{e:?}"
-        );
+        assert_any(&e, "verify.quality.factor");
+        assert_any(&e, "verify.quality.needle.lengths[0]");
+        assert_any(&e, "verify.quality.needle.depths[0]");
     }
 
     #[test]

@@ -476,6 +476,11 @@ mod tests {
         assert_eq!(DeepWhen::Restarts.shown(refused.clone()), refused);
     }
 
+    /// [`judged`] with the deep check refusing at `stage`, naming `flag`, for `reason`.
+    fn refused(text: &str, stage: &str, flag: Option<&str>, reason: &str) -> Vec<Finding> {
+        judged(text, Deep::Refused(Refusal::new(stage, flag, reason)))
+    }
+
     fn judged(text: &str, deep: Deep) -> Vec<Finding> {
         let t = targets(&[("manifests/a.yaml", text)]).remove(0);
         judge(
@@ -491,10 +496,7 @@ mod tests {
     fn a_context_length_refusal_names_the_flag_where_the_manifest_writes_it() {
         let text = manifest("s", "h", "    context-length: 1000000\n");
         let reason = "ValueError: Warning: User-specified context_length (1000000) is greater than the derived context_length (2048). This may lead to incorrect model outputs or CUDA errors. Note that the derived context_length may differ from max_position_embeddings in the model's config. To allow overriding this maximum, set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1";
-        let findings = judged(
-            &text,
-            Deep::Refused(Refusal::new("model-config", Some("context-length"), reason)),
-        );
+        let findings = refused(&text, "model-config", Some("context-length"), reason);
         assert_eq!(
             messages(&findings, "deep"),
             [format!("manifests/a.yaml:10:5: sglang.flags.context-length: the host's SGLang refuses s.service's arguments: {reason}")]
@@ -506,10 +508,7 @@ mod tests {
     fn a_model_folder_without_config_json_names_the_model_path() {
         let text = manifest("s", "h", "");
         let reason = "ValueError: Unrecognized model in /models/m. Should have a `model_type` key in its config.json.";
-        let findings = judged(
-            &text,
-            Deep::Refused(Refusal::new("resolve", Some("model-path"), reason)),
-        );
+        let findings = refused(&text, "resolve", Some("model-path"), reason);
         assert_eq!(
             messages(&findings, "deep"),
             [format!("manifests/a.yaml:6:3: sglang.model_path: the host's SGLang refuses s.service's arguments: {reason}")]
@@ -521,10 +520,7 @@ mod tests {
         // The host's own flags win, as the unit is rendered; `tp` is an alias of --tp-size.
         let text = "service: s\nhosts:\n  - name: h\n    flags: { chat-template: /etc/t.jinja }\nsglang:\n  python: /venv/bin/python3\n  version: 0.5.23\n  model_path: /models/m\n  port: 30000\n  flags:\n    chat-template: /etc/other.jinja\n    tp: 2\n";
         let reason = "RuntimeError: Chat template /etc/t.jinja is not a built-in template name or a valid chat template file path.";
-        let findings = judged(
-            text,
-            Deep::Refused(Refusal::new("chat-template", Some("chat-template"), reason)),
-        );
+        let findings = refused(text, "chat-template", Some("chat-template"), reason);
         assert!(
             messages(&findings, "deep")[0].starts_with(
                 "manifests/a.yaml:4:14: hosts[0].flags.chat-template: the host's SGLang refuses"
@@ -532,19 +528,13 @@ mod tests {
             "{findings:?}"
         );
         let argparse = "sglang serve: error: argument --tp-size/--tp: invalid int value: 'x'";
-        let findings = judged(
-            text,
-            Deep::Refused(Refusal::new("arguments", None, argparse)),
-        );
+        let findings = refused(text, "arguments", None, argparse);
         assert_eq!(
             messages(&findings, "deep"),
             [format!("manifests/a.yaml:12:5: sglang.flags.tp: the host's SGLang refuses s.service's arguments: {argparse}")]
         );
         // A flag the manifest does not write (a default refused for this model): no place.
-        let findings = judged(
-            text,
-            Deep::Refused(Refusal::new("model-config", Some("dtype"), "ValueError: x")),
-        );
+        let findings = refused(text, "model-config", Some("dtype"), "ValueError: x");
         assert_eq!(
             messages(&findings, "deep"),
             ["the host's SGLang refuses s.service's arguments: ValueError: x"]

@@ -637,6 +637,7 @@ pub fn last_line(text: &str) -> String {
 pub(crate) mod tests {
     use super::*;
     use crate::manifest::parse;
+    use crate::testing::assert_starts;
 
     pub(crate) fn manifest(service: &str, host: &str, extra: &str) -> String {
         format!(
@@ -679,6 +680,19 @@ pub(crate) mod tests {
         }
     }
 
+    /// What the preflight finds for service `s` on host `h` with `flags`, given `facts`.
+    fn judged(flags: &str, facts: Facts) -> Vec<Finding> {
+        judge(&target(&manifest("s", "h", flags)), &facts)
+    }
+
+    /// [`healthy`], with SGLang `version` installed.
+    fn with_sglang(version: &str) -> Facts {
+        Facts {
+            python: Python::Sglang(version.into()),
+            ..healthy()
+        }
+    }
+
     pub(crate) fn messages(findings: &[Finding], check: &str) -> Vec<String> {
         findings
             .iter()
@@ -689,22 +703,18 @@ pub(crate) mod tests {
 
     #[test]
     fn a_healthy_host_has_nothing_to_say() {
-        let t = target(&manifest(
-            "s",
-            "h",
-            "env: { CUDA_VISIBLE_DEVICES: \"0,1\" }\n",
-        ));
-        assert_eq!(judge(&t, &healthy()), []);
+        assert_eq!(
+            judged("env: { CUDA_VISIBLE_DEVICES: \"0,1\" }\n", healthy()),
+            []
+        );
     }
 
     #[test]
     fn an_https_server_is_refused_because_apply_could_not_verify_it() {
-        let t = target(&manifest(
-            "s",
-            "h",
+        let findings = judged(
             "    ssl-certfile: /etc/ssl/s.pem\n    ssl-keyfile: /etc/ssl/s.key\n",
-        ));
-        let findings = judge(&t, &healthy());
+            healthy(),
+        );
         let verify = messages(&findings, "verify");
         assert_eq!(verify.len(), 1, "{findings:?}");
         assert!(verify[0].contains("--ssl-certfile"), "{verify:?}");
@@ -714,12 +724,7 @@ pub(crate) mod tests {
     #[test]
     fn a_version_mismatch_names_both_and_checks_the_flags_against_the_installed_one() {
         // --enable-tf32-matmul is new in 0.5.23; 0.5.9 would refuse it.
-        let t = target(&manifest("s", "h", "    enable-tf32-matmul: true\n"));
-        let facts = Facts {
-            python: Python::Sglang("0.5.9".into()),
-            ..healthy()
-        };
-        let findings = judge(&t, &facts);
+        let findings = judged("    enable-tf32-matmul: true\n", with_sglang("0.5.9"));
         assert_eq!(
             messages(&findings, "sglang-version"),
             ["the manifest says SGLang 0.5.23 but /venv/bin/python3 on the host has SGLang 0.5.9"]
@@ -736,12 +741,7 @@ pub(crate) mod tests {
 
     #[test]
     fn an_installed_version_without_a_catalog_is_a_warning() {
-        let t = target(&manifest("s", "h", ""));
-        let facts = Facts {
-            python: Python::Sglang("0.7.0".into()),
-            ..healthy()
-        };
-        let findings = judge(&t, &facts);
+        let findings = judged("", with_sglang("0.7.0"));
         let flags: Vec<&Finding> = findings.iter().filter(|f| f.check == "flags").collect();
         assert_eq!(flags.len(), 1);
         assert_eq!(flags[0].severity, Severity::Warning);
@@ -752,7 +752,6 @@ pub(crate) mod tests {
 
     #[test]
     fn no_python_or_no_sglang_is_an_error() {
-        let t = target(&manifest("s", "h", ""));
         for (python, expected) in [
             (
                 Python::NotExecutable,
@@ -763,9 +762,9 @@ pub(crate) mod tests {
                 "SGLang is not installed for /venv/bin/python3 (the manifest says 0.5.23)",
             ),
         ] {
-            let findings = judge(
-                &t,
-                &Facts {
+            let findings = judged(
+                "",
+                Facts {
                     python,
                     ..healthy()
                 },
@@ -795,10 +794,9 @@ pub(crate) mod tests {
 
     #[test]
     fn a_missing_model_path_is_an_error() {
-        let t = target(&manifest("s", "h", ""));
-        let findings = judge(
-            &t,
-            &Facts {
+        let findings = judged(
+            "",
+            Facts {
                 model_path: Access::Missing,
                 ..healthy()
             },
@@ -857,10 +855,9 @@ pub(crate) mod tests {
 
     #[test]
     fn no_nvidia_smi_is_a_warning() {
-        let t = target(&manifest("s", "h", ""));
-        let findings = judge(
-            &t,
-            &Facts {
+        let findings = judged(
+            "",
+            Facts {
                 gpus: Gpus::Unknown("nvidia-smi is not installed".into()),
                 ..healthy()
             },
@@ -875,12 +872,10 @@ pub(crate) mod tests {
 
     #[test]
     fn cuda_visible_devices_too_short_or_naming_a_missing_gpu() {
-        let t = target(&manifest(
-            "s",
-            "h",
+        let findings = judged(
             "    tp-size: 4\nenv: { CUDA_VISIBLE_DEVICES: \"6,7,8\" }\n",
-        ));
-        let findings = judge(&t, &healthy());
+            healthy(),
+        );
         assert_eq!(
             messages(&findings, "cuda-visible-devices"),
             [
@@ -897,12 +892,10 @@ pub(crate) mod tests {
 
     #[test]
     fn gpu_uuids_are_found_by_prefix() {
-        let t = target(&manifest(
-            "s",
-            "h",
+        let findings = judged(
             "env: { CUDA_VISIBLE_DEVICES: \"GPU-0000-0003,GPU-0000-00\" }\n",
-        ));
-        let findings = judge(&t, &healthy());
+            healthy(),
+        );
         // The second is a prefix of every UUID: ambiguous, so CUDA cannot use it.
         assert_eq!(messages(&findings, "cuda-visible-devices").len(), 1);
         assert!(
@@ -921,7 +914,6 @@ pub(crate) mod tests {
 
     #[test]
     fn a_port_the_kernel_may_give_an_outgoing_connection_is_a_warning_until_reserved() {
-        let t = target(&manifest("s", "h", ""));
         // The manifest's port: 30000.
         let port = 30000;
         let on = |listed: &str| {
@@ -932,7 +924,7 @@ pub(crate) mod tests {
                 },
                 ..healthy()
             };
-            judge(&t, &facts)
+            judged("", facts)
                 .into_iter()
                 .filter(|f| f.check == "port")
                 .map(|f| f.message)
@@ -940,13 +932,9 @@ pub(crate) mod tests {
         };
         let range = |low: u16| format!("#cgroups\n#ephemeral\n{low}\t60999\n\n");
         let warned = on(&range(port));
-        assert_eq!(warned.len(), 1, "{warned:?}");
-        assert!(
-            warned[0].starts_with(&format!(
+        assert_starts(&warned, &[&format!(
                 "port {port} is inside the host's ephemeral port range ({port}-60999) and not reserved"
-            )),
-            "{warned:?}"
-        );
+            )]);
         // Reserved (a range, or the port alone), below the range, or a range that cannot be
         // read: nothing to say.
         let reserved = format!("#ephemeral\n{port} 60999\n8080,{}-{}\n", port - 1, port + 1);
@@ -960,11 +948,10 @@ pub(crate) mod tests {
 
     #[test]
     fn a_port_held_by_another_process_is_an_error_and_by_this_unit_is_not() {
-        let t = target(&manifest("s", "h", ""));
         let held = |l: Listener, main_pid: u32| {
-            judge(
-                &t,
-                &Facts {
+            judged(
+                "",
+                Facts {
                     port: Port::Listeners {
                         listeners: vec![l],
                         ephemeral: None,
@@ -1011,15 +998,14 @@ pub(crate) mod tests {
 
     #[test]
     fn the_deep_check_refusing_is_an_error() {
-        let t = target(&manifest("s", "h", ""));
         let refused = Deep::Refused(Refusal::new(
             "arguments",
             None,
             "launch_server.py: error: unrecognized arguments: --x",
         ));
-        let findings = judge(
-            &t,
-            &Facts {
+        let findings = judged(
+            "",
+            Facts {
                 deep: Some(refused),
                 ..healthy()
             },

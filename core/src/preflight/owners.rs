@@ -224,6 +224,7 @@ pub fn judge_owners(model: &UnitModel, python: &str, found: &[Writable]) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
 
     fn unit(settings: &[(&str, &str)]) -> UnitModel {
         UnitModel {
@@ -256,15 +257,9 @@ mod tests {
         let findings = judge_owners(&unit(&[]), "/srv/venv/bin/python3", &found);
         assert_eq!(findings.len(), 1);
         let message = &findings[0].message;
-        assert!(
-            message.contains("evil.pth (writable by its owner, uid 65534)"),
-            "{message}"
-        );
-        assert!(
-            message.contains("/opt/py (writable by its group and every user)"),
-            "{message}"
-        );
-        assert!(message.contains("runs as root"), "{message}");
+        assert_holds(message, "evil.pth (writable by its owner, uid 65534)");
+        assert_holds(message, "/opt/py (writable by its group and every user)");
+        assert_holds(message, "runs as root");
     }
 
     #[test]

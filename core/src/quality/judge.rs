@@ -526,6 +526,7 @@ pub struct QualityFigures {
 mod tests {
     use super::super::{Sequence, REFERENCE_FORMAT};
     use super::*;
+    use crate::testing::assert_holds;
 
     fn spec() -> QualitySpec {
         QualitySpec::default()
@@ -670,11 +671,9 @@ mod tests {
             fewer,
         );
         assert_eq!(r.verdict, Verdict::Passed);
-        assert!(
-            r.detail
-                .contains("(no floor: the old server was not running, 0 x 10, min 0.002)"),
-            "{}",
-            r.detail
+        assert_holds(
+            &r.detail,
+            "(no floor: the old server was not running, 0 x 10, min 0.002)",
         );
         assert!(
             r.detail.ends_with("; cases 15/16 (before 16/16)"),

@@ -172,27 +172,29 @@ pub fn collect<'a>(
     for (key, value) in read {
         match keys.parse(key) {
             Some(Key::Host { service, host }) => {
-                if let Ok(entry) = serde_json::from_str::<HostEntry>(value) {
-                    services
-                        .entry(service)
-                        .or_default()
-                        .hosts
-                        .insert(host, entry);
-                }
+                put(&mut services, service, host, value, |l| &mut l.hosts)
             }
             Some(Key::Slot { service, host }) => {
-                if let Ok(slot) = serde_json::from_str::<SlotEntry>(value) {
-                    services
-                        .entry(service)
-                        .or_default()
-                        .slots
-                        .insert(host, slot);
-                }
+                put(&mut services, service, host, value, |l| &mut l.slots)
             }
             None => {}
         }
     }
     services
+}
+
+/// `value` read as a `T` into the map of `service`'s ledger that `map` names, under `host`; a
+/// value that does not parse is left out, and makes no ledger.
+fn put<T: serde::de::DeserializeOwned>(
+    services: &mut BTreeMap<String, ServiceLedger>,
+    service: String,
+    host: String,
+    value: &str,
+    map: fn(&mut ServiceLedger) -> &mut BTreeMap<String, T>,
+) {
+    if let Ok(entry) = serde_json::from_str::<T>(value) {
+        map(services.entry(service).or_default()).insert(host, entry);
+    }
 }
 
 /// The name of one change of a service: a digest of the units it renders for every host of the
@@ -231,6 +233,7 @@ pub(crate) fn entry_for_test(revision: &str, state: State) -> HostEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
 
     #[test]
     fn keys_name_hosts_and_slots_and_parse_back() {
@@ -298,7 +301,7 @@ mod tests {
             detail: None,
         };
         let text = serde_json::to_string(&e).unwrap();
-        assert!(text.contains("\"state\":\"up_to_date\""), "{text}");
+        assert_holds(&text, "\"state\":\"up_to_date\"");
         assert!(!text.contains("detail"), "{text}");
         assert_eq!(serde_json::from_str::<HostEntry>(&text).unwrap(), e);
         let later = HostEntry { at: 9, ..e.clone() };

@@ -140,8 +140,10 @@ mod tests {
         }
     }
 
-    /// Runs the schedule to the end; `failed(batch)` says how many hosts of a batch failed.
-    fn run(mut s: Schedule, failed: impl Fn(&[usize]) -> usize) -> Vec<Step> {
+    /// Runs the schedule of `turns` under `policy` to the end; `failed(batch)` says how many
+    /// hosts of a batch failed.
+    fn run(policy: Rollout, turns: usize, failed: impl Fn(&[usize]) -> usize) -> Vec<Step> {
+        let mut s = Schedule::new(policy, turns);
         let mut steps = Vec::new();
         loop {
             let step = s.next_step();
@@ -156,26 +158,28 @@ mod tests {
         }
     }
 
+    /// `failed` for a run in which only the host of `turn` fails.
+    fn only(turn: usize) -> impl Fn(&[usize]) -> usize {
+        move |batch| usize::from(batch.contains(&turn))
+    }
+
     fn apply(turns: &[usize]) -> Step {
         Step::Apply(turns.to_vec())
     }
 
     #[test]
     fn no_turns_is_done_at_once_even_with_rollback_all() {
-        assert_eq!(
-            run(Schedule::new(policy(1, 2, 1, true), 0), |_| 0),
-            [Step::Done]
-        );
+        assert_eq!(run(policy(1, 2, 1, true), 0, |_| 0), [Step::Done]);
     }
 
     #[test]
     fn without_a_canary_batches_are_max_parallel_and_at_least_one() {
         assert_eq!(
-            run(Schedule::new(policy(0, 2, 1, false), 5), |_| 0),
+            run(policy(0, 2, 1, false), 5, |_| 0),
             [apply(&[0, 1]), apply(&[2, 3]), apply(&[4]), Step::Done]
         );
         assert_eq!(
-            run(Schedule::new(policy(0, 0, 1, false), 2), |_| 0),
+            run(policy(0, 0, 1, false), 2, |_| 0),
             [apply(&[0]), apply(&[1]), Step::Done]
         );
     }
@@ -183,12 +187,12 @@ mod tests {
     #[test]
     fn a_canary_that_passes_goes_alone_then_batches_follow() {
         assert_eq!(
-            run(Schedule::new(policy(2, 3, 1, false), 6), |_| 0),
+            run(policy(2, 3, 1, false), 6, |_| 0),
             [apply(&[0, 1]), apply(&[2, 3, 4]), apply(&[5]), Step::Done]
         );
         // A canary larger than the fleet is the whole fleet.
         assert_eq!(
-            run(Schedule::new(policy(5, 3, 1, false), 2), |_| 0),
+            run(policy(5, 3, 1, false), 2, |_| 0),
             [apply(&[0, 1]), Step::Done]
         );
     }
@@ -198,8 +202,7 @@ mod tests {
         let why = "the canary failed, so the rollout stopped".to_string();
         // Even with a budget the canary's failure does not reach.
         assert_eq!(
-            run(Schedule::new(policy(1, 2, 5, false), 4), |b| b.contains(&0)
-                as usize),
+            run(policy(1, 2, 5, false), 4, only(0)),
             [
                 apply(&[0]),
                 Step::Skip {
@@ -216,7 +219,7 @@ mod tests {
         // Turns 1 and 3 fail (unreachable hosts count the same: the driver reports them failed).
         let failed = |b: &[usize]| b.iter().filter(|i| [1, 3].contains(*i)).count();
         assert_eq!(
-            run(Schedule::new(policy(0, 2, 2, false), 7), failed),
+            run(policy(0, 2, 2, false), 7, failed),
             [
                 apply(&[0, 1]),
                 apply(&[2, 3]),
@@ -229,8 +232,7 @@ mod tests {
         );
         // A budget of 0 is a budget of 1, and the message says what was asked.
         assert_eq!(
-            run(Schedule::new(policy(0, 1, 0, false), 3), |b| b.contains(&0)
-                as usize),
+            run(policy(0, 1, 0, false), 3, only(0)),
             [
                 apply(&[0]),
                 Step::Skip {
@@ -245,7 +247,7 @@ mod tests {
     #[test]
     fn a_batch_can_overshoot_the_budget_and_the_count_says_so() {
         assert_eq!(
-            run(Schedule::new(policy(1, 3, 2, false), 5), |b| b
+            run(policy(1, 3, 2, false), 5, |b| b
                 .iter()
                 .filter(|i| **i > 0)
                 .count()),
@@ -265,7 +267,7 @@ mod tests {
     fn the_budget_reached_by_the_last_batch_skips_nothing_but_still_rolls_back() {
         let why = "1 host(s) failed (max_failures 1), so the rollout stopped".to_string();
         assert_eq!(
-            run(Schedule::new(policy(0, 2, 1, true), 2), |_| 1),
+            run(policy(0, 2, 1, true), 2, |_| 1),
             [apply(&[0, 1]), Step::RollBackConverged { why }, Step::Done]
         );
     }
@@ -273,8 +275,7 @@ mod tests {
     #[test]
     fn rollback_all_only_when_the_rollout_stopped() {
         assert_eq!(
-            run(Schedule::new(policy(1, 1, 1, true), 3), |b| b.contains(&0)
-                as usize),
+            run(policy(1, 1, 1, true), 3, only(0)),
             [
                 apply(&[0]),
                 Step::Skip {
@@ -289,13 +290,12 @@ mod tests {
         );
         // Failures under the budget do not stop the rollout: nothing is rolled back.
         assert_eq!(
-            run(Schedule::new(policy(0, 1, 3, true), 3), |b| b.contains(&1)
-                as usize),
+            run(policy(0, 1, 3, true), 3, only(1)),
             [apply(&[0]), apply(&[1]), apply(&[2]), Step::Done]
         );
         // Stopped, without --rollback-all: done after the skipped hosts.
         assert_eq!(
-            run(Schedule::new(policy(1, 1, 1, false), 2), |_| 1),
+            run(policy(1, 1, 1, false), 2, |_| 1),
             [
                 apply(&[0]),
                 Step::Skip {

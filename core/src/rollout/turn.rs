@@ -273,6 +273,11 @@ mod tests {
         }
     }
 
+    /// [`decide`] for `me` of [`ORDER`], under `max_parallel` and `max_failures`.
+    fn turn(me: &str, max_parallel: usize, max_failures: usize, view: &View) -> Turn {
+        decide(me, &ORDER, &policy(max_parallel, max_failures), view)
+    }
+
     use crate::rollout::ledger::entry_for_test as entry;
 
     fn view(hosts: &[(&str, State)], slots: &[&str]) -> View {
@@ -289,12 +294,9 @@ mod tests {
     #[test]
     fn on_a_fresh_change_only_the_canary_goes() {
         let v = view(&[], &[]);
+        assert_eq!(turn("h1", 2, 1, &v), Turn::Go { resume: false });
         assert_eq!(
-            decide("h1", &ORDER, &policy(2, 1), &v),
-            Turn::Go { resume: false }
-        );
-        assert_eq!(
-            decide("h3", &ORDER, &policy(2, 1), &v),
+            turn("h3", 2, 1, &v),
             Turn::Wait(Wait::Canary {
                 host: "h1".into(),
                 state: None
@@ -305,12 +307,9 @@ mod tests {
     #[test]
     fn hosts_up_to_date_pass_the_canary_on_to_the_first_with_work() {
         let v = view(&[("h1", State::UpToDate)], &[]);
-        assert_eq!(
-            decide("h2", &ORDER, &policy(2, 1), &v),
-            Turn::Go { resume: false }
-        );
+        assert_eq!(turn("h2", 2, 1, &v), Turn::Go { resume: false });
         assert!(matches!(
-            decide("h3", &ORDER, &policy(2, 1), &v),
+            turn("h3", 2, 1, &v),
             Turn::Wait(Wait::Canary { host, .. }) if host == "h2"
         ));
     }
@@ -320,7 +319,7 @@ mod tests {
         let mut v = view(&[], &[]);
         v.hosts.insert("h1".into(), entry("r1", State::Succeeded));
         assert!(matches!(
-            decide("h2", &ORDER, &policy(2, 1), &v),
+            turn("h2", 2, 1, &v),
             Turn::Wait(Wait::Canary { state: None, .. })
         ));
     }
@@ -328,10 +327,7 @@ mod tests {
     #[test]
     fn once_the_canary_succeeded_hosts_go_while_slots_are_free() {
         let v = view(&[("h1", State::Succeeded), ("h2", State::Started)], &["h2"]);
-        assert_eq!(
-            decide("h3", &ORDER, &policy(2, 1), &v),
-            Turn::Go { resume: false }
-        );
+        assert_eq!(turn("h3", 2, 1, &v), Turn::Go { resume: false });
         let full = view(
             &[
                 ("h1", State::Succeeded),
@@ -341,7 +337,7 @@ mod tests {
             &["h2", "h3"],
         );
         assert_eq!(
-            decide("h4", &ORDER, &policy(2, 1), &full),
+            turn("h4", 2, 1, &full),
             Turn::Wait(Wait::Slots {
                 holders: vec!["h2".into(), "h3".into()],
                 max: 2
@@ -354,7 +350,7 @@ mod tests {
         let mut v = view(&[("h1", State::Succeeded)], &["h2"]);
         v.hosts.insert("h2".into(), entry("r1", State::Started));
         assert!(matches!(
-            decide("h3", &ORDER, &policy(1, 1), &v),
+            turn("h3", 1, 1, &v),
             Turn::Wait(Wait::Slots { .. })
         ));
     }
@@ -363,13 +359,10 @@ mod tests {
     fn a_failed_canary_stops_everyone_even_with_budget_left() {
         let v = view(&[("h1", State::Failed)], &[]);
         assert_eq!(
-            decide("h2", &ORDER, &policy(2, 3), &v),
+            turn("h2", 2, 3, &v),
             Turn::Stop(Stop::CanaryFailed { host: "h1".into() })
         );
-        assert_eq!(
-            decide("h1", &ORDER, &policy(2, 3), &v),
-            Turn::Stop(Stop::FailedHere)
-        );
+        assert_eq!(turn("h1", 2, 3, &v), Turn::Stop(Stop::FailedHere));
     }
 
     #[test]
@@ -383,16 +376,13 @@ mod tests {
             &[],
         );
         assert_eq!(
-            decide("h4", &ORDER, &policy(2, 2), &v),
+            turn("h4", 2, 2, &v),
             Turn::Stop(Stop::Budget {
                 failed: vec!["h2".into(), "h3".into()],
                 max: 2
             })
         );
-        assert_eq!(
-            decide("h4", &ORDER, &policy(2, 3), &v),
-            Turn::Go { resume: false }
-        );
+        assert_eq!(turn("h4", 2, 3, &v), Turn::Go { resume: false });
     }
 
     #[test]
@@ -401,18 +391,12 @@ mod tests {
         let v = view(&[("h1", State::Succeeded), ("h2", State::Started)], &[]);
         assert_eq!(v.failed(), ["h2"]);
         assert!(matches!(
-            decide("h3", &ORDER, &policy(2, 1), &v),
+            turn("h3", 2, 1, &v),
             Turn::Stop(Stop::Budget { .. })
         ));
-        assert_eq!(
-            decide("h3", &ORDER, &policy(2, 2), &v),
-            Turn::Go { resume: false }
-        );
+        assert_eq!(turn("h3", 2, 2, &v), Turn::Go { resume: false });
         // Its own host resumes it though the budget is spent, but only under a free slot.
-        assert_eq!(
-            decide("h2", &ORDER, &policy(1, 1), &v),
-            Turn::Go { resume: true }
-        );
+        assert_eq!(turn("h2", 1, 1, &v), Turn::Go { resume: true });
         let busy = view(
             &[
                 ("h1", State::Succeeded),
@@ -422,7 +406,7 @@ mod tests {
             &["h3"],
         );
         assert!(matches!(
-            decide("h2", &ORDER, &policy(1, 2), &busy),
+            turn("h2", 1, 2, &busy),
             Turn::Wait(Wait::Slots { .. })
         ));
     }
@@ -432,7 +416,7 @@ mod tests {
         let v = view(&[("h1", State::Started)], &["h1"]);
         assert!(v.failed().is_empty());
         assert!(matches!(
-            decide("h2", &ORDER, &policy(2, 1), &v),
+            turn("h2", 2, 1, &v),
             Turn::Wait(Wait::Canary {
                 state: Some(State::Started),
                 ..

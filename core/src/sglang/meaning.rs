@@ -92,6 +92,11 @@ mod tests {
         as_parsed(catalog, &flags)
     }
 
+    /// The first flag of `catalog` that `pick` takes, for a test that needs a flag of a kind.
+    fn flag_where(catalog: &Catalog, pick: impl Fn(&Flag) -> bool) -> Option<&Flag> {
+        catalog.flags().iter().find(|f| pick(f))
+    }
+
     fn every_catalog() -> impl Iterator<Item = &'static Catalog> {
         Catalog::versions().map(|v| Catalog::for_version(v).expect("a shipped catalog"))
     }
@@ -170,10 +175,9 @@ mod tests {
     #[test]
     fn a_switch_is_on_and_its_negation_off() {
         let c = Catalog::for_version("0.5.23").unwrap();
-        let negatable = c
-            .flags()
-            .iter()
-            .find(|f| f.kind == Kind::Switch && f.aliases.iter().any(|a| a.starts_with("no-")));
+        let negatable = flag_where(c, |f| {
+            f.kind == Kind::Switch && f.aliases.iter().any(|a| a.starts_with("no-"))
+        });
         if let Some(flag) = negatable {
             let no = flag.aliases.iter().find(|a| a.starts_with("no-")).unwrap();
             assert_ne!(read(c, &[(flag.name, "")]), read(c, &[(no, "")]));
@@ -187,11 +191,10 @@ mod tests {
     #[test]
     fn lists_keep_their_order_and_compare_item_by_item() {
         let c = Catalog::for_version("0.5.23").unwrap();
-        let list = c
-            .flags()
-            .iter()
-            .find(|f| f.kind == Kind::List && f.value_type == ValueType::Int && f.parser.is_empty())
-            .expect("an int list flag");
+        let list = flag_where(c, |f| {
+            f.kind == Kind::List && f.value_type == ValueType::Int && f.parser.is_empty()
+        })
+        .expect("an int list flag");
         assert_eq!(
             read(c, &[(list.name, "1 02 4")]),
             read(c, &[(list.name, "1 2 4")])

@@ -182,6 +182,16 @@ pub(crate) mod props {
         ]
     }
 
+    /// `start`, then each of `args` quoted as an `ExecStart=` argument, each after `sep`.
+    fn quoted_after(start: &str, sep: &str, args: &[String]) -> String {
+        let mut line = start.to_string();
+        for arg in args {
+            line.push_str(sep);
+            line.push_str(&quote_exec_arg(arg));
+        }
+        line
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -193,11 +203,7 @@ pub(crate) mod props {
 
         #[test]
         fn exec_arguments_keep_their_boundaries(args in proptest::collection::vec(hostile_string(), 0..6)) {
-            let mut line = "/bin/prog".to_string();
-            for arg in &args {
-                line.push(' ');
-                line.push_str(&quote_exec_arg(arg));
-            }
+            let line = quoted_after("/bin/prog", " ", &args);
             let mut expected = vec!["/bin/prog".to_string()];
             expected.extend(args);
             prop_assert_eq!(split_exec(&line), expected);
@@ -214,12 +220,7 @@ pub(crate) mod props {
         /// Inside a unit file, on a continued `ExecStart=` line, as `render` writes them.
         #[test]
         fn exec_arguments_read_back_from_a_unit(args in proptest::collection::vec(hostile_string(), 1..5)) {
-            let mut text = "[Service]\nExecStart=/bin/prog".to_string();
-            for arg in &args {
-                text.push_str(" \\\n\t");
-                text.push_str(&quote_exec_arg(arg));
-            }
-            text.push('\n');
+            let text = quoted_after("[Service]\nExecStart=/bin/prog", " \\\n\t", &args) + "\n";
             let mut expected = vec!["/bin/prog".to_string()];
             expected.extend(args);
             prop_assert_eq!(parse_unit(&text).exec_start, expected);

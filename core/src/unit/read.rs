@@ -31,16 +31,8 @@ pub(crate) fn continues(line: &str) -> bool {
 /// rendered ones, so adopting an existing service shows only real differences.
 pub fn parse_unit(text: &str) -> UnitModel {
     let mut model = UnitModel::default();
-    let mut section = String::new();
-    for line in logical_lines(text) {
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name.to_string();
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let (key, value) = (strip(key), strip(value));
+    for (section, key, value) in settings(text) {
+        let (key, value) = (key.as_str(), value.as_str());
         match (section.as_str(), key) {
             ("Service", "ExecStart") => model.exec_start = split_exec(value),
             ("Service", "Environment") if value.is_empty() => model.env.clear(),
@@ -83,16 +75,8 @@ pub fn assigned(text: &str) -> Vec<String> {
 /// [`assigned`], with whether each assignment is empty (a reset: `ExecStart=`, `After=`).
 pub fn assignments(text: &str) -> Vec<(String, bool)> {
     let mut names = Vec::new();
-    let mut section = String::new();
-    for line in logical_lines(text) {
-        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            section = name.to_string();
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        let (key, value) = (strip(key), strip(value));
+    for (section, key, value) in settings(text) {
+        let (key, value) = (key.as_str(), value.as_str());
         let empty = value.is_empty();
         match (section.as_str(), key) {
             ("Service", "ExecStart") => names.push(("ExecStart".to_string(), empty)),
@@ -107,6 +91,28 @@ pub fn assignments(text: &str) -> Vec<(String, bool)> {
         }
     }
     names
+}
+
+/// Each `Key=value` line of unit text with the section it stands in, key and value stripped as
+/// systemd reads them; section headers and lines without `=` are passed over.
+fn settings(text: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut section = String::new();
+    for line in logical_lines(text) {
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = name.to_string();
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        out.push((
+            section.clone(),
+            strip(key).to_string(),
+            strip(value).to_string(),
+        ));
+    }
+    out
 }
 
 /// The argv systemd executes for an `ExecStart=` value.

@@ -545,21 +545,10 @@ mod props {
     use crate::unit::parse_unit;
     use crate::unit::read::strip;
 
-    /// A YAML double-quoted scalar that means exactly `s`: JSON's escapes, plus every character
-    /// outside printable ASCII as `\u`/`\U`, so YAML's own line breaks (NEL, U+2028, U+2029) and
-    /// BOMs in the text cannot fold or vanish before `reconcile` sees the value.
-    fn yaml_quote(s: &str) -> String {
-        let json = serde_json::to_string(s).unwrap();
-        let mut out = String::with_capacity(json.len());
-        for c in json.chars() {
-            match c as u32 {
-                0x20..=0x7e => out.push(c),
-                n if n <= 0xffff => out.push_str(&format!("\\u{n:04x}")),
-                n => out.push_str(&format!("\\U{n:08x}")),
-            }
-        }
-        out
-    }
+    // A YAML double-quoted scalar that means exactly `s`, as `import` writes one: YAML's own line
+    // breaks (NEL, U+2028, U+2029) and BOMs in the text cannot fold or vanish before `reconcile`
+    // sees the value.
+    use crate::import::yaml::quoted as yaml_quote;
 
     #[derive(Debug, Clone)]
     enum Flag {

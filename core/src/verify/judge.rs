@@ -309,6 +309,7 @@ pub fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::assert_holds;
 
     const MIB: u64 = 1024 * 1024;
 
@@ -385,11 +386,8 @@ mod tests {
             .collect();
         samples.extend((5..16).map(|i| sample(i as f64, 180, &[])));
         let reason = stall(&samples, &policy()).unwrap();
-        assert!(reason.contains("no progress for 11s"), "{reason}");
-        assert!(
-            reason.contains("service memory flat at 180 MiB"),
-            "{reason}"
-        );
+        assert_holds(&reason, "no progress for 11s");
+        assert_holds(&reason, "service memory flat at 180 MiB");
         assert!(
             stall(&samples[..14], &policy()).is_none(),
             "9 s flat is under the timeout"
@@ -469,10 +467,7 @@ mod tests {
             sample(2.0, 500, &[70000, 0]),
         ];
         let reason = dead_worker(&gpus, true).unwrap();
-        assert!(
-            reason.contains("GPU #1 of the unit fell from 70000 MiB to 0 MiB"),
-            "{reason}"
-        );
+        assert_holds(&reason, "GPU #1 of the unit fell from 70000 MiB to 0 MiB");
         let with = |seconds, schedulers, processes| Sample {
             schedulers: Some(schedulers),
             processes: Some(processes),
@@ -480,7 +475,7 @@ mod tests {
         };
         let died = [with(1.0, 4, 6), with(1.5, 4, 6), with(2.0, 3, 5)];
         let reason = dead_worker(&died, true).unwrap();
-        assert!(reason.contains("3 of 4 `sglang::scheduler`"), "{reason}");
+        assert_holds(&reason, "3 of 4 `sglang::scheduler`");
         // A scheduler's child before its `exec` (the CPU engine's `lscpu`), seen in one look, is
         // no second scheduler.
         let forked = [with(1.0, 1, 3), with(1.5, 2, 4), with(2.0, 1, 3)];
@@ -525,10 +520,7 @@ mod tests {
             None
         );
         let wrong_tp = plateau_failure(&sample(9.0, 500, &[37000, 37000]), &policy()).unwrap();
-        assert!(
-            wrong_tp.contains("GPU 0: 37000 MiB, GPU 1: 37000 MiB"),
-            "{wrong_tp}"
-        );
+        assert_holds(&wrong_tp, "GPU 0: 37000 MiB, GPU 1: 37000 MiB");
     }
 
     #[test]
