@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, Manifest, Ran, AGENT};
+use crate::lab::{assert_has, lab, manifest, Manifest, Ran, AGENT};
 
 const UNIT: &str = "t-agent.service";
 const REPO: &str = "/root/agent-repo.git";
@@ -160,11 +160,7 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     // (ii) Nothing new: the round touches nothing.
     let ran = round();
     assert_eq!(ran.code, 0);
-    assert!(
-        ran.stdout.contains(&format!("local {UNIT} unchanged")),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, &format!("local {UNIT} unchanged"));
     assert_eq!(invocation(), started, "a no-op round restarted the server");
 
     // (iii) A changed flag is pulled and applied.

@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
-use crate::lab::{lab, lease_of, manifest, round_trips, Manifest, Ran, Reconcile, APPLY};
+use crate::lab::{
+    assert_field_has, assert_has, lab, lease_of, manifest, round_trips, Manifest, Ran, Reconcile,
+    APPLY,
+};
 
 /// A test service that loads in one second and is judged over a three-second crash window.
 /// Each test has its own service and port on the shared apply host. Tests set more env (the
@@ -137,18 +140,12 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
     assert_eq!(code, 3, "{unit}");
     assert_eq!(unit["outcome"], "rolled_back");
     let detail = unit["detail"].as_str().unwrap();
-    assert!(detail.contains("crash window failed: crashed"), "{detail}");
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(&detail, "crash window failed: crashed");
+    assert_has(
+        &detail,
+        "the previous unit was restored and passed verification",
     );
-    assert!(
-        unit["journal"]
-            .as_str()
-            .unwrap()
-            .contains("simulated crash"),
-        "{unit}"
-    );
+    assert_field_has(&unit, "journal", "simulated crash");
     assert_eq!(unit_file("t-apply-crash.service").unwrap(), good_unit);
     assert!(active(&identity("t-apply-crash.service")));
     let generations = lab().sh(
@@ -179,11 +176,7 @@ fn an_unknown_flag_is_refused_before_the_host_is_touched() {
         "{}",
         ran.stderr
     );
-    assert!(
-        ran.stderr.contains("no host was contacted"),
-        "{}",
-        ran.stderr
-    );
+    assert_has(&ran.stderr, "no host was contacted");
     assert_eq!(unit_file("t-apply-badflag.service"), None);
 }
 
@@ -199,10 +192,7 @@ fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_remove
     assert_eq!(unit["outcome"], "rolled_back");
     assert_eq!(unit["failed_stage"], "crash window");
     let detail = unit["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("new unit was stopped, disabled and removed"),
-        "{detail}"
-    );
+    assert_has(&detail, "new unit was stopped, disabled and removed");
     let failed_at = unit["verification"]["stages"][0]["seconds"]
         .as_f64()
         .unwrap();
@@ -214,13 +204,7 @@ fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_remove
         failed_at < 3.0,
         "caught {failed_at}s after the restart, once the crash window was over: {unit}"
     );
-    assert!(
-        unit["journal"]
-            .as_str()
-            .unwrap()
-            .contains("RuntimeError: simulated crash"),
-        "{unit}"
-    );
+    assert_field_has(&unit, "journal", "RuntimeError: simulated crash");
     assert_eq!(unit_file("t-apply-exit.service"), None);
 }
 
@@ -234,12 +218,10 @@ fn an_apply_is_refused_while_another_holds_the_lock() {
     lab().sh(APPLY, "rm -rf /var/lib/reconcile/t-apply-lock.service/lock");
     assert_eq!(code, 1, "{unit}");
     assert_eq!(unit["outcome"], "error");
-    assert!(
-        unit["detail"]
-            .as_str()
-            .unwrap()
-            .contains("locked by another apply (ci@builder pid 42"),
-        "{unit}"
+    assert_field_has(
+        &unit,
+        "detail",
+        "locked by another apply (ci@builder pid 42",
     );
     assert_eq!(
         unit_file("t-apply-lock.service"),
@@ -281,9 +263,9 @@ pub fn assert_rolled_back(
     assert_eq!(report["failed_stage"], stage, "{report:#}");
     let detail = report["detail"].as_str().unwrap();
     assert!(detail.contains(reason), "expected {reason:?} in: {detail}");
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(
+        &detail,
+        "the previous unit was restored and passed verification",
     );
     let mut all = vec!["crash window", "identity", "memory", "readiness", "warmup"];
     if good.verifies("smoke") {
@@ -503,7 +485,7 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
     assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
     assert_eq!(second.code, 1, "{}{}", second.stdout, second.stderr);
     let detail = json_of(&second)["detail"].as_str().unwrap().to_string();
-    assert!(detail.contains("is locked by another apply"), "{detail}");
+    assert_has(&detail, "is locked by another apply");
     assert!(
         detail.contains(&format!("pid {pid}")),
         "names the holder: {detail}"
@@ -538,13 +520,7 @@ fn ctrl_c_during_verification_rolls_back() {
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = json_of(&ran);
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert!(
-        report["detail"]
-            .as_str()
-            .unwrap()
-            .contains("interrupted (Ctrl-C)"),
-        "{report:#}"
-    );
+    assert_field_has(&report, "detail", "interrupted (Ctrl-C)");
     assert_eq!(unit_file(unit).unwrap(), good_text);
     assert!(active(&identity(unit)));
     lab().sh(APPLY, &format!("systemctl disable --now {unit}"));

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
-use crate::lab::{lab, Manifest, Ran, COORDINATOR, FLEET};
+use crate::lab::{assert_has, lab, Manifest, Ran, COORDINATOR, FLEET};
 
 const BIN: &str = "/usr/local/bin/reconcile";
 const ETCD_PORT: u16 = crate::lab::ETCD.ports.start;
@@ -407,7 +407,7 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
         "the watch did not follow the rollout: {}",
         watched.stdout
     );
-    assert!(watched.stdout.contains("in flight"), "{}", watched.stdout);
+    assert_has(&watched.stdout, "in flight");
     assert!(
         watched
             .stdout
@@ -487,7 +487,7 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
         "--coordinator-prefix",
         &fleet.prefix(),
     ]);
-    assert!(text.stdout.contains("6 of 6 in sync"), "{}", text.stdout);
+    assert_has(&text.stdout, "6 of 6 in sync");
 
     // A round with nothing to do restarts nothing and reports up to date: run by the example
     // service, which takes the coordinator from /etc/reconcile/agent.env.
@@ -565,7 +565,7 @@ fn a_failed_canary_stops_every_other_host_and_each_says_why() {
     let ran = fleet.rounds(&FLEET);
     let canary = &ran[FLEET[0]];
     assert_eq!(canary.code, 3, "the canary rolls back: {}", canary.stdout);
-    assert!(canary.stdout.contains("rolled_back"), "{}", canary.stdout);
+    assert_has(&canary.stdout, "rolled_back");
     let after = invocations(&fleet.unit());
     for host in &FLEET[1..] {
         let r = &ran[*host];
@@ -840,11 +840,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         "{}",
         reload.stdout
     );
-    assert!(
-        reload.stdout.contains("the coordinator was not told"),
-        "{}",
-        reload.stdout
-    );
+    assert_has(&reload.stdout, "the coordinator was not told");
     let restart = renamed.clone().flag("context-length", 2048);
     fleet.commit(&restart, "restart while etcd is down");
     let held = bounded(host);
@@ -996,11 +992,7 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
         &[("RECONCILE_COORDINATOR_PASSWORD", "wrong-password-9f3k")],
     );
     assert_eq!(wrong.code, 1, "{}{}", wrong.stdout, wrong.stderr);
-    assert!(
-        wrong.stderr.contains("cannot reach etcd"),
-        "{}",
-        wrong.stderr
-    );
+    assert_has(&wrong.stderr, "cannot reach etcd");
     assert!(
         !wrong.stderr.contains("wrong-password-9f3k")
             && !wrong.stdout.contains("wrong-password-9f3k"),
@@ -1012,9 +1004,5 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     let plain = status(&[], &[]);
     eprintln!("no TLS: {}", plain.stderr);
     assert_eq!(plain.code, 1, "{}{}", plain.stdout, plain.stderr);
-    assert!(
-        plain.stderr.contains("--coordinator-ca"),
-        "{}",
-        plain.stderr
-    );
+    assert_has(&plain.stderr, "--coordinator-ca");
 }

@@ -4,7 +4,10 @@
 //! SGLang lines (fixtures/fake-sglang/README.md). Host `THROUGHPUT` (rl15): ports 37001-37009,
 //! GPUs 0-9.
 
-use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, Undo, THROUGHPUT};
+use crate::lab::{
+    apply_one_unit, assert_field_has, assert_has, lab, manifest, Manifest, Reconcile, Undo,
+    THROUGHPUT,
+};
 
 /// A test service on the throughput host: its port, its two GPUs (`gpu`, `gpu + 1`), the
 /// stand-in's `env` and short verification windows.
@@ -73,7 +76,7 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
         cause,
         "CUDA out of memory while loading the weights: the model does not fit the GPUs"
     );
-    assert!(advice.contains("--tp-size"), "{advice}");
+    assert_has(&advice, "--tp-size");
     assert!(unit_gone(unit), "the new unit was not removed");
 
     // The same failure in text: the cause and the advice under the failed unit.
@@ -122,12 +125,10 @@ fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
     );
     let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
-    assert!(
-        report["journal"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("Capture cuda graph failed: CUDA out of memory"),
-        "{report:#}"
+    assert_field_has(
+        &report,
+        "journal",
+        "Capture cuda graph failed: CUDA out of memory",
     );
     let (cause, advice) = rolled_back_with_diagnosis(&report);
     assert_eq!(cause, "CUDA out of memory during CUDA graph capture");
@@ -178,19 +179,17 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
     let (code, report) = apply_one_unit(&text);
     assert_eq!(code, 3, "{report:#}");
     assert_eq!(report["failed_stage"], "crash window", "{report:#}");
-    assert!(
-        report["journal"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("error while attempting to bind on address"),
-        "{report:#}"
+    assert_field_has(
+        &report,
+        "journal",
+        "error while attempting to bind on address",
     );
     let (cause, advice) = rolled_back_with_diagnosis(&report);
     assert_eq!(
         cause,
         format!("the HTTP port is already in use: ('127.0.0.1', {port})")
     );
-    assert!(advice.contains("--port"), "{advice}");
+    assert_has(&advice, "--port");
     assert!(unit_gone(unit), "the new unit was not removed");
     lab().remove_unit(THROUGHPUT, unit);
 }

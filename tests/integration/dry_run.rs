@@ -1,7 +1,8 @@
 //! `reconcile --dry-run` against real hosts.
 
 use crate::lab::{
-    lab, manifest, round_trips, Manifest, Reconcile, BAD_KEY, COUNTED, SHARED, UNREACHABLE,
+    assert_has, lab, manifest, round_trips, Manifest, Reconcile, BAD_KEY, COUNTED, SHARED,
+    UNREACHABLE,
 };
 
 /// Installs what `run` renders for `host` as the host's unit, and has systemd load it.
@@ -58,13 +59,9 @@ fn a_host_without_the_unit_gets_it_installed() {
         "{}",
         ran.stdout
     );
-    assert!(
-        ran.stdout.contains("on the host now: not installed"),
-        "{}",
-        ran.stdout
-    );
-    assert!(ran.stdout.contains("--- /dev/null"), "{}", ran.stdout);
-    assert!(ran.stdout.contains("+\t--tp-size 2 \\"), "{}", ran.stdout);
+    assert_has(&ran.stdout, "on the host now: not installed");
+    assert_has(&ran.stdout, "--- /dev/null");
+    assert_has(&ran.stdout, "+\t--tp-size 2 \\");
 }
 
 #[test]
@@ -178,19 +175,17 @@ fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
         ran
     };
     let shown = plan("text").stdout;
-    assert!(
-        shown.contains(
-            "t-group.service: new unit (install, enable, start)\n  same change on 5 hosts: rl5..rl9\n"
-        ),
-        "{shown}"
+    assert_has(
+        &shown,
+        "t-group.service: new unit (install, enable, start)\n  same change on 5 hosts: rl5..rl9\n",
     );
     assert_eq!(shown.matches("--- /dev/null").count(), 1, "{shown}");
-    assert!(shown.contains("Plan: 5 to install,"), "{shown}");
+    assert_has(&shown, "Plan: 5 to install,");
 
     let markdown = plan("markdown").stdout;
-    assert!(
-        markdown.contains("| rl5..rl9 (5 hosts) | t-group.service | **install** |"),
-        "{markdown}"
+    assert_has(
+        &markdown,
+        "| rl5..rl9 (5 hosts) | t-group.service | **install** |",
     );
     assert_eq!(markdown.matches("<details>").count(), 1, "{markdown}");
 
@@ -219,14 +214,10 @@ fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
         .lines()
         .find(|l| l.starts_with(BAD_KEY))
         .expect("a line for the bad host");
-    assert!(bad.contains("error: cannot connect to rl-badkey"), "{bad}");
-    assert!(bad.contains("Host key verification failed"), "{bad}");
-    assert!(bad.contains("does not match known_hosts"), "{bad}");
-    assert!(
-        ran.stdout.contains("rl1 t-badkey.service: new unit"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&bad, "error: cannot connect to rl-badkey");
+    assert_has(&bad, "Host key verification failed");
+    assert_has(&bad, "does not match known_hosts");
+    assert_has(&ran.stdout, "rl1 t-badkey.service: new unit");
     assert!(ran
         .stdout
         .contains("1 to install, 0 to restart, 0 reload only, 0 unchanged, 1 failed to plan"));
@@ -247,10 +238,7 @@ fn an_unreachable_host_is_an_error_for_that_host_only() {
     let failed = units.iter().find(|u| u["host"] == UNREACHABLE).unwrap();
     assert_eq!(failed["outcome"], "error");
     let error = failed["error"].as_str().unwrap();
-    assert!(
-        error.contains("cannot connect to rl-unreachable"),
-        "{error}"
-    );
+    assert_has(&error, "cannot connect to rl-unreachable");
     assert!(
         error.contains("No route to host") || error.contains("timed out"),
         "{error}"
@@ -295,7 +283,7 @@ fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
         let units = json["units"].as_array().unwrap();
         let silent = units.iter().find(|u| u["host"] == "rl-silent").unwrap();
         let error = silent["error"].as_str().unwrap();
-        assert!(error.contains("cannot connect to rl-silent"), "{error}");
+        assert_has(&error, "cannot connect to rl-silent");
         assert!(error.contains(said), "every time: {every_time}: {error}");
         if !every_time {
             assert!(marker.exists(), "the first ssh was killed");
@@ -365,19 +353,13 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
         "{}",
         ran.stderr
     );
-    assert!(
-        ran.stderr.contains(
-            "manifests/a.yaml:14:5: sglang.flags.port: --port is set through `sglang.port`"
-        ),
-        "{}",
-        ran.stderr
+    assert_has(
+        &ran.stderr,
+        "manifests/a.yaml:14:5: sglang.flags.port: --port is set through `sglang.port`",
     );
-    assert!(
-        ran.stderr.contains(
-            "manifests/b.yaml:16:3: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name"
-        ),
-        "{}",
-        ran.stderr
+    assert_has(
+        &ran.stderr,
+        "manifests/b.yaml:16:3: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name",
     );
     assert!(
         ran.stderr
@@ -411,7 +393,7 @@ fn one_ssh_connection_per_host_per_run() {
         .args(&["--dry-run"]);
     let ran = run.run();
     assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
-    assert!(ran.stdout.contains("3 to install"), "{}", ran.stdout);
+    assert_has(&ran.stdout, "3 to install");
     // the counting itself logs in once
     assert_eq!(
         logins() - before,

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, Undo, REBOOT};
+use crate::lab::{assert_has, lab, manifest, Manifest, Ran, Reconcile, Undo, REBOOT};
 
 const HOST: &str = "rl11";
 
@@ -97,7 +97,7 @@ fn a_read_only_unit_folder_changes_nothing() {
         detail.contains("installing failed") && detail.contains("Read-only file system"),
         "{detail}"
     );
-    assert!(detail.contains("nothing changed on the host"), "{detail}");
+    assert_has(&detail, "nothing changed on the host");
     assert_untouched_then_recovers(unit, "t-fault-ro", 37001, &v1, &running);
 }
 
@@ -119,7 +119,7 @@ fn a_full_unit_folder_changes_nothing() {
     undo.undo();
     assert_eq!(code, 1, "{report:#}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(detail.contains("No space left on device"), "{detail}");
+    assert_has(&detail, "No space left on device");
     assert_eq!(
         on_full_disk, v1,
         "the full folder kept the previous unit whole"
@@ -171,10 +171,7 @@ fn a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention() {
     assert_eq!(code, 4, "{report:#}");
     assert_eq!(report["outcome"], "rollback_failed");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("the restored previous unit failed too"),
-        "{detail}"
-    );
+    assert_has(&detail, "the restored previous unit failed too");
     assert_eq!(
         report["rollback"]["stages"]
             .as_array()
@@ -428,5 +425,5 @@ fn a_host_down_past_the_wait_during_verification_is_reported_as_needing_attentio
     assert_eq!(lock.trim(), "1", "the lock stays, as the message says");
     let next = assert_intact_then_converges(unit, &r);
     let notes = next["notes"].to_string();
-    assert!(notes.contains("broke a stale lock"), "{notes}");
+    assert_has(&notes, "broke a stale lock");
 }

@@ -5,7 +5,7 @@
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use crate::lab::{lab, Manifest, Reconcile, GUARD};
+use crate::lab::{assert_has, lab, Manifest, Reconcile, GUARD};
 
 const HOST: &str = GUARD.host();
 
@@ -225,7 +225,7 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
     let detail = rolled_back_by_the_guard(unit, 37601, &good_text);
     // Caught as a crash loop once the lease ran out, not left until the deadline a unit that
     // never answers gets ("not healthy by the deadline").
-    assert!(detail.contains("crash-looping"), "{detail}");
+    assert_has(&detail, "crash-looping");
     // status says what the host did with the change the manifest still asks for.
     assert_eq!(
         status(&crashing),
@@ -240,10 +240,7 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
         .args(&["history", "t-guard-crash", "--format", "json"])
         .run();
     let notes = history.json()["hosts"][0]["notes"].to_string();
-    assert!(
-        notes.contains("the host's guard rolled back to the previous unit"),
-        "{notes}"
-    );
+    assert_has(&notes, "the host's guard rolled back to the previous unit");
     // plan says so of the change asked for again.
     let notes = plan_notes(&crashing);
     assert!(
@@ -297,7 +294,7 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged", "{report}");
     let notes = report["notes"].to_string();
-    assert!(notes.contains("kept the new unit, unconfirmed"), "{notes}");
+    assert_has(&notes, "kept the new unit, unconfirmed");
     assert_eq!(invocation(unit), new, "confirming restarted the server");
     assert_eq!(guard_state(unit), "disarmed");
     assert_eq!(guards_left(unit), "");
@@ -341,9 +338,9 @@ fn an_apply_right_after_a_dead_one_verifies_the_started_server_as_it_runs_withou
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged", "{report}");
     let notes = report["notes"].to_string();
-    assert!(
-        notes.contains("died after its restart; the host's guard still watches the new unit"),
-        "{notes}"
+    assert_has(
+        &notes,
+        "died after its restart; the host's guard still watches the new unit",
     );
     // Another 15-minute load saved: the server the dead run started is the one confirmed.
     assert_eq!(invocation(unit), new, "the server was restarted");
@@ -472,10 +469,7 @@ fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_report
     assert_eq!(out.status.code(), Some(3), "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("the host's guard rolled back to the previous unit"),
-        "{detail}"
-    );
+    assert_has(&detail, "the host's guard rolled back to the previous unit");
     rolled_back_by_the_guard(unit, 37604, &good_text);
     fresh(unit);
 }

@@ -7,7 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, HANGS};
+use crate::lab::{assert_field_has, assert_has, lab, manifest, Manifest, Ran, Reconcile, HANGS};
 
 static TURN: Mutex<()> = Mutex::new(());
 
@@ -94,10 +94,7 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
             .run();
         assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
         let said = format!("{}{}", ran.stdout, ran.stderr);
-        assert!(
-            said.contains("`nvidia-smi` on rl14 did not answer in 2s"),
-            "{said}"
-        );
+        assert_has(&said, "`nvidia-smi` on rl14 did not answer in 2s");
         // The plan ended rather than wait out the hang (an hour): it measured 2.3-2.5 s under
         // full load, and 60 s is far more than three times that.
         eprintln!("the plan ended after {:.1?}", started.elapsed());
@@ -178,9 +175,9 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
             || detail.contains("`the liveness reading (systemctl show, cgroup files, ss, journalctl)` on rl14 did not answer in 3s"),
         "{detail}"
     );
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(
+        &detail,
+        "the previous unit was restored and passed verification",
     );
     assert_ne!(
         invocation(unit),
@@ -219,7 +216,7 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
             "{what}: the message names the file: {detail}"
         );
         if what == "a newer format" {
-            assert!(detail.contains("newer reconcile"), "{detail}");
+            assert_has(&detail, "newer reconcile");
         }
         assert_eq!(
             invocation(unit),
@@ -270,13 +267,7 @@ fn sigterm_during_verification_rolls_back() {
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert!(
-        report["detail"]
-            .as_str()
-            .unwrap()
-            .contains("interrupted (SIGTERM)"),
-        "{report:#}"
-    );
+    assert_field_has(&report, "detail", "interrupted (SIGTERM)");
     assert_eq!(
         lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}")),
         good_text

@@ -939,6 +939,21 @@ pub fn apply_one_unit(manifest: &Manifest) -> (i32, serde_json::Value) {
     (ran.code, json["units"][0].clone())
 }
 
+/// Asserts that `text` (a run's output, a report's detail) holds `needle`, showing the whole text
+/// when it does not: the check most tests make, in one place.
+#[track_caller]
+pub fn assert_has(text: &str, needle: &str) {
+    assert!(text.contains(needle), "{text}");
+}
+
+/// Asserts that the string at `key` of `report` holds `needle`, showing the whole report when it
+/// does not (or when `key` holds no string).
+#[track_caller]
+pub fn assert_field_has(report: &serde_json::Value, key: &str, needle: &str) {
+    let text = report[key].as_str().unwrap_or_default();
+    assert!(text.contains(needle), "{report:#}");
+}
+
 /// The figures at concurrency `level` in a benchmark's `levels`: a record's, a report's, or the
 /// report's `comparison`.
 pub fn level_at(figures: &serde_json::Value, level: u64) -> &serde_json::Value {

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, THROUGHPUT};
+use crate::lab::{apply_one_unit, assert_has, lab, manifest, Manifest, Reconcile, THROUGHPUT};
 
 /// A service on the throughput host that loads in two seconds, on GPUs `gpu` and `gpu + 1`, with
 /// `--mem-fraction-static` (changing it restarts the server) and no load deadline of its own.
@@ -145,9 +145,9 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
         .run();
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
     let out = &ran.stdout;
-    assert!(out.contains("new unit: ready after "), "{out}");
-    assert!(out.contains("(last good load "), "{out}");
-    assert!(out.contains("(2 converged loads in history)"), "{out}");
+    assert_has(&out, "new unit: ready after ");
+    assert_has(&out, "(last good load ");
+    assert_has(&out, "(2 converged loads in history)");
     assert!(
         out.contains("new unit: this load ") && out.contains("new unit: last load "),
         "{out}"

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, PACKAGE};
+use crate::lab::{assert_has, lab, manifest, PACKAGE};
 
 const UNIT: &str = "t-pkg.service";
 const REPO: &str = "/root/pkg-repo.git";
@@ -170,16 +170,11 @@ fn the_package_installs_runs_an_agent_round_with_metrics_and_removes_cleanly() {
         "the installed agent applied the unit"
     );
     let metrics = lab().sh(PACKAGE, &format!("cat {TEXTFILES}/reconcile.prom"));
-    assert!(
-        metrics.contains(
-            "reconcile_unit_in_sync{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\"} 1\n"
-        ),
-        "{metrics}"
+    assert_has(
+        &metrics,
+        "reconcile_unit_in_sync{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\"} 1\n",
     );
-    assert!(
-        metrics.contains("reconcile_last_outcome{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\",outcome=\"converged\"} 1\n"),
-        "{metrics}"
-    );
+    assert_has(&metrics, "reconcile_last_outcome{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\",outcome=\"converged\"} 1\n");
     // No temporary file is left beside it for the collector to trip over.
     assert_eq!(
         lab().sh(PACKAGE, &format!("ls -A {TEXTFILES}")).trim(),
@@ -218,13 +213,11 @@ fn the_package_installs_runs_an_agent_round_with_metrics_and_removes_cleanly() {
     );
     let served = lab().sh(PACKAGE, &scrape);
     // node_exporter sorts a series' labels by name.
-    assert!(
-        served.contains(
-            "reconcile_unit_in_sync{host=\"pkg\",service=\"t-pkg\",unit=\"t-pkg.service\"} 1"
-        ),
-        "{served}"
+    assert_has(
+        &served,
+        "reconcile_unit_in_sync{host=\"pkg\",service=\"t-pkg\",unit=\"t-pkg.service\"} 1",
     );
-    assert!(served.contains("node_textfile_scrape_error 0"), "{served}");
+    assert_has(&served, "node_textfile_scrape_error 0");
     lab().sh(PACKAGE, "systemctl stop t-node-exporter");
 
     // Removal leaves no unit behind, even with the timer enabled.

@@ -5,7 +5,9 @@
 use sha2::{Digest, Sha256};
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, venv_script, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED};
+use crate::lab::{
+    assert_has, lab, manifest, venv_script, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED,
+};
 
 /// A service that loads in a second and is judged over a three-second crash window, on its own
 /// port and its own two of the stand-in's 64 simulated GPUs (the lease's, two a port; the tests
@@ -148,7 +150,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
         &sha256(&edited)[..8]
     );
     let detail = report["detail"].as_str().unwrap();
-    assert!(detail.contains(&expected), "{detail}");
+    assert_has(&detail, &expected);
     assert_eq!(
         unit_file(APPLY, unit).unwrap(),
         edited,
@@ -182,10 +184,7 @@ fn manifests_edited_after_the_plan_are_refused() {
     let report = unit_report(&applied);
     assert_eq!(report["outcome"], "error", "{report}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("the manifests changed since the plan was made"),
-        "{detail}"
-    );
+    assert_has(&detail, "the manifests changed since the plan was made");
     assert_eq!(unit_file(APPLY, unit), None, "the host was touched");
 }
 
@@ -216,11 +215,9 @@ fn another_sglang_since_the_plan_is_refused() {
     let report = unit_report(&applied);
     assert_eq!(report["outcome"], "error", "{report}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains(&format!(
-            "stale plan: SGLang on {APPLY} was 0.5.23 when planned, is 0.5.9 now; plan again"
-        )),
-        "{detail}"
+    assert_has(
+        &detail,
+        &format!("stale plan: SGLang on {APPLY} was 0.5.23 when planned, is 0.5.9 now; plan again"),
     );
     assert_eq!(unit_file(APPLY, unit), None, "the host was touched");
 }

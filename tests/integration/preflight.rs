@@ -4,7 +4,7 @@
 use std::sync::Once;
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, venv_script, Manifest, Reconcile, ESCAPING};
+use crate::lab::{assert_has, lab, manifest, venv_script, Manifest, Reconcile, ESCAPING};
 
 const HOST: &str = ESCAPING;
 
@@ -105,16 +105,8 @@ fn another_sglang_version_on_the_host_names_both_and_fails_the_plan() {
         .args(&["plan"])
         .run();
     assert_eq!(ran.code, 1);
-    assert!(
-        ran.stdout.contains("  preflight: error: the manifest says SGLang 0.5.23 but /opt/t-pre-py-0.5.9/bin/python3 on the host has SGLang 0.5.9"),
-        "{}",
-        ran.stdout
-    );
-    assert!(
-        ran.stdout.contains(", 1 failed preflight"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, "  preflight: error: the manifest says SGLang 0.5.23 but /opt/t-pre-py-0.5.9/bin/python3 on the host has SGLang 0.5.9");
+    assert_has(&ran.stdout, ", 1 failed preflight");
 }
 
 #[test]
@@ -234,7 +226,7 @@ fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
     let misspelt = valid.clone().flag("enable-fused-moe-sum-allreduce", true);
     let (code, json, stderr) = plan_json(&[("a.yaml", &misspelt)], &["--no-deep"]);
     assert_eq!(code, 2, "with --no-deep nothing sees it: {json:#}");
-    assert!(stderr.contains("no catalog of SGLang 0.6.0"), "{stderr}");
+    assert_has(&stderr, "no catalog of SGLang 0.6.0");
 
     // A new unit gets the deep check by default, and --deep asks for it too; the refusal is
     // placed at the manifest's field.
@@ -554,10 +546,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         .position(|l| l.contains("model_path:"))
         .unwrap()
         + 1;
-    assert!(
-        detail.contains(&format!("a.yaml:{line}:3: sglang.model_path: the model's weights would not load: {model}/s2.safetensors is truncated: ")),
-        "{detail}"
-    );
+    assert_has(&detail, &format!("a.yaml:{line}:3: sglang.model_path: the model's weights would not load: {model}/s2.safetensors is truncated: "));
     assert_eq!(
         lab().invocation(HOST, unit),
         before,
@@ -598,9 +587,9 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         "{staging}"
     );
     let notes = report["notes"].to_string();
-    assert!(
-        notes.contains("the weights were staged into the page cache before the stop: 2 file(s)"),
-        "{notes}"
+    assert_has(
+        &notes,
+        "the weights were staged into the page cache before the stop: 2 file(s)",
     );
     // With --no-stage, a restart reads nothing ahead.
     let ran = Reconcile::new()

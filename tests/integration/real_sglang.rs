@@ -5,7 +5,7 @@
 
 use crate::apply::{apply, assert_rolled_back, france, fresh, passed_stages, service};
 use crate::builder::yaml;
-use crate::lab::{lab, Manifest, APPLY};
+use crate::lab::{assert_field_has, assert_has, lab, Manifest, APPLY};
 
 fn stage<'a>(verification: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     verification["stages"]
@@ -152,10 +152,7 @@ fn a_reasoning_model_is_asked_not_to_think() {
         .flag("reasoning-parser", "qwen3");
     let report = converges(&text);
     let smoke = stage(&report["verification"], "smoke");
-    assert!(
-        smoke["detail"].as_str().unwrap().contains("Paris"),
-        "{smoke}"
-    );
+    assert_field_has(&smoke, "detail", "Paris");
     stop(unit);
 }
 
@@ -217,9 +214,9 @@ fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
         detail.contains("a worker process died") || detail.contains("crashed "),
         "{detail}"
     );
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(
+        &detail,
+        "the previous unit was restored and passed verification",
     );
     stop(unit);
 }

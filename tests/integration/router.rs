@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_yaml::Value;
 
 use crate::builder::{map, yaml};
-use crate::lab::{lab, Manifest, Reconcile, REPLICAS, ROUTER};
+use crate::lab::{assert_has, lab, Manifest, Reconcile, REPLICAS, ROUTER};
 
 pub(crate) static TURN: Mutex<()> = Mutex::new(());
 
@@ -351,11 +351,9 @@ fn the_last_healthy_replica_is_never_taken_out() {
     assert_eq!(u["outcome"], "error", "{u}");
     assert_eq!(u["error"], "refused", "{u}");
     let detail = u["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains(&format!(
-            "would leave 0 healthy replica(s) of `{MODEL}` (min_available 1)"
-        )),
-        "{detail}"
+    assert_has(
+        &detail,
+        &format!("would leave 0 healthy replica(s) of `{MODEL}` (min_available 1)"),
     );
     assert_eq!(lab().invocation(only[0], &unit), before, "not restarted");
     assert!(lab()

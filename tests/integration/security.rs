@@ -1,7 +1,9 @@
 //! Security: secrets never leave reconcile, and manifest values with shell metacharacters are
 //! data, never code, on the host.
 
-use crate::lab::{lab, manifest, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY, SECURITY};
+use crate::lab::{
+    assert_has, lab, manifest, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY, SECURITY,
+};
 
 const CANARIES: [&str; 3] = [
     "hf_canary_7f3a91c2",
@@ -135,7 +137,7 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
             "cat /var/lib/reconcile/{unit}/current.json /var/lib/reconcile/{unit}/history.jsonl"
         ),
     );
-    assert!(records.contains("manifest_sha256"), "{records}");
+    assert_has(&records, "manifest_sha256");
     assert_no_canary("the deployment record", &records);
     let modes = lab().sh(
         APPLY,
@@ -161,10 +163,7 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
             .contains("EnvironmentFiles=/var/lib/reconcile/secrets/t-sec-canary.service-"),
         "{seen_by_nobody}"
     );
-    assert!(
-        seen_by_nobody.contains("Permission denied"),
-        "{seen_by_nobody}"
-    );
+    assert_has(&seen_by_nobody, "Permission denied");
     // Root's alone, in folders root's alone; and the server got every value exactly.
     let modes = lab().sh(
         APPLY,
@@ -289,11 +288,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         .args(&["plan"])
         .run();
     assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout.contains("Host key verification failed"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, "Host key verification failed");
     assert_eq!(
         std::fs::read_to_string(&known).unwrap(),
         "",
@@ -512,7 +507,7 @@ chown -R nobody "$site""#,
         &format!("su nobody -s /bin/sh -c '{venv}/bin/python3 -c pass'"),
     );
     let ran_as = lab().sh(host, &format!("ls {PTH_MARKERS}.*"));
-    assert!(ran_as.contains(&format!("{PTH_MARKERS}.65534")), "{ran_as}");
+    assert_has(&ran_as, &format!("{PTH_MARKERS}.65534"));
     lab().sh(host, &format!("rm -rf {venv} {PTH_MARKERS}.*"));
 }
 
@@ -608,16 +603,8 @@ fn a_journal_full_of_escape_sequences_is_shown_not_acted_on() {
         .args(&["apply", "--no-deep"])
         .run();
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout.contains("\\x1b]0;owned\\x07title set"),
-        "{}",
-        ran.stdout
-    );
-    assert!(
-        ran.stdout.contains("\\x1b[2Jscreen cleared"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, "\\x1b]0;owned\\x07title set");
+    assert_has(&ran.stdout, "\\x1b[2Jscreen cleared");
     assert!(
         !ran.stdout.contains('\u{1b}'),
         "an escape reached the terminal"

@@ -6,7 +6,7 @@
 //! GPU pairs of their own among the stand-in's 64.
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, SHARED};
+use crate::lab::{assert_has, lab, manifest, Manifest, Ran, Reconcile, SHARED};
 
 const HOST: &str = SHARED;
 
@@ -104,10 +104,7 @@ fn status_follows_a_hand_edit_through_reload_and_restart() {
     );
     assert_eq!(code, 2);
     let details = json["details"].to_string();
-    assert!(
-        details.contains("~ context-length 8192 -> 4096"),
-        "{details}"
-    );
+    assert_has(&details, "~ context-length 8192 -> 4096");
 
     // Reloaded, but the server still runs the old command line.
     lab().sh(HOST, "systemctl daemon-reload");
@@ -220,11 +217,7 @@ fn status_of_an_unreachable_host_is_an_error() {
     let text = manifest("t-st-unreach", &[crate::lab::UNREACHABLE]);
     let ran = run(&text, &["status"]);
     assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout.contains("error: cannot connect"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, "error: cannot connect");
 }
 
 #[test]
@@ -278,7 +271,7 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
     );
     assert_eq!(modes, "700\n600\n");
     let text = run(&v3, &["history", "t-st-hist"]).stdout;
-    assert!(text.contains("3 deployments, current: 3"), "{text}");
+    assert_has(&text, "3 deployments, current: 3");
     assert!(text.lines().any(|l| l.starts_with("   *   3 ")), "{text}");
 
     // A deployment that does not exist is refused, naming those that do.

@@ -9,7 +9,7 @@
 //! leases them: the stand-in's GPU memory is per GPU, and a server of another test leaving a
 //! shared GPU reads as a dead rank.
 
-use crate::lab::{lab, Manifest, Reconcile};
+use crate::lab::{assert_field_has, assert_has, lab, Manifest, Reconcile};
 
 const HOST: &str = "rl24";
 
@@ -185,19 +185,13 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
         !classes.contains(&"not_restarted".to_string()),
         "{classes:?} {details}"
     );
-    assert!(details.contains("a restart would not fix it"), "{details}");
+    assert_has(&details, "a restart would not fix it");
 
     // apply refuses by default and touches nothing.
     let (code, refused) = apply(&r, &[]);
     assert_eq!(code, 1, "{refused}");
     assert_eq!(refused["error"], "overridden_on_host", "{refused}");
-    assert!(
-        refused["detail"]
-            .as_str()
-            .unwrap()
-            .contains("systemd.dropins: replace"),
-        "{refused}"
-    );
+    assert_field_has(&refused, "detail", "systemd.dropins: replace");
     assert_eq!(lab.invocation(HOST, &unit), edited, "nothing restarted");
     assert_eq!(
         lab.sh(HOST, &format!("cat {dropin}")),
@@ -291,13 +285,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
         (1, Some("overridden_on_host")),
         "{refused}"
     );
-    assert!(
-        refused["detail"]
-            .as_str()
-            .unwrap()
-            .contains("systemctl unmask"),
-        "{refused}"
-    );
+    assert_field_has(&refused, "detail", "systemctl unmask");
     assert!(is_mask(), "the mask is untouched");
     let (classes, _) = status_classes(&r);
     assert!(classes.contains(&"masked".to_string()), "{classes:?}");
@@ -452,7 +440,7 @@ fn a_disabled_unit_is_planned_named_and_enabled_without_a_restart() {
     assert!(p["notes"].to_string().contains("apply enables it"), "{p}");
     let (classes, details) = status_classes(&r);
     assert!(classes.contains(&"disabled".to_string()), "{classes:?}");
-    assert!(details.contains("a restart would not fix it"), "{details}");
+    assert_has(&details, "a restart would not fix it");
 
     let (code, reloaded) = apply(&r, &[]);
     assert_eq!(code, 0, "{reloaded}");

@@ -8,7 +8,7 @@
 //! One real server at a time: the variants replace each other on the same unit.
 
 use super::{slots, Service, SLOTS_FREE};
-use crate::lab::{lab, Reconcile, EXPERIMENT_REAL};
+use crate::lab::{assert_has, lab, Reconcile, EXPERIMENT_REAL};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -85,7 +85,7 @@ fn a_real_server_experiment_ranks_three_caps_and_draws_their_trade_off() {
         .unwrap();
     assert_eq!(top["dominated"], false, "{json:#}");
     let svg = std::fs::read_to_string(r.dir().join("chart.svg")).unwrap();
-    assert!(svg.contains(">max-running-requests=1@4</text>"), "{svg}");
+    assert_has(&svg, ">max-running-requests=1@4</text>");
     let overhead = json["overhead_per_variant"].as_f64().unwrap();
     eprintln!(
         "real experiment: baseline {base:.1} tok/s at 4, cap 1 {capped:.1}; drift {:.1} %; overhead per variant {overhead:.2} s",

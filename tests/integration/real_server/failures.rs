@@ -9,7 +9,7 @@
 //! so their rollback tests skip it with `--no-deep`, as an operator who skipped it would.
 
 use super::{Service, Shared, HOSTS, MODEL_CONTEXT, ROOT};
-use crate::lab::{lab, Manifest, Reconcile};
+use crate::lab::{assert_has, lab, Manifest, Reconcile};
 
 /// The good servers the failures are applied to, one a host; each names how many tests take it.
 static ON_FIRST: Shared = Shared::new("t-rs-fail-a", HOSTS[0], 38011, 3);
@@ -54,10 +54,7 @@ fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
     let cause = cause(&report);
     assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
     let advice = report["diagnosis"]["advice"].as_str().unwrap();
-    assert!(
-        advice.contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"),
-        "{advice}"
-    );
+    assert_has(&advice, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN");
 }
 
 /// A copy of the tiny model on the host, without `config.json`.
@@ -79,7 +76,7 @@ fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
     let bad = s.manifest().model_path(path);
     let report = rolled_back(s, &bad, &["--no-deep"]);
     let cause = cause(&report);
-    assert!(cause.contains("config"), "{cause}");
+    assert_has(&cause, "config");
 }
 
 #[test]
@@ -91,7 +88,7 @@ fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
         .flag("chat-template", "/models/no-such-template.jinja");
     let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
-    assert!(cause.contains("/models/no-such-template.jinja"), "{cause}");
+    assert_has(&cause, "/models/no-such-template.jinja");
 }
 
 #[test]
@@ -103,7 +100,7 @@ fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
     let bad = ON_SECOND.good().flag("kv-cache-dtype", "fp8_e5m2");
     let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
     let cause = cause(&report);
-    assert!(cause.contains("fp8_e5m2"), "{cause}");
+    assert_has(&cause, "fp8_e5m2");
 }
 
 #[test]
@@ -138,7 +135,7 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     assert_eq!(s.unit_file(), good);
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     let cause = cause(report);
-    assert!(cause.contains("scheduler"), "{cause}");
+    assert_has(&cause, "scheduler");
 }
 
 #[test]
