@@ -140,9 +140,9 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
     assert_eq!(code, 3, "{unit}");
     assert_eq!(unit["outcome"], "rolled_back");
     let detail = unit["detail"].as_str().unwrap();
-    assert_has(&detail, "crash window failed: crashed");
+    assert_has(detail, "crash window failed: crashed");
     assert_has(
-        &detail,
+        detail,
         "the previous unit was restored and passed verification",
     );
     assert_field_has(&unit, "journal", "simulated crash");
@@ -192,7 +192,7 @@ fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_remove
     assert_eq!(unit["outcome"], "rolled_back");
     assert_eq!(unit["failed_stage"], "crash window");
     let detail = unit["detail"].as_str().unwrap();
-    assert_has(&detail, "new unit was stopped, disabled and removed");
+    assert_has(detail, "new unit was stopped, disabled and removed");
     let failed_at = unit["verification"]["stages"][0]["seconds"]
         .as_f64()
         .unwrap();
@@ -264,7 +264,7 @@ pub fn assert_rolled_back(
     let detail = report["detail"].as_str().unwrap();
     assert!(detail.contains(reason), "expected {reason:?} in: {detail}");
     assert_has(
-        &detail,
+        detail,
         "the previous unit was restored and passed verification",
     );
     let mut all = vec!["crash window", "identity", "memory", "readiness", "warmup"];

@@ -75,7 +75,7 @@ fn a_first_deployment_records_a_baseline() {
         detail.contains("benchmark passed)") || detail.contains(", benchmark passed"),
         "{detail}"
     );
-    assert_has(&detail, "; benchmark: baseline recorded: 1: ");
+    assert_has(detail, "; benchmark: baseline recorded: 1: ");
     assert_eq!(b["levels"].as_array().unwrap().len(), 2);
     assert!(
         b["levels"]
@@ -200,9 +200,9 @@ fn a_slower_change_beyond_the_threshold_rolls_back() {
         detail.starts_with("benchmark failed: throughput regressed: -"),
         "{detail}"
     );
-    assert_has(&detail, "(over the 10% allowed)");
+    assert_has(detail, "(over the 10% allowed)");
     assert_has(
-        &detail,
+        detail,
         "the previous unit was restored and passed verification",
     );
     assert_eq!(report["benchmark"]["verdict"], "regressed");
@@ -236,7 +236,7 @@ fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
     assert_eq!(report["benchmark"]["verdict"], "regressed");
     let detail = report["detail"].as_str().unwrap();
     assert_has(
-        &detail,
+        detail,
         "; benchmark: throughput regressed (gate off: not rolled back): -",
     );
     let on_disk = lab().sh(THROUGHPUT, &format!("cat /etc/systemd/system/{unit}"));

@@ -214,9 +214,9 @@ fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
         .lines()
         .find(|l| l.starts_with(BAD_KEY))
         .expect("a line for the bad host");
-    assert_has(&bad, "error: cannot connect to rl-badkey");
-    assert_has(&bad, "Host key verification failed");
-    assert_has(&bad, "does not match known_hosts");
+    assert_has(bad, "error: cannot connect to rl-badkey");
+    assert_has(bad, "Host key verification failed");
+    assert_has(bad, "does not match known_hosts");
     assert_has(&ran.stdout, "rl1 t-badkey.service: new unit");
     assert!(ran
         .stdout
@@ -238,7 +238,7 @@ fn an_unreachable_host_is_an_error_for_that_host_only() {
     let failed = units.iter().find(|u| u["host"] == UNREACHABLE).unwrap();
     assert_eq!(failed["outcome"], "error");
     let error = failed["error"].as_str().unwrap();
-    assert_has(&error, "cannot connect to rl-unreachable");
+    assert_has(error, "cannot connect to rl-unreachable");
     assert!(
         error.contains("No route to host") || error.contains("timed out"),
         "{error}"
@@ -283,7 +283,7 @@ fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
         let units = json["units"].as_array().unwrap();
         let silent = units.iter().find(|u| u["host"] == "rl-silent").unwrap();
         let error = silent["error"].as_str().unwrap();
-        assert_has(&error, "cannot connect to rl-silent");
+        assert_has(error, "cannot connect to rl-silent");
         assert!(error.contains(said), "every time: {every_time}: {error}");
         if !every_time {
             assert!(marker.exists(), "the first ssh was killed");

@@ -187,7 +187,7 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     // The OOM: rolled back, with the journal's diagnosis.
     let oom = variant(&json, "oom");
     assert_eq!(oom["status"], "rolled_back", "{oom:#}");
-    assert_field_has(&oom, "diagnosis", "out of memory");
+    assert_field_has(oom, "diagnosis", "out of memory");
     // The degraded answers: rolled back at the quality gate.
     let noisy = variant(&json, "fused-moe");
     assert_eq!(noisy["status"], "rolled_back", "{noisy:#}");
@@ -229,7 +229,7 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     let written = std::fs::read_to_string(r.dir().join("manifests/t-exp.yaml")).unwrap();
     assert_eq!(written, manifest_with("    enable-mixed-chunk: true\n"));
     let diff = json["manifest_diff"].as_str().unwrap();
-    assert_has(&diff, "\n+    enable-mixed-chunk: true\n");
+    assert_has(diff, "\n+    enable-mixed-chunk: true\n");
 
     // The best run at each level, under that level's constraints: at 4, the winner.
     let best: Vec<(u64, &str)> = json["best_per_level"]

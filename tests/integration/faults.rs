@@ -97,7 +97,7 @@ fn a_read_only_unit_folder_changes_nothing() {
         detail.contains("installing failed") && detail.contains("Read-only file system"),
         "{detail}"
     );
-    assert_has(&detail, "nothing changed on the host");
+    assert_has(detail, "nothing changed on the host");
     assert_untouched_then_recovers(unit, "t-fault-ro", 37001, &v1, &running);
 }
 
@@ -119,7 +119,7 @@ fn a_full_unit_folder_changes_nothing() {
     undo.undo();
     assert_eq!(code, 1, "{report:#}");
     let detail = report["detail"].as_str().unwrap();
-    assert_has(&detail, "No space left on device");
+    assert_has(detail, "No space left on device");
     assert_eq!(
         on_full_disk, v1,
         "the full folder kept the previous unit whole"
@@ -171,7 +171,7 @@ fn a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention() {
     assert_eq!(code, 4, "{report:#}");
     assert_eq!(report["outcome"], "rollback_failed");
     let detail = report["detail"].as_str().unwrap();
-    assert_has(&detail, "the restored previous unit failed too");
+    assert_has(detail, "the restored previous unit failed too");
     assert_eq!(
         report["rollback"]["stages"]
             .as_array()

@@ -469,7 +469,7 @@ fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_report
     assert_eq!(out.status.code(), Some(3), "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
-    assert_has(&detail, "the host's guard rolled back to the previous unit");
+    assert_has(detail, "the host's guard rolled back to the previous unit");
     rolled_back_by_the_guard(unit, 37604, &good_text);
     fresh(unit);
 }

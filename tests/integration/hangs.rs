@@ -176,7 +176,7 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
         "{detail}"
     );
     assert_has(
-        &detail,
+        detail,
         "the previous unit was restored and passed verification",
     );
     assert_ne!(
@@ -216,7 +216,7 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
             "{what}: the message names the file: {detail}"
         );
         if what == "a newer format" {
-            assert_has(&detail, "newer reconcile");
+            assert_has(detail, "newer reconcile");
         }
         assert_eq!(
             invocation(unit),
@@ -267,7 +267,7 @@ fn sigterm_during_verification_rolls_back() {
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert_field_has(&report, "detail", "interrupted (SIGTERM)");
+    assert_field_has(report, "detail", "interrupted (SIGTERM)");
     assert_eq!(
         lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}")),
         good_text

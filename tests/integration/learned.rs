@@ -145,9 +145,9 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
         .run();
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
     let out = &ran.stdout;
-    assert_has(&out, "new unit: ready after ");
-    assert_has(&out, "(last good load ");
-    assert_has(&out, "(2 converged loads in history)");
+    assert_has(out, "new unit: ready after ");
+    assert_has(out, "(last good load ");
+    assert_has(out, "(2 converged loads in history)");
     assert!(
         out.contains("new unit: this load ") && out.contains("new unit: last load "),
         "{out}"

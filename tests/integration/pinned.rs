@@ -364,7 +364,7 @@ fn a_file_whose_bytes_are_not_the_locks_is_refused_before_anything_stops() {
     assert_eq!(report["error"], "fetch_failed", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
     assert_has(
-        &detail,
+        detail,
         &format!(
             "model.safetensors: sha256 {} where reconcile.lock says {}: refused, nothing stopped",
             &sha256(&bad)[..12],

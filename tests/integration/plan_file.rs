@@ -150,7 +150,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
         &sha256(&edited)[..8]
     );
     let detail = report["detail"].as_str().unwrap();
-    assert_has(&detail, &expected);
+    assert_has(detail, &expected);
     assert_eq!(
         unit_file(APPLY, unit).unwrap(),
         edited,
@@ -184,7 +184,7 @@ fn manifests_edited_after_the_plan_are_refused() {
     let report = unit_report(&applied);
     assert_eq!(report["outcome"], "error", "{report}");
     let detail = report["detail"].as_str().unwrap();
-    assert_has(&detail, "the manifests changed since the plan was made");
+    assert_has(detail, "the manifests changed since the plan was made");
     assert_eq!(unit_file(APPLY, unit), None, "the host was touched");
 }
 
@@ -216,7 +216,7 @@ fn another_sglang_since_the_plan_is_refused() {
     assert_eq!(report["outcome"], "error", "{report}");
     let detail = report["detail"].as_str().unwrap();
     assert_has(
-        &detail,
+        detail,
         &format!("stale plan: SGLang on {APPLY} was 0.5.23 when planned, is 0.5.9 now; plan again"),
     );
     assert_eq!(unit_file(APPLY, unit), None, "the host was touched");

@@ -546,7 +546,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         .position(|l| l.contains("model_path:"))
         .unwrap()
         + 1;
-    assert_has(&detail, &format!("a.yaml:{line}:3: sglang.model_path: the model's weights would not load: {model}/s2.safetensors is truncated: "));
+    assert_has(detail, &format!("a.yaml:{line}:3: sglang.model_path: the model's weights would not load: {model}/s2.safetensors is truncated: "));
     assert_eq!(
         lab().invocation(HOST, unit),
         before,

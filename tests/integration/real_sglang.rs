@@ -152,7 +152,7 @@ fn a_reasoning_model_is_asked_not_to_think() {
         .flag("reasoning-parser", "qwen3");
     let report = converges(&text);
     let smoke = stage(&report["verification"], "smoke");
-    assert_field_has(&smoke, "detail", "Paris");
+    assert_field_has(smoke, "detail", "Paris");
     stop(unit);
 }
 
@@ -215,7 +215,7 @@ fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
         "{detail}"
     );
     assert_has(
-        &detail,
+        detail,
         "the previous unit was restored and passed verification",
     );
     stop(unit);

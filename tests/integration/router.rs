@@ -352,7 +352,7 @@ fn the_last_healthy_replica_is_never_taken_out() {
     assert_eq!(u["error"], "refused", "{u}");
     let detail = u["detail"].as_str().unwrap_or_default();
     assert_has(
-        &detail,
+        detail,
         &format!("would leave 0 healthy replica(s) of `{MODEL}` (min_available 1)"),
     );
     assert_eq!(lab().invocation(only[0], &unit), before, "not restarted");

@@ -54,7 +54,7 @@ fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
     let cause = cause(&report);
     assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
     let advice = report["diagnosis"]["advice"].as_str().unwrap();
-    assert_has(&advice, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN");
+    assert_has(advice, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN");
 }
 
 /// A copy of the tiny model on the host, without `config.json`.

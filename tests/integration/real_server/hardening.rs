@@ -18,7 +18,7 @@ fn a_hardened_unit_converges_and_serves() {
     let report = s.converge();
     let v = &report["verification"];
     let identity = stage(v, "identity")["detail"].as_str().unwrap();
-    assert_has(&identity, "`tiny-t-rs-hardened`");
+    assert_has(identity, "`tiny-t-rs-hardened`");
 
     // The unit on the host carries the preset, and systemd runs the server under it.
     let unit = s.unit_file();

@@ -19,7 +19,7 @@ fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_rest
     // Identity from the real /v1/models, readiness from the real /health (a one-token generation,
     // never sooner than about a second).
     let identity = stage(v, "identity")["detail"].as_str().unwrap();
-    assert_has(&identity, "`tiny-t-rs-first`");
+    assert_has(identity, "`tiny-t-rs-first`");
     let readiness = stage(v, "readiness")["detail"].as_str().unwrap();
     let took: f64 = readiness
         .split("the probe took ")
@@ -238,7 +238,7 @@ fn interrupted_apply_rolls_back(signal: &str, says: &str) {
     assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert_field_has(&report, "detail", says);
+    assert_field_has(report, "detail", says);
     assert_eq!(s.unit_file(), good);
     // The previous unit was verified again and the real server serves.
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
