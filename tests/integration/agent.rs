@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{assert_has, lab, manifest, Manifest, Ran, AGENT};
+use crate::lab::{assert_has, assert_starts_with, lab, manifest, Manifest, Ran, AGENT};
 
 const UNIT: &str = "t-agent.service";
 const REPO: &str = "/root/agent-repo.git";
@@ -130,13 +130,12 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     // (i) The first round installs, starts and verifies the unit, and records the commit.
     let ran = round();
     assert_eq!(ran.code, 0);
-    assert!(
-        ran.stdout.starts_with(&format!(
+    assert_starts_with(
+        &ran.stdout,
+        &format!(
             "round {} (Test Author <author@example.com>): local {UNIT} converged",
             &first[..12]
-        )),
-        "{}",
-        ran.stdout
+        ),
     );
     assert!(!ran.stdout.contains("t-agent-elsewhere"), "{}", ran.stdout);
     assert_eq!(
@@ -195,13 +194,12 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     let before = unit_file();
     let ran = round();
     assert_eq!(ran.code, 1);
-    assert!(
-        ran.stdout.starts_with(&format!(
+    assert_starts_with(
+        &ran.stdout,
+        &format!(
             "round {}: 1 error in manifests, nothing touched",
             &third[..12]
-        )),
-        "{}",
-        ran.stdout
+        ),
     );
     assert!(
         ran.stdout

@@ -102,7 +102,7 @@ fn a_no_op_apply_costs_one_round_trip_after_connect() {
         .manifest("a.yaml", &text)
         .args(&["apply", "--format", "json", "--trace-remote"])
         .run();
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     assert_eq!(ran.json()["units"][0]["outcome"], "unchanged");
     let rounds = round_trips(&ran.stderr, APPLY);
     assert!((1..=2).contains(&rounds), "{rounds}: {}", ran.stderr);
@@ -169,7 +169,7 @@ fn an_unknown_flag_is_refused_before_the_host_is_touched() {
         .manifest("a.yaml", &text)
         .args(&["apply"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     assert!(
         ran.stderr
             .contains("did you mean --enable-fused-moe-sum-all-reduce?"),
@@ -482,8 +482,8 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
         .args(&["apply", "--format", "json"])
         .run();
     let first = Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
-    assert_eq!(second.code, 1, "{}{}", second.stdout, second.stderr);
+    first.assert_code(0);
+    second.assert_code(1);
     let detail = json_of(&second)["detail"].as_str().unwrap().to_string();
     assert_has(&detail, "is locked by another apply");
     assert!(
@@ -517,7 +517,7 @@ fn ctrl_c_during_verification_rolls_back() {
         .unwrap();
     assert!(status.success());
     let ran = Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = json_of(&ran);
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     assert_field_has(&report, "detail", "interrupted (Ctrl-C)");

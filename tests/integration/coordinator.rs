@@ -400,7 +400,7 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
         );
     }
     let watched = Ran::from(watch.wait_with_output().expect("the watch ends"));
-    assert_eq!(watched.code, 0, "{}{}", watched.stdout, watched.stderr);
+    watched.assert_code(0);
     let blocks = watched.stdout.matches(".service, change ").count();
     assert!(
         blocks >= 3,
@@ -470,7 +470,7 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
         "--format",
         "json",
     ]);
-    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    status.assert_code(0);
     let rows = status.json();
     let rows = rows.as_array().expect("rows");
     assert_eq!(rows.len(), 6);
@@ -832,7 +832,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
             .expect("its round")
     };
     let reload = bounded(host);
-    assert_eq!(reload.code, 0, "{}{}", reload.stdout, reload.stderr);
+    reload.assert_code(0);
     assert!(
         reload
             .stdout
@@ -844,7 +844,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
     let restart = renamed.clone().flag("context-length", 2048);
     fleet.commit(&restart, "restart while etcd is down");
     let held = bounded(host);
-    assert_eq!(held.code, 1, "{}{}", held.stdout, held.stderr);
+    held.assert_code(1);
     assert!(
         held.stdout.contains("the coordinator cannot be reached")
             && held.stdout.contains("nothing was changed"),
@@ -982,7 +982,7 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     let mut with_file: Vec<&str> = tls.to_vec();
     with_file.extend(["--coordinator-password-file", "password"]);
     let ran = status(&with_file, &[]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let rows = ran.json();
     assert_eq!(rows[0]["host"], "h1", "{rows}");
     assert_eq!(rows[0]["state"], "succeeded", "{rows}");
@@ -991,7 +991,7 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
         &tls,
         &[("RECONCILE_COORDINATOR_PASSWORD", "wrong-password-9f3k")],
     );
-    assert_eq!(wrong.code, 1, "{}{}", wrong.stdout, wrong.stderr);
+    wrong.assert_code(1);
     assert_has(&wrong.stderr, "cannot reach etcd");
     assert!(
         !wrong.stderr.contains("wrong-password-9f3k")
@@ -1003,6 +1003,6 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     eprintln!("wrong password: {}", wrong.stderr);
     let plain = status(&[], &[]);
     eprintln!("no TLS: {}", plain.stderr);
-    assert_eq!(plain.code, 1, "{}{}", plain.stdout, plain.stderr);
+    plain.assert_code(1);
     assert_has(&plain.stderr, "--coordinator-ca");
 }

@@ -84,7 +84,7 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
         .manifest("a.yaml", &text)
         .args(&["apply"])
         .run();
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let lines: Vec<&str> = ran.stdout.lines().collect();
     let head = lines
         .iter()

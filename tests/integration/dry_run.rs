@@ -52,7 +52,7 @@ fn a_host_without_the_unit_gets_it_installed() {
         .manifest("a.yaml", manifest("t-missing", &[SHARED]))
         .args(&["--dry-run"]);
     let ran = run.run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     assert!(
         ran.stdout
             .contains("rl1 t-missing.service: new unit (install, enable, start)"),
@@ -72,7 +72,7 @@ fn an_identical_unit_means_nothing_to_do() {
         .args(&["plan", "--format", "json"]);
     install_rendered(&run, SHARED, "t-same.service");
     let ran = run.run();
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let json = ran.json();
     assert_eq!(json["format_version"], 1);
     let unit = &json["units"][0];
@@ -96,7 +96,7 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
         .manifest("a.yaml", &after)
         .args(&["plan", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     let unit = &ran.json()["units"][0];
     assert_eq!(unit["verdict"], "restart");
     assert_eq!(
@@ -140,7 +140,7 @@ fn a_new_description_only_needs_a_reload() {
         .manifest("a.yaml", &after)
         .args(&["--dry-run"])
         .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     assert!(
         ran.stdout
             .contains("t-desc.service: reload only (daemon-reload, no restart)"),
@@ -171,7 +171,7 @@ fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
             .manifest("a.yaml", &text)
             .args(&["plan", "--format", format])
             .run();
-        assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+        ran.assert_code(2);
         ran
     };
     let shown = plan("text").stdout;
@@ -208,7 +208,7 @@ fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
         .manifest("a.yaml", &text)
         .args(&["--dry-run"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     let bad = ran
         .stdout
         .lines()
@@ -231,7 +231,7 @@ fn an_unreachable_host_is_an_error_for_that_host_only() {
         .manifest("a.yaml", &text)
         .args(&["plan", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     let json = ran.json();
     let units = json["units"].as_array().unwrap();
     assert_eq!(units.len(), 2);
@@ -278,7 +278,7 @@ fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
         ));
         let run = run.args(&["plan", "--format", "json"]);
         let ran = run.run();
-        assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+        ran.assert_code(1);
         let json = ran.json();
         let units = json["units"].as_array().unwrap();
         let silent = units.iter().find(|u| u["host"] == "rl-silent").unwrap();
@@ -315,7 +315,7 @@ fn secret_env_values_are_redacted_in_every_format() {
             .manifest("a.yaml", secret(CANARY))
             .args(&["plan", "-vv", "--format", format])
             .run();
-        assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+        ran.assert_code(2);
         for (what, output) in [("stdout", &ran.stdout), ("stderr", &ran.stderr)] {
             for leaked in [CANARY, "hf_old_value_000", "sk-canary-flag-77"] {
                 assert!(
@@ -346,7 +346,7 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
         .manifest("b.yaml", &also_bad)
         .args(&["--dry-run"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     assert!(
         ran.stderr
             .contains("manifests/a.yaml:10:3: sglang.port: port must be between 1 and 65535"),
@@ -392,7 +392,7 @@ fn one_ssh_connection_per_host_per_run() {
         .manifest("c.yaml", other("t-conn-c", 30002, "4,5"))
         .args(&["--dry-run"]);
     let ran = run.run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     assert_has(&ran.stdout, "3 to install");
     // the counting itself logs in once
     assert_eq!(
@@ -427,7 +427,7 @@ fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
         SHARED,
         "rm -f /etc/systemd/system/t-round-2.service; systemctl daemon-reload",
     );
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     let json = ran.json();
     let verdicts: Vec<(String, String)> = json["units"]
         .as_array()

@@ -91,7 +91,7 @@ fn setup(variants: &str) -> Reconcile {
     std::fs::write(r.dir().join("experiment.yaml"), experiment(variants)).unwrap();
     // The baseline, deployed as an operator would have it before experimenting.
     let ran = r.run_args(&["apply", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     r
 }
 
@@ -331,7 +331,7 @@ fn an_unknown_flag_in_one_variant_is_reported_at_its_line_and_nothing_starts() {
     let variants = "  - name: good\n    flags: { enable-mixed-chunk: true }\n  - name: typo\n    flags:\n      enable-mixed-chunks: true\n";
     std::fs::write(r.dir().join("experiment.yaml"), experiment(variants)).unwrap();
     let ran = r.run_args(&["experiment", "experiment.yaml"]);
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     // Line 15 of the experiment file: `enable-mixed-chunks: true`.
     assert_has(
         &ran.stderr,

@@ -80,7 +80,7 @@ fn planning_six_hosts_with_one_unreachable_reports_it_and_plans_the_rest_in_orde
         .manifest("a.yaml", manifest("t-fleet-plan", &hosts))
         .args(&["plan", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     let units = ran.json()["units"].as_array().unwrap().clone();
     let order: Vec<&str> = units.iter().map(|u| u["host"].as_str().unwrap()).collect();
     assert_eq!(

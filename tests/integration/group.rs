@@ -476,7 +476,7 @@ fn status_history_and_rollback_take_the_group_whole() {
 
     // Status: one line for the server, on every rank.
     let ran = run(&v2, &["status", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let units = ran.json()["units"].as_array().cloned().unwrap();
     for host in GROUP {
         let details = unit_of(&units, host)["details"].to_string();
@@ -488,7 +488,7 @@ fn status_history_and_rollback_take_the_group_whole() {
 
     // History: the deployments every rank shares.
     let ran = run(&v2, &["history", "t-group-hist", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let notes = ran.json()["hosts"][0]["notes"].to_string();
     assert_has(&notes, "to roll the group back to: 1, 2");
 
@@ -497,7 +497,7 @@ fn status_history_and_rollback_take_the_group_whole() {
         &v2,
         &["rollback", "t-group-hist", "--to", "1", "--format", "json"],
     );
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let units = ran.json()["units"].as_array().cloned().unwrap();
     for (i, host) in GROUP.iter().enumerate() {
         let u = unit_of(&units, host);

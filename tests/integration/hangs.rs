@@ -92,7 +92,7 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
             .manifest("a.yaml", &text)
             .args(&["plan", "--command-timeout", "2s"])
             .run();
-        assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+        ran.assert_code(1);
         let said = format!("{}{}", ran.stdout, ran.stderr);
         assert_has(&said, "`nvidia-smi` on rl14 did not answer in 2s");
         // The plan ended rather than wait out the hang (an hour): it measured 2.3-2.5 s under
@@ -112,7 +112,7 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
         ),
     );
     let ran = apply(&text, &["--command-timeout", "2s"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let report = &ran.json()["units"][0];
     let notes = report["verification"]["notes"].to_string();
     assert!(
@@ -165,7 +165,7 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
         Duration::from_secs(60),
     );
     let ran = Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = &ran.json()["units"][0];
     let detail = report["detail"].as_str().unwrap();
     // The first `systemctl show` after the marker hangs: the crash poll's, or the one in the
@@ -264,7 +264,7 @@ fn sigterm_during_verification_rolls_back() {
         .manifest("a.yaml", &slow)
         .args(&["apply", "--format", "json"]);
     let (ran, json) = signalled(&run, unit, "-TERM");
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     assert_field_has(report, "detail", "interrupted (SIGTERM)");

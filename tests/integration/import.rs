@@ -79,7 +79,7 @@ fn round_trip_moving(
         .fold(Reconcile::new(), |run, (var, value)| run.env(var, value));
     std::fs::create_dir_all(run.dir().join("manifests")).unwrap();
     let imported = run.run_args(&["import", IMPORT, unit, "-o", "manifests/imported.yaml"]);
-    assert_eq!(imported.code, 0, "{}{}", imported.stdout, imported.stderr);
+    imported.assert_code(0);
     let yaml = std::fs::read_to_string(run.dir().join("manifests/imported.yaml")).unwrap();
     for (_, value) in secrets {
         assert!(!yaml.contains(value), "a secret was copied:\n{yaml}");
@@ -142,7 +142,7 @@ fn round_trip_moving(
     assert!(managed.starts_with("# Managed by reconcile"), "{managed}");
     // Planned again, the applied manifest is the host's unit: nothing to change.
     let again = run.run_args(&["plan", "manifests/imported.yaml", "--format", "json"]);
-    assert_eq!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    again.assert_code(0);
     (yaml, imported.stderr, plan)
 }
 
@@ -297,7 +297,7 @@ fn an_inexpressible_unit_is_refused_with_its_file_and_line() {
     let run = Reconcile::new();
     let out = run.dir().join("imported.yaml");
     let refused = run.run_args(&["import", IMPORT, unit, "-o", out.to_str().unwrap()]);
-    assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
+    refused.assert_code(1);
     assert_has(
         &refused.stderr,
         &format!("error: {UNIT_DIR}/{unit}:8: `${{TP}}` in ExecStart is expanded by systemd"),
@@ -353,7 +353,7 @@ fn a_command_line_sglang_reads_the_same_way_restarts_nothing() {
     );
     // Applied: the manifest's spelling on disk, the same server running.
     let applied = run.run_args(&["apply", "--format", "json"]);
-    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    applied.assert_code(0);
     assert_eq!(applied.json()["units"][0]["outcome"], "reloaded");
     assert_eq!(running(unit), (argv, invocation));
     assert_eq!(

@@ -946,6 +946,12 @@ pub fn assert_has(text: &str, needle: &str) {
     assert!(text.contains(needle), "{text}");
 }
 
+/// Asserts that `text` begins with `prefix`, showing the whole text when it does not.
+#[track_caller]
+pub fn assert_starts_with(text: &str, prefix: &str) {
+    assert!(text.starts_with(prefix), "{text}");
+}
+
 /// Asserts that the string at `key` of `report` holds `needle`, showing the whole report when it
 /// does not (or when `key` holds no string).
 #[track_caller]
@@ -1109,6 +1115,12 @@ impl From<std::process::Output> for Ran {
 }
 
 impl Ran {
+    /// Asserts the run exited with `code`, showing all it wrote when it did not.
+    #[track_caller]
+    pub fn assert_code(&self, code: i32) {
+        assert_eq!(self.code, code, "{}{}", self.stdout, self.stderr);
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", self.stdout))

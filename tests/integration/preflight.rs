@@ -4,7 +4,9 @@
 use std::sync::Once;
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{assert_has, lab, manifest, venv_script, Manifest, Reconcile, ESCAPING};
+use crate::lab::{
+    assert_has, assert_starts_with, lab, manifest, venv_script, Manifest, Reconcile, ESCAPING,
+};
 
 const HOST: &str = ESCAPING;
 
@@ -119,10 +121,9 @@ fn too_few_gpus_for_tp_size() {
     let unit = &json["units"][0];
     let gpus = messages_of(unit, "gpus");
     assert_eq!(gpus.len(), 1, "{unit:#}");
-    assert!(
-        gpus[0].starts_with("tp-size 128 × dp-size 1 × pp-size 1 needs 128 GPUs but the host has "),
-        "{}",
-        gpus[0]
+    assert_starts_with(
+        &gpus[0],
+        "tp-size 128 × dp-size 1 × pp-size 1 needs 128 GPUs but the host has ",
     );
     assert_eq!(
         messages_of(unit, "cuda-visible-devices"),
@@ -186,10 +187,9 @@ fn a_port_taken_by_another_process_but_not_by_the_unit_itself() {
     assert_eq!(code, 1, "{json:#}");
     let port_findings = messages_of(&json["units"][0], "port");
     assert_eq!(port_findings.len(), 1, "{port_findings:?}");
-    assert!(
-        port_findings[0].starts_with(&format!("port {port} is already taken by python3 (pid ")),
-        "{}",
-        port_findings[0]
+    assert_starts_with(
+        &port_findings[0],
+        &format!("port {port} is already taken by python3 (pid "),
     );
     assert!(port_findings[0].ends_with("which is not t-pre-port.service"));
 
@@ -210,7 +210,7 @@ fn a_port_taken_by_another_process_but_not_by_the_unit_itself() {
         HOST,
         "systemctl disable --now t-pre-port; rm -f /etc/systemd/system/t-pre-port.service; systemctl daemon-reload",
     );
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     assert_eq!(findings(&ran.json()["units"][0]), []);
 }
 
@@ -256,7 +256,7 @@ fn apply_refuses_a_unit_that_fails_preflight_and_touches_nothing() {
         .manifest("a.yaml", &text)
         .args(&["apply", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "error", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
@@ -536,7 +536,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         .manifest("a.yaml", &v2)
         .args(&["apply", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "error", "{report:#}");
     let detail = report["detail"].as_str().unwrap();

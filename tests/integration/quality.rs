@@ -133,7 +133,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
 
     // `reconcile quality` measures the running server and keeps the reference.
     let measured = neutral.run_args(&["quality", service, "--format", "json"]);
-    assert_eq!(measured.code, 0, "{}{}", measured.stdout, measured.stderr);
+    measured.assert_code(0);
     let host = &measured.json()["hosts"][0];
     assert!(
         host["stored"]

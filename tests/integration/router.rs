@@ -393,7 +393,7 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
         .unwrap();
     assert!(status.success());
     let ran = crate::lab::Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = ran.json();
     let u = unit_of(&report, two[0]);
     assert_eq!(u["outcome"], "rolled_back", "{u}");

@@ -93,17 +93,9 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
         "a local user read a secret on a command line during apply"
     );
     let (_, converged) = &runs[4];
-    assert_eq!(
-        converged.code, 0,
-        "{}{}",
-        converged.stdout, converged.stderr
-    );
+    converged.assert_code(0);
     let (_, rolled_back) = &runs[5];
-    assert_eq!(
-        rolled_back.code, 3,
-        "{}{}",
-        rolled_back.stdout, rolled_back.stderr
-    );
+    rolled_back.assert_code(3);
     assert!(
         rolled_back.stdout.contains("api_key='<redacted>'"),
         "the failed start's journal is shown, redacted:\n{}",
@@ -237,7 +229,7 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
         .manifest("a.yaml", &text)
         .args(&["plan", "--format", "json"])
         .run();
-    assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
+    plan.assert_code(2);
     assert!(
         plan.json()["units"][0]["preflight"]
             .as_array()
@@ -287,7 +279,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         .manifest("a.yaml", &text)
         .args(&["plan"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     assert_has(&ran.stdout, "Host key verification failed");
     assert_eq!(
         std::fs::read_to_string(&known).unwrap(),
@@ -298,7 +290,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         .manifest("a.yaml", &text)
         .args(&["plan", "--accept-new-host-keys"])
         .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     assert!(
         std::fs::read_to_string(&known)
             .unwrap()
@@ -602,7 +594,7 @@ fn a_journal_full_of_escape_sequences_is_shown_not_acted_on() {
         .manifest("a.yaml", &text)
         .args(&["apply", "--no-deep"])
         .run();
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     assert_has(&ran.stdout, "\\x1b]0;owned\\x07title set");
     assert_has(&ran.stdout, "\\x1b[2Jscreen cleared");
     assert!(

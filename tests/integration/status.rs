@@ -35,7 +35,7 @@ fn run(text: &Manifest, args: &[&str]) -> Ran {
 
 fn apply(text: &Manifest) {
     let ran = run(text, &["apply", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
 }
 
 /// The classes `status` gives the only unit of `text`, and its exit code.
@@ -183,7 +183,7 @@ fn a_unit_reconcile_never_applied_is_unmanaged_and_a_missing_one_absent() {
         .manifest("absent.yaml", &absent)
         .args(&["status", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     let json = ran.json();
     let of = |unit: &str| -> serde_json::Value {
         json["units"]
@@ -216,7 +216,7 @@ fn a_unit_reconcile_never_applied_is_unmanaged_and_a_missing_one_absent() {
 fn status_of_an_unreachable_host_is_an_error() {
     let text = manifest("t-st-unreach", &[crate::lab::UNREACHABLE]);
     let ran = run(&text, &["status"]);
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     assert_has(&ran.stdout, "error: cannot connect");
 }
 
@@ -234,7 +234,7 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
     apply(&v3);
 
     let ran = run(&v3, &["history", "t-st-hist", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let json = ran.json();
     let host = &json["hosts"][0];
     let deployments = host["deployments"].as_array().unwrap();
@@ -276,7 +276,7 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
 
     // A deployment that does not exist is refused, naming those that do.
     let ran = run(&v3, &["rollback", "t-st-hist", "--to", "9"]);
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     assert!(
         ran.stdout
             .contains("there is no deployment 9 (3 recorded; kept: 1, 2, 3)"),
@@ -288,7 +288,7 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
         &v3,
         &["rollback", "t-st-hist", "--to", "1", "--format", "json"],
     );
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "converged", "{report:#}");
     assert_eq!(report["verdict"], "restart");

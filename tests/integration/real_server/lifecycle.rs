@@ -121,7 +121,7 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
         .manifest("a.yaml", s.manifest().flag("max-total-tokens", 4000))
         .args(&["plan"])
         .run();
-    assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
+    plan.assert_code(2);
     assert!(
         !plan.stdout.contains(key) && !plan.stderr.contains(key),
         "the key is in the diff"
@@ -235,7 +235,7 @@ fn interrupted_apply_rolls_back(signal: &str, says: &str) {
     let good = s.unit_file();
     let changed = INTERRUPTED.good().flag("max-running-requests", 5);
     let (ran, json) = signalled(s, &changed.manifest(), signal);
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     assert_field_has(report, "detail", says);
