@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
 use crate::lab::{
-    assert_field_has, assert_has, lab, lease_of, manifest, round_trips, Manifest, Ran, Reconcile,
-    APPLY,
+    assert_field_has, assert_has, lab, lease_of, manifest, round_trips, run_on, send_signal,
+    Manifest, Ran, Reconcile, APPLY,
 };
 
 /// A test service that loads in one second and is judged over a three-second crash window.
@@ -36,10 +36,7 @@ pub fn france() -> serde_yaml::Value {
 }
 
 pub fn apply(manifest: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", manifest)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(manifest, &["apply", "--format", "json"]);
     let json = ran.json();
     assert_eq!(json["format_version"], 1, "{json}");
     (ran.code, json["units"][0].clone())
@@ -511,11 +508,7 @@ fn ctrl_c_during_verification_rolls_back() {
     // An input of the fault, not a wait: Ctrl-C half a second into a verification that lasts the
     // 8 s load at least.
     std::thread::sleep(Duration::from_millis(500));
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(&child, "-INT");
     let ran = Ran::from(child.wait_with_output().unwrap());
     ran.assert_code(3);
     let report = json_of(&ran);

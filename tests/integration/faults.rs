@@ -7,7 +7,9 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::lab::{assert_has, lab, manifest, Manifest, Ran, Reconcile, Undo, REBOOT};
+use crate::lab::{
+    apply_first_unit as apply, assert_has, lab, manifest, Manifest, Ran, Reconcile, Undo, REBOOT,
+};
 
 const HOST: &str = "rl11";
 
@@ -29,14 +31,6 @@ fn service(name: &str, port: u16, release: &str) -> Manifest {
             ("stall_timeout", "5s"),
             ("load_deadline", "20s"),
         ])
-}
-
-fn apply(manifest: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", manifest)
-        .args(&["apply", "--format", "json"])
-        .run();
-    (ran.code, ran.json()["units"][0].clone())
 }
 
 fn unit_text(unit: &str) -> String {

@@ -5,7 +5,10 @@
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use crate::lab::{assert_has, lab, Manifest, Reconcile, GUARD};
+use crate::lab::{
+    apply_first_unit as apply, assert_has, classes_of, lab, reboot, run_on, Manifest, Reconcile,
+    GUARD,
+};
 
 const HOST: &str = GUARD.host();
 
@@ -44,36 +47,15 @@ fn fresh(unit: &str) {
     sh(&format!("systemctl stop reconcile-guard-{}.service 2>/dev/null; systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload", unit.trim_end_matches(".service")));
 }
 
-fn apply(m: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", m)
-        .args(&["apply", "--format", "json"])
-        .run();
-    (ran.code, ran.json()["units"][0].clone())
-}
-
 /// `reconcile status`'s classes for the only unit of `m`, and its exit code.
 fn status(m: &Manifest) -> (Vec<String>, i32) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", m)
-        .args(&["status", "--format", "json"])
-        .run();
-    let classes = ran.json()["units"][0]["classes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{}", ran.stdout))
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
-    (classes, ran.code)
+    let ran = run_on(m, &["status", "--format", "json"]);
+    (classes_of(&ran.json()["units"][0]), ran.code)
 }
 
 /// `reconcile plan`'s notes for the only unit of `m`.
 fn plan_notes(m: &Manifest) -> String {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", m)
-        .args(&["plan", "--format", "json"])
-        .run();
-    ran.json()["units"][0]["notes"].to_string()
+    run_on(m, &["plan", "--format", "json"]).json()["units"][0]["notes"].to_string()
 }
 
 fn unit_file(unit: &str) -> String {
@@ -399,19 +381,7 @@ fn a_crash_looping_change_whose_host_reboots_after_the_controller_died_goes_back
         "the new unit started",
     );
     let booted_before = sh("cat /proc/sys/kernel/random/boot_id");
-    let rebooted = std::process::Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/hostlab/reboot.sh"
-    ))
-    .arg(HOST)
-    .env("STATE", lab().file(""))
-    .output()
-    .expect("reboot.sh runs");
-    assert!(
-        rebooted.status.success(),
-        "reboot.sh: {}",
-        String::from_utf8_lossy(&rebooted.stderr)
-    );
+    reboot(HOST);
     let booted = sh("cat /proc/sys/kernel/random/boot_id");
     assert_ne!(booted, booted_before, "the host did not reboot");
     // The guard's unit is wanted at boot: it acts on its record in the new boot.

@@ -881,14 +881,36 @@ pub fn signalled(
     let child = run.spawn(&[]);
     lab().wait_for_restart_within(host, unit, &before, within);
     std::thread::sleep(settle);
+    send_signal(&child, signal);
+    let ran = Ran::from(child.wait_with_output().expect("the run ends"));
+    let json = ran.json();
+    (ran, json)
+}
+
+/// Sends `signal` (`-TERM`, `-INT`) to `child` with kill(1).
+pub fn send_signal(child: &std::process::Child, signal: &str) {
     let sent = Command::new("kill")
         .args([signal, &child.id().to_string()])
         .status()
         .expect("kill runs");
     assert!(sent.success());
-    let ran = Ran::from(child.wait_with_output().expect("the run ends"));
-    let json = ran.json();
-    (ran, json)
+}
+
+/// Reboots `host` (`tests/hostlab/reboot.sh`), back up when this returns.
+pub fn reboot(host: &str) {
+    let rebooted = std::process::Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/hostlab/reboot.sh"
+    ))
+    .arg(host)
+    .env("STATE", lab().file(""))
+    .output()
+    .expect("reboot.sh runs");
+    assert!(
+        rebooted.status.success(),
+        "reboot.sh {host}: {}",
+        String::from_utf8_lossy(&rebooted.stderr)
+    );
 }
 
 /// Runs a shell script on a host as root, ignoring how it ends, and nothing when the lab is not
@@ -922,13 +944,35 @@ pub fn round_trips(stderr: &str, host: &str) -> u32 {
     total + current
 }
 
+/// Runs the binary with `args` in a folder of its own, `manifest` its only manifest (`a.yaml`).
+pub fn run_on(manifest: &Manifest, args: &[&str]) -> Ran {
+    Reconcile::new()
+        .manifest("a.yaml", manifest)
+        .args(args)
+        .run()
+}
+
+/// The `classes` that `reconcile status --format json` gives `unit` (one of its `units`).
+#[track_caller]
+pub fn classes_of(unit: &serde_json::Value) -> Vec<String> {
+    unit["classes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("status has no classes: {unit:#}"))
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `reconcile apply --format json` of `manifest`: the exit code and the first unit's report.
+pub fn apply_first_unit(manifest: &Manifest) -> (i32, serde_json::Value) {
+    let ran = run_on(manifest, &["apply", "--format", "json"]);
+    (ran.code, ran.json()["units"][0].clone())
+}
+
 /// `reconcile apply --format json` of one manifest with one unit: the exit code and that unit's
 /// report.
 pub fn apply_one_unit(manifest: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", manifest)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(manifest, &["apply", "--format", "json"]);
     let json = ran.json();
     assert_eq!(
         json["units"].as_array().map(Vec::len),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_yaml::Value;
 
 use crate::builder::{map, yaml};
-use crate::lab::{assert_has, lab, Manifest, Reconcile, REPLICAS, ROUTER};
+use crate::lab::{assert_has, lab, send_signal, Manifest, Reconcile, REPLICAS, ROUTER};
 
 pub(crate) static TURN: Mutex<()> = Mutex::new(());
 
@@ -387,11 +387,7 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
     // An input of the fault, not a wait: the signal lands half a second into a verification that
     // lasts the 8 s load at least.
     std::thread::sleep(Duration::from_millis(500));
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(&child, "-TERM");
     let ran = crate::lab::Ran::from(child.wait_with_output().unwrap());
     ran.assert_code(3);
     let report = ran.json();

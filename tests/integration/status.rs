@@ -6,7 +6,7 @@
 //! GPU pairs of their own among the stand-in's 64.
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{assert_has, lab, manifest, Manifest, Ran, Reconcile, SHARED};
+use crate::lab::{assert_has, classes_of, lab, manifest, Manifest, Ran, Reconcile, SHARED};
 
 const HOST: &str = SHARED;
 
@@ -43,13 +43,7 @@ fn classes(text: &Manifest) -> (Vec<String>, i32, serde_json::Value) {
     let ran = run(text, &["status", "--format", "json"]);
     let json = ran.json();
     let unit = json["units"][0].clone();
-    let classes = unit["classes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{unit:#}"))
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
-    (classes, ran.code, unit)
+    (classes_of(&unit), ran.code, unit)
 }
 
 fn unit_file(unit: &str) -> String {

@@ -9,7 +9,7 @@
 //! leases them: the stand-in's GPU memory is per GPU, and a server of another test leaving a
 //! shared GPU reads as a dead rank.
 
-use crate::lab::{assert_field_has, assert_has, lab, Manifest, Reconcile};
+use crate::lab::{assert_field_has, assert_has, classes_of, lab, Manifest, Reconcile};
 
 const HOST: &str = "rl24";
 
@@ -78,13 +78,7 @@ fn apply(r: &Reconcile, extra: &[&str]) -> (i32, serde_json::Value) {
 
 fn status_classes(r: &Reconcile) -> (Vec<String>, String) {
     let (_, unit, _) = run(r, &["status"]);
-    let classes = unit["classes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("status has classes: {unit}"))
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
-    (classes, unit["details"].to_string())
+    (classes_of(&unit), unit["details"].to_string())
 }
 
 fn clean(unit: &str) {
