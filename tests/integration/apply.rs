@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
 use crate::lab::{
-    assert_field_has, assert_has, lab, lease_of, manifest, round_trips, run_on, send_signal,
+    assert_field_has, assert_has, lab, lease_of, round_trips, run_on, send_signal, stand_in,
     Manifest, Ran, Reconcile, APPLY,
 };
 
@@ -21,10 +21,7 @@ pub fn service_on(host: &str, name: &str, port: u16) -> Manifest {
     // Tests run at once on one host: each gets its own two of the stand-in's 64 simulated GPUs
     // (its port's, from the lease holding it), so one test's loading never looks like another's
     // progress.
-    manifest(name, &[host])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", lease_of(host, port).gpu_pair(port))
+    stand_in(name, &[host], port, lease_of(host, port).gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&STAND_IN_VERIFY)

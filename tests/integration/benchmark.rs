@@ -10,7 +10,7 @@
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
 use crate::lab::{
-    apply_one_unit, assert_field_has, assert_has, lab, manifest, tokens_at, Manifest, Reconcile,
+    apply_one_unit, assert_field_has, assert_has, lab, stand_in, tokens_at, Manifest, Reconcile,
     BENCHMARK, THROUGHPUT,
 };
 
@@ -20,10 +20,7 @@ const TINY: &str = "{ levels: [1, 4], prompt_tokens: 16, output_tokens: 16, requ
 /// A service on the throughput host with its own port and two GPUs (its port's, from
 /// `lab::BENCHMARK`), and the tiny benchmark.
 fn service(name: &str, port: u16) -> Manifest {
-    manifest(name, &[THROUGHPUT])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", BENCHMARK.gpu_pair(port))
+    stand_in(name, &[THROUGHPUT], port, BENCHMARK.gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&STAND_IN_VERIFY)

@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use crate::guard::{guard_state_on, healthy_on, until, Link};
-use crate::lab::{apply_first_unit, lab, reboot, Manifest, Reconcile, CRASH};
+use crate::lab::{apply_first_unit, lab, reboot, send_signal, Manifest, Reconcile, CRASH};
 
 const UNIT: &str = "t-crash.service";
 const PORT: u16 = 37801;
@@ -387,12 +387,7 @@ pub fn run_cell(cell: Cell) -> Ended {
     if cell.change == Change::Interrupted {
         // Paused at the write: a Ctrl-C, then on, to the put-back.
         reached("write", &mut child);
-        let pid = child.id().to_string();
-        assert!(std::process::Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap()
-            .success());
+        send_signal(&child, "-INT");
         std::fs::write(&go, "").unwrap();
     }
     let settled = |state: &str| !matches!(state, "armed" | "rolling_back");

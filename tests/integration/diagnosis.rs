@@ -5,17 +5,14 @@
 //! GPUs 0-9.
 
 use crate::lab::{
-    apply_one_unit, assert_field_has, assert_has, lab, manifest, Manifest, Reconcile, Undo,
+    apply_one_unit, assert_field_has, assert_has, lab, stand_in, Manifest, Reconcile, Undo,
     THROUGHPUT,
 };
 
 /// A test service on the throughput host: its port, its two GPUs (`gpu`, `gpu + 1`), the
 /// stand-in's `env` and short verification windows.
 fn service(name: &str, port: u16, gpu: u32, env: &[(&str, &str)]) -> Manifest {
-    manifest(name, &[THROUGHPUT])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+    stand_in(name, &[THROUGHPUT], port, format!("{gpu},{}", gpu + 1))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env_all(env)
         .verify_all(&[

@@ -7,7 +7,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::lab::{assert_field_has, assert_has, lab, manifest, Manifest, Ran, Reconcile, HANGS};
+use crate::lab::{assert_field_has, assert_has, lab, stand_in, Manifest, Ran, Reconcile, HANGS};
 
 static TURN: Mutex<()> = Mutex::new(());
 
@@ -17,10 +17,7 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
 
 /// A test service on the hangs host, loading in one second.
 fn service(name: &str, port: u16, gpus: &str) -> Manifest {
-    manifest(name, &[HANGS])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", gpus)
+    stand_in(name, &[HANGS], port, gpus)
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&[
             ("crash_window", "2s"),

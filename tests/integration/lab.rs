@@ -927,6 +927,20 @@ pub fn manifest(service: &str, hosts: &[&str]) -> Manifest {
     Manifest::new(service).hosts(hosts)
 }
 
+/// [`manifest`] for a test server of its own: on `hosts` at `port`, on the stand-in GPUs `gpus`
+/// (`"0,1"`) alone, with NCCL's P2P left as the host has it.
+pub fn stand_in(
+    service: &str,
+    hosts: &[&str],
+    port: u16,
+    gpus: impl Into<serde_yaml::Value>,
+) -> Manifest {
+    manifest(service, hosts)
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpus)
+}
+
 /// Sequential round trips to `host` after connecting, from `--trace-remote`'s lines on stderr:
 /// each connection's longest chain (`rounds=`), added up over the connections the run made.
 pub fn round_trips(stderr: &str, host: &str) -> u32 {

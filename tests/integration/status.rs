@@ -6,16 +6,15 @@
 //! GPU pairs of their own among the stand-in's 64.
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{assert_has, classes_of, lab, manifest, Manifest, Ran, Reconcile, SHARED};
+use crate::lab::{
+    assert_has, classes_of, lab, manifest, stand_in, Manifest, Ran, Reconcile, SHARED,
+};
 
 const HOST: &str = SHARED;
 
 /// A service that loads in one second and is verified in seconds (as in `apply.rs`).
 fn service(name: &str, port: u16, gpus: &str) -> Manifest {
-    manifest(name, &[HOST])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", gpus)
+    stand_in(name, &[HOST], port, gpus)
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&STAND_IN_VERIFY)
