@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
-use crate::lab::{assert_has, lab, Manifest, Ran, COORDINATOR, FLEET};
+use crate::lab::{assert_has, lab, stdout_of, Manifest, Ran, COORDINATOR, FLEET};
 
 const BIN: &str = "/usr/local/bin/reconcile";
 const ETCD_PORT: u16 = crate::lab::ETCD.ports.start;
@@ -871,18 +871,10 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let sh = |script: &str| {
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(d)
-            .output()
-            .expect("sh runs");
-        assert!(
-            out.status.success(),
-            "{script}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_of(
+            Command::new("sh").arg("-c").arg(script).current_dir(d),
+            script,
+        )
     };
     // A CA, a server certificate for 127.0.0.1 and a client certificate, as an operator's PKI
     // would issue them.

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use crate::lab::{assert_field_has, assert_has, lab, Reconcile, EXPERIMENT};
+use crate::lab::{assert_field_has, assert_has, lab, names_in, Reconcile, EXPERIMENT};
 
 const UNIT: &str = "t-exp.service";
 
@@ -306,12 +306,7 @@ fn sigterm_in_a_variant_restores_the_baseline_and_resume_finishes() {
     let json = resumed.json();
     assert_eq!(resumed.code, 0, "{json:#}\n{}", resumed.stderr);
     assert_has(&resumed.stderr, "resuming: 0 of 2 variants done");
-    let names: Vec<&str> = json["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let names = names_in(&json["variants"]);
     assert_eq!(names, ["slow-load", "mixed-chunk"]);
     assert_eq!(json["winner"], "mixed-chunk");
     assert!(!argv().contains("--enable-mixed-chunk"));

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
-use crate::lab::{lab, HUB_LEASE};
+use crate::lab::{lab, stdout_of, HUB_LEASE};
 
 /// Where the hub's repositories and its own files live on this machine.
 const ROOT: &str = "/var/lib/reconcile-lab/hub";
@@ -77,16 +77,7 @@ impl Hub {
     /// The hub's own venv, whose `huggingface_hub` is the hub's client.
     pub fn venv(&self) -> PathBuf {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hostlab/hub/install.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .output()
-            .expect("install.sh runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        PathBuf::from(stdout_of(Command::new("bash").arg(script), "install.sh").trim())
     }
 }
 
@@ -99,17 +90,10 @@ pub struct Repo {
 
 impl Repo {
     fn git(&self, args: &[&str]) -> String {
-        let out = Command::new("git")
-            .args(args)
-            .current_dir(&self.dir)
-            .output()
-            .expect("git runs");
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(
+            Command::new("git").args(args).current_dir(&self.dir),
+            &format!("git {args:?}"),
+        )
     }
 
     fn write(&self, path: &str, bytes: &[u8]) {

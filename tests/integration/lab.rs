@@ -887,6 +887,25 @@ pub fn signalled(
     (ran, json)
 }
 
+/// The `name` of each entry of `list` (an experiment's variants, its ranking), in order.
+pub fn names_in(list: &serde_json::Value) -> Vec<&str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["name"].as_str().unwrap())
+        .collect()
+}
+
+/// The seconds the readiness probe took, from its stage's `detail` (`... the probe took 1.2s)`).
+#[track_caller]
+pub fn probe_seconds(detail: &str) -> f64 {
+    detail
+        .split("the probe took ")
+        .nth(1)
+        .and_then(|t| t.trim_end_matches("s)").parse().ok())
+        .unwrap_or_else(|| panic!("no probe time in {detail}"))
+}
+
 /// Sends `signal` (`-TERM`, `-INT`) to `child` with kill(1).
 pub fn send_signal(child: &std::process::Child, signal: &str) {
     let sent = Command::new("kill")
@@ -894,6 +913,21 @@ pub fn send_signal(child: &std::process::Child, signal: &str) {
         .status()
         .expect("kill runs");
     assert!(sent.success());
+}
+
+/// Runs `command` to its end and returns what it wrote; panics naming `what`, with what it wrote
+/// on stderr, when it fails.
+#[track_caller]
+pub fn stdout_of(command: &mut Command, what: &str) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Reboots `host` (`tests/hostlab/reboot.sh`), back up when this returns.
@@ -1148,17 +1182,12 @@ impl Reconcile {
 
     /// The unit text `reconcile render` gives for a host (tests' manifests hold no secrets).
     pub fn rendered(&self, host: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
-            .args(["render", "--host", host])
-            .current_dir(self.dir.path())
-            .output()
-            .expect("reconcile render runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(
+            Command::new(env!("CARGO_BIN_EXE_reconcile"))
+                .args(["render", "--host", host])
+                .current_dir(self.dir.path()),
+            "reconcile render",
+        )
     }
 }
 

@@ -5,7 +5,7 @@
 
 use crate::apply::{apply, assert_rolled_back, france, fresh, passed_stages, service};
 use crate::builder::yaml;
-use crate::lab::{assert_field_has, assert_has, lab, Manifest, APPLY};
+use crate::lab::{assert_field_has, assert_has, lab, probe_seconds, Manifest, APPLY};
 
 fn stage<'a>(verification: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     verification["stages"]
@@ -37,11 +37,7 @@ fn a_health_check_slower_than_a_second_is_waited_for() {
         converges(&service("t-real-slowhealth", 32023).env("FAKE_SGLANG_HEALTH_SECONDS", "3"));
     let readiness = stage(&report["verification"], "readiness");
     let detail = readiness["detail"].as_str().unwrap();
-    let took: f64 = detail
-        .split("the probe took ")
-        .nth(1)
-        .and_then(|t| t.trim_end_matches("s)").parse().ok())
-        .unwrap_or_else(|| panic!("no probe time in {detail}"));
+    let took = probe_seconds(detail);
     assert!(
         took >= 2.9,
         "the 200 came {took}s after the request: {detail}"

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{slots, stage, Service, Shared, HOSTS};
 use crate::builder::yaml;
-use crate::lab::{assert_field_has, assert_has, lab, Manifest, Ran, Reconcile};
+use crate::lab::{assert_field_has, assert_has, lab, probe_seconds, Manifest, Ran, Reconcile};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -21,11 +21,7 @@ fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_rest
     let identity = stage(v, "identity")["detail"].as_str().unwrap();
     assert_has(identity, "`tiny-t-rs-first`");
     let readiness = stage(v, "readiness")["detail"].as_str().unwrap();
-    let took: f64 = readiness
-        .split("the probe took ")
-        .nth(1)
-        .and_then(|t| t.trim_end_matches("s)").parse().ok())
-        .unwrap_or_else(|| panic!("no probe time in {readiness}"));
+    let took = probe_seconds(readiness);
     assert!(
         took >= 0.95,
         "a real /health answered in {took}s: {readiness}"
