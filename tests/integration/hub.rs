@@ -32,14 +32,9 @@ pub fn hub() -> &'static Hub {
         let address = lab().address(host);
         let port = HUB_LEASE.ports.start;
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hostlab/hub/serve.sh");
-        let out = Command::new("bash")
-            .args([script, host, &address, &port.to_string(), ROOT])
-            .output()
-            .expect("serve.sh runs");
-        assert!(
-            out.status.success(),
-            "the lab's hub did not start: {}",
-            String::from_utf8_lossy(&out.stderr)
+        stdout_of(
+            Command::new("bash").args([script, host, &address, &port.to_string(), ROOT]),
+            "serve.sh: the lab's hub did not start",
         );
         Hub {
             root: PathBuf::from(ROOT),

@@ -932,18 +932,14 @@ pub fn stdout_of(command: &mut Command, what: &str) -> String {
 
 /// Reboots `host` (`tests/hostlab/reboot.sh`), back up when this returns.
 pub fn reboot(host: &str) {
-    let rebooted = std::process::Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/hostlab/reboot.sh"
-    ))
-    .arg(host)
-    .env("STATE", lab().file(""))
-    .output()
-    .expect("reboot.sh runs");
-    assert!(
-        rebooted.status.success(),
-        "reboot.sh {host}: {}",
-        String::from_utf8_lossy(&rebooted.stderr)
+    stdout_of(
+        Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/hostlab/reboot.sh"
+        ))
+        .arg(host)
+        .env("STATE", lab().file("")),
+        &format!("reboot.sh {host}"),
     );
 }
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{assert_has, lab, manifest, PACKAGE};
+use crate::lab::{assert_has, lab, manifest, stdout_of, PACKAGE};
 
 const UNIT: &str = "t-pkg.service";
 const REPO: &str = "/root/pkg-repo.git";
@@ -24,18 +24,14 @@ fn root() -> PathBuf {
 
 /// Builds the package from the binary under test; returns its path.
 fn build(out: &Path) -> PathBuf {
-    let ran = Command::new("bash")
-        .arg(root().join("packaging/deb/build.sh"))
-        .env("BIN", env!("CARGO_BIN_EXE_reconcile"))
-        .env("OUT", out)
-        .output()
-        .expect("build.sh runs");
-    assert!(
-        ran.status.success(),
-        "build.sh: {}",
-        String::from_utf8_lossy(&ran.stderr)
+    let built = stdout_of(
+        Command::new("bash")
+            .arg(root().join("packaging/deb/build.sh"))
+            .env("BIN", env!("CARGO_BIN_EXE_reconcile"))
+            .env("OUT", out),
+        "build.sh",
     );
-    let deb = PathBuf::from(String::from_utf8(ran.stdout).unwrap().trim());
+    let deb = PathBuf::from(built.trim());
     lint(&deb);
     deb
 }
@@ -66,15 +62,11 @@ fn node_exporter() -> PathBuf {
         return bin;
     }
     std::fs::create_dir_all(&cache).unwrap();
-    let got = Command::new("apt-get")
-        .args(["download", "-q", "prometheus-node-exporter"])
-        .current_dir(&cache)
-        .output()
-        .expect("apt-get runs");
-    assert!(
-        got.status.success(),
-        "apt-get download prometheus-node-exporter: {}",
-        String::from_utf8_lossy(&got.stderr)
+    stdout_of(
+        Command::new("apt-get")
+            .args(["download", "-q", "prometheus-node-exporter"])
+            .current_dir(&cache),
+        "apt-get download prometheus-node-exporter",
     );
     let deb = std::fs::read_dir(&cache)
         .unwrap()
