@@ -6,8 +6,8 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use crate::lab::{
-    apply_first_unit as apply, assert_has, classes_of, lab, reboot, run_on, Manifest, Reconcile,
-    GUARD,
+    apply_first_unit as apply, assert_has, assert_outcome, classes_of, lab, reboot, run_on,
+    Manifest, Reconcile, GUARD,
 };
 
 const HOST: &str = GUARD.host();
@@ -155,11 +155,7 @@ fn rolled_back_by_the_guard(unit: &str, port: u16, previous: &str) -> String {
 /// A second apply of `m` finds nothing to do.
 fn assert_unchanged(m: &Manifest) {
     let (code, report) = apply(m);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("unchanged")),
-        "{report}"
-    );
+    assert_outcome(code, &report, 0, "unchanged");
 }
 
 fn invocation(unit: &str) -> String {

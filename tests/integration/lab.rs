@@ -1040,6 +1040,16 @@ pub fn assert_starts_with(text: &str, prefix: &str) {
     assert!(text.starts_with(prefix), "{text}");
 }
 
+/// Asserts an apply's exit code and its unit's `outcome` together, showing the report otherwise.
+#[track_caller]
+pub fn assert_outcome(code: i32, report: &serde_json::Value, want: i32, outcome: &str) {
+    assert_eq!(
+        (code, report["outcome"].as_str()),
+        (want, Some(outcome)),
+        "{report:#}"
+    );
+}
+
 /// Asserts that the string at `key` of `report` holds `needle`, showing the whole report when it
 /// does not (or when `key` holds no string).
 #[track_caller]

@@ -4,7 +4,9 @@
 
 use serde_json::Value;
 
-use crate::lab::{apply_one_unit, assert_has, lab, manifest, Manifest, Reconcile, THROUGHPUT};
+use crate::lab::{
+    apply_one_unit, assert_has, assert_outcome, lab, manifest, Manifest, Reconcile, THROUGHPUT,
+};
 
 /// A service on the throughput host that loads in two seconds, on GPUs `gpu` and `gpu + 1`, with
 /// `--mem-fraction-static` (changing it restarts the server) and no load deadline of its own.
@@ -52,11 +54,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
 
     // The first load has no history: nothing is learned or compared.
     let (code, report) = apply_one_unit(&first);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("converged")),
-        "{report}"
-    );
+    assert_outcome(code, &report, 0, "converged");
     assert!(
         report["verification"].get("previous_loads").is_none(),
         "{report}"
@@ -94,11 +92,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
     // A changed flag restarts it: the second load is shown against the first.
     let second = service("t-learned", 37021, 30, 0.85);
     let (code, report) = apply_one_unit(&second);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("converged")),
-        "{report}"
-    );
+    assert_outcome(code, &report, 0, "converged");
     let previous = &report["verification"]["previous_loads"];
     assert_eq!(
         previous["load_seconds"][0].as_f64(),

@@ -9,7 +9,7 @@
 //! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-56 (`lab::QUALITY`).
 
 use crate::builder::yaml;
-use crate::lab::{assert_field_has, assert_has, lab, Manifest, Reconcile};
+use crate::lab::{assert_field_has, assert_has, assert_outcome, lab, Manifest, Reconcile};
 
 const HOST: &str = "rl24";
 
@@ -79,7 +79,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
         .manifest("m.yaml", manifest(service, port, gpu, q))
         .manifest("cases.jsonl", CASES);
     let (code, u) = apply(&first);
-    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_outcome(code, &u, 0, "converged");
     assert_eq!(verdict(&u), "recorded", "{u}");
     let kept = lab.sh(
         HOST,
@@ -104,7 +104,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
     assert_eq!(comment.code, 2, "{}", comment.stderr);
     assert_has(&comment.stdout, "judged on quality");
     let (code, u) = apply(&neutral);
-    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_outcome(code, &u, 0, "converged");
     assert_eq!(verdict(&u), "passed", "{u}");
     assert!(
         u["quality"]["cost"]["wall_seconds"].as_f64().unwrap() > 0.0,
@@ -265,7 +265,7 @@ fn wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported() {
     assert!(u["quality"]["reasons"].to_string().contains("cases"), "{u}");
 
     let (code, u) = run(&wrong, off);
-    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_outcome(code, &u, 0, "converged");
     assert_eq!(verdict(&u), "failed", "measured and reported: {u}");
     assert!(
         u["quality"]["detail"]

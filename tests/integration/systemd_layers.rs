@@ -9,7 +9,9 @@
 //! leases them: the stand-in's GPU memory is per GPU, and a server of another test leaving a
 //! shared GPU reads as a dead rank.
 
-use crate::lab::{assert_field_has, assert_has, classes_of, lab, Manifest, Reconcile};
+use crate::lab::{
+    assert_field_has, assert_has, assert_outcome, classes_of, lab, Manifest, Reconcile,
+};
 
 const HOST: &str = "rl24";
 
@@ -118,11 +120,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
     clean(&unit);
     let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, applied) = apply(&r, &[]);
-    assert_eq!(
-        (code, applied["outcome"].as_str()),
-        (0, Some("converged")),
-        "{applied}"
-    );
+    assert_outcome(code, &applied, 0, "converged");
 
     // What `systemctl edit` writes: the command line reset to --tp-size 1, one GPU.
     let dropin = format!("/etc/systemd/system/{unit}.d/override.conf");
@@ -226,11 +224,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
         manifest(service, port, GPUS).systemd("dropins", "replace"),
     );
     let (code, converged) = apply(&replacing, &[]);
-    assert_eq!(
-        (code, converged["outcome"].as_str()),
-        (0, Some("converged")),
-        "{converged}"
-    );
+    assert_outcome(code, &converged, 0, "converged");
     assert!(
         converged["notes"].to_string().contains("moved aside"),
         "{converged}"
@@ -297,11 +291,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
     );
 
     let (code, converged) = apply(&r, &["--replace-dropins"]);
-    assert_eq!(
-        (code, converged["outcome"].as_str()),
-        (0, Some("converged")),
-        "{converged}"
-    );
+    assert_outcome(code, &converged, 0, "converged");
     assert!(!is_mask());
     assert_eq!(
         lab.sh(HOST, &format!("systemctl is-enabled {unit} || true"))
@@ -386,11 +376,7 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
     );
 
     let (code, converged) = apply(&r, &["--replace-dropins"]);
-    assert_eq!(
-        (code, converged["outcome"].as_str()),
-        (0, Some("converged")),
-        "{converged}"
-    );
+    assert_outcome(code, &converged, 0, "converged");
     assert_eq!(fragment(), format!("/etc/systemd/system/{unit}"));
     assert_eq!(
         lab.sh(
@@ -419,11 +405,7 @@ fn a_disabled_unit_is_planned_named_and_enabled_without_a_restart() {
     clean(&unit);
     let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, applied) = apply(&r, &[]);
-    assert_eq!(
-        (code, applied["outcome"].as_str()),
-        (0, Some("converged")),
-        "{applied}"
-    );
+    assert_outcome(code, &applied, 0, "converged");
     lab.sh(HOST, &format!("systemctl disable {unit}"));
     let before = lab.invocation(HOST, &unit);
 
