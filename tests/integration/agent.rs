@@ -45,6 +45,15 @@ fn round() -> Ran {
     ran
 }
 
+/// A round that exits with `code` and whose report begins with `commit` (its short hash), then
+/// `rest`.
+fn round_on(commit: &str, code: i32, rest: &str) -> Ran {
+    let ran = round();
+    assert_eq!(ran.code, code);
+    assert_starts_with(&ran.stdout, &format!("round {}{rest}", &commit[..12]));
+    ran
+}
+
 /// Commits the manifests as they are in the work tree and pushes; returns the commit.
 fn commit_and_push(message: &str) -> String {
     lab().sh(
@@ -128,14 +137,10 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     let first = commit_and_push("t-agent");
 
     // (i) The first round installs, starts and verifies the unit, and records the commit.
-    let ran = round();
-    assert_eq!(ran.code, 0);
-    assert_starts_with(
-        &ran.stdout,
-        &format!(
-            "round {} (Test Author <author@example.com>): local {UNIT} converged",
-            &first[..12]
-        ),
+    let ran = round_on(
+        &first,
+        0,
+        &format!(" (Test Author <author@example.com>): local {UNIT} converged"),
     );
     assert!(!ran.stdout.contains("t-agent-elsewhere"), "{}", ran.stdout);
     assert_eq!(
@@ -165,14 +170,8 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     // (iii) A changed flag is pulled and applied.
     write_manifest(&text.clone().flag("context-length", 4096));
     let second = commit_and_push("shorter context");
-    let ran = round();
-    assert_eq!(ran.code, 0);
-    assert!(
-        ran.stdout.starts_with(&format!("round {}", &second[..12]))
-            && ran.stdout.contains(&format!("local {UNIT} converged")),
-        "{}",
-        ran.stdout
-    );
+    let ran = round_on(&second, 0, "");
+    assert_has(&ran.stdout, &format!("local {UNIT} converged"));
     let restarted = invocation();
     assert_ne!(
         restarted, started,
@@ -192,15 +191,7 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     write_manifest(&bad);
     let third = commit_and_push("bad port");
     let before = unit_file();
-    let ran = round();
-    assert_eq!(ran.code, 1);
-    assert_starts_with(
-        &ran.stdout,
-        &format!(
-            "round {}: 1 error in manifests, nothing touched",
-            &third[..12]
-        ),
-    );
+    let ran = round_on(&third, 1, ": 1 error in manifests, nothing touched");
     assert!(
         ran.stdout
             .contains(&format!("manifests/t-agent.yaml:{line}:"))

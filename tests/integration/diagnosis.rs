@@ -23,6 +23,25 @@ fn service(name: &str, port: u16, gpu: u32, env: &[(&str, &str)]) -> Manifest {
         ])
 }
 
+/// [`service`] whose server runs out of GPU memory (capped at 300 MB) `at` seconds in, through
+/// the phases that `phases` set.
+fn oom_service(name: &str, port: u16, gpu: u32, phases: &[(&str, &str)], at: &str) -> Manifest {
+    let mut env = phases.to_vec();
+    env.extend([
+        ("FAKE_SGLANG_FAIL", "oom"),
+        ("FAKE_SGLANG_FAIL_AT", at),
+        ("FAKE_SGLANG_OOM_CAP_MB", "300"),
+    ]);
+    service(name, port, gpu, &env)
+}
+
+/// Applies `text`, whose new server fails to start: the run exits 3. Returns the unit's report.
+fn failed_start(text: &Manifest) -> serde_json::Value {
+    let (code, report) = apply_one_unit(text);
+    assert_eq!(code, 3, "{report:#}");
+    report
+}
+
 fn unit_gone(unit: &str) -> bool {
     lab()
         .sh(
@@ -50,19 +69,14 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
     let unit = "t-diag-oom.service";
     lab().remove_unit(THROUGHPUT, unit);
     // The OOM 2 s into a 5-s weights phase: SGLang's traceback from `load_model`, then SIGKILL.
-    let text = service(
+    let text = oom_service(
         "t-diag-oom",
         37001,
         0,
-        &[
-            ("FAKE_SGLANG_LOAD_SECONDS", "5"),
-            ("FAKE_SGLANG_FAIL", "oom"),
-            ("FAKE_SGLANG_FAIL_AT", "2"),
-            ("FAKE_SGLANG_OOM_CAP_MB", "300"),
-        ],
+        &[("FAKE_SGLANG_LOAD_SECONDS", "5")],
+        "2",
     );
-    let (code, report) = apply_one_unit(&text);
-    assert_eq!(code, 3, "{report:#}");
+    let report = failed_start(&text);
     let journal = report["journal"].as_str().unwrap_or_default();
     assert!(
         journal.contains("torch.OutOfMemoryError: CUDA out of memory"),
@@ -108,20 +122,17 @@ fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
     let unit = "t-diag-graph.service";
     lab().remove_unit(THROUGHPUT, unit);
     // Weights in 1 s, then a 6-s capture; the OOM comes 3 s in, inside the capture.
-    let text = service(
+    let text = oom_service(
         "t-diag-graph",
         37002,
         2,
         &[
             ("FAKE_SGLANG_LOAD_SECONDS", "1"),
             ("FAKE_SGLANG_GRAPH_SECONDS", "6"),
-            ("FAKE_SGLANG_FAIL", "oom"),
-            ("FAKE_SGLANG_FAIL_AT", "3"),
-            ("FAKE_SGLANG_OOM_CAP_MB", "300"),
         ],
+        "3",
     );
-    let (code, report) = apply_one_unit(&text);
-    assert_eq!(code, 3, "{report:#}");
+    let report = failed_start(&text);
     assert_field_has(
         &report,
         "journal",
@@ -173,8 +184,7 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
         "systemctl stop t-diag-squatter 2>/dev/null; systemctl reset-failed t-diag-squatter 2>/dev/null; true",
     );
     let text = service("t-diag-port", port, 4, &[("FAKE_SGLANG_LOAD_SECONDS", "3")]);
-    let (code, report) = apply_one_unit(&text);
-    assert_eq!(code, 3, "{report:#}");
+    let report = failed_start(&text);
     assert_eq!(report["failed_stage"], "crash window", "{report:#}");
     assert_field_has(
         &report,

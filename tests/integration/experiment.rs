@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use crate::lab::{assert_field_has, assert_has, lab, names_in, Reconcile, EXPERIMENT};
+use crate::lab::{assert_field_has, assert_has, lab, names_in, Ran, Reconcile, EXPERIMENT};
 
 const UNIT: &str = "t-exp.service";
 
@@ -103,6 +103,18 @@ fn argv() -> String {
     )
 }
 
+/// `reconcile experiment experiment.yaml` in `r`'s folder with `extra` arguments and a JSON
+/// report, which must end with exit code 0: how it ran and the report.
+fn run_experiment(r: &Reconcile, extra: &[&str]) -> (Ran, serde_json::Value) {
+    let mut args = vec!["experiment", "experiment.yaml"];
+    args.extend(extra);
+    args.extend(["--format", "json"]);
+    let ran = r.run_args(&args);
+    let json = ran.json();
+    assert_eq!(ran.code, 0, "{json:#}\n{}", ran.stderr);
+    (ran, json)
+}
+
 fn variant<'a>(json: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     json["variants"]
         .as_array()
@@ -115,17 +127,7 @@ fn variant<'a>(json: &'a serde_json::Value, name: &str) -> &'a serde_json::Value
 fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     let _host = exclusive();
     let r = setup(FOUR);
-    let ran = r.run_args(&[
-        "experiment",
-        "experiment.yaml",
-        "--write",
-        "--chart",
-        "chart.svg",
-        "--format",
-        "json",
-    ]);
-    let json = ran.json();
-    assert_eq!(ran.code, 0, "{json:#}\n{}", ran.stderr);
+    let (ran, json) = run_experiment(&r, &["--write", "--chart", "chart.svg"]);
     assert!(
         ran.stderr.contains("4 variants, about "),
         "the estimate before the start: {}",
@@ -296,15 +298,7 @@ fn sigterm_in_a_variant_restores_the_baseline_and_resume_finishes() {
         .sh(EXPERIMENT, &format!("ls /var/lib/reconcile/{UNIT}"))
         .contains("experiment.json"));
 
-    let resumed = run.run_args(&[
-        "experiment",
-        "experiment.yaml",
-        "--resume",
-        "--format",
-        "json",
-    ]);
-    let json = resumed.json();
-    assert_eq!(resumed.code, 0, "{json:#}\n{}", resumed.stderr);
+    let (resumed, json) = run_experiment(&run, &["--resume"]);
     assert_has(&resumed.stderr, "resuming: 0 of 2 variants done");
     let names = names_in(&json["variants"]);
     assert_eq!(names, ["slow-load", "mixed-chunk"]);
