@@ -1,24 +1,11 @@
 //! `reconcile --dry-run` against real hosts.
 
 use crate::lab::{
-    assert_has, lab, manifest, round_trips, Manifest, Reconcile, BAD_KEY, COUNTED, SHARED,
-    UNREACHABLE,
+    assert_has, install_rendered, lab, manifest, round_trips, Manifest, Reconcile, BAD_KEY,
+    COUNTED, SHARED, UNREACHABLE,
 };
 
 /// Installs what `run` renders for `host` as the host's unit, and has systemd load it.
-fn install_rendered(run: &Reconcile, host: &str, unit: &str) {
-    lab().put(
-        host,
-        &format!("/etc/systemd/system/{unit}"),
-        &run.rendered(host),
-    );
-    // Enabled, as an apply leaves it: a disabled unit is a change of its own.
-    lab().sh(
-        host,
-        &format!("systemctl daemon-reload && systemctl enable {unit}"),
-    );
-}
-
 /// SSH logins the host's sshd has accepted so far; each count is itself one login. journald
 /// takes sshd's lines in when it gets to them, which on a loaded machine can be after the count's
 /// own command ran: the count waits for its own login's line (logged by this session's sshd, the
@@ -70,7 +57,7 @@ fn an_identical_unit_means_nothing_to_do() {
     let run = Reconcile::new()
         .manifest("a.yaml", manifest("t-same", &[SHARED]))
         .args(&["plan", "--format", "json"]);
-    install_rendered(&run, SHARED, "t-same.service");
+    install_rendered(&run, SHARED, "t-same.service", false);
     let ran = run.run();
     ran.assert_code(0);
     let json = ran.json();
@@ -88,7 +75,7 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
     let four_gpus = manifest("t-flags", &[SHARED]).env("CUDA_VISIBLE_DEVICES", "0,1,2,3");
     let before =
         Reconcile::new().manifest("a.yaml", four_gpus.clone().flag("mem-fraction-static", 0.8));
-    install_rendered(&before, SHARED, "t-flags.service");
+    install_rendered(&before, SHARED, "t-flags.service", false);
     let after = four_gpus
         .flag("mem-fraction-static", 0.9)
         .flag("tp-size", 4);
@@ -134,7 +121,7 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_new_description_only_needs_a_reload() {
     let before = Reconcile::new().manifest("a.yaml", manifest("t-desc", &[SHARED]));
-    install_rendered(&before, SHARED, "t-desc.service");
+    install_rendered(&before, SHARED, "t-desc.service", false);
     let after = manifest("t-desc", &[SHARED]).description("renamed");
     let ran = Reconcile::new()
         .manifest("a.yaml", &after)
@@ -414,7 +401,7 @@ fn round_trip_service(i: u16) -> Manifest {
 fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
     // b.yaml, as in the plan below: the rendered unit's header names its manifest file.
     let one = Reconcile::new().manifest("b.yaml", round_trip_service(2));
-    install_rendered(&one, SHARED, "t-round-2.service");
+    install_rendered(&one, SHARED, "t-round-2.service", false);
     let run = Reconcile::new()
         .manifest("a.yaml", round_trip_service(1))
         .manifest("b.yaml", round_trip_service(2))

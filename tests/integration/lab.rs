@@ -930,6 +930,21 @@ pub fn stdout_of(command: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Installs the unit `run` renders for `host` as `unit`, enabled as an apply leaves it (a disabled
+/// unit is a change of its own), and started where `start`: a unit as a past apply left it.
+pub fn install_rendered(run: &Reconcile, host: &str, unit: &str, start: bool) {
+    lab().put(
+        host,
+        &format!("/etc/systemd/system/{unit}"),
+        &run.rendered(host),
+    );
+    let now = if start { " --now" } else { "" };
+    lab().sh(
+        host,
+        &format!("systemctl daemon-reload && systemctl enable{now} {unit}"),
+    );
+}
+
 /// Reboots `host` (`tests/hostlab/reboot.sh`), back up when this returns.
 pub fn reboot(host: &str) {
     stdout_of(

@@ -5,7 +5,8 @@ use std::sync::Once;
 
 use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{
-    assert_has, assert_starts_with, lab, manifest, venv_script, Manifest, Reconcile, ESCAPING,
+    assert_has, assert_starts_with, install_rendered, lab, manifest, venv_script, Manifest,
+    Reconcile, ESCAPING,
 };
 
 const HOST: &str = ESCAPING;
@@ -284,16 +285,7 @@ fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
         .model_path("/models/t-pre-absent")
         .python("/opt/t-pre-py-0.5.9/bin/python3");
     let run = Reconcile::new().manifest("a.yaml", &text);
-    lab().put(
-        HOST,
-        &format!("/etc/systemd/system/{unit}"),
-        &run.rendered(HOST),
-    );
-    // Enabled, as an apply leaves it: a disabled unit is a change of its own.
-    lab().sh(
-        HOST,
-        &format!("systemctl daemon-reload && systemctl enable {unit}"),
-    );
+    install_rendered(&run, HOST, unit, false);
 
     let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
     let planned = &json["units"][0];
@@ -518,15 +510,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         .verify_all(&STAND_IN_VERIFY);
     // The old server, started as a past apply would have left it.
     let run = Reconcile::new().manifest("a.yaml", &v1);
-    lab().put(
-        HOST,
-        &format!("/etc/systemd/system/{unit}"),
-        &run.rendered(HOST),
-    );
-    lab().sh(
-        HOST,
-        &format!("systemctl daemon-reload && systemctl enable --now {unit}"),
-    );
+    install_rendered(&run, HOST, unit, true);
     let before = lab().invocation(HOST, unit);
 
     // A shard cut short (a copy that did not finish), then a change that restarts the server.
