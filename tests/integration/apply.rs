@@ -92,10 +92,7 @@ fn a_no_op_apply_costs_one_round_trip_after_connect() {
     let text = service("t-apply-rounds", 32025);
     let (code, unit) = apply(&text);
     assert_eq!(code, 0, "{unit}");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--format", "json", "--trace-remote"])
-        .run();
+    let ran = run_on(&text, &["apply", "--format", "json", "--trace-remote"]);
     ran.assert_code(0);
     assert_eq!(ran.json()["units"][0]["outcome"], "unchanged");
     let rounds = round_trips(&ran.stderr, APPLY);
@@ -159,10 +156,7 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
 fn an_unknown_flag_is_refused_before_the_host_is_touched() {
     fresh("t-apply-badflag.service");
     let text = service("t-apply-badflag", 32004).flag("enable-fused-moe-sum-allreduce", true);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply"])
-        .run();
+    let ran = run_on(&text, &["apply"]);
     ran.assert_code(1);
     assert!(
         ran.stderr
@@ -471,10 +465,7 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
         &format!("stat -c '%a %U' /var/lib/reconcile/{unit} /var/lib/reconcile/{unit}/lock"),
     );
     assert_eq!(modes, "700 root\n700 root\n");
-    let second = Reconcile::new()
-        .manifest("a.yaml", &slow)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let second = run_on(&slow, &["apply", "--format", "json"]);
     let first = Ran::from(child.wait_with_output().unwrap());
     first.assert_code(0);
     second.assert_code(1);

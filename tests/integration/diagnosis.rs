@@ -5,8 +5,7 @@
 //! GPUs 0-9.
 
 use crate::lab::{
-    apply_one_unit, assert_field_has, assert_has, lab, stand_in, Manifest, Reconcile, Undo,
-    THROUGHPUT,
+    apply_one_unit, assert_field_has, assert_has, lab, run_on, stand_in, Manifest, Undo, THROUGHPUT,
 };
 
 /// A test service on the throughput host: its port, its two GPUs (`gpu`, `gpu + 1`), the
@@ -91,10 +90,7 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
     assert!(unit_gone(unit), "the new unit was not removed");
 
     // The same failure in text: the cause and the advice under the failed unit.
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply"])
-        .run();
+    let ran = run_on(&text, &["apply"]);
     ran.assert_code(3);
     let lines: Vec<&str> = ran.stdout.lines().collect();
     let head = lines

@@ -1,7 +1,7 @@
 //! `reconcile --dry-run` against real hosts.
 
 use crate::lab::{
-    assert_has, install_rendered, lab, manifest, round_trips, Manifest, Reconcile, BAD_KEY,
+    assert_has, install_rendered, lab, manifest, round_trips, run_on, Manifest, Reconcile, BAD_KEY,
     COUNTED, SHARED, UNREACHABLE,
 };
 
@@ -79,10 +79,7 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
     let after = four_gpus
         .flag("mem-fraction-static", 0.9)
         .flag("tp-size", 4);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &after)
-        .args(&["plan", "--format", "json"])
-        .run();
+    let ran = run_on(&after, &["plan", "--format", "json"]);
     ran.assert_code(2);
     let unit = &ran.json()["units"][0];
     assert_eq!(unit["verdict"], "restart");
@@ -123,10 +120,7 @@ fn a_new_description_only_needs_a_reload() {
     let before = Reconcile::new().manifest("a.yaml", manifest("t-desc", &[SHARED]));
     install_rendered(&before, SHARED, "t-desc.service", false);
     let after = manifest("t-desc", &[SHARED]).description("renamed");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &after)
-        .args(&["--dry-run"])
-        .run();
+    let ran = run_on(&after, &["--dry-run"]);
     ran.assert_code(2);
     assert!(
         ran.stdout
@@ -154,10 +148,7 @@ const FIVE: [&str; 5] = ["rl9", "rl5", "rl7", "rl6", "rl8"];
 fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
     let text = manifest("t-group", &FIVE);
     let plan = |format: &str| {
-        let ran = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["plan", "--format", format])
-            .run();
+        let ran = run_on(&text, &["plan", "--format", format]);
         ran.assert_code(2);
         ran
     };
@@ -191,10 +182,7 @@ fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
     let text = manifest("t-badkey", &[BAD_KEY, SHARED]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["--dry-run"])
-        .run();
+    let ran = run_on(&text, &["--dry-run"]);
     ran.assert_code(1);
     let bad = ran
         .stdout
@@ -214,10 +202,7 @@ fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unreachable_host_is_an_error_for_that_host_only() {
     let text = manifest("t-unreach", &[UNREACHABLE, SHARED]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan", "--format", "json"])
-        .run();
+    let ran = run_on(&text, &["plan", "--format", "json"]);
     ran.assert_code(1);
     let json = ran.json();
     let units = json["units"].as_array().unwrap();

@@ -8,7 +8,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::lab::{
-    apply_first_unit as apply, assert_has, lab, manifest, Manifest, Ran, Reconcile, Undo, REBOOT,
+    apply_first_unit as apply, assert_has, lab, manifest, run_on, Manifest, Ran, Reconcile, Undo,
+    REBOOT,
 };
 
 const HOST: &str = "rl11";
@@ -330,10 +331,7 @@ fn assert_intact_then_converges(unit: &str, r: &Rebooted) -> serde_json::Value {
         "the host's guard done restoring after the reboot",
         || crate::guard::guard_state_on(REBOOT, unit) != "rolling_back",
     );
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &r.new)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&r.new, &["apply", "--format", "json"]);
     assert_eq!(ran.code, 0, "the next apply converges: {}", ran.stdout);
     let report = ran.json()["units"][0].clone();
     eprintln!("the next apply: {} {}", report["detail"], report["notes"]);

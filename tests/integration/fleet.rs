@@ -30,6 +30,17 @@ fn fleet_service(name: &str, port: u16, gpus: &str, failing: &[&str], version: &
         ])
 }
 
+/// The budget both failure tests roll out under: a canary, then batches of three, stopping at the
+/// first failure.
+const BATCHES_OF_THREE: [&str; 6] = [
+    "--canary",
+    "1",
+    "--max-parallel",
+    "3",
+    "--max-failures",
+    "1",
+];
+
 fn rollout(text: &Manifest, args: &[&str]) -> (i32, Vec<serde_json::Value>) {
     let mut all = vec!["apply", "--format", "json"];
     all.extend_from_slice(args);
@@ -136,17 +147,7 @@ fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
     clean(unit);
     // Canary rl10, then batches of three: rl5 rl6 rl7 (rl7 fails), then rl8 rl9 never start.
     let text = fleet_service("t-fleet-budget", 34002, "2,3", &["rl7"], "1");
-    let (code, units) = rollout(
-        &text,
-        &[
-            "--canary",
-            "1",
-            "--max-parallel",
-            "3",
-            "--max-failures",
-            "1",
-        ],
-    );
+    let (code, units) = rollout(&text, &BATCHES_OF_THREE);
     assert_eq!(code, 3, "{units:#?}");
     assert_eq!(
         outcomes(&units),
@@ -183,18 +184,7 @@ fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
     assert_eq!(code, 0, "{units:#?}");
     let before: Vec<Option<String>> = FLEET.iter().map(|h| unit_on(h, unit)).collect();
     let v2 = fleet_service("t-fleet-all", 34003, "4,5", &["rl7"], "2");
-    let (code, units) = rollout(
-        &v2,
-        &[
-            "--canary",
-            "1",
-            "--max-parallel",
-            "3",
-            "--max-failures",
-            "1",
-            "--rollback-all",
-        ],
-    );
+    let (code, units) = rollout(&v2, &[&BATCHES_OF_THREE[..], &["--rollback-all"]].concat());
     assert_eq!(code, 3, "{units:#?}");
     assert_eq!(
         outcomes(&units),

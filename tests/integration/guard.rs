@@ -213,10 +213,7 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
         )
     );
     // history keeps what the guard did.
-    let history = Reconcile::new()
-        .manifest("a.yaml", &crashing)
-        .args(&["history", "t-guard-crash", "--format", "json"])
-        .run();
+    let history = run_on(&crashing, &["history", "t-guard-crash", "--format", "json"]);
     let notes = history.json()["hosts"][0]["notes"].to_string();
     assert_has(&notes, "the host's guard rolled back to the previous unit");
     // plan says so of the change asked for again.

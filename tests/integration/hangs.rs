@@ -7,7 +7,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::lab::{assert_field_has, assert_has, lab, stand_in, Manifest, Ran, Reconcile, HANGS};
+use crate::lab::{
+    assert_field_has, assert_has, lab, run_on, stand_in, Manifest, Ran, Reconcile, HANGS,
+};
 
 static TURN: Mutex<()> = Mutex::new(());
 
@@ -85,10 +87,7 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
         // /usr/local/sbin comes before the stand-in's /usr/local/bin on root's PATH.
         let _smi = Planted::script("/usr/local/sbin/nvidia-smi", HANG);
         let started = std::time::Instant::now();
-        let ran = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["plan", "--command-timeout", "2s"])
-            .run();
+        let ran = run_on(&text, &["plan", "--command-timeout", "2s"]);
         ran.assert_code(1);
         let said = format!("{}{}", ran.stdout, ran.stderr);
         assert_has(&said, "`nvidia-smi` on rl14 did not answer in 2s");
@@ -220,10 +219,7 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
             running,
             "{what}: the healthy server was not restarted"
         );
-        let status = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["status", "--format", "json"])
-            .run();
+        let status = run_on(&text, &["status", "--format", "json"]);
         assert!(
             status.stdout.contains("record_unreadable"),
             "{what}: {}{}",

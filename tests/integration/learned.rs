@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use crate::lab::{
-    apply_one_unit, assert_has, assert_outcome, lab, manifest, Manifest, Reconcile, THROUGHPUT,
+    apply_one_unit, assert_has, assert_outcome, lab, manifest, run_on, Manifest, THROUGHPUT,
 };
 
 /// A service on the throughput host that loads in two seconds, on GPUs `gpu` and `gpu + 1`, with
@@ -133,10 +133,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
 
     // A load deadline set in the manifest is kept; the text report compares with the last load.
     let third = service("t-learned", 37021, 30, 0.8).verify("load_deadline", "40s");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &third)
-        .args(&["apply"])
-        .run();
+    let ran = run_on(&third, &["apply"]);
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
     let out = &ran.stdout;
     assert_has(out, "new unit: ready after ");

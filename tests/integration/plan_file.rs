@@ -6,7 +6,8 @@ use sha2::{Digest, Sha256};
 
 use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{
-    assert_has, lab, manifest, venv_script, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED,
+    assert_has, lab, manifest, run_on, venv_script, Manifest, Ran, Reconcile, APPLY, PLAN_FILE,
+    SHARED,
 };
 
 /// A service that loads in a second and is judged over a three-second crash window, on its own
@@ -116,10 +117,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
     let unit = "t-planfile-edited.service";
     fresh(APPLY, unit);
     let text = service("t-planfile-edited", &[APPLY], 39102);
-    let installed = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply"])
-        .run();
+    let installed = run_on(&text, &["apply"]);
     installed.assert_code(0);
     let run = Reconcile::new().manifest("a.yaml", text.clone().flag("context-length", 4096));
     let planned = run.run_args(&["plan", "--out", "plan.json"]);

@@ -5,7 +5,7 @@ use std::sync::Once;
 
 use crate::builder::STAND_IN_VERIFY;
 use crate::lab::{
-    assert_has, assert_starts_with, install_rendered, lab, manifest, venv_script, Manifest,
+    assert_has, assert_starts_with, install_rendered, lab, manifest, run_on, venv_script, Manifest,
     Reconcile, ESCAPING,
 };
 
@@ -103,10 +103,7 @@ fn another_sglang_version_on_the_host_names_both_and_fails_the_plan() {
     assert_eq!(json["tally"]["preflight_errors"], 1);
 
     // The text view shows it under the unit, and the tally says so.
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan"])
-        .run();
+    let ran = run_on(&text, &["plan"]);
     assert_eq!(ran.code, 1);
     assert_has(&ran.stdout, "  preflight: error: the manifest says SGLang 0.5.23 but /opt/t-pre-py-0.5.9/bin/python3 on the host has SGLang 0.5.9");
     assert_has(&ran.stdout, ", 1 failed preflight");
@@ -253,10 +250,7 @@ fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
 fn apply_refuses_a_unit_that_fails_preflight_and_touches_nothing() {
     let unit = "t-pre-apply.service";
     let text = service("t-pre-apply", 33008).model_path("/models/t-pre-absent");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&text, &["apply", "--format", "json"]);
     ran.assert_code(1);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "error", "{report:#}");
@@ -516,10 +510,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
     // A shard cut short (a copy that did not finish), then a change that restarts the server.
     lab().sh(HOST, &format!("truncate -s -100 {model}/s2.safetensors"));
     let v2 = v1.clone().flag("mem-fraction-static", 0.8);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &v2)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&v2, &["apply", "--format", "json"]);
     ran.assert_code(1);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "error", "{report:#}");
@@ -554,10 +545,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
 
     // Applied now: the weights are staged into the page cache before the old server stops (they
     // fit in the host's memory), and the report says so.
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &v2)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&v2, &["apply", "--format", "json"]);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "converged", "{report:#}");
     assert_ne!(lab().invocation(HOST, unit), before, "restarted");

@@ -5,7 +5,7 @@
 
 use crate::apply::{apply, assert_rolled_back, france, fresh, passed_stages, service};
 use crate::builder::yaml;
-use crate::lab::{assert_field_has, assert_has, lab, probe_seconds, Manifest, APPLY};
+use crate::lab::{assert_field_has, assert_has, lab, probe_seconds, run_on, Manifest, APPLY};
 
 fn stage<'a>(verification: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     verification["stages"]
@@ -112,10 +112,7 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
     let text = service("t-real-apikey", 32008)
         .verify("smoke", france())
         .flag("api-key", key);
-    let ran = crate::lab::Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&text, &["apply", "--format", "json"]);
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
     let report = &ran.json()["units"][0];
     assert_eq!(

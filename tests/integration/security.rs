@@ -2,7 +2,7 @@
 //! data, never code, on the host.
 
 use crate::lab::{
-    assert_has, lab, manifest, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY, SECURITY,
+    assert_has, lab, manifest, run_on, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY, SECURITY,
 };
 
 const CANARIES: [&str; 3] = [
@@ -66,13 +66,7 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
                 .run(),
         ));
     }
-    runs.push((
-        "render".into(),
-        Reconcile::new()
-            .manifest("a.yaml", &good)
-            .args(&["render"])
-            .run(),
-    ));
+    runs.push(("render".into(), run_on(&good, &["render"])));
     // While the applies run, a local user reads every command line: no secret of the
     // environment is on any (the server's own carries its --api-key, as SGLang reads it).
     let ((), seen) = scanning(APPLY, "canary", &CANARIES[..2], || {
@@ -110,10 +104,7 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
     let bad = good
         .clone()
         .env("MY_CREDS", format!("{}\nsecond line", CANARIES[1]));
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &bad)
-        .args(&["plan"])
-        .run();
+    let ran = run_on(&bad, &["plan"]);
     assert_eq!(ran.code, 1);
     assert!(
         ran.stderr
@@ -225,10 +216,7 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
             ("stall_timeout", "5s"),
             ("load_deadline", "20s"),
         ]);
-    let plan = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan", "--format", "json"])
-        .run();
+    let plan = run_on(&text, &["plan", "--format", "json"]);
     plan.assert_code(2);
     assert!(
         plan.json()["units"][0]["preflight"]
@@ -239,10 +227,7 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
         plan.stdout
     );
     let (code, report) = {
-        let ran = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["apply", "--format", "json"])
-            .run();
+        let ran = run_on(&text, &["apply", "--format", "json"]);
         (ran.code, ran.json()["units"][0].clone())
     };
     assert_eq!(code, 0, "{report:#}");
@@ -275,10 +260,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
     let known = lab().file("known_hosts_new");
     std::fs::write(&known, "").unwrap();
     let text = manifest("t-sec-newkey", &[NEW_KEY]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan"])
-        .run();
+    let ran = run_on(&text, &["plan"]);
     ran.assert_code(1);
     assert_has(&ran.stdout, "Host key verification failed");
     assert_eq!(
@@ -286,10 +268,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         "",
         "nothing recorded without the flag"
     );
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan", "--accept-new-host-keys"])
-        .run();
+    let ran = run_on(&text, &["plan", "--accept-new-host-keys"]);
     ran.assert_code(2);
     assert!(
         std::fs::read_to_string(&known)
@@ -298,10 +277,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         "the new key is recorded"
     );
     let changed = manifest("t-sec-newkey", &[BAD_KEY]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &changed)
-        .args(&["plan", "--accept-new-host-keys"])
-        .run();
+    let ran = run_on(&changed, &["plan", "--accept-new-host-keys"]);
     assert_eq!(
         ran.code, 1,
         "a changed key is refused even with the flag: {}",
@@ -439,10 +415,7 @@ chown -R nobody "$site""#,
     let root_unit = manifest("t-sec-venv", &[host])
         .port(38004)
         .python(format!("{venv}/bin/python3").as_str());
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &root_unit)
-        .args(&["plan", "--format", "json", "--deep"])
-        .run();
+    let ran = run_on(&root_unit, &["plan", "--format", "json", "--deep"]);
     let found = preflight_of(&ran);
     let owner: Vec<&String> = found
         .iter()
@@ -520,10 +493,10 @@ fn no_process_of_reconcile_on_the_host_carries_a_secret_on_its_command_line() {
         "argv",
         &["sk-canary-argv-7d1e", "hf_canary_argv_90ab"],
         || {
-            Reconcile::new()
-                .manifest("a.yaml", &unit)
-                .args(&["plan", "--format", "json", "--deep", "--trace-remote"])
-                .run()
+            run_on(
+                &unit,
+                &["plan", "--format", "json", "--deep", "--trace-remote"],
+            )
         },
     );
     assert!(
@@ -590,10 +563,7 @@ fn a_journal_full_of_escape_sequences_is_shown_not_acted_on() {
         .port(38006)
         .python(python)
         .verify_all(&[("crash_window", "3s"), ("load_deadline", "20s")]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--no-deep"])
-        .run();
+    let ran = run_on(&text, &["apply", "--no-deep"]);
     ran.assert_code(3);
     assert_has(&ran.stdout, "\\x1b]0;owned\\x07title set");
     assert_has(&ran.stdout, "\\x1b[2Jscreen cleared");
@@ -607,11 +577,7 @@ fn a_journal_full_of_escape_sequences_is_shown_not_acted_on() {
         "{}",
         ran.stdout
     );
-    let json = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--no-deep", "--format", "json"])
-        .run()
-        .json();
+    let json = run_on(&text, &["apply", "--no-deep", "--format", "json"]).json();
     let journal = json["units"][0]["journal"].as_str().unwrap_or_default();
     assert!(journal.contains("\u{1b}]0;owned\u{7}"), "{json:#}");
     assert!(
