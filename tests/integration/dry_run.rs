@@ -40,11 +40,9 @@ fn a_host_without_the_unit_gets_it_installed() {
         .args(&["--dry-run"]);
     let ran = run.run();
     ran.assert_code(2);
-    assert!(
-        ran.stdout
-            .contains("rl1 t-missing.service: new unit (install, enable, start)"),
-        "{}",
-        ran.stdout
+    assert_has(
+        &ran.stdout,
+        "rl1 t-missing.service: new unit (install, enable, start)",
     );
     assert_has(&ran.stdout, "on the host now: not installed");
     assert_has(&ran.stdout, "--- /dev/null");
@@ -122,17 +120,13 @@ fn a_new_description_only_needs_a_reload() {
     let after = manifest("t-desc", &[SHARED]).description("renamed");
     let ran = run_on(&after, &["--dry-run"]);
     ran.assert_code(2);
-    assert!(
-        ran.stdout
-            .contains("t-desc.service: reload only (daemon-reload, no restart)"),
-        "{}",
-        ran.stdout
+    assert_has(
+        &ran.stdout,
+        "t-desc.service: reload only (daemon-reload, no restart)",
     );
-    assert!(
-        ran.stdout
-            .contains("~ Unit.Description test service t-desc -> renamed"),
-        "{}",
-        ran.stdout
+    assert_has(
+        &ran.stdout,
+        "~ Unit.Description test service t-desc -> renamed",
     );
     assert_eq!(
         changed_lines(&ran.stdout.replace("    ", "")),
@@ -319,11 +313,9 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
         .args(&["--dry-run"])
         .run();
     ran.assert_code(1);
-    assert!(
-        ran.stderr
-            .contains("manifests/a.yaml:10:3: sglang.port: port must be between 1 and 65535"),
-        "{}",
-        ran.stderr
+    assert_has(
+        &ran.stderr,
+        "manifests/a.yaml:10:3: sglang.port: port must be between 1 and 65535",
     );
     assert_has(
         &ran.stderr,
@@ -333,12 +325,7 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
         &ran.stderr,
         "manifests/b.yaml:16:3: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name",
     );
-    assert!(
-        ran.stderr
-            .contains("3 errors in manifests; no host was contacted"),
-        "{}",
-        ran.stderr
-    );
+    assert_has(&ran.stderr, "3 errors in manifests; no host was contacted");
     assert!(ran.stdout.is_empty());
     assert_eq!(
         logins() - before,

@@ -106,12 +106,7 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
         .env("MY_CREDS", format!("{}\nsecond line", CANARIES[1]));
     let ran = run_on(&bad, &["plan"]);
     assert_eq!(ran.code, 1);
-    assert!(
-        ran.stderr
-            .contains("env.MY_CREDS: the value holds a newline"),
-        "{}",
-        ran.stderr
-    );
+    assert_has(&ran.stderr, "env.MY_CREDS: the value holds a newline");
     assert_no_canary("a validation error", &ran.stderr);
     // The host keeps what it must (the unit, its generations: 0600 root) and no record holds a secret.
     let records = lab().sh(
@@ -141,10 +136,9 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
             "another local user reads {canary}:\n{seen_by_nobody}"
         );
     }
-    assert!(
-        seen_by_nobody
-            .contains("EnvironmentFiles=/var/lib/reconcile/secrets/t-sec-canary.service-"),
-        "{seen_by_nobody}"
+    assert_has(
+        &seen_by_nobody,
+        "EnvironmentFiles=/var/lib/reconcile/secrets/t-sec-canary.service-",
     );
     assert_has(&seen_by_nobody, "Permission denied");
     // Root's alone, in folders root's alone; and the server got every value exactly.
@@ -283,12 +277,7 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         "a changed key is refused even with the flag: {}",
         ran.stdout
     );
-    assert!(
-        ran.stdout
-            .contains("REMOTE HOST IDENTIFICATION HAS CHANGED"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, "REMOTE HOST IDENTIFICATION HAS CHANGED");
 }
 
 /// Runs `run` while a local user (`nobody`) reads every command line on `host` over and over,
@@ -571,11 +560,9 @@ fn a_journal_full_of_escape_sequences_is_shown_not_acted_on() {
         !ran.stdout.contains('\u{1b}'),
         "an escape reached the terminal"
     );
-    assert!(
-        ran.stdout
-            .contains("more characters; --format json has the whole line]"),
-        "{}",
-        ran.stdout
+    assert_has(
+        &ran.stdout,
+        "more characters; --format json has the whole line]",
     );
     let json = run_on(&text, &["apply", "--no-deep", "--format", "json"]).json();
     let journal = json["units"][0]["journal"].as_str().unwrap_or_default();

@@ -270,11 +270,9 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
     // A deployment that does not exist is refused, naming those that do.
     let ran = run(&v3, &["rollback", "t-st-hist", "--to", "9"]);
     ran.assert_code(1);
-    assert!(
-        ran.stdout
-            .contains("there is no deployment 9 (3 recorded; kept: 1, 2, 3)"),
-        "{}",
-        ran.stdout
+    assert_has(
+        &ran.stdout,
+        "there is no deployment 9 (3 recorded; kept: 1, 2, 3)",
     );
 
     let ran = run(
