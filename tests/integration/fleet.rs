@@ -2,7 +2,7 @@
 //! budget and --rollback-all, on six test hosts of their own.
 
 use crate::builder::map;
-use crate::lab::{lab, manifest, Manifest, Reconcile, UNREACHABLE};
+use crate::lab::{lab, manifest, run_on, Manifest, Reconcile, UNREACHABLE};
 
 /// The fleet's hosts in the order a rollout takes them (sorted by name).
 const FLEET: [&str; 6] = ["rl10", "rl5", "rl6", "rl7", "rl8", "rl9"];
@@ -44,28 +44,19 @@ const BATCHES_OF_THREE: [&str; 6] = [
 fn rollout(text: &Manifest, args: &[&str]) -> (i32, Vec<serde_json::Value>) {
     let mut all = vec!["apply", "--format", "json"];
     all.extend_from_slice(args);
-    let ran = Reconcile::new().manifest("a.yaml", text).args(&all).run();
+    let ran = run_on(text, &all);
     let units = ran.json()["units"].as_array().unwrap().clone();
     (ran.code, units)
 }
 
-fn outcomes(units: &[serde_json::Value]) -> Vec<(String, String)> {
-    units
+/// Asserts each unit's host and outcome, in the report's order.
+#[track_caller]
+fn assert_outcomes(units: &[serde_json::Value], expected: &[(&str, &str)]) {
+    let outcomes: Vec<(&str, &str)> = units
         .iter()
-        .map(|u| {
-            (
-                u["host"].as_str().unwrap().into(),
-                u["outcome"].as_str().unwrap().into(),
-            )
-        })
-        .collect()
-}
-
-fn expect(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(h, o)| (h.to_string(), o.to_string()))
-        .collect()
+        .map(|u| (u["host"].as_str().unwrap(), u["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(outcomes, expected);
 }
 
 fn unit_on(host: &str, unit: &str) -> Option<String> {
@@ -116,16 +107,16 @@ fn a_failing_canary_stops_the_rollout_before_any_other_host_is_touched() {
     let text = fleet_service("t-fleet-canary", 34001, "0,1", &["rl10"], "1");
     let (code, units) = rollout(&text, &["--canary", "1", "--max-parallel", "5"]);
     assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
+    assert_outcomes(
+        &units,
+        &[
             ("rl10", "rolled_back"),
             ("rl5", "not_started"),
             ("rl6", "not_started"),
             ("rl7", "not_started"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     assert!(
         units[1]["detail"]
@@ -149,16 +140,16 @@ fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
     let text = fleet_service("t-fleet-budget", 34002, "2,3", &["rl7"], "1");
     let (code, units) = rollout(&text, &BATCHES_OF_THREE);
     assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
+    assert_outcomes(
+        &units,
+        &[
             ("rl10", "converged"),
             ("rl5", "converged"),
             ("rl6", "converged"),
             ("rl7", "rolled_back"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     assert!(
         units[4]["detail"]
@@ -186,16 +177,16 @@ fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
     let v2 = fleet_service("t-fleet-all", 34003, "4,5", &["rl7"], "2");
     let (code, units) = rollout(&v2, &[&BATCHES_OF_THREE[..], &["--rollback-all"]].concat());
     assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
+    assert_outcomes(
+        &units,
+        &[
             ("rl10", "rolled_back"),
             ("rl5", "rolled_back"),
             ("rl6", "rolled_back"),
             ("rl7", "rolled_back"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     assert!(
         units[0]["detail"]
@@ -255,16 +246,16 @@ fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
         .collect();
     let (code, units) = rollout(&release2, &["--canary", "1", "--max-parallel", "5"]);
     assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
+    assert_outcomes(
+        &units,
+        &[
             ("rl10", "unchanged"),
             ("rl5", "rolled_back"),
             ("rl6", "not_started"),
             ("rl7", "not_started"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     let after: Vec<String> = FLEET[2..]
         .iter()
