@@ -41,6 +41,14 @@ const BATCHES_OF_THREE: [&str; 6] = [
     "1",
 ];
 
+/// [`rollout`] that must end with exit code `code`: the units' reports.
+#[track_caller]
+fn rollout_ending(code: i32, text: &Manifest, args: &[&str]) -> Vec<serde_json::Value> {
+    let (got, units) = rollout(text, args);
+    assert_eq!(got, code, "{units:#?}");
+    units
+}
+
 fn rollout(text: &Manifest, args: &[&str]) -> (i32, Vec<serde_json::Value>) {
     let mut all = vec!["apply", "--format", "json"];
     all.extend_from_slice(args);
@@ -105,8 +113,7 @@ fn a_failing_canary_stops_the_rollout_before_any_other_host_is_touched() {
     let unit = "t-fleet-canary.service";
     clean(unit);
     let text = fleet_service("t-fleet-canary", 34001, "0,1", &["rl10"], "1");
-    let (code, units) = rollout(&text, &["--canary", "1", "--max-parallel", "5"]);
-    assert_eq!(code, 3, "{units:#?}");
+    let units = rollout_ending(3, &text, &["--canary", "1", "--max-parallel", "5"]);
     assert_outcomes(
         &units,
         &[
@@ -138,8 +145,7 @@ fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
     clean(unit);
     // Canary rl10, then batches of three: rl5 rl6 rl7 (rl7 fails), then rl8 rl9 never start.
     let text = fleet_service("t-fleet-budget", 34002, "2,3", &["rl7"], "1");
-    let (code, units) = rollout(&text, &BATCHES_OF_THREE);
-    assert_eq!(code, 3, "{units:#?}");
+    let units = rollout_ending(3, &text, &BATCHES_OF_THREE);
     assert_outcomes(
         &units,
         &[
@@ -171,12 +177,14 @@ fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
     let unit = "t-fleet-all.service";
     clean(unit);
     let v1 = fleet_service("t-fleet-all", 34003, "4,5", &[], "1");
-    let (code, units) = rollout(&v1, &["--max-parallel", "6"]);
-    assert_eq!(code, 0, "{units:#?}");
+    rollout_ending(0, &v1, &["--max-parallel", "6"]);
     let before: Vec<Option<String>> = FLEET.iter().map(|h| unit_on(h, unit)).collect();
     let v2 = fleet_service("t-fleet-all", 34003, "4,5", &["rl7"], "2");
-    let (code, units) = rollout(&v2, &[&BATCHES_OF_THREE[..], &["--rollback-all"]].concat());
-    assert_eq!(code, 3, "{units:#?}");
+    let units = rollout_ending(
+        3,
+        &v2,
+        &[&BATCHES_OF_THREE[..], &["--rollback-all"]].concat(),
+    );
     assert_outcomes(
         &units,
         &[
@@ -232,11 +240,11 @@ fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
     clean(unit);
     // Release 1 everywhere; then release 2, already on rl10 (the first host by name) and crashing
     // on rl5, the first host that has work.
-    let (code, _) = rollout(
+    rollout_ending(
+        0,
         &fleet_service("t-fleet-uptodate", 34004, "6,7", &[], "1"),
         &["--canary", "1", "--max-parallel", "6"],
     );
-    assert_eq!(code, 0);
     let release2 = fleet_service("t-fleet-uptodate", 34004, "6,7", &["rl5"], "2");
     let (code, _) = rollout(&release2, &["--host", "rl10"]);
     assert_eq!(code, 0, "rl10 took release 2");
@@ -244,8 +252,7 @@ fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
         .iter()
         .map(|h| unit_on(h, unit).unwrap())
         .collect();
-    let (code, units) = rollout(&release2, &["--canary", "1", "--max-parallel", "5"]);
-    assert_eq!(code, 3, "{units:#?}");
+    let units = rollout_ending(3, &release2, &["--canary", "1", "--max-parallel", "5"]);
     assert_outcomes(
         &units,
         &[
