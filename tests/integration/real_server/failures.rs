@@ -44,14 +44,24 @@ fn cause(report: &serde_json::Value) -> String {
         .to_string()
 }
 
+/// Takes a turn on `on`'s server and applies its good manifest with `flag` set to `value`: the
+/// start fails and is rolled back ([`rolled_back`]). Returns the report and its diagnosis's cause.
+fn with_bad_flag(
+    on: &'static Shared,
+    flag: &str,
+    value: impl Into<serde_yaml::Value>,
+) -> (serde_json::Value, String) {
+    let turn = on.take();
+    let bad = on.good().flag(flag, value);
+    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
+    let cause = cause(&report);
+    (report, cause)
+}
+
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
-    let turn = ON_FIRST.take();
-    let s = turn.service();
-    let bad = ON_FIRST.good().flag("context-length", 2 * MODEL_CONTEXT);
-    let report = rolled_back(s, &bad.manifest(), &["--no-deep"]);
-    let cause = cause(&report);
+    let (report, cause) = with_bad_flag(&ON_FIRST, "context-length", 2 * MODEL_CONTEXT);
     assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
     let advice = report["diagnosis"]["advice"].as_str().unwrap();
     assert_has(advice, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN");
@@ -82,12 +92,7 @@ fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
-    let turn = ON_FIRST.take();
-    let bad = ON_FIRST
-        .good()
-        .flag("chat-template", "/models/no-such-template.jinja");
-    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
-    let cause = cause(&report);
+    let (_, cause) = with_bad_flag(&ON_FIRST, "chat-template", "/models/no-such-template.jinja");
     assert_has(&cause, "/models/no-such-template.jinja");
 }
 
@@ -96,10 +101,7 @@ fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
 fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
     // `--quantization fp8` is refused only on a CPU without AMX, and `--dtype float16` is served:
     // an fp8 KV cache is what the CPU engine refuses on every machine.
-    let turn = ON_SECOND.take();
-    let bad = ON_SECOND.good().flag("kv-cache-dtype", "fp8_e5m2");
-    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
-    let cause = cause(&report);
+    let (_, cause) = with_bad_flag(&ON_SECOND, "kv-cache-dtype", "fp8_e5m2");
     assert_has(&cause, "fp8_e5m2");
 }
 
