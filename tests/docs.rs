@@ -86,6 +86,30 @@ fn without_code_spans(text: &str) -> String {
     out
 }
 
+/// The index of the `close` that matches the `open` at `from`, nesting; `None` where there is
+/// none, or (`within_paragraph`) none before a blank line.
+fn matching(
+    chars: &[char],
+    from: usize,
+    (open, close): (char, char),
+    within_paragraph: bool,
+) -> Option<usize> {
+    let mut depth = 0;
+    for (k, &c) in chars.iter().enumerate().skip(from) {
+        if c == open {
+            depth += 1;
+        } else if c == close {
+            depth -= 1;
+            if depth == 0 {
+                return Some(k);
+            }
+        } else if within_paragraph && c == '\n' && chars.get(k + 1) == Some(&'\n') {
+            return None;
+        }
+    }
+    None
+}
+
 /// Every inline link `[text](target)` and image `![alt](target)`, and every reference
 /// definition `[label]: target`, outside code.
 fn links(text: &str) -> Vec<Link> {
@@ -100,48 +124,13 @@ fn links(text: &str) -> Vec<Link> {
             continue;
         }
         // The matching `]`, brackets nesting.
-        let mut depth = 0;
-        let mut j = i;
-        let mut close = None;
-        while j < chars.len() {
-            match chars[j] {
-                '[' => depth += 1,
-                ']' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        close = Some(j);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-            j += 1;
-        }
-        let Some(close) = close else {
+        let Some(close) = matching(&chars, i, ('[', ']'), false) else {
             i += 1;
             continue;
         };
         if chars.get(close + 1) == Some(&'(') {
-            // The matching `)`, parentheses nesting.
-            let mut depth = 0;
-            let mut k = close + 1;
-            let mut end = None;
-            while k < chars.len() {
-                match chars[k] {
-                    '(' => depth += 1,
-                    ')' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            end = Some(k);
-                            break;
-                        }
-                    }
-                    '\n' if chars.get(k + 1) == Some(&'\n') => break,
-                    _ => {}
-                }
-                k += 1;
-            }
-            if let Some(end) = end {
+            // The matching `)`, parentheses nesting, within the paragraph.
+            if let Some(end) = matching(&chars, close + 1, ('(', ')'), true) {
                 let inner: String = chars[close + 2..end].iter().collect();
                 let inner = inner.trim();
                 // `<target>` or `target "title"`.

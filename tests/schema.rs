@@ -82,11 +82,16 @@ fn every_manifest_in_the_repository_names_the_schema_and_passes_it() {
     }
 }
 
+/// The manifests of `fixtures/schema/KIND`, at least `at_least` of them.
+fn fixtures(kind: &str, at_least: usize) -> Vec<PathBuf> {
+    let files = yaml_files(&root().join("fixtures/schema").join(kind));
+    assert!(files.len() >= at_least);
+    files
+}
+
 #[test]
 fn the_schema_and_the_parser_accept_the_same_valid_manifests() {
-    let valid = yaml_files(&root().join("fixtures/schema/valid"));
-    assert!(valid.len() >= 3);
-    for path in valid {
+    for path in fixtures("valid", 3) {
         let (schema_errors, parsed) = judged(&path);
         assert!(
             schema_errors.is_empty(),
@@ -103,9 +108,7 @@ fn the_schema_and_the_parser_accept_the_same_valid_manifests() {
 
 #[test]
 fn what_the_parser_refuses_the_schema_refuses() {
-    let invalid = yaml_files(&root().join("fixtures/schema/invalid"));
-    assert!(invalid.len() >= 15);
-    for path in invalid {
+    for path in fixtures("invalid", 15) {
         let (schema_errors, parsed) = judged(&path);
         assert!(parsed.is_err(), "{}: the parser accepts it", path.display());
         assert!(

@@ -367,6 +367,18 @@ fn arming(kind: Kind, run: &str) -> Record {
 }
 
 impl Protocol {
+    /// The protocol as core runs it (its guard's judge, arming before the write, its rule for
+    /// confirming), for a change of `kind` to servers that behave as `behaviours`.
+    fn of_core(kind: Kind, behaviours: &[Behaviour]) -> Protocol {
+        Protocol {
+            kind,
+            behaviours: behaviours.to_vec(),
+            judge: core_judge,
+            order: Order::ArmThenWrite,
+            confirms: core_confirms,
+        }
+    }
+
     fn boot_id(s: &State) -> String {
         format!("boot-{}", s.boots)
     }
@@ -1003,6 +1015,18 @@ fn counterexample(protocol: Protocol, property: &'static str) -> State {
     trace.last_state().clone()
 }
 
+/// [`counterexample`] to `property` of core's protocol for a change of `kind` to a fast server,
+/// its guard deciding by `judge`, a judge broken on purpose.
+fn judged_wrong(kind: Kind, judge: GuardJudge, property: &'static str) -> State {
+    counterexample(
+        Protocol {
+            judge,
+            ..Protocol::of_core(kind, &[Behaviour::Fast])
+        },
+        property,
+    )
+}
+
 /// One line of a state, for a counterexample's trace.
 fn brief(s: &State) -> String {
     format!(
@@ -1025,30 +1049,24 @@ fn brief(s: &State) -> String {
 
 #[test]
 fn a_restart_holds_every_property_whatever_crashes_cuts_reboots_or_stale_runs() {
-    let states = check(Protocol {
-        kind: Kind::Restart,
-        behaviours: vec![
+    let states = check(Protocol::of_core(
+        Kind::Restart,
+        &[
             Behaviour::Fast,
             Behaviour::Slow,
             Behaviour::CrashLoop,
             Behaviour::Hang,
         ],
-        judge: core_judge,
-        order: Order::ArmThenWrite,
-        confirms: core_confirms,
-    });
+    ));
     assert!(states > 1000, "the model explored only {states} states");
 }
 
 #[test]
 fn a_live_change_holds_every_property_whatever_crashes_cuts_reboots_or_stale_runs() {
-    let states = check(Protocol {
-        kind: Kind::Live,
-        behaviours: vec![Behaviour::Fast, Behaviour::Hang],
-        judge: core_judge,
-        order: Order::ArmThenWrite,
-        confirms: core_confirms,
-    });
+    let states = check(Protocol::of_core(
+        Kind::Live,
+        &[Behaviour::Fast, Behaviour::Hang],
+    ));
     assert!(states > 1000, "the model explored only {states} states");
 }
 
@@ -1067,14 +1085,9 @@ fn judge_keeping_untold_live(g: &Record, f: &Facts, at: f64, healthy: bool) -> (
 #[test]
 fn keeping_a_live_change_never_told_leaves_the_new_file_over_the_old_values() {
     // The checker finds the previous values kept under the new file.
-    let last = counterexample(
-        Protocol {
-            kind: Kind::Live,
-            behaviours: vec![Behaviour::Fast],
-            judge: judge_keeping_untold_live,
-            order: Order::ArmThenWrite,
-            confirms: core_confirms,
-        },
+    let last = judged_wrong(
+        Kind::Live,
+        judge_keeping_untold_live,
         "P5 every ending serves a known unit",
     );
     assert_eq!(last.effective(), Some(Def::Previous));
@@ -1098,11 +1111,9 @@ fn confirming_a_kept_live_change_records_values_the_server_never_took() {
     // The checker finds a live change confirmed that the server never took.
     let last = counterexample(
         Protocol {
-            kind: Kind::Live,
-            behaviours: vec![Behaviour::Fast],
             judge: judge_keeping_untold_live,
-            order: Order::ArmThenWrite,
             confirms: confirms_any_kept,
+            ..Protocol::of_core(Kind::Live, &[Behaviour::Fast])
         },
         "P1 converged means the new unit runs",
     );
@@ -1112,13 +1123,10 @@ fn confirming_a_kept_live_change_records_values_the_server_never_took() {
 
 #[test]
 fn a_confirm_holds_every_property_whatever_crashes_cuts_reboots_or_stale_runs() {
-    let states = check(Protocol {
-        kind: Kind::Confirm,
-        behaviours: vec![Behaviour::Fast, Behaviour::CrashLoop, Behaviour::Hang],
-        judge: core_judge,
-        order: Order::ArmThenWrite,
-        confirms: core_confirms,
-    });
+    let states = check(Protocol::of_core(
+        Kind::Confirm,
+        &[Behaviour::Fast, Behaviour::CrashLoop, Behaviour::Hang],
+    ));
     assert!(states > 100, "the model explored only {states} states");
 }
 
@@ -1130,11 +1138,8 @@ fn a_write_before_the_arming_leaves_the_new_file_unguarded_and_the_checker_says_
     // The checker finds the window between the write and the arming.
     let last = counterexample(
         Protocol {
-            kind: Kind::Restart,
-            behaviours: vec![Behaviour::Fast],
-            judge: core_judge,
             order: Order::WriteThenArm,
-            confirms: core_confirms,
+            ..Protocol::of_core(Kind::Restart, &[Behaviour::Fast])
         },
         WRITE_WINDOW,
     );
@@ -1165,14 +1170,9 @@ fn a_guard_broken_on_purpose_is_caught_with_its_trace() {
     // The checker finds the old server kept as the new unit.
     // The trace ends with the guard's keep of a unit that never started: the previous server
     // runs under the new file, recorded by the guard as the new unit kept unconfirmed.
-    let last = counterexample(
-        Protocol {
-            kind: Kind::Restart,
-            behaviours: vec![Behaviour::Fast],
-            judge: judge_keeping_what_never_started,
-            order: Order::ArmThenWrite,
-            confirms: core_confirms,
-        },
+    let last = judged_wrong(
+        Kind::Restart,
+        judge_keeping_what_never_started,
         "P5 every ending serves a known unit",
     );
     assert_eq!(last.unit.running.map(|(d, _)| d), Some(Def::Previous));

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, Manifest, Ran, AGENT};
+use crate::lab::{assert_has, assert_starts_with, lab, manifest, Manifest, Ran, AGENT};
 
 const UNIT: &str = "t-agent.service";
 const REPO: &str = "/root/agent-repo.git";
@@ -42,6 +42,15 @@ fn round() -> Ran {
         "agent round, exit {}:\n{}{}",
         ran.code, ran.stdout, ran.stderr
     );
+    ran
+}
+
+/// A round that exits with `code` and whose report begins with `commit` (its short hash), then
+/// `rest`.
+fn round_on(commit: &str, code: i32, rest: &str) -> Ran {
+    let ran = round();
+    assert_eq!(ran.code, code);
+    assert_starts_with(&ran.stdout, &format!("round {}{rest}", &commit[..12]));
     ran
 }
 
@@ -128,15 +137,10 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     let first = commit_and_push("t-agent");
 
     // (i) The first round installs, starts and verifies the unit, and records the commit.
-    let ran = round();
-    assert_eq!(ran.code, 0);
-    assert!(
-        ran.stdout.starts_with(&format!(
-            "round {} (Test Author <author@example.com>): local {UNIT} converged",
-            &first[..12]
-        )),
-        "{}",
-        ran.stdout
+    let ran = round_on(
+        &first,
+        0,
+        &format!(" (Test Author <author@example.com>): local {UNIT} converged"),
     );
     assert!(!ran.stdout.contains("t-agent-elsewhere"), "{}", ran.stdout);
     assert_eq!(
@@ -160,24 +164,14 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     // (ii) Nothing new: the round touches nothing.
     let ran = round();
     assert_eq!(ran.code, 0);
-    assert!(
-        ran.stdout.contains(&format!("local {UNIT} unchanged")),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, &format!("local {UNIT} unchanged"));
     assert_eq!(invocation(), started, "a no-op round restarted the server");
 
     // (iii) A changed flag is pulled and applied.
     write_manifest(&text.clone().flag("context-length", 4096));
     let second = commit_and_push("shorter context");
-    let ran = round();
-    assert_eq!(ran.code, 0);
-    assert!(
-        ran.stdout.starts_with(&format!("round {}", &second[..12]))
-            && ran.stdout.contains(&format!("local {UNIT} converged")),
-        "{}",
-        ran.stdout
-    );
+    let ran = round_on(&second, 0, "");
+    assert_has(&ran.stdout, &format!("local {UNIT} converged"));
     let restarted = invocation();
     assert_ne!(
         restarted, started,
@@ -197,16 +191,7 @@ fn the_agent_pulls_applies_skips_no_ops_and_refuses_bad_commits() {
     write_manifest(&bad);
     let third = commit_and_push("bad port");
     let before = unit_file();
-    let ran = round();
-    assert_eq!(ran.code, 1);
-    assert!(
-        ran.stdout.starts_with(&format!(
-            "round {}: 1 error in manifests, nothing touched",
-            &third[..12]
-        )),
-        "{}",
-        ran.stdout
-    );
+    let ran = round_on(&third, 1, ": 1 error in manifests, nothing touched");
     assert!(
         ran.stdout
             .contains(&format!("manifests/t-agent.yaml:{line}:"))

@@ -3,7 +3,10 @@
 use std::time::Duration;
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
-use crate::lab::{lab, lease_of, manifest, round_trips, Manifest, Ran, Reconcile, APPLY};
+use crate::lab::{
+    assert_field_has, assert_has, lab, lease_of, round_trips, run_on, send_signal, stand_in,
+    Manifest, Ran, Reconcile, APPLY,
+};
 
 /// A test service that loads in one second and is judged over a three-second crash window.
 /// Each test has its own service and port on the shared apply host. Tests set more env (the
@@ -18,10 +21,7 @@ pub fn service_on(host: &str, name: &str, port: u16) -> Manifest {
     // Tests run at once on one host: each gets its own two of the stand-in's 64 simulated GPUs
     // (its port's, from the lease holding it), so one test's loading never looks like another's
     // progress.
-    manifest(name, &[host])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", lease_of(host, port).gpu_pair(port))
+    stand_in(name, &[host], port, lease_of(host, port).gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&STAND_IN_VERIFY)
@@ -33,10 +33,7 @@ pub fn france() -> serde_yaml::Value {
 }
 
 pub fn apply(manifest: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", manifest)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(manifest, &["apply", "--format", "json"]);
     let json = ran.json();
     assert_eq!(json["format_version"], 1, "{json}");
     (ran.code, json["units"][0].clone())
@@ -95,11 +92,8 @@ fn a_no_op_apply_costs_one_round_trip_after_connect() {
     let text = service("t-apply-rounds", 32025);
     let (code, unit) = apply(&text);
     assert_eq!(code, 0, "{unit}");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--format", "json", "--trace-remote"])
-        .run();
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&text, &["apply", "--format", "json", "--trace-remote"]);
+    ran.assert_code(0);
     assert_eq!(ran.json()["units"][0]["outcome"], "unchanged");
     let rounds = round_trips(&ran.stderr, APPLY);
     assert!((1..=2).contains(&rounds), "{rounds}: {}", ran.stderr);
@@ -137,18 +131,12 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
     assert_eq!(code, 3, "{unit}");
     assert_eq!(unit["outcome"], "rolled_back");
     let detail = unit["detail"].as_str().unwrap();
-    assert!(detail.contains("crash window failed: crashed"), "{detail}");
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(detail, "crash window failed: crashed");
+    assert_has(
+        detail,
+        "the previous unit was restored and passed verification",
     );
-    assert!(
-        unit["journal"]
-            .as_str()
-            .unwrap()
-            .contains("simulated crash"),
-        "{unit}"
-    );
+    assert_field_has(&unit, "journal", "simulated crash");
     assert_eq!(unit_file("t-apply-crash.service").unwrap(), good_unit);
     assert!(active(&identity("t-apply-crash.service")));
     let generations = lab().sh(
@@ -168,22 +156,13 @@ fn a_crash_in_the_window_rolls_back_to_the_previous_unit_which_serves_again() {
 fn an_unknown_flag_is_refused_before_the_host_is_touched() {
     fresh("t-apply-badflag.service");
     let text = service("t-apply-badflag", 32004).flag("enable-fused-moe-sum-allreduce", true);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply"])
-        .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stderr
-            .contains("did you mean --enable-fused-moe-sum-all-reduce?"),
-        "{}",
-        ran.stderr
+    let ran = run_on(&text, &["apply"]);
+    ran.assert_code(1);
+    assert_has(
+        &ran.stderr,
+        "did you mean --enable-fused-moe-sum-all-reduce?",
     );
-    assert!(
-        ran.stderr.contains("no host was contacted"),
-        "{}",
-        ran.stderr
-    );
+    assert_has(&ran.stderr, "no host was contacted");
     assert_eq!(unit_file("t-apply-badflag.service"), None);
 }
 
@@ -199,10 +178,7 @@ fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_remove
     assert_eq!(unit["outcome"], "rolled_back");
     assert_eq!(unit["failed_stage"], "crash window");
     let detail = unit["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("new unit was stopped, disabled and removed"),
-        "{detail}"
-    );
+    assert_has(detail, "new unit was stopped, disabled and removed");
     let failed_at = unit["verification"]["stages"][0]["seconds"]
         .as_f64()
         .unwrap();
@@ -214,13 +190,7 @@ fn a_server_that_exits_at_once_is_caught_within_a_second_and_the_new_unit_remove
         failed_at < 3.0,
         "caught {failed_at}s after the restart, once the crash window was over: {unit}"
     );
-    assert!(
-        unit["journal"]
-            .as_str()
-            .unwrap()
-            .contains("RuntimeError: simulated crash"),
-        "{unit}"
-    );
+    assert_field_has(&unit, "journal", "RuntimeError: simulated crash");
     assert_eq!(unit_file("t-apply-exit.service"), None);
 }
 
@@ -234,12 +204,10 @@ fn an_apply_is_refused_while_another_holds_the_lock() {
     lab().sh(APPLY, "rm -rf /var/lib/reconcile/t-apply-lock.service/lock");
     assert_eq!(code, 1, "{unit}");
     assert_eq!(unit["outcome"], "error");
-    assert!(
-        unit["detail"]
-            .as_str()
-            .unwrap()
-            .contains("locked by another apply (ci@builder pid 42"),
-        "{unit}"
+    assert_field_has(
+        &unit,
+        "detail",
+        "locked by another apply (ci@builder pid 42",
     );
     assert_eq!(
         unit_file("t-apply-lock.service"),
@@ -281,9 +249,9 @@ pub fn assert_rolled_back(
     assert_eq!(report["failed_stage"], stage, "{report:#}");
     let detail = report["detail"].as_str().unwrap();
     assert!(detail.contains(reason), "expected {reason:?} in: {detail}");
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(
+        detail,
+        "the previous unit was restored and passed verification",
     );
     let mut all = vec!["crash window", "identity", "memory", "readiness", "warmup"];
     if good.verifies("smoke") {
@@ -495,15 +463,12 @@ fn a_second_apply_while_one_runs_is_refused_with_who_holds_the_lock() {
         &format!("stat -c '%a %U' /var/lib/reconcile/{unit} /var/lib/reconcile/{unit}/lock"),
     );
     assert_eq!(modes, "700 root\n700 root\n");
-    let second = Reconcile::new()
-        .manifest("a.yaml", &slow)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let second = run_on(&slow, &["apply", "--format", "json"]);
     let first = Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(first.code, 0, "{}{}", first.stdout, first.stderr);
-    assert_eq!(second.code, 1, "{}{}", second.stdout, second.stderr);
+    first.assert_code(0);
+    second.assert_code(1);
     let detail = json_of(&second)["detail"].as_str().unwrap().to_string();
-    assert!(detail.contains("is locked by another apply"), "{detail}");
+    assert_has(&detail, "is locked by another apply");
     assert!(
         detail.contains(&format!("pid {pid}")),
         "names the holder: {detail}"
@@ -529,22 +494,12 @@ fn ctrl_c_during_verification_rolls_back() {
     // An input of the fault, not a wait: Ctrl-C half a second into a verification that lasts the
     // 8 s load at least.
     std::thread::sleep(Duration::from_millis(500));
-    let status = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(&child, "-INT");
     let ran = Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = json_of(&ran);
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert!(
-        report["detail"]
-            .as_str()
-            .unwrap()
-            .contains("interrupted (Ctrl-C)"),
-        "{report:#}"
-    );
+    assert_field_has(&report, "detail", "interrupted (Ctrl-C)");
     assert_eq!(unit_file(unit).unwrap(), good_text);
     assert!(active(&identity(unit)));
     lab().sh(APPLY, &format!("systemctl disable --now {unit}"));

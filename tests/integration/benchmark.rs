@@ -10,7 +10,8 @@
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
 use crate::lab::{
-    apply_one_unit, lab, manifest, tokens_at, Manifest, Reconcile, BENCHMARK, THROUGHPUT,
+    apply_one_unit, assert_field_has, assert_has, lab, stand_in, tokens_at, Manifest, Reconcile,
+    BENCHMARK, THROUGHPUT,
 };
 
 /// The tiny benchmark's settings.
@@ -19,10 +20,7 @@ const TINY: &str = "{ levels: [1, 4], prompt_tokens: 16, output_tokens: 16, requ
 /// A service on the throughput host with its own port and two GPUs (its port's, from
 /// `lab::BENCHMARK`), and the tiny benchmark.
 fn service(name: &str, port: u16) -> Manifest {
-    manifest(name, &[THROUGHPUT])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", BENCHMARK.gpu_pair(port))
+    stand_in(name, &[THROUGHPUT], port, BENCHMARK.gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&STAND_IN_VERIFY)
@@ -74,10 +72,7 @@ fn a_first_deployment_records_a_baseline() {
         detail.contains("benchmark passed)") || detail.contains(", benchmark passed"),
         "{detail}"
     );
-    assert!(
-        detail.contains("; benchmark: baseline recorded: 1: "),
-        "{detail}"
-    );
+    assert_has(detail, "; benchmark: baseline recorded: 1: ");
     assert_eq!(b["levels"].as_array().unwrap().len(), 2);
     assert!(
         b["levels"]
@@ -169,12 +164,10 @@ fn a_faster_change_converges_and_records_its_figures() {
             .all(|c| c["change_percent"].as_f64().unwrap() > 100.0),
         "{b}"
     );
-    assert!(
-        report["detail"]
-            .as_str()
-            .unwrap()
-            .contains("; benchmark: throughput within 10% of the previous deployment: +"),
-        "{report}"
+    assert_field_has(
+        &report,
+        "detail",
+        "; benchmark: throughput within 10% of the previous deployment: +",
     );
     // The new figures are the record's now: the next apply compares with them.
     assert_eq!(tokens_at(&current(unit)["benchmark"], 4), tokens_at(b, 4));
@@ -204,10 +197,10 @@ fn a_slower_change_beyond_the_threshold_rolls_back() {
         detail.starts_with("benchmark failed: throughput regressed: -"),
         "{detail}"
     );
-    assert!(detail.contains("(over the 10% allowed)"), "{detail}");
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(detail, "(over the 10% allowed)");
+    assert_has(
+        detail,
+        "the previous unit was restored and passed verification",
     );
     assert_eq!(report["benchmark"]["verdict"], "regressed");
     let stages = report["verification"]["stages"].as_array().unwrap();
@@ -239,12 +232,12 @@ fn with_the_gate_off_a_slower_change_converges_and_reports_the_drop() {
     assert_eq!(report["outcome"], "converged");
     assert_eq!(report["benchmark"]["verdict"], "regressed");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("; benchmark: throughput regressed (gate off: not rolled back): -"),
-        "{detail}"
+    assert_has(
+        detail,
+        "; benchmark: throughput regressed (gate off: not rolled back): -",
     );
     let on_disk = lab().sh(THROUGHPUT, &format!("cat /etc/systemd/system/{unit}"));
-    assert!(on_disk.contains("\t--chunked-prefill-size"), "{on_disk}");
+    assert_has(&on_disk, "\t--chunked-prefill-size");
     // The slower figures are recorded: they are what runs now.
     let slower = tokens_at(&current(unit)["benchmark"], 4);
     assert!(slower < tokens_at(&first["benchmark"], 4), "{slower}");
@@ -270,7 +263,7 @@ fn reconcile_bench_on_a_running_unit_records_a_baseline() {
     assert_eq!(host["host"], THROUGHPUT);
     assert_eq!(host["stored"], true, "{host}");
     assert_eq!(host["benchmark"]["verdict"], "baseline");
-    assert!(ran.stderr.contains("benchmark at 4: "), "{}", ran.stderr);
+    assert_has(&ran.stderr, "benchmark at 4: ");
     // No restart, and the figures are in the current record.
     assert_eq!(identity(unit), before);
     let record = current(unit);
@@ -280,17 +273,9 @@ fn reconcile_bench_on_a_running_unit_records_a_baseline() {
     );
     let text_run = run.run_args(&["bench", "t-bench-cli"]);
     assert_eq!(text_run.code, 0, "{}", text_run.stderr);
-    assert!(
-        text_run.stdout.contains(": baseline stored in "),
-        "{}",
-        text_run.stdout
-    );
+    assert_has(&text_run.stdout, ": baseline stored in ");
     // A second run compares with the first (within 10% or not: the stand-in's timing varies).
-    assert!(
-        text_run.stdout.contains("throughput "),
-        "{}",
-        text_run.stdout
-    );
+    assert_has(&text_run.stdout, "throughput ");
 
     // The manifest's benchmark changes nothing in the unit: apply has nothing to do...
     let (code, report) = apply_one_unit(&text);

@@ -19,7 +19,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::builder::{yaml, STAND_IN_VERIFY};
-use crate::lab::{lab, Manifest, Ran, COORDINATOR, FLEET};
+use crate::lab::{assert_has, lab, stdout_of, Manifest, Ran, COORDINATOR, FLEET};
 
 const BIN: &str = "/usr/local/bin/reconcile";
 const ETCD_PORT: u16 = crate::lab::ETCD.ports.start;
@@ -400,14 +400,14 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
         );
     }
     let watched = Ran::from(watch.wait_with_output().expect("the watch ends"));
-    assert_eq!(watched.code, 0, "{}{}", watched.stdout, watched.stderr);
+    watched.assert_code(0);
     let blocks = watched.stdout.matches(".service, change ").count();
     assert!(
         blocks >= 3,
         "the watch did not follow the rollout: {}",
         watched.stdout
     );
-    assert!(watched.stdout.contains("in flight"), "{}", watched.stdout);
+    assert_has(&watched.stdout, "in flight");
     assert!(
         watched
             .stdout
@@ -470,7 +470,7 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
         "--format",
         "json",
     ]);
-    assert_eq!(status.code, 0, "{}{}", status.stdout, status.stderr);
+    status.assert_code(0);
     let rows = status.json();
     let rows = rows.as_array().expect("rows");
     assert_eq!(rows.len(), 6);
@@ -487,7 +487,7 @@ fn six_agents_restart_at_most_two_at_a_time_after_the_canary() {
         "--coordinator-prefix",
         &fleet.prefix(),
     ]);
-    assert!(text.stdout.contains("6 of 6 in sync"), "{}", text.stdout);
+    assert_has(&text.stdout, "6 of 6 in sync");
 
     // A round with nothing to do restarts nothing and reports up to date: run by the example
     // service, which takes the coordinator from /etc/reconcile/agent.env.
@@ -565,7 +565,7 @@ fn a_failed_canary_stops_every_other_host_and_each_says_why() {
     let ran = fleet.rounds(&FLEET);
     let canary = &ran[FLEET[0]];
     assert_eq!(canary.code, 3, "the canary rolls back: {}", canary.stdout);
-    assert!(canary.stdout.contains("rolled_back"), "{}", canary.stdout);
+    assert_has(&canary.stdout, "rolled_back");
     let after = invocations(&fleet.unit());
     for host in &FLEET[1..] {
         let r = &ran[*host];
@@ -832,7 +832,7 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
             .expect("its round")
     };
     let reload = bounded(host);
-    assert_eq!(reload.code, 0, "{}{}", reload.stdout, reload.stderr);
+    reload.assert_code(0);
     assert!(
         reload
             .stdout
@@ -840,15 +840,11 @@ fn while_etcd_is_down_no_agent_restarts_and_the_rollout_completes_after() {
         "{}",
         reload.stdout
     );
-    assert!(
-        reload.stdout.contains("the coordinator was not told"),
-        "{}",
-        reload.stdout
-    );
+    assert_has(&reload.stdout, "the coordinator was not told");
     let restart = renamed.clone().flag("context-length", 2048);
     fleet.commit(&restart, "restart while etcd is down");
     let held = bounded(host);
-    assert_eq!(held.code, 1, "{}{}", held.stdout, held.stderr);
+    held.assert_code(1);
     assert!(
         held.stdout.contains("the coordinator cannot be reached")
             && held.stdout.contains("nothing was changed"),
@@ -875,18 +871,10 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let sh = |script: &str| {
-        let out = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(d)
-            .output()
-            .expect("sh runs");
-        assert!(
-            out.status.success(),
-            "{script}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        stdout_of(
+            Command::new("sh").arg("-c").arg(script).current_dir(d),
+            script,
+        )
     };
     // A CA, a server certificate for 127.0.0.1 and a client certificate, as an operator's PKI
     // would issue them.
@@ -986,7 +974,7 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     let mut with_file: Vec<&str> = tls.to_vec();
     with_file.extend(["--coordinator-password-file", "password"]);
     let ran = status(&with_file, &[]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let rows = ran.json();
     assert_eq!(rows[0]["host"], "h1", "{rows}");
     assert_eq!(rows[0]["state"], "succeeded", "{rows}");
@@ -995,12 +983,8 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
         &tls,
         &[("RECONCILE_COORDINATOR_PASSWORD", "wrong-password-9f3k")],
     );
-    assert_eq!(wrong.code, 1, "{}{}", wrong.stdout, wrong.stderr);
-    assert!(
-        wrong.stderr.contains("cannot reach etcd"),
-        "{}",
-        wrong.stderr
-    );
+    wrong.assert_code(1);
+    assert_has(&wrong.stderr, "cannot reach etcd");
     assert!(
         !wrong.stderr.contains("wrong-password-9f3k")
             && !wrong.stdout.contains("wrong-password-9f3k"),
@@ -1011,10 +995,6 @@ fn tls_client_certificates_and_a_password_reach_a_guarded_etcd_and_the_password_
     eprintln!("wrong password: {}", wrong.stderr);
     let plain = status(&[], &[]);
     eprintln!("no TLS: {}", plain.stderr);
-    assert_eq!(plain.code, 1, "{}{}", plain.stdout, plain.stderr);
-    assert!(
-        plain.stderr.contains("--coordinator-ca"),
-        "{}",
-        plain.stderr
-    );
+    plain.assert_code(1);
+    assert_has(&plain.stderr, "--coordinator-ca");
 }

@@ -15,7 +15,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 use crate::guard::{guard_state_on, healthy_on, until, Link};
-use crate::lab::{lab, Manifest, Reconcile, CRASH};
+use crate::lab::{apply_first_unit, lab, reboot, send_signal, Manifest, Reconcile, CRASH};
 
 const UNIT: &str = "t-crash.service";
 const PORT: u16 = 37801;
@@ -221,11 +221,7 @@ fn changed(hosts: &[&'static str], change: Change) -> Manifest {
 
 /// `reconcile apply`'s exit code and rank 0's report.
 fn apply(m: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", m)
-        .args(&["apply", "--format", "json"])
-        .run();
-    (ran.code, ran.json()["units"][0].clone())
+    apply_first_unit(m)
 }
 
 /// `reconcile status`'s classes of each of `hosts`' units.
@@ -341,22 +337,6 @@ fn kill_controller(child: &mut Child, tmp: &Path) {
     let _ = child.wait();
 }
 
-fn reboot(host: &str) {
-    let rebooted = std::process::Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/hostlab/reboot.sh"
-    ))
-    .arg(host)
-    .env("STATE", lab().file(""))
-    .output()
-    .expect("reboot.sh runs");
-    assert!(
-        rebooted.status.success(),
-        "reboot.sh {host}: {}",
-        String::from_utf8_lossy(&rebooted.stderr)
-    );
-}
-
 /// Runs one cell on hosts of its own, and checks what it must leave; panics naming the cell
 /// otherwise.
 pub fn run_cell(cell: Cell) -> Ended {
@@ -407,12 +387,7 @@ pub fn run_cell(cell: Cell) -> Ended {
     if cell.change == Change::Interrupted {
         // Paused at the write: a Ctrl-C, then on, to the put-back.
         reached("write", &mut child);
-        let pid = child.id().to_string();
-        assert!(std::process::Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap()
-            .success());
+        send_signal(&child, "-INT");
         std::fs::write(&go, "").unwrap();
     }
     let settled = |state: &str| !matches!(state, "armed" | "rolling_back");

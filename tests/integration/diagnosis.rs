@@ -4,15 +4,14 @@
 //! SGLang lines (fixtures/fake-sglang/README.md). Host `THROUGHPUT` (rl15): ports 37001-37009,
 //! GPUs 0-9.
 
-use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, Undo, THROUGHPUT};
+use crate::lab::{
+    apply_one_unit, assert_field_has, assert_has, lab, run_on, stand_in, Manifest, Undo, THROUGHPUT,
+};
 
 /// A test service on the throughput host: its port, its two GPUs (`gpu`, `gpu + 1`), the
 /// stand-in's `env` and short verification windows.
 fn service(name: &str, port: u16, gpu: u32, env: &[(&str, &str)]) -> Manifest {
-    manifest(name, &[THROUGHPUT])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+    stand_in(name, &[THROUGHPUT], port, format!("{gpu},{}", gpu + 1))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env_all(env)
         .verify_all(&[
@@ -21,6 +20,25 @@ fn service(name: &str, port: u16, gpu: u32, env: &[(&str, &str)]) -> Manifest {
             ("stall_timeout", "8s"),
             ("load_deadline", "30s"),
         ])
+}
+
+/// [`service`] whose server runs out of GPU memory (capped at 300 MB) `at` seconds in, through
+/// the phases that `phases` set.
+fn oom_service(name: &str, port: u16, gpu: u32, phases: &[(&str, &str)], at: &str) -> Manifest {
+    let mut env = phases.to_vec();
+    env.extend([
+        ("FAKE_SGLANG_FAIL", "oom"),
+        ("FAKE_SGLANG_FAIL_AT", at),
+        ("FAKE_SGLANG_OOM_CAP_MB", "300"),
+    ]);
+    service(name, port, gpu, &env)
+}
+
+/// Applies `text`, whose new server fails to start: the run exits 3. Returns the unit's report.
+fn failed_start(text: &Manifest) -> serde_json::Value {
+    let (code, report) = apply_one_unit(text);
+    assert_eq!(code, 3, "{report:#}");
+    report
 }
 
 fn unit_gone(unit: &str) -> bool {
@@ -50,19 +68,14 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
     let unit = "t-diag-oom.service";
     lab().remove_unit(THROUGHPUT, unit);
     // The OOM 2 s into a 5-s weights phase: SGLang's traceback from `load_model`, then SIGKILL.
-    let text = service(
+    let text = oom_service(
         "t-diag-oom",
         37001,
         0,
-        &[
-            ("FAKE_SGLANG_LOAD_SECONDS", "5"),
-            ("FAKE_SGLANG_FAIL", "oom"),
-            ("FAKE_SGLANG_FAIL_AT", "2"),
-            ("FAKE_SGLANG_OOM_CAP_MB", "300"),
-        ],
+        &[("FAKE_SGLANG_LOAD_SECONDS", "5")],
+        "2",
     );
-    let (code, report) = apply_one_unit(&text);
-    assert_eq!(code, 3, "{report:#}");
+    let report = failed_start(&text);
     let journal = report["journal"].as_str().unwrap_or_default();
     assert!(
         journal.contains("torch.OutOfMemoryError: CUDA out of memory"),
@@ -73,15 +86,12 @@ fn an_oom_while_loading_rolls_back_with_the_oom_diagnosis_in_json_and_text() {
         cause,
         "CUDA out of memory while loading the weights: the model does not fit the GPUs"
     );
-    assert!(advice.contains("--tp-size"), "{advice}");
+    assert_has(&advice, "--tp-size");
     assert!(unit_gone(unit), "the new unit was not removed");
 
     // The same failure in text: the cause and the advice under the failed unit.
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply"])
-        .run();
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&text, &["apply"]);
+    ran.assert_code(3);
     let lines: Vec<&str> = ran.stdout.lines().collect();
     let head = lines
         .iter()
@@ -108,26 +118,21 @@ fn an_oom_during_cuda_graph_capture_names_the_capture_and_its_flags() {
     let unit = "t-diag-graph.service";
     lab().remove_unit(THROUGHPUT, unit);
     // Weights in 1 s, then a 6-s capture; the OOM comes 3 s in, inside the capture.
-    let text = service(
+    let text = oom_service(
         "t-diag-graph",
         37002,
         2,
         &[
             ("FAKE_SGLANG_LOAD_SECONDS", "1"),
             ("FAKE_SGLANG_GRAPH_SECONDS", "6"),
-            ("FAKE_SGLANG_FAIL", "oom"),
-            ("FAKE_SGLANG_FAIL_AT", "3"),
-            ("FAKE_SGLANG_OOM_CAP_MB", "300"),
         ],
+        "3",
     );
-    let (code, report) = apply_one_unit(&text);
-    assert_eq!(code, 3, "{report:#}");
-    assert!(
-        report["journal"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("Capture cuda graph failed: CUDA out of memory"),
-        "{report:#}"
+    let report = failed_start(&text);
+    assert_field_has(
+        &report,
+        "journal",
+        "Capture cuda graph failed: CUDA out of memory",
     );
     let (cause, advice) = rolled_back_with_diagnosis(&report);
     assert_eq!(cause, "CUDA out of memory during CUDA graph capture");
@@ -175,22 +180,19 @@ fn a_port_taken_after_preflight_rolls_back_with_the_port_diagnosis() {
         "systemctl stop t-diag-squatter 2>/dev/null; systemctl reset-failed t-diag-squatter 2>/dev/null; true",
     );
     let text = service("t-diag-port", port, 4, &[("FAKE_SGLANG_LOAD_SECONDS", "3")]);
-    let (code, report) = apply_one_unit(&text);
-    assert_eq!(code, 3, "{report:#}");
+    let report = failed_start(&text);
     assert_eq!(report["failed_stage"], "crash window", "{report:#}");
-    assert!(
-        report["journal"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("error while attempting to bind on address"),
-        "{report:#}"
+    assert_field_has(
+        &report,
+        "journal",
+        "error while attempting to bind on address",
     );
     let (cause, advice) = rolled_back_with_diagnosis(&report);
     assert_eq!(
         cause,
         format!("the HTTP port is already in use: ('127.0.0.1', {port})")
     );
-    assert!(advice.contains("--port"), "{advice}");
+    assert_has(&advice, "--port");
     assert!(unit_gone(unit), "the new unit was not removed");
     lab().remove_unit(THROUGHPUT, unit);
 }

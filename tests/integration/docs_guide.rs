@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use crate::guide_blocks::{steps, Step};
-use crate::lab::{lab, Reconcile, DOCS_GUIDE, SHARED};
+use crate::lab::{lab, stdout_of, Reconcile, DOCS_GUIDE, SHARED};
 
 const GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/guide.md");
 
@@ -79,16 +79,12 @@ fn the_guides_lab_blocks_run_as_written() {
                 std::fs::write(path, text).unwrap();
             }
             Step::Shell { line } => {
-                let out = Command::new("sh")
-                    .arg("-c")
-                    .arg(line)
-                    .current_dir(run.dir())
-                    .output()
-                    .expect("sh runs");
-                assert!(
-                    out.status.success(),
-                    "`{line}`: {}",
-                    String::from_utf8_lossy(&out.stderr)
+                stdout_of(
+                    Command::new("sh")
+                        .arg("-c")
+                        .arg(line)
+                        .current_dir(run.dir()),
+                    &format!("`{line}`"),
                 );
             }
             Step::Reconcile { args, exit, line } => {

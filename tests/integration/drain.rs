@@ -11,16 +11,13 @@
 //! `sglang:num_running_reqs` meanwhile.
 
 use crate::builder::yaml;
-use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, DRAIN, DRAIN_LEASE};
+use crate::lab::{apply_one_unit, lab, run_on, stand_in, Manifest, DRAIN, DRAIN_LEASE};
 
 /// A service on the drain host with its own port and two GPUs (its port's, from
 /// `lab::DRAIN_LEASE`), each chat request taking `request_seconds`; `drain` is the manifest's
 /// `drain:` value, as YAML (`None`: no drain).
 fn service(name: &str, port: u16, request_seconds: u32, drain: Option<&str>) -> Manifest {
-    let m = manifest(name, &[DRAIN])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", DRAIN_LEASE.gpu_pair(port))
+    let m = stand_in(name, &[DRAIN], port, DRAIN_LEASE.gpu_pair(port))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .env("FAKE_SGLANG_REQUEST_SECONDS", request_seconds.to_string())
@@ -225,10 +222,7 @@ fn a_server_without_enable_metrics_is_not_restarted_blind() {
     // Offline: `drain:` without --enable-metrics is a manifest error naming file, line and field
     // (the plan stops before connecting; `validate` takes no --ssh-config, which the runner adds).
     let bad = service("t-drain-blind", 37105, 1, Some("{ timeout: 60s }"));
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &bad)
-        .args(&["plan"])
-        .run();
+    let ran = run_on(&bad, &["plan"]);
     assert_eq!(ran.code, 1, "{}\n{}", ran.stdout, ran.stderr);
     let said = format!("{}{}", ran.stdout, ran.stderr);
     assert!(

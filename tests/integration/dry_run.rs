@@ -1,23 +1,11 @@
 //! `reconcile --dry-run` against real hosts.
 
 use crate::lab::{
-    lab, manifest, round_trips, Manifest, Reconcile, BAD_KEY, COUNTED, SHARED, UNREACHABLE,
+    assert_has, install_rendered, lab, manifest, round_trips, run_on, Manifest, Reconcile, BAD_KEY,
+    COUNTED, SHARED, UNREACHABLE,
 };
 
 /// Installs what `run` renders for `host` as the host's unit, and has systemd load it.
-fn install_rendered(run: &Reconcile, host: &str, unit: &str) {
-    lab().put(
-        host,
-        &format!("/etc/systemd/system/{unit}"),
-        &run.rendered(host),
-    );
-    // Enabled, as an apply leaves it: a disabled unit is a change of its own.
-    lab().sh(
-        host,
-        &format!("systemctl daemon-reload && systemctl enable {unit}"),
-    );
-}
-
 /// SSH logins the host's sshd has accepted so far; each count is itself one login. journald
 /// takes sshd's lines in when it gets to them, which on a loaded machine can be after the count's
 /// own command ran: the count waits for its own login's line (logged by this session's sshd, the
@@ -51,20 +39,14 @@ fn a_host_without_the_unit_gets_it_installed() {
         .manifest("a.yaml", manifest("t-missing", &[SHARED]))
         .args(&["--dry-run"]);
     let ran = run.run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout
-            .contains("rl1 t-missing.service: new unit (install, enable, start)"),
-        "{}",
-        ran.stdout
+    ran.assert_code(2);
+    assert_has(
+        &ran.stdout,
+        "rl1 t-missing.service: new unit (install, enable, start)",
     );
-    assert!(
-        ran.stdout.contains("on the host now: not installed"),
-        "{}",
-        ran.stdout
-    );
-    assert!(ran.stdout.contains("--- /dev/null"), "{}", ran.stdout);
-    assert!(ran.stdout.contains("+\t--tp-size 2 \\"), "{}", ran.stdout);
+    assert_has(&ran.stdout, "on the host now: not installed");
+    assert_has(&ran.stdout, "--- /dev/null");
+    assert_has(&ran.stdout, "+\t--tp-size 2 \\");
 }
 
 #[test]
@@ -73,9 +55,9 @@ fn an_identical_unit_means_nothing_to_do() {
     let run = Reconcile::new()
         .manifest("a.yaml", manifest("t-same", &[SHARED]))
         .args(&["plan", "--format", "json"]);
-    install_rendered(&run, SHARED, "t-same.service");
+    install_rendered(&run, SHARED, "t-same.service", false);
     let ran = run.run();
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let json = ran.json();
     assert_eq!(json["format_version"], 1);
     let unit = &json["units"][0];
@@ -91,15 +73,12 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
     let four_gpus = manifest("t-flags", &[SHARED]).env("CUDA_VISIBLE_DEVICES", "0,1,2,3");
     let before =
         Reconcile::new().manifest("a.yaml", four_gpus.clone().flag("mem-fraction-static", 0.8));
-    install_rendered(&before, SHARED, "t-flags.service");
+    install_rendered(&before, SHARED, "t-flags.service", false);
     let after = four_gpus
         .flag("mem-fraction-static", 0.9)
         .flag("tp-size", 4);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &after)
-        .args(&["plan", "--format", "json"])
-        .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&after, &["plan", "--format", "json"]);
+    ran.assert_code(2);
     let unit = &ran.json()["units"][0];
     assert_eq!(unit["verdict"], "restart");
     assert_eq!(
@@ -137,24 +116,17 @@ fn two_changed_flags_show_as_two_lines_and_need_a_restart() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_new_description_only_needs_a_reload() {
     let before = Reconcile::new().manifest("a.yaml", manifest("t-desc", &[SHARED]));
-    install_rendered(&before, SHARED, "t-desc.service");
+    install_rendered(&before, SHARED, "t-desc.service", false);
     let after = manifest("t-desc", &[SHARED]).description("renamed");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &after)
-        .args(&["--dry-run"])
-        .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout
-            .contains("t-desc.service: reload only (daemon-reload, no restart)"),
-        "{}",
-        ran.stdout
+    let ran = run_on(&after, &["--dry-run"]);
+    ran.assert_code(2);
+    assert_has(
+        &ran.stdout,
+        "t-desc.service: reload only (daemon-reload, no restart)",
     );
-    assert!(
-        ran.stdout
-            .contains("~ Unit.Description test service t-desc -> renamed"),
-        "{}",
-        ran.stdout
+    assert_has(
+        &ran.stdout,
+        "~ Unit.Description test service t-desc -> renamed",
     );
     assert_eq!(
         changed_lines(&ran.stdout.replace("    ", "")),
@@ -170,27 +142,22 @@ const FIVE: [&str; 5] = ["rl9", "rl5", "rl7", "rl6", "rl8"];
 fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
     let text = manifest("t-group", &FIVE);
     let plan = |format: &str| {
-        let ran = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["plan", "--format", format])
-            .run();
-        assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+        let ran = run_on(&text, &["plan", "--format", format]);
+        ran.assert_code(2);
         ran
     };
     let shown = plan("text").stdout;
-    assert!(
-        shown.contains(
-            "t-group.service: new unit (install, enable, start)\n  same change on 5 hosts: rl5..rl9\n"
-        ),
-        "{shown}"
+    assert_has(
+        &shown,
+        "t-group.service: new unit (install, enable, start)\n  same change on 5 hosts: rl5..rl9\n",
     );
     assert_eq!(shown.matches("--- /dev/null").count(), 1, "{shown}");
-    assert!(shown.contains("Plan: 5 to install,"), "{shown}");
+    assert_has(&shown, "Plan: 5 to install,");
 
     let markdown = plan("markdown").stdout;
-    assert!(
-        markdown.contains("| rl5..rl9 (5 hosts) | t-group.service | **install** |"),
-        "{markdown}"
+    assert_has(
+        &markdown,
+        "| rl5..rl9 (5 hosts) | t-group.service | **install** |",
     );
     assert_eq!(markdown.matches("<details>").count(), 1, "{markdown}");
 
@@ -209,24 +176,17 @@ fn the_same_new_unit_on_five_hosts_is_shown_once_in_text_and_markdown() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
     let text = manifest("t-badkey", &[BAD_KEY, SHARED]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["--dry-run"])
-        .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&text, &["--dry-run"]);
+    ran.assert_code(1);
     let bad = ran
         .stdout
         .lines()
         .find(|l| l.starts_with(BAD_KEY))
         .expect("a line for the bad host");
-    assert!(bad.contains("error: cannot connect to rl-badkey"), "{bad}");
-    assert!(bad.contains("Host key verification failed"), "{bad}");
-    assert!(bad.contains("does not match known_hosts"), "{bad}");
-    assert!(
-        ran.stdout.contains("rl1 t-badkey.service: new unit"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(bad, "error: cannot connect to rl-badkey");
+    assert_has(bad, "Host key verification failed");
+    assert_has(bad, "does not match known_hosts");
+    assert_has(&ran.stdout, "rl1 t-badkey.service: new unit");
     assert!(ran
         .stdout
         .contains("1 to install, 0 to restart, 0 reload only, 0 unchanged, 1 failed to plan"));
@@ -236,21 +196,15 @@ fn a_host_whose_key_does_not_match_is_refused_and_the_others_are_planned() {
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn an_unreachable_host_is_an_error_for_that_host_only() {
     let text = manifest("t-unreach", &[UNREACHABLE, SHARED]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan", "--format", "json"])
-        .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&text, &["plan", "--format", "json"]);
+    ran.assert_code(1);
     let json = ran.json();
     let units = json["units"].as_array().unwrap();
     assert_eq!(units.len(), 2);
     let failed = units.iter().find(|u| u["host"] == UNREACHABLE).unwrap();
     assert_eq!(failed["outcome"], "error");
     let error = failed["error"].as_str().unwrap();
-    assert!(
-        error.contains("cannot connect to rl-unreachable"),
-        "{error}"
-    );
+    assert_has(error, "cannot connect to rl-unreachable");
     assert!(
         error.contains("No route to host") || error.contains("timed out"),
         "{error}"
@@ -290,12 +244,12 @@ fn an_ssh_killed_before_it_said_why_is_asked_once_more() {
         ));
         let run = run.args(&["plan", "--format", "json"]);
         let ran = run.run();
-        assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+        ran.assert_code(1);
         let json = ran.json();
         let units = json["units"].as_array().unwrap();
         let silent = units.iter().find(|u| u["host"] == "rl-silent").unwrap();
         let error = silent["error"].as_str().unwrap();
-        assert!(error.contains("cannot connect to rl-silent"), "{error}");
+        assert_has(error, "cannot connect to rl-silent");
         assert!(error.contains(said), "every time: {every_time}: {error}");
         if !every_time {
             assert!(marker.exists(), "the first ssh was killed");
@@ -327,7 +281,7 @@ fn secret_env_values_are_redacted_in_every_format() {
             .manifest("a.yaml", secret(CANARY))
             .args(&["plan", "-vv", "--format", format])
             .run();
-        assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+        ran.assert_code(2);
         for (what, output) in [("stdout", &ran.stdout), ("stderr", &ran.stderr)] {
             for leaked in [CANARY, "hf_old_value_000", "sk-canary-flag-77"] {
                 assert!(
@@ -358,33 +312,20 @@ fn a_bad_manifest_is_reported_whole_and_touches_no_host() {
         .manifest("b.yaml", &also_bad)
         .args(&["--dry-run"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stderr
-            .contains("manifests/a.yaml:10:3: sglang.port: port must be between 1 and 65535"),
-        "{}",
-        ran.stderr
+    ran.assert_code(1);
+    assert_has(
+        &ran.stderr,
+        "manifests/a.yaml:10:3: sglang.port: port must be between 1 and 65535",
     );
-    assert!(
-        ran.stderr.contains(
-            "manifests/a.yaml:14:5: sglang.flags.port: --port is set through `sglang.port`"
-        ),
-        "{}",
-        ran.stderr
+    assert_has(
+        &ran.stderr,
+        "manifests/a.yaml:14:5: sglang.flags.port: --port is set through `sglang.port`",
     );
-    assert!(
-        ran.stderr.contains(
-            "manifests/b.yaml:16:3: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name"
-        ),
-        "{}",
-        ran.stderr
+    assert_has(
+        &ran.stderr,
+        "manifests/b.yaml:16:3: env.NCCL-P2P: `NCCL-P2P` is not an environment variable name",
     );
-    assert!(
-        ran.stderr
-            .contains("3 errors in manifests; no host was contacted"),
-        "{}",
-        ran.stderr
-    );
+    assert_has(&ran.stderr, "3 errors in manifests; no host was contacted");
     assert!(ran.stdout.is_empty());
     assert_eq!(
         logins() - before,
@@ -410,8 +351,8 @@ fn one_ssh_connection_per_host_per_run() {
         .manifest("c.yaml", other("t-conn-c", 30002, "4,5"))
         .args(&["--dry-run"]);
     let ran = run.run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
-    assert!(ran.stdout.contains("3 to install"), "{}", ran.stdout);
+    ran.assert_code(2);
+    assert_has(&ran.stdout, "3 to install");
     // the counting itself logs in once
     assert_eq!(
         logins() - before,
@@ -432,7 +373,7 @@ fn round_trip_service(i: u16) -> Manifest {
 fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
     // b.yaml, as in the plan below: the rendered unit's header names its manifest file.
     let one = Reconcile::new().manifest("b.yaml", round_trip_service(2));
-    install_rendered(&one, SHARED, "t-round-2.service");
+    install_rendered(&one, SHARED, "t-round-2.service", false);
     let run = Reconcile::new()
         .manifest("a.yaml", round_trip_service(1))
         .manifest("b.yaml", round_trip_service(2))
@@ -445,7 +386,7 @@ fn a_plan_reads_a_host_of_three_units_in_one_round_trip() {
         SHARED,
         "rm -f /etc/systemd/system/t-round-2.service; systemctl daemon-reload",
     );
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     let json = ran.json();
     let verdicts: Vec<(String, String)> = json["units"]
         .as_array()

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use crate::lab::{lab, Reconcile, EXPERIMENT};
+use crate::lab::{assert_field_has, assert_has, lab, names_in, Ran, Reconcile, EXPERIMENT};
 
 const UNIT: &str = "t-exp.service";
 
@@ -91,7 +91,7 @@ fn setup(variants: &str) -> Reconcile {
     std::fs::write(r.dir().join("experiment.yaml"), experiment(variants)).unwrap();
     // The baseline, deployed as an operator would have it before experimenting.
     let ran = r.run_args(&["apply", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     r
 }
 
@@ -101,6 +101,18 @@ fn argv() -> String {
         EXPERIMENT,
         &format!("tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value {UNIT})/cmdline"),
     )
+}
+
+/// `reconcile experiment experiment.yaml` in `r`'s folder with `extra` arguments and a JSON
+/// report, which must end with exit code 0: how it ran and the report.
+fn run_experiment(r: &Reconcile, extra: &[&str]) -> (Ran, serde_json::Value) {
+    let mut args = vec!["experiment", "experiment.yaml"];
+    args.extend(extra);
+    args.extend(["--format", "json"]);
+    let ran = r.run_args(&args);
+    let json = ran.json();
+    assert_eq!(ran.code, 0, "{json:#}\n{}", ran.stderr);
+    (ran, json)
 }
 
 fn variant<'a>(json: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
@@ -115,17 +127,7 @@ fn variant<'a>(json: &'a serde_json::Value, name: &str) -> &'a serde_json::Value
 fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     let _host = exclusive();
     let r = setup(FOUR);
-    let ran = r.run_args(&[
-        "experiment",
-        "experiment.yaml",
-        "--write",
-        "--chart",
-        "chart.svg",
-        "--format",
-        "json",
-    ]);
-    let json = ran.json();
-    assert_eq!(ran.code, 0, "{json:#}\n{}", ran.stderr);
+    let (ran, json) = run_experiment(&r, &["--write", "--chart", "chart.svg"]);
     assert!(
         ran.stderr.contains("4 variants, about "),
         "the estimate before the start: {}",
@@ -187,13 +189,7 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     // The OOM: rolled back, with the journal's diagnosis.
     let oom = variant(&json, "oom");
     assert_eq!(oom["status"], "rolled_back", "{oom:#}");
-    assert!(
-        oom["diagnosis"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("out of memory"),
-        "{oom:#}"
-    );
+    assert_field_has(oom, "diagnosis", "out of memory");
     // The degraded answers: rolled back at the quality gate.
     let noisy = variant(&json, "fused-moe");
     assert_eq!(noisy["status"], "rolled_back", "{noisy:#}");
@@ -235,7 +231,7 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     let written = std::fs::read_to_string(r.dir().join("manifests/t-exp.yaml")).unwrap();
     assert_eq!(written, manifest_with("    enable-mixed-chunk: true\n"));
     let diff = json["manifest_diff"].as_str().unwrap();
-    assert!(diff.contains("\n+    enable-mixed-chunk: true\n"), "{diff}");
+    assert_has(diff, "\n+    enable-mixed-chunk: true\n");
 
     // The best run at each level, under that level's constraints: at 4, the winner.
     let best: Vec<(u64, &str)> = json["best_per_level"]
@@ -265,7 +261,7 @@ fn four_variants_are_ranked_failures_rolled_back_and_the_winner_written() {
     // then the trade-off below it, its front joined by one more.
     let svg = std::fs::read_to_string(r.dir().join("chart.svg")).unwrap();
     assert_eq!(svg.matches("<polyline").count(), 4, "{svg}");
-    assert!(svg.contains(">mixed-chunk@4</text>"), "{svg}");
+    assert_has(&svg, ">mixed-chunk@4</text>");
 }
 
 #[test]
@@ -302,26 +298,9 @@ fn sigterm_in_a_variant_restores_the_baseline_and_resume_finishes() {
         .sh(EXPERIMENT, &format!("ls /var/lib/reconcile/{UNIT}"))
         .contains("experiment.json"));
 
-    let resumed = run.run_args(&[
-        "experiment",
-        "experiment.yaml",
-        "--resume",
-        "--format",
-        "json",
-    ]);
-    let json = resumed.json();
-    assert_eq!(resumed.code, 0, "{json:#}\n{}", resumed.stderr);
-    assert!(
-        resumed.stderr.contains("resuming: 0 of 2 variants done"),
-        "{}",
-        resumed.stderr
-    );
-    let names: Vec<&str> = json["variants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["name"].as_str().unwrap())
-        .collect();
+    let (resumed, json) = run_experiment(&run, &["--resume"]);
+    assert_has(&resumed.stderr, "resuming: 0 of 2 variants done");
+    let names = names_in(&json["variants"]);
     assert_eq!(names, ["slow-load", "mixed-chunk"]);
     assert_eq!(json["winner"], "mixed-chunk");
     assert!(!argv().contains("--enable-mixed-chunk"));
@@ -329,11 +308,7 @@ fn sigterm_in_a_variant_restores_the_baseline_and_resume_finishes() {
     // Nothing left to resume now.
     let again = run.run_args(&["experiment", "experiment.yaml", "--resume"]);
     assert_eq!(again.code, 1, "{}", again.stderr);
-    assert!(
-        again.stderr.contains("no interrupted experiment"),
-        "{}",
-        again.stderr
-    );
+    assert_has(&again.stderr, "no interrupted experiment");
 }
 
 #[test]
@@ -345,20 +320,13 @@ fn an_unknown_flag_in_one_variant_is_reported_at_its_line_and_nothing_starts() {
     let variants = "  - name: good\n    flags: { enable-mixed-chunk: true }\n  - name: typo\n    flags:\n      enable-mixed-chunks: true\n";
     std::fs::write(r.dir().join("experiment.yaml"), experiment(variants)).unwrap();
     let ran = r.run_args(&["experiment", "experiment.yaml"]);
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     // Line 15 of the experiment file: `enable-mixed-chunks: true`.
-    assert!(
-        ran.stderr.contains(
-            "experiment.yaml:15:7: variants[1].flags.enable-mixed-chunks: variant `typo`:"
-        ),
-        "{}",
-        ran.stderr
+    assert_has(
+        &ran.stderr,
+        "experiment.yaml:15:7: variants[1].flags.enable-mixed-chunks: variant `typo`:",
     );
-    assert!(
-        ran.stderr.contains("no host was contacted"),
-        "{}",
-        ran.stderr
-    );
+    assert_has(&ran.stderr, "no host was contacted");
     assert_eq!(
         lab()
             .sh(EXPERIMENT, &format!("systemctl is-active {UNIT} || true"))

@@ -7,7 +7,10 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, Undo, REBOOT};
+use crate::lab::{
+    apply_first_unit as apply, assert_has, lab, manifest, run_on, Manifest, Ran, Reconcile, Undo,
+    REBOOT,
+};
 
 const HOST: &str = "rl11";
 
@@ -29,14 +32,6 @@ fn service(name: &str, port: u16, release: &str) -> Manifest {
             ("stall_timeout", "5s"),
             ("load_deadline", "20s"),
         ])
-}
-
-fn apply(manifest: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", manifest)
-        .args(&["apply", "--format", "json"])
-        .run();
-    (ran.code, ran.json()["units"][0].clone())
 }
 
 fn unit_text(unit: &str) -> String {
@@ -97,7 +92,7 @@ fn a_read_only_unit_folder_changes_nothing() {
         detail.contains("installing failed") && detail.contains("Read-only file system"),
         "{detail}"
     );
-    assert!(detail.contains("nothing changed on the host"), "{detail}");
+    assert_has(detail, "nothing changed on the host");
     assert_untouched_then_recovers(unit, "t-fault-ro", 37001, &v1, &running);
 }
 
@@ -119,7 +114,7 @@ fn a_full_unit_folder_changes_nothing() {
     undo.undo();
     assert_eq!(code, 1, "{report:#}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(detail.contains("No space left on device"), "{detail}");
+    assert_has(detail, "No space left on device");
     assert_eq!(
         on_full_disk, v1,
         "the full folder kept the previous unit whole"
@@ -171,10 +166,7 @@ fn a_previous_unit_that_fails_on_rollback_is_reported_as_needing_attention() {
     assert_eq!(code, 4, "{report:#}");
     assert_eq!(report["outcome"], "rollback_failed");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("the restored previous unit failed too"),
-        "{detail}"
-    );
+    assert_has(detail, "the restored previous unit failed too");
     assert_eq!(
         report["rollback"]["stages"]
             .as_array()
@@ -339,10 +331,7 @@ fn assert_intact_then_converges(unit: &str, r: &Rebooted) -> serde_json::Value {
         "the host's guard done restoring after the reboot",
         || crate::guard::guard_state_on(REBOOT, unit) != "rolling_back",
     );
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &r.new)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&r.new, &["apply", "--format", "json"]);
     assert_eq!(ran.code, 0, "the next apply converges: {}", ran.stdout);
     let report = ran.json()["units"][0].clone();
     eprintln!("the next apply: {} {}", report["detail"], report["notes"]);
@@ -428,5 +417,5 @@ fn a_host_down_past_the_wait_during_verification_is_reported_as_needing_attentio
     assert_eq!(lock.trim(), "1", "the lock stays, as the message says");
     let next = assert_intact_then_converges(unit, &r);
     let notes = next["notes"].to_string();
-    assert!(notes.contains("broke a stale lock"), "{notes}");
+    assert_has(&notes, "broke a stale lock");
 }

@@ -2,7 +2,7 @@
 //! budget and --rollback-all, on six test hosts of their own.
 
 use crate::builder::map;
-use crate::lab::{lab, manifest, Manifest, Reconcile, UNREACHABLE};
+use crate::lab::{lab, manifest, run_on, Manifest, Reconcile, UNREACHABLE};
 
 /// The fleet's hosts in the order a rollout takes them (sorted by name).
 const FLEET: [&str; 6] = ["rl10", "rl5", "rl6", "rl7", "rl8", "rl9"];
@@ -30,31 +30,41 @@ fn fleet_service(name: &str, port: u16, gpus: &str, failing: &[&str], version: &
         ])
 }
 
+/// The budget both failure tests roll out under: a canary, then batches of three, stopping at the
+/// first failure.
+const BATCHES_OF_THREE: [&str; 6] = [
+    "--canary",
+    "1",
+    "--max-parallel",
+    "3",
+    "--max-failures",
+    "1",
+];
+
+/// [`rollout`] that must end with exit code `code`: the units' reports.
+#[track_caller]
+fn rollout_ending(code: i32, text: &Manifest, args: &[&str]) -> Vec<serde_json::Value> {
+    let (got, units) = rollout(text, args);
+    assert_eq!(got, code, "{units:#?}");
+    units
+}
+
 fn rollout(text: &Manifest, args: &[&str]) -> (i32, Vec<serde_json::Value>) {
     let mut all = vec!["apply", "--format", "json"];
     all.extend_from_slice(args);
-    let ran = Reconcile::new().manifest("a.yaml", text).args(&all).run();
+    let ran = run_on(text, &all);
     let units = ran.json()["units"].as_array().unwrap().clone();
     (ran.code, units)
 }
 
-fn outcomes(units: &[serde_json::Value]) -> Vec<(String, String)> {
-    units
+/// Asserts each unit's host and outcome, in the report's order.
+#[track_caller]
+fn assert_outcomes(units: &[serde_json::Value], expected: &[(&str, &str)]) {
+    let outcomes: Vec<(&str, &str)> = units
         .iter()
-        .map(|u| {
-            (
-                u["host"].as_str().unwrap().into(),
-                u["outcome"].as_str().unwrap().into(),
-            )
-        })
-        .collect()
-}
-
-fn expect(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(h, o)| (h.to_string(), o.to_string()))
-        .collect()
+        .map(|u| (u["host"].as_str().unwrap(), u["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(outcomes, expected);
 }
 
 fn unit_on(host: &str, unit: &str) -> Option<String> {
@@ -80,7 +90,7 @@ fn planning_six_hosts_with_one_unreachable_reports_it_and_plans_the_rest_in_orde
         .manifest("a.yaml", manifest("t-fleet-plan", &hosts))
         .args(&["plan", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(1);
     let units = ran.json()["units"].as_array().unwrap().clone();
     let order: Vec<&str> = units.iter().map(|u| u["host"].as_str().unwrap()).collect();
     assert_eq!(
@@ -103,18 +113,17 @@ fn a_failing_canary_stops_the_rollout_before_any_other_host_is_touched() {
     let unit = "t-fleet-canary.service";
     clean(unit);
     let text = fleet_service("t-fleet-canary", 34001, "0,1", &["rl10"], "1");
-    let (code, units) = rollout(&text, &["--canary", "1", "--max-parallel", "5"]);
-    assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
+    let units = rollout_ending(3, &text, &["--canary", "1", "--max-parallel", "5"]);
+    assert_outcomes(
+        &units,
+        &[
             ("rl10", "rolled_back"),
             ("rl5", "not_started"),
             ("rl6", "not_started"),
             ("rl7", "not_started"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     assert!(
         units[1]["detail"]
@@ -136,28 +145,17 @@ fn the_failure_budget_spans_the_rollout_and_untouched_hosts_are_reported() {
     clean(unit);
     // Canary rl10, then batches of three: rl5 rl6 rl7 (rl7 fails), then rl8 rl9 never start.
     let text = fleet_service("t-fleet-budget", 34002, "2,3", &["rl7"], "1");
-    let (code, units) = rollout(
-        &text,
+    let units = rollout_ending(3, &text, &BATCHES_OF_THREE);
+    assert_outcomes(
+        &units,
         &[
-            "--canary",
-            "1",
-            "--max-parallel",
-            "3",
-            "--max-failures",
-            "1",
-        ],
-    );
-    assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
             ("rl10", "converged"),
             ("rl5", "converged"),
             ("rl6", "converged"),
             ("rl7", "rolled_back"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     assert!(
         units[4]["detail"]
@@ -179,33 +177,24 @@ fn rollback_all_puts_every_converged_host_back_when_the_rollout_stops() {
     let unit = "t-fleet-all.service";
     clean(unit);
     let v1 = fleet_service("t-fleet-all", 34003, "4,5", &[], "1");
-    let (code, units) = rollout(&v1, &["--max-parallel", "6"]);
-    assert_eq!(code, 0, "{units:#?}");
+    rollout_ending(0, &v1, &["--max-parallel", "6"]);
     let before: Vec<Option<String>> = FLEET.iter().map(|h| unit_on(h, unit)).collect();
     let v2 = fleet_service("t-fleet-all", 34003, "4,5", &["rl7"], "2");
-    let (code, units) = rollout(
+    let units = rollout_ending(
+        3,
         &v2,
-        &[
-            "--canary",
-            "1",
-            "--max-parallel",
-            "3",
-            "--max-failures",
-            "1",
-            "--rollback-all",
-        ],
+        &[&BATCHES_OF_THREE[..], &["--rollback-all"]].concat(),
     );
-    assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
+    assert_outcomes(
+        &units,
+        &[
             ("rl10", "rolled_back"),
             ("rl5", "rolled_back"),
             ("rl6", "rolled_back"),
             ("rl7", "rolled_back"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     assert!(
         units[0]["detail"]
@@ -251,11 +240,11 @@ fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
     clean(unit);
     // Release 1 everywhere; then release 2, already on rl10 (the first host by name) and crashing
     // on rl5, the first host that has work.
-    let (code, _) = rollout(
+    rollout_ending(
+        0,
         &fleet_service("t-fleet-uptodate", 34004, "6,7", &[], "1"),
         &["--canary", "1", "--max-parallel", "6"],
     );
-    assert_eq!(code, 0);
     let release2 = fleet_service("t-fleet-uptodate", 34004, "6,7", &["rl5"], "2");
     let (code, _) = rollout(&release2, &["--host", "rl10"]);
     assert_eq!(code, 0, "rl10 took release 2");
@@ -263,18 +252,17 @@ fn the_canary_is_the_first_host_with_work_not_one_already_up_to_date() {
         .iter()
         .map(|h| unit_on(h, unit).unwrap())
         .collect();
-    let (code, units) = rollout(&release2, &["--canary", "1", "--max-parallel", "5"]);
-    assert_eq!(code, 3, "{units:#?}");
-    assert_eq!(
-        outcomes(&units),
-        expect(&[
+    let units = rollout_ending(3, &release2, &["--canary", "1", "--max-parallel", "5"]);
+    assert_outcomes(
+        &units,
+        &[
             ("rl10", "unchanged"),
             ("rl5", "rolled_back"),
             ("rl6", "not_started"),
             ("rl7", "not_started"),
             ("rl8", "not_started"),
-            ("rl9", "not_started")
-        ])
+            ("rl9", "not_started"),
+        ],
     );
     let after: Vec<String> = FLEET[2..]
         .iter()

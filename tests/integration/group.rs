@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_yaml::Value;
 
 use crate::builder::map;
-use crate::lab::{lab, venv_script, Manifest, Reconcile, GROUP, UNREACHABLE};
+use crate::lab::{assert_has, lab, venv_script, Manifest, Reconcile, GROUP, UNREACHABLE};
 
 /// A group manifest over `nodes` (each with the lab's address for it, or `address` when given):
 /// `rank1_env` is more env for rank 1 only (a failure to inject).
@@ -181,13 +181,10 @@ fn a_group_installs_restarts_together_and_a_no_op_touches_neither() {
             "{host}: {ended}"
         );
         let notes = unit_of(&units, host)["notes"].to_string();
-        assert!(notes.contains("the old server stopped in"), "{notes}");
+        assert_has(&notes, "the old server stopped in");
     }
     let rank1 = journal(GROUP[1], &before[1]);
-    assert!(
-        rank1.contains("waiting for the rank-0 ShutdownReq"),
-        "{rank1}"
-    );
+    assert_has(&rank1, "waiting for the rank-0 ShutdownReq");
     let (a, b) = (started_us(GROUP[0], unit), started_us(GROUP[1], unit));
     let apart = a.abs_diff(b) as f64 / 1e6;
     eprintln!("the ranks started {apart:.3}s apart");
@@ -421,7 +418,7 @@ fn bad_group_input_is_refused_offline_with_its_place() {
         .run_offline(&["validate"]);
     let out = format!("{}{}", ran.stdout, ran.stderr);
     assert_ne!(ran.code, 0, "{out}");
-    assert!(out.contains("37510"), "{out}");
+    assert_has(&out, "37510");
     // Hosts that disagree on the SGLang version: preflight refuses the group, touching neither.
     let unit = "t-group-version.service";
     clean(unit);
@@ -479,7 +476,7 @@ fn status_history_and_rollback_take_the_group_whole() {
 
     // Status: one line for the server, on every rank.
     let ran = run(&v2, &["status", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let units = ran.json()["units"].as_array().cloned().unwrap();
     for host in GROUP {
         let details = unit_of(&units, host)["details"].to_string();
@@ -491,16 +488,16 @@ fn status_history_and_rollback_take_the_group_whole() {
 
     // History: the deployments every rank shares.
     let ran = run(&v2, &["history", "t-group-hist", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let notes = ran.json()["hosts"][0]["notes"].to_string();
-    assert!(notes.contains("to roll the group back to: 1, 2"), "{notes}");
+    assert_has(&notes, "to roll the group back to: 1, 2");
 
     // Rollback: both ranks back to deployment 1 together, verified as a group.
     let ran = run(
         &v2,
         &["rollback", "t-group-hist", "--to", "1", "--format", "json"],
     );
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let units = ran.json()["units"].as_array().cloned().unwrap();
     for (i, host) in GROUP.iter().enumerate() {
         let u = unit_of(&units, host);
@@ -522,7 +519,7 @@ fn status_history_and_rollback_take_the_group_whole() {
     let ran = run(&v2, &["status", "--format", "json"]);
     let units = ran.json()["units"].as_array().cloned().unwrap();
     let details = unit_of(&units, GROUP[0])["details"].to_string();
-    assert!(details.contains("the server is NOT in sync"), "{details}");
+    assert_has(&details, "the server is NOT in sync");
     clean(unit);
 }
 

@@ -5,7 +5,10 @@
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use crate::lab::{lab, Manifest, Reconcile, GUARD};
+use crate::lab::{
+    apply_first_unit as apply, assert_has, assert_outcome, classes_of, lab, reboot, run_on,
+    Manifest, Reconcile, GUARD,
+};
 
 const HOST: &str = GUARD.host();
 
@@ -44,36 +47,15 @@ fn fresh(unit: &str) {
     sh(&format!("systemctl stop reconcile-guard-{}.service 2>/dev/null; systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /var/lib/reconcile/{unit}; systemctl daemon-reload", unit.trim_end_matches(".service")));
 }
 
-fn apply(m: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", m)
-        .args(&["apply", "--format", "json"])
-        .run();
-    (ran.code, ran.json()["units"][0].clone())
-}
-
 /// `reconcile status`'s classes for the only unit of `m`, and its exit code.
 fn status(m: &Manifest) -> (Vec<String>, i32) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", m)
-        .args(&["status", "--format", "json"])
-        .run();
-    let classes = ran.json()["units"][0]["classes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{}", ran.stdout))
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
-    (classes, ran.code)
+    let ran = run_on(m, &["status", "--format", "json"]);
+    (classes_of(&ran.json()["units"][0]), ran.code)
 }
 
 /// `reconcile plan`'s notes for the only unit of `m`.
 fn plan_notes(m: &Manifest) -> String {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", m)
-        .args(&["plan", "--format", "json"])
-        .run();
-    ran.json()["units"][0]["notes"].to_string()
+    run_on(m, &["plan", "--format", "json"]).json()["units"][0]["notes"].to_string()
 }
 
 fn unit_file(unit: &str) -> String {
@@ -173,11 +155,7 @@ fn rolled_back_by_the_guard(unit: &str, port: u16, previous: &str) -> String {
 /// A second apply of `m` finds nothing to do.
 fn assert_unchanged(m: &Manifest) {
     let (code, report) = apply(m);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("unchanged")),
-        "{report}"
-    );
+    assert_outcome(code, &report, 0, "unchanged");
 }
 
 fn invocation(unit: &str) -> String {
@@ -225,7 +203,7 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
     let detail = rolled_back_by_the_guard(unit, 37601, &good_text);
     // Caught as a crash loop once the lease ran out, not left until the deadline a unit that
     // never answers gets ("not healthy by the deadline").
-    assert!(detail.contains("crash-looping"), "{detail}");
+    assert_has(&detail, "crash-looping");
     // status says what the host did with the change the manifest still asks for.
     assert_eq!(
         status(&crashing),
@@ -235,15 +213,9 @@ fn a_crash_looping_change_goes_back_when_the_controller_is_killed() {
         )
     );
     // history keeps what the guard did.
-    let history = Reconcile::new()
-        .manifest("a.yaml", &crashing)
-        .args(&["history", "t-guard-crash", "--format", "json"])
-        .run();
+    let history = run_on(&crashing, &["history", "t-guard-crash", "--format", "json"]);
     let notes = history.json()["hosts"][0]["notes"].to_string();
-    assert!(
-        notes.contains("the host's guard rolled back to the previous unit"),
-        "{notes}"
-    );
+    assert_has(&notes, "the host's guard rolled back to the previous unit");
     // plan says so of the change asked for again.
     let notes = plan_notes(&crashing);
     assert!(
@@ -297,7 +269,7 @@ fn a_healthy_change_whose_controller_dies_is_kept_and_the_next_apply_confirms_it
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged", "{report}");
     let notes = report["notes"].to_string();
-    assert!(notes.contains("kept the new unit, unconfirmed"), "{notes}");
+    assert_has(&notes, "kept the new unit, unconfirmed");
     assert_eq!(invocation(unit), new, "confirming restarted the server");
     assert_eq!(guard_state(unit), "disarmed");
     assert_eq!(guards_left(unit), "");
@@ -341,9 +313,9 @@ fn an_apply_right_after_a_dead_one_verifies_the_started_server_as_it_runs_withou
     assert_eq!(code, 0, "{report}");
     assert_eq!(report["outcome"], "converged", "{report}");
     let notes = report["notes"].to_string();
-    assert!(
-        notes.contains("died after its restart; the host's guard still watches the new unit"),
-        "{notes}"
+    assert_has(
+        &notes,
+        "died after its restart; the host's guard still watches the new unit",
     );
     // Another 15-minute load saved: the server the dead run started is the one confirmed.
     assert_eq!(invocation(unit), new, "the server was restarted");
@@ -402,19 +374,7 @@ fn a_crash_looping_change_whose_host_reboots_after_the_controller_died_goes_back
         "the new unit started",
     );
     let booted_before = sh("cat /proc/sys/kernel/random/boot_id");
-    let rebooted = std::process::Command::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/hostlab/reboot.sh"
-    ))
-    .arg(HOST)
-    .env("STATE", lab().file(""))
-    .output()
-    .expect("reboot.sh runs");
-    assert!(
-        rebooted.status.success(),
-        "reboot.sh: {}",
-        String::from_utf8_lossy(&rebooted.stderr)
-    );
+    reboot(HOST);
     let booted = sh("cat /proc/sys/kernel/random/boot_id");
     assert_ne!(booted, booted_before, "the host did not reboot");
     // The guard's unit is wanted at boot: it acts on its record in the new boot.
@@ -472,10 +432,7 @@ fn a_link_cut_past_the_deadline_leaves_the_rollback_to_the_host_and_apply_report
     assert_eq!(out.status.code(), Some(3), "{report:#}");
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("the host's guard rolled back to the previous unit"),
-        "{detail}"
-    );
+    assert_has(detail, "the host's guard rolled back to the previous unit");
     rolled_back_by_the_guard(unit, 37604, &good_text);
     fresh(unit);
 }

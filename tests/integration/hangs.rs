@@ -7,7 +7,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, HANGS};
+use crate::lab::{
+    assert_field_has, assert_has, lab, run_on, stand_in, Manifest, Ran, Reconcile, HANGS,
+};
 
 static TURN: Mutex<()> = Mutex::new(());
 
@@ -17,10 +19,7 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
 
 /// A test service on the hangs host, loading in one second.
 fn service(name: &str, port: u16, gpus: &str) -> Manifest {
-    manifest(name, &[HANGS])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", gpus)
+    stand_in(name, &[HANGS], port, gpus)
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&[
             ("crash_window", "2s"),
@@ -88,16 +87,10 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
         // /usr/local/sbin comes before the stand-in's /usr/local/bin on root's PATH.
         let _smi = Planted::script("/usr/local/sbin/nvidia-smi", HANG);
         let started = std::time::Instant::now();
-        let ran = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["plan", "--command-timeout", "2s"])
-            .run();
-        assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+        let ran = run_on(&text, &["plan", "--command-timeout", "2s"]);
+        ran.assert_code(1);
         let said = format!("{}{}", ran.stdout, ran.stderr);
-        assert!(
-            said.contains("`nvidia-smi` on rl14 did not answer in 2s"),
-            "{said}"
-        );
+        assert_has(&said, "`nvidia-smi` on rl14 did not answer in 2s");
         // The plan ended rather than wait out the hang (an hour): it measured 2.3-2.5 s under
         // full load, and 60 s is far more than three times that.
         eprintln!("the plan ended after {:.1?}", started.elapsed());
@@ -115,7 +108,7 @@ fn a_hung_nvidia_smi_ends_the_plan_naming_it_and_apply_goes_on_without_gpu_figur
         ),
     );
     let ran = apply(&text, &["--command-timeout", "2s"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let report = &ran.json()["units"][0];
     let notes = report["verification"]["notes"].to_string();
     assert!(
@@ -168,7 +161,7 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
         Duration::from_secs(60),
     );
     let ran = Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = &ran.json()["units"][0];
     let detail = report["detail"].as_str().unwrap();
     // The first `systemctl show` after the marker hangs: the crash poll's, or the one in the
@@ -178,9 +171,9 @@ fn a_systemctl_that_hangs_during_verification_fails_the_stage_and_rolls_back() {
             || detail.contains("`the liveness reading (systemctl show, cgroup files, ss, journalctl)` on rl14 did not answer in 3s"),
         "{detail}"
     );
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(
+        detail,
+        "the previous unit was restored and passed verification",
     );
     assert_ne!(
         invocation(unit),
@@ -219,17 +212,14 @@ fn an_unreadable_deployment_record_refuses_the_unit_and_restarts_nothing() {
             "{what}: the message names the file: {detail}"
         );
         if what == "a newer format" {
-            assert!(detail.contains("newer reconcile"), "{detail}");
+            assert_has(detail, "newer reconcile");
         }
         assert_eq!(
             invocation(unit),
             running,
             "{what}: the healthy server was not restarted"
         );
-        let status = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["status", "--format", "json"])
-            .run();
+        let status = run_on(&text, &["status", "--format", "json"]);
         assert!(
             status.stdout.contains("record_unreadable"),
             "{what}: {}{}",
@@ -267,16 +257,10 @@ fn sigterm_during_verification_rolls_back() {
         .manifest("a.yaml", &slow)
         .args(&["apply", "--format", "json"]);
     let (ran, json) = signalled(&run, unit, "-TERM");
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert!(
-        report["detail"]
-            .as_str()
-            .unwrap()
-            .contains("interrupted (SIGTERM)"),
-        "{report:#}"
-    );
+    assert_field_has(report, "detail", "interrupted (SIGTERM)");
     assert_eq!(
         lab().sh(HANGS, &format!("cat /etc/systemd/system/{unit}")),
         good_text

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
-use crate::lab::{lab, HUB_LEASE};
+use crate::lab::{lab, stdout_of, HUB_LEASE};
 
 /// Where the hub's repositories and its own files live on this machine.
 const ROOT: &str = "/var/lib/reconcile-lab/hub";
@@ -32,14 +32,9 @@ pub fn hub() -> &'static Hub {
         let address = lab().address(host);
         let port = HUB_LEASE.ports.start;
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hostlab/hub/serve.sh");
-        let out = Command::new("bash")
-            .args([script, host, &address, &port.to_string(), ROOT])
-            .output()
-            .expect("serve.sh runs");
-        assert!(
-            out.status.success(),
-            "the lab's hub did not start: {}",
-            String::from_utf8_lossy(&out.stderr)
+        stdout_of(
+            Command::new("bash").args([script, host, &address, &port.to_string(), ROOT]),
+            "serve.sh: the lab's hub did not start",
         );
         Hub {
             root: PathBuf::from(ROOT),
@@ -77,16 +72,7 @@ impl Hub {
     /// The hub's own venv, whose `huggingface_hub` is the hub's client.
     pub fn venv(&self) -> PathBuf {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hostlab/hub/install.sh");
-        let out = Command::new("bash")
-            .arg(script)
-            .output()
-            .expect("install.sh runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+        PathBuf::from(stdout_of(Command::new("bash").arg(script), "install.sh").trim())
     }
 }
 
@@ -99,17 +85,10 @@ pub struct Repo {
 
 impl Repo {
     fn git(&self, args: &[&str]) -> String {
-        let out = Command::new("git")
-            .args(args)
-            .current_dir(&self.dir)
-            .output()
-            .expect("git runs");
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(
+            Command::new("git").args(args).current_dir(&self.dir),
+            &format!("git {args:?}"),
+        )
     }
 
     fn write(&self, path: &str, bytes: &[u8]) {

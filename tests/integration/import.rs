@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::lab::{lab, Ran, Reconcile, IMPORT};
+use crate::lab::{assert_has, lab, Ran, Reconcile, IMPORT};
 
 const UNIT_DIR: &str = "/etc/systemd/system";
 
@@ -79,7 +79,7 @@ fn round_trip_moving(
         .fold(Reconcile::new(), |run, (var, value)| run.env(var, value));
     std::fs::create_dir_all(run.dir().join("manifests")).unwrap();
     let imported = run.run_args(&["import", IMPORT, unit, "-o", "manifests/imported.yaml"]);
-    assert_eq!(imported.code, 0, "{}{}", imported.stdout, imported.stderr);
+    imported.assert_code(0);
     let yaml = std::fs::read_to_string(run.dir().join("manifests/imported.yaml")).unwrap();
     for (_, value) in secrets {
         assert!(!yaml.contains(value), "a secret was copied:\n{yaml}");
@@ -142,7 +142,7 @@ fn round_trip_moving(
     assert!(managed.starts_with("# Managed by reconcile"), "{managed}");
     // Planned again, the applied manifest is the host's unit: nothing to change.
     let again = run.run_args(&["plan", "manifests/imported.yaml", "--format", "json"]);
-    assert_eq!(again.code, 0, "{}{}", again.stdout, again.stderr);
+    again.assert_code(0);
     (yaml, imported.stderr, plan)
 }
 
@@ -163,19 +163,12 @@ fn the_seeds_unit_round_trips_with_its_secrets_kept_out() {
         ],
         &["HF_TOKEN"],
     );
-    assert!(yaml.contains("HF_TOKEN: { from_env: HF_TOKEN }"), "{yaml}");
-    assert!(
-        yaml.contains("api-key: { from_env: SGLANG_API_KEY }"),
-        "{yaml}"
-    );
-    assert!(
-        yaml.contains("    tp-size: 2\n") && yaml.contains("  LimitNOFILE: 1048576\n"),
-        "{yaml}"
-    );
-    assert!(
-        stderr.contains("export HF_TOKEN") && stderr.contains("export SGLANG_API_KEY"),
-        "{stderr}"
-    );
+    assert_has(&yaml, "HF_TOKEN: { from_env: HF_TOKEN }");
+    assert_has(&yaml, "api-key: { from_env: SGLANG_API_KEY }");
+    assert_has(&yaml, "    tp-size: 2\n");
+    assert_has(&yaml, "  LimitNOFILE: 1048576\n");
+    assert_has(&stderr, "export HF_TOKEN");
+    assert_has(&stderr, "export SGLANG_API_KEY");
 
     // Without the secrets exported, the manifest is refused before any host is contacted.
     let run = Reconcile::new().manifest("imported.yaml", &yaml);
@@ -201,15 +194,12 @@ fn quoted_values_and_percent_signs_round_trip() {
     );
     start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
     let (yaml, _, _) = round_trip(unit, &[("SGLANG_API_KEY", "$NOT_A_VAR")]);
-    assert!(
-        yaml.contains("served_model_name: \"test model 100%\""),
-        "{yaml}"
-    );
+    assert_has(&yaml, "served_model_name: \"test model 100%\"");
     assert!(
         yaml.contains("RATIO: \"50%\"") && yaml.contains("GREETING: \"hello  world\""),
         "{yaml}"
     );
-    assert!(yaml.contains("  After: \"\""), "{yaml}");
+    assert_has(&yaml, "  After: \"\"");
     stop(unit);
 }
 
@@ -234,12 +224,9 @@ fn a_drop_in_is_folded_in_and_moved_aside() {
     );
     let (yaml, _, plan) = round_trip(unit, &[]);
     let dropin_path = format!("{UNIT_DIR}/{unit}.d/override.conf");
-    assert!(yaml.contains("    context-length: 4096\n"), "{yaml}");
-    assert!(
-        yaml.contains(&format!("  EXTRA: \"1\"  # from {dropin_path}:4\n")),
-        "{yaml}"
-    );
-    assert!(yaml.contains("  dropins: replace\n"), "{yaml}");
+    assert_has(&yaml, "    context-length: 4096\n");
+    assert_has(&yaml, &format!("  EXTRA: \"1\"  # from {dropin_path}:4\n"));
+    assert_has(&yaml, "  dropins: replace\n");
     assert!(
         plan.to_string().contains(&dropin_path),
         "the plan names the drop-in: {plan:#}"
@@ -271,9 +258,9 @@ fn an_environment_file_is_carried_as_is() {
         ],
     );
     let (yaml, _, _) = round_trip(unit, &[]);
-    assert!(
-        yaml.contains("  EnvironmentFile: \"-/etc/sglang/t-import-envfile.env\"\n"),
-        "{yaml}"
+    assert_has(
+        &yaml,
+        "  EnvironmentFile: \"-/etc/sglang/t-import-envfile.env\"\n",
     );
     assert!(!yaml.contains("hf_in_the_env_file"), "{yaml}");
     stop(unit);
@@ -289,14 +276,8 @@ fn list_flags_round_trip_as_lists() {
     );
     start(unit, &[(format!("{UNIT_DIR}/{unit}"), text)]);
     let (yaml, _, _) = round_trip(unit, &[]);
-    assert!(
-        yaml.contains("    cuda-graph-bs-decode: [1, 2, 4, 8]\n"),
-        "{yaml}"
-    );
-    assert!(
-        yaml.contains("    bucket-time-to-first-token: [0.1, 0.5, 2]\n"),
-        "{yaml}"
-    );
+    assert_has(&yaml, "    cuda-graph-bs-decode: [1, 2, 4, 8]\n");
+    assert_has(&yaml, "    bucket-time-to-first-token: [0.1, 0.5, 2]\n");
     stop(unit);
 }
 
@@ -312,13 +293,10 @@ fn an_inexpressible_unit_is_refused_with_its_file_and_line() {
     let run = Reconcile::new();
     let out = run.dir().join("imported.yaml");
     let refused = run.run_args(&["import", IMPORT, unit, "-o", out.to_str().unwrap()]);
-    assert_eq!(refused.code, 1, "{}{}", refused.stdout, refused.stderr);
-    assert!(
-        refused.stderr.contains(&format!(
-            "error: {UNIT_DIR}/{unit}:8: `${{TP}}` in ExecStart is expanded by systemd"
-        )),
-        "{}",
-        refused.stderr
+    refused.assert_code(1);
+    assert_has(
+        &refused.stderr,
+        &format!("error: {UNIT_DIR}/{unit}:8: `${{TP}}` in ExecStart is expanded by systemd"),
     );
     assert!(!out.exists(), "nothing is written");
     let missing = run.run_args(&["import", IMPORT, "t-import-nothing"]);
@@ -371,7 +349,7 @@ fn a_command_line_sglang_reads_the_same_way_restarts_nothing() {
     );
     // Applied: the manifest's spelling on disk, the same server running.
     let applied = run.run_args(&["apply", "--format", "json"]);
-    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    applied.assert_code(0);
     assert_eq!(applied.json()["units"][0]["outcome"], "reloaded");
     assert_eq!(running(unit), (argv, invocation));
     assert_eq!(
@@ -451,10 +429,7 @@ fn a_unit_that_runs_sglang_serve_is_adopted_with_its_console_script() {
     }
     // Applied, reconcile's own unit runs the console script too.
     let managed = lab().sh(IMPORT, &format!("cat {UNIT_DIR}/{unit}"));
-    assert!(
-        managed.contains("\nExecStart=/usr/local/bin/sglang serve "),
-        "{managed}"
-    );
+    assert_has(&managed, "\nExecStart=/usr/local/bin/sglang serve ");
     assert_eq!(plan["verdict"], "reload_only", "{plan:#}");
     stop(unit);
 }

@@ -881,14 +881,81 @@ pub fn signalled(
     let child = run.spawn(&[]);
     lab().wait_for_restart_within(host, unit, &before, within);
     std::thread::sleep(settle);
+    send_signal(&child, signal);
+    let ran = Ran::from(child.wait_with_output().expect("the run ends"));
+    let json = ran.json();
+    (ran, json)
+}
+
+/// The `name` of each entry of `list` (an experiment's variants, its ranking), in order.
+pub fn names_in(list: &serde_json::Value) -> Vec<&str> {
+    list.as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["name"].as_str().unwrap())
+        .collect()
+}
+
+/// The seconds the readiness probe took, from its stage's `detail` (`... the probe took 1.2s)`).
+#[track_caller]
+pub fn probe_seconds(detail: &str) -> f64 {
+    detail
+        .split("the probe took ")
+        .nth(1)
+        .and_then(|t| t.trim_end_matches("s)").parse().ok())
+        .unwrap_or_else(|| panic!("no probe time in {detail}"))
+}
+
+/// Sends `signal` (`-TERM`, `-INT`) to `child` with kill(1).
+pub fn send_signal(child: &std::process::Child, signal: &str) {
     let sent = Command::new("kill")
         .args([signal, &child.id().to_string()])
         .status()
         .expect("kill runs");
     assert!(sent.success());
-    let ran = Ran::from(child.wait_with_output().expect("the run ends"));
-    let json = ran.json();
-    (ran, json)
+}
+
+/// Runs `command` to its end and returns what it wrote; panics naming `what`, with what it wrote
+/// on stderr, when it fails.
+#[track_caller]
+pub fn stdout_of(command: &mut Command, what: &str) -> String {
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what} does not run: {e}"));
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Installs the unit `run` renders for `host` as `unit`, enabled as an apply leaves it (a disabled
+/// unit is a change of its own), and started where `start`: a unit as a past apply left it.
+pub fn install_rendered(run: &Reconcile, host: &str, unit: &str, start: bool) {
+    lab().put(
+        host,
+        &format!("/etc/systemd/system/{unit}"),
+        &run.rendered(host),
+    );
+    let now = if start { " --now" } else { "" };
+    lab().sh(
+        host,
+        &format!("systemctl daemon-reload && systemctl enable{now} {unit}"),
+    );
+}
+
+/// Reboots `host` (`tests/hostlab/reboot.sh`), back up when this returns.
+pub fn reboot(host: &str) {
+    stdout_of(
+        Command::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/hostlab/reboot.sh"
+        ))
+        .arg(host)
+        .env("STATE", lab().file("")),
+        &format!("reboot.sh {host}"),
+    );
 }
 
 /// Runs a shell script on a host as root, ignoring how it ends, and nothing when the lab is not
@@ -903,6 +970,20 @@ pub fn sh_quietly(host: &str, script: &str) {
 /// the hosts runs the SGLang stand-in.
 pub fn manifest(service: &str, hosts: &[&str]) -> Manifest {
     Manifest::new(service).hosts(hosts)
+}
+
+/// [`manifest`] for a test server of its own: on `hosts` at `port`, on the stand-in GPUs `gpus`
+/// (`"0,1"`) alone, with NCCL's P2P left as the host has it.
+pub fn stand_in(
+    service: &str,
+    hosts: &[&str],
+    port: u16,
+    gpus: impl Into<serde_yaml::Value>,
+) -> Manifest {
+    manifest(service, hosts)
+        .port(port)
+        .without_env("NCCL_P2P_DISABLE")
+        .env("CUDA_VISIBLE_DEVICES", gpus)
 }
 
 /// Sequential round trips to `host` after connecting, from `--trace-remote`'s lines on stderr:
@@ -922,13 +1003,35 @@ pub fn round_trips(stderr: &str, host: &str) -> u32 {
     total + current
 }
 
+/// Runs the binary with `args` in a folder of its own, `manifest` its only manifest (`a.yaml`).
+pub fn run_on(manifest: &Manifest, args: &[&str]) -> Ran {
+    Reconcile::new()
+        .manifest("a.yaml", manifest)
+        .args(args)
+        .run()
+}
+
+/// The `classes` that `reconcile status --format json` gives `unit` (one of its `units`).
+#[track_caller]
+pub fn classes_of(unit: &serde_json::Value) -> Vec<String> {
+    unit["classes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("status has no classes: {unit:#}"))
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `reconcile apply --format json` of `manifest`: the exit code and the first unit's report.
+pub fn apply_first_unit(manifest: &Manifest) -> (i32, serde_json::Value) {
+    let ran = run_on(manifest, &["apply", "--format", "json"]);
+    (ran.code, ran.json()["units"][0].clone())
+}
+
 /// `reconcile apply --format json` of one manifest with one unit: the exit code and that unit's
 /// report.
 pub fn apply_one_unit(manifest: &Manifest) -> (i32, serde_json::Value) {
-    let ran = Reconcile::new()
-        .manifest("a.yaml", manifest)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(manifest, &["apply", "--format", "json"]);
     let json = ran.json();
     assert_eq!(
         json["units"].as_array().map(Vec::len),
@@ -937,6 +1040,37 @@ pub fn apply_one_unit(manifest: &Manifest) -> (i32, serde_json::Value) {
         ran.stdout
     );
     (ran.code, json["units"][0].clone())
+}
+
+/// Asserts that `text` (a run's output, a report's detail) holds `needle`, showing the whole text
+/// when it does not: the check most tests make, in one place.
+#[track_caller]
+pub fn assert_has(text: &str, needle: &str) {
+    assert!(text.contains(needle), "{text}");
+}
+
+/// Asserts that `text` begins with `prefix`, showing the whole text when it does not.
+#[track_caller]
+pub fn assert_starts_with(text: &str, prefix: &str) {
+    assert!(text.starts_with(prefix), "{text}");
+}
+
+/// Asserts an apply's exit code and its unit's `outcome` together, showing the report otherwise.
+#[track_caller]
+pub fn assert_outcome(code: i32, report: &serde_json::Value, want: i32, outcome: &str) {
+    assert_eq!(
+        (code, report["outcome"].as_str()),
+        (want, Some(outcome)),
+        "{report:#}"
+    );
+}
+
+/// Asserts that the string at `key` of `report` holds `needle`, showing the whole report when it
+/// does not (or when `key` holds no string).
+#[track_caller]
+pub fn assert_field_has(report: &serde_json::Value, key: &str, needle: &str) {
+    let text = report[key].as_str().unwrap_or_default();
+    assert!(text.contains(needle), "{report:#}");
 }
 
 /// The figures at concurrency `level` in a benchmark's `levels`: a record's, a report's, or the
@@ -1069,17 +1203,12 @@ impl Reconcile {
 
     /// The unit text `reconcile render` gives for a host (tests' manifests hold no secrets).
     pub fn rendered(&self, host: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_reconcile"))
-            .args(["render", "--host", host])
-            .current_dir(self.dir.path())
-            .output()
-            .expect("reconcile render runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(
+            Command::new(env!("CARGO_BIN_EXE_reconcile"))
+                .args(["render", "--host", host])
+                .current_dir(self.dir.path()),
+            "reconcile render",
+        )
     }
 }
 
@@ -1094,6 +1223,12 @@ impl From<std::process::Output> for Ran {
 }
 
 impl Ran {
+    /// Asserts the run exited with `code`, showing all it wrote when it did not.
+    #[track_caller]
+    pub fn assert_code(&self, code: i32) {
+        assert_eq!(self.code, code, "{}{}", self.stdout, self.stderr);
+    }
+
     pub fn json(&self) -> serde_json::Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("not JSON ({e}):\n{}", self.stdout))

@@ -4,7 +4,9 @@
 
 use serde_json::Value;
 
-use crate::lab::{apply_one_unit, lab, manifest, Manifest, Reconcile, THROUGHPUT};
+use crate::lab::{
+    apply_one_unit, assert_has, assert_outcome, lab, manifest, run_on, Manifest, THROUGHPUT,
+};
 
 /// A service on the throughput host that loads in two seconds, on GPUs `gpu` and `gpu + 1`, with
 /// `--mem-fraction-static` (changing it restarts the server) and no load deadline of its own.
@@ -52,11 +54,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
 
     // The first load has no history: nothing is learned or compared.
     let (code, report) = apply_one_unit(&first);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("converged")),
-        "{report}"
-    );
+    assert_outcome(code, &report, 0, "converged");
     assert!(
         report["verification"].get("previous_loads").is_none(),
         "{report}"
@@ -94,11 +92,7 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
     // A changed flag restarts it: the second load is shown against the first.
     let second = service("t-learned", 37021, 30, 0.85);
     let (code, report) = apply_one_unit(&second);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("converged")),
-        "{report}"
-    );
+    assert_outcome(code, &report, 0, "converged");
     let previous = &report["verification"]["previous_loads"];
     assert_eq!(
         previous["load_seconds"][0].as_f64(),
@@ -139,15 +133,12 @@ fn a_second_load_is_shown_against_the_first_and_learns_its_deadline() {
 
     // A load deadline set in the manifest is kept; the text report compares with the last load.
     let third = service("t-learned", 37021, 30, 0.8).verify("load_deadline", "40s");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &third)
-        .args(&["apply"])
-        .run();
+    let ran = run_on(&third, &["apply"]);
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
     let out = &ran.stdout;
-    assert!(out.contains("new unit: ready after "), "{out}");
-    assert!(out.contains("(last good load "), "{out}");
-    assert!(out.contains("(2 converged loads in history)"), "{out}");
+    assert_has(out, "new unit: ready after ");
+    assert_has(out, "(last good load ");
+    assert_has(out, "(2 converged loads in history)");
     assert!(
         out.contains("new unit: this load ") && out.contains("new unit: last load "),
         "{out}"

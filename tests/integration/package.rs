@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, PACKAGE};
+use crate::lab::{assert_has, lab, manifest, stdout_of, PACKAGE};
 
 const UNIT: &str = "t-pkg.service";
 const REPO: &str = "/root/pkg-repo.git";
@@ -24,18 +24,14 @@ fn root() -> PathBuf {
 
 /// Builds the package from the binary under test; returns its path.
 fn build(out: &Path) -> PathBuf {
-    let ran = Command::new("bash")
-        .arg(root().join("packaging/deb/build.sh"))
-        .env("BIN", env!("CARGO_BIN_EXE_reconcile"))
-        .env("OUT", out)
-        .output()
-        .expect("build.sh runs");
-    assert!(
-        ran.status.success(),
-        "build.sh: {}",
-        String::from_utf8_lossy(&ran.stderr)
+    let built = stdout_of(
+        Command::new("bash")
+            .arg(root().join("packaging/deb/build.sh"))
+            .env("BIN", env!("CARGO_BIN_EXE_reconcile"))
+            .env("OUT", out),
+        "build.sh",
     );
-    let deb = PathBuf::from(String::from_utf8(ran.stdout).unwrap().trim());
+    let deb = PathBuf::from(built.trim());
     lint(&deb);
     deb
 }
@@ -66,15 +62,11 @@ fn node_exporter() -> PathBuf {
         return bin;
     }
     std::fs::create_dir_all(&cache).unwrap();
-    let got = Command::new("apt-get")
-        .args(["download", "-q", "prometheus-node-exporter"])
-        .current_dir(&cache)
-        .output()
-        .expect("apt-get runs");
-    assert!(
-        got.status.success(),
-        "apt-get download prometheus-node-exporter: {}",
-        String::from_utf8_lossy(&got.stderr)
+    stdout_of(
+        Command::new("apt-get")
+            .args(["download", "-q", "prometheus-node-exporter"])
+            .current_dir(&cache),
+        "apt-get download prometheus-node-exporter",
     );
     let deb = std::fs::read_dir(&cache)
         .unwrap()
@@ -170,16 +162,11 @@ fn the_package_installs_runs_an_agent_round_with_metrics_and_removes_cleanly() {
         "the installed agent applied the unit"
     );
     let metrics = lab().sh(PACKAGE, &format!("cat {TEXTFILES}/reconcile.prom"));
-    assert!(
-        metrics.contains(
-            "reconcile_unit_in_sync{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\"} 1\n"
-        ),
-        "{metrics}"
+    assert_has(
+        &metrics,
+        "reconcile_unit_in_sync{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\"} 1\n",
     );
-    assert!(
-        metrics.contains("reconcile_last_outcome{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\",outcome=\"converged\"} 1\n"),
-        "{metrics}"
-    );
+    assert_has(&metrics, "reconcile_last_outcome{service=\"t-pkg\",unit=\"t-pkg.service\",host=\"pkg\",outcome=\"converged\"} 1\n");
     // No temporary file is left beside it for the collector to trip over.
     assert_eq!(
         lab().sh(PACKAGE, &format!("ls -A {TEXTFILES}")).trim(),
@@ -218,13 +205,11 @@ fn the_package_installs_runs_an_agent_round_with_metrics_and_removes_cleanly() {
     );
     let served = lab().sh(PACKAGE, &scrape);
     // node_exporter sorts a series' labels by name.
-    assert!(
-        served.contains(
-            "reconcile_unit_in_sync{host=\"pkg\",service=\"t-pkg\",unit=\"t-pkg.service\"} 1"
-        ),
-        "{served}"
+    assert_has(
+        &served,
+        "reconcile_unit_in_sync{host=\"pkg\",service=\"t-pkg\",unit=\"t-pkg.service\"} 1",
     );
-    assert!(served.contains("node_textfile_scrape_error 0"), "{served}");
+    assert_has(&served, "node_textfile_scrape_error 0");
     lab().sh(PACKAGE, "systemctl stop t-node-exporter");
 
     // Removal leaves no unit behind, even with the timer enabled.

@@ -10,7 +10,7 @@ use serde_yaml::Value;
 
 use crate::builder::{map, STAND_IN_VERIFY};
 use crate::hub::{hub, safetensors, sha256, Repo};
-use crate::lab::{lab, manifest, Manifest, Reconcile, PINNED};
+use crate::lab::{assert_has, lab, manifest, Manifest, Reconcile, PINNED};
 
 const ROOT: &str = "/var/lib/reconcile-weights";
 const CONFIG: &[u8] = br#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64}"#;
@@ -116,12 +116,9 @@ fn a_pinned_revision_is_locked_fetched_and_verified_before_the_stop_and_then_fet
 
     // The lock lists every file, with the hub's sha256 for the LFS file and its own for the rest.
     let said = lock(&run);
-    assert!(
-        said.contains(&format!(
-            "hub:labs/pinned-fetch@{}: 3 files",
-            &revision[..12]
-        )),
-        "{said}"
+    assert_has(
+        &said,
+        &format!("hub:labs/pinned-fetch@{}: 3 files", &revision[..12]),
     );
     let text = std::fs::read_to_string(run.dir().join("manifests/reconcile.lock")).unwrap();
     let locked: Value = serde_yaml::from_str(&text).unwrap();
@@ -317,7 +314,7 @@ fn a_fetch_killed_with_its_apply_leaves_the_old_server_serving_and_the_next_appl
         host,
         &format!("test ! -e {}; ls {partial}", pinned_dir(&repo, &second)),
     );
-    assert!(left.contains("model-00001-of-00004.safetensors"), "{left}");
+    assert_has(&left, "model-00001-of-00004.safetensors");
 
     // The next apply fetches only what is missing, and converges on the new revision.
     let (code, report) = apply(&run);
@@ -366,13 +363,13 @@ fn a_file_whose_bytes_are_not_the_locks_is_refused_before_anything_stops() {
     assert_eq!(code, 1, "{report:#}");
     assert_eq!(report["error"], "fetch_failed", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains(&format!(
+    assert_has(
+        detail,
+        &format!(
             "model.safetensors: sha256 {} where reconcile.lock says {}: refused, nothing stopped",
             &sha256(&bad)[..12],
             &sha256(&good)[..12]
-        )),
-        "{detail}"
+        ),
     );
     assert_eq!(lab().invocation(host, unit), serving);
     assert_eq!(model_path_on(host, unit), pinned_dir(&repo, &first));
@@ -425,13 +422,12 @@ fn a_revision_that_fails_is_rolled_back_to_the_kept_one_and_keep_lets_the_failed
     let run = run.manifest("a.yaml", pinned(&third));
     lock(&run);
     let plan = run.run_args(&["plan"]);
-    assert!(
-        plan.stdout.contains(&format!(
+    assert_has(
+        &plan.stdout,
+        &format!(
             "once confirmed, removes 1 older revision ({})",
             &failing[..12]
-        )),
-        "{}",
-        plan.stdout
+        ),
     );
     let (code, report) = apply(&run);
     assert_eq!(code, 0, "{report:#}");

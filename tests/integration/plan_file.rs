@@ -5,7 +5,10 @@
 use sha2::{Digest, Sha256};
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, venv_script, Manifest, Ran, Reconcile, APPLY, PLAN_FILE, SHARED};
+use crate::lab::{
+    assert_has, lab, manifest, run_on, venv_script, Manifest, Ran, Reconcile, APPLY, PLAN_FILE,
+    SHARED,
+};
 
 /// A service that loads in a second and is judged over a three-second crash window, on its own
 /// port and its own two of the stand-in's 64 simulated GPUs (the lease's, two a port; the tests
@@ -63,7 +66,7 @@ fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
         service("t-planfile-exact", &[APPLY, SHARED], 39101),
     );
     let planned = run.run_args(&["plan", "--host", APPLY, "--out", "plan.json"]);
-    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    planned.assert_code(2);
     let (_, plan) = plan_file(&run);
     assert_eq!(plan["format"], "reconcile-plan");
     assert_eq!(plan["manifests"], serde_json::json!(["manifests"]));
@@ -84,7 +87,7 @@ fn a_plan_file_is_applied_exactly_and_leaves_unplanned_hosts_alone() {
     assert_eq!(target["sglang_version"], "0.5.23");
 
     let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
-    assert_eq!(applied.code, 0, "{}{}", applied.stdout, applied.stderr);
+    applied.assert_code(0);
     let report = unit_report(&applied);
     assert_eq!(
         (&report["host"], &report["outcome"]),
@@ -114,18 +117,11 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
     let unit = "t-planfile-edited.service";
     fresh(APPLY, unit);
     let text = service("t-planfile-edited", &[APPLY], 39102);
-    let installed = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply"])
-        .run();
-    assert_eq!(
-        installed.code, 0,
-        "{}{}",
-        installed.stdout, installed.stderr
-    );
+    let installed = run_on(&text, &["apply"]);
+    installed.assert_code(0);
     let run = Reconcile::new().manifest("a.yaml", text.clone().flag("context-length", 4096));
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
-    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    planned.assert_code(2);
     let (_, plan) = plan_file(&run);
     assert_eq!(plan["targets"][0]["verdict"], "restart");
     let before = unit_file(APPLY, unit).unwrap();
@@ -139,7 +135,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
     );
     let edited = unit_file(APPLY, unit).unwrap();
     let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
-    assert_eq!(applied.code, 1, "{}{}", applied.stdout, applied.stderr);
+    applied.assert_code(1);
     let report = unit_report(&applied);
     assert_eq!(report["outcome"], "error", "{report}");
     let expected = format!(
@@ -148,7 +144,7 @@ fn a_plan_made_stale_by_a_hand_edit_on_the_host_is_refused() {
         &sha256(&edited)[..8]
     );
     let detail = report["detail"].as_str().unwrap();
-    assert!(detail.contains(&expected), "{detail}");
+    assert_has(detail, &expected);
     assert_eq!(
         unit_file(APPLY, unit).unwrap(),
         edited,
@@ -171,21 +167,18 @@ fn manifests_edited_after_the_plan_are_refused() {
     let text = service("t-planfile-moved", &[APPLY], 39103);
     let run = Reconcile::new().manifest("a.yaml", &text);
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
-    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    planned.assert_code(2);
     std::fs::write(
         run.dir().join("manifests/a.yaml"),
         text.clone().flag("context-length", 4096).to_yaml(),
     )
     .unwrap();
     let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
-    assert_eq!(applied.code, 1, "{}{}", applied.stdout, applied.stderr);
+    applied.assert_code(1);
     let report = unit_report(&applied);
     assert_eq!(report["outcome"], "error", "{report}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains("the manifests changed since the plan was made"),
-        "{detail}"
-    );
+    assert_has(detail, "the manifests changed since the plan was made");
     assert_eq!(unit_file(APPLY, unit), None, "the host was touched");
 }
 
@@ -206,21 +199,19 @@ fn another_sglang_since_the_plan_is_refused() {
         .version("0.5.9");
     let run = Reconcile::new().manifest("a.yaml", &text);
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
-    assert_eq!(planned.code, 1, "{}{}", planned.stdout, planned.stderr);
+    planned.assert_code(1);
     let (_, plan) = plan_file(&run);
     assert_eq!(plan["targets"][0]["status"], "planned", "{plan}");
     assert_eq!(plan["targets"][0]["sglang_version"], "0.5.23");
     install("0.5.9");
     let applied = run.run_args(&["apply", "plan.json", "--format", "json"]);
-    assert_eq!(applied.code, 1, "{}{}", applied.stdout, applied.stderr);
+    applied.assert_code(1);
     let report = unit_report(&applied);
     assert_eq!(report["outcome"], "error", "{report}");
     let detail = report["detail"].as_str().unwrap();
-    assert!(
-        detail.contains(&format!(
-            "stale plan: SGLang on {APPLY} was 0.5.23 when planned, is 0.5.9 now; plan again"
-        )),
-        "{detail}"
+    assert_has(
+        detail,
+        &format!("stale plan: SGLang on {APPLY} was 0.5.23 when planned, is 0.5.9 now; plan again"),
     );
     assert_eq!(unit_file(APPLY, unit), None, "the host was touched");
 }
@@ -237,7 +228,7 @@ fn a_plan_file_holds_no_secret() {
         .section("secret_env", vec!["PLAN_CREDS"]);
     let run = Reconcile::new().manifest("a.yaml", &text);
     let planned = run.run_args(&["plan", "--out", "plan.json"]);
-    assert_eq!(planned.code, 2, "{}{}", planned.stdout, planned.stderr);
+    planned.assert_code(2);
     let (text, plan) = plan_file(&run);
     // The secrets are in a file of their own, which the diff names.
     assert!(

@@ -4,7 +4,10 @@
 use std::sync::Once;
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, venv_script, Manifest, Reconcile, ESCAPING};
+use crate::lab::{
+    assert_has, assert_starts_with, install_rendered, lab, manifest, run_on, venv_script, Manifest,
+    Reconcile, ESCAPING,
+};
 
 const HOST: &str = ESCAPING;
 
@@ -100,21 +103,10 @@ fn another_sglang_version_on_the_host_names_both_and_fails_the_plan() {
     assert_eq!(json["tally"]["preflight_errors"], 1);
 
     // The text view shows it under the unit, and the tally says so.
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan"])
-        .run();
+    let ran = run_on(&text, &["plan"]);
     assert_eq!(ran.code, 1);
-    assert!(
-        ran.stdout.contains("  preflight: error: the manifest says SGLang 0.5.23 but /opt/t-pre-py-0.5.9/bin/python3 on the host has SGLang 0.5.9"),
-        "{}",
-        ran.stdout
-    );
-    assert!(
-        ran.stdout.contains(", 1 failed preflight"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, "  preflight: error: the manifest says SGLang 0.5.23 but /opt/t-pre-py-0.5.9/bin/python3 on the host has SGLang 0.5.9");
+    assert_has(&ran.stdout, ", 1 failed preflight");
 }
 
 #[test]
@@ -127,10 +119,9 @@ fn too_few_gpus_for_tp_size() {
     let unit = &json["units"][0];
     let gpus = messages_of(unit, "gpus");
     assert_eq!(gpus.len(), 1, "{unit:#}");
-    assert!(
-        gpus[0].starts_with("tp-size 128 × dp-size 1 × pp-size 1 needs 128 GPUs but the host has "),
-        "{}",
-        gpus[0]
+    assert_starts_with(
+        &gpus[0],
+        "tp-size 128 × dp-size 1 × pp-size 1 needs 128 GPUs but the host has ",
     );
     assert_eq!(
         messages_of(unit, "cuda-visible-devices"),
@@ -194,10 +185,9 @@ fn a_port_taken_by_another_process_but_not_by_the_unit_itself() {
     assert_eq!(code, 1, "{json:#}");
     let port_findings = messages_of(&json["units"][0], "port");
     assert_eq!(port_findings.len(), 1, "{port_findings:?}");
-    assert!(
-        port_findings[0].starts_with(&format!("port {port} is already taken by python3 (pid ")),
-        "{}",
-        port_findings[0]
+    assert_starts_with(
+        &port_findings[0],
+        &format!("port {port} is already taken by python3 (pid "),
     );
     assert!(port_findings[0].ends_with("which is not t-pre-port.service"));
 
@@ -218,7 +208,7 @@ fn a_port_taken_by_another_process_but_not_by_the_unit_itself() {
         HOST,
         "systemctl disable --now t-pre-port; rm -f /etc/systemd/system/t-pre-port.service; systemctl daemon-reload",
     );
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     assert_eq!(findings(&ran.json()["units"][0]), []);
 }
 
@@ -234,7 +224,7 @@ fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
     let misspelt = valid.clone().flag("enable-fused-moe-sum-allreduce", true);
     let (code, json, stderr) = plan_json(&[("a.yaml", &misspelt)], &["--no-deep"]);
     assert_eq!(code, 2, "with --no-deep nothing sees it: {json:#}");
-    assert!(stderr.contains("no catalog of SGLang 0.6.0"), "{stderr}");
+    assert_has(&stderr, "no catalog of SGLang 0.6.0");
 
     // A new unit gets the deep check by default, and --deep asks for it too; the refusal is
     // placed at the manifest's field.
@@ -260,11 +250,8 @@ fn the_deep_check_asks_the_hosts_sglang_what_no_catalog_knows() {
 fn apply_refuses_a_unit_that_fails_preflight_and_touches_nothing() {
     let unit = "t-pre-apply.service";
     let text = service("t-pre-apply", 33008).model_path("/models/t-pre-absent");
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--format", "json"])
-        .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&text, &["apply", "--format", "json"]);
+    ran.assert_code(1);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "error", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
@@ -292,16 +279,7 @@ fn a_unit_with_nothing_to_change_gets_only_the_version_check() {
         .model_path("/models/t-pre-absent")
         .python("/opt/t-pre-py-0.5.9/bin/python3");
     let run = Reconcile::new().manifest("a.yaml", &text);
-    lab().put(
-        HOST,
-        &format!("/etc/systemd/system/{unit}"),
-        &run.rendered(HOST),
-    );
-    // Enabled, as an apply leaves it: a disabled unit is a change of its own.
-    lab().sh(
-        HOST,
-        &format!("systemctl daemon-reload && systemctl enable {unit}"),
-    );
+    install_rendered(&run, HOST, unit, false);
 
     let (code, json, _) = plan_json(&[("a.yaml", &text)], &[]);
     let planned = &json["units"][0];
@@ -526,25 +504,14 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         .verify_all(&STAND_IN_VERIFY);
     // The old server, started as a past apply would have left it.
     let run = Reconcile::new().manifest("a.yaml", &v1);
-    lab().put(
-        HOST,
-        &format!("/etc/systemd/system/{unit}"),
-        &run.rendered(HOST),
-    );
-    lab().sh(
-        HOST,
-        &format!("systemctl daemon-reload && systemctl enable --now {unit}"),
-    );
+    install_rendered(&run, HOST, unit, true);
     let before = lab().invocation(HOST, unit);
 
     // A shard cut short (a copy that did not finish), then a change that restarts the server.
     lab().sh(HOST, &format!("truncate -s -100 {model}/s2.safetensors"));
     let v2 = v1.clone().flag("mem-fraction-static", 0.8);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &v2)
-        .args(&["apply", "--format", "json"])
-        .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&v2, &["apply", "--format", "json"]);
+    ran.assert_code(1);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "error", "{report:#}");
     let detail = report["detail"].as_str().unwrap();
@@ -554,10 +521,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         .position(|l| l.contains("model_path:"))
         .unwrap()
         + 1;
-    assert!(
-        detail.contains(&format!("a.yaml:{line}:3: sglang.model_path: the model's weights would not load: {model}/s2.safetensors is truncated: ")),
-        "{detail}"
-    );
+    assert_has(detail, &format!("a.yaml:{line}:3: sglang.model_path: the model's weights would not load: {model}/s2.safetensors is truncated: "));
     assert_eq!(
         lab().invocation(HOST, unit),
         before,
@@ -581,10 +545,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
 
     // Applied now: the weights are staged into the page cache before the old server stops (they
     // fit in the host's memory), and the report says so.
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &v2)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&v2, &["apply", "--format", "json"]);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "converged", "{report:#}");
     assert_ne!(lab().invocation(HOST, unit), before, "restarted");
@@ -598,9 +559,9 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         "{staging}"
     );
     let notes = report["notes"].to_string();
-    assert!(
-        notes.contains("the weights were staged into the page cache before the stop: 2 file(s)"),
-        "{notes}"
+    assert_has(
+        &notes,
+        "the weights were staged into the page cache before the stop: 2 file(s)",
     );
     // With --no-stage, a restart reads nothing ahead.
     let ran = Reconcile::new()

@@ -7,7 +7,7 @@ mod harness;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use crate::lab::{lab, manifest, Manifest, Reconcile, PTY};
+use crate::lab::{lab, stand_in, Manifest, Reconcile, PTY};
 use harness::{live_line, not_plain, run_in_pty, shown_lines, Setup};
 
 /// A run on the terminal gets this long before it counts as hung: the unit loads in 3 s and is
@@ -18,10 +18,7 @@ const WITHIN: Duration = Duration::from_secs(120);
 /// A service on the pty host that loads in 3 s on GPUs `gpu` and `gpu + 1`, sampled every 500 ms:
 /// enough samples for a sparkline, in the crash window and after it.
 fn service(name: &str, port: u16, gpu: u32) -> Manifest {
-    manifest(name, &[PTY])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", format!("{gpu},{}", gpu + 1))
+    stand_in(name, &[PTY], port, format!("{gpu},{}", gpu + 1))
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "3")
         .verify_all(&[

@@ -9,7 +9,7 @@
 //! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-56 (`lab::QUALITY`).
 
 use crate::builder::yaml;
-use crate::lab::{lab, Manifest, Reconcile};
+use crate::lab::{assert_field_has, assert_has, assert_outcome, lab, Manifest, Reconcile};
 
 const HOST: &str = "rl24";
 
@@ -79,7 +79,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
         .manifest("m.yaml", manifest(service, port, gpu, q))
         .manifest("cases.jsonl", CASES);
     let (code, u) = apply(&first);
-    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_outcome(code, &u, 0, "converged");
     assert_eq!(verdict(&u), "recorded", "{u}");
     let kept = lab.sh(
         HOST,
@@ -102,13 +102,9 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
     // The pull request comment says the change will be judged on quality.
     let comment = neutral.run_args(&["plan", "--no-deep", "--format", "markdown"]);
     assert_eq!(comment.code, 2, "{}", comment.stderr);
-    assert!(
-        comment.stdout.contains("judged on quality"),
-        "{}",
-        comment.stdout
-    );
+    assert_has(&comment.stdout, "judged on quality");
     let (code, u) = apply(&neutral);
-    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_outcome(code, &u, 0, "converged");
     assert_eq!(verdict(&u), "passed", "{u}");
     assert!(
         u["quality"]["cost"]["wall_seconds"].as_f64().unwrap() > 0.0,
@@ -121,7 +117,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
         "the toy model is deterministic: {u}"
     );
     assert_eq!(c["identical_share"].as_f64(), Some(1.0), "{u}");
-    assert!(u["detail"].as_str().unwrap().contains("quality:"), "{u}");
+    assert_field_has(&u, "detail", "quality:");
 
     // history shows the quality figures per deployment.
     let history = neutral.run_args(&["history", service, "--format", "json"]);
@@ -137,7 +133,7 @@ fn a_first_deployment_records_a_reference_and_a_neutral_change_passes_at_the_noi
 
     // `reconcile quality` measures the running server and keeps the reference.
     let measured = neutral.run_args(&["quality", service, "--format", "json"]);
-    assert_eq!(measured.code, 0, "{}{}", measured.stdout, measured.stderr);
+    measured.assert_code(0);
     let host = &measured.json()["hosts"][0];
     assert!(
         host["stored"]
@@ -269,7 +265,7 @@ fn wrong_answers_are_caught_by_the_cases_and_with_gate_off_only_reported() {
     assert!(u["quality"]["reasons"].to_string().contains("cases"), "{u}");
 
     let (code, u) = run(&wrong, off);
-    assert_eq!((code, u["outcome"].as_str()), (0, Some("converged")), "{u}");
+    assert_outcome(code, &u, 0, "converged");
     assert_eq!(verdict(&u), "failed", "measured and reported: {u}");
     assert!(
         u["quality"]["detail"]
@@ -304,11 +300,7 @@ fn a_missing_or_malformed_cases_file_is_an_offline_error_with_file_and_line() {
         )
         .run_args(&["plan"]);
     assert_eq!(malformed.code, 1, "{}", malformed.stderr);
-    assert!(
-        malformed.stderr.contains("cases.jsonl:2"),
-        "{}",
-        malformed.stderr
-    );
+    assert_has(&malformed.stderr, "cases.jsonl:2");
     assert!(
         !malformed.stderr.contains("rl24"),
         "no host was contacted: {}",

@@ -5,7 +5,7 @@
 
 use crate::apply::{apply, assert_rolled_back, france, fresh, passed_stages, service};
 use crate::builder::yaml;
-use crate::lab::{lab, Manifest, APPLY};
+use crate::lab::{assert_field_has, assert_has, lab, probe_seconds, run_on, Manifest, APPLY};
 
 fn stage<'a>(verification: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
     verification["stages"]
@@ -37,11 +37,7 @@ fn a_health_check_slower_than_a_second_is_waited_for() {
         converges(&service("t-real-slowhealth", 32023).env("FAKE_SGLANG_HEALTH_SECONDS", "3"));
     let readiness = stage(&report["verification"], "readiness");
     let detail = readiness["detail"].as_str().unwrap();
-    let took: f64 = detail
-        .split("the probe took ")
-        .nth(1)
-        .and_then(|t| t.trim_end_matches("s)").parse().ok())
-        .unwrap_or_else(|| panic!("no probe time in {detail}"));
+    let took = probe_seconds(detail);
     assert!(
         took >= 2.9,
         "the 200 came {took}s after the request: {detail}"
@@ -116,10 +112,7 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
     let text = service("t-real-apikey", 32008)
         .verify("smoke", france())
         .flag("api-key", key);
-    let ran = crate::lab::Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--format", "json"])
-        .run();
+    let ran = run_on(&text, &["apply", "--format", "json"]);
     assert_eq!(ran.code, 0, "{}\n{}", ran.stdout, ran.stderr);
     let report = &ran.json()["units"][0];
     assert_eq!(
@@ -152,10 +145,7 @@ fn a_reasoning_model_is_asked_not_to_think() {
         .flag("reasoning-parser", "qwen3");
     let report = converges(&text);
     let smoke = stage(&report["verification"], "smoke");
-    assert!(
-        smoke["detail"].as_str().unwrap().contains("Paris"),
-        "{smoke}"
-    );
+    assert_field_has(smoke, "detail", "Paris");
     stop(unit);
 }
 
@@ -217,9 +207,9 @@ fn a_dead_rank_of_sglang_0_5_23_fails_the_start_and_is_rolled_back() {
         detail.contains("a worker process died") || detail.contains("crashed "),
         "{detail}"
     );
-    assert!(
-        detail.contains("the previous unit was restored and passed verification"),
-        "{detail}"
+    assert_has(
+        detail,
+        "the previous unit was restored and passed verification",
     );
     stop(unit);
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_yaml::Value;
 
 use crate::builder::{map, yaml};
-use crate::lab::{lab, Manifest, Reconcile, REPLICAS, ROUTER};
+use crate::lab::{assert_has, lab, send_signal, Manifest, Reconcile, REPLICAS, ROUTER};
 
 pub(crate) static TURN: Mutex<()> = Mutex::new(());
 
@@ -351,11 +351,9 @@ fn the_last_healthy_replica_is_never_taken_out() {
     assert_eq!(u["outcome"], "error", "{u}");
     assert_eq!(u["error"], "refused", "{u}");
     let detail = u["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains(&format!(
-            "would leave 0 healthy replica(s) of `{MODEL}` (min_available 1)"
-        )),
-        "{detail}"
+    assert_has(
+        detail,
+        &format!("would leave 0 healthy replica(s) of `{MODEL}` (min_available 1)"),
     );
     assert_eq!(lab().invocation(only[0], &unit), before, "not restarted");
     assert!(lab()
@@ -389,13 +387,9 @@ fn sigterm_during_verification_puts_the_replica_back_on_its_old_unit() {
     // An input of the fault, not a wait: the signal lands half a second into a verification that
     // lasts the 8 s load at least.
     std::thread::sleep(Duration::from_millis(500));
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    send_signal(&child, "-TERM");
     let ran = crate::lab::Ran::from(child.wait_with_output().unwrap());
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = ran.json();
     let u = unit_of(&report, two[0]);
     assert_eq!(u["outcome"], "rolled_back", "{u}");

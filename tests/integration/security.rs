@@ -1,7 +1,9 @@
 //! Security: secrets never leave reconcile, and manifest values with shell metacharacters are
 //! data, never code, on the host.
 
-use crate::lab::{lab, manifest, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY, SECURITY};
+use crate::lab::{
+    assert_has, lab, manifest, run_on, Manifest, Reconcile, APPLY, BAD_KEY, NEW_KEY, SECURITY,
+};
 
 const CANARIES: [&str; 3] = [
     "hf_canary_7f3a91c2",
@@ -64,13 +66,7 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
                 .run(),
         ));
     }
-    runs.push((
-        "render".into(),
-        Reconcile::new()
-            .manifest("a.yaml", &good)
-            .args(&["render"])
-            .run(),
-    ));
+    runs.push(("render".into(), run_on(&good, &["render"])));
     // While the applies run, a local user reads every command line: no secret of the
     // environment is on any (the server's own carries its --api-key, as SGLang reads it).
     let ((), seen) = scanning(APPLY, "canary", &CANARIES[..2], || {
@@ -91,17 +87,9 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
         "a local user read a secret on a command line during apply"
     );
     let (_, converged) = &runs[4];
-    assert_eq!(
-        converged.code, 0,
-        "{}{}",
-        converged.stdout, converged.stderr
-    );
+    converged.assert_code(0);
     let (_, rolled_back) = &runs[5];
-    assert_eq!(
-        rolled_back.code, 3,
-        "{}{}",
-        rolled_back.stdout, rolled_back.stderr
-    );
+    rolled_back.assert_code(3);
     assert!(
         rolled_back.stdout.contains("api_key='<redacted>'"),
         "the failed start's journal is shown, redacted:\n{}",
@@ -116,17 +104,9 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
     let bad = good
         .clone()
         .env("MY_CREDS", format!("{}\nsecond line", CANARIES[1]));
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &bad)
-        .args(&["plan"])
-        .run();
+    let ran = run_on(&bad, &["plan"]);
     assert_eq!(ran.code, 1);
-    assert!(
-        ran.stderr
-            .contains("env.MY_CREDS: the value holds a newline"),
-        "{}",
-        ran.stderr
-    );
+    assert_has(&ran.stderr, "env.MY_CREDS: the value holds a newline");
     assert_no_canary("a validation error", &ran.stderr);
     // The host keeps what it must (the unit, its generations: 0600 root) and no record holds a secret.
     let records = lab().sh(
@@ -135,7 +115,7 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
             "cat /var/lib/reconcile/{unit}/current.json /var/lib/reconcile/{unit}/history.jsonl"
         ),
     );
-    assert!(records.contains("manifest_sha256"), "{records}");
+    assert_has(&records, "manifest_sha256");
     assert_no_canary("the deployment record", &records);
     let modes = lab().sh(
         APPLY,
@@ -156,15 +136,11 @@ fn a_planted_secret_appears_in_no_output_log_error_or_record() {
             "another local user reads {canary}:\n{seen_by_nobody}"
         );
     }
-    assert!(
-        seen_by_nobody
-            .contains("EnvironmentFiles=/var/lib/reconcile/secrets/t-sec-canary.service-"),
-        "{seen_by_nobody}"
+    assert_has(
+        &seen_by_nobody,
+        "EnvironmentFiles=/var/lib/reconcile/secrets/t-sec-canary.service-",
     );
-    assert!(
-        seen_by_nobody.contains("Permission denied"),
-        "{seen_by_nobody}"
-    );
+    assert_has(&seen_by_nobody, "Permission denied");
     // Root's alone, in folders root's alone; and the server got every value exactly.
     let modes = lab().sh(
         APPLY,
@@ -234,11 +210,8 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
             ("stall_timeout", "5s"),
             ("load_deadline", "20s"),
         ]);
-    let plan = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan", "--format", "json"])
-        .run();
-    assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
+    let plan = run_on(&text, &["plan", "--format", "json"]);
+    plan.assert_code(2);
     assert!(
         plan.json()["units"][0]["preflight"]
             .as_array()
@@ -248,10 +221,7 @@ fn shell_metacharacters_in_manifest_values_stay_data_on_the_host() {
         plan.stdout
     );
     let (code, report) = {
-        let ran = Reconcile::new()
-            .manifest("a.yaml", &text)
-            .args(&["apply", "--format", "json"])
-            .run();
+        let ran = run_on(&text, &["apply", "--format", "json"]);
         (ran.code, ran.json()["units"][0].clone())
     };
     assert_eq!(code, 0, "{report:#}");
@@ -284,26 +254,16 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
     let known = lab().file("known_hosts_new");
     std::fs::write(&known, "").unwrap();
     let text = manifest("t-sec-newkey", &[NEW_KEY]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan"])
-        .run();
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout.contains("Host key verification failed"),
-        "{}",
-        ran.stdout
-    );
+    let ran = run_on(&text, &["plan"]);
+    ran.assert_code(1);
+    assert_has(&ran.stdout, "Host key verification failed");
     assert_eq!(
         std::fs::read_to_string(&known).unwrap(),
         "",
         "nothing recorded without the flag"
     );
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["plan", "--accept-new-host-keys"])
-        .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    let ran = run_on(&text, &["plan", "--accept-new-host-keys"]);
+    ran.assert_code(2);
     assert!(
         std::fs::read_to_string(&known)
             .unwrap()
@@ -311,21 +271,13 @@ fn a_new_host_key_is_recorded_only_when_asked_and_a_changed_one_never_is() {
         "the new key is recorded"
     );
     let changed = manifest("t-sec-newkey", &[BAD_KEY]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &changed)
-        .args(&["plan", "--accept-new-host-keys"])
-        .run();
+    let ran = run_on(&changed, &["plan", "--accept-new-host-keys"]);
     assert_eq!(
         ran.code, 1,
         "a changed key is refused even with the flag: {}",
         ran.stdout
     );
-    assert!(
-        ran.stdout
-            .contains("REMOTE HOST IDENTIFICATION HAS CHANGED"),
-        "{}",
-        ran.stdout
-    );
+    assert_has(&ran.stdout, "REMOTE HOST IDENTIFICATION HAS CHANGED");
 }
 
 /// Runs `run` while a local user (`nobody`) reads every command line on `host` over and over,
@@ -452,10 +404,7 @@ chown -R nobody "$site""#,
     let root_unit = manifest("t-sec-venv", &[host])
         .port(38004)
         .python(format!("{venv}/bin/python3").as_str());
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &root_unit)
-        .args(&["plan", "--format", "json", "--deep"])
-        .run();
+    let ran = run_on(&root_unit, &["plan", "--format", "json", "--deep"]);
     let found = preflight_of(&ran);
     let owner: Vec<&String> = found
         .iter()
@@ -463,11 +412,8 @@ chown -R nobody "$site""#,
         .map(|(_, m)| m)
         .collect();
     assert_eq!(owner.len(), 1, "{found:?}");
-    assert!(
-        owner[0].contains("site-packages (writable by its owner, uid 65534)"),
-        "{owner:?}"
-    );
-    assert!(owner[0].contains("runs as root"), "{owner:?}");
+    assert_has(owner[0], "site-packages (writable by its owner, uid 65534)");
+    assert_has(owner[0], "runs as root");
     assert!(
         found
             .iter()
@@ -512,7 +458,7 @@ chown -R nobody "$site""#,
         &format!("su nobody -s /bin/sh -c '{venv}/bin/python3 -c pass'"),
     );
     let ran_as = lab().sh(host, &format!("ls {PTH_MARKERS}.*"));
-    assert!(ran_as.contains(&format!("{PTH_MARKERS}.65534")), "{ran_as}");
+    assert_has(&ran_as, &format!("{PTH_MARKERS}.65534"));
     lab().sh(host, &format!("rm -rf {venv} {PTH_MARKERS}.*"));
 }
 
@@ -533,10 +479,10 @@ fn no_process_of_reconcile_on_the_host_carries_a_secret_on_its_command_line() {
         "argv",
         &["sk-canary-argv-7d1e", "hf_canary_argv_90ab"],
         || {
-            Reconcile::new()
-                .manifest("a.yaml", &unit)
-                .args(&["plan", "--format", "json", "--deep", "--trace-remote"])
-                .run()
+            run_on(
+                &unit,
+                &["plan", "--format", "json", "--deep", "--trace-remote"],
+            )
         },
     );
     assert!(
@@ -603,36 +549,19 @@ fn a_journal_full_of_escape_sequences_is_shown_not_acted_on() {
         .port(38006)
         .python(python)
         .verify_all(&[("crash_window", "3s"), ("load_deadline", "20s")]);
-    let ran = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--no-deep"])
-        .run();
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout.contains("\\x1b]0;owned\\x07title set"),
-        "{}",
-        ran.stdout
-    );
-    assert!(
-        ran.stdout.contains("\\x1b[2Jscreen cleared"),
-        "{}",
-        ran.stdout
-    );
+    let ran = run_on(&text, &["apply", "--no-deep"]);
+    ran.assert_code(3);
+    assert_has(&ran.stdout, "\\x1b]0;owned\\x07title set");
+    assert_has(&ran.stdout, "\\x1b[2Jscreen cleared");
     assert!(
         !ran.stdout.contains('\u{1b}'),
         "an escape reached the terminal"
     );
-    assert!(
-        ran.stdout
-            .contains("more characters; --format json has the whole line]"),
-        "{}",
-        ran.stdout
+    assert_has(
+        &ran.stdout,
+        "more characters; --format json has the whole line]",
     );
-    let json = Reconcile::new()
-        .manifest("a.yaml", &text)
-        .args(&["apply", "--no-deep", "--format", "json"])
-        .run()
-        .json();
+    let json = run_on(&text, &["apply", "--no-deep", "--format", "json"]).json();
     let journal = json["units"][0]["journal"].as_str().unwrap_or_default();
     assert!(journal.contains("\u{1b}]0;owned\u{7}"), "{json:#}");
     assert!(

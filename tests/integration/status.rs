@@ -6,16 +6,15 @@
 //! GPU pairs of their own among the stand-in's 64.
 
 use crate::builder::STAND_IN_VERIFY;
-use crate::lab::{lab, manifest, Manifest, Ran, Reconcile, SHARED};
+use crate::lab::{
+    assert_has, classes_of, lab, manifest, stand_in, Manifest, Ran, Reconcile, SHARED,
+};
 
 const HOST: &str = SHARED;
 
 /// A service that loads in one second and is verified in seconds (as in `apply.rs`).
 fn service(name: &str, port: u16, gpus: &str) -> Manifest {
-    manifest(name, &[HOST])
-        .port(port)
-        .without_env("NCCL_P2P_DISABLE")
-        .env("CUDA_VISIBLE_DEVICES", gpus)
+    stand_in(name, &[HOST], port, gpus)
         .env("FAKE_SGLANG_GPU_COUNT", "64")
         .env("FAKE_SGLANG_LOAD_SECONDS", "1")
         .verify_all(&STAND_IN_VERIFY)
@@ -35,7 +34,7 @@ fn run(text: &Manifest, args: &[&str]) -> Ran {
 
 fn apply(text: &Manifest) {
     let ran = run(text, &["apply", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
 }
 
 /// The classes `status` gives the only unit of `text`, and its exit code.
@@ -43,13 +42,7 @@ fn classes(text: &Manifest) -> (Vec<String>, i32, serde_json::Value) {
     let ran = run(text, &["status", "--format", "json"]);
     let json = ran.json();
     let unit = json["units"][0].clone();
-    let classes = unit["classes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{unit:#}"))
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
-    (classes, ran.code, unit)
+    (classes_of(&unit), ran.code, unit)
 }
 
 fn unit_file(unit: &str) -> String {
@@ -104,10 +97,7 @@ fn status_follows_a_hand_edit_through_reload_and_restart() {
     );
     assert_eq!(code, 2);
     let details = json["details"].to_string();
-    assert!(
-        details.contains("~ context-length 8192 -> 4096"),
-        "{details}"
-    );
+    assert_has(&details, "~ context-length 8192 -> 4096");
 
     // Reloaded, but the server still runs the old command line.
     lab().sh(HOST, "systemctl daemon-reload");
@@ -186,7 +176,7 @@ fn a_unit_reconcile_never_applied_is_unmanaged_and_a_missing_one_absent() {
         .manifest("absent.yaml", &absent)
         .args(&["status", "--format", "json"])
         .run();
-    assert_eq!(ran.code, 2, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(2);
     let json = ran.json();
     let of = |unit: &str| -> serde_json::Value {
         json["units"]
@@ -219,12 +209,8 @@ fn a_unit_reconcile_never_applied_is_unmanaged_and_a_missing_one_absent() {
 fn status_of_an_unreachable_host_is_an_error() {
     let text = manifest("t-st-unreach", &[crate::lab::UNREACHABLE]);
     let ran = run(&text, &["status"]);
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout.contains("error: cannot connect"),
-        "{}",
-        ran.stdout
-    );
+    ran.assert_code(1);
+    assert_has(&ran.stdout, "error: cannot connect");
 }
 
 #[test]
@@ -241,7 +227,7 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
     apply(&v3);
 
     let ran = run(&v3, &["history", "t-st-hist", "--format", "json"]);
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let json = ran.json();
     let host = &json["hosts"][0];
     let deployments = host["deployments"].as_array().unwrap();
@@ -278,24 +264,22 @@ fn history_numbers_three_applies_and_rollback_restores_the_first_verified() {
     );
     assert_eq!(modes, "700\n600\n");
     let text = run(&v3, &["history", "t-st-hist"]).stdout;
-    assert!(text.contains("3 deployments, current: 3"), "{text}");
+    assert_has(&text, "3 deployments, current: 3");
     assert!(text.lines().any(|l| l.starts_with("   *   3 ")), "{text}");
 
     // A deployment that does not exist is refused, naming those that do.
     let ran = run(&v3, &["rollback", "t-st-hist", "--to", "9"]);
-    assert_eq!(ran.code, 1, "{}{}", ran.stdout, ran.stderr);
-    assert!(
-        ran.stdout
-            .contains("there is no deployment 9 (3 recorded; kept: 1, 2, 3)"),
-        "{}",
-        ran.stdout
+    ran.assert_code(1);
+    assert_has(
+        &ran.stdout,
+        "there is no deployment 9 (3 recorded; kept: 1, 2, 3)",
     );
 
     let ran = run(
         &v3,
         &["rollback", "t-st-hist", "--to", "1", "--format", "json"],
     );
-    assert_eq!(ran.code, 0, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(0);
     let report = &ran.json()["units"][0];
     assert_eq!(report["outcome"], "converged", "{report:#}");
     assert_eq!(report["verdict"], "restart");

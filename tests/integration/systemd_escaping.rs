@@ -1,7 +1,7 @@
 //! What systemd executes is exactly what the manifest says: hostile values go through a rendered
 //! unit, a real daemon-reload and a real start, and come back from the running process.
 
-use crate::lab::{lab, manifest, Reconcile, ESCAPING};
+use crate::lab::{assert_has, lab, manifest, Reconcile, ESCAPING};
 
 const HOSTILE: [&str; 16] = [
     "two words",
@@ -98,7 +98,7 @@ fn hostile_values_reach_the_process_exactly() {
             ESCAPING,
             &format!("systemctl show -p Environment --value {unit}"),
         );
-        assert!(shown.contains("CUDA_VISIBLE_DEVICES=0,1"), "{shown}");
+        assert_has(&shown, "CUDA_VISIBLE_DEVICES=0,1");
     }
     lab().sh(ESCAPING, &format!("systemctl stop {}", units.join(" ")));
 }

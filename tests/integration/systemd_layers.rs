@@ -9,7 +9,9 @@
 //! leases them: the stand-in's GPU memory is per GPU, and a server of another test leaving a
 //! shared GPU reads as a dead rank.
 
-use crate::lab::{lab, Manifest, Reconcile};
+use crate::lab::{
+    assert_field_has, assert_has, assert_outcome, classes_of, lab, Manifest, Reconcile,
+};
 
 const HOST: &str = "rl24";
 
@@ -78,13 +80,7 @@ fn apply(r: &Reconcile, extra: &[&str]) -> (i32, serde_json::Value) {
 
 fn status_classes(r: &Reconcile) -> (Vec<String>, String) {
     let (_, unit, _) = run(r, &["status"]);
-    let classes = unit["classes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("status has classes: {unit}"))
-        .iter()
-        .map(|c| c.as_str().unwrap().to_string())
-        .collect();
-    (classes, unit["details"].to_string())
+    (classes_of(&unit), unit["details"].to_string())
 }
 
 fn clean(unit: &str) {
@@ -124,11 +120,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
     clean(&unit);
     let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, applied) = apply(&r, &[]);
-    assert_eq!(
-        (code, applied["outcome"].as_str()),
-        (0, Some("converged")),
-        "{applied}"
-    );
+    assert_outcome(code, &applied, 0, "converged");
 
     // What `systemctl edit` writes: the command line reset to --tp-size 1, one GPU.
     let dropin = format!("/etc/systemd/system/{unit}.d/override.conf");
@@ -185,19 +177,13 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
         !classes.contains(&"not_restarted".to_string()),
         "{classes:?} {details}"
     );
-    assert!(details.contains("a restart would not fix it"), "{details}");
+    assert_has(&details, "a restart would not fix it");
 
     // apply refuses by default and touches nothing.
     let (code, refused) = apply(&r, &[]);
     assert_eq!(code, 1, "{refused}");
     assert_eq!(refused["error"], "overridden_on_host", "{refused}");
-    assert!(
-        refused["detail"]
-            .as_str()
-            .unwrap()
-            .contains("systemd.dropins: replace"),
-        "{refused}"
-    );
+    assert_field_has(&refused, "detail", "systemd.dropins: replace");
     assert_eq!(lab.invocation(HOST, &unit), edited, "nothing restarted");
     assert_eq!(
         lab.sh(HOST, &format!("cat {dropin}")),
@@ -238,11 +224,7 @@ fn a_systemctl_edit_drop_in_is_planned_refused_named_then_replaced_and_put_back_
         manifest(service, port, GPUS).systemd("dropins", "replace"),
     );
     let (code, converged) = apply(&replacing, &[]);
-    assert_eq!(
-        (code, converged["outcome"].as_str()),
-        (0, Some("converged")),
-        "{converged}"
-    );
+    assert_outcome(code, &converged, 0, "converged");
     assert!(
         converged["notes"].to_string().contains("moved aside"),
         "{converged}"
@@ -291,13 +273,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
         (1, Some("overridden_on_host")),
         "{refused}"
     );
-    assert!(
-        refused["detail"]
-            .as_str()
-            .unwrap()
-            .contains("systemctl unmask"),
-        "{refused}"
-    );
+    assert_field_has(&refused, "detail", "systemctl unmask");
     assert!(is_mask(), "the mask is untouched");
     let (classes, _) = status_classes(&r);
     assert!(classes.contains(&"masked".to_string()), "{classes:?}");
@@ -315,11 +291,7 @@ fn a_masked_unit_is_planned_refused_and_with_replace_unmasked_or_masked_again_by
     );
 
     let (code, converged) = apply(&r, &["--replace-dropins"]);
-    assert_eq!(
-        (code, converged["outcome"].as_str()),
-        (0, Some("converged")),
-        "{converged}"
-    );
+    assert_outcome(code, &converged, 0, "converged");
     assert!(!is_mask());
     assert_eq!(
         lab.sh(HOST, &format!("systemctl is-enabled {unit} || true"))
@@ -404,11 +376,7 @@ fn a_unit_in_run_that_systemd_loads_instead_is_planned_refused_and_replaced_or_r
     );
 
     let (code, converged) = apply(&r, &["--replace-dropins"]);
-    assert_eq!(
-        (code, converged["outcome"].as_str()),
-        (0, Some("converged")),
-        "{converged}"
-    );
+    assert_outcome(code, &converged, 0, "converged");
     assert_eq!(fragment(), format!("/etc/systemd/system/{unit}"));
     assert_eq!(
         lab.sh(
@@ -437,11 +405,7 @@ fn a_disabled_unit_is_planned_named_and_enabled_without_a_restart() {
     clean(&unit);
     let r = Reconcile::new().manifest("m.yaml", manifest(service, port, GPUS));
     let (code, applied) = apply(&r, &[]);
-    assert_eq!(
-        (code, applied["outcome"].as_str()),
-        (0, Some("converged")),
-        "{applied}"
-    );
+    assert_outcome(code, &applied, 0, "converged");
     lab.sh(HOST, &format!("systemctl disable {unit}"));
     let before = lab.invocation(HOST, &unit);
 
@@ -452,7 +416,7 @@ fn a_disabled_unit_is_planned_named_and_enabled_without_a_restart() {
     assert!(p["notes"].to_string().contains("apply enables it"), "{p}");
     let (classes, details) = status_classes(&r);
     assert!(classes.contains(&"disabled".to_string()), "{classes:?}");
-    assert!(details.contains("a restart would not fix it"), "{details}");
+    assert_has(&details, "a restart would not fix it");
 
     let (code, reloaded) = apply(&r, &[]);
     assert_eq!(code, 0, "{reloaded}");

@@ -8,7 +8,7 @@
 //! One real server at a time: the variants replace each other on the same unit.
 
 use super::{slots, Service, SLOTS_FREE};
-use crate::lab::{lab, Reconcile, EXPERIMENT_REAL};
+use crate::lab::{assert_has, lab, names_in, Reconcile, EXPERIMENT_REAL};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -49,12 +49,7 @@ fn a_real_server_experiment_ranks_three_caps_and_draws_their_trade_off() {
         .as_bool()
         .expect("the drift is checked");
     assert_eq!(ran.code, if trusted { 0 } else { 2 }, "{json:#}");
-    let names: Vec<&str> = json["ranking"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["name"].as_str().unwrap())
-        .collect();
+    let names = names_in(&json["ranking"]);
     // Which of 64 and 2 ranks first at 4 is the machine's to say (two cores serve four requests
     // hardly faster than two); the cap of 1 is last.
     assert_eq!(names.len(), 3, "{json:#}");
@@ -85,7 +80,7 @@ fn a_real_server_experiment_ranks_three_caps_and_draws_their_trade_off() {
         .unwrap();
     assert_eq!(top["dominated"], false, "{json:#}");
     let svg = std::fs::read_to_string(r.dir().join("chart.svg")).unwrap();
-    assert!(svg.contains(">max-running-requests=1@4</text>"), "{svg}");
+    assert_has(&svg, ">max-running-requests=1@4</text>");
     let overhead = json["overhead_per_variant"].as_f64().unwrap();
     eprintln!(
         "real experiment: baseline {base:.1} tok/s at 4, cap 1 {capped:.1}; drift {:.1} %; overhead per variant {overhead:.2} s",

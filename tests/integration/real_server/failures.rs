@@ -9,7 +9,7 @@
 //! so their rollback tests skip it with `--no-deep`, as an operator who skipped it would.
 
 use super::{Service, Shared, HOSTS, MODEL_CONTEXT, ROOT};
-use crate::lab::{lab, Manifest, Reconcile};
+use crate::lab::{assert_has, lab, Manifest, Reconcile};
 
 /// The good servers the failures are applied to, one a host; each names how many tests take it.
 static ON_FIRST: Shared = Shared::new("t-rs-fail-a", HOSTS[0], 38011, 3);
@@ -44,20 +44,27 @@ fn cause(report: &serde_json::Value) -> String {
         .to_string()
 }
 
+/// Takes a turn on `on`'s server and applies its good manifest with `flag` set to `value`: the
+/// start fails and is rolled back ([`rolled_back`]). Returns the report and its diagnosis's cause.
+fn with_bad_flag(
+    on: &'static Shared,
+    flag: &str,
+    value: impl Into<serde_yaml::Value>,
+) -> (serde_json::Value, String) {
+    let turn = on.take();
+    let bad = on.good().flag(flag, value);
+    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
+    let cause = cause(&report);
+    (report, cause)
+}
+
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_context_length_past_the_models_is_rolled_back_with_its_cause() {
-    let turn = ON_FIRST.take();
-    let s = turn.service();
-    let bad = ON_FIRST.good().flag("context-length", 2 * MODEL_CONTEXT);
-    let report = rolled_back(s, &bad.manifest(), &["--no-deep"]);
-    let cause = cause(&report);
+    let (report, cause) = with_bad_flag(&ON_FIRST, "context-length", 2 * MODEL_CONTEXT);
     assert!(cause.contains("4096") && cause.contains("2048"), "{cause}");
     let advice = report["diagnosis"]["advice"].as_str().unwrap();
-    assert!(
-        advice.contains("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"),
-        "{advice}"
-    );
+    assert_has(advice, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN");
 }
 
 /// A copy of the tiny model on the host, without `config.json`.
@@ -79,19 +86,14 @@ fn a_model_folder_without_config_json_is_rolled_back_with_its_cause() {
     let bad = s.manifest().model_path(path);
     let report = rolled_back(s, &bad, &["--no-deep"]);
     let cause = cause(&report);
-    assert!(cause.contains("config"), "{cause}");
+    assert_has(&cause, "config");
 }
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
 fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
-    let turn = ON_FIRST.take();
-    let bad = ON_FIRST
-        .good()
-        .flag("chat-template", "/models/no-such-template.jinja");
-    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
-    let cause = cause(&report);
-    assert!(cause.contains("/models/no-such-template.jinja"), "{cause}");
+    let (_, cause) = with_bad_flag(&ON_FIRST, "chat-template", "/models/no-such-template.jinja");
+    assert_has(&cause, "/models/no-such-template.jinja");
 }
 
 #[test]
@@ -99,11 +101,8 @@ fn a_chat_template_file_that_does_not_exist_is_rolled_back_with_its_cause() {
 fn a_kv_cache_dtype_the_cpu_engine_refuses_is_rolled_back_with_its_cause() {
     // `--quantization fp8` is refused only on a CPU without AMX, and `--dtype float16` is served:
     // an fp8 KV cache is what the CPU engine refuses on every machine.
-    let turn = ON_SECOND.take();
-    let bad = ON_SECOND.good().flag("kv-cache-dtype", "fp8_e5m2");
-    let report = rolled_back(turn.service(), &bad.manifest(), &["--no-deep"]);
-    let cause = cause(&report);
-    assert!(cause.contains("fp8_e5m2"), "{cause}");
+    let (_, cause) = with_bad_flag(&ON_SECOND, "kv-cache-dtype", "fp8_e5m2");
+    assert_has(&cause, "fp8_e5m2");
 }
 
 #[test]
@@ -138,7 +137,7 @@ fn a_killed_scheduler_is_rolled_back_with_its_cause() {
     assert_eq!(s.unit_file(), good);
     assert_eq!(s.http("GET", "/health", None, None).0, 200);
     let cause = cause(report);
-    assert!(cause.contains("scheduler"), "{cause}");
+    assert_has(&cause, "scheduler");
 }
 
 #[test]

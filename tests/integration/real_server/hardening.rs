@@ -5,7 +5,7 @@
 //! `systemd-analyze security` score is tests/hardening.rs's.
 
 use super::{slots, stage, Service, HOSTS};
-use crate::lab::lab;
+use crate::lab::{assert_has, lab};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -18,7 +18,7 @@ fn a_hardened_unit_converges_and_serves() {
     let report = s.converge();
     let v = &report["verification"];
     let identity = stage(v, "identity")["detail"].as_str().unwrap();
-    assert!(identity.contains("`tiny-t-rs-hardened`"), "{identity}");
+    assert_has(identity, "`tiny-t-rs-hardened`");
 
     // The unit on the host carries the preset, and systemd runs the server under it.
     let unit = s.unit_file();

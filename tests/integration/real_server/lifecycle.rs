@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::{slots, stage, Service, Shared, HOSTS};
 use crate::builder::yaml;
-use crate::lab::{lab, Manifest, Ran, Reconcile};
+use crate::lab::{assert_field_has, assert_has, lab, probe_seconds, Manifest, Ran, Reconcile};
 
 #[test]
 #[ignore = "lab test: needs the throwaway test hosts, run by `tests/run.sh`"]
@@ -19,23 +19,19 @@ fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_rest
     // Identity from the real /v1/models, readiness from the real /health (a one-token generation,
     // never sooner than about a second).
     let identity = stage(v, "identity")["detail"].as_str().unwrap();
-    assert!(identity.contains("`tiny-t-rs-first`"), "{identity}");
+    assert_has(identity, "`tiny-t-rs-first`");
     let readiness = stage(v, "readiness")["detail"].as_str().unwrap();
-    let took: f64 = readiness
-        .split("the probe took ")
-        .nth(1)
-        .and_then(|t| t.trim_end_matches("s)").parse().ok())
-        .unwrap_or_else(|| panic!("no probe time in {readiness}"));
+    let took = probe_seconds(readiness);
     assert!(
         took >= 0.95,
         "a real /health answered in {took}s: {readiness}"
     );
     // The real server's processes: the scheduler and detokenizer set their titles.
     let titles = s.processes();
-    assert!(titles.contains("sglang::scheduler"), "{titles}");
+    assert_has(&titles, "sglang::scheduler");
     let (status, models) = s.http("GET", "/v1/models", None, None);
     assert_eq!(status, 200);
-    assert!(models.contains("\"max_model_len\":2048"), "{models}");
+    assert_has(&models, "\"max_model_len\":2048");
 
     s.applies_as_a_no_op();
 
@@ -78,7 +74,7 @@ fn first_install_converges_a_second_apply_touches_nothing_and_a_flag_change_rest
         "the generation ended at {ended}, before the stop began at {stop_began}"
     );
     let notes = report["notes"].to_string();
-    assert!(notes.contains("the old server stopped in"), "{notes}");
+    assert_has(&notes, "the old server stopped in");
     let ended = lab().sh(
         s.host,
         &format!("journalctl --no-pager -o cat INVOCATION_ID={before}"),
@@ -121,7 +117,7 @@ fn an_api_key_server_is_verified_with_its_key_which_never_shows() {
         .manifest("a.yaml", s.manifest().flag("max-total-tokens", 4000))
         .args(&["plan"])
         .run();
-    assert_eq!(plan.code, 2, "{}{}", plan.stdout, plan.stderr);
+    plan.assert_code(2);
     assert!(
         !plan.stdout.contains(key) && !plan.stderr.contains(key),
         "the key is in the diff"
@@ -235,13 +231,10 @@ fn interrupted_apply_rolls_back(signal: &str, says: &str) {
     let good = s.unit_file();
     let changed = INTERRUPTED.good().flag("max-running-requests", 5);
     let (ran, json) = signalled(s, &changed.manifest(), signal);
-    assert_eq!(ran.code, 3, "{}{}", ran.stdout, ran.stderr);
+    ran.assert_code(3);
     let report = &json["units"][0];
     assert_eq!(report["outcome"], "rolled_back", "{report:#}");
-    assert!(
-        report["detail"].as_str().unwrap().contains(says),
-        "{report:#}"
-    );
+    assert_field_has(report, "detail", says);
     assert_eq!(s.unit_file(), good);
     // The previous unit was verified again and the real server serves.
     assert_eq!(s.http("GET", "/health", None, None).0, 200);

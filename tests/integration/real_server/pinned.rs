@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use crate::builder::map;
 use crate::hub::{hub, sha256};
-use crate::lab::{lab, Reconcile};
+use crate::lab::{assert_has, lab, Reconcile};
 
 use super::{slots, Service, HOSTS};
 
@@ -73,5 +73,5 @@ fn the_real_server_loads_and_serves_a_revision_fetched_from_the_hub() {
     let body = r#"{"model":"tiny-t-rs-pinned","prompt":"Hello","max_tokens":4}"#;
     let (status, answer) = service.http("POST", "/v1/completions", Some(body), None);
     assert_eq!(status, 200, "{answer}");
-    assert!(answer.contains("\"choices\""), "{answer}");
+    assert_has(&answer, "\"choices\"");
 }

@@ -9,7 +9,7 @@
 
 use super::{slots, Service, HOSTS, ROOT};
 use crate::builder::yaml;
-use crate::lab::lab;
+use crate::lab::{assert_outcome, lab};
 
 /// `verify.quality`: sixteen greedy tokens per prompt keep the stage a few seconds on the CPU
 /// engine; the long-context tasks at one short length (the tiny model's tokenizer cuts a word
@@ -136,11 +136,7 @@ fn neutral_changes(base: impl Fn() -> Service<'static>, limits: std::ops::Range<
 /// the unit converged.
 fn converge(s: &Service<'_>) -> serde_json::Value {
     let (code, report) = s.apply_with(&s.manifest(), &["--no-deep"]);
-    assert_eq!(
-        (code, report["outcome"].as_str()),
-        (0, Some("converged")),
-        "{report:#}"
-    );
+    assert_outcome(code, &report, 0, "converged");
     report
 }
 
