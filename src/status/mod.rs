@@ -609,18 +609,11 @@ mod tests {
             manifest_sha256: "m".into(),
             unit_sha256: sha256(text),
             git_commit: Some("0123456789abcdef".into()),
-            git_author: None,
             applied_at: "2026-01-01T00:00:00Z".into(),
             applied_by: "me".into(),
             outcome: "converged".into(),
             load_seconds: Some(1.0),
-            plateau_service_bytes: None,
-            plateau_gpu_mib: Vec::new(),
-            trajectory: Vec::new(),
-            restored_from: None,
-            benchmark: None,
-            quality: None,
-            live: None,
+            ..Default::default()
         }
     }
 

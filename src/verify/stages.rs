@@ -999,46 +999,25 @@ mod tests {
             loaded = loaded.clone().or(d.loaded.clone());
             d.next
         };
-        assert_eq!(
-            step(s.polled(at(0.0), Systemd::Healthy, &closed()), &mut order),
-            Next::Sample
-        );
-        assert_eq!(
-            step(
-                s.sampled(at(0.1), Took::Done(Findings::default())),
-                &mut order
-            ),
-            Next::Poll
-        );
-        // The port opens before the crash window passes: identity first, then the window.
-        assert_eq!(
-            step(
-                s.polled(at(8.0), Systemd::Healthy, &warming(7.5)),
-                &mut order
-            ),
-            Next::Sample
-        );
-        assert_eq!(
-            step(
-                s.sampled(at(8.1), Took::Done(Findings::default())),
-                &mut order
-            ),
-            Next::Poll
-        );
-        assert_eq!(
-            step(
-                s.polled(at(10.0), Systemd::Healthy, &warming(7.5)),
-                &mut order
-            ),
-            Next::Sample
-        );
-        assert_eq!(
-            step(
-                s.sampled(at(10.1), Took::Done(Findings::default())),
-                &mut order
-            ),
-            Next::Poll
-        );
+        // Each poll and the sample after it. The port opens before the crash window passes:
+        // identity first, then the window.
+        for (polled, sampled, seen) in [
+            (0.0, 0.1, closed()),
+            (8.0, 8.1, warming(7.5)),
+            (10.0, 10.1, warming(7.5)),
+        ] {
+            assert_eq!(
+                step(s.polled(at(polled), Systemd::Healthy, &seen), &mut order),
+                Next::Sample
+            );
+            assert_eq!(
+                step(
+                    s.sampled(at(sampled), Took::Done(Findings::default())),
+                    &mut order
+                ),
+                Next::Poll
+            );
+        }
         let d = s.polled(at(20.0), Systemd::Healthy, &ready(7.5));
         assert_eq!(
             d.passed,

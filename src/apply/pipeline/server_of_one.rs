@@ -39,6 +39,18 @@ fn host(unit: Option<&str>) -> FakeHost {
     }
 }
 
+/// Whether `argv` runs the guard program (its path names its build) to `verb`.
+fn guard(argv: &[&str], verb: &str) -> bool {
+    matches!(argv, [program, v, ..] if program.contains("reconcile-guard") && *v == verb)
+}
+
+/// Whether the unit was restarted on `host`.
+fn restarted(host: &FakeHost) -> bool {
+    host.commands()
+        .iter()
+        .any(|c| c.starts_with(&["systemctl".into(), "restart".into()]))
+}
+
 fn passed() -> Result<Verification, Failure> {
     Ok(Verification {
         load_seconds: Some(2.0),
@@ -238,9 +250,7 @@ async fn a_guard_that_cannot_be_taken_over_is_left_the_rollback_alone() {
     // The host answers, but its guard does not take the rollback over: restoring now could
     // race the guard's own restore, so this run restores nothing and does not disarm it.
     let host = host(Some("old")).on_with(&[], |argv, _| match argv {
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
-            Reply::ok("armed\n")
-        }
+        _ if guard(argv, "renew") => Reply::ok("armed\n"),
         [program, ..] if program.contains("reconcile-guard") => {
             Reply::exit(1, "", "guard.json: unreadable")
         }
@@ -278,9 +288,7 @@ async fn a_guard_that_acted_before_the_write_has_nothing_written_under_it() {
     // Armed, then the link was cut past the lease: the guard put the previous file back and
     // watches no more. The new file is not written and the server is not restarted.
     let host = host(Some("old")).on_with(&[], |argv, _| match argv {
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
-            Reply::ok("rolled_back\n")
-        }
+        _ if guard(argv, "renew") => Reply::ok("rolled_back\n"),
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![passed()]);
@@ -294,10 +302,7 @@ async fn a_guard_that_acted_before_the_write_has_nothing_written_under_it() {
         end.detail
     );
     assert_eq!(host.file(PATH).as_deref(), Some("old"));
-    assert!(!host
-        .commands()
-        .iter()
-        .any(|c| c.starts_with(&["systemctl".into(), "restart".into()])));
+    assert!(!restarted(&host));
     assert!(verifier.asked.lock().unwrap().is_empty());
 }
 
@@ -308,25 +313,20 @@ async fn a_guard_that_acted_after_the_write_has_nothing_restarted_under_it() {
     // and the guard's act is left as it is (its take-over is refused, nothing restored).
     let renewals = std::sync::atomic::AtomicUsize::new(0);
     let host = host(Some("old")).on_with(&[], move |argv, _| match argv {
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
+        _ if guard(argv, "renew") => {
             match renewals.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
                 0 => Reply::ok("armed\n"),
                 _ => Reply::ok("rolled_back\n"),
             }
         }
-        [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
-            Reply::ok("rolled_back\n")
-        }
+        _ if guard(argv, "take") => Reply::ok("rolled_back\n"),
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![]);
     let before = observed(Some("old"), "active");
     let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
     assert_ne!(end.outcome, Outcome::Converged, "{}", end.detail);
-    assert!(!host
-        .commands()
-        .iter()
-        .any(|c| c.starts_with(&["systemctl".into(), "restart".into()])));
+    assert!(!restarted(&host));
     assert!(verifier.asked.lock().unwrap().is_empty());
 }
 
@@ -336,15 +336,11 @@ async fn a_take_over_cut_short_by_the_connection_is_tried_again_once_the_host_is
     // connection, not refused, so it is tried again over the new one and the rollback goes on.
     let takes = std::sync::atomic::AtomicUsize::new(0);
     let host = host(Some("old")).on_with(&[], move |argv, _| match argv {
-        [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
-            match takes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
-                0 => Reply::Disconnect,
-                _ => Reply::ok("armed\n"),
-            }
-        }
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
-            Reply::ok("armed\n")
-        }
+        _ if guard(argv, "take") => match takes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => Reply::Disconnect,
+            _ => Reply::ok("armed\n"),
+        },
+        _ if guard(argv, "renew") => Reply::ok("armed\n"),
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![failed(Stage::Readiness), passed()]);
