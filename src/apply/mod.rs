@@ -367,27 +367,13 @@ pub(crate) fn refused(
         _ => None,
     };
     UnitReport {
-        error,
-        ..unit_report(host, unit, source, outcome, detail)
-    }
-}
-
-/// A unit's report before anything is known of its apply but what it ended in.
-fn unit_report(
-    host: &str,
-    unit: &str,
-    source: &str,
-    outcome: Outcome,
-    detail: String,
-) -> UnitReport {
-    UnitReport {
         host: host.to_string(),
         unit: unit.to_string(),
         source: source.to_string(),
         verdict: None,
         outcome,
         detail,
-        error: None,
+        error,
         failed_stage: None,
         notes: Vec::new(),
         verification: None,
@@ -582,9 +568,12 @@ struct Report {
 
 impl Report {
     fn new(t: &Target, started: Instant) -> Report {
+        // The blank report a refusal starts from, with no error (yet) and the unit's place in
+        // its group.
         let report = UnitReport {
+            error: None,
             group: GroupPlace::of(t),
-            ..unit_report(
+            ..refused(
                 &t.host,
                 &t.desired.unit,
                 &t.source,

@@ -379,15 +379,8 @@ fn failed(t: &Target, error: String) -> UnitStatus {
         host: t.host.clone(),
         unit: t.desired.unit.clone(),
         source: t.source.clone(),
-        classes: Vec::new(),
-        details: Vec::new(),
-        git_commit: None,
-        applied_at: None,
-        applied_by: None,
-        systemd: Systemd::default(),
-        served_models: None,
         error: Some(error),
-        record: None,
+        ..UnitStatus::default()
     }
 }
 

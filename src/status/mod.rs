@@ -507,7 +507,7 @@ fn short(sha: &str) -> &str {
 }
 
 /// One unit's status, as shown.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct UnitStatus {
     pub host: String,
     pub unit: String,
@@ -1065,14 +1065,8 @@ mod tests {
             unit: "u".into(),
             source: "s".into(),
             classes,
-            details: Vec::new(),
-            git_commit: None,
-            applied_at: None,
-            applied_by: None,
-            systemd: Systemd::default(),
-            served_models: None,
-            record: None,
             error,
+            ..UnitStatus::default()
         }
     }
 

@@ -813,8 +813,8 @@ mod tests {
         assert_eq!(s.sampled(at(40.1), Took::Done(stalled())).next, Next::Poll);
     }
 
-    #[test]
-    fn a_dead_worker_that_systemd_then_sees_exit_is_a_crash() {
+    /// Loading, with a dead worker found at 20.1s: asked to confirm it.
+    fn dead_worker_found() -> Stages {
         let mut s = loading();
         s.polled(at(20.0), Systemd::Healthy, &closed());
         let dead = Findings {
@@ -822,6 +822,12 @@ mod tests {
             ..Findings::default()
         };
         assert_eq!(s.sampled(at(20.1), Took::Done(dead)).next, Next::Confirm);
+        s
+    }
+
+    #[test]
+    fn a_dead_worker_that_systemd_then_sees_exit_is_a_crash() {
+        let mut s = dead_worker_found();
         assert_eq!(s.confirmed(at(20.2), Systemd::Healthy).next, Next::Confirm);
         let d = s.confirmed(at(20.5), crashed());
         assert!(
@@ -832,13 +838,7 @@ mod tests {
 
     #[test]
     fn a_dead_worker_is_reported_after_confirm_polls_without_a_crash() {
-        let mut s = loading();
-        s.polled(at(20.0), Systemd::Healthy, &closed());
-        let dead = Findings {
-            dead_worker: Some("a worker process died: 3 of 4".into()),
-            ..Findings::default()
-        };
-        assert_eq!(s.sampled(at(20.1), Took::Done(dead)).next, Next::Confirm);
+        let mut s = dead_worker_found();
         let nexts: Vec<Next> = (0..CONFIRM_POLLS)
             .map(|i| {
                 s.confirmed(at(20.1 + 0.25 * i as f64), Systemd::Healthy)

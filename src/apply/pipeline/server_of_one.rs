@@ -77,6 +77,12 @@ async fn install_on(
     install_as(target(), host, verifier, before, verdict, cancel).await
 }
 
+/// Installs `s.service` with a restart over an active `old` unit, the case most tests drive.
+async fn restart_over_old(host: &FakeHost, verifier: &Scripted) -> (Ending, UnitReport) {
+    let before = observed(Some("old"), "active");
+    install_on(host, verifier, &before, Verdict::Restart, false).await
+}
+
 async fn install_as(
     t: crate::targets::Target,
     host: &FakeHost,
@@ -184,8 +190,7 @@ async fn a_reload_only_change_and_a_new_unit_never_drain() {
 async fn a_verified_restart_converges_and_is_recorded() {
     let host = host(Some("old"));
     let verifier = Scripted::new(vec![passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
     assert_eq!(end.error, None);
     assert_eq!(host.file(PATH), Some(target().desired.text));
@@ -220,8 +225,7 @@ async fn past_loads_are_noted_and_the_trajectory_is_recorded() {
         samples: vec![sample(0.0, 20), sample(2.0, 60), sample(5.0, 100)],
         ..Verification::default()
     })]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
     let v = report.verification.unwrap();
     assert_eq!(
@@ -257,8 +261,7 @@ async fn a_guard_that_cannot_be_taken_over_is_left_the_rollback_alone() {
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![failed(Stage::Readiness)]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::RollbackFailed, "{}", end.detail);
     assert!(
         end.detail
@@ -292,8 +295,7 @@ async fn a_guard_that_acted_before_the_write_has_nothing_written_under_it() {
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Error, "{}", end.detail);
     assert!(
         end.detail.contains("nothing was written")
@@ -323,8 +325,7 @@ async fn a_guard_that_acted_after_the_write_has_nothing_restarted_under_it() {
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_ne!(end.outcome, Outcome::Converged, "{}", end.detail);
     assert!(!restarted(&host));
     assert!(verifier.asked.lock().unwrap().is_empty());
@@ -344,8 +345,7 @@ async fn a_take_over_cut_short_by_the_connection_is_tried_again_once_the_host_is
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![failed(Stage::Readiness), passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
     assert!(
         end.detail
@@ -420,8 +420,7 @@ async fn a_new_unit_that_fails_is_removed_and_a_failing_restore_says_so() {
     // The restored unit fails its own verification: the host needs attention.
     let host = self::host(Some("old"));
     let verifier = Scripted::new(vec![failed(Stage::Readiness), failed(Stage::Smoke)]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(
         (end.outcome, end.detail.as_str(), end.error),
         (
@@ -440,8 +439,7 @@ async fn a_failed_install_puts_the_file_back_without_a_restart() {
         Reply::exit(1, "", "no bus"),
     );
     let verifier = Scripted::new(Vec::new());
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Error);
     assert_eq!(end.error, Some(ApplyErrorKind::InstallFailed));
     assert!(
@@ -483,8 +481,7 @@ async fn reload_only_keeps_the_server_and_a_cancel_stops_before_the_restart() {
 async fn a_restart_that_breaks_the_connection_reconnects_and_rolls_back() {
     let host = host(Some("old")).once(&["systemctl", "restart"], Reply::Disconnect);
     let verifier = Scripted::new(vec![passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
     assert_eq!(end.error, Some(ApplyErrorKind::RestartFailed));
     assert!(end.detail.starts_with("restart failed: "), "{}", end.detail);
