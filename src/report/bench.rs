@@ -3,15 +3,13 @@
 
 use std::fmt::Write;
 
-use super::{to_json, Format};
+use super::Format;
 use crate::bench::hosts::HostBench;
 use crate::benchmark::{thousands, Level};
 
 pub fn render(results: &[HostBench], format: Format) -> String {
     if format == Format::Json {
-        return to_json(
-            &serde_json::json!({ "format_version": super::JSON_FORMAT_VERSION, "hosts": results }),
-        );
+        return super::hosts_json(results);
     }
     let mut out = String::new();
     for r in results {
@@ -20,15 +18,15 @@ pub fn render(results: &[HostBench], format: Format) -> String {
             (None, true) => "baseline stored",
             (None, false) => "measured",
         };
-        let detail = match (&r.error, &r.benchmark) {
-            (Some(e), _) => e.clone(),
-            (None, Some(b)) => b.detail.clone(),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "{} {}: {what} in {:.1}s: {detail}",
-            r.host, r.unit, r.seconds
+        let detail = r.benchmark.as_ref().map(|b| b.detail.as_str());
+        super::host_line(
+            &mut out,
+            &r.host,
+            &r.unit,
+            r.seconds,
+            what,
+            r.error.as_deref(),
+            detail,
         );
         for note in &r.notes {
             let _ = writeln!(out, "  note: {note}");

@@ -31,6 +31,27 @@ pub enum Format {
 
 pub use crate::digest::{short, COMMIT_SHOWN, SHA_SHOWN};
 
+/// The JSON of a per-host command (`history`, `bench`, `quality`): its results under `"hosts"`.
+fn hosts_json<T: Serialize>(hosts: &[T]) -> String {
+    to_json(&serde_json::json!({ "format_version": JSON_FORMAT_VERSION, "hosts": hosts }))
+}
+
+/// A measuring command's line for one host (`bench`, `quality`): what became of it, how long it
+/// took, and the error when there was one, else the figures' `detail`.
+fn host_line(
+    out: &mut String,
+    host: &str,
+    unit: &str,
+    seconds: f64,
+    what: &str,
+    error: Option<&str>,
+    detail: Option<&str>,
+) {
+    use std::fmt::Write as _;
+    let detail = error.or(detail).unwrap_or_default();
+    let _ = writeln!(out, "{host} {unit}: {what} in {seconds:.1}s: {detail}");
+}
+
 /// `value` as pretty JSON and a newline. serde_json fails only on a map with non-string keys or a
 /// `Serialize` that errors, and no type shown has either (a float that is not finite becomes
 /// `null`); should one ever, the output says so, as JSON, instead of the run panicking. Every

@@ -3,14 +3,12 @@
 
 use std::fmt::Write;
 
-use super::{to_json, Format};
+use super::Format;
 use crate::quality::hosts::HostQuality;
 
 pub fn render(results: &[HostQuality], format: Format) -> String {
     if format == Format::Json {
-        return to_json(
-            &serde_json::json!({ "format_version": super::JSON_FORMAT_VERSION, "hosts": results }),
-        );
+        return super::hosts_json(results);
     }
     let mut out = String::new();
     for r in results {
@@ -19,15 +17,15 @@ pub fn render(results: &[HostQuality], format: Format) -> String {
             (None, Some(_)) => "reference kept",
             (None, None) => "measured",
         };
-        let detail = match (&r.error, &r.quality) {
-            (Some(e), _) => e.clone(),
-            (None, Some(q)) => q.detail.clone(),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "{} {}: {what} in {:.1}s: {detail}",
-            r.host, r.unit, r.seconds
+        let detail = r.quality.as_ref().map(|q| q.detail.as_str());
+        super::host_line(
+            &mut out,
+            &r.host,
+            &r.unit,
+            r.seconds,
+            what,
+            r.error.as_deref(),
+            detail,
         );
         if let Some(path) = &r.stored {
             let _ = writeln!(out, "  reference: {path}");
