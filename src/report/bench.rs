@@ -8,34 +8,22 @@ use crate::bench::hosts::HostBench;
 use crate::benchmark::{thousands, Level};
 
 pub fn render(results: &[HostBench], format: Format) -> String {
-    if format == Format::Json {
-        return super::hosts_json(results);
-    }
-    let mut out = String::new();
-    for r in results {
+    super::render_hosts(results, format, |out, r| {
         let what = match (&r.error, r.stored) {
             (Some(_), _) => "error",
             (None, true) => "baseline stored",
             (None, false) => "measured",
         };
         let detail = r.benchmark.as_ref().map(|b| b.detail.as_str());
-        super::host_line(
-            &mut out,
-            &r.host,
-            &r.unit,
-            r.seconds,
-            what,
-            r.error.as_deref(),
-            detail,
-        );
+        let detail = r.error.as_deref().or(detail).unwrap_or_default();
+        super::host_line(out, &r.host, &r.unit, r.seconds, what, detail);
         for note in &r.notes {
             let _ = writeln!(out, "  note: {note}");
         }
         if let Some(b) = &r.benchmark {
-            level_lines(&mut out, "  ", &b.levels);
+            level_lines(out, "  ", &b.levels);
         }
-    }
-    super::terminal::text(out)
+    })
 }
 
 /// A table of the levels' figures, each line starting with `prefix`.

@@ -36,19 +36,26 @@ fn hosts_json<T: Serialize>(hosts: &[T]) -> String {
     to_json(&serde_json::json!({ "format_version": JSON_FORMAT_VERSION, "hosts": hosts }))
 }
 
-/// A measuring command's line for one host (`bench`, `quality`): what became of it, how long it
-/// took, and the error when there was one, else the figures' `detail`.
-fn host_line(
-    out: &mut String,
-    host: &str,
-    unit: &str,
-    seconds: f64,
-    what: &str,
-    error: Option<&str>,
-    detail: Option<&str>,
-) {
+/// A measuring command's report (`bench`, `quality`): JSON, or `host`'s lines for each host.
+fn render_hosts<T: Serialize>(
+    results: &[T],
+    format: Format,
+    mut host: impl FnMut(&mut String, &T),
+) -> String {
+    if format == Format::Json {
+        return hosts_json(results);
+    }
+    let mut out = String::new();
+    for r in results {
+        host(&mut out, r);
+    }
+    terminal::text(out)
+}
+
+/// A measuring command's first line for one host: what became of it, how long it took, and the
+/// error when there was one, else the figures' detail.
+fn host_line(out: &mut String, host: &str, unit: &str, seconds: f64, what: &str, detail: &str) {
     use std::fmt::Write as _;
-    let detail = error.or(detail).unwrap_or_default();
     let _ = writeln!(out, "{host} {unit}: {what} in {seconds:.1}s: {detail}");
 }
 

@@ -7,26 +7,15 @@ use super::Format;
 use crate::quality::hosts::HostQuality;
 
 pub fn render(results: &[HostQuality], format: Format) -> String {
-    if format == Format::Json {
-        return super::hosts_json(results);
-    }
-    let mut out = String::new();
-    for r in results {
+    super::render_hosts(results, format, |out, r| {
         let what = match (&r.error, &r.stored) {
             (Some(_), _) => "error",
             (None, Some(_)) => "reference kept",
             (None, None) => "measured",
         };
         let detail = r.quality.as_ref().map(|q| q.detail.as_str());
-        super::host_line(
-            &mut out,
-            &r.host,
-            &r.unit,
-            r.seconds,
-            what,
-            r.error.as_deref(),
-            detail,
-        );
+        let detail = r.error.as_deref().or(detail).unwrap_or_default();
+        super::host_line(out, &r.host, &r.unit, r.seconds, what, detail);
         if let Some(path) = &r.stored {
             let _ = writeln!(out, "  reference: {path}");
         }
@@ -37,6 +26,5 @@ pub fn render(results: &[HostQuality], format: Format) -> String {
         {
             let _ = writeln!(out, "  note: {note}");
         }
-    }
-    super::terminal::text(out)
+    })
 }
