@@ -82,6 +82,19 @@ async fn run(
     run_script(host, python, args, request, limit).await
 }
 
+/// Runs `mode` (as [`run`]) and reads its answer.
+async fn ask<T: DeserializeOwned>(
+    host: &dyn Host,
+    python: &str,
+    spec: &PinnedModel,
+    mode: &str,
+    request: &serde_json::Value,
+    limit: Duration,
+) -> Result<T, PinnedError> {
+    let out = run(host, python, spec, mode, request, limit).await?;
+    answer(host, &out)
+}
+
 /// Runs the script with `MODE ROOT KEY REVISION` and `request` on stdin, with the manifest's
 /// Python behind the trust check; a Python root may not start is [`PinnedError::Untrusted`].
 async fn run_script(
@@ -151,17 +164,8 @@ pub async fn look(
     python: &str,
     spec: &PinnedModel,
 ) -> Result<HostCopy, PinnedError> {
-    let files = spec.files();
-    let out = run(
-        host,
-        python,
-        spec,
-        "look",
-        &json!({"files": listing(&files)}),
-        LOOK_LIMIT,
-    )
-    .await?;
-    answer(host, &out)
+    let request = json!({"files": listing(&spec.files())});
+    ask(host, python, spec, "look", &request, LOOK_LIMIT).await
 }
 
 /// The plan for `host`'s copy of `spec`'s revision.
@@ -403,26 +407,18 @@ pub async fn confirm(
     python: &str,
     spec: &PinnedModel,
 ) -> Result<Vec<String>, PinnedError> {
-    let out = run(host, python, spec, "used", &json!({}), LOOK_LIMIT).await?;
-    answer::<serde_json::Value>(host, &out)?;
+    ask::<serde_json::Value>(host, python, spec, "used", &json!({}), LOOK_LIMIT).await?;
     let planned = plan(host, python, spec).await?;
     if planned.remove.is_empty() {
         return Ok(Vec::new());
     }
-    let out = run(
-        host,
-        python,
-        spec,
-        "remove",
-        &json!({"revisions": planned.remove}),
-        LOOK_LIMIT,
-    )
-    .await?;
     #[derive(serde::Deserialize)]
     struct Removed {
         removed: Vec<String>,
     }
-    Ok(answer::<Removed>(host, &out)?.removed)
+    let request = json!({"revisions": planned.remove});
+    let answer: Removed = ask(host, python, spec, "remove", &request, LOOK_LIMIT).await?;
+    Ok(answer.removed)
 }
 
 /// Every file of the host's copy hashed against the lock (`status --verify-weights`).
@@ -431,21 +427,13 @@ pub async fn verify(
     python: &str,
     spec: &PinnedModel,
 ) -> Result<Vec<Differ>, PinnedError> {
-    let files = spec.files();
-    let out = run(
-        host,
-        python,
-        spec,
-        "verify",
-        &json!({"files": listing(&files)}),
-        TRANSFER_LIMIT,
-    )
-    .await?;
     #[derive(serde::Deserialize)]
     struct Verified {
         differ: Vec<Differ>,
     }
-    Ok(answer::<Verified>(host, &out)?.differ)
+    let request = json!({"files": listing(&spec.files())});
+    let answer: Verified = ask(host, python, spec, "verify", &request, TRANSFER_LIMIT).await?;
+    Ok(answer.differ)
 }
 
 /// Every file of a store folder on `host`, hashed, for the lock file.

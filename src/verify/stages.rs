@@ -743,20 +743,25 @@ mod tests {
 
     #[test]
     fn systemd_unreachable_or_a_cancel_fails_the_current_stage_as_told() {
-        let mut s = Stages::new(rules());
-        let d = s.polled(
-            at(1.0),
-            Systemd::Unreachable("ssh: broken pipe".into()),
-            &closed(),
-        );
-        assert_eq!(d.next, fail("crash window", "ssh: broken pipe"));
-        let mut s = loading();
-        let d = s.polled(
-            at(11.0),
-            Systemd::Cancelled("interrupted (SIGINT)".into()),
-            &closed(),
-        );
-        assert_eq!(d.next, fail("loading", "interrupted (SIGINT)"));
+        let told = [
+            (
+                Stages::new(rules()),
+                1.0,
+                Systemd::Unreachable("ssh: broken pipe".into()),
+            ),
+            (
+                loading(),
+                11.0,
+                Systemd::Cancelled("interrupted (SIGINT)".into()),
+            ),
+        ];
+        let failed = [
+            fail("crash window", "ssh: broken pipe"),
+            fail("loading", "interrupted (SIGINT)"),
+        ];
+        for ((mut s, polled, systemd), failed) in told.into_iter().zip(failed) {
+            assert_eq!(s.polled(at(polled), systemd, &closed()).next, failed);
+        }
         let mut s = loading();
         s.polled(at(11.0), Systemd::Healthy, &closed());
         let d = s.sampled(
