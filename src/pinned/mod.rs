@@ -82,19 +82,6 @@ async fn run(
     run_script(host, python, args, request, limit).await
 }
 
-/// Runs `mode` (as [`run`]) and reads its answer.
-async fn ask<T: DeserializeOwned>(
-    host: &dyn Host,
-    python: &str,
-    spec: &PinnedModel,
-    mode: &str,
-    request: &serde_json::Value,
-    limit: Duration,
-) -> Result<T, PinnedError> {
-    let out = run(host, python, spec, mode, request, limit).await?;
-    answer(host, &out)
-}
-
 /// Runs the script with `MODE ROOT KEY REVISION` and `request` on stdin, with the manifest's
 /// Python behind the trust check; a Python root may not start is [`PinnedError::Untrusted`].
 async fn run_script(
@@ -165,7 +152,8 @@ pub async fn look(
     spec: &PinnedModel,
 ) -> Result<HostCopy, PinnedError> {
     let request = json!({"files": listing(&spec.files())});
-    ask(host, python, spec, "look", &request, LOOK_LIMIT).await
+    let out = run(host, python, spec, "look", &request, LOOK_LIMIT).await?;
+    answer(host, &out)
 }
 
 /// The plan for `host`'s copy of `spec`'s revision.
@@ -407,7 +395,8 @@ pub async fn confirm(
     python: &str,
     spec: &PinnedModel,
 ) -> Result<Vec<String>, PinnedError> {
-    ask::<serde_json::Value>(host, python, spec, "used", &json!({}), LOOK_LIMIT).await?;
+    let out = run(host, python, spec, "used", &json!({}), LOOK_LIMIT).await?;
+    answer::<serde_json::Value>(host, &out)?;
     let planned = plan(host, python, spec).await?;
     if planned.remove.is_empty() {
         return Ok(Vec::new());
@@ -417,8 +406,8 @@ pub async fn confirm(
         removed: Vec<String>,
     }
     let request = json!({"revisions": planned.remove});
-    let answer: Removed = ask(host, python, spec, "remove", &request, LOOK_LIMIT).await?;
-    Ok(answer.removed)
+    let out = run(host, python, spec, "remove", &request, LOOK_LIMIT).await?;
+    Ok(answer::<Removed>(host, &out)?.removed)
 }
 
 /// Every file of the host's copy hashed against the lock (`status --verify-weights`).
@@ -432,8 +421,8 @@ pub async fn verify(
         differ: Vec<Differ>,
     }
     let request = json!({"files": listing(&spec.files())});
-    let answer: Verified = ask(host, python, spec, "verify", &request, TRANSFER_LIMIT).await?;
-    Ok(answer.differ)
+    let out = run(host, python, spec, "verify", &request, TRANSFER_LIMIT).await?;
+    Ok(answer::<Verified>(host, &out)?.differ)
 }
 
 /// Every file of a store folder on `host`, hashed, for the lock file.
