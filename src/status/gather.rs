@@ -45,9 +45,8 @@ pub async fn status_targets(
     redactor: &Redactor,
     weights: WeightsCheck,
 ) -> Vec<UnitStatus> {
-    let by_host = crate::targets::by_host(targets);
-    // The statuses' order, for the server groups' lines.
-    let ordered: Vec<Target> = by_host.values().flatten().cloned().collect();
+    // The statuses' order in `ordered`, for the server groups' lines.
+    let (by_host, ordered) = fleet::by_host(targets);
     let results: Vec<Vec<UnitStatus>> = fleet::each_host(
         by_host,
         ssh,
