@@ -239,9 +239,16 @@ def time_ansible_check(ssh_config, hosts, unit_name, rendered_unit_text, repeats
     return [once()[0] for _ in range(repeats)]
 
 
-def fleet_manifest(hosts):
-    """The manifest bench/fleet.py plans (release 1, no faults), for the standalone run."""
-    entries = "".join(f'\n  - name: {h}\n    env: {{ RELEASE: "1" }}' for h in hosts)
+def fleet_manifest(hosts, release="1", faults=None):
+    """The manifest bench/fleet.py plans (here, for the standalone run: release 1, no faults).
+    `faults` maps hosts to a stand-in failure mode, a second in."""
+    faults = faults or {}
+    entries = "".join(
+        f"\n  - name: {h}\n    env: {{ RELEASE: \"{release}\""
+        + (f", FAKE_SGLANG_FAIL: {faults[h]}, FAKE_SGLANG_FAIL_AT: \"1\"" if h in faults else "")
+        + " }"
+        for h in hosts
+    )
     return f"""service: bench-fleet
 hosts:{entries}
 sglang: {{ python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: bench, port: 30000, flags: {{ tp-size: 2 }} }}

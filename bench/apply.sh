@@ -8,20 +8,13 @@
 #                      a /health that answers after 1 s, as SGLang's does).
 # Usage: bench/apply.sh [TRIALS]   (default 5; ~10 s a trial)
 set -euo pipefail
-# Needs root (the test host is a container). Through sudo when there is one (root shells on servers
-# and containers often have none); -E keeps the environment variables this script reads.
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { echo "bench/apply.sh: needs root (the test host is a container) and there is no sudo: run it from a root shell" >&2; exit 1; }
-  exec sudo -E -- "$0" "$@"
-fi
+. "$(dirname "$0")/lab.sh"
+need_root "the test host is a container" "$@"
 cd "$(dirname "$0")/.."
 TRIALS=${1:-5}
 LOAD=3
 export STATE=/tmp/reconcile-bench PREFIX=bench SUBNET=10.214  # apart from the test lab
-bash tests/hostlab/build-rootfs.sh >/dev/null
-cargo build --locked --release --quiet
-trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
-bash tests/hostlab/up.sh 1 >/dev/null
+lab_up 1
 work=$(mktemp -d); mkdir -p "$work/good" "$work/bad"
 manifest() {  # $1: extra env
   cat <<EOM

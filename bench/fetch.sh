@@ -19,12 +19,8 @@
 #   apply's time, the fetch's (apply start to the last copy in place), the hub's downloads of each
 #   shard (its access log) and the bytes its link sent (tc), each as peers / independent.
 set -euo pipefail
-# Needs root (the test hosts are containers, tc in their namespaces). Through sudo when there is
-# one; -E keeps the environment variables this script reads.
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { echo "bench/fetch.sh: needs root (test hosts, tc) and there is no sudo: run it from a root shell" >&2; exit 1; }
-  exec sudo -E -- "$0" "$@"
-fi
+. "$(dirname "$0")/lab.sh"
+need_root "test hosts, tc" "$@"
 cd "$(dirname "$0")/.."
 export PEERS=${PEERS:-0}
 if [ "$PEERS" != 0 ]; then

@@ -22,18 +22,7 @@ def manifest(hosts, failing=(), release="1", faults=None):
     """`failing` hosts crash a second in; `faults` maps hosts to a stand-in failure mode."""
     faults = dict(faults or {})
     faults.update({h: "crash" for h in failing})
-    entries = "".join(
-        f"\n  - name: {h}\n    env: {{ RELEASE: \"{release}\""
-        + (f", FAKE_SGLANG_FAIL: {faults[h]}, FAKE_SGLANG_FAIL_AT: \"1\"" if h in faults else "")
-        + " }"
-        for h in hosts
-    )
-    return f"""service: bench-fleet
-hosts:{entries}
-sglang: {{ python: /usr/bin/python3, version: 0.5.23, model_path: /models/test, served_model_name: bench, port: 30000, flags: {{ tp-size: 2 }} }}
-env: {{ CUDA_VISIBLE_DEVICES: "0,1", FAKE_SGLANG_LOAD_SECONDS: "1" }}
-verify: {{ crash_window: 3s, sample_interval: 500ms, stall_timeout: 5s, load_deadline: 30s }}
-"""
+    return ansible_peer.fleet_manifest(hosts, release, faults)
 
 
 def write(text):

@@ -16,17 +16,10 @@
 # Usage: bench/fleet.sh [REPEATS]   (default 5; about four minutes, plus ~2.5 minutes the first time
 # for Ansible's venv)
 set -euo pipefail
-# Needs root (the test hosts are containers). Through sudo when there is one (root shells on servers
-# and containers often have none); -E keeps the environment variables this script reads.
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { echo "bench/fleet.sh: needs root (the test hosts are containers) and there is no sudo: run it from a root shell" >&2; exit 1; }
-  exec sudo -E -- "$0" "$@"
-fi
+. "$(dirname "$0")/lab.sh"
+need_root "the test hosts are containers" "$@"
 cd "$(dirname "$0")/.."
 REPEATS=${1:-5}
 export STATE=/tmp/reconcile-fleet-bench PREFIX=fb SUBNET=10.216
-bash tests/hostlab/build-rootfs.sh >/dev/null
-cargo build --locked --release --quiet
-trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
-bash tests/hostlab/up.sh 16 >/dev/null
+lab_up 16
 python3 bench/fleet.py "$STATE/ssh_config" "$REPEATS"

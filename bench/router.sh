@@ -12,12 +12,8 @@
 #   KEEP_LAB=1                   use hosts already up under STATE/PREFIX/SUBNET (booted with ROUTE=1)
 #   REQUEST_SECONDS=0.2 THREADS=8  how long each request takes on a replica, and how many at once
 set -euo pipefail
-# Needs root (the test hosts are containers). Through sudo when there is one (root shells on servers
-# and containers often have none); -E keeps the environment variables this script reads.
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { echo "bench/router.sh: needs root (the test hosts are containers) and there is no sudo: run it from a root shell" >&2; exit 1; }
-  exec sudo -E -- "$0" "$@"
-fi
+. "$(dirname "$0")/lab.sh"
+need_root "the test hosts are containers" "$@"
 cd "$(dirname "$0")/.."
 export STATE=${STATE:-/tmp/reconcile-router-bench} PREFIX=${PREFIX:-rb} SUBNET=${SUBNET:-10.219} ROUTE=1
 MIN_REQUESTS=${MIN_REQUESTS:-500}

@@ -7,16 +7,11 @@
 # the test host shares its kernel). Prints medians of REPEATS and the ratio.
 # Usage: bench/staging.sh [REPEATS] [SIZE_MB]   (defaults 3 and 4096; about three minutes)
 set -euo pipefail
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { echo "bench/staging.sh: needs root (test hosts, drop_caches) and there is no sudo: run it from a root shell" >&2; exit 1; }
-  exec sudo -E -- "$0" "$@"
-fi
+. "$(dirname "$0")/lab.sh"
+need_root "test hosts, drop_caches" "$@"
 cd "$(dirname "$0")/.."
 REPEATS=${1:-3}
 SIZE_MB=${2:-4096}
 export STATE=/tmp/reconcile-stage-bench PREFIX=sb SUBNET=10.217  # apart from the test lab
-bash tests/hostlab/build-rootfs.sh >/dev/null
-cargo build --locked --release --quiet
-trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
-bash tests/hostlab/up.sh 1 >/dev/null
+lab_up 1
 python3 bench/staging.py "$STATE/ssh_config" "$REPEATS" "$SIZE_MB"

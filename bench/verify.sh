@@ -13,20 +13,13 @@
 #                      (target <= 1.5 s).
 # Usage: bench/verify.sh [HEALTHY_LOADS] [TRIALS]   (defaults 20 and 5; ~8 minutes)
 set -euo pipefail
-# Needs root (the test host is a container). Through sudo when there is one (root shells on servers
-# and containers often have none); -E keeps the environment variables this script reads.
-if [ "$(id -u)" != 0 ]; then
-  command -v sudo >/dev/null || { echo "bench/verify.sh: needs root (the test host is a container) and there is no sudo: run it from a root shell" >&2; exit 1; }
-  exec sudo -E -- "$0" "$@"
-fi
+. "$(dirname "$0")/lab.sh"
+need_root "the test host is a container" "$@"
 cd "$(dirname "$0")/.."
 LOADS=${1:-20}
 TRIALS=${2:-5}
 export STATE=/tmp/reconcile-bench-verify PREFIX=bv SUBNET=10.216  # apart from the test lab
-bash tests/hostlab/build-rootfs.sh >/dev/null
-cargo build --locked --release --quiet
-trap 'bash tests/hostlab/down.sh >/dev/null' EXIT
-bash tests/hostlab/up.sh 1 >/dev/null
+lab_up 1
 work=$(mktemp -d)
 on_host() { ssh -F "$STATE/ssh_config" bv1 "$@"; }
 manifest() {  # $1: folder, $2: extra env, $3: extra verify settings

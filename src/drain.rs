@@ -278,38 +278,27 @@ mod tests {
     async fn a_stopped_server_is_not_waited_for_and_an_unmetered_one_is_blind() {
         let host = FakeHost::new("gpu-a");
         let cancel = CancellationToken::new();
+        let decide = async |running: &Running<'_>, on_timeout| {
+            before_restart(&host, running, &spec(on_timeout), "", (None, &cancel)).await
+        };
         let stopped = Running {
             unit_text: UNIT,
             running: false,
             url: None,
         };
-        let d = before_restart(
-            &host,
-            &stopped,
-            &spec(OnTimeout::Refuse),
-            "",
-            (None, &cancel),
-        )
-        .await;
+        let d = decide(&stopped, OnTimeout::Refuse).await;
         assert_eq!((d.outcome, d.restarted), (Ended::NotRunning, true));
         let blind = Running {
             running: true,
             ..stopped
         };
-        let d = before_restart(&host, &blind, &spec(OnTimeout::Refuse), "", (None, &cancel)).await;
+        let d = decide(&blind, OnTimeout::Refuse).await;
         assert_eq!((d.outcome, d.restarted), (Ended::Blind, false));
         assert_eq!(
             d.detail,
             "drain cannot see the server's requests: the running unit has no --enable-metrics, so its server has no /metrics; the server was not restarted (drain.on_timeout: refuse)"
         );
-        let d = before_restart(
-            &host,
-            &blind,
-            &spec(OnTimeout::Restart),
-            "",
-            (None, &cancel),
-        )
-        .await;
+        let d = decide(&blind, OnTimeout::Restart).await;
         assert_eq!((d.outcome, d.restarted), (Ended::Blind, true));
         // Neither touched the host: the decision needed no request.
         assert!(host.commands().is_empty());

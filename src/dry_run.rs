@@ -36,9 +36,8 @@ pub async fn plan_targets(
     redactor: &Redactor,
 ) -> Vec<PlanOutcome> {
     let deep = deep.into();
-    let by_host = crate::targets::by_host(targets);
-    // The outcomes' order, for the server groups' plans.
-    let ordered: Vec<Target> = by_host.values().flatten().cloned().collect();
+    // The outcomes' order in `ordered`, for the server groups' plans.
+    let (by_host, ordered) = fleet::by_host(targets);
     let results: Vec<Vec<PlanOutcome>> = fleet::each_host(
         by_host,
         ssh,

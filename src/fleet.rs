@@ -3,12 +3,14 @@
 //! order. Plan, status, history, apply's survey and rollout, and `--rollback-all` all reach hosts
 //! this way, so each says only what it does on a host and what an unreachable host means to it.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
 use tracing::Instrument;
 
 use crate::remote::{self, Host, RemoteError, SshOptions};
+use crate::targets::Target;
 
 /// A host's turn, as its work and its unreachable result see it.
 pub struct Visit<'a> {
@@ -52,6 +54,14 @@ pub async fn each_host<I, T>(
         .buffered(at_once.max(1))
         .collect()
         .await
+}
+
+/// `targets` grouped by host, as [`each_host`] takes them, and in the order its results come
+/// back (which a server group's ranks are found in).
+pub fn by_host(targets: Vec<Target>) -> (BTreeMap<String, Vec<Target>>, Vec<Target>) {
+    let by_host = crate::targets::by_host(targets);
+    let ordered = by_host.values().flatten().cloned().collect();
+    (by_host, ordered)
 }
 
 /// For a caller whose hosts' turns need no span of their own.

@@ -421,14 +421,23 @@ async fn history(args: HistoryArgs, reach: &Reach) -> Result<ExitCode, Error> {
     Ok(ExitCode::from(u8::from(failed)))
 }
 
+/// What `bench` or `quality` measures with: `pick` of the manifest's `verify`, or the default
+/// when there is no manifest or it says nothing.
+fn spec_of<T: Clone + Default>(
+    manifest: Option<&manifest::Manifest>,
+    pick: impl Fn(&manifest::VerifySpec) -> Option<&T>,
+) -> T {
+    manifest
+        .and_then(|m| pick(&m.verify))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// `reconcile bench`: the benchmark against each host's running server, its figures stored as the
 /// baseline (or, with the hidden `--url`, against that URL alone, storing nothing).
 async fn bench(args: BenchArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (unit, hosts, manifest, _) = service_hosts(&args.history)?;
-    let spec = manifest
-        .as_ref()
-        .and_then(|m| m.verify.benchmark.clone())
-        .unwrap_or_default();
+    let spec = spec_of(manifest.as_ref(), |v| v.benchmark.as_ref());
     let on_level = |host: &str, l: &crate::benchmark::Level| {
         eprintln!("{host} {unit}: {}", crate::bench::level_line(l));
     };
@@ -480,10 +489,7 @@ async fn experiment(args: ExperimentArgs, reach: &Reach) -> Result<ExitCode, Err
 /// `reconcile quality`: the quality measurement against the running servers, kept as reference.
 async fn quality(args: QualityArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (unit, hosts, manifest, _) = service_hosts(&args.history)?;
-    let spec = manifest
-        .as_ref()
-        .and_then(|m| m.verify.quality.clone())
-        .unwrap_or_default();
+    let spec = spec_of(manifest.as_ref(), |v| v.quality.as_ref());
     let options = crate::quality::hosts::QualityOptions {
         spec: &spec,
         url: manifest.as_ref().and_then(|m| m.verify.url.as_deref()),

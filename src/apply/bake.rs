@@ -458,39 +458,24 @@ mod tests {
         let (canary, mut other) = (target(), target());
         other.host = "gpu-b".into();
         let stable = [&other];
+        let judge = |before: &[Snapshot], after: &[Snapshot]| {
+            compare(&canary, &stable, &spec(), before, after)
+        };
         // The canary's counters went down: it restarted, whatever it served.
-        let judged = compare(
-            &canary,
-            &stable,
-            &spec(),
-            &[look(50), look(50)],
-            &[look(3), look(500)],
-        );
+        let judged = judge(&[look(50), look(50)], &[look(3), look(500)]);
         assert_eq!(judged.verdict, Verdict::Failed);
         assert_eq!(
             judged.why,
             ["gpu-a restarted during the bake (its /metrics counters went down)"]
         );
-        let judged = compare(
-            &canary,
-            &stable,
-            &spec(),
-            &[look(50), look(50)],
-            &[look(500), look(3)],
-        );
+        let judged = judge(&[look(50), look(50)], &[look(500), look(3)]);
         assert_eq!(judged.verdict, Verdict::Inconclusive);
         assert_eq!(
             judged.why,
             ["the stable replica gpu-b restarted during the bake"]
         );
         // Both served alike, on enough requests: passed.
-        let judged = compare(
-            &canary,
-            &stable,
-            &spec(),
-            &[look(0), look(0)],
-            &[look(200), look(200)],
-        );
+        let judged = judge(&[look(0), look(0)], &[look(200), look(200)]);
         assert_eq!(judged.verdict, Verdict::Passed, "{judged:?}");
     }
 }

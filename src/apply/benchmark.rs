@@ -11,7 +11,7 @@ use crate::benchmark::{judge, BenchmarkReport, Level};
 use crate::manifest::BenchmarkSpec;
 use crate::remote::{error_chain, RemoteError};
 use crate::state::Record;
-use crate::verify::{Expect, Progress, Stage, Verification};
+use crate::verify::{Stage, Verification};
 
 /// Runs the benchmark against the unit just verified (`v`, which gains the stage) and judges it
 /// against `before`, the deployment record read before the restart.
@@ -21,18 +21,10 @@ pub async fn stage(
     v: &mut Verification,
     before: Option<&Record>,
 ) -> BenchmarkReport {
-    let t = job.t;
-    let expect = Expect::from_unit(&t.desired.model);
-    let progress = Progress::new(
-        format!("{} {} (benchmark)", t.host, t.desired.unit),
-        job.options.progress.as_ref(),
-    );
+    let (expect, progress) = job.measuring("benchmark");
     let started = Instant::now();
     let measured = async {
-        let server = job
-            .host
-            .server(&expect.endpoint, t.verify.url.as_deref())
-            .await?;
+        let server = job.server(&expect).await?;
         let on_level = |l: &Level| progress.line(&bench::level_line(l));
         Ok::<_, RemoteError>(bench::run(&server, &expect.model_id, spec, &on_level).await)
     };

@@ -98,13 +98,7 @@ chmod 0700 -- "$t" && mv -f -- "$t" "$1""#;
         let argv = ["sh", "-c", INSTALL, "sh", &path, &dir, &program.sha256];
         let out = host.run_with_input(&argv, Some(&program.bytes)).await?;
         if out.status != 0 {
-            return Err(RemoteError::Failed {
-                host: host.name().to_string(),
-                command: format!("install {path}"),
-                status: out.status,
-                stderr: out.stderr.trim().to_string(),
-            }
-            .into());
+            return Err(RemoteError::failed(host.name(), format!("install {path}"), &out).into());
         }
     }
     Ok(path)

@@ -565,28 +565,18 @@ struct Report {
 
 impl Report {
     fn new(t: &Target, started: Instant) -> Report {
+        // The blank report a refusal starts from, with no error (yet) and the unit's place in
+        // its group.
         let report = UnitReport {
-            host: t.host.clone(),
-            unit: t.desired.unit.clone(),
-            source: t.source.clone(),
-            verdict: None,
-            outcome: Outcome::Error,
-            detail: String::new(),
             error: None,
-            failed_stage: None,
-            notes: Vec::new(),
-            verification: None,
-            rollback: None,
-            journal: None,
-            diagnosis: None,
-            seconds: 0.0,
-            benchmark: None,
-            drain: None,
-            quality: None,
             group: GroupPlace::of(t),
-            staging: None,
-            fetch: None,
-            bake: None,
+            ..refused(
+                &t.host,
+                &t.desired.unit,
+                &t.source,
+                Outcome::Error,
+                String::new(),
+            )
         };
         Report { report, started }
     }
@@ -618,6 +608,30 @@ struct Job<'a> {
     t: &'a Target,
     options: &'a ApplyOptions,
     verifier: &'a dyn Verifier,
+}
+
+impl Job<'_> {
+    /// What a measuring stage (benchmark, quality) starts from: what the unit serves, and the
+    /// stage's progress lines, labelled with its name.
+    fn measuring(&self, stage: &str) -> (crate::verify::Expect, crate::verify::Progress) {
+        let t = self.t;
+        let progress = crate::verify::Progress::new(
+            format!("{} {} ({stage})", t.host, t.desired.unit),
+            self.options.progress.as_ref(),
+        );
+        (crate::verify::Expect::from_unit(&t.desired.model), progress)
+    }
+
+    /// The new server, as a measuring stage reaches it: at the manifest's `verify.url`, or
+    /// forwarded over the connection.
+    async fn server(
+        &self,
+        expect: &crate::verify::Expect,
+    ) -> Result<crate::remote::Server, RemoteError> {
+        self.host
+            .server(&expect.endpoint, self.t.verify.url.as_deref())
+            .await
+    }
 }
 
 /// What systemd ran besides the managed file, as the install and a rollback need it: what to
@@ -800,19 +814,10 @@ mod tests {
             manifest: t.source.clone(),
             manifest_sha256: t.manifest_digest.clone(),
             unit_sha256: state::sha256(&t.desired.text),
-            git_commit: None,
-            git_author: None,
             applied_at: "2026-01-01T00:00:00Z".into(),
             applied_by: "me@box pid 1".into(),
             outcome: "converged".into(),
-            load_seconds: None,
-            plateau_service_bytes: None,
-            plateau_gpu_mib: Vec::new(),
-            trajectory: Vec::new(),
-            restored_from: None,
-            benchmark: None,
-            quality: None,
-            live: None,
+            ..Default::default()
         })
         .unwrap()
     }

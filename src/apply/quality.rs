@@ -19,7 +19,7 @@ use reconcile_core::quality::{self, Floors, QualityReport, QualitySpec, Referenc
 use super::Job;
 use crate::quality::{self as measure, Measured};
 use crate::remote::{error_chain, RemoteError};
-use crate::verify::{Expect, Progress, Stage, Verification};
+use crate::verify::{Expect, Stage, Verification};
 
 /// What was measured before the restart.
 #[derive(Debug, Default)]
@@ -125,19 +125,10 @@ pub async fn stage(
     v: &mut Verification,
     before: &Before,
 ) -> (QualityReport, Option<Reference>) {
-    let t = job.t;
-    let expect = Expect::from_unit(&t.desired.model);
-    let progress = Progress::new(
-        format!("{} {} (quality)", t.host, t.desired.unit),
-        job.options.progress.as_ref(),
-    );
+    let (expect, progress) = job.measuring("quality");
     let started = Instant::now();
     let measured = async {
-        let server = job
-            .host
-            .server(&expect.endpoint, t.verify.url.as_deref())
-            .await
-            .map_err(NotMeasured::Unreached)?;
+        let server = job.server(&expect).await.map_err(NotMeasured::Unreached)?;
         let context = expect.context_length.map(|c| c as u32);
         measure::measure(
             &server,

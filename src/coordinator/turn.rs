@@ -7,7 +7,6 @@
 //! An agent never restarts without a slot: a coordinator it cannot reach makes it wait, changing
 //! nothing, for at most `--coordinator-wait`, then give the round up.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use reconcile_core::rollout::ledger::{HostEntry, State};
@@ -76,16 +75,12 @@ pub struct Coordination<'a> {
 
 /// Applies `t` (through `apply`) when and if the coordinator says this host's turn has come;
 /// `need` is what applying it would do to the server.
-pub async fn coordinated<F, Fut>(
+pub async fn coordinated(
     c: &Coordination<'_>,
     t: &Target,
     need: Need,
-    apply: F,
-) -> UnitReport
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = UnitReport>,
-{
+    apply: impl AsyncFnOnce() -> UnitReport,
+) -> UnitReport {
     let service = t.manifest.service.as_str();
     let me = t.host.as_str();
     let unit_sha = crate::state::sha256(&t.desired.text);
@@ -181,16 +176,12 @@ fn cut(text: &str) -> String {
 }
 
 /// A restart: wait for the turn, go under a slot, write the outcome.
-async fn restart<F, Fut>(
+async fn restart(
     c: &Coordination<'_>,
     t: &Target,
     entry_of: &dyn Fn(State, Option<String>) -> HostEntry,
-    apply: F,
-) -> UnitReport
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = UnitReport>,
-{
+    apply: impl AsyncFnOnce() -> UnitReport,
+) -> UnitReport {
     let service = t.manifest.service.as_str();
     let me = t.host.as_str();
     let options = c.link.options();

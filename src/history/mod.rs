@@ -373,18 +373,11 @@ mod tests {
             manifest_sha256: "feedbeef".repeat(8),
             unit_sha256: unit_sha.into(),
             git_commit: Some("0123456789abcdef".into()),
-            git_author: None,
             applied_at: at.into(),
             applied_by: "me".into(),
             outcome: "converged".into(),
             load_seconds: Some(1.25),
-            plateau_service_bytes: None,
-            plateau_gpu_mib: Vec::new(),
-            trajectory: Vec::new(),
-            restored_from: None,
-            benchmark: None,
-            quality: None,
-            live: None,
+            ..Default::default()
         }
     }
 

@@ -151,16 +151,8 @@ pub async fn look(
     python: &str,
     spec: &PinnedModel,
 ) -> Result<HostCopy, PinnedError> {
-    let files = spec.files();
-    let out = run(
-        host,
-        python,
-        spec,
-        "look",
-        &json!({"files": listing(&files)}),
-        LOOK_LIMIT,
-    )
-    .await?;
+    let request = json!({"files": listing(&spec.files())});
+    let out = run(host, python, spec, "look", &request, LOOK_LIMIT).await?;
     answer(host, &out)
 }
 
@@ -409,19 +401,12 @@ pub async fn confirm(
     if planned.remove.is_empty() {
         return Ok(Vec::new());
     }
-    let out = run(
-        host,
-        python,
-        spec,
-        "remove",
-        &json!({"revisions": planned.remove}),
-        LOOK_LIMIT,
-    )
-    .await?;
     #[derive(serde::Deserialize)]
     struct Removed {
         removed: Vec<String>,
     }
+    let request = json!({"revisions": planned.remove});
+    let out = run(host, python, spec, "remove", &request, LOOK_LIMIT).await?;
     Ok(answer::<Removed>(host, &out)?.removed)
 }
 
@@ -431,20 +416,12 @@ pub async fn verify(
     python: &str,
     spec: &PinnedModel,
 ) -> Result<Vec<Differ>, PinnedError> {
-    let files = spec.files();
-    let out = run(
-        host,
-        python,
-        spec,
-        "verify",
-        &json!({"files": listing(&files)}),
-        TRANSFER_LIMIT,
-    )
-    .await?;
     #[derive(serde::Deserialize)]
     struct Verified {
         differ: Vec<Differ>,
     }
+    let request = json!({"files": listing(&spec.files())});
+    let out = run(host, python, spec, "verify", &request, TRANSFER_LIMIT).await?;
     Ok(answer::<Verified>(host, &out)?.differ)
 }
 

@@ -68,6 +68,15 @@ mod tests {
             .collect()
     }
 
+    /// A store under `dir` holding one `model.bin` of `n` bytes (`bytes(n, seed)`): its folder
+    /// and the file's content.
+    fn model_store(dir: &Path, n: usize, seed: u32) -> (PathBuf, Vec<u8>) {
+        let source = dir.join("store");
+        let content = bytes(n, seed);
+        store(&source, &[("model.bin", &content)]);
+        (source, content)
+    }
+
     fn store(dir: &Path, files: &[(&str, &[u8])]) {
         for (path, content) in files {
             let path = dir.join(path);
@@ -382,9 +391,7 @@ mod tests {
     #[test]
     fn a_second_fetch_is_busy_until_the_first_one_notices_nobody_waits_for_it() {
         let dir = tempfile::tempdir().unwrap();
-        let source = dir.path().join("store");
-        let content = bytes(4 << 20, 10);
-        store(&source, &[("model.bin", &content)]);
+        let (source, content) = model_store(dir.path(), 4 << 20, 10);
         let root = dir.path().join("w");
         let files = wanted(&[("model.bin", &content)]);
         let slow = json!({"source": s(&source), "rate": 1 << 20, "files": files, "lock": "l"});
@@ -555,9 +562,7 @@ mod tests {
     #[test]
     fn the_rate_limits_a_fetch() {
         let dir = tempfile::tempdir().unwrap();
-        let source = dir.path().join("store");
-        let content = bytes(2 << 20, 4);
-        store(&source, &[("model.bin", &content)]);
+        let (source, content) = model_store(dir.path(), 2 << 20, 4);
         let request = json!({"source": s(&source), "rate": 1 << 20,
                              "files": wanted(&[("model.bin", &content)]), "lock": "l"});
         let started = Instant::now();

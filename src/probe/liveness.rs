@@ -3,7 +3,6 @@
 //! phases with flat memory (CUDA graph capture, DeepGEMM's JIT pre-compilation, "typically 10-20
 //! mins"), so memory alone cannot tell a busy server from a stuck one.
 
-use async_trait::async_trait;
 use serde::Serialize;
 
 use crate::remote::{Host, RemoteError};
@@ -82,24 +81,11 @@ impl Liveness {
     }
 }
 
-/// A server's signs of life on a host; import it to call `host.liveness(..)` on any [`Host`].
-#[async_trait]
-pub trait ReadLiveness {
+impl<'h> dyn Host + 'h {
     /// Reads the unit's signs of life and whether its `port` is open; `cursor` continues the
     /// journal where the last reading ended (the first reading counts the whole invocation's
     /// lines).
-    async fn liveness(
-        &self,
-        unit: &str,
-        invocation: &str,
-        cursor: Option<&str>,
-        port: u16,
-    ) -> Result<Liveness, RemoteError>;
-}
-
-#[async_trait]
-impl<H: Host + ?Sized> ReadLiveness for H {
-    async fn liveness(
+    pub async fn liveness(
         &self,
         unit: &str,
         invocation: &str,
@@ -169,7 +155,7 @@ mod reading_tests {
     #[tokio::test]
     async fn a_hung_reading_is_named_for_what_it_reads() {
         let host = FakeHost::new("gpu-a").on(&["sh", "-c", SCRIPT], Reply::Hang);
-        let e = host
+        let e = (&host as &dyn Host)
             .liveness("a.service", "inv", None, 30000)
             .await
             .unwrap_err();
@@ -182,7 +168,7 @@ mod reading_tests {
     #[tokio::test]
     async fn the_cursor_carries_over_when_the_journal_has_nothing_new() {
         let host = FakeHost::new("gpu-a").on(&["sh", "-c", SCRIPT], Reply::ok("journal_lines=0\n"));
-        let l = host
+        let l = (&host as &dyn Host)
             .liveness("a.service", "inv", Some("s=1"), 30000)
             .await
             .unwrap();

@@ -320,14 +320,8 @@ impl Server {
         mut on_data: impl FnMut(Instant, &str),
     ) -> Result<(), ApiError> {
         let mut response = self
-            .authorized(
-                self.client
-                    .post(format!("{}/v1/chat/completions", self.base)),
-            )
-            .timeout(CHAT_TIMEOUT)
-            .header("content-type", "application/json")
+            .post("/v1/chat/completions", request, CHAT_TIMEOUT)
             .header("accept", "text/event-stream")
-            .body(request.to_string())
             .send()
             .await
             .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
@@ -450,13 +444,7 @@ impl Server {
             request["chat_template_kwargs"] = serde_json::json!({"enable_thinking": false});
         }
         let response = self
-            .authorized(
-                self.client
-                    .post(format!("{}/v1/chat/completions", self.base)),
-            )
-            .timeout(CHAT_TIMEOUT)
-            .header("content-type", "application/json")
-            .body(request.to_string())
+            .post("/v1/chat/completions", &request, CHAT_TIMEOUT)
             .send()
             .await
             .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
@@ -492,10 +480,7 @@ impl Server {
         limit: Duration,
     ) -> Result<String, ApiError> {
         let response = self
-            .authorized(self.client.post(format!("{}{path}", self.base)))
-            .timeout(limit)
-            .header("content-type", "application/json")
-            .body(body.to_string())
+            .post(path, body, limit)
             .send()
             .await
             .map_err(|e| request_error(e, limit))?;
@@ -513,6 +498,19 @@ impl Server {
             NATIVE_BODY_LIMIT,
         )
         .await?)
+    }
+
+    /// A JSON POST of `body` to `path` on the server, with its key, given up after `limit`.
+    fn post(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        limit: Duration,
+    ) -> reqwest::RequestBuilder {
+        self.authorized(self.client.post(format!("{}{path}", self.base)))
+            .timeout(limit)
+            .header("content-type", "application/json")
+            .body(body.to_string())
     }
 
     fn authorized(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {

@@ -88,6 +88,18 @@ pub enum RemoteError {
     },
 }
 
+impl RemoteError {
+    /// `command` on `host` exited with `out`'s status, which is not 0.
+    pub fn failed(host: &str, command: String, out: &Output) -> RemoteError {
+        RemoteError::Failed {
+            host: host.to_string(),
+            command,
+            status: out.status,
+            stderr: out.stderr.trim().to_string(),
+        }
+    }
+}
+
 /// Which of a command's outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stream {
@@ -295,12 +307,7 @@ pub trait Host: Send + Sync {
     async fn run_ok(&self, argv: &[&str]) -> Result<String, RemoteError> {
         let out = self.run(argv).await?;
         if out.status != 0 {
-            return Err(RemoteError::Failed {
-                host: self.name().to_string(),
-                command: label(argv),
-                status: out.status,
-                stderr: out.stderr.trim().to_string(),
-            });
+            return Err(RemoteError::failed(self.name(), label(argv), &out));
         }
         Ok(out.stdout)
     }
@@ -320,12 +327,11 @@ pub trait Host: Send + Sync {
         match out.status {
             0 => Ok(Some(out.stdout)),
             100 => Ok(None),
-            status => Err(RemoteError::Failed {
-                host: self.name().to_string(),
-                command: format!("cat {path}"),
-                status,
-                stderr: out.stderr.trim().to_string(),
-            }),
+            _ => Err(RemoteError::failed(
+                self.name(),
+                format!("cat {path}"),
+                &out,
+            )),
         }
     }
 
@@ -342,12 +348,11 @@ pub trait Host: Send + Sync {
             )
             .await?;
         if out.status != 0 {
-            return Err(RemoteError::Failed {
-                host: self.name().to_string(),
-                command: format!("write {path}"),
-                status: out.status,
-                stderr: out.stderr.trim().to_string(),
-            });
+            return Err(RemoteError::failed(
+                self.name(),
+                format!("write {path}"),
+                &out,
+            ));
         }
         Ok(())
     }

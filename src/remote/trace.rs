@@ -198,19 +198,15 @@ mod tests {
             lines[0].starts_with("trace-remote host=local command=\"survey\" ms="),
             "{lines:?}"
         );
-        assert!(
-            lines[0].ends_with(" status=3 round=1 rounds=1"),
-            "{lines:?}"
-        );
         assert!(lines[1].contains("command=\"sleep\""), "{lines:?}");
-        assert!(
-            lines[1].ends_with(" status=0 round=1 rounds=1"),
-            "{lines:?}"
-        );
-        assert!(
-            lines[2].ends_with(" status=timed-out round=2 rounds=2"),
-            "{lines:?}"
-        );
+        let ends = [
+            " status=3 round=1 rounds=1",
+            " status=0 round=1 rounds=1",
+            " status=timed-out round=2 rounds=2",
+        ];
+        for (line, end) in lines.iter().zip(ends) {
+            assert!(line.ends_with(end), "{lines:?}");
+        }
         assert!(lines.iter().all(|l| !l.contains("hf_secret")));
     }
 }

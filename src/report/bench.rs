@@ -3,41 +3,27 @@
 
 use std::fmt::Write;
 
-use super::{to_json, Format};
+use super::Format;
 use crate::bench::hosts::HostBench;
 use crate::benchmark::{thousands, Level};
 
 pub fn render(results: &[HostBench], format: Format) -> String {
-    if format == Format::Json {
-        return to_json(
-            &serde_json::json!({ "format_version": super::JSON_FORMAT_VERSION, "hosts": results }),
-        );
-    }
-    let mut out = String::new();
-    for r in results {
+    super::render_hosts(results, format, |out, r| {
         let what = match (&r.error, r.stored) {
             (Some(_), _) => "error",
             (None, true) => "baseline stored",
             (None, false) => "measured",
         };
-        let detail = match (&r.error, &r.benchmark) {
-            (Some(e), _) => e.clone(),
-            (None, Some(b)) => b.detail.clone(),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "{} {}: {what} in {:.1}s: {detail}",
-            r.host, r.unit, r.seconds
-        );
+        let detail = r.benchmark.as_ref().map(|b| b.detail.as_str());
+        let detail = r.error.as_deref().or(detail).unwrap_or_default();
+        super::host_line(out, &r.host, &r.unit, r.seconds, what, detail);
         for note in &r.notes {
             let _ = writeln!(out, "  note: {note}");
         }
         if let Some(b) = &r.benchmark {
-            level_lines(&mut out, "  ", &b.levels);
+            level_lines(out, "  ", &b.levels);
         }
-    }
-    super::terminal::text(out)
+    })
 }
 
 /// A table of the levels' figures, each line starting with `prefix`.

@@ -3,15 +3,13 @@
 
 use std::fmt::Write;
 
-use super::{short, to_json, Format, COMMIT_SHOWN, SHA_SHOWN};
+use super::{short, Format, COMMIT_SHOWN, SHA_SHOWN};
 use crate::history::{Deployment, GenerationEntry, HostHistory};
 use crate::state::Record;
 
 pub fn render(histories: &[HostHistory], format: Format) -> String {
     if format == Format::Json {
-        return to_json(
-            &serde_json::json!({ "format_version": super::JSON_FORMAT_VERSION, "hosts": histories }),
-        );
+        return super::hosts_json(histories);
     }
     let mut out = String::new();
     for h in histories {

@@ -31,6 +31,34 @@ pub enum Format {
 
 pub use crate::digest::{short, COMMIT_SHOWN, SHA_SHOWN};
 
+/// The JSON of a per-host command (`history`, `bench`, `quality`): its results under `"hosts"`.
+fn hosts_json<T: Serialize>(hosts: &[T]) -> String {
+    to_json(&serde_json::json!({ "format_version": JSON_FORMAT_VERSION, "hosts": hosts }))
+}
+
+/// A measuring command's report (`bench`, `quality`): JSON, or `host`'s lines for each host.
+fn render_hosts<T: Serialize>(
+    results: &[T],
+    format: Format,
+    mut host: impl FnMut(&mut String, &T),
+) -> String {
+    if format == Format::Json {
+        return hosts_json(results);
+    }
+    let mut out = String::new();
+    for r in results {
+        host(&mut out, r);
+    }
+    terminal::text(out)
+}
+
+/// A measuring command's first line for one host: what became of it, how long it took, and the
+/// error when there was one, else the figures' detail.
+fn host_line(out: &mut String, host: &str, unit: &str, seconds: f64, what: &str, detail: &str) {
+    use std::fmt::Write as _;
+    let _ = writeln!(out, "{host} {unit}: {what} in {seconds:.1}s: {detail}");
+}
+
 /// `value` as pretty JSON and a newline. serde_json fails only on a map with non-string keys or a
 /// `Serialize` that errors, and no type shown has either (a float that is not finite becomes
 /// `null`); should one ever, the output says so, as JSON, instead of the run panicking. Every

@@ -3,32 +3,19 @@
 
 use std::fmt::Write;
 
-use super::{to_json, Format};
+use super::Format;
 use crate::quality::hosts::HostQuality;
 
 pub fn render(results: &[HostQuality], format: Format) -> String {
-    if format == Format::Json {
-        return to_json(
-            &serde_json::json!({ "format_version": super::JSON_FORMAT_VERSION, "hosts": results }),
-        );
-    }
-    let mut out = String::new();
-    for r in results {
+    super::render_hosts(results, format, |out, r| {
         let what = match (&r.error, &r.stored) {
             (Some(_), _) => "error",
             (None, Some(_)) => "reference kept",
             (None, None) => "measured",
         };
-        let detail = match (&r.error, &r.quality) {
-            (Some(e), _) => e.clone(),
-            (None, Some(q)) => q.detail.clone(),
-            (None, None) => String::new(),
-        };
-        let _ = writeln!(
-            out,
-            "{} {}: {what} in {:.1}s: {detail}",
-            r.host, r.unit, r.seconds
-        );
+        let detail = r.quality.as_ref().map(|q| q.detail.as_str());
+        let detail = r.error.as_deref().or(detail).unwrap_or_default();
+        super::host_line(out, &r.host, &r.unit, r.seconds, what, detail);
         if let Some(path) = &r.stored {
             let _ = writeln!(out, "  reference: {path}");
         }
@@ -39,6 +26,5 @@ pub fn render(results: &[HostQuality], format: Format) -> String {
         {
             let _ = writeln!(out, "  note: {note}");
         }
-    }
-    super::terminal::text(out)
+    })
 }

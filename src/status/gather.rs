@@ -45,9 +45,8 @@ pub async fn status_targets(
     redactor: &Redactor,
     weights: WeightsCheck,
 ) -> Vec<UnitStatus> {
-    let by_host = crate::targets::by_host(targets);
-    // The statuses' order, for the server groups' lines.
-    let ordered: Vec<Target> = by_host.values().flatten().cloned().collect();
+    // The statuses' order in `ordered`, for the server groups' lines.
+    let (by_host, ordered) = fleet::by_host(targets);
     let results: Vec<Vec<UnitStatus>> = fleet::each_host(
         by_host,
         ssh,
@@ -379,15 +378,8 @@ fn failed(t: &Target, error: String) -> UnitStatus {
         host: t.host.clone(),
         unit: t.desired.unit.clone(),
         source: t.source.clone(),
-        classes: Vec::new(),
-        details: Vec::new(),
-        git_commit: None,
-        applied_at: None,
-        applied_by: None,
-        systemd: Systemd::default(),
-        served_models: None,
         error: Some(error),
-        record: None,
+        ..UnitStatus::default()
     }
 }
 

@@ -508,7 +508,7 @@ fn short(sha: &str) -> &str {
 }
 
 /// One unit's status, as shown.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct UnitStatus {
     pub host: String,
     pub unit: String,
@@ -610,18 +610,11 @@ mod tests {
             manifest_sha256: "m".into(),
             unit_sha256: sha256(text),
             git_commit: Some("0123456789abcdef".into()),
-            git_author: None,
             applied_at: "2026-01-01T00:00:00Z".into(),
             applied_by: "me".into(),
             outcome: "converged".into(),
             load_seconds: Some(1.0),
-            plateau_service_bytes: None,
-            plateau_gpu_mib: Vec::new(),
-            trajectory: Vec::new(),
-            restored_from: None,
-            benchmark: None,
-            quality: None,
-            live: None,
+            ..Default::default()
         }
     }
 
@@ -1073,14 +1066,8 @@ mod tests {
             unit: "u".into(),
             source: "s".into(),
             classes,
-            details: Vec::new(),
-            git_commit: None,
-            applied_at: None,
-            applied_by: None,
-            systemd: Systemd::default(),
-            served_models: None,
-            record: None,
             error,
+            ..UnitStatus::default()
         }
     }
 

@@ -434,31 +434,28 @@ impl Run<'_> {
     }
 
     fn pass(&mut self, name: Stage, detail: String) {
-        self.progress.stage(name, true, &detail);
-        self.record.stages.push(StageResult {
-            name,
-            passed: true,
-            seconds: self.elapsed(),
-            at_unix: unix_now(),
-            detail,
-        });
+        self.ended(name, true, detail);
     }
 
     fn fail(&mut self, name: Stage, reason: Reason) -> Failure {
-        let detail = reason.to_string();
-        self.progress.stage(name, false, &detail);
-        self.record.stages.push(StageResult {
-            name,
-            passed: false,
-            seconds: self.elapsed(),
-            at_unix: unix_now(),
-            detail,
-        });
+        self.ended(name, false, reason.to_string());
         Failure {
             stage: name,
             reason,
             verification: Box::new(std::mem::take(&mut self.record)),
         }
+    }
+
+    /// A stage's end, shown and kept in the record.
+    fn ended(&mut self, name: Stage, passed: bool, detail: String) {
+        self.progress.stage(name, passed, &detail);
+        self.record.stages.push(StageResult {
+            name,
+            passed,
+            seconds: self.elapsed(),
+            at_unix: unix_now(),
+            detail,
+        });
     }
 
     fn remote<T>(&mut self, stage: Stage, r: Result<T, RemoteError>) -> Result<T, Failure> {

@@ -13,7 +13,6 @@ use super::stages::Seen;
 use super::Expect;
 use crate::manifest::Smoke;
 use crate::observed::UnitState;
-use crate::probe::liveness::ReadLiveness;
 use crate::remote::http::{Answer, ApiError};
 use crate::remote::{GpuReading, Health, Host, RemoteError, Server};
 use crate::systemd::Systemd as _;

@@ -767,16 +767,21 @@ mod tests {
 
     #[test]
     fn systemd_unreachable_or_a_cancel_fails_the_current_stage_as_told() {
-        let mut s = Stages::new(rules());
-        let d = s.polled(at(1.0), Systemd::Unreachable(gone()), &closed());
-        assert_eq!(d.next, fail("crash window", GONE));
-        let mut s = loading();
-        let d = s.polled(
-            at(11.0),
-            Systemd::Cancelled("interrupted (SIGINT)".into()),
-            &closed(),
-        );
-        assert_eq!(d.next, fail("loading", "interrupted (SIGINT)"));
+        let told = [
+            (Stages::new(rules()), 1.0, Systemd::Unreachable(gone())),
+            (
+                loading(),
+                11.0,
+                Systemd::Cancelled("interrupted (SIGINT)".into()),
+            ),
+        ];
+        let failed = [
+            fail("crash window", GONE),
+            fail("loading", "interrupted (SIGINT)"),
+        ];
+        for ((mut s, polled, systemd), failed) in told.into_iter().zip(failed) {
+            assert_eq!(s.polled(at(polled), systemd, &closed()).next, failed);
+        }
         let mut s = loading();
         s.polled(at(11.0), Systemd::Healthy, &closed());
         let d = s.sampled(
@@ -833,8 +838,8 @@ mod tests {
         assert_eq!(s.sampled(at(40.1), Took::Done(stalled())).next, Next::Poll);
     }
 
-    #[test]
-    fn a_dead_worker_that_systemd_then_sees_exit_is_a_crash() {
+    /// Loading, with a dead worker found at 20.1s: asked to confirm it.
+    fn dead_worker_found() -> Stages {
         let mut s = loading();
         s.polled(at(20.0), Systemd::Healthy, &closed());
         let dead = Findings {
@@ -842,6 +847,12 @@ mod tests {
             ..Findings::default()
         };
         assert_eq!(s.sampled(at(20.1), Took::Done(dead)).next, Next::Confirm);
+        s
+    }
+
+    #[test]
+    fn a_dead_worker_that_systemd_then_sees_exit_is_a_crash() {
+        let mut s = dead_worker_found();
         assert_eq!(s.confirmed(at(20.2), Systemd::Healthy).next, Next::Confirm);
         let d = s.confirmed(at(20.5), crashed());
         assert!(
@@ -852,13 +863,7 @@ mod tests {
 
     #[test]
     fn a_dead_worker_is_reported_after_confirm_polls_without_a_crash() {
-        let mut s = loading();
-        s.polled(at(20.0), Systemd::Healthy, &closed());
-        let dead = Findings {
-            dead_worker: Some("a worker process died: 3 of 4".into()),
-            ..Findings::default()
-        };
-        assert_eq!(s.sampled(at(20.1), Took::Done(dead)).next, Next::Confirm);
+        let mut s = dead_worker_found();
         let nexts: Vec<Next> = (0..CONFIRM_POLLS)
             .map(|i| {
                 s.confirmed(at(20.1 + 0.25 * i as f64), Systemd::Healthy)
@@ -1025,46 +1030,25 @@ mod tests {
             loaded = loaded.clone().or(d.loaded.clone());
             d.next
         };
-        assert_eq!(
-            step(s.polled(at(0.0), Systemd::Healthy, &closed()), &mut order),
-            Next::Sample
-        );
-        assert_eq!(
-            step(
-                s.sampled(at(0.1), Took::Done(Findings::default())),
-                &mut order
-            ),
-            Next::Poll
-        );
-        // The port opens before the crash window passes: identity first, then the window.
-        assert_eq!(
-            step(
-                s.polled(at(8.0), Systemd::Healthy, &warming(7.5)),
-                &mut order
-            ),
-            Next::Sample
-        );
-        assert_eq!(
-            step(
-                s.sampled(at(8.1), Took::Done(Findings::default())),
-                &mut order
-            ),
-            Next::Poll
-        );
-        assert_eq!(
-            step(
-                s.polled(at(10.0), Systemd::Healthy, &warming(7.5)),
-                &mut order
-            ),
-            Next::Sample
-        );
-        assert_eq!(
-            step(
-                s.sampled(at(10.1), Took::Done(Findings::default())),
-                &mut order
-            ),
-            Next::Poll
-        );
+        // Each poll and the sample after it. The port opens before the crash window passes:
+        // identity first, then the window.
+        for (polled, sampled, seen) in [
+            (0.0, 0.1, closed()),
+            (8.0, 8.1, warming(7.5)),
+            (10.0, 10.1, warming(7.5)),
+        ] {
+            assert_eq!(
+                step(s.polled(at(polled), Systemd::Healthy, &seen), &mut order),
+                Next::Sample
+            );
+            assert_eq!(
+                step(
+                    s.sampled(at(sampled), Took::Done(Findings::default())),
+                    &mut order
+                ),
+                Next::Poll
+            );
+        }
         let d = s.polled(at(20.0), Systemd::Healthy, &ready(7.5));
         assert_eq!(
             d.passed,

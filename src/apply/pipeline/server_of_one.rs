@@ -39,6 +39,18 @@ fn host(unit: Option<&str>) -> FakeHost {
     }
 }
 
+/// Whether `argv` runs the guard program (its path names its build) to `verb`.
+fn guard(argv: &[&str], verb: &str) -> bool {
+    matches!(argv, [program, v, ..] if program.contains("reconcile-guard") && *v == verb)
+}
+
+/// Whether the unit was restarted on `host`.
+fn restarted(host: &FakeHost) -> bool {
+    host.commands()
+        .iter()
+        .any(|c| c.starts_with(&["systemctl".into(), "restart".into()]))
+}
+
 fn passed() -> Result<Verification, Failure> {
     Ok(Verification {
         load_seconds: Some(2.0),
@@ -63,6 +75,12 @@ async fn install_on(
     cancel: bool,
 ) -> (Ending, UnitReport) {
     install_as(target(), host, verifier, before, verdict, cancel).await
+}
+
+/// Installs `s.service` with a restart over an active `old` unit, the case most tests drive.
+async fn restart_over_old(host: &FakeHost, verifier: &Scripted) -> (Ending, UnitReport) {
+    let before = observed(Some("old"), "active");
+    install_on(host, verifier, &before, Verdict::Restart, false).await
 }
 
 async fn install_as(
@@ -172,8 +190,7 @@ async fn a_reload_only_change_and_a_new_unit_never_drain() {
 async fn a_verified_restart_converges_and_is_recorded() {
     let host = host(Some("old"));
     let verifier = Scripted::new(vec![passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
     assert_eq!(end.error, None);
     assert_eq!(host.file(PATH), Some(target().desired.text));
@@ -208,8 +225,7 @@ async fn past_loads_are_noted_and_the_trajectory_is_recorded() {
         samples: vec![sample(0.0, 20), sample(2.0, 60), sample(5.0, 100)],
         ..Verification::default()
     })]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Converged, "{}", end.detail);
     let v = report.verification.unwrap();
     assert_eq!(
@@ -238,17 +254,14 @@ async fn a_guard_that_cannot_be_taken_over_is_left_the_rollback_alone() {
     // The host answers, but its guard does not take the rollback over: restoring now could
     // race the guard's own restore, so this run restores nothing and does not disarm it.
     let host = host(Some("old")).on_with(&[], |argv, _| match argv {
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
-            Reply::ok("armed\n")
-        }
+        _ if guard(argv, "renew") => Reply::ok("armed\n"),
         [program, ..] if program.contains("reconcile-guard") => {
             Reply::exit(1, "", "guard.json: unreadable")
         }
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![failed(Stage::Readiness)]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::RollbackFailed, "{}", end.detail);
     assert!(
         end.detail
@@ -278,14 +291,11 @@ async fn a_guard_that_acted_before_the_write_has_nothing_written_under_it() {
     // Armed, then the link was cut past the lease: the guard put the previous file back and
     // watches no more. The new file is not written and the server is not restarted.
     let host = host(Some("old")).on_with(&[], |argv, _| match argv {
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
-            Reply::ok("rolled_back\n")
-        }
+        _ if guard(argv, "renew") => Reply::ok("rolled_back\n"),
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Error, "{}", end.detail);
     assert!(
         end.detail.contains("nothing was written")
@@ -294,10 +304,7 @@ async fn a_guard_that_acted_before_the_write_has_nothing_written_under_it() {
         end.detail
     );
     assert_eq!(host.file(PATH).as_deref(), Some("old"));
-    assert!(!host
-        .commands()
-        .iter()
-        .any(|c| c.starts_with(&["systemctl".into(), "restart".into()])));
+    assert!(!restarted(&host));
     assert!(verifier.asked.lock().unwrap().is_empty());
 }
 
@@ -308,25 +315,19 @@ async fn a_guard_that_acted_after_the_write_has_nothing_restarted_under_it() {
     // and the guard's act is left as it is (its take-over is refused, nothing restored).
     let renewals = std::sync::atomic::AtomicUsize::new(0);
     let host = host(Some("old")).on_with(&[], move |argv, _| match argv {
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
+        _ if guard(argv, "renew") => {
             match renewals.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
                 0 => Reply::ok("armed\n"),
                 _ => Reply::ok("rolled_back\n"),
             }
         }
-        [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
-            Reply::ok("rolled_back\n")
-        }
+        _ if guard(argv, "take") => Reply::ok("rolled_back\n"),
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_ne!(end.outcome, Outcome::Converged, "{}", end.detail);
-    assert!(!host
-        .commands()
-        .iter()
-        .any(|c| c.starts_with(&["systemctl".into(), "restart".into()])));
+    assert!(!restarted(&host));
     assert!(verifier.asked.lock().unwrap().is_empty());
 }
 
@@ -336,20 +337,15 @@ async fn a_take_over_cut_short_by_the_connection_is_tried_again_once_the_host_is
     // connection, not refused, so it is tried again over the new one and the rollback goes on.
     let takes = std::sync::atomic::AtomicUsize::new(0);
     let host = host(Some("old")).on_with(&[], move |argv, _| match argv {
-        [program, take, ..] if program.contains("reconcile-guard") && *take == "take" => {
-            match takes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
-                0 => Reply::Disconnect,
-                _ => Reply::ok("armed\n"),
-            }
-        }
-        [program, renew, ..] if program.contains("reconcile-guard") && *renew == "renew" => {
-            Reply::ok("armed\n")
-        }
+        _ if guard(argv, "take") => match takes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) {
+            0 => Reply::Disconnect,
+            _ => Reply::ok("armed\n"),
+        },
+        _ if guard(argv, "renew") => Reply::ok("armed\n"),
         _ => Reply::ok(""),
     });
     let verifier = Scripted::new(vec![failed(Stage::Readiness), passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
     assert!(
         end.detail
@@ -424,8 +420,7 @@ async fn a_new_unit_that_fails_is_removed_and_a_failing_restore_says_so() {
     // The restored unit fails its own verification: the host needs attention.
     let host = self::host(Some("old"));
     let verifier = Scripted::new(vec![failed(Stage::Readiness), failed(Stage::Smoke)]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(
         (end.outcome, end.detail.as_str(), end.error),
         (
@@ -444,8 +439,7 @@ async fn a_failed_install_puts_the_file_back_without_a_restart() {
         Reply::exit(1, "", "no bus"),
     );
     let verifier = Scripted::new(Vec::new());
-    let before = observed(Some("old"), "active");
-    let (end, _) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, _) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::Error);
     assert_eq!(end.error, Some(ApplyErrorKind::InstallFailed));
     assert!(
@@ -487,8 +481,7 @@ async fn reload_only_keeps_the_server_and_a_cancel_stops_before_the_restart() {
 async fn a_restart_that_breaks_the_connection_reconnects_and_rolls_back() {
     let host = host(Some("old")).once(&["systemctl", "restart"], Reply::Disconnect);
     let verifier = Scripted::new(vec![passed()]);
-    let before = observed(Some("old"), "active");
-    let (end, report) = install_on(&host, &verifier, &before, Verdict::Restart, false).await;
+    let (end, report) = restart_over_old(&host, &verifier).await;
     assert_eq!(end.outcome, Outcome::RolledBack, "{}", end.detail);
     assert_eq!(end.error, Some(ApplyErrorKind::RestartFailed));
     assert!(end.detail.starts_with("restart failed: "), "{}", end.detail);
