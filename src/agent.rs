@@ -22,7 +22,7 @@ use crate::coordinator::{self, Coordination, CoordinatorOptions, Link};
 use crate::manifest::ManifestErrors;
 use crate::redact::Redactor;
 use crate::remote::{error_chain, Limits, Local};
-use crate::rollout::fleet::Newest;
+use crate::rollout::overview::Newest;
 use crate::targets::{self, Target};
 
 /// A fetch of a manifests repository is small; longer than this is a hung server or network, and

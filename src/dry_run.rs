@@ -7,7 +7,6 @@
 use futures::stream::{self, StreamExt};
 
 use crate::digest::sha256;
-use crate::fleet;
 use crate::observed::Observed;
 use crate::plan::{plan, PlannedState, UnitPlan};
 use crate::preflight::{self, Ask, DeepWhen, Survey};
@@ -16,6 +15,7 @@ use crate::remote::{error_chain, Host, SshOptions};
 use crate::state::STATE_DIR;
 use crate::systemd::Systemd;
 use crate::targets::Target;
+use crate::visit;
 use reconcile_core::guard::Settled;
 
 pub use reconcile_core::dry_run::{PlanOutcome, Tally};
@@ -37,13 +37,13 @@ pub async fn plan_targets(
 ) -> Vec<PlanOutcome> {
     let deep = deep.into();
     // The outcomes' order in `ordered`, for the server groups' plans.
-    let (by_host, ordered) = fleet::by_host(targets);
-    let results: Vec<Vec<PlanOutcome>> = fleet::each_host(
+    let (by_host, ordered) = visit::by_host(targets);
+    let results: Vec<Vec<PlanOutcome>> = visit::each_host(
         by_host,
         ssh,
         parallel,
         |name| tracing::info_span!("host", host = %name),
-        async |host: &dyn Host, _: &fleet::Visit<'_>, targets: Vec<Target>| {
+        async |host: &dyn Host, _: &visit::Visit<'_>, targets: Vec<Target>| {
             plan_host(host, &targets, deep, redactor).await
         },
         |_, targets, e| {
@@ -180,7 +180,7 @@ fn planned_with(
     planned.preflight = findings;
     let current = observed.unit_text.as_deref().map(sha256);
     let desired = sha256(&t.desired.text);
-    // What the host's guard did with the last change, when its apply died: kept unconfirmed (the
+    // What the host's guard did with the last change, when its apply died: let stand unconfirmed (the
     // next apply confirms it, no restart) or rolled back (this plan asks for it again).
     planned
         .notes
@@ -353,10 +353,10 @@ mod tests {
                 .collect::<Vec<_>>(),
             other => panic!("{other:?}"),
         };
-        let kept_refusal = deep_errors(&outcomes[0]);
+        let cached_refusal = deep_errors(&outcomes[0]);
         assert!(
-            kept_refusal.len() == 1 && kept_refusal[0].ends_with("kept"),
-            "{kept_refusal:?}"
+            cached_refusal.len() == 1 && cached_refusal[0].ends_with("kept"),
+            "{cached_refusal:?}"
         );
         assert_eq!(deep_errors(&outcomes[2]), Vec::<String>::new());
     }

@@ -8,8 +8,8 @@
 //! runs it (`run`), and turns the result into an exit code.
 
 pub use reconcile_core::{
-    benchmark, digest, finding, flags, layers, manifest, observed, plan, record, redact, rollout,
-    sglang, targets, unit,
+    benchmark, digest, finding, flags, manifest, observed, plan, record, redact, rollout, sglang,
+    targets, unit, unit_files,
 };
 
 pub mod agent;
@@ -20,7 +20,6 @@ pub mod coordinator;
 pub mod drain;
 pub mod dry_run;
 pub mod experiment;
-pub mod fleet;
 pub mod history;
 pub mod import;
 pub mod load;
@@ -38,3 +37,4 @@ pub mod state;
 pub mod status;
 pub mod systemd;
 pub mod verify;
+pub mod visit;

@@ -175,7 +175,7 @@ async fn apply(args: ApplyArgs, reach: &Reach) -> Result<ExitCode, Error> {
             targets.iter().filter_map(|t| t.manifest.rollout.as_ref()),
         ))
         .replace_dropins(args.replace_dropins)
-        .stage(!args.no_stage)
+        .preload(!args.no_stage)
         .strict(plan.strict);
     let mut reports = apply::apply_targets(targets, &ssh, &options).await;
     reports.extend(refused.into_iter().map(|r| {
@@ -279,7 +279,7 @@ async fn fleet_status(
     args: StatusArgs,
     etcd: remote::etcd::EtcdOptions,
 ) -> Result<ExitCode, Error> {
-    use crate::rollout::fleet::{rows, Newest};
+    use crate::rollout::overview::{rows, Newest};
     let newest = match load_reporting(&args.manifests.paths, false) {
         Ok((manifests, _)) => {
             let targets = targets::targets(&manifests, &args.filter.filter())?;
@@ -333,7 +333,7 @@ async fn read_fleet(
 
 /// `reconcile rollout status SERVICE`: the progress of the change the manifests render now.
 async fn rollout_status(args: RolloutStatusArgs) -> Result<ExitCode, Error> {
-    use crate::rollout::fleet::{Newest, RolloutView};
+    use crate::rollout::overview::{Newest, RolloutView};
     let service = args
         .service
         .strip_suffix(".service")
@@ -505,7 +505,7 @@ async fn quality(args: QualityArgs, reach: &Reach) -> Result<ExitCode, Error> {
     )))
 }
 
-/// `reconcile rollback`: a kept deployment restored through apply's path, host by host.
+/// `reconcile rollback`: a saved deployment restored through apply's path, host by host.
 async fn rollback(args: RollbackArgs, reach: &Reach) -> Result<ExitCode, Error> {
     let (unit, hosts, manifest, redactor) = service_hosts(&args.history)?;
     let ssh = ssh_options(reach, &args.history.ssh);

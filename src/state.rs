@@ -23,9 +23,9 @@ use crate::remote::{error_chain, Host, RemoteError};
 
 pub const STATE_DIR: &str = "/var/lib/reconcile";
 /// Previous units kept per unit on a host.
-const GENERATIONS_KEPT: usize = 5;
+const GENERATIONS_SAVED: usize = 5;
 /// Units of successful deployments kept per unit on a host, for `reconcile rollback`.
-pub const DEPLOYED_KEPT: usize = 10;
+pub const DEPLOYED_SAVED: usize = 10;
 
 pub fn unit_dir(unit: &str) -> String {
     format!("{STATE_DIR}/{unit}")
@@ -196,12 +196,19 @@ pub async fn keep_generation(
     let path = format!("{dir}/{}.service", unix_nanos());
     host.write_file(&path, text, "0600").await?;
     const PRUNE: &str = "cd \"$1\" && ls -1 | sort -n | head -n -\"$2\" | xargs -r rm -f --";
-    host.run_ok(&["sh", "-c", PRUNE, "sh", &dir, &GENERATIONS_KEPT.to_string()])
-        .await?;
+    host.run_ok(&[
+        "sh",
+        "-c",
+        PRUNE,
+        "sh",
+        &dir,
+        &GENERATIONS_SAVED.to_string(),
+    ])
+    .await?;
     Ok(path)
 }
 
-/// The newest kept generation's text.
+/// The newest saved generation's text.
 pub async fn newest_generation(host: &dyn Host, unit: &str) -> Result<Option<String>, RemoteError> {
     const NEWEST: &str = "cd \"$1\" 2>/dev/null || exit 0; f=$(ls -1 | sort -n | tail -n 1); [ -n \"$f\" ] && cat -- \"$f\"";
     let dir = format!("{}/generations", unit_dir(unit));
@@ -244,7 +251,7 @@ pub async fn write_record(
         PRUNE,
         "sh",
         &deployed,
-        &DEPLOYED_KEPT.to_string(),
+        &DEPLOYED_SAVED.to_string(),
     ])
     .await?;
     Ok(())
@@ -306,7 +313,7 @@ pub struct Generation {
     pub sha256: String,
 }
 
-/// The kept generations, oldest first.
+/// The saved generations, oldest first.
 pub async fn generations(host: &dyn Host, unit: &str) -> Result<Vec<Generation>, RemoteError> {
     const LIST: &str = "cd \"$1\" 2>/dev/null || exit 0; for f in $(ls -1 | sort -n); do printf '%s %s\\n' \"$f\" \"$(sha256sum < \"$f\" | cut -d' ' -f1)\"; done";
     let dir = format!("{}/generations", unit_dir(unit));

@@ -4,10 +4,10 @@
 
 use async_trait::async_trait;
 
-use crate::layers::{parse_layers, LAYERS_SCRIPT};
 use crate::observed::{Observed, UnitState, SHOW_PROPERTIES};
 use crate::plan::UNIT_DIR;
 use crate::remote::{Host, RemoteError};
+use crate::unit_files::{parse_unit_files, UNIT_FILES_SCRIPT};
 
 /// systemd on a host; import it to call `host.unit_state(unit)` on any [`Host`].
 #[async_trait]
@@ -29,17 +29,17 @@ impl<H: Host + ?Sized> Systemd for H {
 
     async fn observe(&self, unit: &str) -> Result<Observed, RemoteError> {
         let path = format!("{UNIT_DIR}/{unit}");
-        let layers = async {
-            self.run_ok(&["sh", "-c", LAYERS_SCRIPT, "sh", unit, &path])
+        let unit_files = async {
+            self.run_ok(&["sh", "-c", UNIT_FILES_SCRIPT, "sh", unit, &path])
                 .await
         };
-        let (unit_text, state, layers) =
-            tokio::try_join!(self.read_file(&path), self.unit_state(unit), layers)?;
-        let layers = parse_layers(&layers, &state.load_state, &state.unit_file_state);
+        let (unit_text, state, unit_files) =
+            tokio::try_join!(self.read_file(&path), self.unit_state(unit), unit_files)?;
+        let unit_files = parse_unit_files(&unit_files, &state.load_state, &state.unit_file_state);
         Ok(Observed {
             unit_text,
             state,
-            layers,
+            unit_files,
         })
     }
 }
@@ -146,7 +146,7 @@ mod tests {
                 Reply::ok("LoadState=loaded\nActiveState=active\nInvocationID=abc\n"),
             )
             .on(
-                &["sh", "-c", LAYERS_SCRIPT],
+                &["sh", "-c", UNIT_FILES_SCRIPT],
                 Reply::ok("managed\0/etc/systemd/system/a.service\0\0dropin\0/etc/systemd/system/a.service.d/x.conf\0[Service]\nNice=1\n\0"),
             );
         let host: &dyn Host = &fake;
@@ -154,7 +154,7 @@ mod tests {
         assert_eq!(observed.unit_text.as_deref(), Some("[Service]\n"));
         assert_eq!(observed.state.active_state, "active");
         assert_eq!(observed.state.invocation_id, "abc");
-        assert_eq!(observed.layers.drop_ins[0].text, "[Service]\nNice=1\n");
+        assert_eq!(observed.unit_files.drop_ins[0].text, "[Service]\nNice=1\n");
         assert_eq!(fake.commands().len(), 2);
         let missing = host.observe("b.service").await.unwrap_err();
         assert_eq!(

@@ -45,7 +45,7 @@ fn layer_of(krate: Krate, module: &[String]) -> Option<Layer> {
         "remote" => Layer::Edge,
         "cli" | "report" | "run" => Layer::Face,
         "agent" | "apply" | "bench" | "coordinator" | "drain" | "dry_run" | "experiment"
-        | "fleet" | "history" | "load" | "import" | "preflight" | "probe" | "quality"
+        | "visit" | "history" | "load" | "import" | "preflight" | "probe" | "quality"
         | "router" | "signals" | "state" | "status" | "systemd" | "verify" | "plan_file"
         | "pinned" => Layer::Orchestration,
         _ => return None,

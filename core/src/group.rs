@@ -376,7 +376,7 @@ mod tests {
                         active_state: "active".into(),
                         ..Default::default()
                     },
-                    layers: Default::default(),
+                    unit_files: Default::default(),
                 };
                 PlanOutcome::Planned(Box::new(crate::plan::plan(
                     &t.host,

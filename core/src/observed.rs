@@ -16,7 +16,7 @@ pub struct Observed {
     pub unit_text: Option<String>,
     pub state: UnitState,
     /// What systemd runs besides that file: drop-ins, a mask, a unit file elsewhere.
-    pub layers: crate::layers::Layers,
+    pub unit_files: crate::unit_files::UnitFiles,
 }
 
 /// systemd's view of a unit.

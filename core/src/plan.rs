@@ -12,15 +12,15 @@ use serde::Deserialize;
 
 use crate::finding::Finding;
 use crate::flags::flags;
-use crate::layers::Drift;
 use crate::live_change::LiveChange;
 use crate::observed::{Observed, UnitState};
 use crate::redact::{redact_text, Redactor, Secret, REDACTED, REDACTED_CHANGED};
 use crate::sglang::meaning::as_parsed;
 use crate::sglang::Catalog;
 use crate::unit::{parse_unit, takes_effect_without_restart, Desired, UnitModel};
+use crate::unit_files::Drift;
 
-pub use crate::layers::UNIT_DIR;
+pub use crate::unit_files::UNIT_DIR;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -141,23 +141,25 @@ pub fn plan(
 ) -> UnitPlan {
     let unit = &desired.unit;
     let current = observed.unit_text.as_deref();
-    let layers = &observed.layers;
-    let drift = layers.drifts(unit, current);
+    let unit_files = &observed.unit_files;
+    let drift = unit_files.drifts(unit, current);
     // What systemd would run now: the managed file alone, or, when other files are in force, all
     // of them in systemd's order (the drop-ins' values win; a masked unit runs nothing).
     let overridden = drift.iter().any(|d| *d != Drift::Disabled);
     let running: Option<String> = if !overridden {
         current.map(str::to_string)
     } else {
-        layers.effective(unit, current)
+        unit_files.effective(unit, current)
     };
     let old_model = if overridden {
-        layers.effective_model(unit, current).unwrap_or_default()
+        unit_files
+            .effective_model(unit, current)
+            .unwrap_or_default()
     } else {
         running.as_deref().map(parse_unit).unwrap_or_default()
     };
     let secrets = secrets(&old_model, &desired.model, redactor);
-    let exists = current.is_some() || !layers.fragment.is_empty();
+    let exists = current.is_some() || !unit_files.fragment.is_empty();
     let masked = drift.iter().any(|d| matches!(d, Drift::Masked { .. }));
     let verdict = match running.as_deref() {
         _ if !exists => Verdict::Install,
@@ -210,7 +212,7 @@ pub fn plan(
             d.apply_does(desired.dropins)
         ));
     }
-    for d in layers.shared_drop_ins(unit) {
+    for d in unit_files.shared_drop_ins(unit) {
         notes.push(format!(
             "the drop-in {} applies to other units too; reconcile leaves it as it is",
             d.path
@@ -276,7 +278,7 @@ impl UnitPlan {
 /// unit file: the drop-in that set a flag, the `/run` unit that set an environment variable.
 fn attribute(summary: &mut Summary, observed: &Observed, unit: &str) {
     let current = observed.unit_text.as_deref();
-    let origin = |name: &str| observed.layers.origin_of(unit, current, name);
+    let origin = |name: &str| observed.unit_files.origin_of(unit, current, name);
     let exec = origin("ExecStart");
     if let Some(command) = &mut summary.command {
         command.from = exec.clone();
@@ -476,7 +478,7 @@ mod tests {
         Observed {
             unit_text: text.map(str::to_string),
             state,
-            layers: Default::default(),
+            unit_files: Default::default(),
         }
     }
 

@@ -422,7 +422,7 @@ mod tests {
         let observed = crate::observed::Observed {
             unit_text: Some(old[0].desired.text.clone()),
             state: Default::default(),
-            layers: Default::default(),
+            unit_files: Default::default(),
         };
         let mut planned = crate::plan::plan(
             "h1",

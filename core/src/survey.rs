@@ -306,15 +306,15 @@ pub fn show(s: &Section, unit: &str) -> Result<UnitState, Fault> {
     }
 }
 
-/// The unit's layers ([`crate::layers::LAYERS_SCRIPT`]), with `systemctl show`'s states.
-pub fn layers(
+/// The unit's files ([`crate::unit_files::UNIT_FILES_SCRIPT`]), with `systemctl show`'s states.
+pub fn unit_files(
     s: &Section,
     load_state: &str,
     unit_file_state: &str,
-) -> Result<crate::layers::Layers, Fault> {
+) -> Result<crate::unit_files::UnitFiles, Fault> {
     timed_out(s, "systemctl show -p FragmentPath,DropInPaths")?;
     match s.status {
-        0 => Ok(crate::layers::parse_layers(
+        0 => Ok(crate::unit_files::parse_unit_files(
             &s.stdout,
             load_state,
             unit_file_state,

@@ -9,7 +9,7 @@
 //! written, so no new file is ever on a host with nobody watching it (should this process die
 //! between the two, a reboot would start it unverified); a failure before the restart puts the
 //! files back and leaves the servers alone; a failure after it rolls every rank back (a rollback
-//! costs a full load, so only then). A unit the host's guard kept unconfirmed is verified as it
+//! costs a full load, so only then). A unit the host's guard let stand unconfirmed is verified as it
 //! runs, never rewritten or restarted.
 
 use crate::plan::Verdict;
@@ -25,14 +25,14 @@ pub enum Kind {
     /// told live, verified as it runs; a failure puts the previous weights or values back live,
     /// and only if that fails is the previous unit restarted.
     Live,
-    /// The unit runs already, kept unconfirmed by the host's guard after its apply died: armed,
+    /// The unit runs already, let stand unconfirmed by the host's guard after its apply died: armed,
     /// verified as it runs and confirmed, or rolled back if it fails.
     Confirm,
 }
 
 impl Kind {
     /// The kind for a server whose ranks do `verdict` together (`group::group_verdict`);
-    /// `confirm` when every rank is a unit its guard kept. `None`: nothing to do.
+    /// `confirm` when every rank is a unit its guard let stand. `None`: nothing to do.
     pub fn of(verdict: Verdict, confirm: bool) -> Option<Kind> {
         match verdict {
             Verdict::NoChange => None,
@@ -53,9 +53,9 @@ pub enum Step {
     /// rank's lock. Stopped here, nothing was changed.
     Prepare,
     /// Every rank's weights read into its host's page cache while the old server serves
-    /// (`crate::stage`). It only saves time: it never stops the apply (a signal during it is seen
+    /// (`crate::preload`). It only saves time: it never stops the apply (a signal during it is seen
     /// at [`Step::Arm`]).
-    Stage,
+    Preload,
     /// Rank 0, the server's API, drained when the manifest asks (`drain:`).
     Drain,
     /// Every rank's new unit written and loaded (`daemon-reload`); for a restart or a live
@@ -64,7 +64,7 @@ pub enum Step {
     Write,
     /// A reload-only change took: recorded, the server untouched.
     RecordReload,
-    /// Every rank's previous unit kept and its guard armed on its host, before the new file is
+    /// Every rank's previous unit saved and its guard armed on its host, before the new file is
     /// written and before any server stops.
     Arm,
     /// Every rank stopped and started in SGLang's order.
@@ -92,7 +92,7 @@ impl Step {
     pub fn name(self) -> &'static str {
         match self {
             Step::Prepare => "prepare",
-            Step::Stage => "stage",
+            Step::Preload => "stage",
             Step::Drain => "drain",
             Step::Write => "write",
             Step::RecordReload => "record_reload",
@@ -179,8 +179,8 @@ impl Transaction {
             (Done(end), _) => Done(end),
             (Prepare, Went::Passed) if confirm => Arm,
             (Prepare, Went::Passed) if self.kind == Kind::ReloadOnly => Drain,
-            (Prepare, Went::Passed) => Stage,
-            (Stage, _) => Drain,
+            (Prepare, Went::Passed) => Preload,
+            (Preload, _) => Drain,
             (Drain, Went::Passed) if self.kind == Kind::ReloadOnly => Write,
             (Drain, Went::Passed) => Arm,
             (Prepare | Drain, _) => Done(End::Refused),
@@ -192,7 +192,7 @@ impl Transaction {
                     Write
                 }
             }
-            // A unit kept unconfirmed was not touched: nothing to put back.
+            // A unit let stand unconfirmed was not touched: nothing to put back.
             (Arm, _) if confirm => Done(End::Refused),
             (Arm, _) => PutBack,
             (Write, Went::Passed) => match self.kind {
@@ -256,7 +256,7 @@ mod tests {
             walk(Kind::Restart, &[]),
             [
                 Prepare,
-                Stage,
+                Preload,
                 Drain,
                 Arm,
                 Write,
@@ -296,8 +296,8 @@ mod tests {
     #[test]
     fn staging_only_saves_time_it_never_stops_the_apply() {
         for went in [Went::Stopped, Went::Failed] {
-            let steps = walk(Kind::Restart, &[(Stage, went)]);
-            assert_eq!(steps[..3], [Prepare, Stage, Drain], "{went:?}");
+            let steps = walk(Kind::Restart, &[(Preload, went)]);
+            assert_eq!(steps[..3], [Prepare, Preload, Drain], "{went:?}");
             assert_eq!(steps.last(), Some(&Done(End::Converged)));
         }
     }
@@ -348,7 +348,7 @@ mod tests {
             steps,
             [
                 Prepare,
-                Stage,
+                Preload,
                 Drain,
                 Arm,
                 Write,

@@ -400,7 +400,7 @@ impl Protocol {
         let r = part.min(RANKS - 1);
         let last = part + 1 == RANKS;
         let went = match s.ctl.tx.step() {
-            Step::Prepare | Step::Stage | Step::Drain => Went::Passed,
+            Step::Prepare | Step::Preload | Step::Drain => Went::Passed,
             Step::Arm => {
                 if !s.ranks[r].link_up {
                     return None;

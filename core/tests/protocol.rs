@@ -13,7 +13,7 @@
 //! and the state it left).
 //!
 //! Modelled: a single server; a restart, a live change (a value told to the running server,
-//! which verification cannot see) and a confirm (a unit the guard kept, verified as it runs). A
+//! which verification cannot see) and a confirm (a unit the guard let stand, verified as it runs). A
 //! run after a dead one plans from what the host shows and takes the dead run's guard over, or
 //! waits for it. Not yet: a 2-rank group, and a stop of the old server that outlasts the lease
 //! (apply renews the lease through its restart).
@@ -472,7 +472,7 @@ impl Protocol {
     fn step(&self, s: &mut State) -> Option<()> {
         let step = s.ctl.tx.step();
         let went = match step {
-            Step::Prepare | Step::Stage | Step::Drain => Went::Passed,
+            Step::Prepare | Step::Preload | Step::Drain => Went::Passed,
             Step::Write if s.ctl.wrote_early.is_some() => Went::Passed,
             Step::Write => {
                 // Written only under a guard that still holds: one that acted while the link
@@ -733,7 +733,7 @@ impl Model for Protocol {
                         written: (0, 0),
                     },
                     ctl: Controller::new(self.kind, RUN),
-                    // A confirm's unit was kept by the guard of a run that died.
+                    // A confirm's unit was let stand by the guard of a run that died.
                     guard: confirm.then(|| {
                         let mut kept = arming(Kind::Restart, "run-dead");
                         kept.watch.new_started = true;
@@ -1094,7 +1094,7 @@ fn keeping_a_live_change_never_told_leaves_the_new_file_over_the_old_values() {
     assert_eq!(last.unit.file, Def::New);
 }
 
-/// The rule before the live change was modelled: any unit the guard kept was confirmed as it
+/// The rule before the live change was modelled: any unit the guard let stand was confirmed as it
 /// runs, a live change too, whose taking nobody saw.
 fn confirms_any_kept(g: &Settled) -> bool {
     let started = match g.state {
@@ -1107,7 +1107,7 @@ fn confirms_any_kept(g: &Settled) -> bool {
 
 #[test]
 fn confirming_a_kept_live_change_records_values_the_server_never_took() {
-    // With the guard that kept untold changes: the confirm of any kept unit recorded them.
+    // With the guard that let untold changes stand: the confirm of any kept unit recorded them.
     // The checker finds a live change confirmed that the server never took.
     let last = counterexample(
         Protocol {
@@ -1169,7 +1169,7 @@ fn judge_keeping_what_never_started(
 fn a_guard_broken_on_purpose_is_caught_with_its_trace() {
     // The checker finds the old server kept as the new unit.
     // The trace ends with the guard's keep of a unit that never started: the previous server
-    // runs under the new file, recorded by the guard as the new unit kept unconfirmed.
+    // runs under the new file, recorded by the guard as the new unit let stand unconfirmed.
     let last = judged_wrong(
         Kind::Restart,
         judge_keeping_what_never_started,

@@ -1,6 +1,6 @@
 //! Files moved out of systemd's way under `systemd.dropins: replace` (or `--replace-dropins`):
 //! a drop-in no manifest owns, a mask, a unit file in `/run` that systemd would load instead.
-//! Which files, and why, is `reconcile_core::layers`; this module keeps them on the host and puts
+//! Which files, and why, is `reconcile_core::unit_files`; this module keeps them on the host and puts
 //! them back.
 //!
 //! Each move is kept as one JSON file, `/var/lib/reconcile/<unit>/aside/<unix nanos>.json`
@@ -8,7 +8,7 @@
 //! every file either in place or in the record, never lost. Nothing prunes these records: each
 //! holds what an operator wrote by hand, and they are small.
 
-use reconcile_core::layers::Moved;
+use reconcile_core::unit_files::Moved;
 
 use crate::remote::{Host, RemoteError};
 use crate::state::unit_dir;

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use super::error::{ApplyError, ApplyErrorKind};
 use super::restore::{NotRestored, Restored};
 use super::Outcome;
-use crate::layers::Drift;
 use crate::manifest::DropInPolicy;
 use crate::observed::Observed;
 use crate::plan::Verdict;
@@ -18,6 +17,7 @@ use crate::preflight;
 use crate::remote::error_chain;
 use crate::state;
 use crate::targets::Target;
+use crate::unit_files::Drift;
 use crate::verify::Verification;
 use reconcile_core::guard::{GuardState, Settled};
 
@@ -75,7 +75,7 @@ pub fn stale_plan(t: &Target, observed: &Observed) -> Option<ApplyError> {
 pub enum Previous {
     /// The unit on the host now (`None`: there is none, the unit is new).
     Observed,
-    /// The newest kept generation: the unit on disk is already the new one.
+    /// The newest saved generation: the unit on disk is already the new one.
     NewestGeneration,
 }
 
@@ -86,7 +86,7 @@ pub struct Install {
     pub previous: Previous,
     pub was_running: bool,
     pub note: Option<String>,
-    /// The unit runs already, kept unconfirmed by the host's guard: verify it as it runs and
+    /// The unit runs already, let stand unconfirmed by the host's guard: verify it as it runs and
     /// confirm it, without a restart.
     pub confirm: bool,
 }
@@ -124,8 +124,8 @@ pub fn start(
         None | Some(Ok(false)) => Start::Unchanged,
         Some(Err(e)) => Start::Refuse(ApplyError::RecordUnreadable(Arc::new(e))),
         // The unit on disk is the desired one but no run recorded it: an apply died after the
-        // rename. Finish that apply, with the generation it kept to fall back on.
-        // The apply died after its restart took: the host's guard kept the new unit healthy at
+        // rename. Finish that apply, with the generation it saved to fall back on.
+        // The apply died after its restart took: the host's guard let stand the new unit healthy at
         // its deadline, or still watches its start. Verified as it runs, never restarted for
         // nothing.
         Some(Ok(true)) if confirmable(observed, guard) => Start::Install(Install {
@@ -192,7 +192,7 @@ pub fn overridden(unit: &str, drift: &[Drift], policy: DropInPolicy) -> Option<A
     Some(ApplyError::Overridden(reasons))
 }
 
-/// Whether a preflight finding refuses the unit. When restoring a kept deployment, the manifest's
+/// Whether a preflight finding refuses the unit. When restoring a saved deployment, the manifest's
 /// SGLang version and flags say nothing about the unit being restored, so those findings are notes.
 pub fn blocks(f: &preflight::Finding, restoring: Option<super::Restoring>) -> bool {
     let about_manifest = matches!(f.check, "sglang-version" | "flags");
@@ -408,19 +408,19 @@ pub fn host_lost(failed: &str, window_secs: u64, error: &str, left_behind: &str)
 }
 
 /// What a run that lost its host mid-apply leaves there, and what the next apply does about it.
-/// `new`: there was no previous unit; `kept`: where this run kept the previous one, once it had;
+/// `new`: there was no previous unit; `saved`: where this run saved the previous one, once it had;
 /// `tried`: a rollback had begun, so the previous unit may be back on disk already.
-pub fn left_behind(unit: &str, new: bool, kept: Option<&str>, tried: bool) -> String {
+pub fn left_behind(unit: &str, new: bool, saved: Option<&str>, tried: bool) -> String {
     let dir = state::unit_dir(unit);
     let installed = if tried {
         "the new unit is installed, or the previous one if the rollback got that far"
     } else {
         "the new unit is installed"
     };
-    let next = match (new, kept) {
+    let next = match (new, saved) {
         (true, _) => "it was new; the next apply will finish it or remove it".to_string(),
-        (false, Some(kept)) => {
-            format!("the previous is kept as generation {kept}; the next apply will finish or roll back")
+        (false, Some(saved)) => {
+            format!("the previous is kept as generation {saved}; the next apply will finish or roll back")
         }
         (false, None) => format!(
             "the previous is kept as the newest generation in {dir}/generations; the next apply will finish or roll back"
@@ -611,7 +611,7 @@ mod tests {
             panic!("restarted");
         };
         assert!(!i.confirm, "{i:?}");
-        // A live change its guard kept healthy: whether the server took it is not known (the run
+        // A live change its guard let stand healthy: whether the server took it is not known (the run
         // may have died before telling it), so it is restarted, saying why.
         let live = Settled::parse(&format!(
             r#"{{"state":"unconfirmed","new_sha256":"{}","change":"in_place","detail":"healthy","settled_at":"t1","armed_by":"me","armed_at":"t0"}}"#,

@@ -137,7 +137,7 @@ pub enum ArmError {
         armed_at: String,
         state: &'static str,
     },
-    /// The unit to confirm is no longer the one the host's guard kept: it acted since the plan.
+    /// The unit to confirm is no longer the one the host's guard let stand: it acted since the plan.
     #[error("the host's guard acted since this run planned (its record is {state} now): nothing to confirm; plan again")]
     Moved { state: &'static str },
     #[error(transparent)]

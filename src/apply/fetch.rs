@@ -18,10 +18,10 @@ use tokio::sync::Notify;
 
 use super::error::ApplyError;
 use super::{ApplyOptions, Report, UnitReport};
-use crate::fleet;
 use crate::pinned::{self, PinnedError, Seeder};
 use crate::remote::{Host, SshOptions};
 use crate::targets::Target;
+use crate::visit;
 
 /// What the fetch ahead did, by (host, unit).
 #[derive(Default)]
@@ -102,12 +102,12 @@ pub(super) async fn fetch_ahead(
     let mut hosts: Vec<(String, Vec<Target>)> = by_host.into_iter().collect();
     hosts.sort_by(|a, b| a.0.cmp(&b.0));
     let swarms = Swarms::of(targets);
-    let results = fleet::each_host(
+    let results = visit::each_host(
         hosts,
         ssh,
         at_once,
         |name| tracing::info_span!("fetch", host = %name),
-        async |host: &dyn Host, visit: &fleet::Visit<'_>, targets: Vec<Target>| {
+        async |host: &dyn Host, visit: &visit::Visit<'_>, targets: Vec<Target>| {
             let mut done = Vec::new();
             for t in &targets {
                 let Some(spec) = &t.manifest.sglang.pinned else {
@@ -212,12 +212,12 @@ impl Swarms {
                     .push(seeder.unit.clone());
             }
         }
-        fleet::each_host(
+        visit::each_host(
             by_host,
             ssh,
             32,
-            fleet::no_span,
-            async |host: &dyn Host, _: &fleet::Visit<'_>, units: Vec<String>| {
+            visit::no_span,
+            async |host: &dyn Host, _: &visit::Visit<'_>, units: Vec<String>| {
                 for unit in units {
                     // A service left behind stops by itself (`RuntimeMaxSec=`).
                     let _ = pinned::unseed(host, &unit).await;

@@ -19,8 +19,8 @@ use crate::verify::Expect;
 
 /// What the guard restores should the new unit fail: the rollback's own facts (`Fallback`).
 pub struct GoingBack {
-    /// The kept generation of the previous unit; `None` when the unit was new.
-    pub kept: Option<String>,
+    /// The saved generation of the previous unit; `None` when the unit was new.
+    pub saved: Option<String>,
     pub previous_sha256: Option<String>,
     pub beneath: bool,
     pub was_disabled: bool,
@@ -29,7 +29,7 @@ pub struct GoingBack {
     pub aside: Option<String>,
     /// This apply's write replaces another unit file (`Record::replaces`).
     pub replaces: bool,
-    /// This apply confirms a start the host's guard kept (`Kind::Confirm`).
+    /// This apply confirms a start the host's guard let stand (`Kind::Confirm`).
     pub confirming: bool,
 }
 
@@ -156,7 +156,7 @@ pub(super) async fn arm<'a>(
         unit: unit.clone(),
         unit_path: format!("{UNIT_DIR}/{unit}"),
         new_sha256: state::sha256(&t.desired.text),
-        previous: back.kept,
+        previous: back.saved,
         previous_sha256: back.previous_sha256,
         beneath: back.beneath,
         disable: back.was_disabled,
@@ -370,7 +370,7 @@ mod tests {
 
     fn confirming() -> GoingBack {
         GoingBack {
-            kept: Some("/var/lib/reconcile/s.service/generations/1.service".into()),
+            saved: Some("/var/lib/reconcile/s.service/generations/1.service".into()),
             previous_sha256: Some("old".into()),
             beneath: false,
             was_disabled: false,

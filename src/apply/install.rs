@@ -10,7 +10,6 @@ use super::error::ApplyError;
 use super::guard::{self, Armed};
 use super::restore::{Restore, Then};
 use super::{Job, Outcome, UnitReport};
-use crate::layers::Moved;
 use crate::observed::Observed;
 use crate::plan::{Verdict, UNIT_DIR};
 use crate::record::LiveRecord;
@@ -18,25 +17,26 @@ use crate::redact::{redact_text, Secret, REDACTED};
 use crate::remote::{error_chain, Host, RemoteError};
 use crate::state;
 use crate::unit::{parse_unit, SecretsFile, UnitModel, SECRETS_DIR};
+use crate::unit_files::Moved;
 use crate::verify::{Expect, Verification};
 
 /// What to go back to when the new unit fails.
 pub struct Fallback {
     pub previous: Option<String>,
     pub was_running: bool,
-    /// Where this run kept the previous unit among the generations, once it has.
-    pub kept: Option<String>,
-    /// What systemd ran besides the managed file (`reconcile_core::layers`): the files this run
+    /// Where this run saved the previous unit among the generations, once it has.
+    pub saved: Option<String>,
+    /// What systemd ran besides the managed file (`reconcile_core::unit_files`): the files this run
     /// moves aside go back with the unit, and a rollback expects what all of them ran.
-    pub layers: Layered,
+    pub unit_files: OtherUnitFiles,
 }
 
-/// The previous unit's other layers, as a rollback needs them.
+/// The previous unit's other unit files, as a rollback needs them.
 #[derive(Default)]
-pub struct Layered {
+pub struct OtherUnitFiles {
     /// To move aside before the new unit goes in (`systemd.dropins: replace`).
     pub to_move: Vec<Moved>,
-    /// The record they are kept in, named before the guard is armed ([`keep_previous`]).
+    /// The record they are kept in, named before the guard is armed ([`save_previous`]).
     pub aside_record: Option<String>,
     /// Where this run kept them, once it has.
     pub aside: Option<Aside>,
@@ -51,7 +51,7 @@ pub struct Layered {
 impl Fallback {
     /// What the previous unit serves (port, model, key), drop-ins and all.
     pub(super) fn previous_expect(&self) -> Option<Expect> {
-        match (&self.layers.model, &self.previous) {
+        match (&self.unit_files.model, &self.previous) {
             (Some(model), _) => Some(Expect::from_unit(model)),
             (None, Some(text)) => Some(Expect::from_unit(&parse_unit(text))),
             (None, None) => None,
@@ -59,17 +59,17 @@ impl Fallback {
     }
 
     /// What the host's guard restores, should this run not be there to. `replaces`: this run's
-    /// write replaces another unit file; `confirming`: this run confirms a start a guard kept.
+    /// write replaces another unit file; `confirming`: this run confirms a start a guard let stand.
     pub(super) fn going_back(&self, replaces: bool, confirming: bool) -> guard::GoingBack {
         guard::GoingBack {
             replaces,
             confirming,
-            kept: self.kept.clone(),
+            saved: self.saved.clone(),
             previous_sha256: self.previous.as_deref().map(state::sha256),
-            beneath: self.layers.beneath,
-            was_disabled: self.layers.was_disabled,
+            beneath: self.unit_files.beneath,
+            was_disabled: self.unit_files.was_disabled,
             was_running: self.was_running,
-            aside: self.layers.aside_record.clone(),
+            aside: self.unit_files.aside_record.clone(),
         }
     }
 
@@ -87,10 +87,10 @@ impl Fallback {
             },
             spec: &t.verify,
             label: format!("{} {} (rollback)", t.host, t.desired.unit),
-            aside: self.layers.aside.as_ref(),
-            beneath: self.layers.beneath,
-            disable: self.layers.was_disabled,
-            expect: self.layers.model.as_ref(),
+            aside: self.unit_files.aside.as_ref(),
+            beneath: self.unit_files.beneath,
+            disable: self.unit_files.was_disabled,
+            expect: self.unit_files.model.as_ref(),
         }
     }
 }
@@ -223,10 +223,10 @@ pub(super) async fn load_history(job: &Job<'_>, report: &mut UnitReport) -> Opti
     }
 }
 
-/// What the write replaces, kept before anything of systemd's changes (and before the guard is
+/// What the write replaces, saved before anything of systemd's changes (and before the guard is
 /// armed, which restores from it): the current unit as a generation, and the name of the record
 /// of the files to move aside. Both noted in `fallback`.
-pub(super) async fn keep_previous(
+pub(super) async fn save_previous(
     job: &Job<'_>,
     observed: &Observed,
     fallback: &mut Fallback,
@@ -246,25 +246,25 @@ pub(super) async fn keep_previous(
         .as_deref()
         .filter(|c| *c != t.desired.text)
     {
-        fallback.kept = Some(state::keep_generation(host, unit, current).await?);
+        fallback.saved = Some(state::keep_generation(host, unit, current).await?);
     }
-    if !fallback.layers.to_move.is_empty() {
-        fallback.layers.aside_record = Some(aside::new_record(unit));
+    if !fallback.unit_files.to_move.is_empty() {
+        fallback.unit_files.aside_record = Some(aside::new_record(unit));
     }
     Ok(())
 }
 
 /// The new unit in place: the files in systemd's way moved aside (kept in the record named by
-/// [`keep_previous`] first), the file written, systemd reloaded, and the unit enabled where it
+/// [`save_previous`] first), the file written, systemd reloaded, and the unit enabled where it
 /// has to be.
 pub(super) async fn write_unit(job: &Job<'_>, fallback: &mut Fallback) -> Result<(), RemoteError> {
     let (host, t) = (job.host, job.t);
     let unit = &t.desired.unit;
     let path = format!("{UNIT_DIR}/{unit}");
     // Out of systemd's way before the new unit goes in: each kept in a record first.
-    let to_move = std::mem::take(&mut fallback.layers.to_move);
-    if let (false, Some(record)) = (to_move.is_empty(), &fallback.layers.aside_record) {
-        fallback.layers.aside = aside::move_aside(host, unit, record, to_move).await?;
+    let to_move = std::mem::take(&mut fallback.unit_files.to_move);
+    if let (false, Some(record)) = (to_move.is_empty(), &fallback.unit_files.aside_record) {
+        fallback.unit_files.aside = aside::move_aside(host, unit, record, to_move).await?;
     }
     // Its secrets first, in a file of their own the unit names: never a unit naming a file
     // that is not there.
@@ -278,7 +278,10 @@ pub(super) async fn write_unit(job: &Job<'_>, fallback: &mut Fallback) -> Result
         host.write_file(&path, &t.desired.text, "0644").await?;
     }
     host.run_ok(&["systemctl", "daemon-reload"]).await?;
-    if fallback.layers.was_disabled || fallback.layers.aside.is_some() || fallback.layers.beneath {
+    if fallback.unit_files.was_disabled
+        || fallback.unit_files.aside.is_some()
+        || fallback.unit_files.beneath
+    {
         // Installed but disabled, or the unit systemd ran came from elsewhere: the managed unit
         // is to start at boot too.
         host.run_ok(&["systemctl", "enable", "--", unit]).await?;
@@ -355,7 +358,7 @@ pub(super) async fn redacted_journal(
         )
         .chain(
             fallback
-                .layers
+                .unit_files
                 .model
                 .as_ref()
                 .map(|m| job.options.redactor.secret_values(m))

@@ -28,11 +28,11 @@ pub(crate) mod guard;
 mod install;
 pub(crate) mod live;
 mod pipeline;
+mod preload;
 mod quality;
 mod restore;
 mod rollout;
 mod routed;
-mod stage;
 #[cfg(test)]
 mod testing;
 pub(crate) mod undo;
@@ -52,7 +52,6 @@ pub(crate) use pipeline::apply_group;
 pub use reconcile_core::outcome::Outcome;
 pub use reconcile_core::rollout::Rollout;
 
-use crate::layers::{self, Drift};
 use crate::manifest::DropInPolicy;
 use crate::observed::Observed;
 use crate::plan::{plan, Verdict, UNIT_DIR};
@@ -63,10 +62,11 @@ use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::state;
 use crate::systemd::Systemd;
 use crate::targets::Target;
+use crate::unit_files::{self, Drift};
 use crate::verify::Verification;
 use decide::Ending;
-use install::Layered;
-use verifier::{Live, Verifier};
+use install::OtherUnitFiles;
+use verifier::{ServerVerifier, Verifier};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct UnitReport {
@@ -107,10 +107,11 @@ pub struct UnitReport {
     /// This unit's place in its server group (`nodes:`); absent for a server of its own.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupPlace>,
-    /// The weights staged into the page cache before the old server stopped
-    /// (`reconcile_core::stage`); absent when the server did not restart.
+    /// The weights preloaded into the page cache before the old server stopped
+    /// (`reconcile_core::preload`); absent when the server did not restart.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub staging: Option<reconcile_core::stage::Staging>,
+    #[serde(rename = "staging")]
+    pub preloading: Option<reconcile_core::preload::Preloading>,
     /// The pinned weights fetched to the host before the stop (`sglang.model:`): bytes, time
     /// and rate; absent when the host had them.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -171,8 +172,8 @@ pub struct ApplyOptions {
     /// `--replace-dropins`: every unit as if its manifest said `systemd.dropins: replace`.
     pub replace_dropins: bool,
     /// Stage a restarting server's weights into its host's page cache before the stop
-    /// (`reconcile_core::stage`); `--no-stage` turns it off.
-    pub stage: bool,
+    /// (`reconcile_core::preload`); `--no-stage` turns it off.
+    pub preload: bool,
     /// `--strict`: preflight's warnings that it refuses (`reconcile_core::finding::strictly`)
     /// block the unit.
     pub strict: bool,
@@ -205,19 +206,19 @@ impl ApplyOptions {
             redactor,
             routers: None,
             replace_dropins: false,
-            stage: true,
+            preload: true,
             strict: false,
         }
     }
 
-    /// `--no-stage`: no weights staged before a restart.
+    /// `--no-stage`: no weights preloaded before a restart.
     /// `--strict`: preflight's warnings that it refuses block the unit too.
     pub fn strict(self, strict: bool) -> ApplyOptions {
         ApplyOptions { strict, ..self }
     }
 
-    pub fn stage(self, stage: bool) -> ApplyOptions {
-        ApplyOptions { stage, ..self }
+    pub fn preload(self, preload: bool) -> ApplyOptions {
+        ApplyOptions { preload, ..self }
     }
 
     /// `--replace-dropins`.
@@ -269,9 +270,9 @@ impl ApplyOptions {
 /// What an apply that puts a unit back restores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Restoring {
-    /// The unit deployment `n` installed, kept on the host.
+    /// The unit deployment `n` installed, saved on the host.
     Deployment(usize),
-    /// A unit no deployment recorded (written by hand, or before reconcile managed it), kept as
+    /// A unit no deployment recorded (written by hand, or before reconcile managed it), saved as
     /// the generation the undone apply replaced.
     Unrecorded,
 }
@@ -307,7 +308,7 @@ pub async fn apply_targets(
 /// Applies one target over a connection the caller holds (`reconcile rollback` reads the host's
 /// history over the same connection first).
 pub(crate) async fn apply_one(host: &dyn Host, t: &Target, options: &ApplyOptions) -> UnitReport {
-    let verifier = Live {
+    let verifier = ServerVerifier {
         progress: options.progress.as_ref(),
     };
     pipeline::apply_single(&Job {
@@ -386,7 +387,7 @@ pub(crate) fn refused(
         drain: None,
         quality: None,
         group: None,
-        staging: None,
+        preloading: None,
         fetch: None,
         bake: None,
     }
@@ -427,12 +428,12 @@ pub(super) async fn apply_hosts(
             .collect();
     }
     let at_once = hosts.len();
-    crate::fleet::each_host(
+    crate::visit::each_host(
         hosts,
         ssh,
         at_once,
-        crate::fleet::no_span,
-        async |host: &dyn Host, _: &crate::fleet::Visit<'_>, targets: Vec<Target>| {
+        crate::visit::no_span,
+        async |host: &dyn Host, _: &crate::visit::Visit<'_>, targets: Vec<Target>| {
             apply_units(
                 host,
                 &targets,
@@ -512,8 +513,8 @@ pub(super) async fn host_has_work(
     let ask = preflight::Ask {
         preflight: false,
         records: Some(state::STATE_DIR),
-        kept_deep: false,
-        kept_python: false,
+        cached_deep: false,
+        cached_python: false,
     };
     match preflight::survey(host, targets, ask).await {
         Ok(Some(survey)) => targets.iter().any(|t| surveyed_work(&survey, t, options)),
@@ -637,10 +638,10 @@ impl Job<'_> {
 /// What systemd ran besides the managed file, as the install and a rollback need it: what to
 /// move aside (`systemd.dropins: replace`), whether a unit of the name lies beneath, whether it was
 /// disabled, and what the previous unit ran with its drop-ins.
-fn layered(unit: &str, observed: &Observed, drift: &[Drift]) -> Layered {
-    let to_move = layers::to_move(unit, &observed.layers, drift);
-    Layered {
-        beneath: layers::has_unit_beneath(unit, &observed.layers, &to_move),
+fn other_unit_files(unit: &str, observed: &Observed, drift: &[Drift]) -> OtherUnitFiles {
+    let to_move = unit_files::to_move(unit, &observed.unit_files, drift);
+    OtherUnitFiles {
+        beneath: unit_files::has_unit_beneath(unit, &observed.unit_files, &to_move),
         was_disabled: drift.contains(&Drift::Disabled),
         // With drop-ins or a unit file elsewhere, the previous unit runs more than its file.
         model: drift
@@ -648,7 +649,7 @@ fn layered(unit: &str, observed: &Observed, drift: &[Drift]) -> Layered {
             .any(|d| *d != Drift::Disabled)
             .then(|| {
                 observed
-                    .layers
+                    .unit_files
                     .effective_model(unit, observed.unit_text.as_deref())
             })
             .flatten(),
@@ -659,8 +660,8 @@ fn layered(unit: &str, observed: &Observed, drift: &[Drift]) -> Layered {
 }
 
 /// The report's notes for the files an install moves aside.
-fn moved_notes(unit: &str, layered: &Layered) -> Vec<String> {
-    layered
+fn moved_notes(unit: &str, other_unit_files: &OtherUnitFiles) -> Vec<String> {
+    other_unit_files
         .to_move
         .iter()
         .map(|moved| {
@@ -674,7 +675,7 @@ fn moved_notes(unit: &str, layered: &Layered) -> Vec<String> {
 }
 
 /// Preflight's findings: those that do not block become notes; any that blocks refuses the unit.
-/// What it found of the weights, staging reads.
+/// What it found of the weights, preloading reads.
 async fn run_preflight(
     job: &Job<'_>,
     observed: &Observed,

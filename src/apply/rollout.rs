@@ -14,11 +14,11 @@ use super::error::{ApplyError, RouterFailure};
 use super::routed::TakenOut;
 use super::undo;
 use super::{apply_hosts, ApplyOptions, Outcome, UnitReport};
-use crate::fleet;
 use crate::remote::{Host, SshOptions};
 use crate::router::{Connected, Routers};
 use crate::systemd::Systemd;
 use crate::targets::{by_host, Target};
+use crate::visit;
 use reconcile_core::rollout::schedule::{Schedule, Step};
 
 /// Hosts looked at at once before the rollout starts.
@@ -46,12 +46,12 @@ async fn survey(
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Vec<Survey> {
-    fleet::each_host(
+    visit::each_host(
         hosts,
         ssh,
         SURVEY_AT_ONCE,
-        fleet::no_span,
-        async |host: &dyn Host, visit: &fleet::Visit<'_>, targets: Vec<Target>| {
+        visit::no_span,
+        async |host: &dyn Host, visit: &visit::Visit<'_>, targets: Vec<Target>| {
             if super::host_has_work(host, &targets, options).await {
                 Survey::Turn(Turn::Work(visit.name.to_string(), targets))
             } else {
@@ -313,12 +313,12 @@ async fn rollback_all(
         })
         .collect();
     let at_once = units.len();
-    fleet::each_host(
+    visit::each_host(
         units,
         ssh,
         at_once,
-        fleet::no_span,
-        async |host: &dyn Host, _: &fleet::Visit<'_>, (r, t): (&mut UnitReport, &Target)| {
+        visit::no_span,
+        async |host: &dyn Host, _: &visit::Visit<'_>, (r, t): (&mut UnitReport, &Target)| {
             let undone = undo::undo(host, r, t, options, by).await;
             undo::report(r, why, by, undone);
         },

@@ -44,7 +44,7 @@ pub fn options(cancel: CancellationToken) -> ApplyOptions {
         redactor: Default::default(),
         routers: None,
         replace_dropins: false,
-        stage: true,
+        preload: true,
         strict: false,
     }
 }
@@ -56,6 +56,6 @@ pub fn observed(unit_text: Option<&str>, active_state: &str) -> Observed {
             active_state: active_state.into(),
             ..UnitState::default()
         },
-        layers: Default::default(),
+        unit_files: Default::default(),
     }
 }

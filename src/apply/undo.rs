@@ -1,6 +1,6 @@
 //! A unit put back on a unit it had before, through the one transaction apply runs: preflight,
 //! the lock, a guard armed, the restart, verification and a deployment record. `reconcile
-//! rollback` restores a kept deployment so ([`kept_target`]); a rollout undoes a unit it converged
+//! rollback` restores a saved deployment so ([`saved_target`]); a rollout undoes a unit it converged
 //! so, by `--rollback-all` when it stopped elsewhere or by the canary's bake when live traffic
 //! found the canary worse ([`undo`]).
 
@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::decide::{self, UndoneBy};
 use super::restore::{restore_and_verify, NotRestored, Restore, Restored, Then};
-use super::verifier::Live;
+use super::verifier::ServerVerifier;
 use super::{ApplyOptions, GitInfo, Outcome, Restoring, UnitReport};
 use crate::flags::{console_script, flags};
 use crate::manifest::{HostSpec, Manifest, SglangSpec, VerifySpec};
@@ -34,7 +34,7 @@ pub(super) enum UndoError {
     Read(#[source] RemoteError),
     /// The host keeps no generation to go back to.
     #[error("the host keeps no unit from before this rollout")]
-    NothingKept,
+    NothingSaved,
     /// The unit's lock could not be taken to remove it.
     #[error("{0}")]
     NotLocked(crate::state::LockError),
@@ -75,7 +75,7 @@ pub(super) fn report(
 /// Puts back the unit `r` reports converged (or reloaded) from `t`: the generation its install
 /// kept, applied as any unit is, with `by` named in its progress. Its record names the deployment
 /// that unit came from, when one did. A unit that was new has no previous server to guard: it is
-/// stopped, disabled and removed under the lock (its text stays kept under `deployed/`).
+/// stopped, disabled and removed under the lock (its text stays saved under `deployed/`).
 pub(super) async fn undo(
     host: &dyn Host,
     r: &UnitReport,
@@ -90,7 +90,7 @@ pub(super) async fn undo(
     let previous = state::newest_generation(host, unit)
         .await
         .map_err(UndoError::Read)?
-        .ok_or(UndoError::NothingKept)?;
+        .ok_or(UndoError::NothingSaved)?;
     let history = state::read_history(host, unit)
         .await
         .map_err(UndoError::Read)?;
@@ -105,7 +105,7 @@ pub(super) async fn undo(
         ),
         None => (Restoring::Unrecorded, GitInfo::default(), String::new()),
     };
-    let target = kept_target(
+    let target = saved_target(
         &t.host,
         unit,
         previous,
@@ -164,7 +164,7 @@ async fn remove(
         disable: false,
         expect: None,
     };
-    let verifier = Live {
+    let verifier = ServerVerifier {
         progress: options.progress.as_ref(),
     };
     let removed = restore_and_verify(restore, &verifier).await;
@@ -172,10 +172,10 @@ async fn remove(
     removed.map_err(UndoError::NotRemoved)
 }
 
-/// An apply target whose desired unit is `text`, a kept one, from the manifest at `source` whose
+/// An apply target whose desired unit is `text`, a saved one, from the manifest at `source` whose
 /// digest was `digest` when that unit was applied. Preflight reads the Python, model path and port
 /// from the restored unit itself, not from a manifest that may have moved on.
-pub(crate) fn kept_target(
+pub(crate) fn saved_target(
     host: &str,
     unit: &str,
     text: String,
@@ -219,7 +219,7 @@ pub(crate) fn kept_target(
         dropins: Default::default(),
         apply: Default::default(),
     });
-    // A rollback restarts onto the kept unit: never a live change.
+    // A rollback restarts onto the saved unit: never a live change.
     m.apply.live = false;
     // The restored unit's own entry point: `<script> serve`, or `<python> -m ...`.
     match (console_script(&model.exec_start), command.first()) {
@@ -249,7 +249,7 @@ pub(crate) fn kept_target(
             dropins: m.dropins,
             sglang_version: m.sglang.version.clone(),
             live: false,
-            // The kept unit names its own secrets file, still on the host.
+            // The saved unit names its own secrets file, still on the host.
             secrets: None,
         },
         manifest: Arc::new(m),
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn the_target_runs_the_kept_unit_and_preflight_reads_it() {
         let text = "[Service]\nExecStart=/opt/py -m sglang.launch_server --model-path /m/old --port 31000\n";
-        let t = kept_target(
+        let t = saved_target(
             "gpu-a",
             "s.service",
             text.into(),

@@ -1,5 +1,5 @@
 //! The seam between apply and verification: apply asks a [`Verifier`] whether a restarted unit
-//! came up right. In production that is [`Live`], staged verification against the server
+//! came up right. In production that is [`ServerVerifier`], staged verification against the server
 //! (`crate::verify::verify`); tests script the answers, so install and rollback run without a
 //! server.
 
@@ -33,11 +33,11 @@ pub trait Verifier: Sync {
 }
 
 /// Staged verification against the real server, with a line on the live display when there is one.
-pub struct Live<'p> {
+pub struct ServerVerifier<'p> {
     pub progress: Option<&'p MultiProgress>,
 }
 
-impl Verifier for Live<'_> {
+impl Verifier for ServerVerifier<'_> {
     fn verify<'a>(
         &'a self,
         host: &'a dyn Host,

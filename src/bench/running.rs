@@ -62,12 +62,12 @@ where
     E: std::error::Error,
 {
     let unit = visit.unit;
-    crate::fleet::each_host(
+    crate::visit::each_host(
         hosts.iter().map(|h| (h.clone(), ())),
         ssh,
         at_once,
-        crate::fleet::no_span,
-        async |host: &dyn Host, turn: &crate::fleet::Visit<'_>, ()| {
+        crate::visit::no_span,
+        async |host: &dyn Host, turn: &crate::visit::Visit<'_>, ()| {
             let mut out = O::new(turn.name, unit);
             let error = locked(host, visit, &measure, &mut out).await.err();
             out.finish(

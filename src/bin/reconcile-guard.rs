@@ -25,7 +25,7 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use reconcile_core::guard::{judge, Facts, GuardState, Record, Then, Verdict};
-use reconcile_core::layers::Moved;
+use reconcile_core::unit_files::Moved;
 
 /// How often the watch looks.
 const POLL: Duration = Duration::from_secs(1);

@@ -1,11 +1,11 @@
-//! The edge of `history`: a unit's records, kept units and generations, read over one connection
+//! The edge of `history`: a unit's records, saved units and generations, read over one connection
 //! per host. Nothing is changed.
 
 use super::{deployments, disk_notes, generations, moved_aside, Deployment, HostHistory};
-use crate::fleet;
 use crate::plan::UNIT_DIR;
 use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::state;
+use crate::visit;
 
 /// The history of `unit` on each host, at most `parallel` hosts at once, in the hosts' order.
 pub async fn history_hosts(
@@ -14,12 +14,12 @@ pub async fn history_hosts(
     ssh: &SshOptions,
     parallel: usize,
 ) -> Vec<HostHistory> {
-    fleet::each_host(
+    visit::each_host(
         hosts.iter().map(|name| (name.clone(), ())),
         ssh,
         parallel,
-        fleet::no_span,
-        async |host: &dyn Host, visit: &fleet::Visit<'_>, ()| {
+        visit::no_span,
+        async |host: &dyn Host, visit: &visit::Visit<'_>, ()| {
             read(host, unit)
                 .await
                 .unwrap_or_else(|e| unreadable(visit.name, unit, &e))
@@ -69,7 +69,7 @@ pub async fn read_deployments(host: &dyn Host, unit: &str) -> Result<Read, Remot
 
 async fn read(host: &dyn Host, unit: &str) -> Result<HostHistory, RemoteError> {
     let path = format!("{UNIT_DIR}/{unit}");
-    let (deployed, kept_generations, disk, aside, guard) = tokio::join!(
+    let (deployed, saved_generations, disk, aside, guard) = tokio::join!(
         read_deployments(host, unit),
         state::generations(host, unit),
         host.read_file(&path),
@@ -92,7 +92,7 @@ async fn read(host: &dyn Host, unit: &str) -> Result<HostHistory, RemoteError> {
     Ok(HostHistory {
         host: host.name().to_string(),
         unit: unit.to_string(),
-        generations: generations(&kept_generations?, &deployed),
+        generations: generations(&saved_generations?, &deployed),
         moved_aside: moved_aside(&aside?),
         notes,
         deployments: deployed,

@@ -38,17 +38,19 @@ pub struct Deployment {
     /// Why the line is not a record, when it is not (written by a newer reconcile, damaged).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unreadable: Option<String>,
-    /// Its unit is kept under `deployed/`, so `rollback --to N` can restore it.
-    pub kept: bool,
+    /// Its unit is saved under `deployed/`, so `rollback --to N` can restore it (JSON: `kept`).
+    #[serde(rename = "kept")]
+    pub saved: bool,
     /// The deployment the last apply recorded (`current.json`).
     pub current: bool,
 }
 
-/// A unit an apply replaced, kept to fall back on.
+/// A unit an apply replaced, saved to fall back on.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct GenerationEntry {
-    /// When the apply that replaced it kept it.
-    pub kept_at: String,
+    /// When the apply that replaced it saved it.
+    #[serde(rename = "kept_at")]
+    pub saved_at: String,
     pub unit_sha256: String,
     /// The newest deployment that installed this same unit, when one did.
     pub deployment: Option<usize>,
@@ -100,7 +102,7 @@ pub fn group_notes(histories: &mut [HostHistory]) {
         let first = digest(&histories[0], n);
         let kept = histories
             .iter()
-            .all(|h| h.deployments.iter().any(|d| d.n == n && d.kept));
+            .all(|h| h.deployments.iter().any(|d| d.n == n && d.saved));
         if first.is_some() && kept && histories.iter().all(|h| digest(h, n) == first) {
             shared.push(n.to_string());
         } else {
@@ -125,7 +127,7 @@ pub fn group_notes(histories: &mut [HostHistory]) {
     }
 }
 
-/// Numbers the history's lines and marks the kept and the current ones. The current deployment
+/// Numbers the history's lines and marks the saved and the current ones. The current deployment
 /// is the newest line equal to `current.json` (a later apply appends, so the last one normally).
 pub fn deployments(
     history: Vec<Result<Record, RecordProblem>>,
@@ -151,7 +153,7 @@ pub fn deployments(
                 n: i + 1,
                 record,
                 unreadable,
-                kept: kept.contains(&(i + 1)),
+                saved: kept.contains(&(i + 1)),
                 current: current_n == Some(i + 1),
             }
         })
@@ -163,7 +165,7 @@ pub fn generations(generations: &[Generation], deployments: &[Deployment]) -> Ve
     generations
         .iter()
         .map(|g| GenerationEntry {
-            kept_at: humantime::format_rfc3339_seconds(
+            saved_at: humantime::format_rfc3339_seconds(
                 UNIX_EPOCH + Duration::from_nanos(g.nanos.min(u64::MAX as u128) as u64),
             )
             .to_string(),
@@ -289,9 +291,9 @@ pub enum ChooseError {
     /// `--to N`'s unit is no longer kept.
     #[error(
         "deployment {n}'s unit is not kept (the newest {} are; {available})",
-        crate::state::DEPLOYED_KEPT
+        crate::state::DEPLOYED_SAVED
     )]
-    NotKept { n: usize, available: Available },
+    NotSaved { n: usize, available: Available },
     /// No `--to N`, and no deployment is marked current to go back from.
     #[error("no current deployment is recorded; say which with --to N ({available})")]
     NoCurrent { available: Available },
@@ -305,7 +307,7 @@ pub enum ChooseError {
     },
 }
 
-/// Which deployment a rollback restores: `to` when it is kept; by default the newest deployment
+/// Which deployment a rollback restores: `to` when it is saved; by default the newest deployment
 /// before the current one that installed a different unit (restoring the same unit would change
 /// nothing), passing over lines that cannot be read. The error names the deployments that can be
 /// restored.
@@ -313,7 +315,7 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, C
     let available = Available(
         deployments
             .iter()
-            .filter(|d| d.kept && d.record.is_some())
+            .filter(|d| d.saved && d.record.is_some())
             .map(|d| d.n)
             .collect(),
     );
@@ -332,7 +334,7 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, C
                     .unwrap_or_else(|| "is unreadable".into()),
                 available,
             }),
-            Some(d) if !d.kept => Err(ChooseError::NotKept { n, available }),
+            Some(d) if !d.saved => Err(ChooseError::NotSaved { n, available }),
             Some(_) => Ok(Choice { n, skipped: 0 }),
         };
     }
@@ -344,7 +346,7 @@ pub fn choose(deployments: &[Deployment], to: Option<usize>) -> Result<Choice, C
     for d in deployments
         .iter()
         .rev()
-        .filter(|d| d.n < current.n && d.kept)
+        .filter(|d| d.n < current.n && d.saved)
     {
         match &d.record {
             None => skipped += 1,
@@ -452,7 +454,7 @@ mod tests {
             &three(),
         );
         assert_eq!(g[0].deployment, Some(1));
-        assert_eq!(g[0].kept_at, "2023-11-14T22:13:20Z");
+        assert_eq!(g[0].saved_at, "2023-11-14T22:13:20Z");
         assert_eq!(g[1].deployment, None);
     }
 
@@ -574,7 +576,7 @@ mod tests {
             ),
             moved_aside: moved_aside(&[crate::apply::aside::Aside {
                 record: "/var/lib/reconcile/s.service/aside/1700000000000000000.json".into(),
-                files: vec![crate::layers::Moved {
+                files: vec![crate::unit_files::Moved {
                     path: "/etc/systemd/system/s.service.d/über.conf".into(),
                     mask: false,
                     text: String::new(),

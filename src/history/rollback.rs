@@ -1,7 +1,7 @@
-//! `reconcile rollback`: restore a kept deployment through apply's own path.
+//! `reconcile rollback`: restore a saved deployment through apply's own path.
 //!
 //! The restored unit becomes the desired unit of an ordinary apply target, so it gets the same
-//! preflight, lock, kept generation, atomic install, restart and staged verification as any
+//! preflight, lock, saved generation, atomic install, restart and staged verification as any
 //! apply, and the same automatic rollback (to the unit it replaced) when verification fails.
 //! Hosts go one at a time, and none starts after one fails: a rollback is what one does when
 //! things are already going wrong.
@@ -52,7 +52,7 @@ pub async fn rollback(
 }
 
 /// A server group's rollback: `Some` when the unit is a server group's (the manifest's `nodes:`,
-/// or a kept unit with `--nnodes` > 1). Every rank is prepared first; they go back together,
+/// or a saved unit with `--nnodes` > 1). Every rank is prepared first; they go back together,
 /// through the group's own apply, to one deployment: the same number on every host, applied from
 /// the same manifest. Anything else (a rank whose history cannot be read, ranks whose chosen
 /// deployments differ, hosts that are not the whole group) refuses the rollback on every rank,
@@ -203,7 +203,7 @@ fn one_deployment(unit: &str, ranks: &[(String, &Prepared)]) -> Result<(), Group
     Ok(())
 }
 
-/// The kept unit's `--node-rank` (0 without one).
+/// The saved unit's `--node-rank` (0 without one).
 fn node_rank(t: &Target) -> usize {
     let (_, flags) = flags(&t.desired.model.exec_start);
     flags
@@ -244,7 +244,7 @@ async fn rollback_host(
     report
 }
 
-/// Whether the kept unit runs one rank of a server over several hosts.
+/// Whether the saved unit runs one rank of a server over several hosts.
 fn is_rank(t: &Target) -> bool {
     let (_, flags) = flags(&t.desired.model.exec_start);
     flags
@@ -292,12 +292,12 @@ enum PrepareError {
         host: String,
         n: usize,
     },
-    /// The kept unit could not be read.
+    /// The saved unit could not be read.
     #[error("{}", error_chain(.0))]
-    ReadKept(#[source] RemoteError),
-    /// The kept unit was there when the history was read, and is not now.
+    ReadSaved(#[source] RemoteError),
+    /// The saved unit was there when the history was read, and is not now.
     #[error("deployment {n}'s kept unit disappeared meanwhile")]
-    KeptGone { n: usize },
+    SavedGone { n: usize },
 }
 
 async fn prepare(
@@ -343,15 +343,15 @@ async fn prepare(
         })?;
     let text = state::read_deployed(host, unit, n)
         .await
-        .map_err(PrepareError::ReadKept)?
-        .ok_or(PrepareError::KeptGone { n })?;
+        .map_err(PrepareError::ReadSaved)?
+        .ok_or(PrepareError::SavedGone { n })?;
     let git = GitInfo {
         commit: record.git_commit.clone(),
         author: record.git_author.clone(),
     };
     Ok(Prepared {
         n,
-        target: apply::undo::kept_target(
+        target: apply::undo::saved_target(
             name,
             unit,
             text,

@@ -2,7 +2,7 @@
 //! Python path, the model path, the port) are positional arguments of fixed scripts, never part
 //! of a shell string.
 
-use super::kept::{self, deep_input, Kept};
+use super::cache::{self, deep_input, Cached};
 use super::scripts::{ACCESS, DEEP_RUNNER, DEEP_SCRIPT, LISTENERS, VERSION_SCRIPT, WEIGHTS_SCRIPT};
 use super::survey::Survey;
 use super::{
@@ -48,7 +48,7 @@ pub async fn check_with<T>(
 
 /// What preflight found for one unit: its findings, the SGLang version installed for its Python
 /// (`None`: none found), and the check of its weights where the change starts the server, which
-/// staging reads.
+/// preloading reads.
 pub struct Checked {
     pub findings: Vec<Finding>,
     pub sglang: Option<String>,
@@ -93,9 +93,9 @@ pub async fn check_surveyed(
         Some(checked) => checked?,
         None => checks(host, t).await?,
     };
-    let kept = survey.kept_deep(t, &python);
+    let cached = survey.cached_deep(t, &python);
     let deep = deep_for(deep, verdict);
-    let mut facts = with_deep(host, t, deep, python, checked, kept).await?;
+    let mut facts = with_deep(host, t, deep, python, checked, cached).await?;
     facts.main_pid = state.main_pid;
     facts.weights = weights_for(host, t, verdict, survey.weights(t)).await?;
     let mut checked = Checked::of(t, facts);
@@ -186,18 +186,18 @@ async fn checks(host: &dyn Host, t: &Target) -> Result<(Access, Gpus, Port), Rem
 }
 
 /// The facts, with the deep check's when it runs (`deep`) and the host's python has SGLang.
-/// The tuple is what [`checks`] read; `kept`, a verdict the survey found kept for this SGLang.
+/// The tuple is what [`checks`] read; `cached`, a verdict the survey found cached for this SGLang.
 async fn with_deep(
     host: &dyn Host,
     t: &Target,
     deep: Option<DeepWhen>,
     python: Python,
     (model_path, gpus, port): (Access, Gpus, Port),
-    kept: Option<&str>,
+    cached: Option<&str>,
 ) -> Result<Facts, RemoteError> {
     let deep = match (&python, deep) {
         (Python::Sglang(version), Some(when)) => {
-            Some(deep_check(host, t, when, version, kept).await?)
+            Some(deep_check(host, t, when, version, cached).await?)
         }
         _ => None,
     };
@@ -296,7 +296,7 @@ async fn read_one<T>(
 
 /// The deep check of one unit, within `when`'s limit. Run by default, a check past its limit is a
 /// warning (it could not say); asked for with `--deep`, it fails the unit's preflight, as before.
-/// SGLang's verdict is kept on the host ([`kept`]): a verdict the survey found kept (`found`, its
+/// SGLang's verdict is cached on the host ([`cache`]): a verdict the survey found cached (`found`, its
 /// output) is read instead, and the check's own command looks one up again before it runs.
 async fn deep_check(
     host: &dyn Host,
@@ -306,13 +306,13 @@ async fn deep_check(
     found: Option<&str>,
 ) -> Result<Deep, RemoteError> {
     if let Some(stdout) = found {
-        return Ok(when.shown(read_kept(host, t, stdout)));
+        return Ok(when.shown(read_cached(host, t, stdout)));
     }
     let python = super::Want::of(t).python;
     let input = deep_input(t);
-    let kept = Kept::of(t);
+    let cached = Cached::of(t);
     let limit = when.limit();
-    let argv = deep_argv(&kept, version, &python, &t.desired.model, limit);
+    let argv = deep_argv(&cached, version, &python, &t.desired.model, limit);
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     let out = match host.run_within(&argv, Some(input.as_bytes()), limit).await {
         Ok(out) => out,
@@ -321,19 +321,20 @@ async fn deep_check(
         }
         Err(e) => return Err(named(e)),
     };
-    if let kept::Lookup::Kept { .. } = kept::read(&out.stdout) {
-        return Ok(when.shown(read_kept(host, t, &out.stdout)));
+    if let cache::Lookup::Cached { .. } = cache::read(&out.stdout) {
+        return Ok(when.shown(read_cached(host, t, &out.stdout)));
     }
     let (deep, unchecked) = read_deep(out.status, &out.stdout, &out.stderr);
-    // Only what SGLang answered is kept: not a check that died before its answer.
-    if let kept::Lookup::Keyed(key) = kept::read(&out.stdout) {
+    // Only what SGLang answered is cached: not a check that died before its answer.
+    if let cache::Lookup::Keyed(key) = cache::read(&out.stdout) {
         if answered(&out.stdout) {
             let redactor = crate::redact::Redactor::of_manifests([&*t.manifest]);
             let redact = |text: &str| redactor.redact_desired(&t.desired, text);
-            if let Some(answer) = reconcile_core::preflight::kept_answer(&deep, &unchecked, redact)
+            if let Some(answer) =
+                reconcile_core::preflight::cached_answer(&deep, &unchecked, redact)
             {
-                if kept.store(host, key, version, &answer).await {
-                    tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict is kept on the host as {}/{key}", kept::kept_dir());
+                if cached.store(host, key, version, &answer).await {
+                    tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict is kept on the host as {}/{key}", cache::cache_dir());
                 }
             }
         }
@@ -341,10 +342,10 @@ async fn deep_check(
     Ok(when.shown(logged(host, t, deep, &unchecked)))
 }
 
-/// A kept verdict, from a lookup's output (`stdout`), read as the check's own would be.
-fn read_kept(host: &dyn Host, t: &Target, stdout: &str) -> Deep {
-    if let kept::Lookup::Kept { key, .. } = kept::read(stdout) {
-        tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict for these inputs was kept on the host ({}/{key}): not run again", kept::kept_dir());
+/// A cached verdict, from a lookup's output (`stdout`), read as the check's own would be.
+fn read_cached(host: &dyn Host, t: &Target, stdout: &str) -> Deep {
+    if let cache::Lookup::Cached { key, .. } = cache::read(stdout) {
+        tracing::info!(host = host.name(), unit = %t.desired.unit, "the deep check's verdict for these inputs was kept on the host ({}/{key}): not run again", cache::cache_dir());
     }
     let (deep, unchecked) = read_deep(0, stdout, "");
     logged(host, t, deep, &unchecked)
@@ -368,23 +369,23 @@ fn answered(stdout: &str) -> bool {
 /// The deep check in errors and traces (`--trace-remote` shows `command="deep check"`).
 const DEEP_NAME: &str = "deep check";
 
-/// The deep check's command: the lookup of a verdict kept for SGLang `version`
-/// ([`kept::lookup_script`]), then the unit's Python running [`DEEP_SCRIPT`] isolated (`-I`), as
+/// The deep check's command: the lookup of a verdict cached for SGLang `version`
+/// ([`cache::lookup_script`]), then the unit's Python running [`DEEP_SCRIPT`] isolated (`-I`), as
 /// the unit's user in its sandbox ([`DEEP_RUNNER`]), within `limit`. Its arguments, environment
 /// and working directory travel on stdin ([`deep_input`]): never a secret on a command line. The
 /// wrapper's first line names it for traces.
 fn deep_argv(
-    kept: &Kept,
+    cached: &Cached,
     version: &str,
     python: &str,
     unit: &reconcile_core::unit::UnitModel,
     limit: std::time::Duration,
 ) -> Vec<String> {
     let properties = owners::sandbox_properties(unit, limit.as_secs() + 5).join("\n");
-    let wrapper = deep_wrapper(&kept::kept_dir());
+    let wrapper = deep_wrapper(&cache::cache_dir());
     ["sh", "-c", &wrapper, "sh"]
         .into_iter()
-        .chain(kept.lookup_args(version))
+        .chain(cached.lookup_args(version))
         .chain([
             owners::deep_gate(unit),
             &properties,
@@ -397,11 +398,11 @@ fn deep_argv(
         .collect()
 }
 
-/// The deep check's shell: a kept verdict looked up in `kept_dir`, else the check run.
-fn deep_wrapper(kept_dir: &str) -> String {
+/// The deep check's shell: a cached verdict looked up in `cache_dir`, else the check run.
+fn deep_wrapper(cache_dir: &str) -> String {
     format!(
         "# {DEEP_NAME}: the unit's SGLang checks its arguments and model config\n{}{DEEP_RUNNER}",
-        kept::lookup_script(kept_dir)
+        cache::lookup_script(cache_dir)
     )
 }
 
@@ -439,7 +440,7 @@ fn named(e: RemoteError) -> RemoteError {
 /// answer of a check SGLang accepted.
 #[cfg(test)]
 pub(crate) fn deep_command() -> (Vec<String>, String) {
-    let argv = vec!["sh".into(), "-c".into(), deep_wrapper(&kept::kept_dir())];
+    let argv = vec!["sh".into(), "-c".into(), deep_wrapper(&cache::cache_dir())];
     let accepted = format!(
         "{}{{\"verdict\": \"accepted\", \"unchecked\": []}}\n",
         super::ANSWER_PREFIX
@@ -876,9 +877,9 @@ class TemplateManager:
             })
         );
         let python = "/venv/bin/python3";
-        let kept = super::Kept::of(&t);
+        let cached = super::Cached::of(&t);
         let limit = std::time::Duration::from_secs(60);
-        let argv = super::deep_argv(&kept, "0.5.23", python, &t.desired.model, limit);
+        let argv = super::deep_argv(&cached, "0.5.23", python, &t.desired.model, limit);
         assert!(!argv.iter().any(|a| a.contains("_secret")), "{argv:?}");
         assert_eq!(
             argv[5..10],

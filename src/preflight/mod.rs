@@ -9,8 +9,8 @@
 //! than two at once per unit (with `dry_run`'s four units at once, eight sessions, under sshd's
 //! default of ten per connection).
 
+mod cache;
 mod gather;
-mod kept;
 pub(crate) mod scripts;
 pub mod survey;
 

@@ -2,7 +2,7 @@
 //! the survey (`survey`). Manifest values reach them only as positional arguments.
 
 /// Records each file and folder a script reads, with its stat from before the read: what an
-/// answer kept on the host is keyed by (`keep_fn`).
+/// answer cached on the host is keyed by (`keep_fn`).
 macro_rules! seen_fn {
     () => {
         r#"import os
@@ -222,12 +222,12 @@ set -f; IFS='
 exec systemd-run --quiet --pipe --wait --collect --service-type=exec $(for x in $props; do printf -- '-p\n%s\n' "$x"; done) -- "$p" "$@""#
 );
 
-/// The survey's runner of its Python: the answer the host kept for it (`keep_fn`: `$1`, read
+/// The survey's runner of its Python: the answer the host cached for it (`keep_fn`: `$1`, read
 /// when `$2` is 1) while the environment line (`$3`) and every file and folder it read are as they
 /// were, in one `stat` where a Python start costs ~20 ms of a host's CPU; else [`PYTHON`] with the
 /// arguments after these three. The trust check runs first either way, so that a plan says what
-/// it found whether or not the Python starts. A kept answer read says so on stderr.
-pub(super) const KEPT_OR_PYTHON: &str = concat!(
+/// it found whether or not the Python starts. A cached answer read says so on stderr.
+pub(super) const CACHED_OR_PYTHON: &str = concat!(
     trust_fn!(),
     "kf=$1 reuse=$2 kenv=$3; shift 3\n",
     python_checked!(),
@@ -295,7 +295,7 @@ pub(super) const DEEP_SCRIPT: &str = include_str!("deep.py");
 /// reads its answer, one JSON object): each file `model.safetensors.index.json` names (or the
 /// single `model.safetensors`) exists and is exactly as long as its safetensors header says. Only
 /// the headers are read: 8 bytes of header length, then the JSON header (at most 100 MB, the
-/// safetensors library's own limit). Also the host's `MemAvailable`, which staging the weights
+/// safetensors library's own limit). Also the host's `MemAvailable`, which preloading the weights
 /// needs.
 macro_rules! weights_fn {
     () => {
@@ -367,12 +367,12 @@ pub(super) const WEIGHTS_SCRIPT: &str = concat!(
     "print(json.dumps(check_weights(sys.argv[1])))\n"
 );
 
-/// Keeps the survey Python's answer on the host for the next plan ([`KEPT_OR_PYTHON`]
+/// Caches the survey Python's answer on the host for the next plan ([`CACHED_OR_PYTHON`]
 /// reads it): one file, written whole then renamed, readable by root alone, with the shell's
 /// environment line, every path the answer read (and what decides `sys.path`: the Python the
 /// survey ran, which may be a wrapper, `pyvenv.cfg`, the site folders and their `.pth` files),
 /// then the stat of each that exists, as GNU `stat -L -c '%n %i %s %.9Y %.9Z'` prints it, then
-/// the answer. Not kept: anything changed in the last 2 s, since a write in the same clock tick
+/// the answer. Not cached: anything changed in the last 2 s, since a write in the same clock tick
 /// as the stat before it leaves the times as they were, and some filesystems keep times to 2 s
 /// (FAT); and a path with a newline, which the shell reads a line at a time.
 macro_rules! keep_fn {
@@ -427,7 +427,7 @@ macro_rules! keep_fn {
 /// `#weights <i> <json>` line each, then the SGLang version as the last line. One Python start
 /// where the version and each unit's weights took one each: on a host, a Python start is most of
 /// what a plan costs. The weights come first, so that a Python without SGLang still checks them.
-/// Then, where `$2` names a file, the answer is kept there (`keep_fn`) for the Python `$3` the
+/// Then, where `$2` names a file, the answer is cached there (`keep_fn`) for the Python `$3` the
 /// survey ran and its environment line `$4`, without the memory available, a fact of the moment.
 pub(super) const SURVEY_PYTHON: &str = concat!(
     seen_fn!(),

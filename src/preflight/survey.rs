@@ -11,7 +11,7 @@
 //! The checks only a change needs (model path, GPUs, port) are skipped for a unit whose file on the
 //! host is byte-identical to the rendered one (same sha256: the plan's "no change"), as before.
 //!
-//! A Python's answer (the SGLang version, the weights of the units that change) is kept on the
+//! A Python's answer (the SGLang version, the weights of the units that change) is cached on the
 //! host with the stat of every file and folder it read, and a plan reads it back while those are
 //! as they were: one `stat` where a Python start cost ~20 ms of the host's CPU. What changes by
 //! the moment (systemd's state, the GPUs, the port's listeners, the memory available) is read
@@ -31,26 +31,26 @@ use crate::remote::{Host, RemoteError};
 use crate::targets::Target;
 
 /// Arguments a unit takes in the script: name, unit path, sha256 of the rendered unit, model
-/// path, port, record path ("" for none), then the lookup's of a kept deep-check verdict (the
+/// path, port, record path ("" for none), then the lookup's of a cached deep-check verdict (the
 /// controller's half of its key, "" for no lookup; the model, tokenizer and chat-template paths),
 /// then the index of the unit's Python among the survey's (which checks the model's weights).
 const PER_UNIT: usize = 11;
 
 /// The script. `$1` the parts' limit in seconds, `$2` systemctl's properties, `$3`..`$8` the fixed
 /// scripts of the parts (`scripts.rs`: the Python runner and the survey's Python; the model path's
-/// access, the port's listeners; the unit's layers: `reconcile_core::layers`; the lookup of a
-/// kept deep-check verdict: `kept.rs`), `$9` where the Pythons' answers are kept ("": not kept),
+/// access, the port's listeners; the unit's files: `reconcile_core::unit_files`; the lookup of a
+/// cached deep-check verdict: `cache.rs`), `$9` where the Pythons' answers are cached ("": not cached),
 /// `$10` 1 to read them from there, then the number of Pythons and each one's path and the name
-/// of its kept answers, then the number of units and each one's [`PER_UNIT`] arguments (an empty
+/// of its cached answers, then the number of units and each one's [`PER_UNIT`] arguments (an empty
 /// model path: no checks for a change).
 ///
 /// Every process counts: with 16 hosts a plan is as slow as its slowest host, and a survey used
 /// to start ~100 of them for a unit that changes. So the local files (the unit, its records) are
-/// read with one `cat` each, `systemctl show` runs once a unit and its layers are read from its
+/// read with one `cat` each, `systemctl show` runs once a unit and its unit files are read from its
 /// answer, one Python a host reads the SGLang version and checks the weights of every unit that
 /// changes, and one `base64` encodes every answer. What could hang (systemctl, a model path on a
 /// stale NFS mount, `nvidia-smi` on a GPU that fell off the bus, `ss`, the Python) runs in the
-/// background under `timeout` and is named as its own command would be. The lookup of a kept
+/// background under `timeout` and is named as its own command would be. The lookup of a cached
 /// verdict runs beside the version read it depends on, for any version: the caller compares.
 /// Every part writes to files of its own, never to the script's stdout, so a part that outlives
 /// its `timeout` cannot hold the session open. Without `base64`, `sha256sum` or `stat` it exits 101
@@ -71,7 +71,7 @@ part() {
   { timeout -k 1 "$t" "$@" >"$d/$k.o" 2>"$d/$k.e"; echo $? >"$d/$k.s"; } </dev/null &
 }
 # The environment the Pythons start with, as far as it decides where they look for SGLang: an
-# answer kept on the host is read only for the same (KEPT_OR_PYTHON).
+# answer kept on the host is read only for the same (CACHED_OR_PYTHON).
 kenv=$(printf '%s\037' "$PYTHONPATH" "$PYTHONHOME" "$PYTHONUSERBASE" "$PYTHONNOUSERSITE" \
   "$PYTHONSAFEPATH" "$PYTHONPLATLIBDIR")
 # A local file: read at once (100: there is none).
@@ -160,24 +160,24 @@ pub struct Ask<'a> {
     pub preflight: bool,
     /// The deployment records under this state directory (`apply`).
     pub records: Option<&'a str>,
-    /// For units that change, the deep check's verdict kept on the host for what it would read,
-    /// so that a kept one costs no command of its own.
-    pub kept_deep: bool,
-    /// Each Python's answer (SGLang version, weights) as the host kept it while nothing it read
-    /// has changed, instead of a Python start. A plan's; `apply` asks afresh, since staging
-    /// needs the memory available now. Every survey keeps what its Pythons answered.
-    pub kept_python: bool,
+    /// For units that change, the deep check's verdict cached on the host for what it would read,
+    /// so that a cached one costs no command of its own.
+    pub cached_deep: bool,
+    /// Each Python's answer (SGLang version, weights) as the host cached it while nothing it read
+    /// has changed, instead of a Python start. A plan's; `apply` asks afresh, since preloading
+    /// needs the memory available now. Every survey caches what its Pythons answered.
+    pub cached_python: bool,
 }
 
 impl Ask<'_> {
     /// What `plan` needs: preflight, the records under `state_dir` for what the host's guard
-    /// did, and kept deep-check verdicts where the deep check runs.
+    /// did, and cached deep-check verdicts where the deep check runs.
     pub fn plan(state_dir: &str, deep: DeepWhen) -> Ask<'_> {
         Ask {
             preflight: true,
             records: Some(state_dir),
-            kept_deep: deep != DeepWhen::Never,
-            kept_python: true,
+            cached_deep: deep != DeepWhen::Never,
+            cached_python: true,
         }
     }
 }
@@ -205,14 +205,14 @@ pub async fn survey(
     let mut args: Vec<String> = vec![
         format!("{:.3}", limit.as_secs_f64()),
         SHOW_PROPERTIES.to_string(),
-        super::scripts::KEPT_OR_PYTHON.to_string(),
+        super::scripts::CACHED_OR_PYTHON.to_string(),
         super::scripts::SURVEY_PYTHON.to_string(),
         super::scripts::ACCESS.to_string(),
         super::scripts::LISTENERS.to_string(),
-        crate::layers::LAYERS_SCRIPT.to_string(),
-        super::kept::lookup_script(&super::kept::kept_dir()),
-        kept_python_dir(),
-        if ask.kept_python { "1" } else { "0" }.to_string(),
+        crate::unit_files::UNIT_FILES_SCRIPT.to_string(),
+        super::cache::lookup_script(&super::cache::cache_dir()),
+        cached_python_dir(),
+        if ask.cached_python { "1" } else { "0" }.to_string(),
         pythons.len().to_string(),
     ];
     for python in &pythons {
@@ -236,8 +236,8 @@ pub async fn survey(
             record_path(unit).unwrap_or_default(),
         ];
         // The lookup without a version: the survey reads it beside.
-        let lookup: Vec<String> = match ask.preflight && ask.kept_deep {
-            true => super::kept::Kept::of(t).lookup_args("")[..4]
+        let lookup: Vec<String> = match ask.preflight && ask.cached_deep {
+            true => super::cache::Cached::of(t).lookup_args("")[..4]
                 .iter()
                 .map(|a| a.to_string())
                 .collect(),
@@ -266,7 +266,7 @@ pub async fn survey(
     }
     match Sections::parse(&out.stdout) {
         Ok(sections) => {
-            said_kept(host.name(), &pythons, &sections);
+            said_cached(host.name(), &pythons, &sections);
             Ok(Some(Survey {
                 host: host.name().to_string(),
                 limit,
@@ -283,8 +283,8 @@ pub async fn survey(
     }
 }
 
-/// Says where a Python's answer was read from what the host kept, or kept for the next plan.
-fn said_kept(host: &str, pythons: &[String], sections: &Sections) {
+/// Says where a Python's answer was read from what the host cached, or cached for the next plan.
+fn said_cached(host: &str, pythons: &[String], sections: &Sections) {
     for (j, python) in pythons.iter().enumerate() {
         let Ok(section) = sections.get(&format!("python.{j}")) else {
             continue;
@@ -302,8 +302,8 @@ fn said_kept(host: &str, pythons: &[String], sections: &Sections) {
     }
 }
 
-/// Where a host keeps its Pythons' answers, one file each Python and list of weights to check.
-fn kept_python_dir() -> String {
+/// Where a host caches its Pythons' answers, one file each Python and list of weights to check.
+fn cached_python_dir() -> String {
     format!("{}/survey", crate::state::STATE_DIR)
 }
 
@@ -376,13 +376,13 @@ impl Survey {
         let path = format!("{UNIT_DIR}/{unit}");
         let unit_text = self.read(&format!("unit.{i}"), |s| survey::file(s, &path))?;
         let state = self.read(&format!("show.{i}"), |s| survey::show(s, unit))?;
-        let layers = self.read(&format!("layers.{i}"), |s| {
-            survey::layers(s, &state.load_state, &state.unit_file_state)
+        let unit_files = self.read(&format!("layers.{i}"), |s| {
+            survey::unit_files(s, &state.load_state, &state.unit_file_state)
         })?;
         Ok(Observed {
             unit_text,
             state,
-            layers,
+            unit_files,
         })
     }
 
@@ -425,16 +425,18 @@ impl Survey {
         Some(read())
     }
 
-    /// The deep check's verdict the host kept for the target's inputs and this `python`'s SGLang:
-    /// the lookup's output, read as the check's own. `None` where none was looked up or kept.
-    pub fn kept_deep(&self, t: &Target, python: &Python) -> Option<&str> {
+    /// The deep check's verdict the host cached for the target's inputs and this `python`'s SGLang:
+    /// the lookup's output, read as the check's own. `None` where none was looked up or cached.
+    pub fn cached_deep(&self, t: &Target, python: &Python) -> Option<&str> {
         let Python::Sglang(version) = python else {
             return None;
         };
         let i = self.index(&t.desired.unit).ok()?;
         let section = self.sections.get(&format!("kept.{i}")).ok()?;
-        match super::kept::read(&section.stdout) {
-            super::kept::Lookup::Kept { version: v, .. } if section.status == 0 && v == version => {
+        match super::cache::read(&section.stdout) {
+            super::cache::Lookup::Cached { version: v, .. }
+                if section.status == 0 && v == version =>
+            {
                 Some(&section.stdout)
             }
             _ => None,
@@ -588,21 +590,21 @@ pub(crate) mod tests {
         let started = std::time::Instant::now();
         // Each part's limit: 5 s, which a python3 starting on a loaded two-core machine stays
         // inside (it took over 2 s while three builds ran); the hung part (30 s) ends at it.
-        // a's model folder, for the lookup of a kept deep-check verdict.
+        // a's model folder, for the lookup of a cached deep-check verdict.
         let model = dir.path().join("model");
         std::fs::create_dir(&model).unwrap();
         std::fs::write(model.join("config.json"), "{}").unwrap();
-        let kept_dir = dir.path().join("kept");
-        let lookup = super::super::kept::lookup_script(kept_dir.to_str().unwrap());
+        let cache_dir = dir.path().join("kept");
+        let lookup = super::super::cache::lookup_script(cache_dir.to_str().unwrap());
         let model = model.to_str().unwrap();
         // The survey's own Python, with SGLang's version read as if this machine had 0.5.9.
         let python = super::super::scripts::SURVEY_PYTHON
             .replace("version = sglang_version()", "version = '0.5.9'");
         #[rustfmt::skip]
         let survey = || run_script(&bin, &[
-            "5", "LoadState", super::super::scripts::KEPT_OR_PYTHON, &python,
+            "5", "LoadState", super::super::scripts::CACHED_OR_PYTHON, &python,
             super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
-            crate::layers::LAYERS_SCRIPT, &lookup, "", "0",
+            crate::unit_files::UNIT_FILES_SCRIPT, &lookup, "", "0",
             "1", "/usr/bin/python3", "py0",
             "2",
             "a.service", unit, "0000", evil, "30000", "", "base", model, model, "", "0",
@@ -670,24 +672,24 @@ pub(crate) mod tests {
         assert!(!s.contains("kept.1") && !python.contains("#weights 1 "));
         assert_eq!(survey::file(s.get("record.1").unwrap(), "/r"), Ok(None));
 
-        // a changes: the lookup of its kept deep-check verdict found none, and says its key; a
-        // verdict kept under that key is in the next survey, with the version that gave it.
-        use super::super::kept::{read, Lookup};
+        // a changes: the lookup of its cached deep-check verdict found none, and says its key; a
+        // verdict cached under that key is in the next survey, with the version that gave it.
+        use super::super::cache::{read, Lookup};
         let lookup = &s.get("kept.0").unwrap().stdout;
         let Lookup::Keyed(key) = read(lookup) else {
             panic!("{lookup}")
         };
-        std::fs::create_dir(&kept_dir).unwrap();
+        std::fs::create_dir(&cache_dir).unwrap();
         let answer = "#reconcile-deep {\"verdict\": \"accepted\", \"unchecked\": []}\n";
         let kept = format!("#reconcile-deep-version 0.5.9\n{answer}");
-        std::fs::write(kept_dir.join(key), kept).unwrap();
+        std::fs::write(cache_dir.join(key), kept).unwrap();
         let (status, out) = survey();
         assert_eq!(status, 0, "{out}");
         let s = Sections::parse(&out).unwrap();
         let lookup = &s.get("kept.0").unwrap().stdout;
         assert_eq!(
             read(lookup),
-            Lookup::Kept {
+            Lookup::Cached {
                 key,
                 version: "0.5.9",
                 answer
@@ -732,14 +734,14 @@ pub(crate) mod tests {
         let unit = dir.path().join("a.service");
         std::fs::write(&unit, "[Service]\n").unwrap();
         let keep = dir.path().join("keep");
-        let lookup = super::super::kept::lookup_script(dir.path().join("kept").to_str().unwrap());
+        let lookup = super::super::cache::lookup_script(dir.path().join("kept").to_str().unwrap());
         let survey = |reuse: &str| -> (String, Section) {
             let (unit, model) = (unit.to_str().unwrap(), model.to_str().unwrap());
             #[rustfmt::skip]
             let args = [
-                "5", "LoadState", super::super::scripts::KEPT_OR_PYTHON, super::super::scripts::SURVEY_PYTHON,
+                "5", "LoadState", super::super::scripts::CACHED_OR_PYTHON, super::super::scripts::SURVEY_PYTHON,
                 super::super::scripts::ACCESS, super::super::scripts::LISTENERS,
-                crate::layers::LAYERS_SCRIPT, &lookup, keep.to_str().unwrap(), reuse,
+                crate::unit_files::UNIT_FILES_SCRIPT, &lookup, keep.to_str().unwrap(), reuse,
                 "1", python, "py0",
                 "1", "a.service", unit, "0000", model, "30000", "", "", "", "", "", "0",
             ];
@@ -756,7 +758,7 @@ pub(crate) mod tests {
             WeightsCheck::Read(w) => w,
             failed => panic!("{failed:?}"),
         };
-        // Kept once nothing it read changed in the last 2 s (see keep_fn): the files are new.
+        // Cached once nothing it read changed in the last 2 s (see keep_fn): the files are new.
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let (fresh, python) = loop {
             let (fresh, python) = survey("1");
@@ -776,7 +778,7 @@ pub(crate) mod tests {
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(kept.metadata().unwrap().permissions().mode() & 0o077, 0);
 
-        // Read again: the kept answer, all but the memory available, a fact of the moment.
+        // Read again: the cached answer, all but the memory available, a fact of the moment.
         let (again, python) = survey("1");
         assert!(
             python.stderr.starts_with("#reconcile-survey-kept /"),

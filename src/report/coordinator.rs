@@ -6,7 +6,7 @@
 use std::fmt::Write;
 
 use super::{short, to_json, Format, COMMIT_SHOWN};
-use crate::rollout::fleet::{RolloutView, Row};
+use crate::rollout::overview::{RolloutView, Row};
 
 /// `now`: unix seconds, for "12s ago".
 pub fn render_fleet(rows: &[Row], format: Format, now: u64) -> String {

@@ -67,7 +67,7 @@ fn outcomes(new: &str, old: Option<&str>) -> Vec<PlanOutcome> {
             let observed = Observed {
                 unit_text,
                 state,
-                layers: Default::default(),
+                unit_files: Default::default(),
             };
             let desired = render_unit(&m, host);
             PlanOutcome::Planned(Box::new(plan(
@@ -85,7 +85,7 @@ fn one_block_per_unit(outcomes: &[PlanOutcome]) -> usize {
     );
     let blocks: usize = outcomes
         .iter()
-        .flat_map(|o| reconcile_core::grouping::group(std::slice::from_ref(o)))
+        .flat_map(|o| reconcile_core::shared_change::shared_changes(std::slice::from_ref(o)))
         .map(|g| markdown::row(&g).len() + markdown::details(&g).map_or(0, |d| d.len()))
         .sum();
     markdown::HEAD.len() + tally.len() + blocks
@@ -384,7 +384,7 @@ fn a_hosts_control_sequences_reach_every_format_shown_not_acted_on() {
             sub_state: "running\u{9b}2J".into(),
             ..Default::default()
         },
-        layers: Default::default(),
+        unit_files: Default::default(),
     };
     let redactor = Redactor::of_manifests([&m]);
     let outcomes = vec![

@@ -96,7 +96,7 @@ fn deployment_line(out: &mut String, d: &Deployment) {
         sha(&r.manifest_sha256),
         sha(&r.unit_sha256),
         load,
-        if d.kept { "yes" } else { "no" },
+        if d.saved { "yes" } else { "no" },
         outcome(r)
     );
 }
@@ -118,7 +118,7 @@ fn generation_lines(out: &mut String, generations: &[GenerationEntry]) {
         let _ = writeln!(
             out,
             "    {}  unit {}  {from}",
-            g.kept_at,
+            g.saved_at,
             sha(&g.unit_sha256)
         );
     }

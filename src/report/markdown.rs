@@ -7,7 +7,7 @@ use super::{delta_line, preflight_line, tally_line};
 use crate::dry_run::{PlanOutcome, Tally};
 use crate::plan::{UnitPlan, Verdict};
 use crate::preflight::Severity;
-use reconcile_core::grouping::{group, Group};
+use reconcile_core::shared_change::{shared_changes, SharedChange};
 
 /// GitHub refuses a comment body over 65,536 characters (its REST API answers 422, "body is too
 /// long (maximum is 65536 characters)"), which a plan of a few dozen hosts passed when every host
@@ -29,9 +29,9 @@ pub(super) const HEAD: &str =
     "### reconcile plan\n\n| hosts | unit | verdict | changes |\n|---|---|---|---|\n";
 
 pub fn render(outcomes: &[PlanOutcome], tally: &Tally) -> String {
-    let groups = group(outcomes);
-    let rows: Vec<String> = groups.iter().map(row).collect();
-    let diffs: Vec<String> = groups.iter().filter_map(details).collect();
+    let changes = shared_changes(outcomes);
+    let rows: Vec<String> = changes.iter().map(row).collect();
+    let diffs: Vec<String> = changes.iter().filter_map(details).collect();
     let tally = format!("\n{}\n\n", tally_line(tally));
     let whole = HEAD.len()
         + rows.iter().map(String::len).sum::<usize>()
@@ -96,7 +96,7 @@ fn within_budget(rows: &[String], tally: &str, diffs: &[String]) -> String {
 }
 
 /// One row of the summary table: a change, with every host it is on.
-pub(super) fn row(g: &Group<'_>) -> String {
+pub(super) fn row(g: &SharedChange<'_>) -> String {
     let (unit, verdict, changes) = match g.outcome {
         PlanOutcome::Planned(p) => (&p.unit, verdict_cell(p.verdict), changes_cell(p)),
         PlanOutcome::Error { unit, error, .. } => (unit, "**error**".to_string(), cell(error)),
@@ -109,7 +109,7 @@ pub(super) fn row(g: &Group<'_>) -> String {
 }
 
 /// `gpu-a`, or `gpu-01..gpu-16 (16 hosts)`.
-fn hosts_cell(g: &Group<'_>) -> String {
+fn hosts_cell(g: &SharedChange<'_>) -> String {
     match g.hosts.len() {
         1 => g.hosts_shown(),
         n => format!("{} ({n} hosts)", g.hosts_shown()),
@@ -117,7 +117,7 @@ fn hosts_cell(g: &Group<'_>) -> String {
 }
 
 /// A change's diff, folded away; none for an error or a unit that does not change.
-pub(super) fn details(g: &Group<'_>) -> Option<String> {
+pub(super) fn details(g: &SharedChange<'_>) -> Option<String> {
     let PlanOutcome::Planned(p) = g.outcome else {
         return None;
     };

@@ -212,12 +212,12 @@ fn json(outcomes: &[PlanOutcome], tally: &Tally) -> String {
         format_version: u32,
         units: &'a [PlanOutcome],
         tally: &'a Tally,
-        groups: Vec<GroupJson<'a>>,
+        groups: Vec<SharedChangeJson<'a>>,
     }
     /// The same change on many hosts, as text and markdown show it once: its `unit` on each of
     /// `hosts` names an entry of `units`. `outcome` and `verdict` are those of the entries.
     #[derive(Serialize)]
-    struct GroupJson<'a> {
+    struct SharedChangeJson<'a> {
         unit: &'a str,
         outcome: &'static str,
         #[serde(skip_serializing_if = "Option::is_none")]
@@ -225,14 +225,14 @@ fn json(outcomes: &[PlanOutcome], tally: &Tally) -> String {
         hosts: Vec<&'a str>,
         hosts_shown: String,
     }
-    let groups = reconcile_core::grouping::group(outcomes)
+    let groups = reconcile_core::shared_change::shared_changes(outcomes)
         .into_iter()
         .map(|g| {
             let (unit, outcome, verdict) = match g.outcome {
                 PlanOutcome::Planned(p) => (p.unit.as_str(), "planned", Some(p.verdict)),
                 PlanOutcome::Error { unit, .. } => (unit.as_str(), "error", None),
             };
-            GroupJson {
+            SharedChangeJson {
                 unit,
                 outcome,
                 verdict,

@@ -10,7 +10,7 @@ use super::terminal::escape_controls as esc;
 use super::{delta_line, preflight_line, tally_line};
 use crate::dry_run::{PlanOutcome, Tally};
 use crate::plan::{Delta, UnitPlan, Verdict};
-use reconcile_core::grouping::{group, Group};
+use reconcile_core::shared_change::{shared_changes, SharedChange};
 
 const RED: &str = "\x1b[31m";
 const GREEN: &str = "\x1b[32m";
@@ -28,7 +28,7 @@ pub fn render(outcomes: &[PlanOutcome], tally: &Tally, color: bool) -> String {
         }
     };
     let mut out = String::new();
-    for g in group(outcomes) {
+    for g in shared_changes(outcomes) {
         match g.outcome {
             PlanOutcome::Planned(p) => unit(&mut out, &g, p, &paint),
             PlanOutcome::Error {
@@ -60,11 +60,16 @@ pub fn render(outcomes: &[PlanOutcome], tally: &Tally, color: bool) -> String {
 }
 
 /// `same change on 16 hosts: gpu-01..gpu-16`.
-fn hosts_line(what: &str, g: &Group<'_>) -> String {
+fn hosts_line(what: &str, g: &SharedChange<'_>) -> String {
     format!("{what} on {} hosts: {}", g.hosts.len(), g.hosts_shown())
 }
 
-fn unit(out: &mut String, g: &Group<'_>, p: &UnitPlan, paint: &dyn Fn(&str, &str) -> String) {
+fn unit(
+    out: &mut String,
+    g: &SharedChange<'_>,
+    p: &UnitPlan,
+    paint: &dyn Fn(&str, &str) -> String,
+) {
     let verdict_color = match p.verdict {
         Verdict::NoChange => GREEN,
         Verdict::ReloadOnly | Verdict::Live => CYAN,

@@ -11,8 +11,6 @@ use reconcile_core::live::LiveChange;
 use super::{
     classify, live_standing, split_nul, AskError, Facts, LiveStanding, Running, Systemd, UnitStatus,
 };
-use crate::fleet;
-use crate::layers::{parse_layers, LAYERS_SCRIPT};
 use crate::observed::Show;
 use crate::plan::UNIT_DIR;
 use crate::redact::Redactor;
@@ -21,7 +19,9 @@ use crate::remote::{error_chain, Host, RemoteError, SshOptions};
 use crate::state::read_record;
 use crate::targets::Target;
 use crate::unit::parse_unit;
+use crate::unit_files::{parse_unit_files, UNIT_FILES_SCRIPT};
 use crate::verify::Expect;
+use crate::visit;
 
 /// Units read at once on one connection (sshd allows 10 sessions per connection by default).
 const UNITS_PER_HOST_AT_ONCE: usize = 3;
@@ -46,13 +46,13 @@ pub async fn status_targets(
     weights: WeightsCheck,
 ) -> Vec<UnitStatus> {
     // The statuses' order in `ordered`, for the server groups' lines.
-    let (by_host, ordered) = fleet::by_host(targets);
-    let results: Vec<Vec<UnitStatus>> = fleet::each_host(
+    let (by_host, ordered) = visit::by_host(targets);
+    let results: Vec<Vec<UnitStatus>> = visit::each_host(
         by_host,
         ssh,
         parallel,
-        fleet::no_span,
-        async |host: &dyn Host, _: &fleet::Visit<'_>, targets: Vec<Target>| {
+        visit::no_span,
+        async |host: &dyn Host, _: &visit::Visit<'_>, targets: Vec<Target>| {
             status_host(host, &targets, redactor, weights).await
         },
         |_, targets, e| {
@@ -145,16 +145,16 @@ async fn unit_status(
 ) -> Result<UnitStatus, RemoteError> {
     let unit = &t.desired.unit;
     let path = format!("{UNIT_DIR}/{unit}");
-    let layers_argv = ["sh", "-c", LAYERS_SCRIPT, "sh", unit, &path];
-    let (disk_text, record, systemd, layers, guard) = tokio::join!(
+    let unit_files_argv = ["sh", "-c", UNIT_FILES_SCRIPT, "sh", unit, &path];
+    let (disk_text, record, systemd, unit_files, guard) = tokio::join!(
         host.read_file(&path),
         read_record(host, unit),
         systemd(host, unit),
-        host.run_ok(&layers_argv),
+        host.run_ok(&unit_files_argv),
         crate::apply::guard::read(host, unit)
     );
-    let (disk_text, (systemd, unit_file_state), layers) = (disk_text?, systemd?, layers?);
-    let layers = parse_layers(&layers, &systemd.load_state, &unit_file_state);
+    let (disk_text, (systemd, unit_file_state), unit_files) = (disk_text?, systemd?, unit_files?);
+    let unit_files = parse_unit_files(&unit_files, &systemd.load_state, &unit_file_state);
     let (record, record_error) = match record {
         Ok(record) => (record, None),
         Err(e) => (None, Some(e.to_string())),
@@ -171,7 +171,7 @@ async fn unit_status(
     };
     let mut facts = Facts {
         unit: unit.clone(),
-        layers,
+        unit_files,
         desired_text: t.desired.text.clone(),
         disk_text,
         record,
@@ -282,7 +282,7 @@ async fn pinned_drift(
     }
 }
 
-/// systemd's view, and the unit's `UnitFileState` (for its layers).
+/// systemd's view, and the unit's `UnitFileState` (for its unit files).
 async fn systemd(host: &dyn Host, unit: &str) -> Result<(Systemd, String), RemoteError> {
     let out = host
         .run_ok(&["systemctl", "show", "-p", SHOW, "--", unit])

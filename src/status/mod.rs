@@ -21,13 +21,13 @@ pub use gather::{status_host, status_targets, WeightsCheck};
 
 use crate::apply::Outcome;
 use crate::flags::flags;
-use crate::layers::{Drift, Layers};
 use crate::record::argv_sha256;
 use crate::redact::Redactor;
 use crate::remote::http::GetError;
 use crate::sglang::Catalog;
 use crate::state::{sha256, Record};
 use crate::unit::parse_unit;
+use crate::unit_files::{Drift, UnitFiles};
 use reconcile_core::guard::{GuardState, Settled};
 use reconcile_core::live::held::{self, as_run, Held, HeldError, NotLive};
 use reconcile_core::live::LiveChange;
@@ -125,7 +125,7 @@ pub struct Facts {
     /// `<service>.service`.
     pub unit: String,
     /// What systemd runs besides the unit file: drop-ins, a mask, a unit file elsewhere.
-    pub layers: Layers,
+    pub unit_files: UnitFiles,
     /// The unit the manifest renders.
     pub desired_text: String,
     /// The unit file on the host.
@@ -190,12 +190,13 @@ pub(crate) fn live_standing(f: &Facts) -> LiveStanding {
     let Some(told) = &record.live else {
         return LiveStanding::Unexplained;
     };
-    let layered = f
-        .layers
+    let other_unit_files = f
+        .unit_files
         .drifts(&f.unit, Some(disk))
         .iter()
         .any(|d| *d != Drift::Disabled);
-    if record.unit_sha256 != sha256(disk) || f.systemd.active_state != "active" || layered {
+    if record.unit_sha256 != sha256(disk) || f.systemd.active_state != "active" || other_unit_files
+    {
         return LiveStanding::Unexplained;
     }
     let unit = parse_unit(disk);
@@ -230,7 +231,7 @@ pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
     against_manifest(&mut found, &desired_sha, applied, disk_sha.as_deref());
     // Before the file's own checks: a unit that systemd loads from /run, or masks, may have no
     // managed file at all.
-    let layered = against_layers(&mut found, f);
+    let other_unit_files = against_unit_files(&mut found, f);
     let Some(disk_text) = &f.disk_text else {
         found.classes.push(Class::Absent);
         if applied.is_some() {
@@ -242,7 +243,7 @@ pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
     };
     let disk_sha = disk_sha.unwrap_or_default();
     match f.guard.as_ref().filter(|g| g.unconfirmed(&disk_sha)) {
-        // Not a hand edit: the unit a dead apply installed, kept by the guard.
+        // Not a hand edit: the unit a dead apply installed, let stand by the guard.
         Some(kept) => found.add(Class::Unconfirmed, kept.summary().unwrap_or_default()),
         None => against_record(&mut found, applied, &disk_sha, f.record_error.is_some()),
     }
@@ -253,8 +254,8 @@ pub fn classify(f: &Facts, redactor: &Redactor) -> (Vec<Class>, Vec<String>) {
         found.add(Class::RolledBackByGuard, g.summary().unwrap_or_default());
     }
     // What systemd would start now: the file with its drop-ins, or the file that shadows it.
-    let effective = if layered {
-        f.layers.effective_model(&f.unit, Some(disk_text))
+    let effective = if other_unit_files {
+        f.unit_files.effective_model(&f.unit, Some(disk_text))
     } else {
         None
     };
@@ -339,8 +340,8 @@ fn against_record(found: &mut Found, applied: Option<&str>, disk_sha: &str, unre
 /// What systemd runs besides the unit file, each named for what it is: a restart starts the
 /// drop-in's or the shadowing file's command line again, so none of these is `not_restarted`.
 /// Returns whether any changes what runs (the process is then compared with all of it).
-fn against_layers(found: &mut Found, f: &Facts) -> bool {
-    let drift = f.layers.drifts(&f.unit, f.disk_text.as_deref());
+fn against_unit_files(found: &mut Found, f: &Facts) -> bool {
+    let drift = f.unit_files.drifts(&f.unit, f.disk_text.as_deref());
     for d in &drift {
         let class = match d {
             Drift::DropinOverride { .. } => Class::DropinOverride,
@@ -365,7 +366,7 @@ fn against_layers(found: &mut Found, f: &Facts) -> bool {
     drift.iter().any(|d| *d != Drift::Disabled)
 }
 
-/// systemd's view and the running process against the unit on disk (with its other layers, when
+/// systemd's view and the running process against the unit on disk (with its other unit files, when
 /// `effective` has them).
 fn against_process(
     found: &mut Found,
@@ -632,11 +633,11 @@ mod tests {
     fn synced() -> Facts {
         Facts {
             unit: "s.service".into(),
-            layers: Layers {
+            unit_files: UnitFiles {
                 fragment: "/etc/systemd/system/s.service".into(),
                 load_state: "loaded".into(),
                 unit_file_state: "enabled".into(),
-                ..Layers::default()
+                ..UnitFiles::default()
             },
             desired_text: UNIT.into(),
             disk_text: Some(UNIT.into()),
@@ -695,7 +696,7 @@ mod tests {
             .map(|a| if a == "2" { "1".to_string() } else { a.clone() })
             .collect();
         assert!(argv.iter().any(|a| a == flag) && edited != argv, "{argv:?}");
-        f.layers.drop_ins.push(crate::layers::DropIn {
+        f.unit_files.drop_ins.push(crate::unit_files::DropIn {
             path: "/etc/systemd/system/s.service.d/override.conf".into(),
             text: format!("[Service]\nExecStart=\nExecStart={}\n", edited.join(" ")),
         });
@@ -713,14 +714,14 @@ mod tests {
         assert_eq!(classes(&f), [Class::NotRestarted, Class::DropinOverride]);
 
         let mut d = synced();
-        d.layers.unit_file_state = "disabled".into();
+        d.unit_files.unit_file_state = "disabled".into();
         assert_eq!(classes(&d), [Class::Disabled]);
         let mut m = synced();
-        m.layers.load_state = "masked".into();
+        m.unit_files.load_state = "masked".into();
         assert!(classes(&m).contains(&Class::Masked));
         let mut s = synced();
-        s.layers.fragment = "/run/systemd/system/s.service".into();
-        s.layers.fragment_text = Some(UNIT.into());
+        s.unit_files.fragment = "/run/systemd/system/s.service".into();
+        s.unit_files.fragment_text = Some(UNIT.into());
         assert_eq!(classes(&s), [Class::Shadowed]);
     }
 

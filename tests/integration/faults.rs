@@ -206,8 +206,8 @@ fn running_release(unit: &str) -> String {
     lab().sh(REBOOT, &format!("p=$(systemctl show -p MainPID --value {unit}); [ \"$p\" != 0 ] && [ \"$(systemctl is-active {unit})\" = active ] && tr '\\0' '\\n' < /proc/$p/environ | sed -n 's/^RELEASE=//p' || true")).trim().to_string()
 }
 
-/// The kept generations of a unit on the reboot host: `name sha256` lines, oldest first.
-fn kept(unit: &str) -> Vec<String> {
+/// The saved generations of a unit on the reboot host: `name sha256` lines, oldest first.
+fn saved(unit: &str) -> Vec<String> {
     lab().sh(REBOOT, &format!("cd /var/lib/reconcile/{unit}/generations && for f in $(ls -1 | sort -n); do echo \"$f $(sha256sum < $f | cut -d' ' -f1)\"; done"))
         .lines()
         .map(str::to_string)
@@ -219,7 +219,7 @@ struct Rebooted {
     /// The unit file the apply replaced.
     previous: String,
     /// Its generations before the apply.
-    kept_before: Vec<String>,
+    saved_before: Vec<String>,
     /// The release the apply installed.
     new: Manifest,
     ran: Ran,
@@ -232,7 +232,7 @@ struct Rebooted {
 fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
     let unit = format!("{name}.service");
     lab().sh(REBOOT, &format!("systemctl disable --now {unit} 2>/dev/null; rm -rf /etc/systemd/system/{unit} /etc/systemd/system/{unit}.reconcile-tmp /var/lib/reconcile/{unit}; systemctl daemon-reload"));
-    // Two releases, so there is a kept generation to find intact afterwards.
+    // Two releases, so there is a saved generation to find intact afterwards.
     for n in ["0", "1"] {
         let ran = Reconcile::new()
             .manifest("a.yaml", reboot_release(name, port, n, "1"))
@@ -241,7 +241,7 @@ fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
         assert_eq!(ran.code, 0, "{}", ran.stdout);
     }
     let previous = lab().sh(REBOOT, &format!("cat /etc/systemd/system/{unit}"));
-    let kept_before = kept(&unit);
+    let saved_before = saved(&unit);
     let new = reboot_release(name, port, "2", "10");
     // Held until the run ends: its folder holds the manifest.
     let run = Reconcile::new()
@@ -292,7 +292,7 @@ fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
     );
     Rebooted {
         previous,
-        kept_before,
+        saved_before,
         new,
         ran,
         report,
@@ -303,9 +303,13 @@ fn reboot_during_verification(name: &str, port: u16, hold: u64) -> Rebooted {
 /// previous unit, whole; no temporary file is left; the next apply converges on the new release.
 /// Returns that apply's report.
 fn assert_intact_then_converges(unit: &str, r: &Rebooted) -> serde_json::Value {
-    let kept_after = kept(unit);
-    assert_eq!(kept_after.len(), r.kept_before.len() + 1, "{kept_after:?}");
-    assert_eq!(kept_after[..r.kept_before.len()], r.kept_before[..]);
+    let saved_after = saved(unit);
+    assert_eq!(
+        saved_after.len(),
+        r.saved_before.len() + 1,
+        "{saved_after:?}"
+    );
+    assert_eq!(saved_after[..r.saved_before.len()], r.saved_before[..]);
     let newest = lab().sh(
         REBOOT,
         &format!("cd /var/lib/reconcile/{unit}/generations && cat $(ls -1 | sort -n | tail -1)"),

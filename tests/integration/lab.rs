@@ -280,15 +280,15 @@ pub const REAL_SERVER_ROLLOUT: Lease = Lease {
     ports: 30000..30001,
     gpus: NO_GPUS,
 };
-/// The quality gate (quality.rs) and what systemd really runs (systemd_layers.rs), on one host.
+/// The quality gate (quality.rs) and what systemd really runs (systemd_unit_files.rs), on one host.
 pub const QUALITY: Lease = Lease {
     user: "quality.rs",
     hosts: &["rl24"],
     ports: 37311..37320,
     gpus: 52..57,
 };
-pub const SYSTEMD_LAYERS: Lease = Lease {
-    user: "systemd_layers.rs",
+pub const SYSTEMD_UNIT_FILES: Lease = Lease {
+    user: "systemd_unit_files.rs",
     hosts: &["rl24"],
     ports: 37301..37310,
     gpus: 57..64,
@@ -452,7 +452,7 @@ pub const LEASES: &[Lease] = &[
     REAL_SERVER,
     REAL_SERVER_ROLLOUT,
     QUALITY,
-    SYSTEMD_LAYERS,
+    SYSTEMD_UNIT_FILES,
     IMPORT_LEASE,
     PACKAGE_LEASE,
     PACKAGE_EXPORTER,

@@ -35,4 +35,4 @@ mod router;
 mod security;
 mod status;
 mod systemd_escaping;
-mod systemd_layers;
+mod systemd_unit_files;

@@ -64,7 +64,7 @@ fn messages_of(unit: &serde_json::Value, check: &str) -> Vec<String> {
 }
 
 /// The path of a kept file that `-v`'s line `said` names: what follows `said`, up to `)` or a space.
-fn kept_path(stderr: &str, said: &str) -> Option<String> {
+fn cached_path(stderr: &str, said: &str) -> Option<String> {
     let line = stderr.lines().find(|l| l.contains(said))?;
     let path = line.split(said).nth(1)?;
     Some(path.split([')', ' ']).next()?.to_string())
@@ -341,9 +341,9 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
         commands(&stderr).contains(&"deep check".to_string()),
         "{stderr}"
     );
-    let path = kept_path(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
+    let path = cached_path(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
     assert!(path.starts_with("/var/lib/reconcile/deep-check/"), "{path}");
-    assert_eq!(kept_path(&stderr, READ), None, "{stderr}");
+    assert_eq!(cached_path(&stderr, READ), None, "{stderr}");
     let mode = lab().sh(HOST, &format!("stat -c %a {path}"));
     assert_eq!(mode.trim(), "600");
 
@@ -362,7 +362,7 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     );
     let (code, json, stderr) = planned();
     assert_eq!(
-        kept_path(&stderr, READ).as_deref(),
+        cached_path(&stderr, READ).as_deref(),
         Some(path.as_str()),
         "{stderr}"
     );
@@ -382,8 +382,8 @@ fn a_plan_of_the_same_change_again_reads_the_deep_checks_kept_verdict() {
     );
     let (code, json, stderr) = planned();
     assert_eq!(code, 2, "{json:#}");
-    assert_eq!(kept_path(&stderr, READ), None, "{stderr}");
-    let again = kept_path(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
+    assert_eq!(cached_path(&stderr, READ), None, "{stderr}");
+    let again = cached_path(&stderr, KEPT).unwrap_or_else(|| panic!("nothing kept: {stderr}"));
     assert_ne!(again, path);
     lab().sh(HOST, &format!("rm -rf {model} {path} {again}"));
 }
@@ -422,7 +422,7 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
     let path = loop {
         let (code, json, stderr) = planned();
         assert_eq!(code, 2, "{json:#}{stderr}");
-        if let Some(path) = kept_path(&stderr, KEPT) {
+        if let Some(path) = cached_path(&stderr, KEPT) {
             break path;
         }
         assert!(std::time::Instant::now() < deadline, "never kept: {stderr}");
@@ -431,12 +431,12 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
     assert!(path.starts_with("/var/lib/reconcile/survey/"), "{path}");
     assert_eq!(lab().sh(HOST, &format!("stat -c %a {path}")).trim(), "600");
 
-    // The same plan again reads it, not the Python: a version written into the kept answer
+    // The same plan again reads it, not the Python: a version written into the cached answer
     // is what the plan says.
     lab().sh(HOST, &format!("sed -i 's/^0[.]5[.]23$/0.5.9/' {path}"));
     let (code, json, stderr) = planned();
     assert_eq!(
-        kept_path(&stderr, READ).as_deref(),
+        cached_path(&stderr, READ).as_deref(),
         Some(path.as_str()),
         "{stderr}"
     );
@@ -450,7 +450,7 @@ open("model.safetensors", "wb").write(struct.pack("<Q", len(header)) + header + 
     let afresh = |change: &str| {
         lab().sh(HOST, change);
         let (code, json, stderr) = planned();
-        assert_eq!(kept_path(&stderr, READ), None, "{stderr}");
+        assert_eq!(cached_path(&stderr, READ), None, "{stderr}");
         assert_eq!(code, 1, "{json:#}");
         json
     };
@@ -543,7 +543,7 @@ json.dump({{"weight_map": {{"a": "s1.safetensors", "b": "s2.safetensors"}}}}, op
         "{json:#}"
     );
 
-    // Applied now: the weights are staged into the page cache before the old server stops (they
+    // Applied now: the weights are preloaded into the page cache before the old server stops (they
     // fit in the host's memory), and the report says so.
     let ran = run_on(&v2, &["apply", "--format", "json"]);
     let report = &ran.json()["units"][0];

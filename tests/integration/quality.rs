@@ -6,7 +6,7 @@
 //! answers) is caught at stage `quality` and rolled back, or only reported with `gate: false`. The real
 //! server's figures are in real_server/quality.rs.
 //!
-//! Host rl24 (with systemd_layers.rs); ports 37311-37319, GPUs 52-56 (`lab::QUALITY`).
+//! Host rl24 (with systemd_unit_files.rs); ports 37311-37319, GPUs 52-56 (`lab::QUALITY`).
 
 use crate::builder::yaml;
 use crate::lab::{assert_field_has, assert_has, assert_outcome, lab, Manifest, Reconcile};

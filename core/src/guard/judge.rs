@@ -43,7 +43,7 @@ impl Facts {
 pub enum Verdict {
     /// Nothing to do yet.
     Wait,
-    /// The new unit is healthy at its deadline: kept, unconfirmed.
+    /// The new unit is healthy at its deadline: let stand, unconfirmed.
     Keep,
     /// The previous unit back, restarted (or left stopped) as it was.
     Restore,
@@ -182,24 +182,24 @@ pub fn judge(
             )
         }
         GuardState::RollingBack => rolling_back(guard, f, at, health),
-        GuardState::Unconfirmed if guard.group_rank() => kept_rank(guard, f, at, health),
+        GuardState::Unconfirmed if guard.group_rank() => stood_rank(guard, f, at, health),
         other => (Verdict::Leave, format!("the guard is {}", other.name())),
     }
 }
 
-/// A group's rank the guard kept, watched on: its peers may go back after the keep (a rollback
+/// A group's rank the guard let stand, watched on: its peers may go back after the keep (a rollback
 /// the controller began on them, finished by their guards, while this host was out of its
 /// reach), and a rank left on the new unit then cannot rejoin its group. Restored once it started
 /// again since the keep and does not answer by its deadline, counted from that start; one that
 /// answers stays kept. (The group model found the group split otherwise: one rank back, its peer
 /// kept, neither serving.)
-fn kept_rank(
+fn stood_rank(
     guard: &Record,
     f: &Facts,
     at: f64,
     health: impl FnOnce() -> Option<u16>,
 ) -> (Verdict, String) {
-    let since = guard.watch.kept_at.unwrap_or(f64::INFINITY);
+    let since = guard.watch.stood_at.unwrap_or(f64::INFINITY);
     if f.entered <= since || at < f.entered + guard.judge_after {
         return (
             Verdict::Wait,
@@ -366,7 +366,7 @@ impl Record {
         w.restored_at = w.restored_at.map(|_| 0.0);
         w.restored_entered = w.restored_entered.map(|_| 0.0);
         w.restored_restarts = w.restored_restarts.map(|_| 0);
-        w.kept_at = w.kept_at.map(|_| 0.0);
+        w.stood_at = w.stood_at.map(|_| 0.0);
         // The boot started the unit afresh from its file: a change judged as it ran is now a
         // start like a restart's. A live change kept without anyone seeing it taken was never
         // started from its file before: that start is judged (the model found a reboot starting
@@ -500,7 +500,7 @@ impl Record {
         };
         self.settle(state, detail.trim_matches(|c| c == ';' || c == ' '), at_utc);
         if verdict == Verdict::Keep {
-            self.watch.kept_at = Some(self.watch.judge_at);
+            self.watch.stood_at = Some(self.watch.judge_at);
         }
     }
 
@@ -677,7 +677,7 @@ mod tests {
                 150.0,
                 Unasked,
             ),
-            // At the deadline: healthy is kept, anything else restored.
+            // At the deadline: healthy is let stand, anything else restored.
             case(
                 facts("new", "active", "running", 0, 101.0),
                 200.0,

@@ -9,7 +9,7 @@
 //! - the new unit failed or is crash-looping, or is not active with `/health` 200 by the
 //!   verification deadline: the previous unit goes back (as apply's rollback puts it back), and the
 //!   guard waits for it to answer `/health`;
-//! - the new unit active with `/health` 200 at the deadline: it is kept and marked unconfirmed.
+//! - the new unit active with `/health` 200 at the deadline: it is let stand and marked unconfirmed.
 //!   A healthy server is never rolled back blind; the next apply verifies and confirms it.
 //!
 //! The controller's own rollback first `take`s the guard: the guard then finishes that rollback if
@@ -52,7 +52,7 @@ pub enum GuardState {
     RollingBack,
     /// The controller finished: verified, or its rollback done. The guard did nothing.
     Disarmed,
-    /// The guard found the new unit healthy at its deadline and kept it; no apply confirmed it.
+    /// The guard found the new unit healthy at its deadline and let it stand; no apply confirmed it.
     Unconfirmed,
     /// The guard put the previous unit back (and it answers `/health` when it was to run).
     RolledBack,
@@ -113,7 +113,7 @@ pub enum Change {
     #[default]
     Restart,
     /// The server is judged as it runs, and no start follows the arming: a live change, or a
-    /// unit kept unconfirmed that apply confirms.
+    /// unit let stand unconfirmed that apply confirms.
     InPlace,
 }
 
@@ -127,7 +127,7 @@ pub struct Record {
     pub unit_path: String,
     /// sha256 of the new unit's text: the guard leaves a unit file that is no longer it.
     pub new_sha256: String,
-    /// The kept generation to restore; `None`: the unit was new (removed on a rollback) or the
+    /// The saved generation to restore; `None`: the unit was new (removed on a rollback) or the
     /// unit beneath comes back (`beneath`).
     pub previous: Option<String>,
     pub previous_sha256: Option<String>,
@@ -202,10 +202,11 @@ pub struct Watch {
     pub restored_entered: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_restarts: Option<u32>,
-    /// When the guard kept the unit (at its deadline; 0 once the host booted since): a group's
+    /// When the guard let the unit stand (at its deadline; 0 once the host booted since): a group's
     /// rank started again after it is judged again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kept_at: Option<f64>,
+    #[serde(rename = "kept_at")]
+    pub stood_at: Option<f64>,
     /// Why the rollback began, and what the guard's restore did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
@@ -278,7 +279,7 @@ impl Settled {
     }
 
     /// What `plan` says of a unit from its guard's record, given the unit on the host and the
-    /// one the manifest asks for (their sha256): a unit kept unconfirmed is confirmed without a
+    /// one the manifest asks for (their sha256): a unit let stand unconfirmed is confirmed without a
     /// restart; a change the guard rolled back is the one asked for again. `None`: nothing to say.
     pub fn plan_note(&self, current_sha256: Option<&str>, desired_sha256: &str) -> Option<String> {
         let summary = self.summary()?;
@@ -304,7 +305,7 @@ impl Settled {
         }
     }
 
-    /// Whether the unit on the host is the one the guard kept unconfirmed.
+    /// Whether the unit on the host is the one the guard let stand unconfirmed.
     pub fn unconfirmed(&self, unit_sha256: &str) -> bool {
         self.state == GuardState::Unconfirmed && self.new_sha256 == unit_sha256
     }

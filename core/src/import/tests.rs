@@ -125,7 +125,7 @@ fn round_trip_of(files: &[UnitFile], request: Request) -> (Verdict, Imported) {
     let observed = Observed {
         unit_text: Some(text),
         state: Default::default(),
-        layers: Default::default(),
+        unit_files: Default::default(),
     };
     let p = plan("gpu-a", &m.source, &desired, &observed, &Default::default());
     // A unit with its secrets inline restarts once, to move them to a file only root reads, and

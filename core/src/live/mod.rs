@@ -448,7 +448,7 @@ mod tests {
                 active_state: active.into(),
                 ..Default::default()
             },
-            layers: Default::default(),
+            unit_files: Default::default(),
         }
     }
 

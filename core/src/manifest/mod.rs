@@ -87,7 +87,7 @@ pub struct ApplySpec {
 
 /// `systemd.dropins`: what apply does when systemd would not run the manifest's unit as rendered:
 /// a drop-in the manifest does not own, a mask, or a unit file elsewhere that systemd loads
-/// instead (see `reconcile_core::layers`).
+/// instead (see `reconcile_core::unit_files`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DropInPolicy {
     /// Refuse, touching nothing: someone changed the unit on the host on purpose, and a manifest

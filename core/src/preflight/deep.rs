@@ -143,12 +143,12 @@ struct Answer {
     unchecked: Vec<String>,
 }
 
-/// The deep check's verdict kept on the host for its inputs, as the answer line a later plan of
-/// the same inputs reads instead of running the check (`None`: nothing to keep). Only SGLang's own
-/// answers are kept: a check that could not run, or ran past its limit, said nothing about the
-/// inputs. A refusal's reason is kept as `redact` leaves it (a secret value never reaches the
+/// The deep check's verdict cached on the host for its inputs, as the answer line a later plan of
+/// the same inputs reads instead of running the check (`None`: nothing to cache). Only SGLang's own
+/// answers are cached: a check that could not run, or ran past its limit, said nothing about the
+/// inputs. A refusal's reason is cached as `redact` leaves it (a secret value never reaches the
 /// host's disk).
-pub fn kept_answer(
+pub fn cached_answer(
     deep: &Deep,
     unchecked: &[String],
     redact: impl Fn(&str) -> String,
@@ -346,19 +346,19 @@ mod tests {
                 "argument --api-key: invalid value 'sk-1'",
             )),
         ] {
-            let kept = kept_answer(&deep, &unchecked, no_secret).unwrap();
+            let kept = cached_answer(&deep, &unchecked, no_secret).unwrap();
             assert!(!kept.contains("sk-1"), "{kept}");
             let (read, read_unchecked) = read_deep(0, &kept, "");
             assert_eq!(read, no_secret_in(deep));
             assert_eq!(read_unchecked, unchecked);
         }
-        // What says nothing about the inputs is not kept.
+        // What says nothing about the inputs is not cached.
         assert_eq!(
-            kept_answer(&Deep::Unavailable("no sglang.srt".into()), &[], no_secret),
+            cached_answer(&Deep::Unavailable("no sglang.srt".into()), &[], no_secret),
             None
         );
         assert_eq!(
-            kept_answer(&Deep::TimedOut(DEEP_LIMIT), &[], no_secret),
+            cached_answer(&Deep::TimedOut(DEEP_LIMIT), &[], no_secret),
             None
         );
     }

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 pub use crate::finding::{has_errors, strictly, Finding, Severity};
 pub use crate::gpu_claims::{gpu_conflicts, split_devices};
 pub use deep::{
-    kept_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
+    cached_answer, read_deep, Deep, DeepWhen, Refusal, ANSWER_PREFIX, DEEP_ASKED_LIMIT, DEEP_LIMIT,
 };
 pub use weights::{
     judge_weights, read_weights, WeightProblem, Weights, WeightsCheck, WeightsReadError,

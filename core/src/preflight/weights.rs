@@ -71,7 +71,7 @@ pub struct Weights {
     /// index or file. `None`: checked.
     #[serde(default)]
     pub unchecked: Option<String>,
-    /// The host's `MemAvailable` (`/proc/meminfo`) in bytes, which staging the weights needs;
+    /// The host's `MemAvailable` (`/proc/meminfo`) in bytes, which preloading the weights needs;
     /// `None` where it did not read.
     #[serde(default)]
     pub mem_available: Option<u64>,

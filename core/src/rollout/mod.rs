@@ -13,8 +13,8 @@
 //! host restarts, at most `max_parallel` hosts restart at once, and `max_failures` failed hosts
 //! stop every host that has not started.
 
-pub mod fleet;
 pub mod ledger;
+pub mod overview;
 pub mod policy;
 pub mod schedule;
 pub mod turn;

@@ -63,7 +63,7 @@ pub fn parse_unit(text: &str) -> UnitModel {
 
 /// What a unit file sets, as names the plan's summary uses: `ExecStart`, `env:NAME` for each
 /// variable an `Environment=` line sets (`env:*` for an empty one, which resets them all), and
-/// `Section.Key` for every other setting. For telling which file of a unit's layers (its file and
+/// `Section.Key` for every other setting. For telling which file of a unit's files (its file and
 /// drop-ins) a value in force comes from: the last one that sets it.
 pub fn assigned(text: &str) -> Vec<String> {
     assignments(text)

@@ -1,4 +1,4 @@
-//! `Step::Arm`: what the write replaces kept, the benchmark's reference read, then every rank's
+//! `Step::Arm`: what the write replaces saved, the benchmark's reference read, then every rank's
 //! guard armed on its host, before the new file is written and before any server stops. Also
 //! `learn_deadlines`, which the driver calls as the step begins.
 
@@ -10,7 +10,7 @@ use reconcile_core::transaction::{Kind, Went};
 
 use super::gates::benchmark_before;
 use super::put_back::PutBack;
-use super::write::keep_previous;
+use super::write::save_previous;
 use super::{Carried, Rank};
 use crate::apply::decide::{self, Ending};
 use crate::apply::error::{ApplyError, InstallFailure};
@@ -32,14 +32,14 @@ pub(super) async fn learn_deadlines(ranks: &mut [Rank<'_>]) {
 }
 
 /// `Step::Arm`, once the deadlines are learned. A write that cannot keep what it replaces, or a
-/// signal, stops here with nothing written; a unit kept unconfirmed whose guard cannot be armed
+/// signal, stops here with nothing written; a unit let stand unconfirmed whose guard cannot be armed
 /// keeps running untouched.
 pub(super) async fn arm<'a>(ranks: &mut [Rank<'a>], kind: Kind, c: &mut Carried<'a>) -> Went {
     let options = ranks[0].job.options;
-    // What the write replaces is kept before the guard that restores it is armed.
+    // What the write replaces is saved before the guard that restores it is armed.
     let kept = match kind {
         Kind::Confirm => Ok(()),
-        _ => keep_previous(ranks).await,
+        _ => save_previous(ranks).await,
     };
     if let Err((rank, error)) = kept {
         c.put_back = Some(PutBack::Write { rank, error });
@@ -56,7 +56,7 @@ pub(super) async fn arm<'a>(ranks: &mut [Rank<'a>], kind: Kind, c: &mut Carried<
             c.armed = armed;
             Went::Passed
         }
-        // A unit kept unconfirmed was not touched: it keeps running.
+        // A unit let stand unconfirmed was not touched: it keeps running.
         Err((_, error)) if kind == Kind::Confirm => {
             let ending = |_: &Rank<'_>| match &error {
                 ApplyError::ObserveFailed(_) => Ending::refused(&error),
@@ -74,7 +74,7 @@ pub(super) async fn arm<'a>(ranks: &mut [Rank<'a>], kind: Kind, c: &mut Carried<
 
 /// Every rank's guard armed before any server stops: should this process die, each rank's guard
 /// judges its own rank (a follower answers `/health` on its dummy port once its group loaded).
-/// A unit kept unconfirmed is then read as it runs. `Err` names the rank that failed; guards
+/// A unit let stand unconfirmed is then read as it runs. `Err` names the rank that failed; guards
 /// armed by then are stood down.
 async fn arm_guards<'a>(
     ranks: &mut [Rank<'a>],
@@ -119,7 +119,7 @@ async fn arm_guards<'a>(
         return Err((i, ApplyError::InstallFailed(e)));
     }
     if kind == Kind::Confirm {
-        // Already running, kept by the guard: verified as it runs. A unit that cannot be read is
+        // Already running, let stand by the guard: verified as it runs. A unit that cannot be read is
         // no reason to roll back a server that may be healthy: the guard, armed, judges it.
         for (i, r) in ranks.iter_mut().enumerate() {
             match r.job.host.unit_state(&r.job.t.desired.unit).await {

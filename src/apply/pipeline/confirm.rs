@@ -126,7 +126,7 @@ async fn confirm_all(
         }
         let live = match kind {
             Kind::Live => r.told_live.take(),
-            Kind::Confirm => kept_live(r).await,
+            Kind::Confirm => stood_live(r).await,
             _ => None,
         };
         install::record(
@@ -169,11 +169,11 @@ async fn keep_pinned(r: &mut Rank<'_>) {
     r.report.report.notes.push(note);
 }
 
-/// A unit kept by the host's guard and confirmed as it runs: when its server runs another command
+/// A unit the host's guard let stand and confirmed as it runs: when its server runs another command
 /// line than the unit's (a live change the dead apply told, which its guard heard taken), the
 /// record's account of what the server must hold for it, for `status` to read back. `None`: it
 /// runs the unit's own command line (a kept restart), or what it runs is not known.
-async fn kept_live(r: &mut Rank<'_>) -> Option<LiveRecord> {
+async fn stood_live(r: &mut Rank<'_>) -> Option<LiveRecord> {
     let (host, t) = (r.job.host, r.job.t);
     let pid = host.unit_state(&t.desired.unit).await.ok()?.main_pid;
     let argv = match crate::apply::live::process_argv(host, pid).await {

@@ -136,7 +136,7 @@ async fn undo_live(r: &mut Rank<'_>) -> Result<(String, Verification), LiveBackE
     let told = crate::apply::live::tell(host, &expect.endpoint, url, &back, limit).await?;
     let (previous, aside) = (
         r.fallback.previous.as_deref(),
-        r.fallback.layers.aside.as_ref(),
+        r.fallback.unit_files.aside.as_ref(),
     );
     put_back_file(host, &t.desired.unit, previous, aside)
         .await

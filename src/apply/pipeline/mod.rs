@@ -25,7 +25,7 @@
 //! Each rank keeps its report; a group's reports say what the group did and which rank failed.
 //!
 //! `run` drives the transaction; each step is one function in the file of its name, as the
-//! transaction names it: `prepare`, `stage`, `drain`, `arm`, `write` (and `record_reload`),
+//! transaction names it: `prepare`, `stage` (the preload), `drain`, `arm`, `write` (and `record_reload`),
 //! `restart`, `live` (and `live_back`), `verify`, `gates`, `confirm`, `put_back`, `roll_back`.
 //! What a step leaves for the later ones travels in `Carried`.
 
@@ -43,7 +43,7 @@ use super::decide::{self, Ending, Previous, Start};
 use super::error::{ApplyError, GuardLost, GuardNotHeld, RouterFailure};
 use super::guard::{self, Armed};
 use super::install::Fallback;
-use super::verifier::{Live, Verifier};
+use super::verifier::{ServerVerifier, Verifier};
 use super::{ApplyOptions, Job, Report, UnitReport};
 use crate::manifest::VerifySpec;
 use crate::observed::Observed;
@@ -60,11 +60,11 @@ mod confirm;
 mod drain;
 mod gates;
 mod live;
+mod preload;
 mod prepare;
 mod put_back;
 mod restart;
 mod roll_back;
-mod stage;
 mod verify;
 mod write;
 
@@ -108,7 +108,7 @@ pub(crate) async fn apply_group(
     let reports = match unreachable {
         Some((i, e)) => refuse_all(&targets, started, i, &e),
         None => {
-            let verifier = Live {
+            let verifier = ServerVerifier {
                 progress: options.progress.as_ref(),
             };
             let hosts: Vec<&dyn Host> = hosts.iter().map(|h| &**h).collect();
@@ -168,7 +168,7 @@ struct Rank<'a> {
     spec: VerifySpec,
     history: Option<LoadHistory>,
     learned_notes: Vec<String>,
-    /// Preflight's check of the weights (a rank whose server starts), which staging reads.
+    /// Preflight's check of the weights (a rank whose server starts), which preloading reads.
     weights: Option<preflight::WeightsCheck>,
     /// What the running server is told, for a change applied live (`Kind::Live`).
     live: Option<LiveChange>,
@@ -244,7 +244,7 @@ async fn apply_on(
         })
         .collect();
     let group = group_verdict(&own);
-    // Confirmed as it runs only when every rank is a unit its guard kept: one that restarts
+    // Confirmed as it runs only when every rank is a unit its guard let stand: one that restarts
     // restarts them all.
     let confirm = seen
         .iter()
@@ -309,7 +309,12 @@ async fn take_out(
 
 /// What a rank's first look found, less its live change: its unit and systemd's state, the
 /// survey, what to do, and what systemd runs besides the managed file.
-type Seen = (Observed, Option<Survey>, Look, Vec<crate::layers::Drift>);
+type Seen = (
+    Observed,
+    Option<Survey>,
+    Look,
+    Vec<crate::unit_files::Drift>,
+);
 
 /// A rank as its transaction begins: what it does in the server (`verdict`), its report, and the
 /// unit to go back to. `live`: the change it takes live, for rank 0 of a live change.
@@ -341,18 +346,18 @@ async fn planned_rank<'a>(
     report.report.notes.extend(todo.note.clone());
     let previous = match todo.previous {
         // A mask is no unit to go back to: the record of what was moved aside keeps it.
-        Previous::Observed if observed.layers.managed_is_mask => None,
+        Previous::Observed if observed.unit_files.managed_is_mask => None,
         Previous::Observed => observed.unit_text.clone(),
         Previous::NewestGeneration => state::newest_generation(job.host, &job.t.desired.unit)
             .await
             .ok()
             .flatten(),
     };
-    let layered = super::layered(&job.t.desired.unit, &observed, &drift);
+    let other_unit_files = super::other_unit_files(&job.t.desired.unit, &observed, &drift);
     report
         .report
         .notes
-        .extend(super::moved_notes(&job.t.desired.unit, &layered));
+        .extend(super::moved_notes(&job.t.desired.unit, &other_unit_files));
     report.report.verdict = Some(verdict);
     Rank {
         job,
@@ -363,8 +368,8 @@ async fn planned_rank<'a>(
         fallback: Fallback {
             previous,
             was_running: todo.was_running,
-            kept: None,
-            layers: layered,
+            saved: None,
+            unit_files: other_unit_files,
         },
         locked: false,
         invocation: String::new(),
@@ -384,7 +389,7 @@ type Looked = (
     Observed,
     Option<Survey>,
     Look,
-    Vec<crate::layers::Drift>,
+    Vec<crate::unit_files::Drift>,
     Option<LiveChange>,
 );
 
@@ -398,9 +403,9 @@ async fn look(job: &Job<'_>) -> Result<Looked, ApplyError> {
     let ask = preflight::Ask {
         preflight: true,
         records: Some(state::STATE_DIR),
-        kept_deep: options.deep != preflight::DeepWhen::Never,
-        // Staging reads the memory available now.
-        kept_python: false,
+        cached_deep: options.deep != preflight::DeepWhen::Never,
+        // Preloading reads the memory available now.
+        cached_python: false,
     };
     let (observed, survey) = match preflight::survey(host, std::slice::from_ref(t), ask).await {
         Ok(Some(survey)) => survey.observed(unit).map(|o| (o, Some(survey))),
@@ -428,7 +433,7 @@ async fn look(job: &Job<'_>) -> Result<Looked, ApplyError> {
         }),
         _ => None,
     };
-    // A unit the host's guard kept unconfirmed is confirmed without a restart: its record says so.
+    // A unit the host's guard let stand unconfirmed is confirmed without a restart: its record says so.
     let kept = match &unfinished {
         Some(Ok(true)) => guard::read(host, unit).await.ok().flatten(),
         _ => None,
@@ -474,7 +479,7 @@ async fn run(ranks: &mut [Rank<'_>], mut tx: Transaction) -> Vec<Ending> {
         let went = match tx.step() {
             Step::Done(_) => return c.endings.expect("every end leaves its endings"),
             Step::Prepare => prepare::prepare(ranks, &mut c).await,
-            Step::Stage => stage::stage(ranks).await,
+            Step::Preload => preload::preload(ranks).await,
             Step::Drain => {
                 // The quality gate's reference, read from the old server while it serves:
                 // before the drain empties it.

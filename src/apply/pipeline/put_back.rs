@@ -92,7 +92,7 @@ async fn put_back_all(ranks: &[Rank<'_>]) -> Vec<Result<bool, RemoteError>> {
             r.job.host,
             &r.job.t.desired.unit,
             r.fallback.previous.as_deref(),
-            r.fallback.layers.aside.as_ref(),
+            r.fallback.unit_files.aside.as_ref(),
         )
         .await
     }))

@@ -187,7 +187,7 @@ async fn return_all(
                 let left = decide::left_behind(
                     unit,
                     fallback.previous.is_none(),
-                    fallback.kept.as_deref(),
+                    fallback.saved.as_deref(),
                     tried[i],
                 );
                 let text = early(i) + &backs[i].path;

@@ -105,8 +105,8 @@ async fn install_as(
     let fallback = Fallback {
         previous: before.unit_text.clone(),
         was_running: before.state.active_state == "active",
-        kept: None,
-        layers: Default::default(),
+        saved: None,
+        unit_files: Default::default(),
     };
     prepared(job, before.clone(), verdict, fallback).await
 }
@@ -549,8 +549,8 @@ async fn install_target(
     let fallback = Fallback {
         previous: Some("old".into()),
         was_running: true,
-        kept: None,
-        layers: Default::default(),
+        saved: None,
+        unit_files: Default::default(),
     };
     prepared(job, before, Verdict::Restart, fallback).await
 }

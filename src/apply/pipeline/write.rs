@@ -1,5 +1,5 @@
 //! `Step::Write` and `Step::RecordReload`: every rank's new unit written and loaded, under its
-//! guard; a reload-only change recorded. Also `keep_previous`, what the write replaces kept
+//! guard; a reload-only change recorded. Also `save_previous`, what the write replaces saved
 //! aside: `Step::Arm` calls it before it arms the guards, and a reload-only change, which arms
 //! none, calls it here.
 
@@ -27,10 +27,10 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
         c.put_back = Some(PutBack::Cancelled);
         return Went::Stopped;
     }
-    // A reload-only change arms no guard: what it replaces is kept here. Any other writes under
+    // A reload-only change arms no guard: what it replaces is saved here. Any other writes under
     // its guards, once they are known to hold.
     let ready = match kind {
-        Kind::ReloadOnly => keep_previous(ranks).await,
+        Kind::ReloadOnly => save_previous(ranks).await,
         _ => super::guards_hold(ranks, &c.armed)
             .await
             .map_err(|(i, why)| {
@@ -57,9 +57,9 @@ pub(super) async fn write(ranks: &mut [Rank<'_>], kind: Kind, c: &mut Carried<'_
     }
 }
 
-/// What every rank's write replaces, kept (`install::keep_previous`), or `Err` naming the first
+/// What every rank's write replaces, saved (`install::save_previous`), or `Err` naming the first
 /// rank where it could not be.
-pub(super) async fn keep_previous(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
+pub(super) async fn save_previous(ranks: &mut [Rank<'_>]) -> Result<(), (usize, ApplyError)> {
     let kept = join_all(ranks.iter_mut().map(|r| async move {
         let Rank {
             job,
@@ -71,7 +71,7 @@ pub(super) async fn keep_previous(ranks: &mut [Rank<'_>]) -> Result<(), (usize, 
         if *verdict == Verdict::NoChange {
             return Ok(());
         }
-        install::keep_previous(job, observed, fallback).await
+        install::save_previous(job, observed, fallback).await
     }))
     .await;
     first_failed(kept)

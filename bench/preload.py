@@ -1,5 +1,5 @@
-"""The measuring half of bench/staging.sh: restarts one server on the test host sb1 with a cold
-page cache, alternately with and without staging, and prints the load time (the report's "ready
+"""The measuring half of bench/preload.sh: restarts one server on the test host sb1 with a cold
+page cache, alternately with and without preloading, and prints the load time (the report's "ready
 after", from the new server's start to its readiness) of each, their medians and the ratio."""
 
 import json

@@ -5,7 +5,7 @@
 //! `--replace-dropins`) apply converges, keeps what it moved aside, and a failed apply puts it
 //! back.
 //!
-//! Host rl24; each test its own unit, port (37301-37309) and GPUs (57-63), as `lab::SYSTEMD_LAYERS`
+//! Host rl24; each test its own unit, port (37301-37309) and GPUs (57-63), as `lab::SYSTEMD_UNIT_FILES`
 //! leases them: the stand-in's GPU memory is per GPU, and a server of another test leaving a
 //! shared GPU reads as a dead rank.
 

@@ -1,4 +1,4 @@
-//! What systemd really runs for a unit, besides the one file `reconcile` manages
+//! A unit's files: what systemd really runs for a unit, besides the one file `reconcile` manages
 //! (`/etc/systemd/system/<unit>`): the drop-ins in force, a mask, a unit file of the same name that
 //! systemd loads instead, and whether the unit is enabled.
 //!
@@ -6,9 +6,9 @@
 //! compared only the unit file would say "no change" while the server runs the drop-in's command
 //! line. So the survey reads `FragmentPath`, `DropInPaths`, `LoadState` and `UnitFileState` with
 //! each drop-in's text, and this module says what differs from "the manifest's unit alone,
-//! enabled" ([`Drift`]), what systemd would run ([`Layers::effective`], the files in systemd's
+//! enabled" ([`Drift`]), what systemd would run ([`UnitFiles::effective`], the files in systemd's
 //! order, so its own override rules apply: an empty `ExecStart=` resets), and which file set each
-//! value in force ([`Layers::origins`]).
+//! value in force ([`UnitFiles::origins`]).
 //!
 //! What systemd does, read on systemd 252 (Debian 12) test hosts:
 //! - `DropInPaths` lists the drop-ins in the order it applies them (by file name across `/etc`,
@@ -38,7 +38,7 @@ pub struct DropIn {
 /// What the survey read of a unit's files beyond the managed one. `Default`: nothing was read (a
 /// host that could not say), which reads as "the managed file alone".
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Layers {
+pub struct UnitFiles {
     /// `FragmentPath`: the file systemd loaded the unit from; empty when it has none.
     pub fragment: String,
     /// That file's text, when it is not the managed one (a unit in `/run` or a vendor directory).
@@ -144,7 +144,7 @@ pub fn is_vendor(path: &str) -> bool {
     ["/usr/", "/lib/"].iter().any(|p| path.starts_with(p))
 }
 
-impl Layers {
+impl UnitFiles {
     /// The drop-ins that belong to this unit alone (`<unit>.d/`), not to every service
     /// (`service.d/`) or to a name prefix (`sglang-.service.d/`): the shared ones apply whatever
     /// unit reconcile installs, so they are neither the manifest's business nor a difference.
@@ -207,7 +207,7 @@ impl Layers {
         files
     }
 
-    /// What systemd would run, as one text: the files of [`Layers::files`] one after the other,
+    /// What systemd would run, as one text: the files of [`UnitFiles::files`] one after the other,
     /// each under a `# <path>` line as `systemctl cat` prints them. Reading it as one unit applies
     /// systemd's rules across them (a later assignment wins, an empty one resets), since every
     /// drop-in starts with its own section header.
@@ -316,7 +316,7 @@ pub struct Moved {
 /// What apply moves aside for `drift` under `systemd.dropins: replace`: the unit's own drop-ins,
 /// its mask, and a unit file in `/run` that systemd would load instead. Never a vendor file
 /// (`/usr`, `/lib`): a package owns it, and the managed file in `/etc` overrides it anyway.
-pub fn to_move(unit: &str, layers: &Layers, drift: &[Drift]) -> Vec<Moved> {
+pub fn to_move(unit: &str, unit_files: &UnitFiles, drift: &[Drift]) -> Vec<Moved> {
     let managed_path = format!("{UNIT_DIR}/{unit}");
     drift
         .iter()
@@ -324,7 +324,7 @@ pub fn to_move(unit: &str, layers: &Layers, drift: &[Drift]) -> Vec<Moved> {
             Drift::DropinOverride { path } => Some(Moved {
                 path: path.clone(),
                 mask: false,
-                text: layers
+                text: unit_files
                     .drop_ins
                     .iter()
                     .find(|x| x.path == *path)
@@ -341,7 +341,7 @@ pub fn to_move(unit: &str, layers: &Layers, drift: &[Drift]) -> Vec<Moved> {
             Drift::Shadowed { path } if !is_vendor(path) && *path != managed_path => Some(Moved {
                 path: path.clone(),
                 mask: false,
-                text: layers.fragment_text.clone().unwrap_or_default(),
+                text: unit_files.fragment_text.clone().unwrap_or_default(),
                 mode: None,
             }),
             Drift::Shadowed { .. } | Drift::Disabled => None,
@@ -352,47 +352,47 @@ pub fn to_move(unit: &str, layers: &Layers, drift: &[Drift]) -> Vec<Moved> {
 /// Whether, with the managed file removed, systemd would still have a unit of this name (one
 /// moved aside and put back, or a vendor unit): a rollback then restarts it rather than
 /// removing "a new unit".
-pub fn has_unit_beneath(unit: &str, layers: &Layers, moved: &[Moved]) -> bool {
+pub fn has_unit_beneath(unit: &str, unit_files: &UnitFiles, moved: &[Moved]) -> bool {
     let managed_path = format!("{UNIT_DIR}/{unit}");
-    let fragment_elsewhere = !layers.fragment.is_empty() && layers.fragment != managed_path;
+    let fragment_elsewhere = !unit_files.fragment.is_empty() && unit_files.fragment != managed_path;
     fragment_elsewhere || moved.iter().any(|m| m.path == managed_path && m.mask)
 }
 
-/// Reads what [`LAYERS_SCRIPT`]-like parts print: records `kind NUL path NUL text NUL`, where
+/// Reads what [`UNIT_FILES_SCRIPT`]-like parts print: records `kind NUL path NUL text NUL`, where
 /// kind is `mask` (the managed path links to `/dev/null`), `fragment` (the unit file systemd
 /// loads, when it is not the managed one) or `dropin` (one per `DropInPaths` entry, in order).
 /// `load_state` and `unit_file_state` come from `systemctl show`, read beside it.
-pub fn parse_layers(output: &str, load_state: &str, unit_file_state: &str) -> Layers {
-    let mut layers = Layers {
+pub fn parse_unit_files(output: &str, load_state: &str, unit_file_state: &str) -> UnitFiles {
+    let mut unit_files = UnitFiles {
         load_state: load_state.to_string(),
         unit_file_state: unit_file_state.to_string(),
-        ..Layers::default()
+        ..UnitFiles::default()
     };
     let mut parts = output.split('\0');
     while let (Some(kind), Some(path), Some(text)) = (parts.next(), parts.next(), parts.next()) {
         let kind = kind.trim_start_matches('\n');
         match kind {
-            "mask" => layers.managed_is_mask = true,
+            "mask" => unit_files.managed_is_mask = true,
             "fragment" => {
-                layers.fragment = path.to_string();
-                layers.fragment_text = Some(text.to_string());
+                unit_files.fragment = path.to_string();
+                unit_files.fragment_text = Some(text.to_string());
             }
-            "managed" => layers.fragment = path.to_string(),
-            "dropin" => layers.drop_ins.push(DropIn {
+            "managed" => unit_files.fragment = path.to_string(),
+            "dropin" => unit_files.drop_ins.push(DropIn {
                 path: path.to_string(),
                 text: text.to_string(),
             }),
             _ => {}
         }
     }
-    layers
+    unit_files
 }
 
-/// The shell that prints what [`parse_layers`] reads, for `sh -c SCRIPT sh UNIT MANAGED_PATH
+/// The shell that prints what [`parse_unit_files`] reads, for `sh -c SCRIPT sh UNIT MANAGED_PATH
 /// [SHOW]`: `FragmentPath` and `DropInPaths` from `systemctl show` (or from SHOW, a file holding
 /// its answer already: the survey asks systemd once a unit), and each file's text. Only the
 /// shell's builtins read them: a process costs a host more than the lines it saves.
-pub const LAYERS_SCRIPT: &str = r#"if [ -n "$3" ]; then exec <"$3" || exit 1
+pub const UNIT_FILES_SCRIPT: &str = r#"if [ -n "$3" ]; then exec <"$3" || exit 1
 else s=$(systemctl show -p FragmentPath,DropInPaths -- "$1") || exit 1; exec <<EOF
 $s
 EOF
@@ -417,8 +417,8 @@ mod tests {
     const UNIT: &str = "hd.service";
     const MANAGED: &str = "[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server --tp-size 2\nEnvironment=CUDA_VISIBLE_DEVICES=0,1\n\n[Install]\nWantedBy=multi-user.target\n";
 
-    fn layers(drop_ins: &[(&str, &str)]) -> Layers {
-        Layers {
+    fn unit_files(drop_ins: &[(&str, &str)]) -> UnitFiles {
+        UnitFiles {
             fragment: format!("{UNIT_DIR}/{UNIT}"),
             load_state: "loaded".into(),
             unit_file_state: "enabled".into(),
@@ -429,22 +429,22 @@ mod tests {
                     text: t.to_string(),
                 })
                 .collect(),
-            ..Layers::default()
+            ..UnitFiles::default()
         }
     }
 
     #[test]
     fn the_managed_file_alone_enabled_is_no_drift() {
-        assert!(layers(&[]).drifts(UNIT, Some(MANAGED)).is_empty());
+        assert!(unit_files(&[]).drifts(UNIT, Some(MANAGED)).is_empty());
         // A host that could not say reads as the managed file alone.
-        assert!(Layers::default().drifts(UNIT, Some(MANAGED)).is_empty());
+        assert!(UnitFiles::default().drifts(UNIT, Some(MANAGED)).is_empty());
     }
 
     #[test]
     fn systemctl_edit_is_a_drop_in_override_and_its_values_are_in_force() {
         let edit = "[Service]\nExecStart=\nExecStart=/usr/bin/python3 -m sglang.launch_server --tp-size 1\nEnvironment=CUDA_VISIBLE_DEVICES=0\n";
         let path = format!("{UNIT_DIR}/{UNIT}.d/override.conf");
-        let l = layers(&[(&path, edit)]);
+        let l = unit_files(&[(&path, edit)]);
         assert_eq!(
             l.drifts(UNIT, Some(MANAGED)),
             vec![Drift::DropinOverride { path: path.clone() }]
@@ -467,7 +467,7 @@ mod tests {
     fn a_drop_in_replaces_single_settings_and_adds_to_lists() {
         let managed = "[Unit]\nAfter=network-online.target\n[Service]\nExecStart=/bin/a\nUser=root\nRestart=on-failure\nEnvironment=A=1 B=2\n";
         let path = format!("{UNIT_DIR}/{UNIT}.d/10.conf");
-        let l = layers(&[(
+        let l = unit_files(&[(
             &path,
             "[Unit]\nAfter=nvidia-persistenced.service\n[Service]\nUser=sglang\nRestart=\nEnvironment=B=3\n",
         )]);
@@ -487,14 +487,14 @@ mod tests {
             ["network-online.target", "nvidia-persistenced.service"]
         );
         assert_eq!((m.env["A"].as_str(), m.env["B"].as_str()), ("1", "3"));
-        let cleared = layers(&[(&path, "[Service]\nEnvironment=\nEnvironment=C=1\n")]);
+        let cleared = unit_files(&[(&path, "[Service]\nEnvironment=\nEnvironment=C=1\n")]);
         let m = cleared.effective_model(UNIT, Some(managed)).unwrap();
         assert_eq!(m.env.keys().collect::<Vec<_>>(), ["C"]);
     }
 
     #[test]
     fn drop_ins_shared_with_other_units_are_not_the_units_own() {
-        let l = layers(&[
+        let l = unit_files(&[
             (
                 "/etc/systemd/system/service.d/10-all.conf",
                 "[Service]\nLimitCORE=0\n",
@@ -517,7 +517,7 @@ mod tests {
 
     #[test]
     fn a_mask_a_shadow_and_a_disabled_unit_are_each_named() {
-        let mut masked = layers(&[]);
+        let mut masked = unit_files(&[]);
         masked.load_state = "masked".into();
         masked.managed_is_mask = true;
         assert_eq!(
@@ -528,7 +528,7 @@ mod tests {
         );
         assert_eq!(masked.effective(UNIT, Some("")), None);
 
-        let mut shadowed = layers(&[]);
+        let mut shadowed = unit_files(&[]);
         shadowed.fragment = format!("/run/systemd/system/{UNIT}");
         shadowed.fragment_text = Some("[Service]\nExecStart=/bin/other\n".into());
         assert_eq!(
@@ -544,7 +544,7 @@ mod tests {
             ["/bin/other"]
         );
 
-        let mut disabled = layers(&[]);
+        let mut disabled = unit_files(&[]);
         disabled.unit_file_state = "disabled".into();
         assert_eq!(disabled.drifts(UNIT, Some(MANAGED)), vec![Drift::Disabled]);
         // A unit that is not installed is not "disabled": it is new.
@@ -581,7 +581,7 @@ mod tests {
     #[test]
     fn the_survey_part_reads_back() {
         let text = "managed\0/etc/systemd/system/a.service\0\0dropin\0/etc/a.d/x.conf\0[Service]\nNice=1\n\0dropin\0/run/a.d/y.conf\0\0";
-        let l = parse_layers(text, "loaded", "enabled");
+        let l = parse_unit_files(text, "loaded", "enabled");
         assert_eq!(l.fragment, "/etc/systemd/system/a.service");
         assert_eq!(l.fragment_text, None);
         assert_eq!(l.drop_ins.len(), 2);
@@ -590,18 +590,18 @@ mod tests {
             (l.drop_ins[1].path.as_str(), l.drop_ins[1].text.as_str()),
             ("/run/a.d/y.conf", "")
         );
-        let masked = parse_layers(
+        let masked = parse_unit_files(
             "mask\0/etc/systemd/system/a.service\0\0",
             "masked",
             "masked",
         );
         assert!(masked.managed_is_mask && masked.drop_ins.is_empty());
-        let shadowed = parse_layers(
+        let shadowed = parse_unit_files(
             "fragment\0/run/systemd/system/a.service\0[Service]\n\0",
             "loaded",
             "static",
         );
         assert_eq!(shadowed.fragment_text.as_deref(), Some("[Service]\n"));
-        assert_eq!(parse_layers("", "", ""), Layers::default());
+        assert_eq!(parse_unit_files("", "", ""), UnitFiles::default());
     }
 }

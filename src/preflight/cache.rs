@@ -1,4 +1,4 @@
-//! What the deep check reads, and its kept verdicts. A host keeps SGLang's verdict on a unit's arguments in
+//! What the deep check reads, and its cached verdicts. A host caches SGLang's verdict on a unit's arguments in
 //! `STATE_DIR/deep-check/<key>` (mode 600), keyed by everything the check reads, so a plan of the
 //! same change again (CI plans every push) reads it instead of importing torch again.
 //!
@@ -6,7 +6,7 @@
 //! arguments, environment and working directory) is hashed here; the model's and tokenizer's
 //! top-level `*.json` and `*.jinja` files (config.json, the chat template in
 //! tokenizer_config.json) and a `--chat-template` file are hashed on the host. The SGLang version
-//! is not in the key but in the kept file's first line: the survey looks a verdict up while it
+//! is not in the key but in the cached file's first line: the survey looks a verdict up while it
 //! reads that version, in the same round trip, and the version is compared once both are read.
 //! A model that is not a local folder (a hub id) is checked every time: what it reads is not on
 //! the host.
@@ -15,31 +15,31 @@ use super::scripts::DEEP_SCRIPT;
 use crate::remote::Host;
 use crate::targets::Target;
 
-/// The first line of the lookup's output: a verdict was kept (`KEPT_LINE <key>`, the kept file
-/// follows), or none was, for inputs keyed `KEY_LINE <key>` (`none`: not to be kept).
-const KEPT_LINE: &str = "#reconcile-deep-kept";
+/// The first line of the lookup's output: a verdict was cached (`CACHED_LINE <key>`, the cached file
+/// follows), or none was, for inputs keyed `KEY_LINE <key>` (`none`: not to be cached).
+const CACHED_LINE: &str = "#reconcile-deep-kept";
 const KEY_LINE: &str = "#reconcile-deep-key";
-/// A kept file's first line: the SGLang version that gave the verdict.
+/// A cached file's first line: the SGLang version that gave the verdict.
 const VERSION_LINE: &str = "#reconcile-deep-version";
 
-/// Where the verdicts are kept on a host, one file a key, readable by root alone.
-pub(super) fn kept_dir() -> String {
+/// Where the verdicts are cached on a host, one file a key, readable by root alone.
+pub(super) fn cache_dir() -> String {
     format!("{}/deep-check", crate::state::STATE_DIR)
 }
 
 /// What a unit's lookup is given: the controller's half of the key and the paths whose files
 /// make the host's half.
-pub(super) struct Kept {
+pub(super) struct Cached {
     base: String,
     model: String,
     tokenizer: String,
     template: String,
 }
 
-impl Kept {
+impl Cached {
     /// The lookup's arguments for the unit `t`: the check's script, the unit's Python,
     /// arguments and [`deep_input`] hashed here, with the paths the host hashes.
-    pub(super) fn of(t: &Target) -> Kept {
+    pub(super) fn of(t: &Target) -> Cached {
         let python = super::Want::of(t).python;
         let input = deep_input(t);
         let cwd = working_directory(t);
@@ -58,7 +58,7 @@ impl Kept {
         let base = reconcile_core::digest::sha256(
             &serde_json::json!([python, DEEP_SCRIPT, exec_start, input]).to_string(),
         );
-        Kept {
+        Cached {
             base,
             model,
             tokenizer,
@@ -66,8 +66,8 @@ impl Kept {
         }
     }
 
-    /// The lookup's arguments after its script: `version` is the SGLang a kept verdict must have
-    /// come from, or empty to print whatever is kept (the survey, which compares afterwards).
+    /// The lookup's arguments after its script: `version` is the SGLang a cached verdict must have
+    /// come from, or empty to print whatever is cached (the survey, which compares afterwards).
     pub(super) fn lookup_args<'a>(&'a self, version: &'a str) -> [&'a str; 5] {
         [
             &self.base,
@@ -78,7 +78,7 @@ impl Kept {
         ]
     }
 
-    /// Keeps SGLang's `answer`, given by `version`, under `key`; a failure only costs the next
+    /// Caches SGLang's `answer`, given by `version`, under `key`; a failure only costs the next
     /// plan a check.
     pub(super) async fn store(
         &self,
@@ -87,8 +87,8 @@ impl Kept {
         version: &str,
         answer: &str,
     ) -> bool {
-        let dir = kept_dir();
-        let argv = ["sh", "-c", KEPT_STORE, "sh", &dir, key];
+        let dir = cache_dir();
+        let argv = ["sh", "-c", CACHE_STORE, "sh", &dir, key];
         let text = format!("{VERSION_LINE} {version}\n{answer}");
         let why = match host.run_with_input(&argv, Some(text.as_bytes())).await {
             Ok(out) if out.status == 0 => return true,
@@ -127,16 +127,16 @@ fn working_directory(t: &Target) -> &str {
         .unwrap_or("/")
 }
 
-/// The lookup's shell, reading verdicts in `kept_dir`. Arguments: the controller's half of the
-/// key, the model, tokenizer and chat-template paths, and the version a kept verdict must have
-/// come from (empty: any). A verdict kept under the key is printed (and its file touched, so that
+/// The lookup's shell, reading verdicts in `cache_dir`. Arguments: the controller's half of the
+/// key, the model, tokenizer and chat-template paths, and the version a cached verdict must have
+/// come from (empty: any). A verdict cached under the key is printed (and its file touched, so that
 /// it is not forgotten) and the script exits; otherwise it prints the key and goes on (to the
 /// check itself, where one follows).
-pub(super) fn lookup_script(kept_dir: &str) -> String {
-    format!("KEPT_DIR={kept_dir}\n{KEPT_LOOKUP}")
+pub(super) fn lookup_script(cache_dir: &str) -> String {
+    format!("KEPT_DIR={cache_dir}\n{CACHE_LOOKUP}")
 }
 
-const KEPT_LOOKUP: &str = "base=$1 model=$2 tokenizer=$3 template=$4 version=$5; shift 5
+const CACHE_LOOKUP: &str = "base=$1 model=$2 tokenizer=$3 template=$4 version=$5; shift 5
 key=none
 if [ -d \"$model\" ]; then
   # The files the check reads, in one cat (a process is what a survey costs a host); listed in
@@ -154,23 +154,23 @@ fi
 echo \"#reconcile-deep-key $key\"
 ";
 
-/// Keeps the verdict on stdin as `$1/$2` (written whole, then renamed), and forgets verdicts no
+/// Caches the verdict on stdin as `$1/$2` (written whole, then renamed), and forgets verdicts no
 /// plan read for 30 days.
-const KEPT_STORE: &str = "# deep check: its verdict kept\numask 077; mkdir -p \"$1\" && cat > \"$1/.$2\" && mv -f \"$1/.$2\" \"$1/$2\"
+const CACHE_STORE: &str = "# deep check: its verdict kept\numask 077; mkdir -p \"$1\" && cat > \"$1/.$2\" && mv -f \"$1/.$2\" \"$1/$2\"
 find \"$1\" -maxdepth 1 -type f -mtime +30 -delete 2>/dev/null; true";
 
 /// What a lookup printed.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Lookup<'a> {
-    /// A verdict kept under `key`, given by SGLang `version`: `answer` is the check's output.
-    Kept {
+    /// A verdict cached under `key`, given by SGLang `version`: `answer` is the check's output.
+    Cached {
         key: &'a str,
         version: &'a str,
         answer: &'a str,
     },
-    /// None kept; the check's verdict may be kept under `key`.
+    /// None cached; the check's verdict may be cached under `key`.
     Keyed(&'a str),
-    /// None kept, and none to keep: the model is not a folder on the host.
+    /// None cached, and none to cache: the model is not a folder on the host.
     Unkeyed,
     /// Not a lookup's output (the check could not start).
     Unread,
@@ -180,15 +180,15 @@ pub(super) enum Lookup<'a> {
 pub(super) fn read(stdout: &str) -> Lookup<'_> {
     let (first, rest) = stdout.split_once('\n').unwrap_or((stdout, ""));
     match first.split_once(' ') {
-        Some((KEPT_LINE, key)) => {
+        Some((CACHED_LINE, key)) => {
             let (line, answer) = rest.split_once('\n').unwrap_or((rest, ""));
             match line.split_once(' ') {
-                Some((VERSION_LINE, version)) => Lookup::Kept {
+                Some((VERSION_LINE, version)) => Lookup::Cached {
                     key,
                     version,
                     answer,
                 },
-                // Kept by an older reconcile, which did not record the version.
+                // Cached by an older reconcile, which did not record the version.
                 _ => Lookup::Unread,
             }
         }
@@ -206,13 +206,13 @@ mod tests {
     /// Runs the lookup here, with `echo` for the check after it, which gets the arguments after
     /// the lookup's five as its own: its output.
     fn looked_up(
-        kept_dir: &std::path::Path,
+        cache_dir: &std::path::Path,
         model: &std::path::Path,
         template: &str,
         version: &str,
     ) -> String {
         let script =
-            super::lookup_script(kept_dir.to_str().unwrap()) + "echo the check ran with $*";
+            super::lookup_script(cache_dir.to_str().unwrap()) + "echo the check ran with $*";
         let model = model.to_str().unwrap();
         let out = Command::new("sh")
             .args(["-c", &script, "sh", "base", model, model, template, version])
@@ -223,13 +223,13 @@ mod tests {
         String::from_utf8(out.stdout).unwrap()
     }
 
-    fn store(kept_dir: &std::path::Path, key: &str, text: &str) {
+    fn store(cache_dir: &std::path::Path, key: &str, text: &str) {
         let stored = Command::new("sh")
             .args([
                 "-c",
-                super::KEPT_STORE,
+                super::CACHE_STORE,
                 "sh",
-                kept_dir.to_str().unwrap(),
+                cache_dir.to_str().unwrap(),
                 key,
             ])
             .stdin(std::process::Stdio::piped())
@@ -246,14 +246,14 @@ mod tests {
     #[test]
     fn a_kept_verdict_is_read_until_what_the_check_reads_changes() {
         let dir = tempfile::tempdir().unwrap();
-        let (kept_dir, model) = (dir.path().join("kept"), dir.path().join("model"));
+        let (cache_dir, model) = (dir.path().join("kept"), dir.path().join("model"));
         std::fs::create_dir(&model).unwrap();
         std::fs::write(
             model.join("config.json"),
             "{\"max_position_embeddings\": 2048}",
         )
         .unwrap();
-        let first = looked_up(&kept_dir, &model, "", "0.5.23");
+        let first = looked_up(&cache_dir, &model, "", "0.5.23");
         let Lookup::Keyed(key) = read(&first) else {
             panic!("{first}")
         };
@@ -262,17 +262,17 @@ mod tests {
             first.ends_with("\nthe check ran with /venv/bin/python3 -c\n"),
             "{first}"
         );
-        // Kept, it is printed instead of running the check, for that SGLang version or for a
+        // Cached, it is printed instead of running the check, for that SGLang version or for a
         // lookup that compares later (an empty version).
         let answer = "#reconcile-deep {\"verdict\": \"accepted\", \"unchecked\": []}\n";
         store(
-            &kept_dir,
+            &cache_dir,
             key,
             &format!("#reconcile-deep-version 0.5.23\n{answer}"),
         );
         for version in ["0.5.23", ""] {
-            let again = looked_up(&kept_dir, &model, "", version);
-            let kept = Lookup::Kept {
+            let again = looked_up(&cache_dir, &model, "", version);
+            let kept = Lookup::Cached {
                 key,
                 version: "0.5.23",
                 answer,
@@ -280,10 +280,10 @@ mod tests {
             assert_eq!(read(&again), kept, "{again}");
         }
         // Another SGLang: checked again.
-        let other = looked_up(&kept_dir, &model, "", "0.5.24");
+        let other = looked_up(&cache_dir, &model, "", "0.5.24");
         assert_eq!(read(&other), Lookup::Keyed(key), "{other}");
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(kept_dir.join(key))
+        let mode = std::fs::metadata(cache_dir.join(key))
             .unwrap()
             .permissions()
             .mode();
@@ -294,18 +294,18 @@ mod tests {
             "{\"max_position_embeddings\": 4096}",
         )
         .unwrap();
-        let changed = looked_up(&kept_dir, &model, "", "0.5.23");
+        let changed = looked_up(&cache_dir, &model, "", "0.5.23");
         assert!(
             matches!(read(&changed), Lookup::Keyed(k) if k != key),
             "{changed}"
         );
         let template = dir.path().join("t.jinja");
         std::fs::write(&template, "{{ messages }}").unwrap();
-        let with_template = looked_up(&kept_dir, &model, template.to_str().unwrap(), "0.5.23");
+        let with_template = looked_up(&cache_dir, &model, template.to_str().unwrap(), "0.5.23");
         assert_ne!(with_template, changed);
         assert!(with_template.ends_with("\nthe check ran with /venv/bin/python3 -c\n"));
         let hub = looked_up(
-            &kept_dir,
+            &cache_dir,
             std::path::Path::new("Qwen/Qwen3-8B"),
             "",
             "0.5.23",

@@ -12,20 +12,20 @@ use crate::plan::{Summary, UnitPlan, Verdict};
 
 /// Units whose plans differ in nothing but their host.
 #[derive(Debug, Clone)]
-pub struct Group<'a> {
+pub struct SharedChange<'a> {
     /// The first of them in the plan's order; it stands for all of them.
     pub outcome: &'a PlanOutcome,
     /// Every host the change applies to, in host order (see [`host_ranges`]).
     pub hosts: Vec<&'a str>,
 }
 
-impl Group<'_> {
+impl SharedChange<'_> {
     /// `gpu-01..gpu-16`.
     pub fn hosts_shown(&self) -> String {
         host_ranges(&self.hosts)
     }
 
-    /// The outcome's diff as it reads for every host of the group (see [`shared_diff`]).
+    /// The outcome's diff as it reads for every host of the shared change (see [`shared_diff`]).
     pub fn diff(&self) -> Cow<'_, str> {
         match self.outcome {
             PlanOutcome::Planned(p) if self.hosts.len() > 1 => shared_diff(p),
@@ -35,25 +35,25 @@ impl Group<'_> {
     }
 }
 
-/// The outcomes grouped by identical change: same unit, manifest, verdict, redacted diff (its
+/// The outcomes gathered by identical change: same unit, manifest, verdict, redacted diff (its
 /// header aside, which names the host), summary, notes, unit state and preflight findings; an
-/// error groups with errors of the same unit and text. Groups come in the order of their first
+/// error is one with errors of the same unit and text. Shared changes come in the order of their first
 /// outcome, so a plan of one host per change reads as before.
-pub fn group(outcomes: &[PlanOutcome]) -> Vec<Group<'_>> {
-    let mut groups: Vec<(Same<'_>, Group<'_>)> = Vec::new();
+pub fn shared_changes(outcomes: &[PlanOutcome]) -> Vec<SharedChange<'_>> {
+    let mut changes: Vec<(Same<'_>, SharedChange<'_>)> = Vec::new();
     // The diff is what tells changes apart in practice, so it alone is hashed; the rest is
-    // compared only among groups of the same unit and diff.
+    // compared only among the shared changes of the same unit and diff.
     let mut by_diff: HashMap<(&str, Cow<'_, str>), Vec<usize>> = HashMap::new();
     for o in outcomes {
         let same = Same::of(o);
         let candidates = by_diff.entry((same.unit, same.diff.clone())).or_default();
-        match candidates.iter().find(|&&i| groups[i].0 == same) {
-            Some(&i) => groups[i].1.hosts.push(host(o)),
+        match candidates.iter().find(|&&i| changes[i].0 == same) {
+            Some(&i) => changes[i].1.hosts.push(host(o)),
             None => {
-                candidates.push(groups.len());
-                groups.push((
+                candidates.push(changes.len());
+                changes.push((
                     same,
-                    Group {
+                    SharedChange {
                         outcome: o,
                         hosts: vec![host(o)],
                     },
@@ -61,7 +61,7 @@ pub fn group(outcomes: &[PlanOutcome]) -> Vec<Group<'_>> {
             }
         }
     }
-    groups
+    changes
         .into_iter()
         .map(|(_, mut g)| {
             g.hosts.sort_by(|a, b| Name::of(a).cmp(&Name::of(b)));
@@ -356,7 +356,7 @@ mod tests {
                 sub_state: "running".into(),
                 ..Default::default()
             },
-            layers: Default::default(),
+            unit_files: Default::default(),
         };
         PlanOutcome::Planned(Box::new(plan(
             host,
@@ -376,12 +376,12 @@ mod tests {
             .rev()
             .map(|h| planned(h, Some(&old), MANIFEST))
             .collect();
-        let groups = group(&outcomes);
-        assert_eq!(groups.len(), 1);
-        assert_eq!(groups[0].hosts.len(), 40);
-        assert_eq!(groups[0].hosts_shown(), "gpu-01..gpu-40");
+        let changes = shared_changes(&outcomes);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].hosts.len(), 40);
+        assert_eq!(changes[0].hosts_shown(), "gpu-01..gpu-40");
         // The header names no host, so the diff is true of each.
-        let diff = groups[0].diff();
+        let diff = changes[0].diff();
         assert!(
             diff.starts_with("--- /etc/systemd/system/s.service\n+++ m.yaml\n"),
             "{diff}"
@@ -413,7 +413,7 @@ mod tests {
             error("gpu-10"),
             planned("gpu-07", Some(MANIFEST), MANIFEST),
         ];
-        let shown: Vec<(String, &str)> = group(&outcomes)
+        let shown: Vec<(String, &str)> = shared_changes(&outcomes)
             .iter()
             .map(|g| {
                 let what = match g.outcome {
@@ -446,15 +446,15 @@ mod tests {
                 .push(Finding::error("gpus", "the host has 2 GPUs".into()));
         }
         let outcomes = vec![planned("gpu-01", Some(&old), MANIFEST), down, failing];
-        let groups = group(&outcomes);
-        assert_eq!(groups.len(), 3, "{groups:?}");
+        let changes = shared_changes(&outcomes);
+        assert_eq!(changes.len(), 3, "{changes:?}");
     }
 
     #[test]
     fn a_single_host_keeps_its_header() {
         let old = MANIFEST.replace("tp-size: 4", "tp-size: 2");
         let outcomes = vec![planned("gpu-01", Some(&old), MANIFEST)];
-        let groups = group(&outcomes);
-        assert!(groups[0].diff().starts_with("--- gpu-01:/etc/"));
+        let changes = shared_changes(&outcomes);
+        assert!(changes[0].diff().starts_with("--- gpu-01:/etc/"));
     }
 }

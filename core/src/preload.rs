@@ -1,12 +1,12 @@
-//! Staging: the model's weights read into the host's page cache while the old server still
+//! Preloading: the model's weights read into the host's page cache while the old server still
 //! serves, so that the new one loads them from memory. After a restart SGLang reads every shard
 //! again (sglang 0.5.23 `model_loader/weight_utils.py`, `safetensors_weights_iterator`: each rank
 //! `get_tensor`s every tensor of every file), and from a cold cache that read is most of a
 //! large model's load: 234 GB for the seed's Qwen3.5-122B BF16. SGLang's own
 //! `--weight-loader-prefetch-checkpoints` reads ahead of its loader, but only once the new server
-//! runs, after the old one stopped. Staging moves that read before the stop.
+//! runs, after the old one stopped. Preloading moves that read before the stop.
 //!
-//! What to stage comes from preflight's weights check (the files the safetensors index names,
+//! What to preload comes from preflight's weights check (the files the safetensors index names,
 //! their bytes and the host's available memory); this module decides whether, and words what
 //! happened. The binary's apply reads the files.
 
@@ -17,23 +17,23 @@ use serde::Serialize;
 use crate::preflight::{Weights, WeightsCheck};
 
 /// The weights may fill at most this share of the host's `MemAvailable`. Page cache is
-/// reclaimable, so staging cannot exhaust memory; but pages staged into memory the host needs
+/// reclaimable, so preloading cannot exhaust memory; but pages preloaded into memory the host needs
 /// are evicted, oldest first, before the load reads them, and the stop, the new server's start
 /// and its imports come in between. `MemAvailable` is the kernel's estimate of what new
 /// allocations can take without swapping (`proc(5)`); the old server's own memory is outside it,
 /// and the new server takes about as much back, so a tenth of it is left for what differs.
-pub const STAGE_SHARE_PERCENT: u64 = 90;
+pub const PRELOAD_SHARE_PERCENT: u64 = 90;
 
 /// What to read, and for how long at most.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StagePlan {
+pub struct PreloadPlan {
     /// Relative to the model folder.
     pub files: Vec<String>,
     pub bytes: u64,
     pub limit: Duration,
 }
 
-/// Why the weights are not staged; the report words a skipped staging by it.
+/// Why the weights are not preloaded; the report words a skipped preloading by it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotStaged {
     /// The weights check did not run or did not answer.
@@ -48,19 +48,19 @@ pub enum NotStaged {
     /// The host's `MemAvailable` did not read.
     #[error("the host's available memory (MemAvailable in /proc/meminfo) did not read")]
     NoMemAvailable,
-    /// The weights need more than [`STAGE_SHARE_PERCENT`] of `available`.
+    /// The weights need more than [`PRELOAD_SHARE_PERCENT`] of `available`.
     #[error(
-        "the weights ({}) need more than {STAGE_SHARE_PERCENT} % of the host's available memory ({}): pages staged now would be evicted before the load reads them",
+        "the weights ({}) need more than {PRELOAD_SHARE_PERCENT} % of the host's available memory ({}): pages staged now would be evicted before the load reads them",
         gigabytes(*.bytes),
         gigabytes(*.available)
     )]
     TooBig { bytes: u64, available: u64 },
 }
 
-/// Whether to stage, from the weights check: `Err` says why not. `limit` bounds the read: the
-/// manifest's load deadline, the time it allows the load itself, so that staging never costs
+/// Whether to preload, from the weights check: `Err` says why not. `limit` bounds the read: the
+/// manifest's load deadline, the time it allows the load itself, so that preloading never costs
 /// more than the load it shortens.
-pub fn plan(weights: &WeightsCheck, limit: Duration) -> Result<StagePlan, NotStaged> {
+pub fn plan(weights: &WeightsCheck, limit: Duration) -> Result<PreloadPlan, NotStaged> {
     let w: &Weights = match weights {
         WeightsCheck::Read(w) => w,
         WeightsCheck::Failed(why) => return Err(NotStaged::NotChecked { why: why.clone() }),
@@ -74,24 +74,24 @@ pub fn plan(weights: &WeightsCheck, limit: Duration) -> Result<StagePlan, NotSta
     let Some(available) = w.mem_available else {
         return Err(NotStaged::NoMemAvailable);
     };
-    let room = available / 100 * STAGE_SHARE_PERCENT;
+    let room = available / 100 * PRELOAD_SHARE_PERCENT;
     if w.bytes > room {
         return Err(NotStaged::TooBig {
             bytes: w.bytes,
             available,
         });
     }
-    Ok(StagePlan {
+    Ok(PreloadPlan {
         files: w.files.clone(),
         bytes: w.bytes,
         limit,
     })
 }
 
-/// What staging did, as a report says it.
+/// What preloading did, as a report says it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Staging {
-    pub outcome: StagingOutcome,
+pub struct Preloading {
+    pub outcome: PreloadOutcome,
     /// Files and bytes meant to be read (0 when skipped).
     pub files: usize,
     pub bytes: u64,
@@ -104,21 +104,22 @@ pub struct Staging {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum StagingOutcome {
+pub enum PreloadOutcome {
     /// Every file read.
-    Staged,
+    #[serde(rename = "staged")]
+    Preloaded,
     /// Stopped at its limit, or by a signal: what was read stays cached.
     CutShort,
     /// Not attempted ([`plan`] said why).
     Skipped,
-    /// The read failed (the apply goes on: staging only saves time).
+    /// The read failed (the apply goes on: preloading only saves time).
     Failed,
 }
 
-impl Staging {
-    pub fn skipped(why: String) -> Staging {
-        Staging {
-            outcome: StagingOutcome::Skipped,
+impl Preloading {
+    pub fn skipped(why: String) -> Preloading {
+        Preloading {
+            outcome: PreloadOutcome::Skipped,
             files: 0,
             bytes: 0,
             seconds: 0.0,
@@ -128,25 +129,25 @@ impl Staging {
 
     /// How the read of `plan` ended: its exit status (`timeout`'s 124 at the limit) and stderr,
     /// after `seconds`.
-    pub fn ended(plan: &StagePlan, status: i32, stderr: &str, seconds: f64) -> Staging {
+    pub fn ended(plan: &PreloadPlan, status: i32, stderr: &str, seconds: f64) -> Preloading {
         let (outcome, why) = match status {
-            0 => (StagingOutcome::Staged, None),
+            0 => (PreloadOutcome::Preloaded, None),
             124 => (
-                StagingOutcome::CutShort,
+                PreloadOutcome::CutShort,
                 Some(format!(
                     "its limit, the load deadline ({} s), was reached",
                     plan.limit.as_secs()
                 )),
             ),
             _ => (
-                StagingOutcome::Failed,
+                PreloadOutcome::Failed,
                 Some(match crate::preflight::last_line(stderr) {
                     line if line.is_empty() => format!("exit status {status}"),
                     line => line,
                 }),
             ),
         };
-        Staging {
+        Preloading {
             outcome,
             files: plan.files.len(),
             bytes: plan.bytes,
@@ -160,16 +161,16 @@ impl Staging {
         let what = format!("{} file(s), {}", self.files, gigabytes(self.bytes));
         let why = self.why.as_deref().unwrap_or("");
         match self.outcome {
-            StagingOutcome::Staged => format!(
+            PreloadOutcome::Preloaded => format!(
                 "the weights were staged into the page cache before the stop: {what} in {:.1}s",
                 self.seconds
             ),
-            StagingOutcome::CutShort => format!(
+            PreloadOutcome::CutShort => format!(
                 "staging the weights stopped after {:.1}s ({why}): part of {what} is in the page cache",
                 self.seconds
             ),
-            StagingOutcome::Skipped => format!("the weights were not staged: {why}"),
-            StagingOutcome::Failed => format!("staging the weights failed ({why}); the load reads them from disk"),
+            PreloadOutcome::Skipped => format!("the weights were not staged: {why}"),
+            PreloadOutcome::Failed => format!("staging the weights failed ({why}); the load reads them from disk"),
         }
     }
 }
@@ -241,19 +242,19 @@ mod tests {
     #[test]
     fn how_the_read_ended_is_the_note() {
         let plan = plan(&weights(2_500_000_000, Some(10_000_000_000)), LIMIT).unwrap();
-        let staged = Staging::ended(&plan, 0, "", 3.21);
+        let staged = Preloading::ended(&plan, 0, "", 3.21);
         assert_eq!(
             staged.note(),
             "the weights were staged into the page cache before the stop: 2 file(s), 2.5 GB in 3.2s"
         );
-        let cut = Staging::ended(&plan, 124, "", 1800.0);
-        assert_eq!(cut.outcome, StagingOutcome::CutShort);
+        let cut = Preloading::ended(&plan, 124, "", 1800.0);
+        assert_eq!(cut.outcome, PreloadOutcome::CutShort);
         assert!(
             cut.note().contains("the load deadline (1800 s)"),
             "{}",
             cut.note()
         );
-        let failed = Staging::ended(&plan, 1, "cat: b.safetensors: Input/output error\n", 0.5);
+        let failed = Preloading::ended(&plan, 1, "cat: b.safetensors: Input/output error\n", 0.5);
         assert_eq!(
             failed.note(),
             "staging the weights failed (cat: b.safetensors: Input/output error); the load reads them from disk"
