@@ -510,9 +510,17 @@ async fn rollback(args: RollbackArgs, reach: &Reach) -> Result<ExitCode, Error> 
     let (unit, hosts, manifest, redactor) = service_hosts(&args.history)?;
     let ssh = ssh_options(reach, &args.history.ssh);
     let options = apply_options(args.lock.policy(), args.history.format, redactor);
-    let reports =
-        history::rollback::rollback(&hosts, &unit, args.to, manifest.as_ref(), &ssh, &options)
-            .await;
+    let reports = history::rollback::rollback(
+        history::rollback::Rollback {
+            hosts: &hosts,
+            unit: &unit,
+            to: args.to,
+            manifest: manifest.as_ref(),
+        },
+        &ssh,
+        &options,
+    )
+    .await;
     print!("{}", report::render_apply(&reports, args.history.format));
     Ok(ExitCode::from(apply::exit_code(&reports)))
 }

@@ -185,6 +185,15 @@ chmod 0700 -- "$@""#;
         .map(drop)
 }
 
+/// Removes all but the newest `keep` files of `dir` (their names are numbers: generations by
+/// time, deployments by line).
+async fn prune(host: &dyn Host, dir: &str, keep: usize) -> Result<(), RemoteError> {
+    const PRUNE: &str = "cd \"$1\" && ls -1 | sort -n | head -n -\"$2\" | xargs -r rm -f --";
+    host.run_ok(&["sh", "-c", PRUNE, "sh", dir, &keep.to_string()])
+        .await
+        .map(drop)
+}
+
 /// Copies a unit's text into the generations, keeping the newest few; returns the copy's path.
 pub async fn keep_generation(
     host: &dyn Host,
@@ -195,16 +204,7 @@ pub async fn keep_generation(
     private_dir(host, &dir).await?;
     let path = format!("{dir}/{}.service", unix_nanos());
     host.write_file(&path, text, "0600").await?;
-    const PRUNE: &str = "cd \"$1\" && ls -1 | sort -n | head -n -\"$2\" | xargs -r rm -f --";
-    host.run_ok(&[
-        "sh",
-        "-c",
-        PRUNE,
-        "sh",
-        &dir,
-        &GENERATIONS_SAVED.to_string(),
-    ])
-    .await?;
+    prune(host, &dir, GENERATIONS_SAVED).await?;
     Ok(path)
 }
 
@@ -244,16 +244,7 @@ pub async fn write_record(
     const APPEND: &str = "umask 077; printf '%s\\n' \"$2\" >> \"$1\"";
     host.run_ok(&["sh", "-c", APPEND, "sh", &history, &json])
         .await?;
-    const PRUNE: &str = "cd \"$1\" && ls -1 | sort -n | head -n -\"$2\" | xargs -r rm -f --";
-    host.run_ok(&[
-        "sh",
-        "-c",
-        PRUNE,
-        "sh",
-        &deployed,
-        &DEPLOYED_SAVED.to_string(),
-    ])
-    .await?;
+    prune(host, &deployed, DEPLOYED_SAVED).await?;
     Ok(())
 }
 

@@ -15,17 +15,30 @@ use crate::remote::{self, error_chain, Host, RemoteError, SshOptions};
 use crate::state;
 use crate::targets::Target;
 
-/// Rolls `unit` back on each host in turn. `manifest` is the service's manifest, when the
-/// manifests have it: its verification settings judge the restored server.
+/// What `reconcile rollback` is asked: `unit` on `hosts`, to deployment `to` (else the one before
+/// the current). `manifest` is the service's manifest, when the manifests have it: its
+/// verification settings judge the restored server.
+#[derive(Debug, Clone, Copy)]
+pub struct Rollback<'a> {
+    pub hosts: &'a [String],
+    pub unit: &'a str,
+    pub to: Option<usize>,
+    pub manifest: Option<&'a Manifest>,
+}
+
+/// Rolls the unit back on each host in turn.
 pub async fn rollback(
-    hosts: &[String],
-    unit: &str,
-    to: Option<usize>,
-    manifest: Option<&Manifest>,
+    asked: Rollback<'_>,
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Vec<UnitReport> {
-    if let Some(reports) = rollback_group(hosts, unit, to, manifest, ssh, options).await {
+    let Rollback {
+        hosts,
+        unit,
+        to,
+        manifest,
+    } = asked;
+    if let Some(reports) = rollback_group(asked, ssh, options).await {
         return reports;
     }
     let mut reports = Vec::new();
@@ -58,13 +71,11 @@ pub async fn rollback(
 /// deployments differ, hosts that are not the whole group) refuses the rollback on every rank,
 /// touching none.
 async fn rollback_group(
-    hosts: &[String],
-    unit: &str,
-    to: Option<usize>,
-    manifest: Option<&Manifest>,
+    asked: Rollback<'_>,
     ssh: &SshOptions,
     options: &ApplyOptions,
 ) -> Option<Vec<UnitReport>> {
+    let (hosts, unit, to, manifest) = (asked.hosts, asked.unit, asked.to, asked.manifest);
     let grouped = manifest.is_some_and(|m| m.group.is_some());
     let mut prepared = Vec::new();
     for name in hosts {

@@ -319,20 +319,10 @@ impl Server {
         request: &serde_json::Value,
         mut on_data: impl FnMut(Instant, &str),
     ) -> Result<(), ApiError> {
-        let mut response = self
+        let request = self
             .post("/v1/chat/completions", request, CHAT_TIMEOUT)
-            .header("accept", "text/event-stream")
-            .send()
-            .await
-            .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(ApiError::Refused {
-                what: "chat completion".into(),
-                status,
-                start: error_start(response).await,
-            });
-        }
+            .header("accept", "text/event-stream");
+        let mut response = accepted(request, "chat completion", CHAT_TIMEOUT).await?;
         let mut events = SseLines::default();
         let (mut any, mut start) = (false, Vec::new());
         while let Some(chunk) = response
@@ -404,12 +394,7 @@ impl Server {
     /// `/metrics` (Prometheus text; SGLang serves it only with `--enable-metrics`, and needs no
     /// API key for it): `Ok(None)` when it answers 404.
     pub async fn metrics(&self) -> Result<Option<String>, ApiError> {
-        let response = self
-            .authorized(self.client.get(format!("{}/metrics", self.base)))
-            .timeout(METRICS_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| request_error(e, METRICS_TIMEOUT))?;
+        let response = sent(self.getting("/metrics", METRICS_TIMEOUT), METRICS_TIMEOUT).await?;
         match response.status().as_u16() {
             404 => Ok(None),
             200..=299 => Ok(Some(
@@ -443,19 +428,8 @@ impl Server {
         if reasoning {
             request["chat_template_kwargs"] = serde_json::json!({"enable_thinking": false});
         }
-        let response = self
-            .post("/v1/chat/completions", &request, CHAT_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| request_error(e, CHAT_TIMEOUT))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(ApiError::Refused {
-                what: "chat completion".into(),
-                status,
-                start: error_start(response).await,
-            });
-        }
+        let request = self.post("/v1/chat/completions", &request, CHAT_TIMEOUT);
+        let response = accepted(request, "chat completion", CHAT_TIMEOUT).await?;
         let body = read_body(response, "the chat completion", BODY_LIMIT).await?;
         Ok(parse_answer(&body)?)
     }
@@ -479,19 +453,7 @@ impl Server {
         body: &serde_json::Value,
         limit: Duration,
     ) -> Result<String, ApiError> {
-        let response = self
-            .post(path, body, limit)
-            .send()
-            .await
-            .map_err(|e| request_error(e, limit))?;
-        let status = response.status();
-        if !status.is_success() {
-            return Err(ApiError::Refused {
-                what: path.to_string(),
-                status,
-                start: error_start(response).await,
-            });
-        }
+        let response = accepted(self.post(path, body, limit), path, limit).await?;
         Ok(read_body(
             response,
             &format!("the answer to {path}"),
@@ -529,13 +491,14 @@ impl Server {
         })
     }
 
-    async fn get(&self, path: &str, limit: Duration) -> Result<String, ApiError> {
-        let response = self
-            .authorized(self.client.get(format!("{}{path}", self.base)))
+    /// A GET of `path`, with the unit's key, given up on after `limit`.
+    fn getting(&self, path: &str, limit: Duration) -> reqwest::RequestBuilder {
+        self.authorized(self.client.get(format!("{}{path}", self.base)))
             .timeout(limit)
-            .send()
-            .await
-            .map_err(|e| request_error(e, limit))?;
+    }
+
+    async fn get(&self, path: &str, limit: Duration) -> Result<String, ApiError> {
+        let response = sent(self.getting(path, limit), limit).await?;
         let status = response.status();
         let path = path.to_string();
         match status.as_u16() {
@@ -628,6 +591,33 @@ pub(crate) async fn read_body(
         body.extend_from_slice(&piece);
     }
     Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Sends a request; no answer within `limit` (or none at all) is the error.
+async fn sent(
+    request: reqwest::RequestBuilder,
+    limit: Duration,
+) -> Result<reqwest::Response, ApiError> {
+    request.send().await.map_err(|e| request_error(e, limit))
+}
+
+/// Sends a POST and takes its answer if the status is a success; else the start of the body
+/// says why (`what`: the request, as the error names it).
+async fn accepted(
+    request: reqwest::RequestBuilder,
+    what: &str,
+    limit: Duration,
+) -> Result<reqwest::Response, ApiError> {
+    let response = sent(request, limit).await?;
+    let status = response.status();
+    if !status.is_success() {
+        return Err(ApiError::Refused {
+            what: what.to_string(),
+            status,
+            start: error_start(response).await,
+        });
+    }
+    Ok(response)
 }
 
 /// The start of a failed answer's body, to show beside its status: a few KiB are read, 200
