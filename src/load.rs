@@ -221,7 +221,8 @@ impl LockFiles {
                         source,
                     }),
                 });
-        // typed at merge: `ManifestError::Invalid` (core) holds its message as a String.
+        // A lock file that does not read is the manifest's error at its revision line; that error
+        // carries a message, as every `ManifestError::Invalid` does.
         let lock = lock.as_ref().map_err(|e| at(e.to_string()))?;
         let folder_arg = display_path(&folder);
         let folder_arg = if folder_arg.is_empty() {

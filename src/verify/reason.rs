@@ -18,7 +18,7 @@ pub enum Reason {
     #[error("crashed {:.1}s after the restart: {crash}", .after.as_secs_f64())]
     Crashed {
         after: Duration,
-        // typed at merge: `reconcile_core::verify::judge::crash_reason` returns a String.
+        // A judge's verdict, not a failure to read: its words are the whole of what it found.
         crash: String,
     },
     /// systemd could not be asked while the server started.
@@ -33,7 +33,7 @@ pub enum Reason {
     Sample(#[source] RemoteError),
     /// A judge found the samples wanting: memory over its ceiling or dropping, a dead worker, a
     /// stall, a plateau off the expected GPU memory.
-    // typed at merge: the judges of `reconcile_core::verify::judge` return Strings.
+    // The core's judges return their verdicts as words: nothing failed, so there is no cause to keep.
     #[error("{0}")]
     Judged(String),
     /// `/v1/models` did not answer (after its tries).

@@ -70,7 +70,7 @@ pub struct Seen {
 #[derive(Debug)]
 pub enum Systemd {
     Healthy,
-    // typed at merge: `crash_reason` returns a String.
+    /// `crash_reason`'s verdict, in its words.
     Crashed(String),
     /// It could not be asked.
     Unreachable(RemoteError),
