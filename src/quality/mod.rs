@@ -164,6 +164,20 @@ impl Clock {
     }
 
     /// One `/generate` answer: the longest `e2e_latency` of its items (they ran as one batch).
+    /// One `/generate` request; the server's own time for it goes on the clock.
+    async fn generate(
+        &mut self,
+        server: &Server,
+        body: &serde_json::Value,
+    ) -> Result<String, MeasureError> {
+        let answer = server
+            .post_json("/generate", body)
+            .await
+            .map_err(MeasureError::request("/generate"))?;
+        self.generate_answer(&answer);
+        Ok(answer)
+    }
+
     fn generate_answer(&mut self, body: &str) {
         let started = Instant::now();
         let latency = serde_json::from_str::<serde_json::Value>(body)
@@ -207,11 +221,7 @@ async fn generate_timed(
     let mut all = Vec::with_capacity(prompts.len());
     for batch in prompts.chunks(BATCH) {
         let body = clock.client(|| quality::generation_request(batch, max_new_tokens));
-        let answer = server
-            .post_json("/generate", &body)
-            .await
-            .map_err(MeasureError::request("/generate"))?;
-        clock.generate_answer(&answer);
+        let answer = clock.generate(server, &body).await?;
         all.extend(
             clock
                 .client(|| quality::read_generations(&answer, batch.len()))
@@ -242,11 +252,7 @@ async fn score_timed(
             let lengths: Vec<usize> = batch.iter().map(|s| s.output_ids.len()).collect();
             (quality::scoring_request(&sequences), lengths)
         });
-        let answer = server
-            .post_json("/generate", &body)
-            .await
-            .map_err(MeasureError::request("/generate"))?;
-        clock.generate_answer(&answer);
+        let answer = clock.generate(server, &body).await?;
         all.extend(
             clock
                 .client(|| quality::read_scores(&answer, &lengths))
@@ -288,11 +294,7 @@ async fn score_texts_timed(
     let mut all = Vec::with_capacity(ids.len());
     for text in ids.chunks(1) {
         let body = clock.client(|| quality::text_scoring_request(text, top * ASKED_PER_KEPT));
-        let answer = server
-            .post_json("/generate", &body)
-            .await
-            .map_err(MeasureError::request("/generate"))?;
-        clock.generate_answer(&answer);
+        let answer = clock.generate(server, &body).await?;
         all.extend(
             clock
                 .client(|| quality::read_text_scores(&answer, text))
@@ -319,89 +321,88 @@ pub async fn text_floor(
     ))
 }
 
-/// One chat completion's content (the needle, the long-context tasks and the cases ask this way).
-async fn chat(
-    server: &Server,
-    model: &str,
-    prompt: &str,
-    max_tokens: u32,
+/// Who the chat questions go to: the needle, the long-context tasks and the cases ask this way.
+/// `context_length`: the longest prompt the server takes, which the long checks size themselves to.
+struct Asker<'a> {
+    server: &'a Server,
+    model: &'a str,
     reasoning: bool,
-) -> Result<String, MeasureError> {
-    let answer = server
-        .chat(model, prompt, max_tokens, reasoning)
-        .await
-        .map_err(|source| MeasureError::Chat { source })?;
-    Ok(answer.content)
+    context_length: Option<u32>,
+}
+
+impl Asker<'_> {
+    /// One chat completion's content.
+    async fn ask(&self, prompt: &str, max_tokens: u32) -> Result<String, MeasureError> {
+        let answer = self
+            .server
+            .chat(self.model, prompt, max_tokens, self.reasoning)
+            .await
+            .map_err(|source| MeasureError::Chat { source })?;
+        Ok(answer.content)
+    }
+
+    /// Each item asked in turn (its prompt), and its answer judged.
+    async fn judged<I, T>(
+        &self,
+        items: &[I],
+        prompt: impl Fn(&I) -> &str,
+        max_tokens: u32,
+        judge: impl Fn(&I, &str) -> T,
+    ) -> Result<Vec<T>, MeasureError> {
+        let mut judged = Vec::with_capacity(items.len());
+        for item in items {
+            let answer = self.ask(prompt(item), max_tokens).await?;
+            judged.push(judge(item, &answer));
+        }
+        Ok(judged)
+    }
 }
 
 /// The long-context tasks' items found per task and length.
-pub async fn long_context(
-    server: &Server,
-    model: &str,
+async fn long_context(
+    asker: &Asker<'_>,
     spec: &QualitySpec,
-    context_length: Option<u32>,
-    reasoning: bool,
 ) -> Result<Vec<TaskRate>, MeasureError> {
     use reconcile_core::quality::long_context;
     let Some(long_spec) = &spec.long_context else {
         return Ok(Vec::new());
     };
-    let probes = long_context::probes(long_spec, context_length);
-    let mut found = Vec::with_capacity(probes.len());
-    for p in &probes {
-        let answer = chat(
-            server,
-            model,
-            &p.prompt,
+    let probes = long_context::probes(long_spec, asker.context_length);
+    let found = asker
+        .judged(
+            &probes,
+            |p| &p.prompt,
             long_context::ANSWER_TOKENS,
-            reasoning,
+            long_context::found,
         )
         .await?;
-        found.push(long_context::found(p, &answer));
-    }
     Ok(long_context::task_rates(&probes, &found))
 }
 
 /// The needle check's pass rate per length.
-pub async fn needle(
-    server: &Server,
-    model: &str,
-    spec: &QualitySpec,
-    context_length: Option<u32>,
-    reasoning: bool,
-) -> Result<Vec<NeedleRate>, MeasureError> {
+async fn needle(asker: &Asker<'_>, spec: &QualitySpec) -> Result<Vec<NeedleRate>, MeasureError> {
     let Some(needle_spec) = &spec.needle else {
         return Ok(Vec::new());
     };
-    let set = needles(needle_spec, context_length, ANSWER_TOKENS);
-    let mut found = Vec::with_capacity(set.len());
-    for n in &set {
-        let answer = chat(server, model, &n.prompt, ANSWER_TOKENS, reasoning).await?;
-        found.push(quality::found(n, &answer));
-    }
+    let set = needles(needle_spec, asker.context_length, ANSWER_TOKENS);
+    let found = asker
+        .judged(&set, |n| &n.prompt, ANSWER_TOKENS, quality::found)
+        .await?;
     Ok(quality::rates(&set, &found))
 }
 
 /// The cases' pass rate.
-pub async fn cases(
-    server: &Server,
-    model: &str,
-    spec: &QualitySpec,
-    reasoning: bool,
-) -> Result<Option<Rate>, MeasureError> {
+async fn cases(asker: &Asker<'_>, spec: &QualitySpec) -> Result<Option<Rate>, MeasureError> {
     let Some(file) = &spec.cases else {
         return Ok(None);
     };
-    let mut rate = Rate {
-        passed: 0,
-        total: 0,
-    };
-    for case in &file.content {
-        let answer = chat(server, model, &case.prompt, ANSWER_TOKENS, reasoning).await?;
-        rate.total += 1;
-        rate.passed += u32::from(quality::passes(case, &answer));
-    }
-    Ok(Some(rate))
+    let passes = asker
+        .judged(&file.content, |c| &c.prompt, ANSWER_TOKENS, quality::passes)
+        .await?;
+    Ok(Some(Rate {
+        passed: passes.iter().filter(|p| **p).count() as u32,
+        total: passes.len() as u32,
+    }))
 }
 
 /// Everything the spec measures on one server; with `reference`, its tokens scored too.
@@ -439,9 +440,15 @@ pub async fn measure(
     let texts = score_texts_timed(server, &text_ids, spec.top_logprobs, &mut clock).await?;
     // Chat requests carry no server timing: their wall time counts as the server's.
     let chats = Instant::now();
-    let needle = needle(server, model, spec, context_length, reasoning).await?;
-    let long_context = long_context(server, model, spec, context_length, reasoning).await?;
-    let cases = cases(server, model, spec, reasoning).await?;
+    let asker = Asker {
+        server,
+        model,
+        reasoning,
+        context_length,
+    };
+    let needle = needle(&asker, spec).await?;
+    let long_context = long_context(&asker, spec).await?;
+    let cases = cases(&asker, spec).await?;
     clock.server += chats.elapsed().as_secs_f64();
     Ok(Measured {
         generated,
