@@ -4,8 +4,7 @@
 //! written once here.
 
 use crate::remote::{error_chain, Host, SshOptions};
-use crate::state::LockError;
-use crate::state::{self, LockPolicy, Owner};
+use crate::state::{self, LockError, LockPolicy, Owner};
 
 /// One host's result, as the command reports it.
 pub trait HostResult {
