@@ -20,6 +20,7 @@ pub mod gpu_claims;
 pub mod group;
 pub mod guard;
 pub mod import;
+pub mod journal;
 pub mod learned;
 pub mod live;
 pub mod live_change;

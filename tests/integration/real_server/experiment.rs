@@ -54,13 +54,17 @@ fn a_real_server_experiment_ranks_three_caps_and_draws_their_trade_off() {
     // hardly faster than two); the cap of 1 is last.
     assert_eq!(names.len(), 3, "{json:#}");
     assert_eq!(names[2], "max-running-requests=1", "{json:#}");
-    let at4 = |v: &serde_json::Value| v["levels"][1]["output_tokens_per_s"].as_f64().unwrap();
-    let base = at4(&json["baseline"]);
-    let capped = at4(&json["variants"][2]);
-    assert!(
-        capped < 0.75 * base,
-        "{capped} vs baseline {base}: {json:#}"
-    );
+    let at4 = |v: &serde_json::Value, field: &str| v["levels"][1][field].as_f64().unwrap();
+    let base = at4(&json["baseline"], "output_tokens_per_s");
+    let capped = at4(&json["variants"][2], "output_tokens_per_s");
+    // The cap's mark, in units of the run's own decode step so that the machine's load cancels
+    // out: at 4, a request waits for up to three others' 64 tokens before its first (measured:
+    // TTFT 125 steps), while without the cap it joins the running batch at once (5 steps). How
+    // much throughput the cap costs is the machine's to say: 0.35 alone, above 0.75 on a loaded
+    // CI run.
+    let queued = |v: &serde_json::Value| at4(v, "ttft_p50_ms") / at4(v, "itl_p50_ms");
+    assert!(queued(&json["variants"][2]) > 32.0, "{json:#}");
+    assert!(queued(&json["baseline"]) < 32.0, "{json:#}");
     if trusted {
         assert_eq!(json["winner"], names[0], "{json:#}");
     }
@@ -83,7 +87,9 @@ fn a_real_server_experiment_ranks_three_caps_and_draws_their_trade_off() {
     assert_has(&svg, ">max-running-requests=1@4</text>");
     let overhead = json["overhead_per_variant"].as_f64().unwrap();
     eprintln!(
-        "real experiment: baseline {base:.1} tok/s at 4, cap 1 {capped:.1}; drift {:.1} %; overhead per variant {overhead:.2} s",
+        "real experiment: baseline {base:.1} tok/s at 4, cap 1 {capped:.1}; TTFT in decode steps: baseline {:.1}, cap 1 {:.1}; drift {:.1} %; overhead per variant {overhead:.2} s",
+        queued(&json["baseline"]),
+        queued(&json["variants"][2]),
         json["drift"]["percent"].as_f64().unwrap_or(f64::NAN)
     );
     assert!(overhead < 5.0, "{overhead}");
