@@ -363,8 +363,12 @@ fn a_garbage_answer_fails_the_smoke_completion() {
 fn a_verified_apply_records_its_deployment_and_its_memory_trajectory() {
     let unit = "t-apply-record.service";
     fresh(unit);
+    // The stand-in's 200 MB grow over its load: six seconds, so that the samples (every 500 ms)
+    // see the growth begin even when the first comes late on a loaded machine (over a load of
+    // one second, one run's first sample came at 159 MB of 245).
     let (code, report) = apply(
         &service("t-apply-record", 32018)
+            .env("FAKE_SGLANG_LOAD_SECONDS", "6")
             .verify("gpu_memory_per_gpu", "75000 MiB")
             .verify("smoke", france()),
     );
