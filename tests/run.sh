@@ -78,26 +78,13 @@ status=0
 # The lab tests are `#[ignore]`d so that a plain `cargo test` skips them, saying why; here the hosts
 # are up, so they run (--include-ignored). Not tests/gpu.rs's, which needs an NVIDIA GPU that no
 # lab machine has (it is run by hand on one). --no-fail-fast: a failing test binary does not
-# hide the results of those after it. Nor the whole crash matrix (tests/crash-matrix.sh runs it):
-# crash.rs's named cells run here.
-#
-# Two processes at once. The router's and the groups' tests take turns on the router host
-# (`router::TURN`), some 100 s one after the other; libtest starts tests in name order, so they
-# came last and ran alone on an idle machine. They run in a process of their own from the start
-# (with the unit tests their names also match), beside everything else at eight at a time: many
-# lab tests wait on timers (a guard's deadline, a reboot), and with six threads those waits left
-# the CPUs 22-55 % busy for minutes. Measured here: the stand-in tier took 924 s at six threads,
-# 728 s at ten in one process. No host is shared between the two: lab.rs's leases give every test
-# file hosts of its own.
+# hide the results of those after it. Six at a time: the tests that share a host or etcd take
+# turns (coordinator's, router's, faults', hangs'), and libtest starts them in name order, so a
+# turn's waiters hold threads doing nothing; with four, that idled the machine (the stand-in tests
+# took 650 s, 552 s with six, every one passing).
+# Nor the whole crash matrix (tests/crash-matrix.sh runs it): crash.rs's named cells run here.
 gpu=nvml_follows_a_real_load_and_the_memory_judges_read_it
-turns=(router:: group::)
-RECONCILE_LAB=$STATE cargo test --locked --no-fail-fast -- --include-ignored --test-threads 3 "${turns[@]}" >"$log.turns" 2>&1 &
-turns_pid=$!
-RECONCILE_LAB=$STATE cargo test --locked --no-fail-fast -- --include-ignored --test-threads "${TEST_THREADS:-8}" --skip "$gpu" --skip crash::the_whole_matrix --skip real_server:: --skip experiment:: "${turns[@]/#/--skip=}" 2>&1 | tee "$log" || status=$?
-wait "$turns_pid" || status=$?
-echo "tests/run.sh: the router's and the groups' tests, run beside the others:"
-tee -a "$log" <"$log.turns"
-rm -f "$log.turns"
+RECONCILE_LAB=$STATE cargo test --locked --no-fail-fast -- --include-ignored --test-threads "${TEST_THREADS:-6}" --skip "$gpu" --skip crash::the_whole_matrix --skip real_server:: --skip experiment:: 2>&1 | tee "$log" || status=$?
 tier_done "unit and stand-in tests"
 # The experiments run on their own, one at a time, on a machine no other test loads: they rank
 # variants between two benchmarks of the baseline and trust the ranking only when both agree

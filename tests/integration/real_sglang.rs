@@ -96,8 +96,11 @@ fn a_flat_busy_phase_three_times_the_stall_timeout_is_not_a_stall() {
     let samples = v["samples"].as_array().unwrap();
     let cpu = |s: &serde_json::Value| s["cpu_seconds"].as_f64().expect("CPU time is sampled");
     let used = cpu(samples.last().unwrap()) - cpu(&samples[0]);
+    // Busy as the stall judge counts work (a quarter of a core, `BUSY_CORES` in
+    // core/src/verify/judge.rs) over the nine seconds: the stand-in spins a whole core, but with
+    // eleven tests beside it on two cores one run gave it 2.83 s.
     assert!(
-        used >= 3.0,
+        used >= 0.25 * 9.0,
         "the JIT phase kept a core busy: {used}s of CPU"
     );
     stop(unit);
