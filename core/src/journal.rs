@@ -1,13 +1,14 @@
-//! Which of a unit's journal entries one invocation of it logged.
+//! Which journal entries one invocation of a unit logged.
 //!
 //! journald tags a line with `_SYSTEMD_INVOCATION_ID` from the cgroup of the process that wrote
 //! it, read when journald takes the line in. A process that has died by then (a crash's last
-//! lines, a child that printed its traceback and exited, a server refused at its first flag)
-//! has no cgroup to read: its lines carry the unit's name and their stdout stream's id, and no
-//! invocation (systemd 252 on the test hosts: a shell that prints and exits 1 lost its last line
-//! to a query by invocation in 7 of 30 crashes, and 12 of 40 in another run). So the lines are read by unit, from a cursor taken just before
-//! the start, and kept when they name the invocation or come from a stream no other invocation
-//! wrote to.
+//! lines, a child that printed its traceback and exited) has no cgroup to read: its lines carry
+//! the unit's name and their stdout stream's id, and no invocation (systemd 252 on the test hosts:
+//! a shell that prints and exits 1 lost its last line to a query by invocation in 7 of 30
+//! crashes). A stream is one started process's stdout, so the lines are read by invocation and by
+//! the streams its tagged lines came through, and kept when they name the invocation or come from
+//! a stream no other invocation wrote to. A process that died before journald read any of its
+//! lines leaves no tagged line to find its stream by: its lines are not found.
 
 use std::collections::HashSet;
 

@@ -338,13 +338,11 @@ pub(super) async fn record(
 }
 
 /// The failed invocation's journal with the secrets of both units redacted: SGLang logs its
-/// resolved arguments, secrets included. `after`: the journal's cursor just before the start
-/// ([`journal_cursor`]), where the apply started the invocation itself.
+/// resolved arguments, secrets included.
 pub(super) async fn redacted_journal(
     job: &Job<'_>,
     fallback: &Fallback,
     invocation: &str,
-    after: Option<&str>,
 ) -> Option<String> {
     let secrets: Vec<Secret> = job
         .options
@@ -372,34 +370,15 @@ pub(super) async fn redacted_journal(
             placeholder: REDACTED,
         })
         .collect();
-    journal(job.host, &job.t.desired.unit, invocation, after)
+    journal(job.host, invocation)
         .await
         .map(|j| redact_text(&j, &secrets))
 }
 
-/// The lines a failed invocation's journal report shows: its last ones.
-const JOURNAL_LINES: usize = 50;
-
-/// Where the host's journal ends now: what a start after this logs comes after it. `None` where
-/// the journal cannot be read or is empty.
-pub(super) async fn journal_cursor(host: &dyn Host) -> Option<String> {
-    let out = host
-        .run(&["journalctl", "-n", "0", "--show-cursor", "-q"])
-        .await
-        .ok()?;
-    out.stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("-- cursor: "))
-        .map(str::to_string)
-}
-
-/// The last lines the failed invocation logged, and systemd's lines about it.
-async fn journal(
-    host: &dyn Host,
-    unit: &str,
-    invocation: &str,
-    after: Option<&str>,
-) -> Option<String> {
+/// The last lines the failed invocation logged, and systemd's lines about it: the lines journald
+/// tagged with the invocation, and every line of their stdout streams
+/// (`reconcile_core::journal`), which holds those journald took in after their process died.
+async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
     if invocation.is_empty() {
         return None;
     }
@@ -409,63 +388,54 @@ async fn journal(
     // source of lower priority than theirs; systemd 258 also counts the queued bytes), so those
     // lines are in the journal when it returns. Only root may ask; elsewhere it fails harmlessly.
     let _ = host.run(&["journalctl", "--sync"]).await;
-    if let Some(cursor) = after {
-        if let Some(lines) = journal_of_unit(host, unit, invocation, cursor).await {
-            return Some(lines);
-        }
-    }
-    // Without a cursor (the apply did not start this invocation), or when the unit's lines do
-    // not read: the lines journald tagged with the invocation.
     let process = format!("_SYSTEMD_INVOCATION_ID={invocation}");
     let manager = format!("INVOCATION_ID={invocation}");
-    let lines = JOURNAL_LINES.to_string();
-    let argv = [
-        "journalctl",
-        &process,
-        "+",
-        &manager,
-        "-n",
-        &lines,
-        "--no-pager",
-        "-o",
-        "cat",
-    ];
-    Some(host.run(&argv).await.ok()?.stdout)
-}
-
-/// The unit's lines since `cursor` that belong to `invocation` (`reconcile_core::journal`): also
-/// those journald took in after their process had died, which carry no invocation. All of them
-/// are read (`-n` counts from the cursor, not back from the end): what one failed invocation
-/// and the restored server's start logged, within the journal's output bound.
-async fn journal_of_unit(
-    host: &dyn Host,
-    unit: &str,
-    invocation: &str,
-    cursor: &str,
-) -> Option<String> {
-    let after = format!("--after-cursor={cursor}");
-    let process = format!("_SYSTEMD_UNIT={unit}");
-    let manager = format!("UNIT={unit}");
-    let argv = [
-        "journalctl",
-        &after,
-        &process,
-        "+",
-        &manager,
-        "--no-pager",
-        "--all",
-        "-o",
-        "json",
-        "--output-fields=MESSAGE,_STREAM_ID,INVOCATION_ID,_SYSTEMD_INVOCATION_ID",
-    ];
-    let out = host.run(&argv).await.ok()?;
-    if out.status != 0 {
-        return None;
+    let tagged = read_entries(host, &[&process, "+", &manager]).await?;
+    // The streams the invocation's processes wrote to: one per started process.
+    let mut streams: Vec<String> = tagged.iter().filter_map(|e| e.stream.clone()).collect();
+    streams.sort();
+    streams.dedup();
+    if streams.is_empty() {
+        return Some(reconcile_core::journal::of_invocation(
+            &tagged,
+            invocation,
+            JOURNAL_LINES,
+        ));
     }
-    let entries = reconcile_core::journal::parse(&out.stdout);
+    let by_stream: Vec<String> = streams.iter().map(|s| format!("_STREAM_ID={s}")).collect();
+    let mut matches: Vec<&str> = vec![&process, "+", &manager];
+    for m in &by_stream {
+        matches.extend(["+", m.as_str()]);
+    }
+    let entries = read_entries(host, &matches).await.unwrap_or(tagged);
     Some(reconcile_core::journal::of_invocation(
         &entries,
         invocation,
         JOURNAL_LINES,
     ))
+}
+
+/// The lines a failed invocation's journal report shows: its last ones.
+const JOURNAL_LINES: usize = 50;
+
+/// The last entries of the journal that `matches` selects (journalctl's match words, `+` between
+/// alternatives), with the fields that place them.
+async fn read_entries(
+    host: &dyn Host,
+    matches: &[&str],
+) -> Option<Vec<reconcile_core::journal::Entry>> {
+    let lines = JOURNAL_LINES.to_string();
+    let mut argv: Vec<&str> = vec!["journalctl"];
+    argv.extend_from_slice(matches);
+    argv.extend([
+        "-n",
+        &lines,
+        "--no-pager",
+        "--all",
+        "-o",
+        "json",
+        "--output-fields=MESSAGE,_STREAM_ID,INVOCATION_ID,_SYSTEMD_INVOCATION_ID",
+    ]);
+    let out = host.run(&argv).await.ok()?;
+    (out.status == 0).then(|| reconcile_core::journal::parse(&out.stdout))
 }

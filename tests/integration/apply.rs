@@ -579,9 +579,10 @@ fn a_connection_cut_mid_apply_leaves_a_whole_unit_and_the_next_apply_recovers() 
         );
         assert_eq!(unit_file(unit).unwrap(), new_text);
         assert!(active(&identity(unit)));
+        // This unit's own (`<unit>.reconcile-tmp`): the other tests on this host write theirs.
         let leftovers = lab().sh(
             APPLY,
-            "ls /etc/systemd/system | grep -c reconcile-tmp || true",
+            &format!("ls /etc/systemd/system | grep -c '^{unit}.reconcile-tmp' || true"),
         );
         assert_eq!(
             leftovers.trim(),

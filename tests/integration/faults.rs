@@ -358,9 +358,14 @@ fn a_host_rebooted_during_verification_gets_its_previous_unit_back() {
     assert_eq!(r.ran.code, 3, "{:#}\n{}", r.report, r.ran.stderr);
     assert_eq!(r.report["outcome"], "rolled_back");
     let detail = r.report["detail"].as_str().unwrap();
+    // Who puts it back is a race the guard exists for: reconcile, once the host answers again,
+    // or the host's guard, which saw the controller's verification fail first (one CI run under
+    // load); either way the previous unit is verified serving.
     assert!(
         detail.contains("the connection to the host was lost, reconnected after")
-            && detail.contains("the previous unit was restored and passed verification"),
+            && (detail.contains("the previous unit was restored and passed verification")
+                || detail.contains("the host's guard rolled back to the previous unit")
+                    && detail.contains("the previous unit runs again and answers /health 200")),
         "{detail}"
     );
     assert_eq!(

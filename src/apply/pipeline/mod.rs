@@ -164,9 +164,6 @@ struct Rank<'a> {
     locked: bool,
     /// The new unit's invocation, once started ("" before).
     invocation: String,
-    /// The host's journal cursor just before the apply started that invocation: its lines
-    /// are read from there (`install::journal_cursor`). `None` for one the apply did not start.
-    journal_from: Option<String>,
     /// Verification settings, learned from the rank's past loads where the manifest left them.
     spec: VerifySpec,
     history: Option<LoadHistory>,
@@ -376,7 +373,6 @@ async fn planned_rank<'a>(
         },
         locked: false,
         invocation: String::new(),
-        journal_from: None,
         spec: VerifySpec::default(),
         history: None,
         learned_notes: Vec::new(),
@@ -565,7 +561,6 @@ async fn prepared(
         fallback,
         locked: true,
         invocation: String::new(),
-        journal_from: None,
         spec: VerifySpec::default(),
         history: None,
         learned_notes: Vec::new(),

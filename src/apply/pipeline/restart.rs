@@ -8,9 +8,9 @@ use reconcile_core::group::{start_order, stop_steps, StopStep};
 use reconcile_core::transaction::Went;
 
 use super::{Carried, Cause, Rank};
+use crate::apply::decide;
 use crate::apply::error::{ApplyError, RestartFailure};
 use crate::apply::guard::{self, Armed};
-use crate::apply::{decide, install};
 use crate::plan::Verdict;
 use crate::remote::{error_chain, Host, RemoteError};
 use crate::systemd::Systemd as _;
@@ -55,7 +55,6 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, RemoteEr
     if let [r] = ranks {
         // A server of one: one `systemctl restart`, a job systemd runs whole.
         let (host, unit) = (r.job.host, &r.job.t.desired.unit);
-        r.journal_from = install::journal_cursor(host).await;
         r.invocation = restart_unit(host, unit, r.verdict)
             .await
             .map_err(|e| (0, e))?;
@@ -81,11 +80,6 @@ async fn restart_in_order(ranks: &mut [Rank<'_>]) -> Result<(), (usize, RemoteEr
     }))
     .await;
     first_error(enabled)?;
-    // The old servers' stops are logged: the new invocations' lines come after these cursors.
-    let cursors = join_all(ranks.iter().map(|r| install::journal_cursor(r.job.host))).await;
-    for (r, cursor) in ranks.iter_mut().zip(cursors) {
-        r.journal_from = cursor;
-    }
     let start = |i: usize| {
         let (host, unit) = (ranks[i].job.host, ranks[i].job.t.desired.unit.clone());
         async move {

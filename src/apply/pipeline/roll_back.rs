@@ -80,13 +80,8 @@ async fn roll_back_ranks(
     // Read after the rollback, which gives journald time to take in the failed processes' last
     // lines; they also say which rank to blame (`reconcile_core::group::root_cause`).
     for r in ranks.iter_mut() {
-        r.report.report.journal = install::redacted_journal(
-            &r.job,
-            &r.fallback,
-            &r.invocation,
-            r.journal_from.as_deref(),
-        )
-        .await;
+        r.report.report.journal =
+            install::redacted_journal(&r.job, &r.fallback, &r.invocation).await;
         r.report.report.diagnosis = r
             .report
             .report
