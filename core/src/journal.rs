@@ -144,7 +144,8 @@ mod tests {
     }
 
     #[test]
-    fn a_process_dead_before_its_first_line_was_read_is_still_its_invocations() {
+    fn an_untagged_line_of_a_stream_no_other_invocation_wrote_to_is_kept() {
+        // The judgement alone: in the report, a stream with no tagged line is never read.
         let entries = [
             entry("Started s.service.", None, Some("x")),
             entry("error: unrecognized arguments: --bad", Some("s1"), None),

@@ -395,19 +395,16 @@ async fn journal(host: &dyn Host, invocation: &str) -> Option<String> {
     let mut streams: Vec<String> = tagged.iter().filter_map(|e| e.stream.clone()).collect();
     streams.sort();
     streams.dedup();
-    if streams.is_empty() {
-        return Some(reconcile_core::journal::of_invocation(
-            &tagged,
-            invocation,
-            JOURNAL_LINES,
-        ));
-    }
-    let by_stream: Vec<String> = streams.iter().map(|s| format!("_STREAM_ID={s}")).collect();
-    let mut matches: Vec<&str> = vec![&process, "+", &manager];
-    for m in &by_stream {
-        matches.extend(["+", m.as_str()]);
-    }
-    let entries = read_entries(host, &matches).await.unwrap_or(tagged);
+    let entries = if streams.is_empty() {
+        tagged
+    } else {
+        let by_stream: Vec<String> = streams.iter().map(|s| format!("_STREAM_ID={s}")).collect();
+        let mut matches: Vec<&str> = vec![&process, "+", &manager];
+        for m in &by_stream {
+            matches.extend(["+", m.as_str()]);
+        }
+        read_entries(host, &matches).await.unwrap_or(tagged)
+    };
     Some(reconcile_core::journal::of_invocation(
         &entries,
         invocation,
